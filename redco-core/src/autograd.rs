@@ -1,0 +1,197 @@
+//! Reverse-mode autograd over [`Tensor`]: nodes, `no_grad` scopes and the gradient store.
+//!
+//! Each op that takes a tensor requiring gradients records a [`Node`]: its inputs and a
+//! closure that maps the output gradient to the inputs' gradients, written with tensor ops
+//! (so it runs on every backend). [`Tensor::backward`] walks the graph in reverse
+//! topological order with gradient recording turned off.
+
+use crate::{Backend, Error, Result, Tensor, TensorId};
+use std::cell::Cell;
+use std::collections::{HashMap, HashSet};
+
+/// The gradient function of one op.
+pub(crate) type BackwardFn<B> = Box<dyn Fn(&Tensor<B>) -> Result<Vec<Option<Tensor<B>>>> + Send + Sync>;
+
+/// One recorded op: its name, its inputs and its gradient function.
+pub(crate) struct Node<B: Backend> {
+    pub(crate) op: &'static str,
+    pub(crate) inputs: Vec<Tensor<B>>,
+    pub(crate) backward: BackwardFn<B>,
+}
+
+thread_local! {
+    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+}
+
+/// True unless the current thread is inside a [`no_grad`] scope.
+pub fn is_grad_enabled() -> bool {
+    GRAD_ENABLED.with(|g| g.get())
+}
+
+/// Restores the previous gradient mode when dropped.
+pub struct GradModeGuard(bool);
+
+impl GradModeGuard {
+    /// Turns gradient recording off for this thread until the guard drops.
+    pub fn no_grad() -> Self {
+        GradModeGuard(GRAD_ENABLED.with(|g| g.replace(false)))
+    }
+}
+
+impl Drop for GradModeGuard {
+    fn drop(&mut self) {
+        GRAD_ENABLED.with(|g| g.set(self.0));
+    }
+}
+
+/// Runs `f` without recording gradients (inference, optimizer updates).
+pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
+    let _g = GradModeGuard::no_grad();
+    f()
+}
+
+/// Gradients of variables, keyed by [`TensorId`].
+pub struct GradStore<B: Backend> {
+    grads: HashMap<TensorId, Tensor<B>>,
+}
+
+impl<B: Backend> Default for GradStore<B> {
+    fn default() -> Self {
+        GradStore { grads: HashMap::new() }
+    }
+}
+
+impl<B: Backend> GradStore<B> {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// The gradient of variable `t`, if it received one.
+    pub fn get(&self, t: &Tensor<B>) -> Option<&Tensor<B>> {
+        self.grads.get(&t.id())
+    }
+    /// The gradient by id.
+    pub fn get_id(&self, id: TensorId) -> Option<&Tensor<B>> {
+        self.grads.get(&id)
+    }
+    /// Removes and returns the gradient of `t`.
+    pub fn remove(&mut self, t: &Tensor<B>) -> Option<Tensor<B>> {
+        self.grads.remove(&t.id())
+    }
+    /// Sets the gradient of `t`.
+    pub fn insert(&mut self, t: &Tensor<B>, g: Tensor<B>) {
+        self.grads.insert(t.id(), g);
+    }
+    /// Adds `g` to the gradient held for `id`.
+    pub fn accumulate(&mut self, id: TensorId, g: Tensor<B>) -> Result<()> {
+        let _ng = GradModeGuard::no_grad();
+        let v = match self.grads.remove(&id) {
+            Some(prev) => {
+                if prev.shape() != g.shape() {
+                    return Err(Error::ShapeMismatch {
+                        op: "grad accumulate",
+                        lhs: prev.shape().clone(),
+                        rhs: g.shape().clone(),
+                    });
+                }
+                prev.add(&g)?
+            }
+            None => g,
+        };
+        self.grads.insert(id, v);
+        Ok(())
+    }
+    /// Number of gradients held.
+    pub fn len(&self) -> usize {
+        self.grads.len()
+    }
+    /// True when no gradient is held.
+    pub fn is_empty(&self) -> bool {
+        self.grads.is_empty()
+    }
+    /// Iterates over `(id, gradient)`.
+    pub fn iter(&self) -> impl Iterator<Item = (&TensorId, &Tensor<B>)> {
+        self.grads.iter()
+    }
+}
+
+impl<B: Backend> Tensor<B> {
+    /// Gradients of this tensor (seeded with ones) with respect to every variable it
+    /// depends on.
+    pub fn backward(&self) -> Result<GradStore<B>> {
+        let mut store = GradStore::new();
+        self.backward_into(&mut store)?;
+        Ok(store)
+    }
+
+    /// Like [`Tensor::backward`], adding into `store`: calling it for several micro-batches
+    /// accumulates their gradients.
+    pub fn backward_into(&self, store: &mut GradStore<B>) -> Result<()> {
+        if !self.requires_grad() {
+            return Err(Error::invalid(
+                "backward",
+                "the tensor does not depend on any variable (or was computed under no_grad)",
+            ));
+        }
+        let _ng = GradModeGuard::no_grad();
+        let order = topo_order(self);
+        let mut pending: HashMap<TensorId, Tensor<B>> = HashMap::new();
+        pending.insert(self.id(), self.ones_like()?);
+        for t in order.iter().rev() {
+            let Some(g) = pending.remove(&t.id()) else { continue };
+            if t.is_var() {
+                store.accumulate(t.id(), g.clone())?;
+            }
+            let Some(node) = &t.0.node else { continue };
+            let grads = (node.backward)(&g)?;
+            for (input, gi) in node.inputs.iter().zip(grads) {
+                let Some(gi) = gi else { continue };
+                if !input.requires_grad() {
+                    continue;
+                }
+                if gi.shape() != input.shape() {
+                    return Err(Error::invalid(
+                        "backward",
+                        format!(
+                            "gradient of {} has shape {}, expected {}",
+                            node.op,
+                            gi.shape(),
+                            input.shape()
+                        ),
+                    ));
+                }
+                let gi = if gi.dtype() != input.dtype() { gi.cast(input.dtype())? } else { gi };
+                match pending.remove(&input.id()) {
+                    Some(prev) => pending.insert(input.id(), prev.add(&gi)?),
+                    None => pending.insert(input.id(), gi),
+                };
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Tensors reachable from `root` through recorded nodes, inputs before outputs.
+fn topo_order<B: Backend>(root: &Tensor<B>) -> Vec<Tensor<B>> {
+    let mut order = Vec::new();
+    let mut seen = HashSet::new();
+    let mut stack: Vec<(Tensor<B>, bool)> = vec![(root.clone(), false)];
+    while let Some((t, expanded)) = stack.pop() {
+        if expanded {
+            order.push(t);
+            continue;
+        }
+        if !seen.insert(t.id()) {
+            continue;
+        }
+        stack.push((t.clone(), true));
+        if let Some(node) = &t.0.node {
+            for i in &node.inputs {
+                if i.requires_grad() && !seen.contains(&i.id()) {
+                    stack.push((i.clone(), false));
+                }
+            }
+        }
+    }
+    order
+}

@@ -1,0 +1,340 @@
+//! The `Backend` trait: opaque storage, a small primitive op set, and fused ops with
+//! composite defaults.
+//!
+//! Storage is contiguous and row-major; the backend never sees strides. Every op receives
+//! the shapes it needs and returns new storage. Storage may be lazy: only
+//! [`Backend::to_host`] and [`Backend::sync`] have to force it.
+//!
+//! A new backend implements the primitives and inherits the fused ops from their composite
+//! defaults (written once with [`Tensor`](crate::Tensor) ops, in `ops/<family>.rs`); it gets
+//! faster by overriding them.
+
+use crate::ops;
+use crate::{DType, HostData, Result, Shape};
+use std::fmt::Debug;
+
+/// Elementwise unary ops (float tensors).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum UnaryOp {
+    /// -x
+    Neg,
+    /// e^x
+    Exp,
+    /// ln x
+    Log,
+    /// sqrt x
+    Sqrt,
+    /// 1 / sqrt x
+    Rsqrt,
+    /// 1 / x
+    Recip,
+    /// |x|
+    Abs,
+    /// tanh x
+    Tanh,
+    /// 1 / (1 + e^-x)
+    Sigmoid,
+    /// max(x, 0)
+    Relu,
+    /// x * sigmoid(x)
+    Silu,
+    /// x * Phi(x), with the exact erf form
+    GeluErf,
+    /// the tanh approximation of GELU
+    GeluTanh,
+    /// erf x
+    Erf,
+    /// sin x
+    Sin,
+    /// cos x
+    Cos,
+    /// x^2
+    Square,
+    /// 1 where x > 0, else 0 (ReLU's derivative)
+    Step,
+    /// d/dx of SiLU
+    SiluDeriv,
+    /// d/dx of GELU (erf form)
+    GeluErfDeriv,
+    /// d/dx of GELU (tanh form)
+    GeluTanhDeriv,
+    /// x * mul + add
+    Affine {
+        /// multiplier
+        mul: f64,
+        /// addend
+        add: f64,
+    },
+    /// x ^ e
+    Powf(f64),
+    /// max(x, c)
+    ClampMin(f64),
+}
+
+/// Elementwise binary ops with NumPy broadcasting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BinaryOp {
+    /// a + b
+    Add,
+    /// a - b
+    Sub,
+    /// a * b
+    Mul,
+    /// a / b
+    Div,
+    /// max(a, b)
+    Max,
+    /// min(a, b)
+    Min,
+}
+
+/// Elementwise comparisons, producing a `U8` mask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CmpOp {
+    /// a == b
+    Eq,
+    /// a != b
+    Ne,
+    /// a < b
+    Lt,
+    /// a <= b
+    Le,
+    /// a > b
+    Gt,
+    /// a >= b
+    Ge,
+}
+
+/// Reductions along one dimension (the dimension is kept with size 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// Sum.
+    Sum,
+    /// Maximum.
+    Max,
+    /// Minimum.
+    Min,
+    /// Index of the (first) maximum, as `I64`.
+    ArgMax,
+}
+
+/// A batched matmul `C[b] = op(A[b]) * op(B[b])`, all operands contiguous row-major.
+///
+/// `A` is stored `[batch?, m, k]` (or `[batch?, k, m]` when `trans_a`), `B` is stored
+/// `[batch?, k, n]` (or `[batch?, n, k]` when `trans_b`); an operand with `*_batched == false`
+/// holds a single matrix shared by every batch entry. `C` is `[batch, m, n]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatmulSpec {
+    /// Number of matrices in the batch.
+    pub batch: usize,
+    /// Rows of C.
+    pub m: usize,
+    /// Columns of C.
+    pub n: usize,
+    /// The contracted dimension.
+    pub k: usize,
+    /// A is stored transposed.
+    pub trans_a: bool,
+    /// B is stored transposed.
+    pub trans_b: bool,
+    /// A has one matrix per batch entry (else one shared matrix).
+    pub a_batched: bool,
+    /// B has one matrix per batch entry (else one shared matrix).
+    pub b_batched: bool,
+}
+
+/// The two rotary-embedding conventions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RotaryMode {
+    /// GPT-J: pairs (x[2i], x[2i+1]) rotate together.
+    Interleaved,
+    /// LLaMA / GPT-NeoX: (x[i], x[i + d/2]) rotate together.
+    HalfSplit,
+}
+
+/// A compute device and its kernels. See the module docs.
+pub trait Backend: Clone + Send + Sync + Debug + 'static {
+    /// Opaque device storage of one contiguous buffer.
+    type Storage: Clone + Send + Sync + Debug;
+
+    /// A short name such as `cpu` or `wgpu`.
+    fn name(&self) -> String;
+    /// True when the backend can store and compute `dtype`.
+    fn supports(&self, dtype: DType) -> bool;
+    /// Copies host data into new storage.
+    fn from_host(&self, data: &HostData) -> Result<Self::Storage>;
+    /// Copies storage back to the host (forces lazy storage).
+    fn to_host(&self, s: &Self::Storage) -> Result<HostData>;
+    /// The dtype of a storage.
+    fn storage_dtype(&self, s: &Self::Storage) -> DType;
+    /// Waits for every queued operation (a no-op for eager backends).
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// A buffer of `n` elements, all equal to `value`.
+    fn full(&self, n: usize, value: f64, dtype: DType) -> Result<Self::Storage>;
+    /// Elementwise unary op on `n` elements.
+    fn unary(&self, op: UnaryOp, x: &Self::Storage, n: usize) -> Result<Self::Storage>;
+    /// Elementwise binary op; the result has the broadcast shape `out`.
+    fn binary(
+        &self,
+        op: BinaryOp,
+        a: (&Self::Storage, &Shape),
+        b: (&Self::Storage, &Shape),
+        out: &Shape,
+    ) -> Result<Self::Storage>;
+    /// Elementwise comparison into a `U8` mask of broadcast shape `out`.
+    fn compare(
+        &self,
+        op: CmpOp,
+        a: (&Self::Storage, &Shape),
+        b: (&Self::Storage, &Shape),
+        out: &Shape,
+    ) -> Result<Self::Storage>;
+    /// `cond ? a : b` with broadcasting; `cond` is `U8`.
+    fn where_cond(
+        &self,
+        cond: (&Self::Storage, &Shape),
+        a: (&Self::Storage, &Shape),
+        b: (&Self::Storage, &Shape),
+        out: &Shape,
+    ) -> Result<Self::Storage>;
+    /// Batched matmul, see [`MatmulSpec`].
+    fn matmul(&self, a: &Self::Storage, b: &Self::Storage, spec: &MatmulSpec) -> Result<Self::Storage>;
+    /// Reduction of `x` (shape `shape`) along `dim`, keeping it with size 1.
+    fn reduce(&self, op: ReduceOp, x: &Self::Storage, shape: &Shape, dim: usize) -> Result<Self::Storage>;
+    /// Converts to `dtype`.
+    fn cast(&self, x: &Self::Storage, n: usize, dtype: DType) -> Result<Self::Storage>;
+    /// Copies `x` with its dimensions permuted (`out.dims[i] = shape.dims[perm[i]]`).
+    fn permute(&self, x: &Self::Storage, shape: &Shape, perm: &[usize]) -> Result<Self::Storage>;
+    /// Copies `x` broadcast to `out` (a materialised expand).
+    fn expand(&self, x: &Self::Storage, shape: &Shape, out: &Shape) -> Result<Self::Storage>;
+    /// Copies the slice `start..start + len` of dimension `dim`.
+    fn narrow(
+        &self,
+        x: &Self::Storage,
+        shape: &Shape,
+        dim: usize,
+        start: usize,
+        len: usize,
+    ) -> Result<Self::Storage>;
+    /// Concatenates along `dim`; shapes agree elsewhere.
+    fn cat(&self, xs: &[(&Self::Storage, &Shape)], dim: usize) -> Result<Self::Storage>;
+    /// Selects entries `ids` (an integer storage of `n_ids` elements) along `dim`.
+    /// Ids outside `0..shape[dim]` are an error.
+    fn index_select(
+        &self,
+        x: &Self::Storage,
+        shape: &Shape,
+        dim: usize,
+        ids: &Self::Storage,
+        n_ids: usize,
+    ) -> Result<Self::Storage>;
+    /// Returns `x` (shape `shape`) with `src` rows added at `ids` along `dim`
+    /// (`src` has `shape` with `dim` replaced by the number of ids).
+    fn index_add(
+        &self,
+        x: &Self::Storage,
+        shape: &Shape,
+        dim: usize,
+        ids: &Self::Storage,
+        src: &Self::Storage,
+    ) -> Result<Self::Storage>;
+    /// `out[.., i, ..] = x[.., idx[.., i, ..], ..]` along `dim`; `idx` has shape `idx_shape`
+    /// equal to `shape` except along `dim`.
+    fn gather(
+        &self,
+        x: &Self::Storage,
+        shape: &Shape,
+        dim: usize,
+        idx: &Self::Storage,
+        idx_shape: &Shape,
+    ) -> Result<Self::Storage>;
+    /// The adjoint of [`Backend::gather`]: returns `x` with `src` (shape `idx_shape`) added at
+    /// the gathered positions.
+    fn scatter_add(
+        &self,
+        x: &Self::Storage,
+        shape: &Shape,
+        dim: usize,
+        idx: &Self::Storage,
+        idx_shape: &Shape,
+        src: &Self::Storage,
+    ) -> Result<Self::Storage>;
+    /// `n` uniform values in `[0, 1)` from a counter-based generator keyed by `seed`:
+    /// element `i` depends only on `(seed, i)`, so every backend draws the same numbers.
+    fn rand_uniform(&self, n: usize, seed: u64, dtype: DType) -> Result<Self::Storage> {
+        let v: Vec<f64> = (0..n as u64).map(|i| crate::ops::random::uniform_at(seed, i)).collect();
+        self.from_host(&HostData::from_f64(&v, dtype))
+    }
+
+    // ----- fused ops, with composite defaults -----
+
+    /// Softmax over the last dimension.
+    fn softmax(&self, x: &Self::Storage, shape: &Shape) -> Result<Self::Storage> {
+        ops::softmax::composite_softmax(self, x, shape)
+    }
+    /// Log-softmax over the last dimension.
+    fn log_softmax(&self, x: &Self::Storage, shape: &Shape) -> Result<Self::Storage> {
+        ops::softmax::composite_log_softmax(self, x, shape)
+    }
+    /// LayerNorm over the last dimension with optional scale and bias.
+    fn layer_norm(
+        &self,
+        x: &Self::Storage,
+        shape: &Shape,
+        weight: Option<&Self::Storage>,
+        bias: Option<&Self::Storage>,
+        eps: f64,
+    ) -> Result<Self::Storage> {
+        ops::norm::composite_layer_norm(self, x, shape, weight, bias, eps)
+    }
+    /// RMSNorm over the last dimension with optional scale.
+    fn rms_norm(
+        &self,
+        x: &Self::Storage,
+        shape: &Shape,
+        weight: Option<&Self::Storage>,
+        eps: f64,
+    ) -> Result<Self::Storage> {
+        ops::norm::composite_rms_norm(self, x, shape, weight, eps)
+    }
+    /// Rotary embedding of `x` (shape `[.., seq, head_dim]`) on its first `2 * cos.cols`
+    /// features; `cos`/`sin` have shape `cs_shape` = `[seq, rot/2]` (or `[batch, seq, rot/2]`
+    /// when `x` is `[batch, heads, seq, head_dim]` and positions differ per row).
+    #[allow(clippy::too_many_arguments)]
+    fn rotary(
+        &self,
+        x: &Self::Storage,
+        shape: &Shape,
+        cos: &Self::Storage,
+        sin: &Self::Storage,
+        cs_shape: &Shape,
+        mode: RotaryMode,
+    ) -> Result<Self::Storage> {
+        ops::rotary::composite_rotary(self, x, shape, cos, sin, cs_shape, mode)
+    }
+    /// Per-row cross-entropy of `logits` (`[n, vocab]`) against integer `targets` (`[n]`);
+    /// rows whose target equals `ignore_index` give 0. Returns `[n]`.
+    fn cross_entropy(
+        &self,
+        logits: &Self::Storage,
+        shape: &Shape,
+        targets: &Self::Storage,
+        ignore_index: i64,
+    ) -> Result<Self::Storage> {
+        ops::cross_entropy::composite_cross_entropy(self, logits, shape, targets, ignore_index)
+    }
+    /// Scaled-dot-product attention, see [`ops::attention::AttentionSpec`].
+    fn attention(
+        &self,
+        q: &Self::Storage,
+        k: &Self::Storage,
+        v: &Self::Storage,
+        mask: Option<&Self::Storage>,
+        spec: &ops::attention::AttentionSpec,
+    ) -> Result<Self::Storage> {
+        ops::attention::composite_attention(self, q, k, v, mask, spec)
+    }
+}

@@ -1,0 +1,120 @@
+//! CPU matmul: batched, with transpose flags folded into strides (no copies).
+//! f32 uses the AVX-512 GEMM when the CPU has it; everything else the `gemm` crate.
+
+use super::real::Real;
+use super::{floats, Floats, Store};
+use crate::backend::MatmulSpec;
+use crate::{DType, Error, HostData, Result};
+use rayon::prelude::*;
+
+/// Element strides (row, column) of operand matrices.
+#[derive(Clone, Copy)]
+struct Strides {
+    a_rs: usize,
+    a_cs: usize,
+    b_rs: usize,
+    b_cs: usize,
+}
+
+fn strides(s: &MatmulSpec) -> Strides {
+    let (a_rs, a_cs) = if s.trans_a { (1, s.m) } else { (s.k, 1) };
+    let (b_rs, b_cs) = if s.trans_b { (1, s.k) } else { (s.n, 1) };
+    Strides { a_rs, a_cs, b_rs, b_cs }
+}
+
+/// One GEMM `c = a * b` (c row-major m x n), on `threads` threads of the current pool.
+fn gemm_one<T: Real + GemmElem>(a: &[T], b: &[T], c: &mut [T], s: &MatmulSpec, st: Strides, threads: usize) {
+    if T::try_fast(a, b, c, s, st, threads) {
+        return;
+    }
+    let par = if threads > 1 && s.m * s.n * s.k >= 64 * 64 * 64 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the slices hold the m x k, k x n and m x n matrices addressed by the strides
+    // (checked by `matmul` below), `c` is exclusively borrowed, and read_dst is false so the
+    // uninitialised-looking zeros in `c` are never read.
+    unsafe {
+        gemm::gemm(
+            s.m,
+            s.n,
+            s.k,
+            c.as_mut_ptr(),
+            1,
+            s.n as isize,
+            false,
+            a.as_ptr(),
+            st.a_cs as isize,
+            st.a_rs as isize,
+            b.as_ptr(),
+            st.b_cs as isize,
+            st.b_rs as isize,
+            T::zero(),
+            T::one(),
+            false,
+            false,
+            false,
+            par,
+        )
+    }
+}
+
+/// Element types with an optional faster GEMM than the `gemm` crate.
+trait GemmElem: Sized + 'static {
+    fn try_fast(a: &[Self], b: &[Self], c: &mut [Self], s: &MatmulSpec, st: Strides, threads: usize) -> bool;
+}
+
+impl GemmElem for f64 {
+    fn try_fast(_: &[f64], _: &[f64], _: &mut [f64], _: &MatmulSpec, _: Strides, _: usize) -> bool {
+        false
+    }
+}
+
+impl GemmElem for f32 {
+    fn try_fast(a: &[f32], b: &[f32], c: &mut [f32], s: &MatmulSpec, st: Strides, threads: usize) -> bool {
+        super::sgemm_hook(a, b, c, s.m, s.n, s.k, (st.a_rs, st.a_cs), (st.b_rs, st.b_cs), threads)
+    }
+}
+
+fn matmul_t<T: Real + GemmElem + Store>(a: &[T], b: &[T], spec: &MatmulSpec, threads: usize) -> Result<Vec<T>> {
+    let (sa, sb, sc) = (spec.m * spec.k, spec.k * spec.n, spec.m * spec.n);
+    let need_a = if spec.a_batched { spec.batch * sa } else { sa };
+    let need_b = if spec.b_batched { spec.batch * sb } else { sb };
+    if a.len() != need_a || b.len() != need_b {
+        return Err(Error::invalid(
+            "matmul",
+            format!("operand sizes {} and {} do not match {:?}", a.len(), b.len(), spec),
+        ));
+    }
+    let mut c = vec![T::zero(); spec.batch * sc];
+    if sc == 0 {
+        return Ok(c);
+    }
+    let st = strides(spec);
+    let a_of = |i: usize| if spec.a_batched { &a[i * sa..(i + 1) * sa] } else { a };
+    let b_of = |i: usize| if spec.b_batched { &b[i * sb..(i + 1) * sb] } else { b };
+    let small = sc * spec.k < 128 * 128 * 128;
+    if spec.batch > 1 && small && threads > 1 {
+        c.par_chunks_mut(sc)
+            .enumerate()
+            .for_each(|(i, ci)| gemm_one(a_of(i), b_of(i), ci, spec, st, 1));
+    } else {
+        for (i, ci) in c.chunks_mut(sc).enumerate() {
+            gemm_one(a_of(i), b_of(i), ci, spec, st, threads);
+        }
+    }
+    Ok(c)
+}
+
+/// Batched matmul of two same-typed float buffers.
+pub(crate) fn matmul(a: &HostData, b: &HostData, spec: &MatmulSpec, dt: DType, threads: usize) -> Result<HostData> {
+    if !dt.is_float() {
+        return Err(Error::UnsupportedDType { op: "matmul", dtype: dt });
+    }
+    match (floats(a), floats(b)) {
+        (Floats::F32(x), Floats::F32(y)) => Ok(f32::store(matmul_t(&x, &y, spec, threads)?, dt)),
+        (Floats::F64(x), Floats::F64(y)) => Ok(f64::store(matmul_t(&x, &y, spec, threads)?, dt)),
+        _ => Err(Error::invalid("matmul", "operands have different dtypes")),
+    }
+}

@@ -1,0 +1,311 @@
+//! The CPU backend: the embedded default.
+//!
+//! Storage is an immutable, reference-counted host buffer. f32 and f64 compute natively;
+//! f16 and bf16 are stored as such and computed in f32. Kernels are generic over the float
+//! type with the op chosen once per call (no per-element dispatch), and run on the
+//! backend's own rayon pool, whose size is set at construction so that several ranks can
+//! share the machine's cores. Matmul uses an AVX-512 GEMM where the CPU has it, the `gemm`
+//! crate elsewhere.
+
+mod attention;
+mod elementwise;
+mod index;
+mod layout;
+mod matmul;
+mod norm;
+pub mod real;
+mod reduce;
+mod softmax;
+mod strided;
+
+use crate::backend::{BinaryOp, CmpOp, MatmulSpec, ReduceOp, RotaryMode, UnaryOp};
+use crate::ops::attention::AttentionSpec;
+use crate::{Backend, DType, Error, HostData, Result, Shape};
+use std::borrow::Cow;
+use std::sync::Arc;
+
+/// The CPU backend: a rayon pool of a chosen size.
+#[derive(Clone)]
+pub struct Cpu {
+    pool: Arc<rayon::ThreadPool>,
+    threads: usize,
+}
+
+impl std::fmt::Debug for Cpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Cpu({} threads)", self.threads)
+    }
+}
+
+impl Default for Cpu {
+    /// A pool with one thread per available core.
+    fn default() -> Self {
+        Cpu::new(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+    }
+}
+
+impl Cpu {
+    /// A backend computing on `threads` threads (at least 1).
+    pub fn new(threads: usize) -> Self {
+        let threads = threads.max(1);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("redco-cpu-{i}"))
+            .build()
+            .expect("failed to start the CPU backend's thread pool");
+        Cpu { pool: Arc::new(pool), threads }
+    }
+    /// The number of compute threads.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+    /// Runs `f` on this backend's pool.
+    pub(crate) fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+}
+
+/// CPU storage: an immutable shared host buffer.
+#[derive(Clone, Debug)]
+pub struct CpuStorage(pub(crate) Arc<HostData>);
+
+impl CpuStorage {
+    /// Wraps host data.
+    pub fn new(h: HostData) -> Self {
+        CpuStorage(Arc::new(h))
+    }
+    /// The host data.
+    pub fn data(&self) -> &HostData {
+        &self.0
+    }
+}
+
+/// Float values of a buffer in their compute type.
+pub(crate) enum Floats<'a> {
+    F32(Cow<'a, [f32]>),
+    F64(Cow<'a, [f64]>),
+}
+
+/// Borrows f32/f64 data, converts f16/bf16 to f32 and integers to f64.
+pub(crate) fn floats(h: &HostData) -> Floats<'_> {
+    match h {
+        HostData::F32(v) => Floats::F32(Cow::Borrowed(v)),
+        HostData::F64(v) => Floats::F64(Cow::Borrowed(v)),
+        HostData::F16(_) | HostData::BF16(_) => Floats::F32(Cow::Owned(h.to_f32_vec())),
+        _ => Floats::F64(Cow::Owned(h.to_f64_vec())),
+    }
+}
+
+/// Stores compute values back in `dtype`.
+pub(crate) trait Store: Sized {
+    fn store(v: Vec<Self>, dtype: DType) -> HostData;
+}
+impl Store for f32 {
+    fn store(v: Vec<f32>, dtype: DType) -> HostData {
+        HostData::from_f32(v, dtype)
+    }
+}
+impl Store for f64 {
+    fn store(v: Vec<f64>, dtype: DType) -> HostData {
+        HostData::from_f64(&v, dtype)
+    }
+}
+
+/// Runs a generic float kernel on the compute values of one or more same-typed buffers and
+/// stores the result in `$dt`.
+macro_rules! float_kernel {
+    ($dt:expr, [$($h:expr => $v:ident),+], $body:expr) => {{
+        #[allow(unused_parens)]
+        match ($($crate::cpu::floats($h)),+) {
+            ($($crate::cpu::Floats::F32($v)),+) => {
+                $(let $v: &[f32] = &$v;)+
+                <f32 as $crate::cpu::Store>::store($body, $dt)
+            }
+            ($($crate::cpu::Floats::F64($v)),+) => {
+                $(let $v: &[f64] = &$v;)+
+                <f64 as $crate::cpu::Store>::store($body, $dt)
+            }
+            #[allow(unreachable_patterns)]
+            _ => return Err($crate::Error::invalid("cpu kernel", "operands have different dtypes")),
+        }
+    }};
+}
+pub(crate) use float_kernel;
+
+/// Applies a generic copy kernel to any element type, keeping the type.
+macro_rules! any_kernel {
+    ($h:expr, $v:ident => $body:expr) => {
+        match $h {
+            HostData::F32($v) => HostData::F32($body),
+            HostData::F64($v) => HostData::F64($body),
+            HostData::F16($v) => HostData::F16($body),
+            HostData::BF16($v) => HostData::BF16($body),
+            HostData::I64($v) => HostData::I64($body),
+            HostData::I32($v) => HostData::I32($body),
+            HostData::U8($v) => HostData::U8($body),
+        }
+    };
+}
+pub(crate) use any_kernel;
+
+fn st(h: HostData) -> Result<CpuStorage> {
+    Ok(CpuStorage::new(h))
+}
+
+fn ids_of(s: &CpuStorage, op: &'static str) -> Result<Vec<i64>> {
+    s.data().to_i64_vec().map_err(|_| Error::UnsupportedDType { op, dtype: s.data().dtype() })
+}
+
+impl Backend for Cpu {
+    type Storage = CpuStorage;
+
+    fn name(&self) -> String {
+        "cpu".into()
+    }
+    fn supports(&self, _dtype: DType) -> bool {
+        true
+    }
+    fn from_host(&self, data: &HostData) -> Result<CpuStorage> {
+        st(data.clone())
+    }
+    fn to_host(&self, s: &CpuStorage) -> Result<HostData> {
+        Ok((*s.0).clone())
+    }
+    fn storage_dtype(&self, s: &CpuStorage) -> DType {
+        s.0.dtype()
+    }
+    fn full(&self, n: usize, value: f64, dtype: DType) -> Result<CpuStorage> {
+        st(elementwise::full(n, value, dtype))
+    }
+    fn unary(&self, op: UnaryOp, x: &CpuStorage, _n: usize) -> Result<CpuStorage> {
+        let dt = x.0.dtype();
+        st(self.run(|| elementwise::unary(op, &x.0, dt))?)
+    }
+    fn binary(&self, op: BinaryOp, a: (&CpuStorage, &Shape), b: (&CpuStorage, &Shape), out: &Shape) -> Result<CpuStorage> {
+        let dt = check_same(a.0, b.0, "binary")?;
+        st(self.run(|| elementwise::binary(op, (&a.0 .0, a.1), (&b.0 .0, b.1), out, dt))?)
+    }
+    fn compare(&self, op: CmpOp, a: (&CpuStorage, &Shape), b: (&CpuStorage, &Shape), out: &Shape) -> Result<CpuStorage> {
+        check_same(a.0, b.0, "compare")?;
+        st(self.run(|| elementwise::compare(op, (&a.0 .0, a.1), (&b.0 .0, b.1), out))?)
+    }
+    fn where_cond(
+        &self,
+        c: (&CpuStorage, &Shape),
+        a: (&CpuStorage, &Shape),
+        b: (&CpuStorage, &Shape),
+        out: &Shape,
+    ) -> Result<CpuStorage> {
+        check_same(a.0, b.0, "where_cond")?;
+        let HostData::U8(cond) = &*c.0 .0 else {
+            return Err(Error::UnsupportedDType { op: "where_cond (condition)", dtype: c.0 .0.dtype() });
+        };
+        st(self.run(|| elementwise::where_cond((cond, c.1), (&a.0 .0, a.1), (&b.0 .0, b.1), out)))
+    }
+    fn matmul(&self, a: &CpuStorage, b: &CpuStorage, spec: &MatmulSpec) -> Result<CpuStorage> {
+        let dt = check_same(a, b, "matmul")?;
+        st(self.run(|| matmul::matmul(&a.0, &b.0, spec, dt, self.threads))?)
+    }
+    fn reduce(&self, op: ReduceOp, x: &CpuStorage, shape: &Shape, dim: usize) -> Result<CpuStorage> {
+        st(self.run(|| reduce::reduce(op, &x.0, shape, dim))?)
+    }
+    fn cast(&self, x: &CpuStorage, _n: usize, dtype: DType) -> Result<CpuStorage> {
+        st(x.0.cast(dtype))
+    }
+    fn permute(&self, x: &CpuStorage, shape: &Shape, perm: &[usize]) -> Result<CpuStorage> {
+        st(self.run(|| layout::permute(&x.0, shape, perm)))
+    }
+    fn expand(&self, x: &CpuStorage, shape: &Shape, out: &Shape) -> Result<CpuStorage> {
+        st(self.run(|| layout::expand(&x.0, shape, out)))
+    }
+    fn narrow(&self, x: &CpuStorage, shape: &Shape, dim: usize, start: usize, len: usize) -> Result<CpuStorage> {
+        st(layout::narrow(&x.0, shape, dim, start, len))
+    }
+    fn cat(&self, xs: &[(&CpuStorage, &Shape)], dim: usize) -> Result<CpuStorage> {
+        let parts: Vec<(&HostData, &Shape)> = xs.iter().map(|(s, sh)| (&*s.0, *sh)).collect();
+        st(layout::cat(&parts, dim)?)
+    }
+    fn index_select(&self, x: &CpuStorage, shape: &Shape, dim: usize, ids: &CpuStorage, _n: usize) -> Result<CpuStorage> {
+        let ids = ids_of(ids, "index_select (ids)")?;
+        st(index::index_select(&x.0, shape, dim, &ids)?)
+    }
+    fn index_add(&self, x: &CpuStorage, shape: &Shape, dim: usize, ids: &CpuStorage, src: &CpuStorage) -> Result<CpuStorage> {
+        let ids = ids_of(ids, "index_add (ids)")?;
+        st(index::index_add(&x.0, shape, dim, &ids, &src.0)?)
+    }
+    fn gather(&self, x: &CpuStorage, shape: &Shape, dim: usize, idx: &CpuStorage, idx_shape: &Shape) -> Result<CpuStorage> {
+        let idx = ids_of(idx, "gather (index)")?;
+        st(index::gather(&x.0, shape, dim, &idx, idx_shape)?)
+    }
+    fn scatter_add(
+        &self,
+        x: &CpuStorage,
+        shape: &Shape,
+        dim: usize,
+        idx: &CpuStorage,
+        idx_shape: &Shape,
+        src: &CpuStorage,
+    ) -> Result<CpuStorage> {
+        let idx = ids_of(idx, "scatter_add (index)")?;
+        st(index::scatter_add(&x.0, shape, dim, &idx, idx_shape, &src.0)?)
+    }
+
+    fn softmax(&self, x: &CpuStorage, shape: &Shape) -> Result<CpuStorage> {
+        st(self.run(|| softmax::softmax(&x.0, shape, false))?)
+    }
+    fn log_softmax(&self, x: &CpuStorage, shape: &Shape) -> Result<CpuStorage> {
+        st(self.run(|| softmax::softmax(&x.0, shape, true))?)
+    }
+    fn layer_norm(&self, x: &CpuStorage, shape: &Shape, w: Option<&CpuStorage>, b: Option<&CpuStorage>, eps: f64) -> Result<CpuStorage> {
+        st(self.run(|| norm::norm(&x.0, shape, w.map(|w| &*w.0), b.map(|b| &*b.0), eps, true))?)
+    }
+    fn rms_norm(&self, x: &CpuStorage, shape: &Shape, w: Option<&CpuStorage>, eps: f64) -> Result<CpuStorage> {
+        st(self.run(|| norm::norm(&x.0, shape, w.map(|w| &*w.0), None, eps, false))?)
+    }
+    fn rotary(
+        &self,
+        x: &CpuStorage,
+        shape: &Shape,
+        cos: &CpuStorage,
+        sin: &CpuStorage,
+        cs_shape: &Shape,
+        mode: RotaryMode,
+    ) -> Result<CpuStorage> {
+        crate::ops::rotary::composite_rotary(self, x, shape, cos, sin, cs_shape, mode)
+    }
+    fn attention(
+        &self,
+        q: &CpuStorage,
+        k: &CpuStorage,
+        v: &CpuStorage,
+        mask: Option<&CpuStorage>,
+        spec: &AttentionSpec,
+    ) -> Result<CpuStorage> {
+        attention::attention(self, q, k, v, mask, spec)
+    }
+}
+
+fn check_same(a: &CpuStorage, b: &CpuStorage, op: &'static str) -> Result<DType> {
+    let (da, db) = (a.0.dtype(), b.0.dtype());
+    if da != db {
+        return Err(Error::DTypeMismatch { op, lhs: da, rhs: db });
+    }
+    Ok(da)
+}
+
+/// The fast f32 GEMM, when available: `c = a * b` with `a`, `b` given by (row, column)
+/// strides. Returns false (leaving `c` untouched) when it does not apply.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sgemm_hook(
+    _a: &[f32],
+    _b: &[f32],
+    _c: &mut [f32],
+    _m: usize,
+    _n: usize,
+    _k: usize,
+    _a_st: (usize, usize),
+    _b_st: (usize, usize),
+    _threads: usize,
+) -> bool {
+    false
+}

@@ -1,0 +1,37 @@
+//! CPU softmax and log-softmax over the last dim, one row at a time, rows in parallel.
+
+use super::float_kernel;
+use super::real::Real;
+use super::strided::run_rows;
+use crate::{HostData, Result, Shape};
+
+fn softmax_t<T: Real>(x: &[T], d: usize, log: bool) -> Vec<T> {
+    let n = x.len();
+    let mut o = vec![T::zero(); n];
+    if n == 0 || d == 0 {
+        return o;
+    }
+    run_rows(&mut o, d, n, |r, out| {
+        let row = &x[r * d..(r + 1) * d];
+        let m = row.iter().copied().fold(T::neg_infinity(), T::max);
+        let mut s = T::zero();
+        for (o, &v) in out.iter_mut().zip(row) {
+            *o = (v - m).exp();
+            s = s + *o;
+        }
+        if log {
+            let ls = s.ln();
+            out.iter_mut().zip(row).for_each(|(o, &v)| *o = v - m - ls);
+        } else {
+            let inv = T::one() / s;
+            out.iter_mut().for_each(|o| *o = *o * inv);
+        }
+    });
+    o
+}
+
+/// Softmax (or log-softmax) over the last dim of `x`.
+pub(crate) fn softmax(x: &HostData, shape: &Shape, log: bool) -> Result<HostData> {
+    let d = *shape.dims().last().unwrap_or(&1);
+    Ok(float_kernel!(x.dtype(), [x => v], softmax_t(v, d, log)))
+}

@@ -1,0 +1,190 @@
+//! Element types and host-side buffers.
+
+use crate::{Error, Result};
+use half::{bf16, f16};
+
+/// The element type of a tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// 32-bit IEEE float: the default compute type.
+    F32,
+    /// 64-bit IEEE float: used by reference checks and gradient tests.
+    F64,
+    /// 16-bit IEEE float (storage; computed in f32).
+    F16,
+    /// bfloat16 (storage; computed in f32).
+    BF16,
+    /// 64-bit signed integer: token ids, targets, positions.
+    I64,
+    /// 32-bit signed integer.
+    I32,
+    /// Unsigned byte: boolean masks (0 or 1).
+    U8,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size_in_bytes(self) -> usize {
+        match self {
+            DType::F64 | DType::I64 => 8,
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::U8 => 1,
+        }
+    }
+    /// True for the floating-point types.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
+    }
+    /// The type in which a backend computes values of this type (f16/bf16 go to f32).
+    pub fn compute_type(self) -> DType {
+        match self {
+            DType::F16 | DType::BF16 => DType::F32,
+            d => d,
+        }
+    }
+}
+
+/// A typed host buffer: how data enters and leaves a backend.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostData {
+    /// f32 values.
+    F32(Vec<f32>),
+    /// f64 values.
+    F64(Vec<f64>),
+    /// f16 values.
+    F16(Vec<f16>),
+    /// bf16 values.
+    BF16(Vec<bf16>),
+    /// i64 values.
+    I64(Vec<i64>),
+    /// i32 values.
+    I32(Vec<i32>),
+    /// u8 values.
+    U8(Vec<u8>),
+}
+
+impl HostData {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            HostData::F32(_) => DType::F32,
+            HostData::F64(_) => DType::F64,
+            HostData::F16(_) => DType::F16,
+            HostData::BF16(_) => DType::BF16,
+            HostData::I64(_) => DType::I64,
+            HostData::I32(_) => DType::I32,
+            HostData::U8(_) => DType::U8,
+        }
+    }
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            HostData::F32(v) => v.len(),
+            HostData::F64(v) => v.len(),
+            HostData::F16(v) => v.len(),
+            HostData::BF16(v) => v.len(),
+            HostData::I64(v) => v.len(),
+            HostData::I32(v) => v.len(),
+            HostData::U8(v) => v.len(),
+        }
+    }
+    /// True when there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// All values converted to f64 (exact for every type but i64 beyond 2^53).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        match self {
+            HostData::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            HostData::F64(v) => v.clone(),
+            HostData::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
+            HostData::BF16(v) => v.iter().map(|x| x.to_f64()).collect(),
+            HostData::I64(v) => v.iter().map(|&x| x as f64).collect(),
+            HostData::I32(v) => v.iter().map(|&x| x as f64).collect(),
+            HostData::U8(v) => v.iter().map(|&x| x as f64).collect(),
+        }
+    }
+    /// All values converted to f32.
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        match self {
+            HostData::F32(v) => v.clone(),
+            HostData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            HostData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            other => other.to_f64_vec().into_iter().map(|x| x as f32).collect(),
+        }
+    }
+    /// Integer values as i64 (errors for float data).
+    pub fn to_i64_vec(&self) -> Result<Vec<i64>> {
+        match self {
+            HostData::I64(v) => Ok(v.clone()),
+            HostData::I32(v) => Ok(v.iter().map(|&x| x as i64).collect()),
+            HostData::U8(v) => Ok(v.iter().map(|&x| x as i64).collect()),
+            other => Err(Error::UnsupportedDType {
+                op: "to_i64_vec",
+                dtype: other.dtype(),
+            }),
+        }
+    }
+    /// Builds a buffer of `dtype` from f64 values (rounding for narrower types).
+    pub fn from_f64(values: &[f64], dtype: DType) -> HostData {
+        match dtype {
+            DType::F32 => HostData::F32(values.iter().map(|&x| x as f32).collect()),
+            DType::F64 => HostData::F64(values.to_vec()),
+            DType::F16 => HostData::F16(values.iter().map(|&x| f16::from_f64(x)).collect()),
+            DType::BF16 => HostData::BF16(values.iter().map(|&x| bf16::from_f64(x)).collect()),
+            DType::I64 => HostData::I64(values.iter().map(|&x| x as i64).collect()),
+            DType::I32 => HostData::I32(values.iter().map(|&x| x as i32).collect()),
+            DType::U8 => HostData::U8(values.iter().map(|&x| x as u8).collect()),
+        }
+    }
+    /// Builds a buffer of `dtype` from f32 values.
+    pub fn from_f32(values: Vec<f32>, dtype: DType) -> HostData {
+        match dtype {
+            DType::F32 => HostData::F32(values),
+            DType::F16 => HostData::F16(values.iter().map(|&x| f16::from_f32(x)).collect()),
+            DType::BF16 => HostData::BF16(values.iter().map(|&x| bf16::from_f32(x)).collect()),
+            d => HostData::from_f64(&values.iter().map(|&x| x as f64).collect::<Vec<_>>(), d),
+        }
+    }
+    /// Converts to another dtype.
+    pub fn cast(&self, dtype: DType) -> HostData {
+        if self.dtype() == dtype {
+            return self.clone();
+        }
+        match (self, dtype) {
+            (HostData::I64(v), DType::I32) => HostData::I32(v.iter().map(|&x| x as i32).collect()),
+            (HostData::I32(v), DType::I64) => HostData::I64(v.iter().map(|&x| x as i64).collect()),
+            (_, DType::F32 | DType::F16 | DType::BF16) if self.dtype().compute_type() == DType::F32 => {
+                HostData::from_f32(self.to_f32_vec(), dtype)
+            }
+            _ => HostData::from_f64(&self.to_f64_vec(), dtype),
+        }
+    }
+}
+
+/// Host element types that convert into [`HostData`].
+pub trait Element: Copy + Send + Sync + 'static {
+    /// The dtype of this element type.
+    const DTYPE: DType;
+    /// Wraps a vector into [`HostData`].
+    fn into_host(v: Vec<Self>) -> HostData;
+}
+
+macro_rules! element {
+    ($t:ty, $d:ident) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            fn into_host(v: Vec<Self>) -> HostData {
+                HostData::$d(v)
+            }
+        }
+    };
+}
+element!(f32, F32);
+element!(f64, F64);
+element!(f16, F16);
+element!(bf16, BF16);
+element!(i64, I64);
+element!(i32, I32);
+element!(u8, U8);

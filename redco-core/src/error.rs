@@ -1,0 +1,120 @@
+//! The one error type of redco-rs: every fallible call returns [`Result`].
+
+use crate::{DType, Shape};
+
+/// Errors raised by tensor ops, backends, layers and checkpoints.
+///
+/// Messages name the op, the shapes, the dtypes or the parameter at fault, so a user can
+/// find the line of model code that caused them.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// Two operands whose shapes are incompatible for `op`.
+    #[error("{op}: shape mismatch between {lhs} and {rhs}")]
+    ShapeMismatch {
+        /// The op that failed.
+        op: &'static str,
+        /// Left operand shape.
+        lhs: Shape,
+        /// Right operand shape.
+        rhs: Shape,
+    },
+    /// Two operands whose dtypes differ where `op` needs them equal.
+    #[error("{op}: dtype mismatch between {lhs:?} and {rhs:?} (cast one operand first)")]
+    DTypeMismatch {
+        /// The op that failed.
+        op: &'static str,
+        /// Left operand dtype.
+        lhs: DType,
+        /// Right operand dtype.
+        rhs: DType,
+    },
+    /// A matmul whose inner dimensions disagree.
+    #[error("matmul: inner dimensions differ: lhs {lhs} has k={lhs_k}, rhs {rhs} has k={rhs_k}")]
+    MatmulInnerDim {
+        /// Left operand shape.
+        lhs: Shape,
+        /// Right operand shape.
+        rhs: Shape,
+        /// Inner dim of the left operand.
+        lhs_k: usize,
+        /// Inner dim of the right operand.
+        rhs_k: usize,
+    },
+    /// An index (embedding id, gather index, target class) outside `0..size`.
+    #[error("{op}: index {index} out of range for dimension of size {size}")]
+    IndexOutOfRange {
+        /// The op that failed.
+        op: &'static str,
+        /// The offending index.
+        index: i64,
+        /// The size of the indexed dimension.
+        size: usize,
+    },
+    /// A dimension argument outside the tensor's rank.
+    #[error("{op}: dimension {dim} is out of range for a tensor of shape {shape}")]
+    DimOutOfRange {
+        /// The op that failed.
+        op: &'static str,
+        /// The requested dimension.
+        dim: isize,
+        /// The tensor's shape.
+        shape: Shape,
+    },
+    /// An op that does not accept a dtype.
+    #[error("{op}: dtype {dtype:?} is not supported here")]
+    UnsupportedDType {
+        /// The op that failed.
+        op: &'static str,
+        /// The rejected dtype.
+        dtype: DType,
+    },
+    /// A buffer whose length does not match the shape it is given.
+    #[error("{op}: shape {shape} needs {expected} elements, got {got}")]
+    ElementCount {
+        /// The op that failed.
+        op: &'static str,
+        /// The shape.
+        shape: Shape,
+        /// Elements the shape needs.
+        expected: usize,
+        /// Elements provided.
+        got: usize,
+    },
+    /// A parameter map that does not match a module.
+    #[error("parameter `{name}`: {msg}")]
+    Parameter {
+        /// Dotted parameter name (Hugging Face style).
+        name: String,
+        /// What is wrong with it.
+        msg: String,
+    },
+    /// Any other invalid argument, described by `msg`.
+    #[error("{op}: {msg}")]
+    Invalid {
+        /// The op that failed.
+        op: &'static str,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A failure inside a backend (device lost, allocation failed, kernel error).
+    #[error("backend {backend}: {msg}")]
+    Backend {
+        /// The backend's name.
+        backend: String,
+        /// What failed.
+        msg: String,
+    },
+}
+
+impl Error {
+    /// Shorthand for [`Error::Invalid`].
+    pub fn invalid(op: &'static str, msg: impl Into<String>) -> Self {
+        Error::Invalid {
+            op,
+            msg: msg.into(),
+        }
+    }
+}
+
+/// `Result` with the redco [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,39 @@
+//! `redco-core`: the backend-agnostic heart of redco-rs.
+//!
+//! - [`DType`], [`Shape`], [`Placement`] and [`Error`]: the vocabulary every crate speaks;
+//! - [`Backend`]: opaque contiguous storage, a small primitive op set, and fused ops
+//!   (softmax, norms, rotary embedding, cross-entropy, attention) with composite defaults;
+//! - [`Tensor`]: a global shape, a dtype, a placement per mesh axis, and reverse-mode
+//!   autograd ([`Tensor::backward`], [`no_grad`]);
+//! - [`nn`]: layers and the [`nn::Module`] parameter tree with Hugging Face-style names;
+//! - [`cpu`]: the embedded default backend (multi-threaded, AVX-512 GEMM).
+//!
+//! ```
+//! use redco_core::{cpu::Cpu, DType, Tensor};
+//! let dev = Cpu::new(1);
+//! let w = Tensor::from_vec(&dev, vec![1.0f32, 2.0, 3.0, 4.0], [2, 2]).unwrap().into_var();
+//! let x = Tensor::from_vec(&dev, vec![1.0f32, -1.0], [1, 2]).unwrap();
+//! let loss = x.matmul(&w).unwrap().square().unwrap().sum_all().unwrap();
+//! let grads = loss.backward().unwrap();
+//! assert_eq!(grads.get(&w).unwrap().to_vec_f32().unwrap(), vec![-2.0, -2.0, 2.0, 2.0]);
+//! # let _ = DType::F32;
+//! ```
+
+pub mod autograd;
+pub mod backend;
+pub mod cpu;
+pub mod dtype;
+pub mod error;
+pub mod nn;
+pub mod ops;
+pub mod placement;
+pub mod shape;
+pub mod tensor;
+
+pub use autograd::{is_grad_enabled, no_grad, GradModeGuard, GradStore};
+pub use backend::{Backend, BinaryOp, CmpOp, MatmulSpec, ReduceOp, RotaryMode, UnaryOp};
+pub use dtype::{DType, Element, HostData};
+pub use error::{Error, Result};
+pub use placement::{MeshAxis, PartialOp, Placement, Placements};
+pub use shape::Shape;
+pub use tensor::{Tensor, TensorId};

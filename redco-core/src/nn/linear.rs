@@ -1,0 +1,58 @@
+//! `Linear`: `y = x W^T + b` with the weight stored `[out, in]` (PyTorch layout).
+
+use super::{join, Init, Module};
+use crate::{Backend, DType, Error, Result, Tensor};
+
+/// A dense layer; `weight` is `[out_features, in_features]`.
+#[derive(Debug, Clone)]
+pub struct Linear<B: Backend> {
+    /// `[out, in]`
+    pub weight: Tensor<B>,
+    /// `[out]`, when the layer has a bias.
+    pub bias: Option<Tensor<B>>,
+}
+
+impl<B: Backend> Linear<B> {
+    /// A layer initialised as PyTorch does (uniform in `±1/sqrt(in)`), from `seed`.
+    pub fn new(b: &B, in_features: usize, out_features: usize, bias: bool, dtype: DType, seed: u64) -> Result<Self> {
+        let bound = 1.0 / (in_features.max(1) as f64).sqrt();
+        let weight = Init::Uniform(bound).var(b, [out_features, in_features], dtype, seed)?;
+        let bias = if bias { Some(Init::Uniform(bound).var(b, [out_features], dtype, seed ^ 0xb1a5)?) } else { None };
+        Ok(Linear { weight, bias })
+    }
+    /// A layer from existing tensors (checked for shape agreement).
+    pub fn from_tensors(weight: Tensor<B>, bias: Option<Tensor<B>>) -> Result<Self> {
+        if weight.rank() != 2 {
+            return Err(Error::invalid("Linear", format!("weight must be [out, in], got {}", weight.shape())));
+        }
+        if let Some(b) = &bias {
+            if b.dims() != [weight.dims()[0]] {
+                return Err(Error::ShapeMismatch { op: "Linear (bias)", lhs: weight.shape().clone(), rhs: b.shape().clone() });
+            }
+        }
+        Ok(Linear { weight, bias })
+    }
+    /// `x [.., in] -> [.., out]`.
+    pub fn forward(&self, x: &Tensor<B>) -> Result<Tensor<B>> {
+        let y = x.matmul_t(&self.weight)?;
+        match &self.bias {
+            Some(b) => y.add(b),
+            None => Ok(y),
+        }
+    }
+}
+
+impl<B: Backend> Module<B> for Linear<B> {
+    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
+        f(&join(p, "weight"), &self.weight);
+        if let Some(b) = &self.bias {
+            f(&join(p, "bias"), b);
+        }
+    }
+    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
+        f(&join(p, "weight"), &mut self.weight);
+        if let Some(b) = &mut self.bias {
+            f(&join(p, "bias"), b);
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! Layers and the parameter tree.
+//!
+//! A [`Module`] exposes its parameters under Hugging Face-style dotted names
+//! (`model.layers.0.self_attn.q_proj.weight`). [`ModuleExt`] adds visiting, counting, and
+//! loading from / saving to a name -> tensor map.
+
+mod activation;
+mod attention;
+mod dropout;
+mod embedding;
+mod init;
+mod linear;
+mod loss;
+mod mlp;
+mod norm;
+mod rotary;
+
+pub use activation::Activation;
+pub use attention::{padding_mask, scaled_dot_product_attention};
+pub use dropout::Dropout;
+pub use embedding::Embedding;
+pub use init::Init;
+pub use linear::Linear;
+pub use loss::{cross_entropy, IGNORE_INDEX};
+pub use mlp::{GatedMlp, Mlp};
+pub use norm::{LayerNorm, RmsNorm};
+pub use rotary::RotaryEmbedding;
+
+use crate::{Backend, Error, Result, Tensor};
+use std::collections::BTreeMap;
+
+/// Something that holds named parameters.
+pub trait Module<B: Backend> {
+    /// Calls `f(name, param)` for every parameter, names prefixed by `prefix`.
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor<B>));
+    /// Calls `f(name, param)` with mutable access, to replace parameters.
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>));
+}
+
+/// Joins a prefix and a name with a dot (no dot for an empty prefix).
+pub fn join(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
+}
+
+impl<B: Backend, M: Module<B>> Module<B> for Vec<M> {
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
+        for (i, m) in self.iter().enumerate() {
+            m.visit(&join(prefix, &i.to_string()), f);
+        }
+    }
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
+        for (i, m) in self.iter_mut().enumerate() {
+            m.visit_mut(&join(prefix, &i.to_string()), f);
+        }
+    }
+}
+
+impl<B: Backend, M: Module<B>> Module<B> for Option<M> {
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
+        if let Some(m) = self {
+            m.visit(prefix, f);
+        }
+    }
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
+        if let Some(m) = self {
+            m.visit_mut(prefix, f);
+        }
+    }
+}
+
+/// A bare parameter is a module with one unnamed entry (its name is the prefix).
+impl<B: Backend> Module<B> for Tensor<B> {
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
+        f(prefix, self)
+    }
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
+        f(prefix, self)
+    }
+}
+
+/// Parameter-tree helpers for every [`Module`].
+pub trait ModuleExt<B: Backend>: Module<B> {
+    /// `(name, tensor)` for every parameter, in visiting order.
+    fn named_parameters(&self) -> Vec<(String, Tensor<B>)> {
+        let mut v = Vec::new();
+        self.visit("", &mut |n, t| v.push((n.to_string(), t.clone())));
+        v
+    }
+    /// The number of scalar parameters.
+    fn num_parameters(&self) -> usize {
+        let mut n = 0;
+        self.visit("", &mut |_, t| n += t.elem_count());
+        n
+    }
+    /// The parameters as a name -> tensor map.
+    fn state_dict(&self) -> BTreeMap<String, Tensor<B>> {
+        self.named_parameters().into_iter().collect()
+    }
+    /// Replaces every parameter by the entry of `map` with its name, cast to the
+    /// parameter's dtype, as a fresh variable. Errors name every missing entry, every entry
+    /// whose shape differs and, when `strict`, every entry the module does not have; on
+    /// error no parameter is changed.
+    fn load_state_dict(&mut self, map: &BTreeMap<String, Tensor<B>>, strict: bool) -> Result<()> {
+        let mut problems = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        self.visit("", &mut |n, t| {
+            seen.insert(n.to_string());
+            match map.get(n) {
+                None => problems.push(format!("`{n}` is missing")),
+                Some(v) if v.shape() != t.shape() => {
+                    problems.push(format!("`{n}` has shape {} in the map but {} in the module", v.shape(), t.shape()))
+                }
+                Some(_) => {}
+            }
+        });
+        if strict {
+            problems.extend(map.keys().filter(|k| !seen.contains(*k)).map(|k| format!("`{k}` is unexpected")));
+        }
+        if !problems.is_empty() {
+            return Err(Error::Parameter { name: problems[0].trim_matches('`').split('`').next().unwrap_or("").into(), msg: problems.join("; ") });
+        }
+        let mut failure = None;
+        self.visit_mut("", &mut |n, t| {
+            match map[n].cast(t.dtype()) {
+                Ok(v) => *t = v.detach().into_var(),
+                Err(e) => failure = Some(e),
+            }
+        });
+        failure.map_or(Ok(()), Err)
+    }
+}
+
+impl<B: Backend, M: Module<B> + ?Sized> ModuleExt<B> for M {}

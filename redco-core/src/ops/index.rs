@@ -1,0 +1,79 @@
+//! Indexing ops: `index_select` (embedding lookup), `index_add`, `gather`, `scatter_add`.
+
+use crate::{Backend, Error, Result, Shape, Tensor};
+
+impl<B: Backend> Tensor<B> {
+    /// Entries `ids` (an integer tensor of any shape) along `dim`; the result replaces
+    /// `dim` by the ids' dims. Out-of-range ids are an [`Error::IndexOutOfRange`].
+    pub fn index_select(&self, ids: &Tensor<B>, dim: isize) -> Result<Tensor<B>> {
+        ids.expect_int("index_select (ids)")?;
+        let d = self.shape().resolve(dim, "index_select")?;
+        let n = ids.elem_count();
+        let s = self.backend().index_select(self.storage(), self.shape(), d, ids.storage(), n)?;
+        let flat_shape = self.shape().with_dim(d, n);
+        let mut out: Vec<usize> = self.dims()[..d].to_vec();
+        out.extend_from_slice(ids.dims());
+        out.extend_from_slice(&self.dims()[d + 1..]);
+        let (ids_c, in_shape, fs) = (ids.clone(), self.shape().clone(), flat_shape.clone());
+        Ok(Tensor::from_op(self.backend(), s, Shape::new(out), self.dtype(), "index_select", &[self], move |g| {
+            let zeros = Tensor::zeros(g.backend(), in_shape.clone(), g.dtype())?;
+            Ok(vec![Some(zeros.index_add(&ids_c, &g.reshape(fs.clone())?, d as isize)?)])
+        }))
+    }
+
+    /// Returns `self` with the slices of `src` added at `ids` along `dim` (repeated ids
+    /// accumulate). `src` has `self`'s shape with `dim` replaced by the number of ids.
+    pub fn index_add(&self, ids: &Tensor<B>, src: &Tensor<B>, dim: isize) -> Result<Tensor<B>> {
+        ids.expect_int("index_add (ids)")?;
+        self.same_dtype(src, "index_add")?;
+        let d = self.shape().resolve(dim, "index_add")?;
+        let expect = self.shape().with_dim(d, ids.elem_count());
+        if src.shape() != &expect {
+            return Err(Error::ShapeMismatch { op: "index_add", lhs: expect, rhs: src.shape().clone() });
+        }
+        let s = self.backend().index_add(self.storage(), self.shape(), d, ids.storage(), src.storage())?;
+        let ids_c = ids.clone();
+        Ok(Tensor::from_op(self.backend(), s, self.shape().clone(), self.dtype(), "index_add", &[self, src], move |g| {
+            Ok(vec![Some(g.clone()), Some(g.index_select(&ids_c, d as isize)?)])
+        }))
+    }
+
+    /// `out[.., i, ..] = self[.., idx[.., i, ..], ..]` along `dim`; `idx` has the rank of
+    /// `self` and the same sizes except along `dim`.
+    pub fn gather(&self, idx: &Tensor<B>, dim: isize) -> Result<Tensor<B>> {
+        idx.expect_int("gather (index)")?;
+        let d = self.shape().resolve(dim, "gather")?;
+        check_index_shape(self.shape(), idx.shape(), d, "gather")?;
+        let s = self.backend().gather(self.storage(), self.shape(), d, idx.storage(), idx.shape())?;
+        let (idx_c, in_shape) = (idx.clone(), self.shape().clone());
+        Ok(Tensor::from_op(self.backend(), s, idx.shape().clone(), self.dtype(), "gather", &[self], move |g| {
+            let zeros = Tensor::zeros(g.backend(), in_shape.clone(), g.dtype())?;
+            Ok(vec![Some(zeros.scatter_add(&idx_c, g, d as isize)?)])
+        }))
+    }
+
+    /// Returns `self` with `src` (shaped like `idx`) added at the positions `gather` reads.
+    pub fn scatter_add(&self, idx: &Tensor<B>, src: &Tensor<B>, dim: isize) -> Result<Tensor<B>> {
+        idx.expect_int("scatter_add (index)")?;
+        self.same_dtype(src, "scatter_add")?;
+        let d = self.shape().resolve(dim, "scatter_add")?;
+        check_index_shape(self.shape(), idx.shape(), d, "scatter_add")?;
+        if src.shape() != idx.shape() {
+            return Err(Error::ShapeMismatch { op: "scatter_add", lhs: idx.shape().clone(), rhs: src.shape().clone() });
+        }
+        let s = self.backend().scatter_add(self.storage(), self.shape(), d, idx.storage(), idx.shape(), src.storage())?;
+        let idx_c = idx.clone();
+        Ok(Tensor::from_op(self.backend(), s, self.shape().clone(), self.dtype(), "scatter_add", &[self, src], move |g| {
+            Ok(vec![Some(g.clone()), Some(g.gather(&idx_c, d as isize)?)])
+        }))
+    }
+}
+
+fn check_index_shape(x: &Shape, idx: &Shape, d: usize, op: &'static str) -> Result<()> {
+    let ok = x.rank() == idx.rank() && x.dims().iter().zip(idx.dims()).enumerate().all(|(i, (a, b))| i == d || a == b);
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::ShapeMismatch { op, lhs: x.clone(), rhs: idx.clone() })
+    }
+}

@@ -1,0 +1,146 @@
+//! Layout ops: reshape (free), permute/transpose, narrow, cat, expand, (un)squeeze.
+//! Every op but reshape copies: storage stays contiguous.
+
+use crate::{Backend, Error, Result, Shape, Tensor};
+
+impl<B: Backend> Tensor<B> {
+    /// The same elements under a new shape with the same element count (no copy).
+    pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor<B>> {
+        let shape = shape.into();
+        if shape.elem_count() != self.elem_count() {
+            return Err(Error::ShapeMismatch { op: "reshape", lhs: self.shape().clone(), rhs: shape });
+        }
+        if &shape == self.shape() {
+            return Ok(self.clone());
+        }
+        let orig = self.shape().clone();
+        Ok(Tensor::from_op(self.backend(), self.storage().clone(), shape, self.dtype(), "reshape", &[self], move |g| {
+            Ok(vec![Some(g.reshape(orig.clone())?)])
+        }))
+    }
+
+    /// Permutes dimensions: `out.dims[i] = self.dims[perm[i]]` (a copy).
+    pub fn permute(&self, perm: &[usize]) -> Result<Tensor<B>> {
+        let r = self.rank();
+        let mut seen = vec![false; r];
+        if perm.len() != r || perm.iter().any(|&p| p >= r || std::mem::replace(&mut seen[p], true)) {
+            return Err(Error::invalid("permute", format!("{perm:?} is not a permutation of the dims of {}", self.shape())));
+        }
+        if perm.iter().enumerate().all(|(i, &p)| i == p) {
+            return Ok(self.clone());
+        }
+        let out = Shape::new(perm.iter().map(|&p| self.dims()[p]).collect::<Vec<_>>());
+        let s = self.backend().permute(self.storage(), self.shape(), perm)?;
+        let mut inv = vec![0; r];
+        for (i, &p) in perm.iter().enumerate() {
+            inv[p] = i;
+        }
+        Ok(Tensor::from_op(self.backend(), s, out, self.dtype(), "permute", &[self], move |g| {
+            Ok(vec![Some(g.permute(&inv)?)])
+        }))
+    }
+
+    /// Swaps two dimensions (a copy).
+    pub fn transpose(&self, d1: isize, d2: isize) -> Result<Tensor<B>> {
+        let a = self.shape().resolve(d1, "transpose")?;
+        let b = self.shape().resolve(d2, "transpose")?;
+        let mut perm: Vec<usize> = (0..self.rank()).collect();
+        perm.swap(a, b);
+        self.permute(&perm)
+    }
+
+    /// The slice `start..start + len` of dimension `dim` (a copy).
+    pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Result<Tensor<B>> {
+        let d = self.shape().resolve(dim, "narrow")?;
+        let size = self.dims()[d];
+        if start + len > size {
+            return Err(Error::invalid("narrow", format!("range {start}..{} exceeds dim {d} of {}", start + len, self.shape())));
+        }
+        if start == 0 && len == size {
+            return Ok(self.clone());
+        }
+        let s = self.backend().narrow(self.storage(), self.shape(), d, start, len)?;
+        let in_shape = self.shape().clone();
+        Ok(Tensor::from_op(self.backend(), s, self.shape().with_dim(d, len), self.dtype(), "narrow", &[self], move |g| {
+            let mut parts = Vec::new();
+            if start > 0 {
+                parts.push(Tensor::zeros(g.backend(), in_shape.with_dim(d, start), g.dtype())?);
+            }
+            parts.push(g.clone());
+            if start + len < size {
+                parts.push(Tensor::zeros(g.backend(), in_shape.with_dim(d, size - start - len), g.dtype())?);
+            }
+            Ok(vec![Some(Tensor::cat(&parts.iter().collect::<Vec<_>>(), d as isize)?)])
+        }))
+    }
+
+    /// Concatenates tensors along `dim`; their shapes agree elsewhere.
+    pub fn cat(xs: &[&Tensor<B>], dim: isize) -> Result<Tensor<B>> {
+        let first = xs.first().ok_or_else(|| Error::invalid("cat", "no tensors to concatenate"))?;
+        let d = first.shape().resolve(dim, "cat")?;
+        let mut total = 0;
+        for x in xs {
+            first.same_dtype(x, "cat")?;
+            let ok = x.rank() == first.rank()
+                && x.dims().iter().zip(first.dims()).enumerate().all(|(i, (a, b))| i == d || a == b);
+            if !ok {
+                return Err(Error::ShapeMismatch { op: "cat", lhs: first.shape().clone(), rhs: x.shape().clone() });
+            }
+            total += x.dims()[d];
+        }
+        if xs.len() == 1 {
+            return Ok((*first).clone());
+        }
+        let parts: Vec<_> = xs.iter().map(|x| (x.storage(), x.shape())).collect();
+        let s = first.backend().cat(&parts, d)?;
+        let sizes: Vec<usize> = xs.iter().map(|x| x.dims()[d]).collect();
+        Ok(Tensor::from_op(first.backend(), s, first.shape().with_dim(d, total), first.dtype(), "cat", xs, move |g| {
+            let mut off = 0;
+            let mut out = Vec::new();
+            for &n in &sizes {
+                out.push(Some(g.narrow(d as isize, off, n)?));
+                off += n;
+            }
+            Ok(out)
+        }))
+    }
+
+    /// Broadcasts to `shape` (a copy; NumPy rules).
+    pub fn expand(&self, shape: impl Into<Shape>) -> Result<Tensor<B>> {
+        let shape = shape.into();
+        if &shape == self.shape() {
+            return Ok(self.clone());
+        }
+        if self.shape().broadcast(&shape, "expand")? != shape {
+            return Err(Error::ShapeMismatch { op: "expand", lhs: self.shape().clone(), rhs: shape });
+        }
+        let s = self.backend().expand(self.storage(), self.shape(), &shape)?;
+        let orig = self.shape().clone();
+        Ok(Tensor::from_op(self.backend(), s, shape, self.dtype(), "expand", &[self], move |g| {
+            Ok(vec![Some(g.sum_to(&orig)?)])
+        }))
+    }
+
+    /// Inserts a dimension of size 1 at `dim` (which may equal the rank).
+    pub fn unsqueeze(&self, dim: isize) -> Result<Tensor<B>> {
+        let r = self.rank() as isize;
+        let d = if dim < 0 { dim + r + 1 } else { dim };
+        if d < 0 || d > r {
+            return Err(Error::DimOutOfRange { op: "unsqueeze", dim, shape: self.shape().clone() });
+        }
+        let mut dims = self.dims().to_vec();
+        dims.insert(d as usize, 1);
+        self.reshape(dims)
+    }
+
+    /// Removes dimension `dim`, which must have size 1.
+    pub fn squeeze(&self, dim: isize) -> Result<Tensor<B>> {
+        let d = self.shape().resolve(dim, "squeeze")?;
+        if self.dims()[d] != 1 {
+            return Err(Error::invalid("squeeze", format!("dim {d} of {} is not 1", self.shape())));
+        }
+        let mut dims = self.dims().to_vec();
+        dims.remove(d);
+        self.reshape(dims)
+    }
+}

@@ -1,0 +1,14 @@
+//! Tensor ops, one file per op family: the op on [`Tensor`](crate::Tensor), its gradient
+//! and, for fused ops, the composite default that [`Backend`](crate::Backend) falls back to.
+
+pub mod attention;
+pub mod cross_entropy;
+pub mod elementwise;
+pub mod index;
+pub mod layout;
+pub mod matmul;
+pub mod norm;
+pub mod random;
+pub mod reduce;
+pub mod rotary;
+pub mod softmax;

@@ -1,0 +1,127 @@
+//! LayerNorm and RMSNorm over the last dimension (fused ops with composite defaults).
+
+use crate::autograd::GradModeGuard;
+use crate::{Backend, Error, Result, Shape, Tensor};
+
+fn wrap<B: Backend>(b: &B, s: &B::Storage, shape: &Shape) -> Tensor<B> {
+    Tensor::from_storage(b, s.clone(), shape.clone(), b.storage_dtype(s))
+}
+
+/// Composite LayerNorm, written with primitive ops.
+pub fn composite_layer_norm<B: Backend>(
+    b: &B,
+    x: &B::Storage,
+    shape: &Shape,
+    w: Option<&B::Storage>,
+    bias: Option<&B::Storage>,
+    eps: f64,
+) -> Result<B::Storage> {
+    let _g = GradModeGuard::no_grad();
+    let d = Shape::new([*shape.dims().last().unwrap_or(&1)]);
+    let (x, _, xhat) = layer_norm_parts(&wrap(b, x, shape), eps)?;
+    let _ = x;
+    let mut y = xhat;
+    if let Some(w) = w {
+        y = y.mul(&wrap(b, w, &d))?;
+    }
+    if let Some(bias) = bias {
+        y = y.add(&wrap(b, bias, &d))?;
+    }
+    Ok(y.storage().clone())
+}
+
+/// Composite RMSNorm, written with primitive ops.
+pub fn composite_rms_norm<B: Backend>(
+    b: &B,
+    x: &B::Storage,
+    shape: &Shape,
+    w: Option<&B::Storage>,
+    eps: f64,
+) -> Result<B::Storage> {
+    let _g = GradModeGuard::no_grad();
+    let d = Shape::new([*shape.dims().last().unwrap_or(&1)]);
+    let x = wrap(b, x, shape);
+    let mut y = x.mul(&rms_rstd(&x, eps)?)?;
+    if let Some(w) = w {
+        y = y.mul(&wrap(b, w, &d))?;
+    }
+    Ok(y.storage().clone())
+}
+
+/// (x, rstd, xhat) for LayerNorm.
+fn layer_norm_parts<B: Backend>(x: &Tensor<B>, eps: f64) -> Result<(Tensor<B>, Tensor<B>, Tensor<B>)> {
+    let xc = x.sub(&x.mean(-1, true)?)?;
+    let rstd = xc.square()?.mean(-1, true)?.add_scalar(eps)?.rsqrt()?;
+    let xhat = xc.mul(&rstd)?;
+    Ok((x.clone(), rstd, xhat))
+}
+
+fn rms_rstd<B: Backend>(x: &Tensor<B>, eps: f64) -> Result<Tensor<B>> {
+    x.square()?.mean(-1, true)?.add_scalar(eps)?.rsqrt()
+}
+
+fn check_param<B: Backend>(x: &Tensor<B>, p: Option<&Tensor<B>>, op: &'static str) -> Result<()> {
+    if let Some(p) = p {
+        x.same_dtype(p, op)?;
+        let d = *x.dims().last().unwrap_or(&0);
+        if p.dims() != [d] {
+            return Err(Error::ShapeMismatch { op, lhs: x.shape().clone(), rhs: p.shape().clone() });
+        }
+    }
+    Ok(())
+}
+
+impl<B: Backend> Tensor<B> {
+    /// LayerNorm over the last dim: `(x - mean) / sqrt(var + eps) * weight + bias`.
+    pub fn layer_norm(&self, weight: Option<&Tensor<B>>, bias: Option<&Tensor<B>>, eps: f64) -> Result<Tensor<B>> {
+        self.expect_float("layer_norm")?;
+        if self.rank() == 0 {
+            return Err(Error::invalid("layer_norm", "needs rank >= 1"));
+        }
+        check_param(self, weight, "layer_norm (weight)")?;
+        check_param(self, bias, "layer_norm (bias)")?;
+        let s = self.backend().layer_norm(self.storage(), self.shape(), weight.map(|w| w.storage()), bias.map(|b| b.storage()), eps)?;
+        let mut inputs = vec![self];
+        inputs.extend(weight);
+        inputs.extend(bias);
+        let (x, w, has_b) = (self.clone(), weight.cloned(), bias.is_some());
+        Ok(Tensor::from_op(self.backend(), s, self.shape().clone(), self.dtype(), "layer_norm", &inputs, move |g| {
+            let (_, rstd, xhat) = layer_norm_parts(&x, eps)?;
+            let gx = match &w { Some(w) => g.mul(w)?, None => g.clone() };
+            let t1 = gx.mean(-1, true)?;
+            let t2 = xhat.mul(&gx.mul(&xhat)?.mean(-1, true)?)?;
+            let mut out = vec![Some(gx.sub(&t1)?.sub(&t2)?.mul(&rstd)?)];
+            if let Some(w) = &w {
+                out.push(Some(g.mul(&xhat)?.sum_to(w.shape())?));
+            }
+            if has_b {
+                out.push(Some(g.sum_to(&Shape::new([*x.dims().last().unwrap()]))?));
+            }
+            Ok(out)
+        }))
+    }
+
+    /// RMSNorm over the last dim: `x / sqrt(mean(x^2) + eps) * weight`.
+    pub fn rms_norm(&self, weight: Option<&Tensor<B>>, eps: f64) -> Result<Tensor<B>> {
+        self.expect_float("rms_norm")?;
+        if self.rank() == 0 {
+            return Err(Error::invalid("rms_norm", "needs rank >= 1"));
+        }
+        check_param(self, weight, "rms_norm (weight)")?;
+        let s = self.backend().rms_norm(self.storage(), self.shape(), weight.map(|w| w.storage()), eps)?;
+        let mut inputs = vec![self];
+        inputs.extend(weight);
+        let (x, w) = (self.clone(), weight.cloned());
+        Ok(Tensor::from_op(self.backend(), s, self.shape().clone(), self.dtype(), "rms_norm", &inputs, move |g| {
+            let rstd = rms_rstd(&x, eps)?;
+            let xhat = x.mul(&rstd)?;
+            let gx = match &w { Some(w) => g.mul(w)?, None => g.clone() };
+            let t2 = xhat.mul(&gx.mul(&xhat)?.mean(-1, true)?)?;
+            let mut out = vec![Some(gx.sub(&t2)?.mul(&rstd)?)];
+            if let Some(w) = &w {
+                out.push(Some(g.mul(&xhat)?.sum_to(w.shape())?));
+            }
+            Ok(out)
+        }))
+    }
+}

@@ -1,0 +1,301 @@
+//! `Tensor`: storage + global shape + dtype + placements + autograd node.
+
+use crate::autograd::{self, Node};
+use crate::{Backend, DType, Element, Error, HostData, Placements, Result, Shape};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A unique identity for a tensor value; gradients are keyed by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId(u64);
+
+impl TensorId {
+    fn fresh() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        TensorId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+pub(crate) struct TensorInner<B: Backend> {
+    pub(crate) id: TensorId,
+    pub(crate) storage: B::Storage,
+    pub(crate) shape: Shape,
+    pub(crate) dtype: DType,
+    pub(crate) placements: Placements,
+    pub(crate) backend: B,
+    pub(crate) node: Option<Node<B>>,
+    pub(crate) is_var: bool,
+}
+
+/// An immutable n-dimensional array on a backend, with autograd.
+///
+/// Cloning is cheap (reference counted). Ops return new tensors. A tensor that is a
+/// *variable* ([`Tensor::into_var`]) or that was computed from one, outside a
+/// [`no_grad`](crate::no_grad) scope, records the op that made it, so that
+/// [`Tensor::backward`] can return gradients.
+///
+/// The shape is the *global* shape; each mesh axis has a [`Placement`](crate::Placement)
+/// (all `Replicate` on one device).
+pub struct Tensor<B: Backend>(pub(crate) Arc<TensorInner<B>>);
+
+impl<B: Backend> Clone for Tensor<B> {
+    fn clone(&self) -> Self {
+        Tensor(self.0.clone())
+    }
+}
+
+impl<B: Backend> fmt::Debug for Tensor<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Tensor[{}, {:?}, {}{}]",
+            self.shape(),
+            self.dtype(),
+            self.backend().name(),
+            if self.requires_grad() { ", grad" } else { "" }
+        )
+    }
+}
+
+impl<B: Backend> Tensor<B> {
+    /// Wraps backend storage (no gradient history). The storage must hold
+    /// `shape.elem_count()` elements of `dtype`.
+    pub fn from_storage(backend: &B, storage: B::Storage, shape: impl Into<Shape>, dtype: DType) -> Self {
+        Self::make(backend.clone(), storage, shape.into(), dtype, None, false)
+    }
+
+    pub(crate) fn make(
+        backend: B,
+        storage: B::Storage,
+        shape: Shape,
+        dtype: DType,
+        node: Option<Node<B>>,
+        is_var: bool,
+    ) -> Self {
+        Tensor(Arc::new(TensorInner {
+            id: TensorId::fresh(),
+            storage,
+            shape,
+            dtype,
+            placements: Placements::REPLICATED,
+            backend,
+            node,
+            is_var,
+        }))
+    }
+
+    /// The result of an op: records `backward` (mapping the output gradient to one optional
+    /// gradient per input) when gradients are enabled and an input requires them.
+    pub(crate) fn from_op<F>(
+        backend: &B,
+        storage: B::Storage,
+        shape: Shape,
+        dtype: DType,
+        op: &'static str,
+        inputs: &[&Tensor<B>],
+        backward: F,
+    ) -> Self
+    where
+        F: Fn(&Tensor<B>) -> Result<Vec<Option<Tensor<B>>>> + Send + Sync + 'static,
+    {
+        let track = autograd::is_grad_enabled() && inputs.iter().any(|t| t.requires_grad());
+        let node = track.then(|| Node {
+            op,
+            inputs: inputs.iter().map(|t| (*t).clone()).collect(),
+            backward: Box::new(backward),
+        });
+        Self::make(backend.clone(), storage, shape, dtype, node, false)
+    }
+
+    /// A tensor from host data; `data.len()` must equal the shape's element count.
+    pub fn from_host(backend: &B, data: &HostData, shape: impl Into<Shape>) -> Result<Self> {
+        let shape = shape.into();
+        if data.len() != shape.elem_count() {
+            return Err(Error::ElementCount {
+                op: "from_host",
+                expected: shape.elem_count(),
+                got: data.len(),
+                shape,
+            });
+        }
+        if !backend.supports(data.dtype()) {
+            return Err(Error::UnsupportedDType {
+                op: "from_host",
+                dtype: data.dtype(),
+            });
+        }
+        let s = backend.from_host(data)?;
+        Ok(Self::from_storage(backend, s, shape, data.dtype()))
+    }
+
+    /// A tensor from a vector of host elements.
+    pub fn from_vec<T: Element>(backend: &B, v: Vec<T>, shape: impl Into<Shape>) -> Result<Self> {
+        Self::from_host(backend, &T::into_host(v), shape)
+    }
+
+    /// A rank-0 tensor holding `value`.
+    pub fn scalar(backend: &B, value: f64, dtype: DType) -> Result<Self> {
+        Self::full(backend, Shape::new(vec![]), value, dtype)
+    }
+
+    /// A tensor with every element equal to `value`.
+    pub fn full(backend: &B, shape: impl Into<Shape>, value: f64, dtype: DType) -> Result<Self> {
+        let shape = shape.into();
+        let s = backend.full(shape.elem_count(), value, dtype)?;
+        Ok(Self::from_storage(backend, s, shape, dtype))
+    }
+
+    /// Zeros.
+    pub fn zeros(backend: &B, shape: impl Into<Shape>, dtype: DType) -> Result<Self> {
+        Self::full(backend, shape, 0.0, dtype)
+    }
+
+    /// Ones.
+    pub fn ones(backend: &B, shape: impl Into<Shape>, dtype: DType) -> Result<Self> {
+        Self::full(backend, shape, 1.0, dtype)
+    }
+
+    /// `0, 1, .., n-1` as `I64`.
+    pub fn arange(backend: &B, n: usize) -> Result<Self> {
+        Self::from_vec(backend, (0..n as i64).collect::<Vec<_>>(), [n])
+    }
+
+    /// Zeros with this tensor's shape, dtype and backend.
+    pub fn zeros_like(&self) -> Result<Self> {
+        Self::zeros(self.backend(), self.shape().clone(), self.dtype())
+    }
+
+    /// Ones with this tensor's shape, dtype and backend.
+    pub fn ones_like(&self) -> Result<Self> {
+        Self::ones(self.backend(), self.shape().clone(), self.dtype())
+    }
+
+    /// The same value as a new leaf variable: gradients flow to it.
+    pub fn into_var(self) -> Self {
+        Self::make(
+            self.0.backend.clone(),
+            self.0.storage.clone(),
+            self.0.shape.clone(),
+            self.0.dtype,
+            None,
+            true,
+        )
+    }
+
+    /// The same value with no gradient history and not a variable.
+    pub fn detach(&self) -> Self {
+        Self::make(
+            self.0.backend.clone(),
+            self.0.storage.clone(),
+            self.0.shape.clone(),
+            self.0.dtype,
+            None,
+            false,
+        )
+    }
+
+    /// This tensor's identity (gradients are looked up by it).
+    pub fn id(&self) -> TensorId {
+        self.0.id
+    }
+    /// The global shape.
+    pub fn shape(&self) -> &Shape {
+        &self.0.shape
+    }
+    /// The global dimensions.
+    pub fn dims(&self) -> &[usize] {
+        self.0.shape.dims()
+    }
+    /// The number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.0.shape.rank()
+    }
+    /// The number of elements.
+    pub fn elem_count(&self) -> usize {
+        self.0.shape.elem_count()
+    }
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+    /// The backend holding the storage.
+    pub fn backend(&self) -> &B {
+        &self.0.backend
+    }
+    /// The backend storage.
+    pub fn storage(&self) -> &B::Storage {
+        &self.0.storage
+    }
+    /// The placement on each mesh axis.
+    pub fn placements(&self) -> Placements {
+        self.0.placements
+    }
+    /// True for a leaf variable.
+    pub fn is_var(&self) -> bool {
+        self.0.is_var
+    }
+    /// True when gradients flow to or through this tensor.
+    pub fn requires_grad(&self) -> bool {
+        self.0.is_var || self.0.node.is_some()
+    }
+    /// The name of the op that produced this tensor, if it records one.
+    pub fn op_name(&self) -> Option<&'static str> {
+        self.0.node.as_ref().map(|n| n.op)
+    }
+
+    /// Copies the values to the host (forces lazy storage).
+    pub fn to_host(&self) -> Result<HostData> {
+        self.backend().to_host(self.storage())
+    }
+    /// The values as f32 (converted from any dtype).
+    pub fn to_vec_f32(&self) -> Result<Vec<f32>> {
+        Ok(self.to_host()?.to_f32_vec())
+    }
+    /// The values as f64 (converted from any dtype).
+    pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
+        Ok(self.to_host()?.to_f64_vec())
+    }
+    /// The values of an integer tensor as i64.
+    pub fn to_vec_i64(&self) -> Result<Vec<i64>> {
+        self.to_host()?.to_i64_vec()
+    }
+    /// The single value of a one-element tensor, as f64.
+    pub fn to_scalar(&self) -> Result<f64> {
+        if self.elem_count() != 1 {
+            return Err(Error::invalid(
+                "to_scalar",
+                format!("tensor of shape {} has {} elements, not 1", self.shape(), self.elem_count()),
+            ));
+        }
+        Ok(self.to_vec_f64()?[0])
+    }
+
+    /// Errors unless both tensors have the same dtype.
+    pub(crate) fn same_dtype(&self, other: &Tensor<B>, op: &'static str) -> Result<()> {
+        if self.dtype() != other.dtype() {
+            return Err(Error::DTypeMismatch {
+                op,
+                lhs: self.dtype(),
+                rhs: other.dtype(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Errors unless the dtype is a float type.
+    pub(crate) fn expect_float(&self, op: &'static str) -> Result<()> {
+        if !self.dtype().is_float() {
+            return Err(Error::UnsupportedDType { op, dtype: self.dtype() });
+        }
+        Ok(())
+    }
+
+    /// Errors unless the dtype is an integer type (ids, targets).
+    pub(crate) fn expect_int(&self, op: &'static str) -> Result<()> {
+        if !matches!(self.dtype(), DType::I64 | DType::I32) {
+            return Err(Error::UnsupportedDType { op, dtype: self.dtype() });
+        }
+        Ok(())
+    }
+}
