@@ -152,12 +152,7 @@ impl<B: Backend> Tensor<B> {
                 if gi.shape() != input.shape() {
                     return Err(Error::invalid(
                         "backward",
-                        format!(
-                            "gradient of {} has shape {}, expected {}",
-                            node.op,
-                            gi.shape(),
-                            input.shape()
-                        ),
+                        format!("gradient of {} has shape {}, expected {}", node.op, gi.shape(), input.shape()),
                     ));
                 }
                 let gi = if gi.dtype() != input.dtype() { gi.cast(input.dtype())? } else { gi };

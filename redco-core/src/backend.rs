@@ -3,7 +3,7 @@
 //!
 //! Storage is contiguous and row-major; the backend never sees strides. Every op receives
 //! the shapes it needs and returns new storage. Storage may be lazy: only
-//! [`Backend::to_host`] and [`Backend::sync`] have to force it.
+//! [`Backend::download`] and [`Backend::sync`] have to force it.
 //!
 //! A new backend implements the primitives and inherits the fused ops from their composite
 //! defaults (written once with [`Tensor`](crate::Tensor) ops, in `ops/<family>.rs`); it gets
@@ -162,9 +162,9 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     /// True when the backend can store and compute `dtype`.
     fn supports(&self, dtype: DType) -> bool;
     /// Copies host data into new storage.
-    fn from_host(&self, data: &HostData) -> Result<Self::Storage>;
+    fn upload(&self, data: &HostData) -> Result<Self::Storage>;
     /// Copies storage back to the host (forces lazy storage).
-    fn to_host(&self, s: &Self::Storage) -> Result<HostData>;
+    fn download(&self, s: &Self::Storage) -> Result<HostData>;
     /// The dtype of a storage.
     fn storage_dtype(&self, s: &Self::Storage) -> DType;
     /// Waits for every queued operation (a no-op for eager backends).
@@ -211,14 +211,7 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     /// Copies `x` broadcast to `out` (a materialised expand).
     fn expand(&self, x: &Self::Storage, shape: &Shape, out: &Shape) -> Result<Self::Storage>;
     /// Copies the slice `start..start + len` of dimension `dim`.
-    fn narrow(
-        &self,
-        x: &Self::Storage,
-        shape: &Shape,
-        dim: usize,
-        start: usize,
-        len: usize,
-    ) -> Result<Self::Storage>;
+    fn narrow(&self, x: &Self::Storage, shape: &Shape, dim: usize, start: usize, len: usize) -> Result<Self::Storage>;
     /// Concatenates along `dim`; shapes agree elsewhere.
     fn cat(&self, xs: &[(&Self::Storage, &Shape)], dim: usize) -> Result<Self::Storage>;
     /// Selects entries `ids` (an integer storage of `n_ids` elements) along `dim`.
@@ -266,7 +259,7 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     /// element `i` depends only on `(seed, i)`, so every backend draws the same numbers.
     fn rand_uniform(&self, n: usize, seed: u64, dtype: DType) -> Result<Self::Storage> {
         let v: Vec<f64> = (0..n as u64).map(|i| crate::ops::random::uniform_at(seed, i)).collect();
-        self.from_host(&HostData::from_f64(&v, dtype))
+        self.upload(&HostData::from_f64(&v, dtype))
     }
 
     // ----- fused ops, with composite defaults -----

@@ -120,10 +120,7 @@ impl HostData {
             HostData::I64(v) => Ok(v.clone()),
             HostData::I32(v) => Ok(v.iter().map(|&x| x as i64).collect()),
             HostData::U8(v) => Ok(v.iter().map(|&x| x as i64).collect()),
-            other => Err(Error::UnsupportedDType {
-                op: "to_i64_vec",
-                dtype: other.dtype(),
-            }),
+            other => Err(Error::UnsupportedDType { op: "to_i64_vec", dtype: other.dtype() }),
         }
     }
     /// Builds a buffer of `dtype` from f64 values (rounding for narrower types).

@@ -109,10 +109,7 @@ pub enum Error {
 impl Error {
     /// Shorthand for [`Error::Invalid`].
     pub fn invalid(op: &'static str, msg: impl Into<String>) -> Self {
-        Error::Invalid {
-            op,
-            msg: msg.into(),
-        }
+        Error::Invalid { op, msg: msg.into() }
     }
 }
 

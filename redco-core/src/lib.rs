@@ -19,6 +19,8 @@
 //! # let _ = DType::F32;
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod autograd;
 pub mod backend;
 pub mod cpu;
@@ -37,3 +39,4 @@ pub use error::{Error, Result};
 pub use placement::{MeshAxis, PartialOp, Placement, Placements};
 pub use shape::Shape;
 pub use tensor::{Tensor, TensorId};
+

@@ -33,11 +33,7 @@ impl Shape {
         let r = self.rank() as isize;
         let d = if dim < 0 { dim + r } else { dim };
         if d < 0 || d >= r {
-            return Err(Error::DimOutOfRange {
-                op,
-                dim,
-                shape: self.clone(),
-            });
+            return Err(Error::DimOutOfRange { op, dim, shape: self.clone() });
         }
         Ok(d as usize)
     }
@@ -73,11 +69,7 @@ impl Shape {
             } else if a == 1 {
                 b
             } else {
-                return Err(Error::ShapeMismatch {
-                    op,
-                    lhs: self.clone(),
-                    rhs: other.clone(),
-                });
+                return Err(Error::ShapeMismatch { op, lhs: self.clone(), rhs: other.clone() });
             };
         }
         Ok(Shape(out))
@@ -86,15 +78,7 @@ impl Shape {
     pub fn broadcast_strides(&self, target: &Shape) -> Vec<usize> {
         let own = self.strides();
         let off = target.rank() - self.rank();
-        (0..target.rank())
-            .map(|i| {
-                if i < off || self.0[i - off] == 1 {
-                    0
-                } else {
-                    own[i - off]
-                }
-            })
-            .collect()
+        (0..target.rank()).map(|i| if i < off || self.0[i - off] == 1 { 0 } else { own[i - off] }).collect()
     }
 }
 

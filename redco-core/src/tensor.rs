@@ -112,20 +112,12 @@ impl<B: Backend> Tensor<B> {
     pub fn from_host(backend: &B, data: &HostData, shape: impl Into<Shape>) -> Result<Self> {
         let shape = shape.into();
         if data.len() != shape.elem_count() {
-            return Err(Error::ElementCount {
-                op: "from_host",
-                expected: shape.elem_count(),
-                got: data.len(),
-                shape,
-            });
+            return Err(Error::ElementCount { op: "from_host", expected: shape.elem_count(), got: data.len(), shape });
         }
         if !backend.supports(data.dtype()) {
-            return Err(Error::UnsupportedDType {
-                op: "from_host",
-                dtype: data.dtype(),
-            });
+            return Err(Error::UnsupportedDType { op: "from_host", dtype: data.dtype() });
         }
-        let s = backend.from_host(data)?;
+        let s = backend.upload(data)?;
         Ok(Self::from_storage(backend, s, shape, data.dtype()))
     }
 
@@ -173,26 +165,12 @@ impl<B: Backend> Tensor<B> {
 
     /// The same value as a new leaf variable: gradients flow to it.
     pub fn into_var(self) -> Self {
-        Self::make(
-            self.0.backend.clone(),
-            self.0.storage.clone(),
-            self.0.shape.clone(),
-            self.0.dtype,
-            None,
-            true,
-        )
+        Self::make(self.0.backend.clone(), self.0.storage.clone(), self.0.shape.clone(), self.0.dtype, None, true)
     }
 
     /// The same value with no gradient history and not a variable.
     pub fn detach(&self) -> Self {
-        Self::make(
-            self.0.backend.clone(),
-            self.0.storage.clone(),
-            self.0.shape.clone(),
-            self.0.dtype,
-            None,
-            false,
-        )
+        Self::make(self.0.backend.clone(), self.0.storage.clone(), self.0.shape.clone(), self.0.dtype, None, false)
     }
 
     /// This tensor's identity (gradients are looked up by it).
@@ -246,7 +224,7 @@ impl<B: Backend> Tensor<B> {
 
     /// Copies the values to the host (forces lazy storage).
     pub fn to_host(&self) -> Result<HostData> {
-        self.backend().to_host(self.storage())
+        self.backend().download(self.storage())
     }
     /// The values as f32 (converted from any dtype).
     pub fn to_vec_f32(&self) -> Result<Vec<f32>> {
@@ -274,11 +252,7 @@ impl<B: Backend> Tensor<B> {
     /// Errors unless both tensors have the same dtype.
     pub(crate) fn same_dtype(&self, other: &Tensor<B>, op: &'static str) -> Result<()> {
         if self.dtype() != other.dtype() {
-            return Err(Error::DTypeMismatch {
-                op,
-                lhs: self.dtype(),
-                rhs: other.dtype(),
-            });
+            return Err(Error::DTypeMismatch { op, lhs: self.dtype(), rhs: other.dtype() });
         }
         Ok(())
     }

@@ -24,10 +24,7 @@ pub fn tol(dtype: DType) -> f64 {
 pub fn assert_close(actual: &[f64], expected: &[f64], tol: f64, what: &str) {
     assert_eq!(actual.len(), expected.len(), "{what}: length {} vs expected {}", actual.len(), expected.len());
     for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
-        assert!(
-            (a - e).abs() <= tol * (1.0 + e.abs()),
-            "{what}: element {i}: got {a}, expected {e} (tol {tol})"
-        );
+        assert!((a - e).abs() <= tol * (1.0 + e.abs()), "{what}: element {i}: got {a}, expected {e} (tol {tol})");
     }
 }
 

@@ -16,11 +16,11 @@ impl<B: Backend> Backend for Composite<B> {
     fn supports(&self, d: DType) -> bool {
         self.0.supports(d)
     }
-    fn from_host(&self, d: &HostData) -> Result<B::Storage> {
-        self.0.from_host(d)
+    fn upload(&self, d: &HostData) -> Result<B::Storage> {
+        self.0.upload(d)
     }
-    fn to_host(&self, s: &B::Storage) -> Result<HostData> {
-        self.0.to_host(s)
+    fn download(&self, s: &B::Storage) -> Result<HostData> {
+        self.0.download(s)
     }
     fn storage_dtype(&self, s: &B::Storage) -> DType {
         self.0.storage_dtype(s)
@@ -34,7 +34,13 @@ impl<B: Backend> Backend for Composite<B> {
     fn unary(&self, op: UnaryOp, x: &B::Storage, n: usize) -> Result<B::Storage> {
         self.0.unary(op, x, n)
     }
-    fn binary(&self, op: BinaryOp, a: (&B::Storage, &Shape), b: (&B::Storage, &Shape), o: &Shape) -> Result<B::Storage> {
+    fn binary(
+        &self,
+        op: BinaryOp,
+        a: (&B::Storage, &Shape),
+        b: (&B::Storage, &Shape),
+        o: &Shape,
+    ) -> Result<B::Storage> {
         self.0.binary(op, a, b, o)
     }
     fn compare(&self, op: CmpOp, a: (&B::Storage, &Shape), b: (&B::Storage, &Shape), o: &Shape) -> Result<B::Storage> {
@@ -79,7 +85,15 @@ impl<B: Backend> Backend for Composite<B> {
     fn gather(&self, x: &B::Storage, s: &Shape, d: usize, i: &B::Storage, is: &Shape) -> Result<B::Storage> {
         self.0.gather(x, s, d, i, is)
     }
-    fn scatter_add(&self, x: &B::Storage, s: &Shape, d: usize, i: &B::Storage, is: &Shape, src: &B::Storage) -> Result<B::Storage> {
+    fn scatter_add(
+        &self,
+        x: &B::Storage,
+        s: &Shape,
+        d: usize,
+        i: &B::Storage,
+        is: &Shape,
+        src: &B::Storage,
+    ) -> Result<B::Storage> {
         self.0.scatter_add(x, s, d, i, is, src)
     }
 }

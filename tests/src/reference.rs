@@ -58,19 +58,22 @@ pub fn matmul(a: &[f64], ad: &[usize], b: &[f64], bd: &[usize], ta: bool, tb: bo
     let mut out = Vec::with_capacity(nb * m * n);
     for bi in 0..nb {
         let bidx = unravel(bi, &batch);
-        let pick = |dims: &[usize], r: usize, i: usize, j: usize| -> usize {
+        // offset of the matrix of this batch entry in an operand (size-1 dims broadcast)
+        let base = |dims: &[usize], r: usize| -> usize {
             let off = bidx.len() - (r - 2);
             let mut idx: Vec<usize> = (0..r - 2).map(|d| if dims[d] == 1 { 0 } else { bidx[d + off] }).collect();
-            idx.push(i);
-            idx.push(j);
+            idx.extend([0, 0]);
             ravel(&idx, dims)
         };
+        let (oa, ob) = (base(ad, ra), base(bd, rb));
+        // element (i, j) of the stored matrix is at i * cols + j
+        let (ca, cb) = (ad[ra - 1], bd[rb - 1]);
         for i in 0..m {
             for j in 0..n {
                 let mut s = 0.0;
                 for p in 0..k {
-                    let x = if ta { a[pick(ad, ra, p, i)] } else { a[pick(ad, ra, i, p)] };
-                    let y = if tb { b[pick(bd, rb, j, p)] } else { b[pick(bd, rb, p, j)] };
+                    let x = if ta { a[oa + p * ca + i] } else { a[oa + i * ca + p] };
+                    let y = if tb { b[ob + j * cb + p] } else { b[ob + p * cb + j] };
                     s += x * y;
                 }
                 out.push(s);
@@ -170,11 +173,7 @@ pub fn rotary(x: &[f64], seq: usize, d: usize, pos: &[i64], rot: usize, theta: f
 
 /// Per-row cross-entropy with an ignore index.
 pub fn cross_entropy(logits: &[f64], v: usize, targets: &[i64], ignore: i64) -> Vec<f64> {
-    logits
-        .chunks(v)
-        .zip(targets)
-        .map(|(r, &t)| if t == ignore { 0.0 } else { -log_softmax(r)[t as usize] })
-        .collect()
+    logits.chunks(v).zip(targets).map(|(r, &t)| if t == ignore { 0.0 } else { -log_softmax(r)[t as usize] }).collect()
 }
 
 /// Attention `q [b,hq,tq,d]`, `k`/`v` `[b,hk,tk,d]`, keep-mask `pad[b][tk]`, causal with the
@@ -203,7 +202,11 @@ pub fn attention(
                             .sum();
                         let keep = (!causal || j as i64 <= i as i64 + tk as i64 - tq as i64)
                             && pad.is_none_or(|p| p[bi * tk + j] != 0);
-                        if keep { dot * scale } else { fill }
+                        if keep {
+                            dot * scale
+                        } else {
+                            fill
+                        }
                     })
                     .collect();
                 s = softmax(&s);

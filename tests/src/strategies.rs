@@ -14,7 +14,11 @@ pub fn broadcast_pair(max_rank: usize, max_dim: usize) -> impl Strategy<Value = 
         let r = out.len();
         let mk = move |out: Vec<usize>| {
             (0..=r, prop::collection::vec(any::<bool>(), r)).prop_map(move |(drop, ones)| {
-                out.iter().zip(&ones).skip(drop.min(r - 1)).map(|(&d, &one)| if one { 1 } else { d }).collect::<Vec<_>>()
+                out.iter()
+                    .zip(&ones)
+                    .skip(drop.min(r - 1))
+                    .map(|(&d, &one)| if one { 1 } else { d })
+                    .collect::<Vec<_>>()
             })
         };
         (mk(out.clone()), mk(out))

@@ -1,1 +1,40 @@
-fn main() {}
+//! `cargo xtask`: redco-rs developer tasks.
+//!
+//! - `cargo xtask test`: the whole suite with its checks (fmt, clippy, tests, doc tests);
+//! - `cargo xtask bench gemm [--threads N] [--reps N] [--torch PYTHON] [--json FILE]`:
+//!   f32 GEMM throughput against the machine's measured FMA peak and, optionally,
+//!   `torch.matmul` measured in the same run.
+
+mod args;
+mod bench;
+mod machine;
+mod test;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let result = match argv.first().map(String::as_str) {
+        Some("test") => test::run(&argv[1..]),
+        Some("bench") => bench::run(&argv[1..]),
+        Some("-h" | "--help") | None => {
+            println!("{}", USAGE);
+            Ok(())
+        }
+        Some(other) => Err(format!("unknown task `{other}`\n\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+const USAGE: &str = "usage: cargo xtask <task>
+
+tasks:
+  test [--no-lint]                 fmt check, clippy -D warnings, the whole test suite
+  bench gemm [--threads N] [--reps N] [--torch PYTHON] [--json FILE]
+                                   f32 GEMM GFLOP/s vs the measured FMA peak (and torch)";

@@ -50,9 +50,9 @@ fn unary_t<T: Real>(op: UnaryOp, x: &[T]) -> Vec<T> {
             let s = sig(v);
             s * (one + v * (one - s))
         }),
-        UnaryOp::GeluErfDeriv => map1(x, |v| {
-            half * (one + (v * inv_sqrt2).erf()) + v * inv_sqrt_2pi * (-half * v * v).exp()
-        }),
+        UnaryOp::GeluErfDeriv => {
+            map1(x, |v| half * (one + (v * inv_sqrt2).erf()) + v * inv_sqrt_2pi * (-half * v * v).exp())
+        }
         UnaryOp::GeluTanhDeriv => map1(x, |v| {
             let u = sqrt_2_pi * (v + c * v * v * v);
             let t = u.tanh();
@@ -94,11 +94,24 @@ fn binary_t<T: Real>(op: BinaryOp, a: &[T], ash: &Shape, b: &[T], bsh: &Shape, o
 }
 
 /// A broadcasting binary op (integers are computed through f64).
-pub(crate) fn binary(op: BinaryOp, a: (&HostData, &Shape), b: (&HostData, &Shape), out: &Shape, dt: DType) -> Result<HostData> {
+pub(crate) fn binary(
+    op: BinaryOp,
+    a: (&HostData, &Shape),
+    b: (&HostData, &Shape),
+    out: &Shape,
+    dt: DType,
+) -> Result<HostData> {
     Ok(float_kernel!(dt, [a.0 => x, b.0 => y], binary_t(op, x, a.1, y, b.1, out)))
 }
 
-fn compare_t<T: PartialOrd + Copy + Sync>(op: CmpOp, a: &[T], ash: &Shape, b: &[T], bsh: &Shape, out: &Shape) -> Vec<u8> {
+fn compare_t<T: PartialOrd + Copy + Sync>(
+    op: CmpOp,
+    a: &[T],
+    ash: &Shape,
+    b: &[T],
+    bsh: &Shape,
+    out: &Shape,
+) -> Vec<u8> {
     match op {
         CmpOp::Eq => broadcast2(a, ash, b, bsh, out, |x, y| (x == y) as u8),
         CmpOp::Ne => broadcast2(a, ash, b, bsh, out, |x, y| (x != y) as u8),

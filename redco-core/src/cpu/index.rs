@@ -28,7 +28,14 @@ pub(crate) fn index_select(x: &HostData, shape: &Shape, dim: usize, ids: &[i64])
     Ok(any_kernel!(x, v => select_t(v, outer, size, inner, ids)))
 }
 
-fn index_add_t<T: num_traits::Float>(x: &[T], src: &[T], outer: usize, size: usize, inner: usize, ids: &[i64]) -> Vec<T> {
+fn index_add_t<T: num_traits::Float>(
+    x: &[T],
+    src: &[T],
+    outer: usize,
+    size: usize,
+    inner: usize,
+    ids: &[i64],
+) -> Vec<T> {
     let mut o = x.to_vec();
     let n = ids.len();
     for i in 0..outer {
@@ -69,7 +76,14 @@ pub(crate) fn gather(x: &HostData, shape: &Shape, dim: usize, idx: &[i64], idx_s
     Ok(any_kernel!(x, v => gather_t(v, size, inner, idx, isz)))
 }
 
-fn scatter_add_t<T: num_traits::Float>(x: &[T], src: &[T], size: usize, inner: usize, idx: &[i64], isz: usize) -> Vec<T> {
+fn scatter_add_t<T: num_traits::Float>(
+    x: &[T],
+    src: &[T],
+    size: usize,
+    inner: usize,
+    idx: &[i64],
+    isz: usize,
+) -> Vec<T> {
     let mut o = x.to_vec();
     for (p, &id) in idx.iter().enumerate() {
         let (oi, rem) = (p / (isz * inner), p % inner);
@@ -80,7 +94,14 @@ fn scatter_add_t<T: num_traits::Float>(x: &[T], src: &[T], size: usize, inner: u
 }
 
 /// `x` plus `src` at the positions `gather` reads.
-pub(crate) fn scatter_add(x: &HostData, shape: &Shape, dim: usize, idx: &[i64], idx_shape: &Shape, src: &HostData) -> Result<HostData> {
+pub(crate) fn scatter_add(
+    x: &HostData,
+    shape: &Shape,
+    dim: usize,
+    idx: &[i64],
+    idx_shape: &Shape,
+    src: &HostData,
+) -> Result<HostData> {
     let (_, size, inner) = shape.split_at_dim(dim);
     check(idx, size, "scatter_add")?;
     let isz = idx_shape.dims()[dim];

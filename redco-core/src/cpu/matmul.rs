@@ -96,9 +96,7 @@ fn matmul_t<T: Real + GemmElem + Store>(a: &[T], b: &[T], spec: &MatmulSpec, thr
     let b_of = |i: usize| if spec.b_batched { &b[i * sb..(i + 1) * sb] } else { b };
     let small = sc * spec.k < 128 * 128 * 128;
     if spec.batch > 1 && small && threads > 1 {
-        c.par_chunks_mut(sc)
-            .enumerate()
-            .for_each(|(i, ci)| gemm_one(a_of(i), b_of(i), ci, spec, st, 1));
+        c.par_chunks_mut(sc).enumerate().for_each(|(i, ci)| gemm_one(a_of(i), b_of(i), ci, spec, st, 1));
     } else {
         for (i, ci) in c.chunks_mut(sc).enumerate() {
             gemm_one(a_of(i), b_of(i), ci, spec, st, threads);

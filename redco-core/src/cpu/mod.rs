@@ -165,10 +165,10 @@ impl Backend for Cpu {
     fn supports(&self, _dtype: DType) -> bool {
         true
     }
-    fn from_host(&self, data: &HostData) -> Result<CpuStorage> {
+    fn upload(&self, data: &HostData) -> Result<CpuStorage> {
         st(data.clone())
     }
-    fn to_host(&self, s: &CpuStorage) -> Result<HostData> {
+    fn download(&self, s: &CpuStorage) -> Result<HostData> {
         Ok((*s.0).clone())
     }
     fn storage_dtype(&self, s: &CpuStorage) -> DType {
@@ -181,11 +181,23 @@ impl Backend for Cpu {
         let dt = x.0.dtype();
         st(self.run(|| elementwise::unary(op, &x.0, dt))?)
     }
-    fn binary(&self, op: BinaryOp, a: (&CpuStorage, &Shape), b: (&CpuStorage, &Shape), out: &Shape) -> Result<CpuStorage> {
+    fn binary(
+        &self,
+        op: BinaryOp,
+        a: (&CpuStorage, &Shape),
+        b: (&CpuStorage, &Shape),
+        out: &Shape,
+    ) -> Result<CpuStorage> {
         let dt = check_same(a.0, b.0, "binary")?;
         st(self.run(|| elementwise::binary(op, (&a.0 .0, a.1), (&b.0 .0, b.1), out, dt))?)
     }
-    fn compare(&self, op: CmpOp, a: (&CpuStorage, &Shape), b: (&CpuStorage, &Shape), out: &Shape) -> Result<CpuStorage> {
+    fn compare(
+        &self,
+        op: CmpOp,
+        a: (&CpuStorage, &Shape),
+        b: (&CpuStorage, &Shape),
+        out: &Shape,
+    ) -> Result<CpuStorage> {
         check_same(a.0, b.0, "compare")?;
         st(self.run(|| elementwise::compare(op, (&a.0 .0, a.1), (&b.0 .0, b.1), out))?)
     }
@@ -225,15 +237,36 @@ impl Backend for Cpu {
         let parts: Vec<(&HostData, &Shape)> = xs.iter().map(|(s, sh)| (&*s.0, *sh)).collect();
         st(layout::cat(&parts, dim)?)
     }
-    fn index_select(&self, x: &CpuStorage, shape: &Shape, dim: usize, ids: &CpuStorage, _n: usize) -> Result<CpuStorage> {
+    fn index_select(
+        &self,
+        x: &CpuStorage,
+        shape: &Shape,
+        dim: usize,
+        ids: &CpuStorage,
+        _n: usize,
+    ) -> Result<CpuStorage> {
         let ids = ids_of(ids, "index_select (ids)")?;
         st(index::index_select(&x.0, shape, dim, &ids)?)
     }
-    fn index_add(&self, x: &CpuStorage, shape: &Shape, dim: usize, ids: &CpuStorage, src: &CpuStorage) -> Result<CpuStorage> {
+    fn index_add(
+        &self,
+        x: &CpuStorage,
+        shape: &Shape,
+        dim: usize,
+        ids: &CpuStorage,
+        src: &CpuStorage,
+    ) -> Result<CpuStorage> {
         let ids = ids_of(ids, "index_add (ids)")?;
         st(index::index_add(&x.0, shape, dim, &ids, &src.0)?)
     }
-    fn gather(&self, x: &CpuStorage, shape: &Shape, dim: usize, idx: &CpuStorage, idx_shape: &Shape) -> Result<CpuStorage> {
+    fn gather(
+        &self,
+        x: &CpuStorage,
+        shape: &Shape,
+        dim: usize,
+        idx: &CpuStorage,
+        idx_shape: &Shape,
+    ) -> Result<CpuStorage> {
         let idx = ids_of(idx, "gather (index)")?;
         st(index::gather(&x.0, shape, dim, &idx, idx_shape)?)
     }
@@ -256,7 +289,14 @@ impl Backend for Cpu {
     fn log_softmax(&self, x: &CpuStorage, shape: &Shape) -> Result<CpuStorage> {
         st(self.run(|| softmax::softmax(&x.0, shape, true))?)
     }
-    fn layer_norm(&self, x: &CpuStorage, shape: &Shape, w: Option<&CpuStorage>, b: Option<&CpuStorage>, eps: f64) -> Result<CpuStorage> {
+    fn layer_norm(
+        &self,
+        x: &CpuStorage,
+        shape: &Shape,
+        w: Option<&CpuStorage>,
+        b: Option<&CpuStorage>,
+        eps: f64,
+    ) -> Result<CpuStorage> {
         st(self.run(|| norm::norm(&x.0, shape, w.map(|w| &*w.0), b.map(|b| &*b.0), eps, true))?)
     }
     fn rms_norm(&self, x: &CpuStorage, shape: &Shape, w: Option<&CpuStorage>, eps: f64) -> Result<CpuStorage> {

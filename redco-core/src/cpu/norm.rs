@@ -32,19 +32,42 @@ fn norm_t<T: Real>(x: &[T], d: usize, w: Option<&[T]>, b: Option<&[T]>, eps: f64
 }
 
 /// LayerNorm (`center`) or RMSNorm over the last dim of `x`.
-pub(crate) fn norm(x: &HostData, shape: &Shape, w: Option<&HostData>, b: Option<&HostData>, eps: f64, center: bool) -> Result<HostData> {
+pub(crate) fn norm(
+    x: &HostData,
+    shape: &Shape,
+    w: Option<&HostData>,
+    b: Option<&HostData>,
+    eps: f64,
+    center: bool,
+) -> Result<HostData> {
     let d = *shape.dims().last().unwrap_or(&1);
     let dt = x.dtype();
     let (fw, fb) = (w.map(floats), b.map(floats));
     Ok(match floats(x) {
         Floats::F32(v) => {
-            let w = match &fw { Some(Floats::F32(w)) => Some(&w[..]), None => None, _ => return Err(Error::invalid("norm", "weight dtype differs")) };
-            let b = match &fb { Some(Floats::F32(b)) => Some(&b[..]), None => None, _ => return Err(Error::invalid("norm", "bias dtype differs")) };
+            let w = match &fw {
+                Some(Floats::F32(w)) => Some(&w[..]),
+                None => None,
+                _ => return Err(Error::invalid("norm", "weight dtype differs")),
+            };
+            let b = match &fb {
+                Some(Floats::F32(b)) => Some(&b[..]),
+                None => None,
+                _ => return Err(Error::invalid("norm", "bias dtype differs")),
+            };
             f32::store(norm_t(&v, d, w, b, eps, center), dt)
         }
         Floats::F64(v) => {
-            let w = match &fw { Some(Floats::F64(w)) => Some(&w[..]), None => None, _ => return Err(Error::invalid("norm", "weight dtype differs")) };
-            let b = match &fb { Some(Floats::F64(b)) => Some(&b[..]), None => None, _ => return Err(Error::invalid("norm", "bias dtype differs")) };
+            let w = match &fw {
+                Some(Floats::F64(w)) => Some(&w[..]),
+                None => None,
+                _ => return Err(Error::invalid("norm", "weight dtype differs")),
+            };
+            let b = match &fb {
+                Some(Floats::F64(b)) => Some(&b[..]),
+                None => None,
+                _ => return Err(Error::invalid("norm", "bias dtype differs")),
+            };
             f64::store(norm_t(&v, d, w, b, eps, center), dt)
         }
     })

@@ -108,7 +108,16 @@ where
 
 /// `out[i] = f(c[ic], a[ia], b[ib])` over the broadcast shape `out`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn broadcast3<C, T, O, F>(c: &[C], csh: &Shape, a: &[T], ash: &Shape, b: &[T], bsh: &Shape, out: &Shape, f: F) -> Vec<O>
+pub(crate) fn broadcast3<C, T, O, F>(
+    c: &[C],
+    csh: &Shape,
+    a: &[T],
+    ash: &Shape,
+    b: &[T],
+    bsh: &Shape,
+    out: &Shape,
+    f: F,
+) -> Vec<O>
 where
     C: Copy + Sync,
     T: Copy + Sync,
@@ -120,19 +129,15 @@ where
     if n == 0 {
         return o;
     }
-    let (dims, st) = coalesce(
-        out.dims(),
-        &[csh.broadcast_strides(out), ash.broadcast_strides(out), bsh.broadcast_strides(out)],
-    );
+    let (dims, st) =
+        coalesce(out.dims(), &[csh.broadcast_strides(out), ash.broadcast_strides(out), bsh.broadcast_strides(out)]);
     let st: [Vec<usize>; 3] = [st[0].clone(), st[1].clone(), st[2].clone()];
     let l = *dims.last().unwrap();
     let last = dims.len() - 1;
     let (ic, ia, ib) = (st[0][last], st[1][last], st[2][last]);
     let row = |r: usize, o: &mut [O]| {
         let [oc, oa, ob] = row_offsets(r, &dims, &st);
-        o.iter_mut()
-            .enumerate()
-            .for_each(|(j, o)| *o = f(c[oc + j * ic], a[oa + j * ia], b[ob + j * ib]));
+        o.iter_mut().enumerate().for_each(|(j, o)| *o = f(c[oc + j * ic], a[oa + j * ia], b[ob + j * ib]));
     };
     run_rows(&mut o, l, n, row);
     o

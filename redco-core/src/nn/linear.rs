@@ -27,7 +27,11 @@ impl<B: Backend> Linear<B> {
         }
         if let Some(b) = &bias {
             if b.dims() != [weight.dims()[0]] {
-                return Err(Error::ShapeMismatch { op: "Linear (bias)", lhs: weight.shape().clone(), rhs: b.shape().clone() });
+                return Err(Error::ShapeMismatch {
+                    op: "Linear (bias)",
+                    lhs: weight.shape().clone(),
+                    rhs: b.shape().clone(),
+                });
             }
         }
         Ok(Linear { weight, bias })

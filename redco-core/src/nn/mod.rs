@@ -121,14 +121,15 @@ pub trait ModuleExt<B: Backend>: Module<B> {
             problems.extend(map.keys().filter(|k| !seen.contains(*k)).map(|k| format!("`{k}` is unexpected")));
         }
         if !problems.is_empty() {
-            return Err(Error::Parameter { name: problems[0].trim_matches('`').split('`').next().unwrap_or("").into(), msg: problems.join("; ") });
+            return Err(Error::Parameter {
+                name: problems[0].trim_matches('`').split('`').next().unwrap_or("").into(),
+                msg: problems.join("; "),
+            });
         }
         let mut failure = None;
-        self.visit_mut("", &mut |n, t| {
-            match map[n].cast(t.dtype()) {
-                Ok(v) => *t = v.detach().into_var(),
-                Err(e) => failure = Some(e),
-            }
+        self.visit_mut("", &mut |n, t| match map[n].cast(t.dtype()) {
+            Ok(v) => *t = v.detach().into_var(),
+            Err(e) => failure = Some(e),
         });
         failure.map_or(Ok(()), Err)
     }

@@ -21,7 +21,7 @@ pub struct RotaryEmbedding {
 impl RotaryEmbedding {
     /// A rotary embedding; `rot_dim` must be even and positive.
     pub fn new(rot_dim: usize, theta: f64, mode: RotaryMode) -> Result<Self> {
-        if rot_dim == 0 || rot_dim % 2 != 0 {
+        if rot_dim == 0 || !rot_dim.is_multiple_of(2) {
             return Err(Error::invalid("RotaryEmbedding", format!("rot_dim must be even and positive, got {rot_dim}")));
         }
         Ok(RotaryEmbedding { rot_dim, theta, mode })

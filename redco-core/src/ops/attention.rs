@@ -81,9 +81,7 @@ pub fn repeat_kv<B: Backend>(x: &Tensor<B>, rep: usize) -> Result<Tensor<B>> {
 /// The causal keep-mask `[q_len, kv_len]` (1 = attend).
 pub fn causal_mask<B: Backend>(b: &B, q_len: usize, kv_len: usize) -> Result<Tensor<B>> {
     let off = kv_len as i64 - q_len as i64;
-    let v: Vec<u8> = (0..q_len * kv_len)
-        .map(|i| ((i % kv_len) as i64 <= (i / kv_len) as i64 + off) as u8)
-        .collect();
+    let v: Vec<u8> = (0..q_len * kv_len).map(|i| ((i % kv_len) as i64 <= (i / kv_len) as i64 + off) as u8).collect();
     Tensor::from_host(b, &HostData::U8(v), [q_len, kv_len])
 }
 
@@ -113,7 +111,14 @@ impl<B: Backend> Tensor<B> {
     /// Scaled-dot-product attention of `self` (queries); see [`AttentionSpec`] for shapes.
     /// `mask` is a `U8` keep-mask broadcastable to `[batch, q_heads, q_len, kv_len]`.
     /// Uses the backend's fused kernel when no gradient is recorded.
-    pub fn attention(&self, k: &Tensor<B>, v: &Tensor<B>, mask: Option<&Tensor<B>>, causal: bool, scale: f64) -> Result<Tensor<B>> {
+    pub fn attention(
+        &self,
+        k: &Tensor<B>,
+        v: &Tensor<B>,
+        mask: Option<&Tensor<B>>,
+        causal: bool,
+        scale: f64,
+    ) -> Result<Tensor<B>> {
         let spec = attention_spec(self, k, v, mask, causal, scale)?;
         if needs_grad(&[Some(self), Some(k), Some(v)]) {
             return attention_ops(self, k, v, mask, &spec);
@@ -137,15 +142,27 @@ fn attention_spec<B: Backend>(
     if q.rank() != 4 || k.rank() != 4 || k.shape() != v.shape() {
         return Err(Error::invalid(
             "attention",
-            format!("q, k, v must be [batch, heads, seq, head_dim] with k and v alike; got q {}, k {}, v {}", q.shape(), k.shape(), v.shape()),
+            format!(
+                "q, k, v must be [batch, heads, seq, head_dim] with k and v alike; got q {}, k {}, v {}",
+                q.shape(),
+                k.shape(),
+                v.shape()
+            ),
         ));
     }
     let (qd, kd) = (q.dims(), k.dims());
     if qd[0] != kd[0] || qd[3] != kd[3] || kd[1] == 0 || qd[1] % kd[1] != 0 {
-        return Err(Error::ShapeMismatch { op: "attention (q vs k: batch, head_dim, heads multiple)", lhs: q.shape().clone(), rhs: k.shape().clone() });
+        return Err(Error::ShapeMismatch {
+            op: "attention (q vs k: batch, head_dim, heads multiple)",
+            lhs: q.shape().clone(),
+            rhs: k.shape().clone(),
+        });
     }
     if causal && qd[2] > kd[2] {
-        return Err(Error::invalid("attention", format!("causal attention needs q_len <= kv_len, got {} > {}", qd[2], kd[2])));
+        return Err(Error::invalid(
+            "attention",
+            format!("causal attention needs q_len <= kv_len, got {} > {}", qd[2], kd[2]),
+        ));
     }
     let full = Shape::new([qd[0], qd[1], qd[2], kd[2]]);
     if let Some(m) = mask {

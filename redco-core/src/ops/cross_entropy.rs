@@ -40,7 +40,11 @@ impl<B: Backend> Tensor<B> {
         targets.expect_int("cross_entropy (targets)")?;
         let v = *self.dims().last().ok_or_else(|| Error::invalid("cross_entropy", "logits need rank >= 1"))?;
         if self.dims()[..self.rank() - 1] != *targets.dims() {
-            return Err(Error::ShapeMismatch { op: "cross_entropy", lhs: self.shape().clone(), rhs: targets.shape().clone() });
+            return Err(Error::ShapeMismatch {
+                op: "cross_entropy",
+                lhs: self.shape().clone(),
+                rhs: targets.shape().clone(),
+            });
         }
         let n = targets.elem_count();
         let x = self.reshape([n, v])?;

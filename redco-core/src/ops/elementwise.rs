@@ -18,9 +18,7 @@ impl<B: Backend> Tensor<B> {
         let s = self.backend().unary(op, self.storage(), self.elem_count())?;
         let (x, shape, dtype) = (self.clone(), self.shape().clone(), self.dtype());
         let y = Tensor::from_storage(self.backend(), s.clone(), shape.clone(), dtype);
-        Ok(Tensor::from_op(self.backend(), s, shape, dtype, name, &[self], move |g| {
-            Ok(vec![Some(grad(g, &x, &y)?)])
-        }))
+        Ok(Tensor::from_op(self.backend(), s, shape, dtype, name, &[self], move |g| Ok(vec![Some(grad(g, &x, &y)?)])))
     }
 
     /// -x
@@ -41,9 +39,7 @@ impl<B: Backend> Tensor<B> {
     }
     /// 1 / sqrt x
     pub fn rsqrt(&self) -> Result<Tensor<B>> {
-        self.unary_op(UnaryOp::Rsqrt, "rsqrt", |g, _, y| {
-            g.mul(&y.map(UnaryOp::Powf(3.0))?)?.scale(-0.5)
-        })
+        self.unary_op(UnaryOp::Rsqrt, "rsqrt", |g, _, y| g.mul(&y.map(UnaryOp::Powf(3.0))?)?.scale(-0.5))
     }
     /// 1 / x
     pub fn recip(&self) -> Result<Tensor<B>> {
@@ -82,9 +78,7 @@ impl<B: Backend> Tensor<B> {
     }
     /// GELU, tanh approximation (`gelu_new` in transformers).
     pub fn gelu_tanh(&self) -> Result<Tensor<B>> {
-        self.unary_op(UnaryOp::GeluTanh, "gelu_tanh", |g, x, _| {
-            g.mul(&x.map(UnaryOp::GeluTanhDeriv)?)
-        })
+        self.unary_op(UnaryOp::GeluTanh, "gelu_tanh", |g, x, _| g.mul(&x.map(UnaryOp::GeluTanhDeriv)?))
     }
     /// erf x
     pub fn erf(&self) -> Result<Tensor<B>> {
@@ -113,15 +107,9 @@ impl<B: Backend> Tensor<B> {
     pub fn affine(&self, mul: f64, add: f64) -> Result<Tensor<B>> {
         self.expect_float("affine")?;
         let s = self.backend().unary(UnaryOp::Affine { mul, add }, self.storage(), self.elem_count())?;
-        Ok(Tensor::from_op(
-            self.backend(),
-            s,
-            self.shape().clone(),
-            self.dtype(),
-            "affine",
-            &[self],
-            move |g| Ok(vec![Some(g.map(UnaryOp::Affine { mul, add: 0.0 })?)]),
-        ))
+        Ok(Tensor::from_op(self.backend(), s, self.shape().clone(), self.dtype(), "affine", &[self], move |g| {
+            Ok(vec![Some(g.map(UnaryOp::Affine { mul, add: 0.0 })?)])
+        }))
     }
     /// x * c
     pub fn scale(&self, c: f64) -> Result<Tensor<B>> {
@@ -153,12 +141,7 @@ impl<B: Backend> Tensor<B> {
     fn binary_op(&self, rhs: &Tensor<B>, op: BinaryOp, name: &'static str) -> Result<Tensor<B>> {
         self.same_dtype(rhs, name)?;
         let out = self.shape().broadcast(rhs.shape(), name)?;
-        let s = self.backend().binary(
-            op,
-            (self.storage(), self.shape()),
-            (rhs.storage(), rhs.shape()),
-            &out,
-        )?;
+        let s = self.backend().binary(op, (self.storage(), self.shape()), (rhs.storage(), rhs.shape()), &out)?;
         let (a, b) = (self.clone(), rhs.clone());
         Ok(Tensor::from_op(self.backend(), s, out, self.dtype(), name, &[self, rhs], move |g| {
             let (ga, gb) = match op {

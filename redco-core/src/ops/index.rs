@@ -33,9 +33,15 @@ impl<B: Backend> Tensor<B> {
         }
         let s = self.backend().index_add(self.storage(), self.shape(), d, ids.storage(), src.storage())?;
         let ids_c = ids.clone();
-        Ok(Tensor::from_op(self.backend(), s, self.shape().clone(), self.dtype(), "index_add", &[self, src], move |g| {
-            Ok(vec![Some(g.clone()), Some(g.index_select(&ids_c, d as isize)?)])
-        }))
+        Ok(Tensor::from_op(
+            self.backend(),
+            s,
+            self.shape().clone(),
+            self.dtype(),
+            "index_add",
+            &[self, src],
+            move |g| Ok(vec![Some(g.clone()), Some(g.index_select(&ids_c, d as isize)?)]),
+        ))
     }
 
     /// `out[.., i, ..] = self[.., idx[.., i, ..], ..]` along `dim`; `idx` has the rank of
@@ -61,11 +67,18 @@ impl<B: Backend> Tensor<B> {
         if src.shape() != idx.shape() {
             return Err(Error::ShapeMismatch { op: "scatter_add", lhs: idx.shape().clone(), rhs: src.shape().clone() });
         }
-        let s = self.backend().scatter_add(self.storage(), self.shape(), d, idx.storage(), idx.shape(), src.storage())?;
+        let s =
+            self.backend().scatter_add(self.storage(), self.shape(), d, idx.storage(), idx.shape(), src.storage())?;
         let idx_c = idx.clone();
-        Ok(Tensor::from_op(self.backend(), s, self.shape().clone(), self.dtype(), "scatter_add", &[self, src], move |g| {
-            Ok(vec![Some(g.clone()), Some(g.gather(&idx_c, d as isize)?)])
-        }))
+        Ok(Tensor::from_op(
+            self.backend(),
+            s,
+            self.shape().clone(),
+            self.dtype(),
+            "scatter_add",
+            &[self, src],
+            move |g| Ok(vec![Some(g.clone()), Some(g.gather(&idx_c, d as isize)?)]),
+        ))
     }
 }
 

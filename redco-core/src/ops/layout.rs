@@ -24,7 +24,10 @@ impl<B: Backend> Tensor<B> {
         let r = self.rank();
         let mut seen = vec![false; r];
         if perm.len() != r || perm.iter().any(|&p| p >= r || std::mem::replace(&mut seen[p], true)) {
-            return Err(Error::invalid("permute", format!("{perm:?} is not a permutation of the dims of {}", self.shape())));
+            return Err(Error::invalid(
+                "permute",
+                format!("{perm:?} is not a permutation of the dims of {}", self.shape()),
+            ));
         }
         if perm.iter().enumerate().all(|(i, &p)| i == p) {
             return Ok(self.clone());
@@ -54,24 +57,35 @@ impl<B: Backend> Tensor<B> {
         let d = self.shape().resolve(dim, "narrow")?;
         let size = self.dims()[d];
         if start + len > size {
-            return Err(Error::invalid("narrow", format!("range {start}..{} exceeds dim {d} of {}", start + len, self.shape())));
+            return Err(Error::invalid(
+                "narrow",
+                format!("range {start}..{} exceeds dim {d} of {}", start + len, self.shape()),
+            ));
         }
         if start == 0 && len == size {
             return Ok(self.clone());
         }
         let s = self.backend().narrow(self.storage(), self.shape(), d, start, len)?;
         let in_shape = self.shape().clone();
-        Ok(Tensor::from_op(self.backend(), s, self.shape().with_dim(d, len), self.dtype(), "narrow", &[self], move |g| {
-            let mut parts = Vec::new();
-            if start > 0 {
-                parts.push(Tensor::zeros(g.backend(), in_shape.with_dim(d, start), g.dtype())?);
-            }
-            parts.push(g.clone());
-            if start + len < size {
-                parts.push(Tensor::zeros(g.backend(), in_shape.with_dim(d, size - start - len), g.dtype())?);
-            }
-            Ok(vec![Some(Tensor::cat(&parts.iter().collect::<Vec<_>>(), d as isize)?)])
-        }))
+        Ok(Tensor::from_op(
+            self.backend(),
+            s,
+            self.shape().with_dim(d, len),
+            self.dtype(),
+            "narrow",
+            &[self],
+            move |g| {
+                let mut parts = Vec::new();
+                if start > 0 {
+                    parts.push(Tensor::zeros(g.backend(), in_shape.with_dim(d, start), g.dtype())?);
+                }
+                parts.push(g.clone());
+                if start + len < size {
+                    parts.push(Tensor::zeros(g.backend(), in_shape.with_dim(d, size - start - len), g.dtype())?);
+                }
+                Ok(vec![Some(Tensor::cat(&parts.iter().collect::<Vec<_>>(), d as isize)?)])
+            },
+        ))
     }
 
     /// Concatenates tensors along `dim`; their shapes agree elsewhere.

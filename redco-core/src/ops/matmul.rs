@@ -26,15 +26,31 @@ impl<B: Backend> Tensor<B> {
             ));
         }
         let (ra, rb) = (self.rank(), rhs.rank());
-        let (am, ak) = if trans_a { (self.dims()[ra - 1], self.dims()[ra - 2]) } else { (self.dims()[ra - 2], self.dims()[ra - 1]) };
-        let (bk, bn) = if trans_b { (rhs.dims()[rb - 1], rhs.dims()[rb - 2]) } else { (rhs.dims()[rb - 2], rhs.dims()[rb - 1]) };
+        let (am, ak) = if trans_a {
+            (self.dims()[ra - 1], self.dims()[ra - 2])
+        } else {
+            (self.dims()[ra - 2], self.dims()[ra - 1])
+        };
+        let (bk, bn) =
+            if trans_b { (rhs.dims()[rb - 1], rhs.dims()[rb - 2]) } else { (rhs.dims()[rb - 2], rhs.dims()[rb - 1]) };
         if ak != bk {
-            return Err(Error::MatmulInnerDim { lhs: self.shape().clone(), rhs: rhs.shape().clone(), lhs_k: ak, rhs_k: bk });
+            return Err(Error::MatmulInnerDim {
+                lhs: self.shape().clone(),
+                rhs: rhs.shape().clone(),
+                lhs_k: ak,
+                rhs_k: bk,
+            });
         }
         let a_batch = Shape::new(self.dims()[..ra - 2].to_vec());
         let b_batch = Shape::new(rhs.dims()[..rb - 2].to_vec());
         let (a, b, batch_shape) = if rb == 2 || ra == 2 || a_batch == b_batch {
-            let bs = if rb == 2 { a_batch } else if ra == 2 { b_batch } else { a_batch };
+            let bs = if rb == 2 {
+                a_batch
+            } else if ra == 2 {
+                b_batch
+            } else {
+                a_batch
+            };
             (self.clone(), rhs.clone(), bs)
         } else {
             let bs = a_batch.broadcast(&b_batch, "matmul (batch dims)")?;
@@ -61,7 +77,11 @@ impl<B: Backend> Tensor<B> {
                 let n = g.dims()[g.rank() - 1];
                 let a2 = ca.reshape([ca.elem_count() / k, k])?;
                 let g2 = g.reshape([g.elem_count() / n, n])?;
-                if trans_b { g2.matmul_ext(&a2, true, false)? } else { a2.matmul_ext(&g2, true, false)? }
+                if trans_b {
+                    g2.matmul_ext(&a2, true, false)?
+                } else {
+                    a2.matmul_ext(&g2, true, false)?
+                }
             } else if trans_b {
                 g.matmul_ext(&ca, true, trans_a)?
             } else {

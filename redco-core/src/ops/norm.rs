@@ -80,14 +80,23 @@ impl<B: Backend> Tensor<B> {
         }
         check_param(self, weight, "layer_norm (weight)")?;
         check_param(self, bias, "layer_norm (bias)")?;
-        let s = self.backend().layer_norm(self.storage(), self.shape(), weight.map(|w| w.storage()), bias.map(|b| b.storage()), eps)?;
+        let s = self.backend().layer_norm(
+            self.storage(),
+            self.shape(),
+            weight.map(|w| w.storage()),
+            bias.map(|b| b.storage()),
+            eps,
+        )?;
         let mut inputs = vec![self];
         inputs.extend(weight);
         inputs.extend(bias);
         let (x, w, has_b) = (self.clone(), weight.cloned(), bias.is_some());
         Ok(Tensor::from_op(self.backend(), s, self.shape().clone(), self.dtype(), "layer_norm", &inputs, move |g| {
             let (_, rstd, xhat) = layer_norm_parts(&x, eps)?;
-            let gx = match &w { Some(w) => g.mul(w)?, None => g.clone() };
+            let gx = match &w {
+                Some(w) => g.mul(w)?,
+                None => g.clone(),
+            };
             let t1 = gx.mean(-1, true)?;
             let t2 = xhat.mul(&gx.mul(&xhat)?.mean(-1, true)?)?;
             let mut out = vec![Some(gx.sub(&t1)?.sub(&t2)?.mul(&rstd)?)];
@@ -115,7 +124,10 @@ impl<B: Backend> Tensor<B> {
         Ok(Tensor::from_op(self.backend(), s, self.shape().clone(), self.dtype(), "rms_norm", &inputs, move |g| {
             let rstd = rms_rstd(&x, eps)?;
             let xhat = x.mul(&rstd)?;
-            let gx = match &w { Some(w) => g.mul(w)?, None => g.clone() };
+            let gx = match &w {
+                Some(w) => g.mul(w)?,
+                None => g.clone(),
+            };
             let t2 = xhat.mul(&gx.mul(&xhat)?.mean(-1, true)?)?;
             let mut out = vec![Some(gx.sub(&t2)?.mul(&rstd)?)];
             if let Some(w) = &w {

@@ -25,9 +25,10 @@ impl<B: Backend> Tensor<B> {
         let r = self.reduce_raw(ReduceOp::Sum, d)?;
         let in_shape = self.shape().clone();
         let kept = r.shape().clone();
-        let t = Tensor::from_op(self.backend(), r.storage().clone(), kept.clone(), r.dtype(), "sum", &[self], move |g| {
-            Ok(vec![Some(g.reshape(kept.clone())?.expand(in_shape.clone())?)])
-        });
+        let t =
+            Tensor::from_op(self.backend(), r.storage().clone(), kept.clone(), r.dtype(), "sum", &[self], move |g| {
+                Ok(vec![Some(g.reshape(kept.clone())?.expand(in_shape.clone())?)])
+            });
         Self::squeeze_if(t, d, keepdim)
     }
 
@@ -47,12 +48,13 @@ impl<B: Backend> Tensor<B> {
         let r = self.reduce_raw(op, d)?;
         let (x, y) = (self.clone(), r.clone());
         let kept = r.shape().clone();
-        let t = Tensor::from_op(self.backend(), r.storage().clone(), kept.clone(), r.dtype(), name, &[self], move |g| {
-            // The gradient goes to the first position holding the extremum.
-            let hit = x.compare(&y, CmpOp::Eq)?.cast(x.dtype())?;
-            let first = hit.first_along(d)?;
-            Ok(vec![Some(first.mul(&g.reshape(kept.clone())?)?)])
-        });
+        let t =
+            Tensor::from_op(self.backend(), r.storage().clone(), kept.clone(), r.dtype(), name, &[self], move |g| {
+                // The gradient goes to the first position holding the extremum.
+                let hit = x.compare(&y, CmpOp::Eq)?.cast(x.dtype())?;
+                let first = hit.first_along(d)?;
+                Ok(vec![Some(first.mul(&g.reshape(kept.clone())?)?)])
+            });
         Self::squeeze_if(t, d, keepdim)
     }
 

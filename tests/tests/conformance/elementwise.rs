@@ -73,7 +73,10 @@ pub fn unary_values<B: Backend>(b: &B) {
 pub fn unary_grads<B: Backend>(b: &B) {
     for (name, op, _, (lo, hi)) in unary_cases::<B>() {
         // keep away from the kinks of abs / relu / clamp
-        let x: Vec<f64> = values(7, 5, lo, hi).into_iter().map(|v| if (v.abs() - 0.3).abs() < 0.05 || v.abs() < 0.05 { v + 0.2 } else { v }).collect();
+        let x: Vec<f64> = values(7, 5, lo, hi)
+            .into_iter()
+            .map(|v| if (v.abs() - 0.3).abs() < 0.05 || v.abs() < 0.05 { v + 0.2 } else { v })
+            .collect();
         grad_check(b, &[(x, Shape::new([7]))], |t| op(&t[0]), 1e-6, name);
     }
 }
@@ -111,7 +114,13 @@ pub fn binary_grads<B: Backend>(b: &B) {
     for (name, op, _) in binary_cases::<B>() {
         let x = values(12, 8, -2.0, 2.0);
         let y = values(4, 9, 0.5, 2.0);
-        grad_check(b, &[(x.clone(), Shape::new([3, 4])), (y.clone(), Shape::new([4]))], |t| op(&t[0], &t[1]), 1e-6, name);
+        grad_check(
+            b,
+            &[(x.clone(), Shape::new([3, 4])), (y.clone(), Shape::new([4]))],
+            |t| op(&t[0], &t[1]),
+            1e-6,
+            name,
+        );
         grad_check(b, &[(y, Shape::new([1, 4])), (x, Shape::new([3, 1, 4]))], |t| op(&t[0], &t[1]), 1e-6, name);
     }
 }

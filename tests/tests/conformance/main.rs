@@ -2,3 +2,5 @@
 //! backend and instantiated for every enabled backend by `redco_tests::conformance!`.
 
 mod elementwise;
+mod matmul;
+mod reduce;

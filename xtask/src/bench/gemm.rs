@@ -1,0 +1,105 @@
+//! `cargo xtask bench gemm`: f32 GEMM GFLOP/s through redco's CPU backend, as a fraction of
+//! the measured FMA peak, and against `torch.matmul` measured in the same run.
+
+use super::stats::median;
+use super::torch::TorchPeer;
+use crate::args::Args;
+use crate::machine;
+use redco_core::cpu::Cpu;
+use redco_core::{DType, HostData, Tensor};
+use std::time::Instant;
+
+/// (m, k, n): square sizes and the LLM shapes of the bench model (tokens 1024, hidden 512,
+/// intermediate 1408, vocab 8000): up projection, down projection, LM head.
+const SHAPES: [(usize, usize, usize); 6] =
+    [(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (1024, 512, 1408), (1024, 1408, 512), (1024, 512, 8000)];
+
+fn operand(dev: &Cpu, rows: usize, cols: usize, seed: u64) -> Result<Tensor<Cpu>, String> {
+    let v: Vec<f64> = (0..(rows * cols) as u64).map(|i| redco_core::ops::random::uniform_at(seed, i)).collect();
+    Tensor::from_host(dev, &HostData::from_f64(&v, DType::F32), [rows, cols]).map_err(|e| e.to_string())
+}
+
+fn reps_for(m: usize, n: usize, k: usize, base: usize) -> usize {
+    let flop = 2.0 * (m * n * k) as f64;
+    // about a second of work per shape and round at 200 GFLOP/s, at least 3 calls
+    ((2e11 / flop) as usize).clamp(3, 50).min(base.max(3))
+}
+
+/// Runs the benchmark.
+pub fn run(argv: &[String]) -> Result<(), String> {
+    let args = Args::parse(argv, &[])?;
+    args.only(&["threads", "reps", "torch", "json", "rounds"])?;
+    let threads = args.num("threads", machine::cores())?;
+    let base_reps = args.num("reps", 20)?;
+    let rounds = args.num("rounds", 3)?.max(1);
+    let dev = Cpu::new(threads);
+    eprintln!("machine: {} | threads: {threads}", machine::describe());
+    let peak = super::peak::measure(threads);
+    eprintln!("measured f32 FMA peak: {peak:.1} GFLOP/s");
+    let mut torch = match args.get("torch") {
+        Some(py) => {
+            let p = TorchPeer::start(py, threads)?;
+            eprintln!("torch peer: {}", p.info);
+            Some(p)
+        }
+        None => None,
+    };
+    let mut ours: Vec<Vec<f64>> = vec![Vec::new(); SHAPES.len()];
+    let mut theirs: Vec<Vec<f64>> = vec![Vec::new(); SHAPES.len()];
+    // Interleave: every round measures each shape on redco then on torch.
+    for round in 0..rounds {
+        for (i, &(m, k, n)) in SHAPES.iter().enumerate() {
+            let reps = reps_for(m, n, k, base_reps);
+            let a = operand(&dev, m, k, 1)?;
+            let b = operand(&dev, k, n, 2)?;
+            a.matmul(&b).map_err(|e| e.to_string())?; // warm-up
+            for _ in 0..reps {
+                let t = Instant::now();
+                let c = a.matmul(&b).map_err(|e| e.to_string())?;
+                ours[i].push(t.elapsed().as_secs_f64());
+                drop(c);
+            }
+            if let Some(p) = torch.as_mut() {
+                theirs[i].extend(p.gemm_times(m, n, k, reps)?);
+            }
+            eprintln!("round {}/{rounds}: {m}x{k}x{n} done", round + 1);
+        }
+    }
+    let mut rows = Vec::new();
+    println!();
+    println!("f32 GEMM, {threads} threads, {} | peak {peak:.1} GFLOP/s (measured)", machine::describe());
+    println!("{:>16} {:>12} {:>8} {:>12} {:>10}", "m x k x n", "redco GF/s", "% peak", "torch GF/s", "redco/torch");
+    for (i, &(m, k, n)) in SHAPES.iter().enumerate() {
+        let flop = 2.0 * (m * n * k) as f64;
+        let g = flop / median(&ours[i]) / 1e9;
+        let tg = (!theirs[i].is_empty()).then(|| flop / median(&theirs[i]) / 1e9);
+        println!(
+            "{:>16} {:>12.1} {:>7.1}% {:>12} {:>10}",
+            format!("{m}x{k}x{n}"),
+            g,
+            100.0 * g / peak,
+            tg.map_or("-".into(), |t| format!("{t:.1}")),
+            tg.map_or("-".into(), |t| format!("{:.2}x", g / t)),
+        );
+        rows.push(serde_json::json!({
+            "m": m, "n": n, "k": k,
+            "gflops": g,
+            "fraction_of_peak": g / peak,
+            "torch_gflops": tg,
+            "ratio_vs_torch": tg.map(|t| g / t),
+        }));
+    }
+    if let Some(path) = args.get("json") {
+        let out = serde_json::json!({
+            "machine": machine::describe(),
+            "threads": threads,
+            "peak_gflops": peak,
+            "torch": torch.as_ref().map(|p| p.info.clone()),
+            "results": rows,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&out).unwrap())
+            .map_err(|e| format!("cannot write {path}: {e}"))?;
+        eprintln!("wrote {path}");
+    }
+    Ok(())
+}

@@ -1,0 +1,39 @@
+//! `cargo xtask test`: everything CI checks, in order, stopping at the first failure.
+
+use crate::args::Args;
+use std::process::Command;
+
+fn cargo(args: &[&str]) -> Result<(), String> {
+    eprintln!("xtask: cargo {}", args.join(" "));
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(args)
+        .status()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`cargo {}` failed ({status})", args.join(" ")))
+    }
+}
+
+fn has_nextest() -> bool {
+    Command::new("cargo").args(["nextest", "--version"]).output().map(|o| o.status.success()).unwrap_or(false)
+}
+
+/// Runs fmt, clippy, the tests (nextest when installed) and the doc tests.
+pub fn run(argv: &[String]) -> Result<(), String> {
+    let args = Args::parse(argv, &["no-lint"])?;
+    args.only(&["no-lint"])?;
+    if !args.has("no-lint") {
+        cargo(&["fmt", "--all", "--check"])?;
+        cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    }
+    if has_nextest() {
+        cargo(&["nextest", "run", "--workspace", "--no-fail-fast"])?;
+    } else {
+        cargo(&["test", "--workspace", "--no-fail-fast"])?;
+    }
+    cargo(&["test", "--workspace", "--doc"])?;
+    eprintln!("xtask: all checks passed");
+    Ok(())
+}
