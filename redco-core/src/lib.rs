@@ -15,7 +15,8 @@
 //! let x = Tensor::from_vec(&dev, vec![1.0f32, -1.0], [1, 2]).unwrap();
 //! let loss = x.matmul(&w).unwrap().square().unwrap().sum_all().unwrap();
 //! let grads = loss.backward().unwrap();
-//! assert_eq!(grads.get(&w).unwrap().to_vec_f32().unwrap(), vec![-2.0, -2.0, 2.0, 2.0]);
+//! // d/dW sum((x W)^2) = x^T 2 (x W), with x W = [-2, -2]
+//! assert_eq!(grads.get(&w).unwrap().to_vec_f32().unwrap(), vec![-4.0, -4.0, 4.0, 4.0]);
 //! # let _ = DType::F32;
 //! ```
 
@@ -39,4 +40,3 @@ pub use error::{Error, Result};
 pub use placement::{MeshAxis, PartialOp, Placement, Placements};
 pub use shape::Shape;
 pub use tensor::{Tensor, TensorId};
-

@@ -28,6 +28,30 @@ pub(crate) struct TensorInner<B: Backend> {
     pub(crate) is_var: bool,
 }
 
+impl<B: Backend> Drop for TensorInner<B> {
+    /// Unlinks the recorded graph iteratively. The default drop recurses once per op
+    /// (each node owns its inputs, which own theirs), which overflows the stack for
+    /// graphs a few ten thousand ops deep although `backward` itself is iterative.
+    fn drop(&mut self) {
+        let Some(node) = self.node.take() else { return };
+        let mut nodes = vec![node];
+        let mut held: Vec<Tensor<B>> = Vec::new();
+        while let Some(Node { inputs, backward, .. }) = nodes.pop() {
+            // Hold the inputs while the gradient closure (which captures some of them)
+            // drops, so that the closure never releases the last handle of a chain.
+            held.extend(inputs);
+            drop(backward);
+            for mut t in held.drain(..) {
+                // A uniquely held input hands its node over; then `t` drops shallowly
+                // (no node, or still shared elsewhere).
+                if let Some(n) = Arc::get_mut(&mut t.0).and_then(|inner| inner.node.take()) {
+                    nodes.push(n);
+                }
+            }
+        }
+    }
+}
+
 /// An immutable n-dimensional array on a backend, with autograd.
 ///
 /// Cloning is cheap (reference counted). Ops return new tensors. A tensor that is a

@@ -105,7 +105,7 @@ pub fn reduce(x: &[f64], dims: &[usize], dim: usize, f: impl Fn(&[f64]) -> f64) 
 
 /// Applies `f` to every last-dim row of `x` (row length `d`).
 pub fn rows(x: &[f64], d: usize, f: impl Fn(&[f64]) -> Vec<f64>) -> Vec<f64> {
-    x.chunks(d).flat_map(|r| f(r)).collect()
+    x.chunks(d).flat_map(f).collect()
 }
 
 /// Softmax of one row.
@@ -218,4 +218,43 @@ pub fn attention(
         }
     }
     out
+}
+
+/// The error function: the Maclaurin series for `|x| < 3`, the continued fraction of
+/// erfc beyond (absolute error below 1e-13).
+pub fn erf(x: f64) -> f64 {
+    if x.abs() < 3.0 {
+        let mut sum = x;
+        let mut term = x;
+        let mut n = 0.0;
+        while term.abs() > 1e-17 * sum.abs().max(1e-300) {
+            n += 1.0;
+            term *= -x * x / n;
+            sum += term / (2.0 * n + 1.0);
+        }
+        2.0 / std::f64::consts::PI.sqrt() * sum
+    } else {
+        // erfc(a) = exp(-a^2) / sqrt(pi) / (a + (1/2) / (a + 1 / (a + (3/2) / (a + ...))))
+        let a = x.abs();
+        let mut k = a;
+        for n in (1..=80).rev() {
+            k = a + (n as f64 / 2.0) / k;
+        }
+        x.signum() * (1.0 - (-a * a).exp() / (std::f64::consts::PI.sqrt() * k))
+    }
+}
+
+/// GELU, exact erf form.
+pub fn gelu(x: f64) -> f64 {
+    0.5 * x * (1.0 + erf(x / 2f64.sqrt()))
+}
+
+/// GELU, tanh approximation.
+pub fn gelu_tanh(x: f64) -> f64 {
+    0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh())
+}
+
+/// SiLU (swish).
+pub fn silu(x: f64) -> f64 {
+    x / (1.0 + (-x).exp())
 }

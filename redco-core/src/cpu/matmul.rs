@@ -9,17 +9,34 @@ use rayon::prelude::*;
 
 /// Element strides (row, column) of operand matrices.
 #[derive(Clone, Copy)]
-struct Strides {
-    a_rs: usize,
-    a_cs: usize,
-    b_rs: usize,
-    b_cs: usize,
+pub(crate) struct Strides {
+    pub(crate) a_rs: usize,
+    pub(crate) a_cs: usize,
+    pub(crate) b_rs: usize,
+    pub(crate) b_cs: usize,
 }
 
 fn strides(s: &MatmulSpec) -> Strides {
     let (a_rs, a_cs) = if s.trans_a { (1, s.m) } else { (s.k, 1) };
     let (b_rs, b_cs) = if s.trans_b { (1, s.k) } else { (s.n, 1) };
     Strides { a_rs, a_cs, b_rs, b_cs }
+}
+
+/// `c = a * b` for one `m x k` by `k x n` product given by element strides, `c` row-major
+/// `m x n`, on `threads` threads of the current pool.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_strided<T: Real + GemmElem>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    st: Strides,
+    threads: usize,
+) {
+    let spec = MatmulSpec { batch: 1, m, n, k, trans_a: false, trans_b: false, a_batched: false, b_batched: false };
+    gemm_one(a, b, c, &spec, st, threads)
 }
 
 /// One GEMM `c = a * b` (c row-major m x n), on `threads` threads of the current pool.
@@ -61,7 +78,7 @@ fn gemm_one<T: Real + GemmElem>(a: &[T], b: &[T], c: &mut [T], s: &MatmulSpec, s
 }
 
 /// Element types with an optional faster GEMM than the `gemm` crate.
-trait GemmElem: Sized + 'static {
+pub(crate) trait GemmElem: Sized + 'static {
     fn try_fast(a: &[Self], b: &[Self], c: &mut [Self], s: &MatmulSpec, st: Strides, threads: usize) -> bool;
 }
 

@@ -15,6 +15,7 @@ mod matmul;
 mod norm;
 pub mod real;
 mod reduce;
+pub mod sgemm;
 mod softmax;
 mod strided;
 
@@ -337,15 +338,28 @@ fn check_same(a: &CpuStorage, b: &CpuStorage, op: &'static str) -> Result<DType>
 /// strides. Returns false (leaving `c` untouched) when it does not apply.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn sgemm_hook(
-    _a: &[f32],
-    _b: &[f32],
-    _c: &mut [f32],
-    _m: usize,
-    _n: usize,
-    _k: usize,
-    _a_st: (usize, usize),
-    _b_st: (usize, usize),
-    _threads: usize,
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    a_st: (usize, usize),
+    b_st: (usize, usize),
+    threads: usize,
 ) -> bool {
-    false
+    // REDCO_NO_SGEMM=1 falls back to the `gemm` crate (for comparisons).
+    static DISABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *DISABLED.get_or_init(|| std::env::var_os("REDCO_NO_SGEMM").is_some()) {
+        return false;
+    }
+    let a = sgemm::MatRef { data: a, rs: a_st.0, cs: a_st.1 };
+    let b = sgemm::MatRef { data: b, rs: b_st.0, cs: b_st.1 };
+    sgemm::sgemm(m, n, k, a, b, c, n, false, threads)
+}
+
+/// `len` elements of `h` from flat offset `start`.
+#[allow(dead_code)] // used by the in-process collective (dist)
+pub(crate) fn narrow_flat(h: &HostData, start: usize, len: usize) -> HostData {
+    any_kernel!(h, v => v[start..start + len].to_vec())
 }

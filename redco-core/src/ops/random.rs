@@ -35,7 +35,11 @@ impl<B: Backend> Tensor<B> {
             return Ok(self.clone());
         }
         self.expect_float("dropout")?;
-        let keep = self.rand_like(seed)?.compare_scalar(p, crate::backend::CmpOp::Ge)?;
+        // Draw in f32 whatever the dtype, so the mask for a seed is the same in f16, bf16
+        // and f32 (rounding draws to f16 would bias the keep rate).
+        let draws = self.backend().rand_uniform(self.elem_count(), seed, crate::DType::F32)?;
+        let draws = Tensor::from_storage(self.backend(), draws, self.shape().clone(), crate::DType::F32);
+        let keep = draws.compare_scalar(p, crate::backend::CmpOp::Ge)?;
         let scale = Tensor::scalar(self.backend(), 1.0 / (1.0 - p), self.dtype())?;
         let zero = Tensor::zeros(self.backend(), [], self.dtype())?;
         self.mul(&keep.where_cond(&scale, &zero)?)

@@ -1,0 +1,53 @@
+//! 64-byte aligned, reusable scratch buffers for packed panels.
+
+use std::cell::Cell;
+
+/// One cache line worth of f32s; used only to get 64-byte alignment from `Vec`.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+/// A growable, 64-byte aligned f32 buffer (contents are unspecified after growth).
+#[derive(Default)]
+pub(crate) struct AlignedBuf {
+    lines: Vec<Line>,
+}
+
+impl AlignedBuf {
+    /// Ensures room for `len` f32s and returns a pointer to the (64-byte aligned) start.
+    pub(crate) fn reserve(&mut self, len: usize) -> *mut f32 {
+        let need = len.div_ceil(16).max(1);
+        if self.lines.len() < need {
+            self.lines = vec![Line([0.0; 16]); need];
+        }
+        self.lines.as_mut_ptr() as *mut f32
+    }
+}
+
+thread_local! {
+    static POOL_A: Cell<Option<AlignedBuf>> = const { Cell::new(None) };
+    static POOL_B: Cell<Option<AlignedBuf>> = const { Cell::new(None) };
+}
+
+/// Which thread-local slot a buffer is cached in.
+#[derive(Clone, Copy)]
+pub(crate) enum Slot {
+    /// Shared packed-A block (owned by the calling thread).
+    A,
+    /// Per-task packed-B block.
+    B,
+}
+
+/// Runs `f` with a thread-local cached buffer. The buffer is *taken out* of the slot for the
+/// duration of `f`, so re-entrant use (e.g. rayon work-stealing running another GEMM on this
+/// thread while we wait in a join) simply allocates a fresh buffer instead of aliasing.
+pub(crate) fn with_buf<R>(slot: Slot, f: impl FnOnce(&mut AlignedBuf) -> R) -> R {
+    let key = match slot {
+        Slot::A => &POOL_A,
+        Slot::B => &POOL_B,
+    };
+    let mut buf = key.with(|c| c.take()).unwrap_or_default();
+    let r = f(&mut buf);
+    key.with(|c| c.set(Some(buf)));
+    r
+}

@@ -1,0 +1,154 @@
+//! Packing of strided A / B blocks into micro-panel layouts used by the micro-kernel.
+//!
+//! * A micro-panel: `kc` steps of `MR` contiguous rows (`dst[p * MR + r] = A[r, p]`),
+//!   rows beyond the valid count are zero.
+//! * B micro-panel: `kc` steps of `NR` contiguous columns (`dst[p * NR + j] = B[p, j]`),
+//!   columns beyond the valid count are zero. Panels of a block are stored back to back.
+
+use super::kernel_avx512::{MR, NR};
+use std::arch::x86_64::*;
+
+/// Mask with the low `n` (clamped to 0..=16) bits set.
+#[inline(always)]
+fn mask16(n: usize) -> __mmask16 {
+    if n >= 16 {
+        0xffff
+    } else {
+        ((1u32 << n) - 1) as __mmask16
+    }
+}
+
+/// Lane indices `0, s, 2s, ..., 15s` (for scatters that transpose 16 consecutive k-steps).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn stride_idx(s: usize) -> __m512i {
+    let s = s as i32;
+    _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(s))
+}
+
+/// Packs one `MR x kc` micro-panel of A (only `rows <= MR` valid rows) into `dst`.
+///
+/// # Safety
+/// * `src` points at A(i0, p0); every `src[r * rs + p * cs]` for `r < rows`, `p < kc` is readable.
+/// * `dst` is writable for `kc * MR` floats.
+/// * CPU supports AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn pack_a_panel(kc: usize, rows: usize, src: *const f32, rs: usize, cs: usize, dst: *mut f32) {
+    // SAFETY (whole body): all reads are A(r, p) with r < rows, p < kc (masked-off lanes are
+    // never accessed), all writes are inside dst[0 .. kc * MR], per the caller contract.
+    unsafe {
+        if rs == 1 && MR <= 16 {
+            // Column-major A: each k step is `rows` contiguous floats.
+            let m = mask16(rows);
+            let mw = mask16(MR);
+            for p in 0..kc {
+                let v = _mm512_maskz_loadu_ps(m, src.add(p * cs));
+                _mm512_mask_storeu_ps(dst.add(p * MR), mw, v);
+            }
+        } else if cs == 1 {
+            // Row-major A: transpose 16 k-steps at a time with scatters.
+            let idx = stride_idx(MR);
+            let mut p = 0;
+            while p + 16 <= kc {
+                let d = dst.add(p * MR);
+                for r in 0..MR {
+                    let v = if r < rows { _mm512_loadu_ps(src.add(r * rs + p)) } else { _mm512_setzero_ps() };
+                    _mm512_i32scatter_ps::<4>(d.add(r), idx, v);
+                }
+                p += 16;
+            }
+            if p < kc {
+                let m = mask16(kc - p);
+                let d = dst.add(p * MR);
+                for r in 0..MR {
+                    let v = if r < rows { _mm512_maskz_loadu_ps(m, src.add(r * rs + p)) } else { _mm512_setzero_ps() };
+                    _mm512_mask_i32scatter_ps::<4>(d.add(r), m, idx, v);
+                }
+            }
+        } else {
+            for p in 0..kc {
+                let d = dst.add(p * MR);
+                for r in 0..MR {
+                    *d.add(r) = if r < rows { *src.add(r * rs + p * cs) } else { 0.0 };
+                }
+            }
+        }
+    }
+}
+
+/// Packs a `kc x cols` block of B into `cols.div_ceil(NR)` consecutive `kc x NR` micro-panels
+/// (the last one zero-padded).
+///
+/// # Safety
+/// * `src` points at B(p0, j0); every `src[p * rs + j * cs]` for `p < kc`, `j < cols` is readable.
+/// * `dst` is writable for `cols.div_ceil(NR) * kc * NR` floats and 64-byte aligned.
+/// * CPU supports AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn pack_b_block(kc: usize, cols: usize, src: *const f32, rs: usize, cs: usize, dst: *mut f32) {
+    let np = cols.div_ceil(NR);
+    // SAFETY (whole body): reads are B(p, j) with p < kc, j < cols (masked lanes excluded);
+    // writes stay inside dst[0 .. np * kc * NR]; aligned stores use offsets that are multiples
+    // of 16 floats from the 64-byte aligned dst.
+    unsafe {
+        if cs == 1 {
+            // Row-major B: walk B row by row (sequential, TLB friendly), fan out to panels.
+            for p in 0..kc {
+                let s = src.add(p * rs);
+                for jp in 0..np {
+                    let d = dst.add(jp * kc * NR + p * NR);
+                    let j0 = jp * NR;
+                    if j0 + NR <= cols {
+                        for v in 0..NR / 16 {
+                            _mm512_store_ps(d.add(16 * v), _mm512_loadu_ps(s.add(j0 + 16 * v)));
+                        }
+                    } else {
+                        for v in 0..NR / 16 {
+                            let m = mask16((cols - j0).saturating_sub(16 * v));
+                            _mm512_store_ps(d.add(16 * v), _mm512_maskz_loadu_ps(m, s.add(j0 + 16 * v)));
+                        }
+                    }
+                }
+            }
+        } else if rs == 1 {
+            // Column-major B (e.g. a transposed weight): each column is contiguous in k;
+            // transpose 16 k-steps at a time with scatters.
+            let idx = stride_idx(NR);
+            for jp in 0..np {
+                let base = dst.add(jp * kc * NR);
+                let j0 = jp * NR;
+                let valid = (cols - j0).min(NR);
+                if valid < NR {
+                    // Zero the padding columns first.
+                    for p in 0..kc {
+                        for j in valid..NR {
+                            *base.add(p * NR + j) = 0.0;
+                        }
+                    }
+                }
+                for j in 0..valid {
+                    let s = src.add((j0 + j) * cs);
+                    let mut p = 0;
+                    while p + 16 <= kc {
+                        _mm512_i32scatter_ps::<4>(base.add(p * NR + j), idx, _mm512_loadu_ps(s.add(p)));
+                        p += 16;
+                    }
+                    if p < kc {
+                        let m = mask16(kc - p);
+                        let v = _mm512_maskz_loadu_ps(m, s.add(p));
+                        _mm512_mask_i32scatter_ps::<4>(base.add(p * NR + j), m, idx, v);
+                    }
+                }
+            }
+        } else {
+            for jp in 0..np {
+                let base = dst.add(jp * kc * NR);
+                let j0 = jp * NR;
+                for p in 0..kc {
+                    for j in 0..NR {
+                        *base.add(p * NR + j) = if j0 + j < cols { *src.add(p * rs + (j0 + j) * cs) } else { 0.0 };
+                    }
+                }
+            }
+        }
+    }
+}

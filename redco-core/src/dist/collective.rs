@@ -1,0 +1,116 @@
+//! The `Collective` trait and `CommStats`, the count of every collective call.
+//!
+//! Collectives are flat, as in NCCL: all-reduce combines equal-sized buffers elementwise,
+//! all-gather concatenates the group's buffers in axis order, reduce-scatter sums and hands
+//! each member its contiguous chunk. Layout along a tensor dimension is the caller's job
+//! (`dist::redistribute`). Every call has a timeout: a dead or diverging rank makes the
+//! others return an error instead of hanging.
+
+use super::mesh::Mesh;
+use crate::{Backend, MeshAxis, Result};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// How all-reduce combines values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceKind {
+    /// Elementwise sum.
+    Sum,
+    /// Elementwise maximum.
+    Max,
+}
+
+/// The kinds of collective call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CollectiveKind {
+    /// all_reduce (sum or max)
+    AllReduce,
+    /// all_gather
+    AllGather,
+    /// reduce_scatter
+    ReduceScatter,
+    /// broadcast
+    Broadcast,
+    /// barrier
+    Barrier,
+}
+
+/// A communicator for one rank of a mesh, over backend storage.
+pub trait Collective<B: Backend>: Send + Sync {
+    /// The mesh.
+    fn mesh(&self) -> Mesh;
+    /// This rank.
+    fn rank(&self) -> usize;
+    /// Elementwise reduction of `x` over the group along `axis`; every member gets it.
+    fn all_reduce(&self, axis: MeshAxis, x: &B::Storage, op: ReduceKind) -> Result<B::Storage>;
+    /// The group's buffers concatenated in axis order.
+    fn all_gather(&self, axis: MeshAxis, x: &B::Storage) -> Result<B::Storage>;
+    /// The group's sum split into equal contiguous chunks; member `i` gets chunk `i`.
+    /// `x` must have a length divisible by the group size.
+    fn reduce_scatter(&self, axis: MeshAxis, x: &B::Storage) -> Result<B::Storage>;
+    /// The buffer of the member at position `root` along `axis`.
+    fn broadcast(&self, axis: MeshAxis, x: &B::Storage, root: usize) -> Result<B::Storage>;
+    /// Waits until every rank of the mesh arrives.
+    fn barrier(&self) -> Result<()>;
+}
+
+/// Calls and bytes of one (kind, axis).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommCount {
+    /// Number of calls.
+    pub calls: u64,
+    /// Bytes: the buffer each rank passes in for all-reduce, reduce-scatter and broadcast,
+    /// the gathered result for all-gather.
+    pub bytes: u64,
+}
+
+/// Per-rank counts of collective calls by kind and mesh axis.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommStats {
+    counts: BTreeMap<(CollectiveKind, u8), CommCount>,
+}
+
+impl CommStats {
+    /// Records one call.
+    pub fn record(&mut self, kind: CollectiveKind, axis: MeshAxis, bytes: u64) {
+        let c = self.counts.entry((kind, axis as u8)).or_default();
+        c.calls += 1;
+        c.bytes += bytes;
+    }
+    /// The count of one (kind, axis).
+    pub fn get(&self, kind: CollectiveKind, axis: MeshAxis) -> CommCount {
+        self.counts.get(&(kind, axis as u8)).copied().unwrap_or_default()
+    }
+    /// Total calls over every kind and axis.
+    pub fn total_calls(&self) -> u64 {
+        self.counts.values().map(|c| c.calls).sum()
+    }
+    /// Total bytes over every kind and axis.
+    pub fn total_bytes(&self) -> u64 {
+        self.counts.values().map(|c| c.bytes).sum()
+    }
+    /// Adds another count.
+    pub fn merge(&mut self, other: &CommStats) {
+        for (k, v) in &other.counts {
+            let c = self.counts.entry(*k).or_default();
+            c.calls += v.calls;
+            c.bytes += v.bytes;
+        }
+    }
+    /// `(kind, axis, count)` for every non-zero entry.
+    pub fn entries(&self) -> Vec<(CollectiveKind, MeshAxis, CommCount)> {
+        self.counts
+            .iter()
+            .map(|((k, a), c)| (*k, if *a == 0 { MeshAxis::Dp } else { MeshAxis::Mp }, *c))
+            .collect()
+    }
+}
+
+impl fmt::Display for CommStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (k, a, c) in self.entries() {
+            writeln!(f, "{k:?} over {a:?}: {} calls, {} bytes", c.calls, c.bytes)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,205 @@
+//! The SPMD runner: one thread per rank, the same closure on each, and the rank's
+//! communicator installed as the thread's current one.
+
+use super::collective::{Collective, CollectiveKind, CommStats, ReduceKind};
+use super::mesh::Mesh;
+use super::threads::{Hub, ThreadCollective};
+use crate::cpu::Cpu;
+use crate::{Backend, Error, MeshAxis, Result};
+use std::any::Any;
+use std::cell::RefCell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A rank's communicator with its call counts.
+pub struct Comm<B: Backend> {
+    coll: Arc<dyn Collective<B>>,
+    stats: Arc<Mutex<CommStats>>,
+}
+
+impl<B: Backend> Clone for Comm<B> {
+    fn clone(&self) -> Self {
+        Comm { coll: self.coll.clone(), stats: self.stats.clone() }
+    }
+}
+
+impl<B: Backend> Comm<B> {
+    /// Wraps a collective.
+    pub fn new(coll: Arc<dyn Collective<B>>) -> Self {
+        Comm { coll, stats: Arc::new(Mutex::new(CommStats::default())) }
+    }
+    /// The mesh.
+    pub fn mesh(&self) -> Mesh {
+        self.coll.mesh()
+    }
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.coll.rank()
+    }
+    /// The position of this rank along `axis`.
+    pub fn index_along(&self, axis: MeshAxis) -> usize {
+        self.mesh().index_along(self.rank(), axis)
+    }
+    /// The calls made so far.
+    pub fn stats(&self) -> CommStats {
+        self.stats.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+    /// Forgets the counts so far.
+    pub fn reset_stats(&self) {
+        *self.stats.lock().unwrap_or_else(|p| p.into_inner()) = CommStats::default();
+    }
+    fn count(&self, kind: CollectiveKind, axis: MeshAxis, bytes: usize) {
+        self.stats.lock().unwrap_or_else(|p| p.into_inner()).record(kind, axis, bytes as u64);
+    }
+    /// Counted [`Collective::all_reduce`]; `bytes` is the buffer size.
+    pub fn all_reduce(&self, axis: MeshAxis, x: &B::Storage, op: ReduceKind, bytes: usize) -> Result<B::Storage> {
+        self.count(CollectiveKind::AllReduce, axis, bytes);
+        self.coll.all_reduce(axis, x, op)
+    }
+    /// Counted [`Collective::all_gather`]; `bytes` is the gathered size.
+    pub fn all_gather(&self, axis: MeshAxis, x: &B::Storage, bytes: usize) -> Result<B::Storage> {
+        self.count(CollectiveKind::AllGather, axis, bytes);
+        self.coll.all_gather(axis, x)
+    }
+    /// Counted [`Collective::reduce_scatter`]; `bytes` is the input size.
+    pub fn reduce_scatter(&self, axis: MeshAxis, x: &B::Storage, bytes: usize) -> Result<B::Storage> {
+        self.count(CollectiveKind::ReduceScatter, axis, bytes);
+        self.coll.reduce_scatter(axis, x)
+    }
+    /// Counted [`Collective::broadcast`].
+    pub fn broadcast(&self, axis: MeshAxis, x: &B::Storage, root: usize, bytes: usize) -> Result<B::Storage> {
+        self.count(CollectiveKind::Broadcast, axis, bytes);
+        self.coll.broadcast(axis, x, root)
+    }
+    /// Counted [`Collective::barrier`].
+    pub fn barrier(&self) -> Result<()> {
+        self.count(CollectiveKind::Barrier, MeshAxis::Dp, 0);
+        self.coll.barrier()
+    }
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Box<dyn Any>>> = const { RefCell::new(None) };
+}
+
+/// The communicator of the rank running on this thread, if any (`None` outside SPMD runs:
+/// everything is then local and replicated).
+pub fn current_comm<B: Backend>() -> Option<Comm<B>> {
+    CURRENT.with(|c| c.borrow().as_ref().and_then(|b| b.downcast_ref::<Comm<B>>()).cloned())
+}
+
+/// Installs `comm` as this thread's communicator until the guard drops.
+pub struct CommGuard(Option<Box<dyn Any>>);
+
+impl CommGuard {
+    /// Makes `comm` current on this thread.
+    pub fn install<B: Backend>(comm: Comm<B>) -> Self {
+        CommGuard(CURRENT.with(|c| c.borrow_mut().replace(Box::new(comm))))
+    }
+}
+
+impl Drop for CommGuard {
+    fn drop(&mut self) {
+        let prev = self.0.take();
+        CURRENT.with(|c| *c.borrow_mut() = prev);
+    }
+}
+
+/// What a rank's closure receives.
+pub struct Rank<B: Backend> {
+    /// This rank's index in the mesh.
+    pub rank: usize,
+    /// The mesh.
+    pub mesh: Mesh,
+    /// This rank's device.
+    pub backend: B,
+    /// This rank's communicator (also current on the thread).
+    pub comm: Comm<B>,
+}
+
+/// Options of an SPMD run.
+#[derive(Debug, Clone)]
+pub struct SpmdOptions {
+    /// How long a collective waits for the other ranks before giving up.
+    pub timeout: Duration,
+    /// Compute threads per rank (default: the machine's cores divided by the ranks, at
+    /// least 1, so ranks share the cores without oversubscription).
+    pub threads_per_rank: Option<usize>,
+}
+
+impl Default for SpmdOptions {
+    fn default() -> Self {
+        SpmdOptions { timeout: Duration::from_secs(120), threads_per_rank: None }
+    }
+}
+
+fn panic_message(p: &(dyn Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// Runs `f` once per rank of `mesh`, each on its own thread with its own backend (from
+/// `make_backend(rank, threads)`) and communicator; returns the ranks' results in rank
+/// order. If any rank errors or panics, the others' pending collectives fail at once and
+/// the error of the rank that failed first is returned.
+pub fn spmd<B, R, M, F>(mesh: Mesh, opts: &SpmdOptions, make_backend: M, f: F) -> Result<Vec<R>>
+where
+    B: Backend,
+    R: Send,
+    M: Fn(usize, usize) -> Result<B> + Sync,
+    F: Fn(&Rank<B>) -> Result<R> + Sync,
+{
+    let n = mesh.size();
+    let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+    let threads = opts.threads_per_rank.unwrap_or((cores / n).max(1));
+    let hub = Hub::new(mesh, opts.timeout);
+    let results: Vec<Result<R>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|rank| {
+                let (hub, make_backend, f) = (hub.clone(), &make_backend, &f);
+                std::thread::Builder::new()
+                    .name(format!("redco-rank-{rank}"))
+                    .spawn_scoped(s, move || {
+                        let out = catch_unwind(AssertUnwindSafe(|| -> Result<R> {
+                            let backend = make_backend(rank, threads)?;
+                            let coll: Arc<dyn Collective<B>> =
+                                Arc::new(ThreadCollective::new(hub.clone(), rank, backend.clone()));
+                            let comm = Comm::new(coll);
+                            let _g = CommGuard::install(comm.clone());
+                            f(&Rank { rank, mesh, backend, comm })
+                        }));
+                        let out = match out {
+                            Ok(r) => r,
+                            Err(p) => Err(Error::RankFailed { rank, msg: format!("panicked: {}", panic_message(&*p)) }),
+                        };
+                        if let Err(e) = &out {
+                            hub.fail(format!("rank {rank} failed: {e}"));
+                        }
+                        out
+                    })
+                    .expect("failed to spawn a rank thread")
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::invalid("spmd", "rank thread died")))).collect()
+    });
+    if let Some(first) = hub.failure() {
+        // Prefer the error of the rank that failed first over the others' "aborted".
+        let rank = first.strip_prefix("rank ").and_then(|s| s.split(' ').next()).and_then(|r| r.parse().ok());
+        if let Some(Err(e)) = rank.and_then(|r: usize| results.into_iter().nth(r)) {
+            return Err(e);
+        }
+        return Err(Error::RankFailed { rank: rank.unwrap_or(0), msg: first });
+    }
+    results.into_iter().collect()
+}
+
+/// [`spmd`] on CPU ranks that share the machine's cores.
+pub fn spmd_cpu<R: Send, F>(mesh: Mesh, opts: &SpmdOptions, f: F) -> Result<Vec<R>>
+where
+    F: Fn(&Rank<Cpu>) -> Result<R> + Sync,
+{
+    spmd(mesh, opts, |_, t| Ok(Cpu::new(t)), f)
+}

@@ -1,0 +1,301 @@
+//! The in-process collective: ranks are threads that meet at a shared hub.
+//!
+//! Each group (a mesh axis and a group index) has one slot. Members deposit their buffer,
+//! sleep on a condition variable until the last one arrives (no busy spinning, so ranks
+//! leave the cores to compute), then each combines the deposits *in axis order*, so every
+//! member gets bit-identical results. Waits have a deadline; a rank that fails marks the
+//! hub as failed and wakes everyone, so the others return an error at once.
+
+use super::collective::{Collective, CollectiveKind, ReduceKind};
+use super::mesh::Mesh;
+use crate::cpu::{floats, Floats};
+use crate::{Backend, DType, Error, HostData, MeshAxis, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+#[derive(Default)]
+struct Slot {
+    round: u64,
+    call: Option<(CollectiveKind, usize, DType)>,
+    deposits: Vec<Option<Arc<HostData>>>,
+    arrived: usize,
+    taken: usize,
+}
+
+#[derive(Default)]
+struct HubState {
+    slots: HashMap<(u8, usize), Slot>,
+    failed: Option<String>,
+}
+
+/// The meeting point of every rank of one in-process mesh.
+pub struct Hub {
+    mesh: Mesh,
+    timeout: Duration,
+    state: Mutex<HubState>,
+    cv: Condvar,
+}
+
+impl Hub {
+    /// A hub for `mesh` whose collectives give up after `timeout`.
+    pub fn new(mesh: Mesh, timeout: Duration) -> Arc<Self> {
+        Arc::new(Hub { mesh, timeout, state: Mutex::new(HubState::default()), cv: Condvar::new() })
+    }
+
+    /// Marks the run as failed (a rank errored or panicked) and wakes every waiting rank.
+    pub fn fail(&self, why: String) {
+        let mut s = self.lock();
+        if s.failed.is_none() {
+            s.failed = Some(why);
+        }
+        drop(s);
+        self.cv.notify_all();
+    }
+
+    /// Why the run failed, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.lock().failed.clone()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HubState> {
+        // A panic while holding the lock cannot leave the state inconsistent (every update is
+        // a few assignments), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Deposits `data` for member `idx` of a group of `n` and returns every member's
+    /// deposit in axis order.
+    fn exchange(
+        &self,
+        rank: usize,
+        key: (u8, usize),
+        idx: usize,
+        n: usize,
+        kind: CollectiveKind,
+        data: HostData,
+    ) -> Result<Vec<Arc<HostData>>> {
+        let deadline = Instant::now() + self.timeout;
+        let err = |msg: String| Error::Collective { op: kind_name(kind), rank, msg };
+        let call = (kind, data.len(), data.dtype());
+        let mut st = self.lock();
+        // Wait for the previous round of this group to be fully read.
+        loop {
+            if let Some(f) = &st.failed {
+                return Err(err(format!("aborted: {f}")));
+            }
+            let slot = st.slots.entry(key).or_default();
+            if slot.deposits.is_empty() {
+                slot.deposits = vec![None; n];
+            }
+            if slot.taken == 0 && slot.deposits[idx].is_none() {
+                break;
+            }
+            st = self.wait(st, deadline).map_err(|_| err(self.timeout_msg()))?;
+        }
+        let slot = st.slots.get_mut(&key).expect("slot exists");
+        if let Some(other) = slot.call {
+            if other != call {
+                let msg = format!(
+                    "ranks disagree: this rank called {} on {} {:?} elements, another called {} on {} {:?}",
+                    kind_name(kind),
+                    call.1,
+                    call.2,
+                    kind_name(other.0),
+                    other.1,
+                    other.2
+                );
+                drop(st);
+                self.fail(format!("rank {rank}: {msg}"));
+                return Err(err(msg));
+            }
+        }
+        slot.call = Some(call);
+        slot.deposits[idx] = Some(Arc::new(data));
+        slot.arrived += 1;
+        let round = slot.round;
+        self.cv.notify_all();
+        loop {
+            if let Some(f) = &st.failed {
+                return Err(err(format!("aborted: {f}")));
+            }
+            let slot = &st.slots[&key];
+            if slot.round == round && slot.arrived == n {
+                break;
+            }
+            st = self.wait(st, deadline).map_err(|_| err(self.timeout_msg()))?;
+        }
+        let slot = st.slots.get_mut(&key).expect("slot exists");
+        let all: Vec<Arc<HostData>> = slot.deposits.iter().map(|d| d.clone().expect("all arrived")).collect();
+        slot.taken += 1;
+        if slot.taken == n {
+            slot.deposits = vec![None; n];
+            slot.arrived = 0;
+            slot.taken = 0;
+            slot.call = None;
+            slot.round += 1;
+            self.cv.notify_all();
+        }
+        Ok(all)
+    }
+
+    fn wait<'a>(&'a self, st: MutexGuard<'a, HubState>, deadline: Instant) -> std::result::Result<MutexGuard<'a, HubState>, ()> {
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(());
+        }
+        let (st, _) = self.cv.wait_timeout(st, deadline - now).unwrap_or_else(|p| p.into_inner());
+        Ok(st)
+    }
+
+    fn timeout_msg(&self) -> String {
+        format!(
+            "timed out after {:.1}s waiting for the other ranks (a rank died, hangs, or skipped this collective)",
+            self.timeout.as_secs_f64()
+        )
+    }
+}
+
+fn kind_name(k: CollectiveKind) -> &'static str {
+    match k {
+        CollectiveKind::AllReduce => "all_reduce",
+        CollectiveKind::AllGather => "all_gather",
+        CollectiveKind::ReduceScatter => "reduce_scatter",
+        CollectiveKind::Broadcast => "broadcast",
+        CollectiveKind::Barrier => "barrier",
+    }
+}
+
+/// One rank's handle on a [`Hub`], over any backend (buffers travel through host memory).
+pub struct ThreadCollective<B: Backend> {
+    hub: Arc<Hub>,
+    rank: usize,
+    backend: B,
+}
+
+impl<B: Backend> ThreadCollective<B> {
+    /// The handle of `rank`, moving data with `backend`.
+    pub fn new(hub: Arc<Hub>, rank: usize, backend: B) -> Self {
+        ThreadCollective { hub, rank, backend }
+    }
+
+    fn group(&self, axis: MeshAxis) -> ((u8, usize), usize, usize) {
+        let m = self.hub.mesh;
+        ((axis as u8, m.group_along(self.rank, axis)), m.index_along(self.rank, axis), m.axis_size(axis))
+    }
+
+    fn swap(&self, axis: MeshAxis, kind: CollectiveKind, x: &B::Storage) -> Result<(Vec<Arc<HostData>>, usize)> {
+        let (key, idx, n) = self.group(axis);
+        let data = self.backend.download(x)?;
+        Ok((self.hub.exchange(self.rank, key, idx, n, kind, data)?, idx))
+    }
+}
+
+/// Elementwise reduction of the deposits in order.
+fn reduce_all(parts: &[Arc<HostData>], op: ReduceKind) -> HostData {
+    let dt = parts[0].dtype();
+    macro_rules! fold {
+        ($t:ty, $first:expr, $rest:expr) => {{
+            let mut acc: Vec<$t> = $first.to_vec();
+            for p in $rest {
+                match op {
+                    ReduceKind::Sum => acc.iter_mut().zip(p.iter()).for_each(|(a, b)| *a += *b),
+                    ReduceKind::Max => acc.iter_mut().zip(p.iter()).for_each(|(a, b)| *a = a.max(*b)),
+                }
+            }
+            acc
+        }};
+    }
+    let fl: Vec<Floats<'_>> = parts.iter().map(|p| floats(p)).collect();
+    match &fl[0] {
+        Floats::F32(first) => {
+            let rest = fl[1..].iter().map(|f| match f {
+                Floats::F32(v) => v.as_ref(),
+                Floats::F64(_) => unreachable!("deposits share a dtype"),
+            });
+            HostData::from_f32(fold!(f32, first, rest), dt)
+        }
+        Floats::F64(first) => {
+            let rest = fl[1..].iter().map(|f| match f {
+                Floats::F64(v) => v.as_ref(),
+                Floats::F32(_) => unreachable!("deposits share a dtype"),
+            });
+            HostData::from_f64(&fold!(f64, first, rest), dt)
+        }
+    }
+}
+
+/// Flat concatenation of the deposits in order.
+fn concat_all(parts: &[Arc<HostData>]) -> HostData {
+    macro_rules! cat {
+        ($var:ident) => {{
+            let mut o = Vec::new();
+            for p in parts {
+                if let HostData::$var(v) = &**p {
+                    o.extend_from_slice(v);
+                }
+            }
+            HostData::$var(o)
+        }};
+    }
+    match &*parts[0] {
+        HostData::F32(_) => cat!(F32),
+        HostData::F64(_) => cat!(F64),
+        HostData::F16(_) => cat!(F16),
+        HostData::BF16(_) => cat!(BF16),
+        HostData::I64(_) => cat!(I64),
+        HostData::I32(_) => cat!(I32),
+        HostData::U8(_) => cat!(U8),
+    }
+}
+
+/// The `i`-th of `n` equal contiguous chunks.
+fn chunk(h: &HostData, i: usize, n: usize) -> HostData {
+    let len = h.len() / n;
+    crate::cpu::narrow_flat(h, i * len, len)
+}
+
+impl<B: Backend> Collective<B> for ThreadCollective<B> {
+    fn mesh(&self) -> Mesh {
+        self.hub.mesh
+    }
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn all_reduce(&self, axis: MeshAxis, x: &B::Storage, op: ReduceKind) -> Result<B::Storage> {
+        let (parts, _) = self.swap(axis, CollectiveKind::AllReduce, x)?;
+        self.backend.upload(&reduce_all(&parts, op))
+    }
+    fn all_gather(&self, axis: MeshAxis, x: &B::Storage) -> Result<B::Storage> {
+        let (parts, _) = self.swap(axis, CollectiveKind::AllGather, x)?;
+        self.backend.upload(&concat_all(&parts))
+    }
+    fn reduce_scatter(&self, axis: MeshAxis, x: &B::Storage) -> Result<B::Storage> {
+        let n = self.hub.mesh.axis_size(axis);
+        let (parts, idx) = self.swap(axis, CollectiveKind::ReduceScatter, x)?;
+        if parts[0].len() % n != 0 {
+            return Err(Error::Collective {
+                op: "reduce_scatter",
+                rank: self.rank,
+                msg: format!("{} elements do not split into {n} equal chunks", parts[0].len()),
+            });
+        }
+        let mine: Vec<Arc<HostData>> = parts.iter().map(|p| Arc::new(chunk(p, idx, n))).collect();
+        self.backend.upload(&reduce_all(&mine, ReduceKind::Sum))
+    }
+    fn broadcast(&self, axis: MeshAxis, x: &B::Storage, root: usize) -> Result<B::Storage> {
+        let (parts, _) = self.swap(axis, CollectiveKind::Broadcast, x)?;
+        let p = parts.get(root).ok_or_else(|| Error::Collective {
+            op: "broadcast",
+            rank: self.rank,
+            msg: format!("root {root} is outside a group of {}", parts.len()),
+        })?;
+        self.backend.upload(p)
+    }
+    fn barrier(&self) -> Result<()> {
+        // Every rank of the mesh meets in one group keyed apart from the axis groups.
+        let n = self.hub.mesh.size();
+        self.hub.exchange(self.rank, (2, 0), self.rank, n, CollectiveKind::Barrier, HostData::U8(vec![]))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,222 @@
+//! Attention family: scaled-dot-product attention with causal and padding masks,
+//! grouped-query heads and KV-cache offsets.
+
+use redco_core::ops::attention::{causal_mask, mask_fill};
+use redco_core::{no_grad, Backend, DType, Error, HostData, Shape, Tensor};
+use redco_tests::check::{assert_close, check_dtype, grad_check, tensor, tol, values};
+use redco_tests::reference as r;
+
+/// One attention case: sizes `(batch, q_heads, kv_heads, q_len, kv_len, head_dim)`,
+/// causal, and the padding keep-mask `[batch * kv_len]` if any.
+struct Case {
+    dims: (usize, usize, usize, usize, usize, usize),
+    causal: bool,
+    pad: Option<Vec<u8>>,
+}
+
+impl Case {
+    fn new(dims: (usize, usize, usize, usize, usize, usize), causal: bool, padded: bool) -> Self {
+        let (b, _, _, _, tk, _) = dims;
+        // batch entry i has i left-padding positions (entry 0 is unpadded)
+        let pad = padded.then(|| (0..b * tk).map(|p| ((p % tk) >= (p / tk).min(tk)) as u8).collect());
+        Case { dims, causal, pad }
+    }
+    fn shapes(&self) -> (Shape, Shape) {
+        let (b, hq, hk, tq, tk, d) = self.dims;
+        (Shape::new([b, hq, tq, d]), Shape::new([b, hk, tk, d]))
+    }
+    fn mask<B: Backend>(&self, be: &B) -> Option<Tensor<B>> {
+        let (b, _, _, _, tk, _) = self.dims;
+        self.pad.as_ref().map(|p| Tensor::from_host(be, &HostData::U8(p.clone()), [b, 1, 1, tk]).unwrap())
+    }
+    fn name(&self) -> String {
+        format!("{:?} causal {} padded {}", self.dims, self.causal, self.pad.is_some())
+    }
+}
+
+fn cases() -> Vec<Case> {
+    vec![
+        Case::new((2, 2, 2, 5, 5, 4), true, false),
+        Case::new((3, 2, 2, 4, 6, 4), false, true),
+        Case::new((3, 2, 2, 5, 5, 3), true, true),
+        Case::new((1, 4, 2, 3, 3, 4), true, false),
+        Case::new((2, 8, 2, 4, 4, 2), false, true),
+        Case::new((2, 4, 1, 3, 7, 5), true, true),
+        Case::new((2, 2, 1, 1, 6, 4), true, true),
+        Case::new((1, 3, 3, 2, 9, 8), true, false),
+        Case::new((2, 1, 1, 7, 7, 16), false, false),
+    ]
+}
+
+/// Values against the f64 reference (masked scores take `mask_fill(dtype)`), for causal,
+/// padding, both, grouped-query heads (2x and 4x) and q_len < kv_len; through the
+/// recorded path (variables) and the fused no-grad path.
+pub fn attention_values<B: Backend>(b: &B) {
+    let dt = check_dtype(b);
+    for (ci, c) in cases().iter().enumerate() {
+        let (qs, ks) = c.shapes();
+        let (q, k, v) = (
+            values(qs.elem_count(), 1 + ci as u64, -1.0, 1.0),
+            values(ks.elem_count(), 2, -1.0, 1.0),
+            values(ks.elem_count(), 3, -1.0, 1.0),
+        );
+        for scale in [1.0 / (c.dims.5 as f64).sqrt(), 0.7] {
+            let e = r::attention(&q, &k, &v, c.dims, c.pad.as_deref(), c.causal, scale, mask_fill(dt));
+            let (qt, kt, vt) =
+                (tensor(b, &q, qs.clone(), dt), tensor(b, &k, ks.clone(), dt), tensor(b, &v, ks.clone(), dt));
+            let mask = c.mask(b);
+            let fused = qt.attention(&kt, &vt, mask.as_ref(), c.causal, scale).unwrap();
+            assert_eq!(fused.dims(), qs.dims());
+            assert!(!fused.requires_grad());
+            assert_close(&fused.to_vec_f64().unwrap(), &e, tol(dt), &format!("{} scale {scale} (fused)", c.name()));
+            let qv = qt.clone().into_var();
+            let recorded = qv.attention(&kt, &vt, mask.as_ref(), c.causal, scale).unwrap();
+            assert!(recorded.requires_grad());
+            assert_close(
+                &recorded.to_vec_f64().unwrap(),
+                &fused.to_vec_f64().unwrap(),
+                tol(dt),
+                &format!("{} recorded == fused", c.name()),
+            );
+            let under_no_grad = no_grad(|| qv.attention(&kt, &vt, mask.as_ref(), c.causal, scale).unwrap());
+            assert!(!under_no_grad.requires_grad());
+            assert_close(&under_no_grad.to_vec_f64().unwrap(), &e, tol(dt), &format!("{} under no_grad", c.name()));
+        }
+    }
+}
+
+/// A row whose keys are all masked (a fully padded batch entry, with and without causal)
+/// gives finite numbers: the uniform average of the values, never NaN.
+pub fn attention_fully_masked<B: Backend>(b: &B) {
+    let mut dts = vec![check_dtype(b), DType::F32];
+    dts.dedup();
+    for dt in dts {
+        for causal in [false, true] {
+            let dims = (2, 2, 1, 3, 4, 4);
+            let pad: Vec<u8> = [[0u8; 4], [1, 1, 0, 1]].concat();
+            let (qs, ks) = (Shape::new([2, 2, 3, 4]), Shape::new([2, 1, 4, 4]));
+            let (q, k, v) = (values(48, 4, -1.0, 1.0), values(32, 5, -1.0, 1.0), values(32, 6, -1.0, 1.0));
+            let mask = Tensor::from_host(b, &HostData::U8(pad.clone()), [2, 1, 1, 4]).unwrap();
+            let y = tensor(b, &q, qs, dt)
+                .attention(&tensor(b, &k, ks.clone(), dt), &tensor(b, &v, ks, dt), Some(&mask), causal, 0.5)
+                .unwrap();
+            let y = y.to_vec_f64().unwrap();
+            assert!(y.iter().all(|x| x.is_finite()), "{dt:?} causal {causal}: {y:?}");
+            let e = r::attention(&q, &k, &v, dims, Some(&pad), causal, 0.5, mask_fill(dt));
+            assert_close(&y, &e, tol(dt), &format!("fully masked {dt:?} causal {causal}"));
+            // batch 0 attends uniformly to its 4 (padded) keys
+            let mean: Vec<f64> = (0..4).map(|e| (0..4).map(|j| v[j * 4 + e]).sum::<f64>() / 4.0).collect();
+            assert_close(&y[..4], &mean, tol(dt), "uniform average");
+        }
+    }
+    // gradients through a fully masked row stay finite
+    let q = tensor(b, &values(48, 4, -1.0, 1.0), [2, 2, 3, 4], DType::F32).into_var();
+    let kv = tensor(b, &values(32, 5, -1.0, 1.0), [2, 1, 4, 4], DType::F32).into_var();
+    let mask = Tensor::from_host(b, &HostData::U8([[0u8; 4], [1; 4]].concat()), [2, 1, 1, 4]).unwrap();
+    let g = q.attention(&kv, &kv, Some(&mask), true, 0.5).unwrap().sum_all().unwrap().backward().unwrap();
+    for t in [&q, &kv] {
+        assert!(g.get(t).unwrap().to_vec_f64().unwrap().iter().all(|x| x.is_finite()));
+    }
+}
+
+/// A general keep-mask broadcast from `[q_len, kv_len]` equals the causal flag; f16/bf16
+/// attention agrees with the reference on the stored values.
+pub fn attention_masks_and_half<B: Backend>(b: &B) {
+    let dt = check_dtype(b);
+    let (qs, ks) = (Shape::new([2, 2, 3, 4]), Shape::new([2, 2, 5, 4]));
+    let (q, k, v) = (
+        tensor(b, &values(48, 7, -1.0, 1.0), qs.clone(), dt),
+        tensor(b, &values(80, 8, -1.0, 1.0), ks.clone(), dt),
+        tensor(b, &values(80, 9, -1.0, 1.0), ks, dt),
+    );
+    let cm = causal_mask(b, 3, 5).unwrap();
+    let a = q.attention(&k, &v, Some(&cm), false, 0.5).unwrap();
+    let c = q.attention(&k, &v, None, true, 0.5).unwrap();
+    assert_close(&a.to_vec_f64().unwrap(), &c.to_vec_f64().unwrap(), tol(dt), "[q_len, kv_len] mask == causal");
+    for h in [DType::F16, DType::BF16] {
+        if !b.supports(h) {
+            continue;
+        }
+        let c = Case::new((2, 4, 2, 3, 6, 8), true, true);
+        let (qs, ks) = c.shapes();
+        let (qh, kh, vh) = (
+            tensor(b, &values(qs.elem_count(), 10, -1.0, 1.0), qs, h),
+            tensor(b, &values(ks.elem_count(), 11, -1.0, 1.0), ks.clone(), h),
+            tensor(b, &values(ks.elem_count(), 12, -1.0, 1.0), ks, h),
+        );
+        let y = qh.attention(&kh, &vh, c.mask(b).as_ref(), true, 0.35).unwrap();
+        assert_eq!(y.dtype(), h);
+        let f = |t: &Tensor<B>| t.to_vec_f64().unwrap();
+        let e = r::attention(&f(&qh), &f(&kh), &f(&vh), c.dims, c.pad.as_deref(), true, 0.35, mask_fill(h));
+        assert_close(&f(&y), &e, tol(h), &format!("{h:?} attention"));
+    }
+}
+
+/// Gradients with respect to q, k and v with causal and padding masks, grouped-query
+/// heads and q_len < kv_len.
+pub fn attention_grads<B: Backend>(b: &B) {
+    for c in [
+        Case::new((2, 4, 2, 3, 4, 2), true, true),
+        Case::new((1, 2, 1, 2, 5, 3), true, false),
+        Case::new((2, 2, 2, 3, 3, 2), false, true),
+    ] {
+        let (qs, ks) = c.shapes();
+        let mask = c.mask(b);
+        grad_check(
+            b,
+            &[
+                (values(qs.elem_count(), 13, -1.0, 1.0), qs),
+                (values(ks.elem_count(), 14, -1.0, 1.0), ks.clone()),
+                (values(ks.elem_count(), 15, -1.0, 1.0), ks),
+            ],
+            |t| t[0].attention(&t[1], &t[2], mask.as_ref(), c.causal, 0.6),
+            1e-6,
+            &format!("attention grad {}", c.name()),
+        );
+    }
+}
+
+/// Shapes that do not fit together, a causal q_len > kv_len, and non-U8 or
+/// non-broadcastable masks are errors.
+pub fn attention_errors<B: Backend>(b: &B) {
+    let dt = check_dtype(b);
+    let t = |dims: &[usize]| tensor(b, &values(dims.iter().product(), 1, 0.0, 1.0), dims.to_vec(), dt);
+    let (q, k) = (t(&[2, 4, 3, 8]), t(&[2, 2, 5, 8]));
+    let ok = |q: &Tensor<B>, k: &Tensor<B>, v: &Tensor<B>| q.attention(k, v, None, false, 1.0).is_ok();
+    assert!(ok(&q, &k, &k));
+    assert!(!ok(&t(&[4, 3, 8]), &k, &k), "q of rank 3");
+    assert!(!ok(&q, &k, &t(&[2, 2, 6, 8])), "k and v differ");
+    assert!(
+        matches!(q.attention(&t(&[2, 3, 5, 8]), &t(&[2, 3, 5, 8]), None, false, 1.0), Err(Error::ShapeMismatch { .. })),
+        "4 heads over 3"
+    );
+    assert!(
+        matches!(q.attention(&t(&[2, 2, 5, 4]), &t(&[2, 2, 5, 4]), None, false, 1.0), Err(Error::ShapeMismatch { .. })),
+        "head_dim"
+    );
+    assert!(
+        matches!(q.attention(&t(&[1, 2, 5, 8]), &t(&[1, 2, 5, 8]), None, false, 1.0), Err(Error::ShapeMismatch { .. })),
+        "batch"
+    );
+    assert!(t(&[2, 4, 6, 8]).attention(&k, &k, None, true, 1.0).is_err(), "causal with q_len 6 > kv_len 5");
+    let fmask = t(&[2, 1, 1, 5]);
+    assert!(matches!(q.attention(&k, &k, Some(&fmask), false, 1.0), Err(Error::UnsupportedDType { .. })), "float mask");
+    let m =
+        |dims: &[usize]| Tensor::from_host(b, &HostData::U8(vec![1; dims.iter().product()]), dims.to_vec()).unwrap();
+    assert!(q.attention(&k, &k, Some(&m(&[2, 1, 1, 5])), false, 1.0).is_ok());
+    assert!(q.attention(&k, &k, Some(&m(&[2, 1, 1, 6])), false, 1.0).is_err(), "mask kv_len 6");
+    assert!(q.attention(&k, &k, Some(&m(&[3, 1, 1, 5])), false, 1.0).is_err(), "mask batch 3");
+    assert!(q.attention(&k, &k, Some(&m(&[2, 2, 4, 3, 5])), false, 1.0).is_err(), "mask of rank 5");
+    assert!(matches!(
+        q.attention(&k.cast(DType::F16).unwrap(), &k, None, false, 1.0),
+        Err(Error::DTypeMismatch { .. })
+    ));
+}
+
+redco_tests::conformance!(
+    attention_values,
+    attention_fully_masked,
+    attention_masks_and_half,
+    attention_grads,
+    attention_errors
+);
