@@ -96,6 +96,24 @@ pub enum Error {
         /// What is wrong.
         msg: String,
     },
+    /// A collective that failed: a timeout, a rank that failed or disagreed.
+    #[error("collective {op} on rank {rank}: {msg}")]
+    Collective {
+        /// The collective.
+        op: &'static str,
+        /// The rank reporting the failure.
+        rank: usize,
+        /// What went wrong.
+        msg: String,
+    },
+    /// A rank of an SPMD run that returned an error or panicked.
+    #[error("rank {rank} failed: {msg}")]
+    RankFailed {
+        /// The rank.
+        rank: usize,
+        /// Its error or panic message.
+        msg: String,
+    },
     /// A failure inside a backend (device lost, allocation failed, kernel error).
     #[error("backend {backend}: {msg}")]
     Backend {

@@ -25,6 +25,7 @@
 pub mod autograd;
 pub mod backend;
 pub mod cpu;
+pub mod dist;
 pub mod dtype;
 pub mod error;
 pub mod nn;

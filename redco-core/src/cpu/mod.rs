@@ -359,7 +359,6 @@ pub(crate) fn sgemm_hook(
 }
 
 /// `len` elements of `h` from flat offset `start`.
-#[allow(dead_code)] // used by the in-process collective (dist)
 pub(crate) fn narrow_flat(h: &HostData, start: usize, len: usize) -> HostData {
     any_kernel!(h, v => v[start..start + len].to_vec())
 }

@@ -99,10 +99,7 @@ impl CommStats {
     }
     /// `(kind, axis, count)` for every non-zero entry.
     pub fn entries(&self) -> Vec<(CollectiveKind, MeshAxis, CommCount)> {
-        self.counts
-            .iter()
-            .map(|((k, a), c)| (*k, if *a == 0 { MeshAxis::Dp } else { MeshAxis::Mp }, *c))
-            .collect()
+        self.counts.iter().map(|((k, a), c)| (*k, if *a == 0 { MeshAxis::Dp } else { MeshAxis::Mp }, *c)).collect()
     }
 }
 

@@ -183,7 +183,10 @@ where
                     .expect("failed to spawn a rank thread")
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::invalid("spmd", "rank thread died")))).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(Error::invalid("spmd", "rank thread died"))))
+            .collect()
     });
     if let Some(first) = hub.failure() {
         // Prefer the error of the rank that failed first over the others' "aborted".

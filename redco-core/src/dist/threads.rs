@@ -139,7 +139,11 @@ impl Hub {
         Ok(all)
     }
 
-    fn wait<'a>(&'a self, st: MutexGuard<'a, HubState>, deadline: Instant) -> std::result::Result<MutexGuard<'a, HubState>, ()> {
+    fn wait<'a>(
+        &'a self,
+        st: MutexGuard<'a, HubState>,
+        deadline: Instant,
+    ) -> std::result::Result<MutexGuard<'a, HubState>, ()> {
         let now = Instant::now();
         if now >= deadline {
             return Err(());

@@ -95,3 +95,6 @@ pub fn sgemm(
     }
     true
 }
+
+#[cfg(test)]
+mod tests;

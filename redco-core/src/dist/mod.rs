@@ -1,0 +1,15 @@
+//! Distribution: the device mesh, collectives, the SPMD runner, and (built on them) the
+//! redistribution of tensors between placements.
+//!
+//! This module sits above [`Tensor`](crate::Tensor): tensors only carry their
+//! [`Placements`](crate::Placements); moving data between placements happens here.
+
+pub mod collective;
+pub mod mesh;
+pub mod spmd;
+pub mod threads;
+
+pub use collective::{Collective, CollectiveKind, CommCount, CommStats, ReduceKind};
+pub use mesh::Mesh;
+pub use spmd::{current_comm, spmd, spmd_cpu, Comm, CommGuard, Rank, SpmdOptions};
+pub use threads::{Hub, ThreadCollective};

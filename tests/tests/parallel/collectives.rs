@@ -1,0 +1,139 @@
+//! The in-process collective over a mesh: values, ordering, counts and failures.
+
+use redco_core::dist::{spmd_cpu, CollectiveKind, Mesh, ReduceKind, SpmdOptions};
+use redco_core::{Backend, DType, Error, HostData, MeshAxis, Tensor};
+use std::time::{Duration, Instant};
+
+fn opts(timeout_ms: u64) -> SpmdOptions {
+    SpmdOptions { timeout: Duration::from_millis(timeout_ms), threads_per_rank: Some(1) }
+}
+
+fn vals(r: usize, n: usize) -> Vec<f32> {
+    (0..n).map(|i| (r * 10 + i) as f32).collect()
+}
+
+#[test]
+fn all_reduce_gather_scatter_broadcast_on_a_2x2_mesh() {
+    let mesh = Mesh::new(2, 2).unwrap();
+    let out = spmd_cpu(mesh, &opts(10_000), |rk| {
+        let b = &rk.backend;
+        let x = b.upload(&HostData::F32(vals(rk.rank, 4)))?;
+        let (d, m) = mesh.coords(rk.rank);
+        let mp_peers: Vec<usize> = mesh.group_members(rk.rank, MeshAxis::Mp);
+        let dp_peers: Vec<usize> = mesh.group_members(rk.rank, MeshAxis::Dp);
+        // sum over mp
+        let s = b.download(&rk.comm.all_reduce(MeshAxis::Mp, &x, ReduceKind::Sum, 16)?)?.to_f64_vec();
+        let want: Vec<f64> = (0..4).map(|i| mp_peers.iter().map(|&p| (p * 10 + i) as f64).sum()).collect();
+        assert_eq!(s, want, "sum over mp on rank {}", rk.rank);
+        // max over dp
+        let mx = b.download(&rk.comm.all_reduce(MeshAxis::Dp, &x, ReduceKind::Max, 16)?)?.to_f64_vec();
+        let want: Vec<f64> =
+            (0..4).map(|i| dp_peers.iter().map(|&p| (p * 10 + i) as f64).fold(f64::MIN, f64::max)).collect();
+        assert_eq!(mx, want);
+        // gather over mp, in axis order
+        let g = b.download(&rk.comm.all_gather(MeshAxis::Mp, &x, 32)?)?.to_f64_vec();
+        let want: Vec<f64> = mp_peers.iter().flat_map(|&p| vals(p, 4)).map(|v| v as f64).collect();
+        assert_eq!(g, want);
+        // reduce-scatter over dp: chunk `d` of the sum
+        let rs = b.download(&rk.comm.reduce_scatter(MeshAxis::Dp, &x, 16)?)?.to_f64_vec();
+        let want: Vec<f64> = (2 * d..2 * d + 2).map(|i| dp_peers.iter().map(|&p| (p * 10 + i) as f64).sum()).collect();
+        assert_eq!(rs, want);
+        // broadcast from mp position 1
+        let bc = b.download(&rk.comm.broadcast(MeshAxis::Mp, &x, 1, 16)?)?.to_f64_vec();
+        assert_eq!(bc, vals(mesh.rank_of(d, 1), 4).iter().map(|&v| v as f64).collect::<Vec<_>>());
+        rk.comm.barrier()?;
+        let _ = m;
+        Ok(rk.comm.stats())
+    })
+    .unwrap();
+    for st in out {
+        assert_eq!(st.get(CollectiveKind::AllReduce, MeshAxis::Mp).calls, 1);
+        assert_eq!(st.get(CollectiveKind::AllReduce, MeshAxis::Dp).calls, 1);
+        assert_eq!(st.get(CollectiveKind::AllGather, MeshAxis::Mp).bytes, 32);
+        assert_eq!(st.get(CollectiveKind::ReduceScatter, MeshAxis::Dp).calls, 1);
+        assert_eq!(st.get(CollectiveKind::Broadcast, MeshAxis::Mp).calls, 1);
+        assert_eq!(st.total_calls(), 6);
+    }
+}
+
+#[test]
+fn many_rounds_stay_in_order() {
+    let mesh = Mesh::new(1, 4).unwrap();
+    spmd_cpu(mesh, &opts(10_000), |rk| {
+        for round in 0..200 {
+            let x = Tensor::from_vec(&rk.backend, vec![(rk.rank + round) as f32], [1])?;
+            let s = rk.comm.all_reduce(MeshAxis::Mp, x.storage(), ReduceKind::Sum, 4)?;
+            let v = rk.backend.download(&s)?.to_f64_vec()[0];
+            assert_eq!(v, (0..4).map(|r| (r + round) as f64).sum::<f64>());
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_panicking_rank_fails_the_others_fast() {
+    let mesh = Mesh::new(1, 4).unwrap();
+    let start = Instant::now();
+    let err = spmd_cpu(mesh, &opts(30_000), |rk| {
+        let x = rk.backend.upload(&HostData::F32(vec![1.0; 8]))?;
+        rk.comm.all_reduce(MeshAxis::Mp, &x, ReduceKind::Sum, 32)?;
+        if rk.rank == 2 {
+            panic!("rank two lost its device");
+        }
+        rk.comm.all_reduce(MeshAxis::Mp, &x, ReduceKind::Sum, 32)?;
+        Ok(())
+    })
+    .unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(10), "others must not wait for the timeout");
+    match err {
+        Error::RankFailed { rank, msg } => {
+            assert_eq!(rank, 2);
+            assert!(msg.contains("lost its device"), "{msg}");
+        }
+        other => panic!("expected RankFailed, got {other}"),
+    }
+}
+
+#[test]
+fn a_rank_that_skips_a_collective_times_out_the_others() {
+    let mesh = Mesh::new(2, 1).unwrap();
+    let start = Instant::now();
+    let err = spmd_cpu(mesh, &opts(300), |rk| {
+        if rk.rank == 0 {
+            std::thread::sleep(Duration::from_millis(900));
+            return Ok(());
+        }
+        let x = rk.backend.upload(&HostData::F32(vec![1.0; 2]))?;
+        rk.comm.all_reduce(MeshAxis::Dp, &x, ReduceKind::Sum, 8)?;
+        Ok(())
+    })
+    .unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert!(err.to_string().contains("timed out"), "{err}");
+}
+
+#[test]
+fn ranks_that_disagree_get_an_error() {
+    let mesh = Mesh::new(1, 2).unwrap();
+    let err = spmd_cpu(mesh, &opts(5_000), |rk| {
+        let n = if rk.rank == 0 { 3 } else { 4 };
+        let x = rk.backend.upload(&HostData::F32(vec![1.0; n]))?;
+        rk.comm.all_reduce(MeshAxis::Mp, &x, ReduceKind::Sum, n * 4)?;
+        Ok(())
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("disagree"), "{err}");
+    let _ = DType::F32;
+}
+
+#[test]
+fn mesh_parsing_and_errors() {
+    assert_eq!("2x4".parse::<Mesh>().unwrap(), Mesh::new(2, 4).unwrap());
+    assert!("2by4".parse::<Mesh>().is_err());
+    assert!("0x2".parse::<Mesh>().is_err());
+    let m = Mesh::new(2, 3).unwrap();
+    assert_eq!(m.coords(4), (1, 1));
+    assert_eq!(m.group_members(4, MeshAxis::Mp), vec![3, 4, 5]);
+    assert_eq!(m.group_members(4, MeshAxis::Dp), vec![1, 4]);
+}

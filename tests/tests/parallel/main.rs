@@ -1,0 +1,3 @@
+//! Parallelism tests: collectives, the SPMD runner, failure handling.
+
+mod collectives;
