@@ -56,3 +56,29 @@ impl Placements {
         self.0.iter().all(|p| *p == Placement::Replicate)
     }
 }
+
+/// `p` with every `Partial` replaced by `Replicate`: the placement of the gradient of a
+/// tensor laid out as `p` (the gradient of a partial sum reaches every term whole).
+pub fn without_partial(p: Placements) -> Placements {
+    let f = |x: Placement| if matches!(x, Placement::Partial(_)) { Placement::Replicate } else { x };
+    Placements([f(p.0[0]), f(p.0[1])])
+}
+
+/// The local shape of a tensor of global `shape` laid out as `p` over axes of `sizes`
+/// (`[dp, mp]`); errors when a sharded dim is not divisible by its axis size.
+pub fn local_shape(shape: &crate::Shape, p: Placements, sizes: [usize; 2]) -> crate::Result<crate::Shape> {
+    let mut d = shape.dims().to_vec();
+    for (axis, pl) in p.0.iter().enumerate() {
+        if let Placement::Shard(dim) = *pl {
+            let k = sizes[axis];
+            if dim >= d.len() || d[dim] % k != 0 {
+                return Err(crate::Error::invalid(
+                    "placement",
+                    format!("dim {dim} of {shape} cannot be split into {k} equal shards"),
+                ));
+            }
+            d[dim] /= k;
+        }
+    }
+    Ok(crate::Shape::new(d))
+}

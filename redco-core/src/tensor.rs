@@ -21,6 +21,8 @@ pub(crate) struct TensorInner<B: Backend> {
     pub(crate) id: TensorId,
     pub(crate) storage: B::Storage,
     pub(crate) shape: Shape,
+    /// The shape of `storage`: `shape` with each sharded dim divided by its axis size.
+    pub(crate) local: Shape,
     pub(crate) dtype: DType,
     pub(crate) placements: Placements,
     pub(crate) backend: B,
@@ -97,16 +99,63 @@ impl<B: Backend> Tensor<B> {
         node: Option<Node<B>>,
         is_var: bool,
     ) -> Self {
+        let local = shape.clone();
+        Self::make_placed(backend, storage, shape, local, Placements::REPLICATED, dtype, node, is_var)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn make_placed(
+        backend: B,
+        storage: B::Storage,
+        shape: Shape,
+        local: Shape,
+        placements: Placements,
+        dtype: DType,
+        node: Option<Node<B>>,
+        is_var: bool,
+    ) -> Self {
         Tensor(Arc::new(TensorInner {
             id: TensorId::fresh(),
             storage,
             shape,
+            local,
             dtype,
-            placements: Placements::REPLICATED,
+            placements,
             backend,
             node,
             is_var,
         }))
+    }
+
+    /// Wraps a rank's local shard: `storage` holds `local` elements of the global tensor of
+    /// shape `shape` laid out by `placements` (no gradient history).
+    pub fn from_local(backend: &B, storage: B::Storage, shape: Shape, local: Shape, placements: Placements, dtype: DType) -> Self {
+        Self::make_placed(backend.clone(), storage, shape, local, placements, dtype, None, false)
+    }
+
+    /// Like `from_op`, for a result with its own placements and local shape.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn from_op_placed<F>(
+        backend: &B,
+        storage: B::Storage,
+        shape: Shape,
+        local: Shape,
+        placements: Placements,
+        dtype: DType,
+        op: &'static str,
+        inputs: &[&Tensor<B>],
+        backward: F,
+    ) -> Self
+    where
+        F: Fn(&Tensor<B>) -> Result<Vec<Option<Tensor<B>>>> + Send + Sync + 'static,
+    {
+        let track = autograd::is_grad_enabled() && inputs.iter().any(|t| t.requires_grad());
+        let node = track.then(|| Node {
+            op,
+            inputs: inputs.iter().map(|t| (*t).clone()).collect(),
+            backward: Box::new(backward),
+        });
+        Self::make_placed(backend.clone(), storage, shape, local, placements, dtype, node, false)
     }
 
     /// The result of an op: records `backward` (mapping the output gradient to one optional
@@ -177,24 +226,37 @@ impl<B: Backend> Tensor<B> {
         Self::from_vec(backend, (0..n as i64).collect::<Vec<_>>(), [n])
     }
 
-    /// Zeros with this tensor's shape, dtype and backend.
-    pub fn zeros_like(&self) -> Result<Self> {
-        Self::zeros(self.backend(), self.shape().clone(), self.dtype())
+    /// A constant with this tensor's shape, dtype, backend and layout (a `Partial` tensor
+    /// gives a replicated constant).
+    pub fn full_like(&self, value: f64) -> Result<Self> {
+        let s = self.backend().full(self.local_shape().elem_count(), value, self.dtype())?;
+        let p = crate::placement::without_partial(self.placements());
+        Ok(Self::from_local(self.backend(), s, self.shape().clone(), self.local_shape().clone(), p, self.dtype()))
     }
 
-    /// Ones with this tensor's shape, dtype and backend.
+    /// Zeros with this tensor's shape, dtype, backend and layout.
+    pub fn zeros_like(&self) -> Result<Self> {
+        self.full_like(0.0)
+    }
+
+    /// Ones with this tensor's shape, dtype, backend and layout.
     pub fn ones_like(&self) -> Result<Self> {
-        Self::ones(self.backend(), self.shape().clone(), self.dtype())
+        self.full_like(1.0)
+    }
+
+    fn same_value(&self, is_var: bool) -> Self {
+        let i = &self.0;
+        Self::make_placed(i.backend.clone(), i.storage.clone(), i.shape.clone(), i.local.clone(), i.placements, i.dtype, None, is_var)
     }
 
     /// The same value as a new leaf variable: gradients flow to it.
     pub fn into_var(self) -> Self {
-        Self::make(self.0.backend.clone(), self.0.storage.clone(), self.0.shape.clone(), self.0.dtype, None, true)
+        self.same_value(true)
     }
 
     /// The same value with no gradient history and not a variable.
     pub fn detach(&self) -> Self {
-        Self::make(self.0.backend.clone(), self.0.storage.clone(), self.0.shape.clone(), self.0.dtype, None, false)
+        self.same_value(false)
     }
 
     /// This tensor's identity (gradients are looked up by it).
@@ -204,6 +266,14 @@ impl<B: Backend> Tensor<B> {
     /// The global shape.
     pub fn shape(&self) -> &Shape {
         &self.0.shape
+    }
+    /// The shape of this rank's local storage (the global shape unless sharded).
+    pub fn local_shape(&self) -> &Shape {
+        &self.0.local
+    }
+    /// True when some mesh axis does not replicate this tensor.
+    pub fn is_sharded(&self) -> bool {
+        !self.0.placements.is_replicated()
     }
     /// The global dimensions.
     pub fn dims(&self) -> &[usize] {
@@ -246,8 +316,20 @@ impl<B: Backend> Tensor<B> {
         self.0.node.as_ref().map(|n| n.op)
     }
 
-    /// Copies the values to the host (forces lazy storage).
+    /// Copies the values to the host (forces lazy storage). A sharded or partial tensor is
+    /// an error: call [`Tensor::replicate`] first (on every rank), or use
+    /// [`Tensor::local_to_host`] for this rank's shard.
     pub fn to_host(&self) -> Result<HostData> {
+        if self.is_sharded() {
+            return Err(Error::invalid(
+                "to_host",
+                format!("tensor of shape {} is laid out as {:?}; replicate it first", self.shape(), self.placements()),
+            ));
+        }
+        self.backend().download(self.storage())
+    }
+    /// This rank's local storage, on the host.
+    pub fn local_to_host(&self) -> Result<HostData> {
         self.backend().download(self.storage())
     }
     /// The values as f32 (converted from any dtype).

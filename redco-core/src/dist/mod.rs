@@ -6,10 +6,13 @@
 
 pub mod collective;
 pub mod mesh;
+pub mod redistribute;
+pub(crate) mod rules;
 pub mod spmd;
 pub mod threads;
 
 pub use collective::{Collective, CollectiveKind, CommCount, CommStats, ReduceKind};
 pub use mesh::Mesh;
+pub use redistribute::axis_sizes;
 pub use spmd::{current_comm, spmd, spmd_cpu, Comm, CommGuard, Rank, SpmdOptions};
 pub use threads::{Hub, ThreadCollective};

@@ -1,7 +1,13 @@
 //! Elementwise ops: unary maps, broadcasting binary ops, comparisons, `where`, casts.
 
 use crate::backend::{BinaryOp, CmpOp, UnaryOp};
+use crate::dist::rules::{self, Linearity};
 use crate::{Backend, DType, Result, Tensor};
+
+/// True for maps that commute with sums (safe on partial values).
+fn is_linear(op: UnaryOp) -> bool {
+    matches!(op, UnaryOp::Neg | UnaryOp::Affine { add: 0.0, .. })
+}
 
 type GradFn<B> = fn(&Tensor<B>, &Tensor<B>, &Tensor<B>) -> Result<Tensor<B>>;
 
@@ -9,16 +15,39 @@ impl<B: Backend> Tensor<B> {
     /// Applies `op` without recording a gradient (used by gradient formulas).
     pub(crate) fn map(&self, op: UnaryOp) -> Result<Tensor<B>> {
         self.expect_float("unary")?;
-        let s = self.backend().unary(op, self.storage(), self.elem_count())?;
-        Ok(Tensor::from_storage(self.backend(), s, self.shape().clone(), self.dtype()))
+        let x = rules::unary(self, is_linear(op))?;
+        let s = x.backend().unary(op, x.storage(), x.local_shape().elem_count())?;
+        Ok(x.same_layout(s, x.dtype()))
+    }
+
+    /// A tensor with this one's global shape, local shape and placements over new storage.
+    pub(crate) fn same_layout(&self, s: B::Storage, dtype: DType) -> Tensor<B> {
+        Tensor::from_local(self.backend(), s, self.shape().clone(), self.local_shape().clone(), self.placements(), dtype)
+    }
+
+    /// Records an op whose output has `x`'s layout.
+    pub(crate) fn record_like<F>(
+        x: &Tensor<B>,
+        s: B::Storage,
+        dtype: DType,
+        name: &'static str,
+        inputs: &[&Tensor<B>],
+        f: F,
+    ) -> Tensor<B>
+    where
+        F: Fn(&Tensor<B>) -> Result<Vec<Option<Tensor<B>>>> + Send + Sync + 'static,
+    {
+        let (shape, local) = (x.shape().clone(), x.local_shape().clone());
+        Tensor::from_op_placed(x.backend(), s, shape, local, x.placements(), dtype, name, inputs, f)
     }
 
     fn unary_op(&self, op: UnaryOp, name: &'static str, grad: GradFn<B>) -> Result<Tensor<B>> {
         self.expect_float(name)?;
-        let s = self.backend().unary(op, self.storage(), self.elem_count())?;
-        let (x, shape, dtype) = (self.clone(), self.shape().clone(), self.dtype());
-        let y = Tensor::from_storage(self.backend(), s.clone(), shape.clone(), dtype);
-        Ok(Tensor::from_op(self.backend(), s, shape, dtype, name, &[self], move |g| Ok(vec![Some(grad(g, &x, &y)?)])))
+        let x = rules::unary(self, is_linear(op))?;
+        let s = x.backend().unary(op, x.storage(), x.local_shape().elem_count())?;
+        let y = x.same_layout(s.clone(), x.dtype());
+        let xc = x.clone();
+        Ok(Tensor::record_like(&x, s, x.dtype(), name, &[&x], move |g| Ok(vec![Some(grad(g, &xc, &y)?)])))
     }
 
     /// -x
@@ -122,18 +151,20 @@ impl<B: Backend> Tensor<B> {
     /// x ^ e
     pub fn powf(&self, e: f64) -> Result<Tensor<B>> {
         self.expect_float("powf")?;
-        let s = self.backend().unary(UnaryOp::Powf(e), self.storage(), self.elem_count())?;
-        let x = self.clone();
-        Ok(Tensor::from_op(self.backend(), s, self.shape().clone(), self.dtype(), "powf", &[self], move |g| {
+        let x = rules::no_partial(self)?;
+        let s = x.backend().unary(UnaryOp::Powf(e), x.storage(), x.local_shape().elem_count())?;
+        let xc = x.clone();
+        Ok(Tensor::record_like(&xc, s, x.dtype(), "powf", &[&xc], move |g| {
             Ok(vec![Some(g.mul(&x.map(UnaryOp::Powf(e - 1.0))?)?.scale(e)?)])
         }))
     }
     /// max(x, c)
     pub fn clamp_min(&self, c: f64) -> Result<Tensor<B>> {
         self.expect_float("clamp_min")?;
-        let s = self.backend().unary(UnaryOp::ClampMin(c), self.storage(), self.elem_count())?;
-        let x = self.clone();
-        Ok(Tensor::from_op(self.backend(), s, self.shape().clone(), self.dtype(), "clamp_min", &[self], move |g| {
+        let x = rules::no_partial(self)?;
+        let s = x.backend().unary(UnaryOp::ClampMin(c), x.storage(), x.local_shape().elem_count())?;
+        let xc = x.clone();
+        Ok(Tensor::record_like(&xc, s, x.dtype(), "clamp_min", &[&xc], move |g| {
             Ok(vec![Some(g.mul(&x.map(UnaryOp::Affine { mul: 1.0, add: -c })?.map(UnaryOp::Step)?)?)])
         }))
     }
@@ -141,9 +172,16 @@ impl<B: Backend> Tensor<B> {
     fn binary_op(&self, rhs: &Tensor<B>, op: BinaryOp, name: &'static str) -> Result<Tensor<B>> {
         self.same_dtype(rhs, name)?;
         let out = self.shape().broadcast(rhs.shape(), name)?;
-        let s = self.backend().binary(op, (self.storage(), self.shape()), (rhs.storage(), rhs.shape()), &out)?;
-        let (a, b) = (self.clone(), rhs.clone());
-        Ok(Tensor::from_op(self.backend(), s, out, self.dtype(), name, &[self, rhs], move |g| {
+        let lin = match op {
+            BinaryOp::Add | BinaryOp::Sub => Linearity::Additive,
+            BinaryOp::Mul | BinaryOp::Div => Linearity::Multiplicative,
+            BinaryOp::Max | BinaryOp::Min => Linearity::None,
+        };
+        let (a, b, placed) = rules::binary(self, rhs, lin)?;
+        let local = a.local_shape().broadcast(b.local_shape(), name)?;
+        let s = a.backend().binary(op, (a.storage(), a.local_shape()), (b.storage(), b.local_shape()), &local)?;
+        let (ai, bi, be, dt) = (a.clone(), b.clone(), a.backend().clone(), a.dtype());
+        Ok(Tensor::from_op_placed(&be, s, out, local, placed, dt, name, &[&ai, &bi], move |g| {
             let (ga, gb) = match op {
                 BinaryOp::Add => (g.clone(), g.clone()),
                 BinaryOp::Sub => (g.clone(), g.map(UnaryOp::Neg)?),
@@ -192,8 +230,10 @@ impl<B: Backend> Tensor<B> {
     pub fn compare(&self, rhs: &Tensor<B>, op: CmpOp) -> Result<Tensor<B>> {
         self.same_dtype(rhs, "compare")?;
         let out = self.shape().broadcast(rhs.shape(), "compare")?;
-        let s = self.backend().compare(op, (self.storage(), self.shape()), (rhs.storage(), rhs.shape()), &out)?;
-        Ok(Tensor::from_storage(self.backend(), s, out, DType::U8))
+        let (a, b, placed) = rules::binary(self, rhs, Linearity::None)?;
+        let local = a.local_shape().broadcast(b.local_shape(), "compare")?;
+        let s = a.backend().compare(op, (a.storage(), a.local_shape()), (b.storage(), b.local_shape()), &local)?;
+        Ok(Tensor::from_local(a.backend(), s, out, local, placed, DType::U8))
     }
 
     /// Elementwise comparison with a scalar, a `U8` mask.
@@ -209,17 +249,25 @@ impl<B: Backend> Tensor<B> {
         }
         a.same_dtype(b, "where_cond")?;
         let out = self.shape().broadcast(a.shape(), "where_cond")?.broadcast(b.shape(), "where_cond")?;
-        let s = self.backend().where_cond(
-            (self.storage(), self.shape()),
-            (a.storage(), a.shape()),
-            (b.storage(), b.shape()),
-            &out,
+        let cond = if self.is_sharded() { self.replicate()? } else { self.clone() };
+        let (a, b, placed) = rules::binary(a, b, Linearity::None)?;
+        let cond = rules::follow(&cond, placed, a.rank().max(b.rank()))?;
+        let local = cond
+            .local_shape()
+            .broadcast(a.local_shape(), "where_cond")?
+            .broadcast(b.local_shape(), "where_cond")?;
+        let s = a.backend().where_cond(
+            (cond.storage(), cond.local_shape()),
+            (a.storage(), a.local_shape()),
+            (b.storage(), b.local_shape()),
+            &local,
         )?;
-        let (cond, sa, sb) = (self.clone(), a.shape().clone(), b.shape().clone());
-        Ok(Tensor::from_op(self.backend(), s, out, a.dtype(), "where_cond", &[a, b], move |g| {
+        let placed = if out.rank() > a.rank().max(b.rank()) { crate::Placements::REPLICATED } else { placed };
+        let (c, sa, sb) = (cond.clone(), a.shape().clone(), b.shape().clone());
+        Ok(Tensor::from_op_placed(a.backend(), s, out, local, placed, a.dtype(), "where_cond", &[&a, &b], move |g| {
             let zero = Tensor::zeros(g.backend(), [], g.dtype())?;
-            let ga = cond.where_cond(g, &zero)?.sum_to(&sa)?;
-            let gb = cond.where_cond(&zero, g)?.sum_to(&sb)?;
+            let ga = c.where_cond(g, &zero)?.sum_to(&sa)?;
+            let gb = c.where_cond(&zero, g)?.sum_to(&sb)?;
             Ok(vec![Some(ga), Some(gb)])
         }))
     }
@@ -232,12 +280,10 @@ impl<B: Backend> Tensor<B> {
         if !self.backend().supports(dtype) {
             return Err(crate::Error::UnsupportedDType { op: "cast", dtype });
         }
-        let s = self.backend().cast(self.storage(), self.elem_count(), dtype)?;
+        let s = self.backend().cast(self.storage(), self.local_shape().elem_count(), dtype)?;
         let from = self.dtype();
         let differentiable = from.is_float() && dtype.is_float();
         let inputs: Vec<&Tensor<B>> = if differentiable { vec![self] } else { vec![] };
-        Ok(Tensor::from_op(self.backend(), s, self.shape().clone(), dtype, "cast", &inputs, move |g| {
-            Ok(vec![Some(g.cast(from)?)])
-        }))
+        Ok(Tensor::record_like(self, s, dtype, "cast", &inputs, move |g| Ok(vec![Some(g.cast(from)?)])))
     }
 }

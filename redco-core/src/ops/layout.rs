@@ -1,7 +1,8 @@
 //! Layout ops: reshape (free), permute/transpose, narrow, cat, expand, (un)squeeze.
 //! Every op but reshape copies: storage stays contiguous.
 
-use crate::{Backend, Error, Result, Shape, Tensor};
+use crate::dist::rules;
+use crate::{Backend, Error, Placement, Result, Shape, Tensor};
 
 impl<B: Backend> Tensor<B> {
     /// The same elements under a new shape with the same element count (no copy).
@@ -13,8 +14,11 @@ impl<B: Backend> Tensor<B> {
         if &shape == self.shape() {
             return Ok(self.clone());
         }
-        let orig = self.shape().clone();
-        Ok(Tensor::from_op(self.backend(), self.storage().clone(), shape, self.dtype(), "reshape", &[self], move |g| {
+        let (x, placed) = rules::reshape(self, &shape, crate::dist::axis_sizes::<B>())?;
+        let local = crate::placement::local_shape(&shape, placed, crate::dist::axis_sizes::<B>())?;
+        let orig = x.shape().clone();
+        let (be, s, dt) = (x.backend().clone(), x.storage().clone(), x.dtype());
+        Ok(Tensor::from_op_placed(&be, s, shape, local, placed, dt, "reshape", &[&x], move |g| {
             Ok(vec![Some(g.reshape(orig.clone())?)])
         }))
     }
@@ -33,12 +37,19 @@ impl<B: Backend> Tensor<B> {
             return Ok(self.clone());
         }
         let out = Shape::new(perm.iter().map(|&p| self.dims()[p]).collect::<Vec<_>>());
-        let s = self.backend().permute(self.storage(), self.shape(), perm)?;
+        let local = Shape::new(perm.iter().map(|&p| self.local_shape().dims()[p]).collect::<Vec<_>>());
+        let s = self.backend().permute(self.storage(), self.local_shape(), perm)?;
         let mut inv = vec![0; r];
         for (i, &p) in perm.iter().enumerate() {
             inv[p] = i;
         }
-        Ok(Tensor::from_op(self.backend(), s, out, self.dtype(), "permute", &[self], move |g| {
+        let mut placed = self.placements();
+        for p in placed.0.iter_mut() {
+            if let Placement::Shard(d) = *p {
+                *p = Placement::Shard(inv[d]);
+            }
+        }
+        Ok(Tensor::from_op_placed(self.backend(), s, out, local, placed, self.dtype(), "permute", &[self], move |g| {
             Ok(vec![Some(g.permute(&inv)?)])
         }))
     }
@@ -65,17 +76,13 @@ impl<B: Backend> Tensor<B> {
         if start == 0 && len == size {
             return Ok(self.clone());
         }
-        let s = self.backend().narrow(self.storage(), self.shape(), d, start, len)?;
-        let in_shape = self.shape().clone();
-        Ok(Tensor::from_op(
-            self.backend(),
-            s,
-            self.shape().with_dim(d, len),
-            self.dtype(),
-            "narrow",
-            &[self],
-            move |g| {
-                let mut parts = Vec::new();
+        let x = rules::whole_along(self, &[d], true)?;
+        let s = x.backend().narrow(x.storage(), x.local_shape(), d, start, len)?;
+        let in_shape = x.shape().clone();
+        let (out, local) = (x.shape().with_dim(d, len), x.local_shape().with_dim(d, len));
+        let (be, dt, placed) = (x.backend().clone(), x.dtype(), x.placements());
+        Ok(Tensor::from_op_placed(&be, s, out, local, placed, dt, "narrow", &[&x], move |g| {
+            let mut parts = Vec::new();
                 if start > 0 {
                     parts.push(Tensor::zeros(g.backend(), in_shape.with_dim(d, start), g.dtype())?);
                 }
@@ -105,10 +112,21 @@ impl<B: Backend> Tensor<B> {
         if xs.len() == 1 {
             return Ok((*first).clone());
         }
-        let parts: Vec<_> = xs.iter().map(|x| (x.storage(), x.shape())).collect();
+        // Parts must share one layout that keeps `d` whole (else they are replicated).
+        let p0 = first.placements();
+        let uniform = xs.iter().all(|x| x.placements() == p0)
+            && p0.0.iter().all(|p| !matches!(p, Placement::Shard(sd) if *sd == d));
+        let owned: Vec<Tensor<B>> =
+            if uniform { xs.iter().map(|x| (*x).clone()).collect() } else { xs.iter().map(|x| x.replicate()).collect::<Result<_>>()? };
+        let xs: Vec<&Tensor<B>> = owned.iter().collect();
+        let first = xs[0];
+        let parts: Vec<_> = xs.iter().map(|x| (x.storage(), x.local_shape())).collect();
         let s = first.backend().cat(&parts, d)?;
+        let ltotal: usize = xs.iter().map(|x| x.local_shape().dims()[d]).sum();
+        let local = first.local_shape().with_dim(d, ltotal);
         let sizes: Vec<usize> = xs.iter().map(|x| x.dims()[d]).collect();
-        Ok(Tensor::from_op(first.backend(), s, first.shape().with_dim(d, total), first.dtype(), "cat", xs, move |g| {
+        let (be, dt, placed) = (first.backend().clone(), first.dtype(), first.placements());
+        Ok(Tensor::from_op_placed(&be, s, first.shape().with_dim(d, total), local, placed, dt, "cat", &xs, move |g| {
             let mut off = 0;
             let mut out = Vec::new();
             for &n in &sizes {
@@ -128,9 +146,17 @@ impl<B: Backend> Tensor<B> {
         if self.shape().broadcast(&shape, "expand")? != shape {
             return Err(Error::ShapeMismatch { op: "expand", lhs: self.shape().clone(), rhs: shape });
         }
-        let s = self.backend().expand(self.storage(), self.shape(), &shape)?;
+        let off = shape.rank() - self.rank();
+        let mut placed = self.placements();
+        for p in placed.0.iter_mut() {
+            if let Placement::Shard(d) = *p {
+                *p = Placement::Shard(d + off);
+            }
+        }
+        let local = crate::placement::local_shape(&shape, placed, crate::dist::axis_sizes::<B>())?;
+        let s = self.backend().expand(self.storage(), self.local_shape(), &local)?;
         let orig = self.shape().clone();
-        Ok(Tensor::from_op(self.backend(), s, shape, self.dtype(), "expand", &[self], move |g| {
+        Ok(Tensor::from_op_placed(self.backend(), s, shape, local, placed, self.dtype(), "expand", &[self], move |g| {
             Ok(vec![Some(g.sum_to(&orig)?)])
         }))
     }

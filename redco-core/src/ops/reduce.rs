@@ -2,13 +2,18 @@
 //! broadcasting.
 
 use crate::backend::{CmpOp, ReduceOp};
+use crate::dist::rules;
 use crate::{Backend, DType, Error, Result, Shape, Tensor};
 
 impl<B: Backend> Tensor<B> {
+    /// Reduces the local storage along `dim`; a sum over a split dim leaves a partial sum,
+    /// other reductions need `dim` whole (the caller arranges it).
     fn reduce_raw(&self, op: ReduceOp, dim: usize) -> Result<Tensor<B>> {
-        let s = self.backend().reduce(op, self.storage(), self.shape(), dim)?;
+        let s = self.backend().reduce(op, self.storage(), self.local_shape(), dim)?;
         let dtype = if op == ReduceOp::ArgMax { DType::I64 } else { self.dtype() };
-        Ok(Tensor::from_storage(self.backend(), s, self.shape().with_dim(dim, 1), dtype))
+        let placed = if op == ReduceOp::Sum { rules::sum(self.placements(), dim) } else { self.placements() };
+        let local = self.local_shape().with_dim(dim, 1);
+        Ok(Tensor::from_local(self.backend(), s, self.shape().with_dim(dim, 1), local, placed, dtype))
     }
 
     fn squeeze_if(t: Tensor<B>, dim: usize, keepdim: bool) -> Result<Tensor<B>> {
@@ -25,10 +30,9 @@ impl<B: Backend> Tensor<B> {
         let r = self.reduce_raw(ReduceOp::Sum, d)?;
         let in_shape = self.shape().clone();
         let kept = r.shape().clone();
-        let t =
-            Tensor::from_op(self.backend(), r.storage().clone(), kept.clone(), r.dtype(), "sum", &[self], move |g| {
-                Ok(vec![Some(g.reshape(kept.clone())?.expand(in_shape.clone())?)])
-            });
+        let t = Tensor::record_like(&r, r.storage().clone(), r.dtype(), "sum", &[self], move |g| {
+            Ok(vec![Some(g.reshape(kept.clone())?.expand(in_shape.clone())?)])
+        });
         Self::squeeze_if(t, d, keepdim)
     }
 
@@ -45,11 +49,12 @@ impl<B: Backend> Tensor<B> {
         if self.dims()[d] == 0 {
             return Err(Error::invalid(name, format!("cannot reduce an empty dimension of {}", self.shape())));
         }
-        let r = self.reduce_raw(op, d)?;
-        let (x, y) = (self.clone(), r.clone());
+        let x = rules::whole_along(self, &[d], false)?;
+        let r = x.reduce_raw(op, d)?;
+        let (xc, y) = (x.clone(), r.clone());
         let kept = r.shape().clone();
-        let t =
-            Tensor::from_op(self.backend(), r.storage().clone(), kept.clone(), r.dtype(), name, &[self], move |g| {
+        let t = Tensor::record_like(&r, r.storage().clone(), r.dtype(), name, &[&x], move |g| {
+                let x = &xc;
                 // The gradient goes to the first position holding the extremum.
                 let hit = x.compare(&y, CmpOp::Eq)?.cast(x.dtype())?;
                 let first = hit.first_along(d)?;
@@ -86,12 +91,20 @@ impl<B: Backend> Tensor<B> {
         if self.dims()[d] == 0 {
             return Err(Error::invalid("argmax", format!("empty dimension in {}", self.shape())));
         }
-        let r = self.reduce_raw(ReduceOp::ArgMax, d)?;
+        let r = rules::whole_along(self, &[d], false)?.reduce_raw(ReduceOp::ArgMax, d)?;
         Self::squeeze_if(r, d, keepdim)
     }
 
     /// Sum of all elements, as a rank-0 tensor.
     pub fn sum_all(&self) -> Result<Tensor<B>> {
+        if self.is_sharded() {
+            // Sum dim by dim so that splits become partial sums instead of gathers.
+            let mut t = self.clone();
+            while t.rank() > 0 {
+                t = t.sum(-1, false)?;
+            }
+            return Ok(t);
+        }
         self.reshape([self.elem_count()])?.sum(0, false)
     }
 
