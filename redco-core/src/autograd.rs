@@ -139,6 +139,7 @@ impl<B: Backend> Tensor<B> {
         pending.insert(self.id(), self.ones_like()?);
         for t in order.iter().rev() {
             let Some(g) = pending.remove(&t.id()) else { continue };
+            let g = deliver(t, g)?;
             if t.is_var() {
                 store.accumulate(t.id(), g.clone())?;
             }
@@ -163,6 +164,27 @@ impl<B: Backend> Tensor<B> {
             }
         }
         Ok(())
+    }
+}
+
+/// The gradient of `t`, laid out as `t` is (partial sums summed): gradients from every
+/// consumer of `t` accumulate first, so a replicated activation feeding several split
+/// layers costs one all-reduce (Megatron's conjugate of the identity). A variable's
+/// gradient keeps a partial sum over the data-parallel axis: the optimizer reduces those
+/// in buckets.
+fn deliver<B: Backend>(t: &Tensor<B>, g: Tensor<B>) -> Result<Tensor<B>> {
+    use crate::{MeshAxis, PartialOp, Placement};
+    if !t.is_sharded() && !g.is_sharded() {
+        return Ok(g);
+    }
+    let mut target = crate::placement::without_partial(t.placements());
+    if t.is_var() && g.placements().get(MeshAxis::Dp) == Placement::Partial(PartialOp::Sum) {
+        target = target.with(MeshAxis::Dp, Placement::Partial(PartialOp::Sum));
+    }
+    if g.placements() == target {
+        Ok(g)
+    } else {
+        g.redistribute(target)
     }
 }
 

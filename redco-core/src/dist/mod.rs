@@ -7,6 +7,8 @@
 pub mod collective;
 pub mod mesh;
 pub mod redistribute;
+pub(crate) mod cross_entropy;
+pub(crate) mod embed;
 pub(crate) mod rules;
 pub mod spmd;
 pub mod threads;

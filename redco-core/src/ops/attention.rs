@@ -123,8 +123,52 @@ impl<B: Backend> Tensor<B> {
         if needs_grad(&[Some(self), Some(k), Some(v)]) {
             return attention_ops(self, k, v, mask, &spec);
         }
-        let s = self.backend().attention(self.storage(), k.storage(), v.storage(), mask.map(|m| m.storage()), &spec)?;
-        Ok(Tensor::from_storage(self.backend(), s, [spec.batch, spec.q_heads, spec.q_len, spec.head_dim], self.dtype()))
+        let (q, k, v, mask) = attention_layout(self, k, v, mask)?;
+        let ls = attention_spec_local(&q, &k, mask.as_ref(), &spec);
+        let s = q.backend().attention(q.storage(), k.storage(), v.storage(), mask.as_ref().map(|m| m.storage()), &ls)?;
+        Ok(q.same_layout(s, q.dtype()))
+    }
+}
+
+type AttentionInputs<B> = (Tensor<B>, Tensor<B>, Tensor<B>, Option<Tensor<B>>);
+
+/// Layouts for fused attention: batch or heads may be split (keys and values follow the
+/// queries; grouped heads need the kv heads to split too), the rest is replicated.
+fn attention_layout<B: Backend>(
+    q: &Tensor<B>,
+    k: &Tensor<B>,
+    v: &Tensor<B>,
+    mask: Option<&Tensor<B>>,
+) -> Result<AttentionInputs<B>> {
+    if !(q.is_sharded() || k.is_sharded() || v.is_sharded() || mask.is_some_and(|m| m.is_sharded())) {
+        return Ok((q.clone(), k.clone(), v.clone(), mask.cloned()));
+    }
+    let sizes = crate::dist::axis_sizes::<B>();
+    let mut qp = crate::placement::without_partial(q.placements());
+    for (i, p) in qp.0.iter_mut().enumerate() {
+        let ok = match *p {
+            crate::Placement::Shard(0) => true,
+            crate::Placement::Shard(1) => k.dims()[1] % sizes[i] == 0,
+            _ => false,
+        };
+        if !ok {
+            *p = crate::Placement::Replicate;
+        }
+    }
+    let q = q.redistribute(qp)?;
+    let (k, v) = (k.redistribute(qp)?, v.redistribute(qp)?);
+    let mask = mask.map(|m| crate::dist::rules::follow(m, qp, 4)).transpose()?;
+    Ok((q, k, v, mask))
+}
+
+fn attention_spec_local<B: Backend>(q: &Tensor<B>, k: &Tensor<B>, mask: Option<&Tensor<B>>, spec: &AttentionSpec) -> AttentionSpec {
+    let (ql, kl) = (q.local_shape().dims(), k.local_shape().dims());
+    AttentionSpec {
+        batch: ql[0],
+        q_heads: ql[1],
+        kv_heads: kl[1],
+        mask_shape: mask.map(|m| m.local_shape().clone()),
+        ..spec.clone()
     }
 }
 

@@ -1,5 +1,6 @@
 //! Indexing ops: `index_select` (embedding lookup), `index_add`, `gather`, `scatter_add`.
 
+use crate::dist::redistribute::replicate_all;
 use crate::{Backend, Error, Result, Shape, Tensor};
 
 impl<B: Backend> Tensor<B> {
@@ -8,6 +9,9 @@ impl<B: Backend> Tensor<B> {
     pub fn index_select(&self, ids: &Tensor<B>, dim: isize) -> Result<Tensor<B>> {
         ids.expect_int("index_select (ids)")?;
         let d = self.shape().resolve(dim, "index_select")?;
+        if self.is_sharded() || ids.is_sharded() {
+            return crate::dist::embed::index_select_sharded(self, ids, d);
+        }
         let n = ids.elem_count();
         let s = self.backend().index_select(self.storage(), self.shape(), d, ids.storage(), n)?;
         let flat_shape = self.shape().with_dim(d, n);
@@ -27,6 +31,10 @@ impl<B: Backend> Tensor<B> {
         ids.expect_int("index_add (ids)")?;
         self.same_dtype(src, "index_add")?;
         let d = self.shape().resolve(dim, "index_add")?;
+        if self.is_sharded() || ids.is_sharded() || src.is_sharded() {
+            let [x, i, s] = replicate_all([self, ids, src])?;
+            return x.index_add(&i, &s, dim);
+        }
         let expect = self.shape().with_dim(d, ids.elem_count());
         if src.shape() != &expect {
             return Err(Error::ShapeMismatch { op: "index_add", lhs: expect, rhs: src.shape().clone() });
@@ -49,6 +57,10 @@ impl<B: Backend> Tensor<B> {
     pub fn gather(&self, idx: &Tensor<B>, dim: isize) -> Result<Tensor<B>> {
         idx.expect_int("gather (index)")?;
         let d = self.shape().resolve(dim, "gather")?;
+        if self.is_sharded() || idx.is_sharded() {
+            let [x, i] = replicate_all([self, idx])?;
+            return x.gather(&i, dim);
+        }
         check_index_shape(self.shape(), idx.shape(), d, "gather")?;
         let s = self.backend().gather(self.storage(), self.shape(), d, idx.storage(), idx.shape())?;
         let (idx_c, in_shape) = (idx.clone(), self.shape().clone());
@@ -63,6 +75,10 @@ impl<B: Backend> Tensor<B> {
         idx.expect_int("scatter_add (index)")?;
         self.same_dtype(src, "scatter_add")?;
         let d = self.shape().resolve(dim, "scatter_add")?;
+        if self.is_sharded() || idx.is_sharded() || src.is_sharded() {
+            let [x, i, s] = replicate_all([self, idx, src])?;
+            return x.scatter_add(&i, &s, dim);
+        }
         check_index_shape(self.shape(), idx.shape(), d, "scatter_add")?;
         if src.shape() != idx.shape() {
             return Err(Error::ShapeMismatch { op: "scatter_add", lhs: idx.shape().clone(), rhs: src.shape().clone() });

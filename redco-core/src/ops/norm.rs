@@ -1,6 +1,7 @@
 //! LayerNorm and RMSNorm over the last dimension (fused ops with composite defaults).
 
 use crate::autograd::GradModeGuard;
+use crate::dist::rules;
 use crate::{Backend, Error, Result, Shape, Tensor};
 
 fn wrap<B: Backend>(b: &B, s: &B::Storage, shape: &Shape) -> Tensor<B> {
@@ -71,6 +72,17 @@ fn check_param<B: Backend>(x: &Tensor<B>, p: Option<&Tensor<B>>, op: &'static st
     Ok(())
 }
 
+type NormInputs<B> = (Tensor<B>, Option<Tensor<B>>, Option<Tensor<B>>);
+
+/// Layouts for a norm: the normalised dim whole, scale and bias replicated.
+fn norm_inputs<B: Backend>(x: &Tensor<B>, w: Option<&Tensor<B>>, b: Option<&Tensor<B>>) -> Result<NormInputs<B>> {
+    Ok((
+        rules::whole_along(x, &[x.rank() - 1], false)?,
+        w.map(|w| w.replicate()).transpose()?,
+        b.map(|b| b.replicate()).transpose()?,
+    ))
+}
+
 impl<B: Backend> Tensor<B> {
     /// LayerNorm over the last dim: `(x - mean) / sqrt(var + eps) * weight + bias`.
     pub fn layer_norm(&self, weight: Option<&Tensor<B>>, bias: Option<&Tensor<B>>, eps: f64) -> Result<Tensor<B>> {
@@ -80,18 +92,20 @@ impl<B: Backend> Tensor<B> {
         }
         check_param(self, weight, "layer_norm (weight)")?;
         check_param(self, bias, "layer_norm (bias)")?;
-        let s = self.backend().layer_norm(
-            self.storage(),
-            self.shape(),
+        let (x0, w0, b0) = norm_inputs(self, weight, bias)?;
+        let (this, weight, bias) = (&x0, w0.as_ref(), b0.as_ref());
+        let s = this.backend().layer_norm(
+            this.storage(),
+            this.local_shape(),
             weight.map(|w| w.storage()),
             bias.map(|b| b.storage()),
             eps,
         )?;
-        let mut inputs = vec![self];
+        let mut inputs = vec![this];
         inputs.extend(weight);
         inputs.extend(bias);
-        let (x, w, has_b) = (self.clone(), weight.cloned(), bias.is_some());
-        Ok(Tensor::from_op(self.backend(), s, self.shape().clone(), self.dtype(), "layer_norm", &inputs, move |g| {
+        let (x, w, has_b) = (this.clone(), weight.cloned(), bias.is_some());
+        Ok(Tensor::record_like(this, s, this.dtype(), "layer_norm", &inputs, move |g| {
             let (_, rstd, xhat) = layer_norm_parts(&x, eps)?;
             let gx = match &w {
                 Some(w) => g.mul(w)?,
@@ -117,11 +131,13 @@ impl<B: Backend> Tensor<B> {
             return Err(Error::invalid("rms_norm", "needs rank >= 1"));
         }
         check_param(self, weight, "rms_norm (weight)")?;
-        let s = self.backend().rms_norm(self.storage(), self.shape(), weight.map(|w| w.storage()), eps)?;
-        let mut inputs = vec![self];
+        let (x0, w0, _) = norm_inputs(self, weight, None)?;
+        let (this, weight) = (&x0, w0.as_ref());
+        let s = this.backend().rms_norm(this.storage(), this.local_shape(), weight.map(|w| w.storage()), eps)?;
+        let mut inputs = vec![this];
         inputs.extend(weight);
-        let (x, w) = (self.clone(), weight.cloned());
-        Ok(Tensor::from_op(self.backend(), s, self.shape().clone(), self.dtype(), "rms_norm", &inputs, move |g| {
+        let (x, w) = (this.clone(), weight.cloned());
+        Ok(Tensor::record_like(this, s, this.dtype(), "rms_norm", &inputs, move |g| {
             let rstd = rms_rstd(&x, eps)?;
             let xhat = x.mul(&rstd)?;
             let gx = match &w {

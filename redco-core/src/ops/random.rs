@@ -39,6 +39,9 @@ impl<B: Backend> Tensor<B> {
         // and f32 (rounding draws to f16 would bias the keep rate).
         let draws = self.backend().rand_uniform(self.elem_count(), seed, crate::DType::F32)?;
         let draws = Tensor::from_storage(self.backend(), draws, self.shape().clone(), crate::DType::F32);
+        // A split tensor takes its slice of the global mask, so every layout drops the same
+        // elements.
+        let draws = draws.redistribute(crate::placement::without_partial(self.placements()))?;
         let keep = draws.compare_scalar(p, crate::backend::CmpOp::Ge)?;
         let scale = Tensor::scalar(self.backend(), 1.0 / (1.0 - p), self.dtype())?;
         let zero = Tensor::zeros(self.backend(), [], self.dtype())?;

@@ -1,6 +1,7 @@
 //! Rotary position embedding (fused op with a composite default), both conventions.
 
 use crate::autograd::GradModeGuard;
+use crate::dist::rules;
 use crate::backend::RotaryMode;
 use crate::{Backend, Error, Result, Shape, Tensor};
 
@@ -76,9 +77,20 @@ impl<B: Backend> Tensor<B> {
         if !ok {
             return Err(Error::ShapeMismatch { op: "rotary", lhs: self.shape().clone(), rhs: cos.shape().clone() });
         }
-        let s = self.backend().rotary(self.storage(), self.shape(), cos.storage(), sin.storage(), cos.shape(), mode)?;
-        let (c, sn) = (cos.detach(), sin.detach());
-        Ok(Tensor::from_op(self.backend(), s, self.shape().clone(), self.dtype(), "rotary", &[self], move |g| {
+        // Heads and batch may be split; the sequence and features stay whole. Per-row tables
+        // follow a batch split.
+        let x = rules::whole_along(self, &[r - 1, r - 2], false)?;
+        let mut tp = crate::Placements::REPLICATED;
+        if cos.rank() == 3 {
+            for axis in [crate::MeshAxis::Dp, crate::MeshAxis::Mp] {
+                if x.placements().get(axis) == crate::Placement::Shard(0) {
+                    tp = tp.with(axis, crate::Placement::Shard(0));
+                }
+            }
+        }
+        let (c, sn) = (cos.detach().redistribute(tp)?, sin.detach().redistribute(tp)?);
+        let s = x.backend().rotary(x.storage(), x.local_shape(), c.storage(), sn.storage(), c.local_shape(), mode)?;
+        Ok(Tensor::record_like(&x, s, x.dtype(), "rotary", &[&x], move |g| {
             // The inverse rotation: the same cosines, negated sines.
             Ok(vec![Some(g.rotary(&c, &sn.neg()?, mode)?)])
         }))

@@ -1,6 +1,7 @@
 //! Softmax and log-softmax (fused ops with composite defaults).
 
 use crate::autograd::{is_grad_enabled, GradModeGuard};
+use crate::dist::rules;
 use crate::{Backend, Result, Shape, Tensor};
 
 /// Composite softmax over the last dim, written with primitive ops.
@@ -23,9 +24,10 @@ impl<B: Backend> Tensor<B> {
     /// Softmax along `dim`.
     pub fn softmax(&self, dim: isize) -> Result<Tensor<B>> {
         self.along_last(dim, "softmax", |x| {
-            let s = x.backend().softmax(x.storage(), x.shape())?;
-            let y = Tensor::from_storage(x.backend(), s.clone(), x.shape().clone(), x.dtype());
-            Ok(Tensor::from_op(x.backend(), s, x.shape().clone(), x.dtype(), "softmax", &[x], move |g| {
+            let x = &rules::whole_along(x, &[x.rank() - 1], false)?;
+            let s = x.backend().softmax(x.storage(), x.local_shape())?;
+            let y = x.same_layout(s.clone(), x.dtype());
+            Ok(Tensor::record_like(x, s, x.dtype(), "softmax", &[x], move |g| {
                 let dot = g.mul(&y)?.sum(-1, true)?;
                 Ok(vec![Some(y.mul(&g.sub(&dot)?)?)])
             }))
@@ -35,9 +37,10 @@ impl<B: Backend> Tensor<B> {
     /// Log-softmax along `dim`.
     pub fn log_softmax(&self, dim: isize) -> Result<Tensor<B>> {
         self.along_last(dim, "log_softmax", |x| {
-            let s = x.backend().log_softmax(x.storage(), x.shape())?;
-            let y = Tensor::from_storage(x.backend(), s.clone(), x.shape().clone(), x.dtype());
-            Ok(Tensor::from_op(x.backend(), s, x.shape().clone(), x.dtype(), "log_softmax", &[x], move |g| {
+            let x = &rules::whole_along(x, &[x.rank() - 1], false)?;
+            let s = x.backend().log_softmax(x.storage(), x.local_shape())?;
+            let y = x.same_layout(s.clone(), x.dtype());
+            Ok(Tensor::record_like(x, s, x.dtype(), "log_softmax", &[x], move |g| {
                 Ok(vec![Some(g.sub(&y.exp()?.mul(&g.sum(-1, true)?)?)?)])
             }))
         })

@@ -1,0 +1,96 @@
+//! Sharded lookups: the vocab-parallel embedding (each rank holds a slice of the
+//! vocabulary; tokens outside it read zeros, and the partial rows are summed by the first
+//! op that needs them whole) and lookups whose ids are split (data parallel).
+
+use super::redistribute::comm;
+use crate::placement::without_partial;
+use crate::{Backend, Error, HostData, MeshAxis, PartialOp, Placement, Placements, Result, Shape, Tensor};
+
+/// `x.index_select(ids, d)` when `x` or `ids` is sharded.
+pub(crate) fn index_select_sharded<B: Backend>(x: &Tensor<B>, ids: &Tensor<B>, d: usize) -> Result<Tensor<B>> {
+    // Supported layouts: a 2-D table split on its rows (vocab-parallel) looked up along
+    // dim 0, and ids split along one of their dims while the table is replicated there.
+    // Everything else is replicated first.
+    let mut x = x.clone();
+    let mut ids = ids.clone();
+    let mut vocab_axis = None;
+    for axis in [MeshAxis::Dp, MeshAxis::Mp] {
+        let (px, pi) = (x.placements().get(axis), ids.placements().get(axis));
+        let vocab = d == 0 && x.rank() == 2 && px == Placement::Shard(0) && pi == Placement::Replicate;
+        let split_ids = px == Placement::Replicate && matches!(pi, Placement::Shard(_));
+        if vocab {
+            vocab_axis = Some(axis);
+        } else if !split_ids && (px != Placement::Replicate || pi != Placement::Replicate) {
+            x = x.redistribute(x.placements().with(axis, Placement::Replicate))?;
+            ids = ids.redistribute(ids.placements().with(axis, Placement::Replicate))?;
+        }
+    }
+    // Output layout: ids' splits move to the output dims they index; the vocab axis holds
+    // partial rows.
+    let mut placed = Placements::REPLICATED;
+    for axis in [MeshAxis::Dp, MeshAxis::Mp] {
+        if let Placement::Shard(j) = ids.placements().get(axis) {
+            placed = placed.with(axis, Placement::Shard(d + j));
+        }
+    }
+    if let Some(a) = vocab_axis {
+        placed = placed.with(a, Placement::Partial(PartialOp::Sum));
+    }
+    let mut out: Vec<usize> = x.dims()[..d].to_vec();
+    out.extend_from_slice(ids.dims());
+    out.extend_from_slice(&x.dims()[d + 1..]);
+    let mut local: Vec<usize> = x.local_shape().dims()[..d].to_vec();
+    local.extend_from_slice(ids.local_shape().dims());
+    local.extend_from_slice(&x.local_shape().dims()[d + 1..]);
+    let b = x.backend().clone();
+    let n = ids.local_shape().elem_count();
+    let vocab = x.dims()[d];
+    let raw = ids.local_to_host()?.to_i64_vec()?;
+    if let Some(&bad) = raw.iter().find(|&&i| i < 0 || i as usize >= vocab) {
+        return Err(Error::IndexOutOfRange { op: "index_select", index: bad, size: vocab });
+    }
+    let (lo, rows) = match vocab_axis {
+        Some(a) => {
+            let c = comm::<B>("index_select")?;
+            let rows = x.local_shape().dims()[0];
+            (c.index_along(a) * rows, rows)
+        }
+        None => (0, vocab),
+    };
+    let hit: Vec<bool> = raw.iter().map(|&i| (i as usize) >= lo && (i as usize) < lo + rows).collect();
+    let safe: Vec<i64> = raw.iter().zip(&hit).map(|(&i, &h)| if h { i - lo as i64 } else { 0 }).collect();
+    let mask: Vec<f64> = hit.iter().map(|&h| h as u8 as f64).collect();
+    let safe_s = b.upload(&HostData::I64(safe))?;
+    let mask_s = b.upload(&HostData::from_f64(&mask, x.dtype()))?;
+    let looked = b.index_select(x.storage(), x.local_shape(), d, &safe_s, n)?;
+    let inner: usize = x.local_shape().dims()[d + 1..].iter().product();
+    let outer: usize = x.local_shape().dims()[..d].iter().product();
+    let flat = Shape::new([outer, n, inner]);
+    let masked = if vocab_axis.is_some() {
+        b.binary(crate::BinaryOp::Mul, (&looked, &flat), (&mask_s, &Shape::new([n, 1])), &flat)?
+    } else {
+        looked
+    };
+    let (xl, xp, dt) = (x.local_shape().clone(), x.placements(), x.dtype());
+    let ids_split: Vec<MeshAxis> =
+        [MeshAxis::Dp, MeshAxis::Mp].into_iter().filter(|a| matches!(ids.placements().get(*a), Placement::Shard(_))).collect();
+    let (out_s, gshape, placed_c) = (Shape::new(out), x.shape().clone(), placed);
+    let bc = b.clone();
+    Ok(Tensor::from_op_placed(&b, masked, out_s, Shape::new(local), placed, dt, "index_select", &[&x], move |g| {
+        let g = g.redistribute(without_partial(placed_c))?;
+        let gl = bc.binary(
+            crate::BinaryOp::Mul,
+            (g.storage(), &flat),
+            (&mask_s, &Shape::new([n, 1])),
+            &flat,
+        )?;
+        let zeros = bc.full(xl.elem_count(), 0.0, dt)?;
+        let s = bc.index_add(&zeros, &xl, d, &safe_s, &gl)?;
+        // Rows looked up by split ids add up across those ranks.
+        let mut gp = xp;
+        for a in &ids_split {
+            gp = gp.with(*a, Placement::Partial(PartialOp::Sum));
+        }
+        Ok(vec![Some(Tensor::from_local(&bc, s, gshape.clone(), xl.clone(), gp, dt))])
+    }))
+}
