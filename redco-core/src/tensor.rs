@@ -114,6 +114,13 @@ impl<B: Backend> Tensor<B> {
         node: Option<Node<B>>,
         is_var: bool,
     ) -> Self {
+        #[cfg(debug_assertions)]
+        if !placements.is_replicated() {
+            let want = crate::placement::local_shape(&shape, placements, crate::dist::axis_sizes::<B>());
+            debug_assert_eq!(want.as_ref().ok(), Some(&local), "local shape of {shape} laid out as {placements:?}");
+        } else {
+            debug_assert_eq!(local, shape, "a replicated tensor's local shape is its shape");
+        }
         Tensor(Arc::new(TensorInner {
             id: TensorId::fresh(),
             storage,
@@ -129,7 +136,14 @@ impl<B: Backend> Tensor<B> {
 
     /// Wraps a rank's local shard: `storage` holds `local` elements of the global tensor of
     /// shape `shape` laid out by `placements` (no gradient history).
-    pub fn from_local(backend: &B, storage: B::Storage, shape: Shape, local: Shape, placements: Placements, dtype: DType) -> Self {
+    pub fn from_local(
+        backend: &B,
+        storage: B::Storage,
+        shape: Shape,
+        local: Shape,
+        placements: Placements,
+        dtype: DType,
+    ) -> Self {
         Self::make_placed(backend.clone(), storage, shape, local, placements, dtype, None, false)
     }
 
@@ -172,6 +186,7 @@ impl<B: Backend> Tensor<B> {
     where
         F: Fn(&Tensor<B>) -> Result<Vec<Option<Tensor<B>>>> + Send + Sync + 'static,
     {
+        debug_assert!(inputs.iter().all(|t| !t.is_sharded()), "{op}: sharded inputs need a placed result");
         let track = autograd::is_grad_enabled() && inputs.iter().any(|t| t.requires_grad());
         let node = track.then(|| Node {
             op,
@@ -246,7 +261,16 @@ impl<B: Backend> Tensor<B> {
 
     fn same_value(&self, is_var: bool) -> Self {
         let i = &self.0;
-        Self::make_placed(i.backend.clone(), i.storage.clone(), i.shape.clone(), i.local.clone(), i.placements, i.dtype, None, is_var)
+        Self::make_placed(
+            i.backend.clone(),
+            i.storage.clone(),
+            i.shape.clone(),
+            i.local.clone(),
+            i.placements,
+            i.dtype,
+            None,
+            is_var,
+        )
     }
 
     /// The same value as a new leaf variable: gradients flow to it.

@@ -11,6 +11,7 @@
 
 pub mod check;
 pub mod composite;
+pub mod models;
 pub mod reference;
 pub mod strategies;
 

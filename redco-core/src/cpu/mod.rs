@@ -190,6 +190,8 @@ impl Backend for Cpu {
         out: &Shape,
     ) -> Result<CpuStorage> {
         let dt = check_same(a.0, b.0, "binary")?;
+        check_len(a.0, a.1, "binary")?;
+        check_len(b.0, b.1, "binary")?;
         st(self.run(|| elementwise::binary(op, (&a.0 .0, a.1), (&b.0 .0, b.1), out, dt))?)
     }
     fn compare(
@@ -200,6 +202,8 @@ impl Backend for Cpu {
         out: &Shape,
     ) -> Result<CpuStorage> {
         check_same(a.0, b.0, "compare")?;
+        check_len(a.0, a.1, "compare")?;
+        check_len(b.0, b.1, "compare")?;
         st(self.run(|| elementwise::compare(op, (&a.0 .0, a.1), (&b.0 .0, b.1), out))?)
     }
     fn where_cond(
@@ -210,6 +214,9 @@ impl Backend for Cpu {
         out: &Shape,
     ) -> Result<CpuStorage> {
         check_same(a.0, b.0, "where_cond")?;
+        check_len(c.0, c.1, "where_cond (condition)")?;
+        check_len(a.0, a.1, "where_cond")?;
+        check_len(b.0, b.1, "where_cond")?;
         let HostData::U8(cond) = &*c.0 .0 else {
             return Err(Error::UnsupportedDType { op: "where_cond (condition)", dtype: c.0 .0.dtype() });
         };
@@ -324,6 +331,15 @@ impl Backend for Cpu {
     ) -> Result<CpuStorage> {
         attention::attention(self, q, k, v, mask, spec)
     }
+}
+
+/// Errors unless `s` holds exactly `shape.elem_count()` elements (a shape that does not
+/// describe the buffer would otherwise read out of bounds).
+fn check_len(s: &CpuStorage, shape: &Shape, op: &'static str) -> Result<()> {
+    if s.0.len() != shape.elem_count() {
+        return Err(Error::ElementCount { op, shape: shape.clone(), expected: shape.elem_count(), got: s.0.len() });
+    }
+    Ok(())
 }
 
 fn check_same(a: &CpuStorage, b: &CpuStorage, op: &'static str) -> Result<DType> {

@@ -15,7 +15,11 @@ fn view<B: Backend>(t: &Tensor<B>) -> Tensor<B> {
 
 /// Per-row cross-entropy of `logits` `[n, vocab]` against `targets` `[n]` when either is
 /// sharded; returns `[n]`.
-pub(crate) fn cross_entropy_sharded<B: Backend>(logits: &Tensor<B>, targets: &Tensor<B>, ignore: i64) -> Result<Tensor<B>> {
+pub(crate) fn cross_entropy_sharded<B: Backend>(
+    logits: &Tensor<B>,
+    targets: &Tensor<B>,
+    ignore: i64,
+) -> Result<Tensor<B>> {
     let mut lp = crate::placement::without_partial(logits.placements());
     let mut tp = Placements::REPLICATED;
     for axis in [MeshAxis::Dp, MeshAxis::Mp] {
@@ -50,10 +54,13 @@ pub(crate) fn cross_entropy_sharded<B: Backend>(logits: &Tensor<B>, targets: &Te
     let m = reduce(&xv.max(-1, true)?, ReduceKind::Max)?;
     let sum = reduce(&xv.sub(&m)?.exp()?.sum(-1, true)?, ReduceKind::Sum)?;
     let lse = sum.log()?.add(&m)?; // [n, 1]
-    // the target's logit, from the rank whose slice holds it
+                                   // the target's logit, from the rank whose slice holds it
     let valid = tv.compare_scalar(ignore as f64, CmpOp::Ne)?;
     let tf = tv.cast(DType::F64)?.add_scalar(-lo)?;
-    let mine = tf.compare_scalar(0.0, CmpOp::Ge)?.cast(DType::F64)?.mul(&tf.compare_scalar(vl as f64, CmpOp::Lt)?.cast(DType::F64)?)?;
+    let mine = tf
+        .compare_scalar(0.0, CmpOp::Ge)?
+        .cast(DType::F64)?
+        .mul(&tf.compare_scalar(vl as f64, CmpOp::Lt)?.cast(DType::F64)?)?;
     let mine = mine.mul(&valid.cast(DType::F64)?)?; // [n] 0/1
     let local_idx = tf.mul(&mine)?.cast(DType::I64)?.unsqueeze(-1)?;
     let picked = xv.gather(&local_idx, -1)?.mul(&mine.cast(x.dtype())?.unsqueeze(-1)?)?;
@@ -61,18 +68,29 @@ pub(crate) fn cross_entropy_sharded<B: Backend>(logits: &Tensor<B>, targets: &Te
     let zero = Tensor::zeros(&b, [], x.dtype())?;
     let loss = valid.where_cond(&lse.sub(&picked)?.squeeze(-1)?, &zero)?;
     drop(_ng);
-    let out_p = Placements::REPLICATED.with(MeshAxis::Dp, tp.get(MeshAxis::Dp)).with(MeshAxis::Mp, tp.get(MeshAxis::Mp));
+    let out_p =
+        Placements::REPLICATED.with(MeshAxis::Dp, tp.get(MeshAxis::Dp)).with(MeshAxis::Mp, tp.get(MeshAxis::Mp));
     let (gshape, xl, dt) = (Shape::new([logits.dims()[0]]), x.local_shape().clone(), x.dtype());
     let (xs, bc, xg, xp) = (xv.clone(), b.clone(), x.shape().clone(), lp);
-    Ok(Tensor::from_op_placed(&b, loss.storage().clone(), gshape, Shape::new([n]), out_p, dt, "cross_entropy", &[&x], move |g| {
-        let _ng = GradModeGuard::no_grad();
-        let g = g.redistribute(out_p)?;
-        let gv = view(&g);
-        let p = xs.sub(&lse)?.exp()?;
-        let ones = mine.cast(dt)?.unsqueeze(-1)?;
-        let onehot = p.zeros_like()?.scatter_add(&local_idx, &ones, -1)?;
-        let w = valid.cast(dt)?.mul(&gv)?.unsqueeze(-1)?;
-        let gl = p.sub(&onehot)?.mul(&w)?;
-        Ok(vec![Some(Tensor::from_local(&bc, gl.storage().clone(), xg.clone(), xl.clone(), xp, dt))])
-    }))
+    Ok(Tensor::from_op_placed(
+        &b,
+        loss.storage().clone(),
+        gshape,
+        Shape::new([n]),
+        out_p,
+        dt,
+        "cross_entropy",
+        &[&x],
+        move |g| {
+            let _ng = GradModeGuard::no_grad();
+            let g = g.redistribute(out_p)?;
+            let gv = view(&g);
+            let p = xs.sub(&lse)?.exp()?;
+            let ones = mine.cast(dt)?.unsqueeze(-1)?;
+            let onehot = p.zeros_like()?.scatter_add(&local_idx, &ones, -1)?;
+            let w = valid.cast(dt)?.mul(&gv)?.unsqueeze(-1)?;
+            let gl = p.sub(&onehot)?.mul(&w)?;
+            Ok(vec![Some(Tensor::from_local(&bc, gl.storage().clone(), xg.clone(), xl.clone(), xp, dt))])
+        },
+    ))
 }

@@ -72,18 +72,15 @@ pub(crate) fn index_select_sharded<B: Backend>(x: &Tensor<B>, ids: &Tensor<B>, d
         looked
     };
     let (xl, xp, dt) = (x.local_shape().clone(), x.placements(), x.dtype());
-    let ids_split: Vec<MeshAxis> =
-        [MeshAxis::Dp, MeshAxis::Mp].into_iter().filter(|a| matches!(ids.placements().get(*a), Placement::Shard(_))).collect();
+    let ids_split: Vec<MeshAxis> = [MeshAxis::Dp, MeshAxis::Mp]
+        .into_iter()
+        .filter(|a| matches!(ids.placements().get(*a), Placement::Shard(_)))
+        .collect();
     let (out_s, gshape, placed_c) = (Shape::new(out), x.shape().clone(), placed);
     let bc = b.clone();
     Ok(Tensor::from_op_placed(&b, masked, out_s, Shape::new(local), placed, dt, "index_select", &[&x], move |g| {
         let g = g.redistribute(without_partial(placed_c))?;
-        let gl = bc.binary(
-            crate::BinaryOp::Mul,
-            (g.storage(), &flat),
-            (&mask_s, &Shape::new([n, 1])),
-            &flat,
-        )?;
+        let gl = bc.binary(crate::BinaryOp::Mul, (g.storage(), &flat), (&mask_s, &Shape::new([n, 1])), &flat)?;
         let zeros = bc.full(xl.elem_count(), 0.0, dt)?;
         let s = bc.index_add(&zeros, &xl, d, &safe_s, &gl)?;
         // Rows looked up by split ids add up across those ranks.

@@ -5,16 +5,19 @@
 //! [`Placements`](crate::Placements); moving data between placements happens here.
 
 pub mod collective;
-pub mod mesh;
-pub mod redistribute;
 pub(crate) mod cross_entropy;
 pub(crate) mod embed;
+pub mod heuristics;
+pub mod mesh;
+pub mod plan;
+pub mod redistribute;
 pub(crate) mod rules;
 pub mod spmd;
 pub mod threads;
 
 pub use collective::{Collective, CollectiveKind, CommCount, CommStats, ReduceKind};
 pub use mesh::Mesh;
+pub use plan::{ParamPlan, ShardPlan};
 pub use redistribute::axis_sizes;
 pub use spmd::{current_comm, spmd, spmd_cpu, Comm, CommGuard, Rank, SpmdOptions};
 pub use threads::{Hub, ThreadCollective};

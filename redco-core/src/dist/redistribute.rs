@@ -59,10 +59,16 @@ fn step<B: Backend>(b: &B, c: &Comm<B>, x: Local<B>, axis: MeshAxis, to: Placeme
         (Placement::Partial(PartialOp::Sum), Placement::Shard(d)) => {
             let (outer, n, inner) = around(&x.local, d);
             if n % k != 0 {
-                return Err(Error::invalid("reduce_scatter", format!("dim {d} of {} does not split {k} ways", x.local)));
+                return Err(Error::invalid(
+                    "reduce_scatter",
+                    format!("dim {d} of {} does not split {k} ways", x.local),
+                ));
             }
-            let arranged =
-                if outer > 1 { b.permute(&x.s, &Shape::new([outer, k, n / k * inner]), &[1, 0, 2])? } else { x.s.clone() };
+            let arranged = if outer > 1 {
+                b.permute(&x.s, &Shape::new([outer, k, n / k * inner]), &[1, 0, 2])?
+            } else {
+                x.s.clone()
+            };
             let s = c.reduce_scatter(axis, &arranged, bytes(&x.local, &x.s))?;
             Ok(with(&x, s, x.local.with_dim(d, n / k)))
         }
@@ -103,9 +109,17 @@ impl<B: Backend> Tensor<B> {
         let expect = local_shape(self.shape(), target, [c.mesh().dp, c.mesh().mp])?;
         debug_assert_eq!(x.local, expect);
         let from = self.placements();
-        Ok(Tensor::from_op_placed(b, x.s, self.shape().clone(), x.local, target, self.dtype(), "redistribute", &[self], move |g| {
-            Ok(vec![Some(g.redistribute(without_partial(from))?)])
-        }))
+        Ok(Tensor::from_op_placed(
+            b,
+            x.s,
+            self.shape().clone(),
+            x.local,
+            target,
+            self.dtype(),
+            "redistribute",
+            &[self],
+            move |g| Ok(vec![Some(g.redistribute(without_partial(from))?)]),
+        ))
     }
 
     /// This tensor replicated on every axis.

@@ -63,7 +63,11 @@ fn out_dim(d: usize, r: usize, ro: usize) -> usize {
 }
 
 /// Broadcasting binary ops (and the value operands of `where`).
-pub(crate) fn binary<B: Backend>(a: &Tensor<B>, b: &Tensor<B>, lin: Linearity) -> Result<(Tensor<B>, Tensor<B>, Placements)> {
+pub(crate) fn binary<B: Backend>(
+    a: &Tensor<B>,
+    b: &Tensor<B>,
+    lin: Linearity,
+) -> Result<(Tensor<B>, Tensor<B>, Placements)> {
     let (mut a, mut b) = (a.clone(), b.clone());
     let ro = a.rank().max(b.rank());
     let mut out = Placements::REPLICATED;
@@ -71,6 +75,21 @@ pub(crate) fn binary<B: Backend>(a: &Tensor<B>, b: &Tensor<B>, lin: Linearity) -
         let (pa, pb) = (a.placements().0[axis], b.placements().0[axis]);
         // partial sums
         if is_partial(pa) || is_partial(pb) {
+            let sum = Placement::Partial(PartialOp::Sum);
+            if lin == Linearity::Additive
+                && (pa == sum || pb == sum)
+                && (pa == Placement::Replicate || pb == Placement::Replicate)
+            {
+                // partial + replicated: the replicated term joins the sum on one rank (no
+                // communication), e.g. a bias added after a row-parallel matmul.
+                if pa == Placement::Replicate {
+                    a = move_axis(&a, axis, sum)?;
+                } else {
+                    b = move_axis(&b, axis, sum)?;
+                }
+                out = set(out, axis, sum);
+                continue;
+            }
             let keep = match lin {
                 Linearity::Additive => pa == pb && pa == Placement::Partial(PartialOp::Sum),
                 Linearity::Multiplicative => {

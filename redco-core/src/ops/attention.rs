@@ -125,7 +125,8 @@ impl<B: Backend> Tensor<B> {
         }
         let (q, k, v, mask) = attention_layout(self, k, v, mask)?;
         let ls = attention_spec_local(&q, &k, mask.as_ref(), &spec);
-        let s = q.backend().attention(q.storage(), k.storage(), v.storage(), mask.as_ref().map(|m| m.storage()), &ls)?;
+        let s =
+            q.backend().attention(q.storage(), k.storage(), v.storage(), mask.as_ref().map(|m| m.storage()), &ls)?;
         Ok(q.same_layout(s, q.dtype()))
     }
 }
@@ -161,7 +162,12 @@ fn attention_layout<B: Backend>(
     Ok((q, k, v, mask))
 }
 
-fn attention_spec_local<B: Backend>(q: &Tensor<B>, k: &Tensor<B>, mask: Option<&Tensor<B>>, spec: &AttentionSpec) -> AttentionSpec {
+fn attention_spec_local<B: Backend>(
+    q: &Tensor<B>,
+    k: &Tensor<B>,
+    mask: Option<&Tensor<B>>,
+    spec: &AttentionSpec,
+) -> AttentionSpec {
     let (ql, kl) = (q.local_shape().dims(), k.local_shape().dims());
     AttentionSpec {
         batch: ql[0],

@@ -22,7 +22,14 @@ impl<B: Backend> Tensor<B> {
 
     /// A tensor with this one's global shape, local shape and placements over new storage.
     pub(crate) fn same_layout(&self, s: B::Storage, dtype: DType) -> Tensor<B> {
-        Tensor::from_local(self.backend(), s, self.shape().clone(), self.local_shape().clone(), self.placements(), dtype)
+        Tensor::from_local(
+            self.backend(),
+            s,
+            self.shape().clone(),
+            self.local_shape().clone(),
+            self.placements(),
+            dtype,
+        )
     }
 
     /// Records an op whose output has `x`'s layout.
@@ -135,8 +142,10 @@ impl<B: Backend> Tensor<B> {
     /// x * mul + add
     pub fn affine(&self, mul: f64, add: f64) -> Result<Tensor<B>> {
         self.expect_float("affine")?;
-        let s = self.backend().unary(UnaryOp::Affine { mul, add }, self.storage(), self.elem_count())?;
-        Ok(Tensor::from_op(self.backend(), s, self.shape().clone(), self.dtype(), "affine", &[self], move |g| {
+        let op = UnaryOp::Affine { mul, add };
+        let x = rules::unary(self, is_linear(op))?;
+        let s = x.backend().unary(op, x.storage(), x.local_shape().elem_count())?;
+        Ok(Tensor::record_like(&x, s, x.dtype(), "affine", &[&x], move |g| {
             Ok(vec![Some(g.map(UnaryOp::Affine { mul, add: 0.0 })?)])
         }))
     }
@@ -252,10 +261,8 @@ impl<B: Backend> Tensor<B> {
         let cond = if self.is_sharded() { self.replicate()? } else { self.clone() };
         let (a, b, placed) = rules::binary(a, b, Linearity::None)?;
         let cond = rules::follow(&cond, placed, a.rank().max(b.rank()))?;
-        let local = cond
-            .local_shape()
-            .broadcast(a.local_shape(), "where_cond")?
-            .broadcast(b.local_shape(), "where_cond")?;
+        let local =
+            cond.local_shape().broadcast(a.local_shape(), "where_cond")?.broadcast(b.local_shape(), "where_cond")?;
         let s = a.backend().where_cond(
             (cond.storage(), cond.local_shape()),
             (a.storage(), a.local_shape()),

@@ -83,16 +83,15 @@ impl<B: Backend> Tensor<B> {
         let (be, dt, placed) = (x.backend().clone(), x.dtype(), x.placements());
         Ok(Tensor::from_op_placed(&be, s, out, local, placed, dt, "narrow", &[&x], move |g| {
             let mut parts = Vec::new();
-                if start > 0 {
-                    parts.push(Tensor::zeros(g.backend(), in_shape.with_dim(d, start), g.dtype())?);
-                }
-                parts.push(g.clone());
-                if start + len < size {
-                    parts.push(Tensor::zeros(g.backend(), in_shape.with_dim(d, size - start - len), g.dtype())?);
-                }
-                Ok(vec![Some(Tensor::cat(&parts.iter().collect::<Vec<_>>(), d as isize)?)])
-            },
-        ))
+            if start > 0 {
+                parts.push(Tensor::zeros(g.backend(), in_shape.with_dim(d, start), g.dtype())?);
+            }
+            parts.push(g.clone());
+            if start + len < size {
+                parts.push(Tensor::zeros(g.backend(), in_shape.with_dim(d, size - start - len), g.dtype())?);
+            }
+            Ok(vec![Some(Tensor::cat(&parts.iter().collect::<Vec<_>>(), d as isize)?)])
+        }))
     }
 
     /// Concatenates tensors along `dim`; their shapes agree elsewhere.
@@ -116,8 +115,11 @@ impl<B: Backend> Tensor<B> {
         let p0 = first.placements();
         let uniform = xs.iter().all(|x| x.placements() == p0)
             && p0.0.iter().all(|p| !matches!(p, Placement::Shard(sd) if *sd == d));
-        let owned: Vec<Tensor<B>> =
-            if uniform { xs.iter().map(|x| (*x).clone()).collect() } else { xs.iter().map(|x| x.replicate()).collect::<Result<_>>()? };
+        let owned: Vec<Tensor<B>> = if uniform {
+            xs.iter().map(|x| (*x).clone()).collect()
+        } else {
+            xs.iter().map(|x| x.replicate()).collect::<Result<_>>()?
+        };
         let xs: Vec<&Tensor<B>> = owned.iter().collect();
         let first = xs[0];
         let parts: Vec<_> = xs.iter().map(|x| (x.storage(), x.local_shape())).collect();

@@ -54,12 +54,12 @@ impl<B: Backend> Tensor<B> {
         let (xc, y) = (x.clone(), r.clone());
         let kept = r.shape().clone();
         let t = Tensor::record_like(&r, r.storage().clone(), r.dtype(), name, &[&x], move |g| {
-                let x = &xc;
-                // The gradient goes to the first position holding the extremum.
-                let hit = x.compare(&y, CmpOp::Eq)?.cast(x.dtype())?;
-                let first = hit.first_along(d)?;
-                Ok(vec![Some(first.mul(&g.reshape(kept.clone())?)?)])
-            });
+            let x = &xc;
+            // The gradient goes to the first position holding the extremum.
+            let hit = x.compare(&y, CmpOp::Eq)?.cast(x.dtype())?;
+            let first = hit.first_along(d)?;
+            Ok(vec![Some(first.mul(&g.reshape(kept.clone())?)?)])
+        });
         Self::squeeze_if(t, d, keepdim)
     }
 

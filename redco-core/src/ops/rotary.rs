@@ -1,8 +1,8 @@
 //! Rotary position embedding (fused op with a composite default), both conventions.
 
 use crate::autograd::GradModeGuard;
-use crate::dist::rules;
 use crate::backend::RotaryMode;
+use crate::dist::rules;
 use crate::{Backend, Error, Result, Shape, Tensor};
 
 /// Composite rotary embedding, written with primitive ops.

@@ -1,0 +1,57 @@
+//! Redco-style name heuristics: the fallback where no trace is available. Projections
+//! named like q/k/v/gate/up/fc_in/wi split their output dim (column), o/down/fc_out/wo
+//! their input dim (row); embeddings and heads split the vocabulary; the rest is
+//! replicated. Dims the mesh does not divide are replicated, and the plan says so.
+
+use super::mesh::Mesh;
+use super::plan::{ParamPlan, ShardPlan};
+use crate::{Placement, Shape};
+use std::collections::BTreeMap;
+
+const COLUMN: &[&str] = &[
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "gate_proj",
+    "up_proj",
+    "fc_in",
+    "wi",
+    "wi_0",
+    "wi_1",
+    "q",
+    "k",
+    "v",
+    "fc1",
+    "c_fc",
+];
+const ROW: &[&str] = &["o_proj", "out_proj", "down_proj", "fc_out", "wo", "o", "fc2", "c_proj", "dense"];
+const VOCAB: &[&str] = &["embed", "embed_tokens", "wte", "shared", "word_embeddings", "lm_head"];
+
+/// The plan the name heuristics give for parameters `(name, shape)` on `mesh`.
+pub fn plan_by_names(params: &[(String, Shape)], mesh: Mesh) -> ShardPlan {
+    let mut out = BTreeMap::new();
+    for (name, shape) in params {
+        let parts: Vec<&str> = name.split('.').collect();
+        let leaf = parts.last().copied().unwrap_or("");
+        let owner = if parts.len() >= 2 { parts[parts.len() - 2] } else { "" };
+        let is_w = leaf == "weight";
+        let (want, why) = if VOCAB.contains(&owner) && is_w && shape.rank() == 2 {
+            (Placement::Shard(0), "vocabulary split (name)")
+        } else if COLUMN.contains(&owner) && shape.rank() <= 2 {
+            (Placement::Shard(0), "column (name)")
+        } else if ROW.contains(&owner) && is_w && shape.rank() == 2 {
+            (Placement::Shard(1), "row (name)")
+        } else {
+            (Placement::Replicate, "replicated")
+        };
+        let (placement, reason) = match want {
+            Placement::Shard(d) if shape.dims()[d] % mesh.mp != 0 => (
+                Placement::Replicate,
+                format!("replicated: dim {d} ({}) not divisible by mp={}", shape.dims()[d], mesh.mp),
+            ),
+            p => (if mesh.mp == 1 { Placement::Replicate } else { p }, why.to_string()),
+        };
+        out.insert(name.clone(), ParamPlan { shape: shape.clone(), placement, reason });
+    }
+    ShardPlan { mesh, params: out }
+}

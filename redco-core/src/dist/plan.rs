@@ -1,0 +1,99 @@
+//! A sharding plan: a placement for every parameter, why it was chosen, and applying it
+//! to a module (each rank keeps only its slice).
+
+use super::mesh::Mesh;
+use crate::nn::Module;
+use crate::{Backend, Error, MeshAxis, Placement, Placements, Result, Shape};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// How one parameter is laid out, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamPlan {
+    /// Global shape.
+    pub shape: Shape,
+    /// Placement over the model-parallel axis (the data-parallel axis replicates
+    /// parameters).
+    pub placement: Placement,
+    /// The rule that decided it (e.g. `column of pair with layers.0.mlp.down_proj.weight`).
+    pub reason: String,
+}
+
+/// Placements for every parameter of a model on a mesh.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShardPlan {
+    /// The mesh the plan is for.
+    pub mesh: Mesh,
+    /// Parameter name -> plan.
+    pub params: BTreeMap<String, ParamPlan>,
+}
+
+impl ShardPlan {
+    /// The placements of parameter `name` (replicated when the plan does not name it).
+    pub fn placements(&self, name: &str) -> Placements {
+        let p = self.params.get(name).map(|p| p.placement).unwrap_or(Placement::Replicate);
+        Placements::REPLICATED.with(MeshAxis::Mp, p)
+    }
+
+    /// The model-parallel placement of every parameter.
+    pub fn summary(&self) -> BTreeMap<String, Placement> {
+        self.params.iter().map(|(k, v)| (k.clone(), v.placement)).collect()
+    }
+
+    /// Bytes of parameters held by one rank (for `dtype_bytes` per element).
+    pub fn bytes_per_rank(&self, dtype_bytes: usize) -> usize {
+        self.params
+            .values()
+            .map(|p| {
+                let n = p.shape.elem_count();
+                match p.placement {
+                    Placement::Shard(_) => n / self.mesh.mp,
+                    _ => n,
+                }
+            })
+            .sum::<usize>()
+            * dtype_bytes
+    }
+
+    /// Lays out every parameter of `model` as planned: each rank keeps its slice (no
+    /// communication) as a fresh variable. Run inside an SPMD run whose mesh is the plan's.
+    pub fn apply<B: Backend, M: Module<B> + ?Sized>(&self, model: &mut M) -> Result<()> {
+        if let Some(c) = super::current_comm::<B>() {
+            if c.mesh() != self.mesh {
+                return Err(Error::invalid(
+                    "apply plan",
+                    format!("the plan is for mesh {} but this run has mesh {}", self.mesh, c.mesh()),
+                ));
+            }
+        } else if self.mesh.size() > 1 {
+            return Err(Error::invalid("apply plan", "a plan for several ranks must be applied inside an SPMD run"));
+        }
+        let mut err = None;
+        model.visit_mut("", &mut |name, t| {
+            if err.is_some() {
+                return;
+            }
+            match t.redistribute(self.placements(name)) {
+                Ok(s) => *t = s.detach().into_var(),
+                Err(e) => err = Some(Error::Parameter { name: name.into(), msg: e.to_string() }),
+            }
+        });
+        err.map_or(Ok(()), Err)
+    }
+}
+
+impl fmt::Display for ShardPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "sharding plan for mesh {} (dp x mp)", self.mesh)?;
+        for (name, p) in &self.params {
+            let pl = match p.placement {
+                Placement::Shard(0) if p.shape.rank() == 2 => "split rows (dim 0)".to_string(),
+                Placement::Shard(d) => format!("split dim {d}"),
+                Placement::Replicate => "replicated".into(),
+                Placement::Partial(_) => "partial".into(),
+            };
+            writeln!(f, "  {name:<48} {:<14} {pl:<20} {}", p.shape.to_string(), p.reason)?;
+        }
+        Ok(())
+    }
+}
