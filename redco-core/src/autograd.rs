@@ -17,6 +17,27 @@ pub(crate) struct Node<B: Backend> {
     pub(crate) op: &'static str,
     pub(crate) inputs: Vec<Tensor<B>>,
     pub(crate) backward: BackwardFn<B>,
+    pub(crate) meta: OpMeta,
+}
+
+/// What a recorded op did beyond its name and shapes, for the dataflow analysis that
+/// derives sharding plans (`dist::trace`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum OpMeta {
+    /// Nothing more to know.
+    #[default]
+    None,
+    /// A matmul with its transpose flags.
+    Matmul {
+        /// lhs transposed
+        trans_a: bool,
+        /// rhs transposed
+        trans_b: bool,
+    },
+    /// A permutation (`out.dims[i] = in.dims[perm[i]]`).
+    Permute(Vec<usize>),
+    /// An op along one dimension (reductions, narrow, cat, index_select).
+    Dim(usize),
 }
 
 thread_local! {

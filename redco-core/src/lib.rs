@@ -34,7 +34,7 @@ pub mod placement;
 pub mod shape;
 pub mod tensor;
 
-pub use autograd::{is_grad_enabled, no_grad, GradModeGuard, GradStore};
+pub use autograd::{is_grad_enabled, no_grad, GradModeGuard, GradStore, OpMeta};
 pub use backend::{Backend, BinaryOp, CmpOp, MatmulSpec, ReduceOp, RotaryMode, UnaryOp};
 pub use dtype::{DType, Element, HostData};
 pub use error::{Error, Result};

@@ -168,6 +168,7 @@ impl<B: Backend> Tensor<B> {
             op,
             inputs: inputs.iter().map(|t| (*t).clone()).collect(),
             backward: Box::new(backward),
+            meta: autograd::OpMeta::None,
         });
         Self::make_placed(backend.clone(), storage, shape, local, placements, dtype, node, false)
     }
@@ -192,6 +193,7 @@ impl<B: Backend> Tensor<B> {
             op,
             inputs: inputs.iter().map(|t| (*t).clone()).collect(),
             backward: Box::new(backward),
+            meta: autograd::OpMeta::None,
         });
         Self::make(backend.clone(), storage, shape, dtype, node, false)
     }
@@ -335,6 +337,27 @@ impl<B: Backend> Tensor<B> {
     pub fn requires_grad(&self) -> bool {
         self.0.is_var || self.0.node.is_some()
     }
+    /// Attaches `meta` to the op that just produced this tensor (no-op when nothing was
+    /// recorded).
+    pub(crate) fn with_meta(mut self, meta: autograd::OpMeta) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.0) {
+            if let Some(n) = inner.node.as_mut() {
+                n.meta = meta;
+            }
+        }
+        self
+    }
+
+    /// The recorded op's metadata, if any.
+    pub(crate) fn op_meta(&self) -> Option<&autograd::OpMeta> {
+        self.0.node.as_ref().map(|n| &n.meta)
+    }
+
+    /// The inputs of the recorded op that produced this tensor.
+    pub(crate) fn op_inputs(&self) -> &[Tensor<B>] {
+        self.0.node.as_ref().map(|n| n.inputs.as_slice()).unwrap_or(&[])
+    }
+
     /// The name of the op that produced this tensor, if it records one.
     pub fn op_name(&self) -> Option<&'static str> {
         self.0.node.as_ref().map(|n| n.op)

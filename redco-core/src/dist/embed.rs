@@ -89,5 +89,6 @@ pub(crate) fn index_select_sharded<B: Backend>(x: &Tensor<B>, ids: &Tensor<B>, d
             gp = gp.with(*a, Placement::Partial(PartialOp::Sum));
         }
         Ok(vec![Some(Tensor::from_local(&bc, s, gshape.clone(), xl.clone(), gp, dt))])
-    }))
+    })
+    .with_meta(crate::OpMeta::Dim(d)))
 }

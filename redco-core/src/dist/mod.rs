@@ -14,6 +14,7 @@ pub mod redistribute;
 pub(crate) mod rules;
 pub mod spmd;
 pub mod threads;
+pub mod trace;
 
 pub use collective::{Collective, CollectiveKind, CommCount, CommStats, ReduceKind};
 pub use mesh::Mesh;

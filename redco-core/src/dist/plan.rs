@@ -55,6 +55,39 @@ impl ShardPlan {
             * dtype_bytes
     }
 
+    /// Applies user overrides, Redco-style: each `(regex, placement)` sets the model-parallel
+    /// placement of every parameter whose name matches (later rules win). A regex that is
+    /// invalid or matches no parameter is an error, as is a split the mesh does not divide.
+    pub fn with_overrides(mut self, rules: &[(&str, Placement)]) -> Result<Self> {
+        for (pat, pl) in rules {
+            let re = regex::Regex::new(pat)
+                .map_err(|e| Error::invalid("sharding override", format!("`{pat}` is not a valid regex: {e}")))?;
+            let mut hit = false;
+            for (name, p) in self.params.iter_mut() {
+                if re.is_match(name) {
+                    hit = true;
+                    if let Placement::Shard(d) = pl {
+                        if *d >= p.shape.rank() || p.shape.dims()[*d] % self.mesh.mp != 0 {
+                            return Err(Error::Parameter {
+                                name: name.clone(),
+                                msg: format!(
+                                    "override `{pat}` splits dim {d} of {}, which mp={} does not divide",
+                                    p.shape, self.mesh.mp
+                                ),
+                            });
+                        }
+                    }
+                    p.placement = *pl;
+                    p.reason = format!("override `{pat}`");
+                }
+            }
+            if !hit {
+                return Err(Error::invalid("sharding override", format!("`{pat}` matches no parameter")));
+            }
+        }
+        Ok(self)
+    }
+
     /// Lays out every parameter of `model` as planned: each rank keeps its slice (no
     /// communication) as a fresh variable. Run inside an SPMD run whose mesh is the plan's.
     pub fn apply<B: Backend, M: Module<B> + ?Sized>(&self, model: &mut M) -> Result<()> {

@@ -133,11 +133,6 @@ impl<B: Backend> Tensor<B> {
     }
 }
 
-/// True when every tensor is replicated on every axis.
-pub(crate) fn all_replicated<B: Backend>(ts: &[&Tensor<B>]) -> bool {
-    ts.iter().all(|t| !t.is_sharded())
-}
-
 /// The inputs, each replicated: the always-correct layout for an op without a sharding
 /// rule (the gathers show up in `CommStats` and the plan report).
 pub(crate) fn replicate_all<B: Backend, const N: usize>(ts: [&Tensor<B>; N]) -> Result<[Tensor<B>; N]> {

@@ -22,7 +22,8 @@ impl<B: Backend> Tensor<B> {
         Ok(Tensor::from_op(self.backend(), s, Shape::new(out), self.dtype(), "index_select", &[self], move |g| {
             let zeros = Tensor::zeros(g.backend(), in_shape.clone(), g.dtype())?;
             Ok(vec![Some(zeros.index_add(&ids_c, &g.reshape(fs.clone())?, d as isize)?)])
-        }))
+        })
+        .with_meta(crate::OpMeta::Dim(d)))
     }
 
     /// Returns `self` with the slices of `src` added at `ids` along `dim` (repeated ids

@@ -51,7 +51,8 @@ impl<B: Backend> Tensor<B> {
         }
         Ok(Tensor::from_op_placed(self.backend(), s, out, local, placed, self.dtype(), "permute", &[self], move |g| {
             Ok(vec![Some(g.permute(&inv)?)])
-        }))
+        })
+        .with_meta(crate::OpMeta::Permute(perm.to_vec())))
     }
 
     /// Swaps two dimensions (a copy).
@@ -91,7 +92,8 @@ impl<B: Backend> Tensor<B> {
                 parts.push(Tensor::zeros(g.backend(), in_shape.with_dim(d, size - start - len), g.dtype())?);
             }
             Ok(vec![Some(Tensor::cat(&parts.iter().collect::<Vec<_>>(), d as isize)?)])
-        }))
+        })
+        .with_meta(crate::OpMeta::Dim(d)))
     }
 
     /// Concatenates tensors along `dim`; their shapes agree elsewhere.
@@ -136,7 +138,8 @@ impl<B: Backend> Tensor<B> {
                 off += n;
             }
             Ok(out)
-        }))
+        })
+        .with_meta(crate::OpMeta::Dim(d)))
     }
 
     /// Broadcasts to `shape` (a copy; NumPy rules).

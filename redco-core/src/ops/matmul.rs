@@ -127,6 +127,7 @@ impl<B: Backend> Tensor<B> {
                 };
                 Ok(vec![Some(ga.sum_to(ca.shape())?), Some(gb.sum_to(cb.shape())?)])
             },
-        ))
+        )
+        .with_meta(crate::OpMeta::Matmul { trans_a, trans_b }))
     }
 }

@@ -32,7 +32,8 @@ impl<B: Backend> Tensor<B> {
         let kept = r.shape().clone();
         let t = Tensor::record_like(&r, r.storage().clone(), r.dtype(), "sum", &[self], move |g| {
             Ok(vec![Some(g.reshape(kept.clone())?.expand(in_shape.clone())?)])
-        });
+        })
+        .with_meta(crate::OpMeta::Dim(d));
         Self::squeeze_if(t, d, keepdim)
     }
 

@@ -1,4 +1,5 @@
 //! Parallelism tests: collectives, the SPMD runner, failure handling.
 
 mod collectives;
+mod rules;
 mod tensor_parallel;

@@ -2,7 +2,6 @@
 //! Megatron's communication count.
 
 use redco_core::cpu::Cpu;
-use redco_core::dist::heuristics::plan_by_names;
 use redco_core::dist::{spmd_cpu, CollectiveKind, CommStats, Mesh, ShardPlan, SpmdOptions};
 use redco_core::nn::ModuleExt;
 use redco_core::{DType, MeshAxis, Result, Tensor};
