@@ -54,13 +54,8 @@ fn step(b: &Cpu, cfg: Config, plan: Option<&ShardPlan>) -> Result<Run> {
 }
 
 fn run_mesh(cfg: Config, mesh: Mesh) -> Run {
-    let shapes: Vec<_> = Lm::new(&Cpu::new(1), cfg, DType::F32, 11)
-        .unwrap()
-        .named_parameters()
-        .into_iter()
-        .map(|(n, t)| (n, t.shape().clone()))
-        .collect();
-    let plan = plan_by_names(&shapes, mesh);
+    // The plan comes from the traced dataflow (rule 1 and rule 2), not from names.
+    let plan = crate::rules::traced(cfg, mesh, false, true).unwrap();
     let mut runs = spmd_cpu(mesh, &SpmdOptions::default(), |rk| step(&rk.backend, cfg, Some(&plan))).unwrap();
     runs.swap_remove(0)
 }
