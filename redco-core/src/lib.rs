@@ -30,6 +30,7 @@ pub mod dtype;
 pub mod error;
 pub mod nn;
 pub mod ops;
+pub mod optim;
 pub mod placement;
 pub mod shape;
 pub mod tensor;

@@ -6,6 +6,7 @@
 
 pub mod collective;
 pub(crate) mod cross_entropy;
+pub mod data_parallel;
 pub(crate) mod embed;
 pub mod heuristics;
 pub mod mesh;

@@ -3,3 +3,4 @@
 mod collectives;
 mod rules;
 mod tensor_parallel;
+mod training;

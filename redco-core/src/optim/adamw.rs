@@ -1,0 +1,153 @@
+//! AdamW (decoupled weight decay), with optional ZeRO-1: the moments are sharded over the
+//! data-parallel axis (reduce-scatter the gradient, update this rank's slice, all-gather
+//! the parameter), which gives the same numbers as the replicated update.
+
+use super::{grad_of, local_view};
+use crate::dist::current_comm;
+use crate::nn::Module;
+use crate::{no_grad, Backend, Error, GradStore, MeshAxis, PartialOp, Placement, Result, Shape, Tensor};
+use std::collections::BTreeMap;
+
+/// AdamW hyper-parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWConfig {
+    /// Learning rate.
+    pub lr: f64,
+    /// First-moment decay.
+    pub beta1: f64,
+    /// Second-moment decay.
+    pub beta2: f64,
+    /// Added to the root of the second moment.
+    pub eps: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+    /// Shard the moments over the data-parallel axis (ZeRO stage 1).
+    pub zero1: bool,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        AdamWConfig { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, zero1: false }
+    }
+}
+
+/// The AdamW optimizer over a module's named parameters.
+pub struct AdamW<B: Backend> {
+    /// Hyper-parameters (the learning rate may be changed between steps).
+    pub cfg: AdamWConfig,
+    step: u64,
+    state: BTreeMap<String, (Tensor<B>, Tensor<B>)>,
+}
+
+impl<B: Backend> AdamW<B> {
+    /// A fresh optimizer.
+    pub fn new(cfg: AdamWConfig) -> Self {
+        AdamW { cfg, step: 0, state: BTreeMap::new() }
+    }
+
+    /// Steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+
+    /// Bytes of optimizer state held by this rank.
+    pub fn state_bytes(&self) -> usize {
+        self.state.values().map(|(m, v)| (m.elem_count() + v.elem_count()) * m.dtype().size_in_bytes()).sum()
+    }
+
+    /// One update of every parameter of `model` that has a gradient in `grads`.
+    pub fn step<M: Module<B> + ?Sized>(&mut self, model: &mut M, grads: &GradStore<B>) -> Result<()> {
+        self.step += 1;
+        let c = self.cfg;
+        let t = self.step as i32;
+        let (bc1, bc2) = (1.0 - c.beta1.powi(t), 1.0 - c.beta2.powi(t));
+        let comm = current_comm::<B>();
+        let dp = comm.as_ref().map_or(1, |c| c.mesh().dp);
+        let zero = c.zero1 && dp > 1;
+        let state = &mut self.state;
+        let mut err: Option<Error> = None;
+        model.visit_mut("", &mut |name, p| {
+            if err.is_some() {
+                return;
+            }
+            let r = no_grad(|| -> Result<Option<Tensor<B>>> {
+                let g = if zero {
+                    match grads.get(p) {
+                        Some(g) => g,
+                        None => return Ok(None),
+                    }
+                } else {
+                    match grad_of(name, p, grads)? {
+                        Some(g) => g,
+                        None => return Ok(None),
+                    }
+                };
+                let update = |x: &Tensor<B>, g: &Tensor<B>, st: &mut (Tensor<B>, Tensor<B>)| -> Result<Tensor<B>> {
+                    st.0 = st.0.scale(c.beta1)?.add(&g.scale(1.0 - c.beta1)?)?;
+                    st.1 = st.1.scale(c.beta2)?.add(&g.square()?.scale(1.0 - c.beta2)?)?;
+                    let denom = st.1.scale(1.0 / bc2)?.sqrt()?.add_scalar(c.eps)?;
+                    let step = st.0.scale(1.0 / bc1)?.div(&denom)?;
+                    x.scale(1.0 - c.lr * c.weight_decay)?.sub(&step.scale(c.lr)?)
+                };
+                let x = local_view(p);
+                if !zero {
+                    let gl = local_view(g);
+                    let st = state
+                        .entry(name.to_string())
+                        .or_insert_with(|| (x.zeros_like().unwrap(), x.zeros_like().unwrap()));
+                    let nx = update(&x, &gl, st)?;
+                    return Ok(Some(Tensor::from_local(
+                        p.backend(),
+                        nx.storage().clone(),
+                        p.shape().clone(),
+                        p.local_shape().clone(),
+                        p.placements(),
+                        p.dtype(),
+                    )));
+                }
+                // ZeRO-1: this dp rank owns one contiguous slice of the flat local shard.
+                let cm = comm.as_ref().expect("zero1 needs a communicator");
+                let b = p.backend();
+                let n = p.local_shape().elem_count();
+                let per = n.div_ceil(dp);
+                let padded = per * dp;
+                let flat = |t: &Tensor<B>| -> Result<Tensor<B>> {
+                    let v = local_view(t).reshape([n])?;
+                    if padded == n {
+                        Ok(v)
+                    } else {
+                        Tensor::cat(&[&v, &Tensor::zeros(b, [padded - n], t.dtype())?], 0)
+                    }
+                };
+                let me = cm.index_along(MeshAxis::Dp);
+                let gslice = if g.placements().get(MeshAxis::Dp) == Placement::Partial(PartialOp::Sum) {
+                    let s = cm.reduce_scatter(MeshAxis::Dp, flat(g)?.storage(), padded * g.dtype().size_in_bytes())?;
+                    Tensor::from_storage(b, s, [per], g.dtype())
+                } else {
+                    flat(g)?.narrow(0, me * per, per)?
+                };
+                let xslice = flat(p)?.narrow(0, me * per, per)?;
+                let st = state
+                    .entry(name.to_string())
+                    .or_insert_with(|| (xslice.zeros_like().unwrap(), xslice.zeros_like().unwrap()));
+                let nx = update(&xslice, &gslice, st)?;
+                let full = cm.all_gather(MeshAxis::Dp, nx.storage(), padded * p.dtype().size_in_bytes())?;
+                let full = b.narrow(&full, &Shape::new([padded]), 0, 0, n)?;
+                Ok(Some(Tensor::from_local(
+                    b,
+                    full,
+                    p.shape().clone(),
+                    p.local_shape().clone(),
+                    p.placements(),
+                    p.dtype(),
+                )))
+            });
+            match r {
+                Ok(Some(nx)) => *p = nx.into_var(),
+                Ok(None) => {}
+                Err(e) => err = Some(e),
+            }
+        });
+        err.map_or(Ok(()), Err)
+    }
+}

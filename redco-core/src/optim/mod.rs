@@ -1,0 +1,38 @@
+//! Optimizers: AdamW and SGD with momentum, updating each rank's local shard of every
+//! parameter (the model-parallel layout needs no communication), with optional ZeRO-1
+//! sharding of the optimizer state over the data-parallel axis.
+
+mod adamw;
+mod sgd;
+
+pub use adamw::{AdamW, AdamWConfig};
+pub use sgd::Sgd;
+
+use crate::{Backend, GradStore, Result, Tensor};
+
+/// A rank-local view of a tensor's storage (replicated, no history), for elementwise
+/// optimizer math.
+pub(crate) fn local_view<B: Backend>(t: &Tensor<B>) -> Tensor<B> {
+    Tensor::from_storage(t.backend(), t.storage().clone(), t.local_shape().clone(), t.dtype())
+}
+
+/// The gradient of `p`, which must be complete on this rank (summed over the
+/// data-parallel axis: see `dist::data_parallel::sync_grads`).
+pub(crate) fn grad_of<'a, B: Backend>(
+    name: &str,
+    p: &Tensor<B>,
+    grads: &'a GradStore<B>,
+) -> Result<Option<&'a Tensor<B>>> {
+    let Some(g) = grads.get(p) else { return Ok(None) };
+    if g.placements() != crate::placement::without_partial(p.placements()) && g.placements() != p.placements() {
+        return Err(crate::Error::Parameter {
+            name: name.into(),
+            msg: format!(
+                "gradient laid out as {:?} but the parameter as {:?}; sum data-parallel gradients first (dist::data_parallel::sync_grads)",
+                g.placements(),
+                p.placements()
+            ),
+        });
+    }
+    Ok(Some(g))
+}
