@@ -71,7 +71,7 @@ pub fn local_shape(shape: &crate::Shape, p: Placements, sizes: [usize; 2]) -> cr
     for (axis, pl) in p.0.iter().enumerate() {
         if let Placement::Shard(dim) = *pl {
             let k = sizes[axis];
-            if dim >= d.len() || d[dim] % k != 0 {
+            if dim >= d.len() || !d[dim].is_multiple_of(k) {
                 return Err(crate::Error::invalid(
                     "placement",
                     format!("dim {dim} of {shape} cannot be split into {k} equal shards"),

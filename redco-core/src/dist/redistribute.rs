@@ -74,7 +74,7 @@ fn step<B: Backend>(b: &B, c: &Comm<B>, x: Local<B>, axis: MeshAxis, to: Placeme
         }
         (Placement::Replicate, Placement::Shard(d)) => {
             let n = x.local.dims()[d];
-            if n % k != 0 {
+            if !n.is_multiple_of(k) {
                 return Err(Error::invalid("shard", format!("dim {d} of {} does not split {k} ways", x.local)));
             }
             let s = b.narrow(&x.s, &x.local, d, i * (n / k), n / k)?;

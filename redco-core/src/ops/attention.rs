@@ -149,7 +149,7 @@ fn attention_layout<B: Backend>(
     for (i, p) in qp.0.iter_mut().enumerate() {
         let ok = match *p {
             crate::Placement::Shard(0) => true,
-            crate::Placement::Shard(1) => k.dims()[1] % sizes[i] == 0,
+            crate::Placement::Shard(1) => k.dims()[1].is_multiple_of(sizes[i]),
             _ => false,
         };
         if !ok {

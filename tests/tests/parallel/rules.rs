@@ -42,9 +42,8 @@ fn megatron(name: &str) -> Placement {
     let row = ["o_proj", "down_proj", "fc_out"];
     let owner = name.rsplit('.').nth(1).unwrap_or("");
     let leaf = name.rsplit('.').next().unwrap_or("");
-    if (owner == "embed" || owner == "lm_head") && leaf == "weight" {
-        Placement::Shard(0)
-    } else if col.contains(&owner) {
+    let vocab = (owner == "embed" || owner == "lm_head") && leaf == "weight";
+    if vocab || col.contains(&owner) {
         Placement::Shard(0)
     } else if row.contains(&owner) && leaf == "weight" {
         Placement::Shard(1)

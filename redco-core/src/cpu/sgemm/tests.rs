@@ -17,6 +17,7 @@ impl Rng {
 }
 
 /// Checks one case; `ta`/`tb` select transposed storage, `pad` adds leading-dimension padding.
+#[allow(clippy::too_many_arguments)]
 fn check(m: usize, n: usize, k: usize, ta: bool, tb: bool, acc: bool, threads: usize, rng: &mut Rng) {
     let pad = 3;
     let (lda, a_rs, a_cs, a_len) = if ta {
