@@ -11,6 +11,7 @@ pub(crate) mod embed;
 pub mod heuristics;
 pub mod mesh;
 pub mod plan;
+pub mod planner;
 pub mod redistribute;
 pub(crate) mod rules;
 pub mod spmd;

@@ -258,7 +258,7 @@ impl<B: Backend> Tensor<B> {
         }
         a.same_dtype(b, "where_cond")?;
         let out = self.shape().broadcast(a.shape(), "where_cond")?.broadcast(b.shape(), "where_cond")?;
-        let cond = if self.is_sharded() { self.replicate()? } else { self.clone() };
+        let cond = self.clone();
         let (a, b, placed) = rules::binary(a, b, Linearity::None)?;
         let cond = rules::follow(&cond, placed, a.rank().max(b.rank()))?;
         let local =

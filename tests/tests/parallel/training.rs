@@ -34,6 +34,10 @@ fn data(b: &Cpu, vocab: usize, step: usize) -> Result<[Tensor<Cpu>; 3]> {
 }
 
 fn train(b: &Cpu, cfg: Config, plan: Option<&ShardPlan>, dp: usize, zero1: bool) -> Result<Trained> {
+    train_steps(b, cfg, plan, dp, zero1, 2)
+}
+
+fn train_steps(b: &Cpu, cfg: Config, plan: Option<&ShardPlan>, dp: usize, zero1: bool, steps: usize) -> Result<Trained> {
     let mut m = Lm::new(b, cfg, DType::F32, 5)?;
     if let Some(p) = plan {
         p.apply(&mut m)?;
@@ -43,7 +47,7 @@ fn train(b: &Cpu, cfg: Config, plan: Option<&ShardPlan>, dp: usize, zero1: bool)
     // of either sign and no two summation orders could agree.
     let mut opt = AdamW::new(AdamWConfig { lr: 1e-2, weight_decay: 0.01, eps: 1e-6, zero1, ..Default::default() });
     let mut losses = Vec::new();
-    for step in 0..2 {
+    for step in 0..steps {
         let [mut ids, mut labels, mut mask] = data(b, cfg.vocab, step)?;
         if dp > 1 {
             ids = ids.shard_along(MeshAxis::Dp, 0)?;
@@ -63,8 +67,8 @@ fn train(b: &Cpu, cfg: Config, plan: Option<&ShardPlan>, dp: usize, zero1: bool)
     for (n, p) in m.named_parameters() {
         params.insert(n, p.replicate()?.to_vec_f64()?);
     }
-    let dp_all_reduces = redco_core::dist::current_comm::<Cpu>()
-        .map_or(0, |c| c.stats().get(CollectiveKind::AllReduce, MeshAxis::Dp).calls);
+    let stats = redco_core::dist::current_comm::<Cpu>().map(|c| c.stats()).unwrap_or_default();
+    let dp_all_reduces = stats.get(CollectiveKind::AllReduce, MeshAxis::Dp).calls;
     Ok(Trained { losses, params, dp_all_reduces })
 }
 
@@ -118,5 +122,39 @@ fn zero1_gives_the_same_parameters() {
         for (n, v) in &plain.params {
             assert_close(&zero.params[n], v, 1e-6, &format!("{n} with ZeRO-1 at {mesh}"));
         }
+    }
+}
+
+/// The planner's prediction of one training step equals what the step did, collective by
+/// collective, at 2x2 with and without ZeRO-1. (The final `replicate` calls that read the
+/// parameters back for the comparisons are excluded by measuring before them.)
+#[test]
+fn planner_predicts_the_measured_communication() {
+    use redco_core::dist::planner::{predict_comm, ModelDims, Workload};
+    let mesh: Mesh = "2x2".parse().unwrap();
+    let plan = crate::rules::traced(LLAMA, mesh, false, true).unwrap();
+    let dims = ModelDims { layers: LLAMA.layers, hidden: LLAMA.hidden, heads: LLAMA.heads, kv_heads: LLAMA.kv_heads, vocab: LLAMA.vocab };
+    for zero1 in [false, true] {
+        let measured = spmd_cpu(mesh, &SpmdOptions::default(), |rk| {
+            let mut m = Lm::new(&rk.backend, LLAMA, DType::F32, 5)?;
+            plan.apply(&mut m)?;
+            let [ids, labels, mask] = data(&rk.backend, LLAMA.vocab, 0)?;
+            let (ids, labels, mask) =
+                (ids.shard_along(MeshAxis::Dp, 0)?, labels.shard_along(MeshAxis::Dp, 0)?, mask.shard_along(MeshAxis::Dp, 0)?);
+            let mut opt = AdamW::new(AdamWConfig { zero1, ..Default::default() });
+            rk.comm.reset_stats();
+            let loss = m.loss(&ids, &labels, Some(&mask))?;
+            let mut grads = loss.backward()?;
+            if !zero1 {
+                let params: Vec<Tensor<Cpu>> = m.named_parameters().into_iter().map(|(_, t)| t).collect();
+                sync_grads(&params, &mut grads, DEFAULT_BUCKET_BYTES)?;
+            }
+            opt.step(&mut m, &grads)?;
+            Ok(rk.comm.stats())
+        })
+        .unwrap()
+        .swap_remove(0);
+        let predicted = predict_comm(&plan, &dims, &Workload { batch: BATCH, seq: SEQ, dtype_bytes: 4, zero1 });
+        assert_eq!(predicted, measured, "zero1 {zero1}\npredicted:\n{predicted}\nmeasured:\n{measured}");
     }
 }

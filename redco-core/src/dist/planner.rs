@@ -1,0 +1,248 @@
+//! The planner: for a model, a plan and a mesh, the bytes every rank holds, the
+//! communication of one training step, a memory estimate for training and inference, and
+//! the smallest model-parallel size that fits a device. Redco users guess
+//! `n_model_shards` by trial; ours are told.
+
+use super::collective::{CollectiveKind, CommCount, CommStats};
+use super::data_parallel::DEFAULT_BUCKET_BYTES;
+use super::plan::ShardPlan;
+use super::Mesh;
+use crate::{MeshAxis, Placement};
+use std::fmt;
+
+/// The sizes of a transformer that the estimates need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelDims {
+    /// Transformer layers.
+    pub layers: usize,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+}
+
+/// The workload the estimates are for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Workload {
+    /// Global batch size (split over `dp`).
+    pub batch: usize,
+    /// Sequence length.
+    pub seq: usize,
+    /// Bytes per parameter and activation element (4 for f32, 2 for bf16).
+    pub dtype_bytes: usize,
+    /// Shard the optimizer state over `dp` (ZeRO-1).
+    pub zero1: bool,
+}
+
+/// Per-rank memory estimate in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Memory {
+    /// Parameters.
+    pub params: u64,
+    /// Gradients.
+    pub grads: u64,
+    /// AdamW moments (f32).
+    pub optimizer: u64,
+    /// Activations kept for backward.
+    pub activations: u64,
+}
+
+impl Memory {
+    /// The sum.
+    pub fn total(&self) -> u64 {
+        self.params + self.grads + self.optimizer + self.activations
+    }
+}
+
+/// Everything the planner reports.
+#[derive(Debug, Clone)]
+pub struct PlanReport {
+    /// The plan.
+    pub plan: ShardPlan,
+    /// Model sizes.
+    pub dims: ModelDims,
+    /// Workload.
+    pub work: Workload,
+    /// Predicted communication of one training step (per rank).
+    pub comm: CommStats,
+    /// Training memory per rank, with the optimizer as configured.
+    pub train: Memory,
+    /// Training memory per rank with ZeRO-1 toggled the other way.
+    pub train_other: Memory,
+    /// Inference memory per rank: parameters plus the KV cache at `batch x seq`.
+    pub infer: u64,
+}
+
+fn count(pl: Placement) -> bool {
+    matches!(pl, Placement::Shard(_))
+}
+
+/// Predicts one training step's collectives for `plan`.
+///
+/// Model-parallel axis (Megatron): one all-reduce of `local_batch x seq x hidden` per pair
+/// plus one per vocabulary-split lookup table in the forward pass, one per pair plus one
+/// per vocabulary-split head in the backward pass, and three all-reduces of
+/// `local_batch x seq` scalars per vocabulary-split head (max, sum, target logit).
+/// Data-parallel axis: one scalar all-reduce (the token count of the mean loss), then the
+/// gradients summed in 25 MB buckets, or, with ZeRO-1, a reduce-scatter and an all-gather
+/// per parameter.
+pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> CommStats {
+    let mesh = plan.mesh;
+    let mut st = CommStats::default();
+    let local_batch = work.batch / mesh.dp;
+    let act = (local_batch * work.seq * dims.hidden * work.dtype_bytes) as u64;
+    let tok = (local_batch * work.seq * work.dtype_bytes) as u64;
+    if mesh.mp > 1 {
+        let rows = plan.params.values().filter(|p| p.reason.starts_with("row")).count() as u64;
+        let tables = plan.params.values().filter(|p| count(p.placement) && p.reason.contains("lookup table")).count() as u64;
+        let heads = plan.params.values().filter(|p| count(p.placement) && p.reason.contains("(head)")).count() as u64;
+        for _ in 0..(2 * rows + tables + heads) {
+            st.record(CollectiveKind::AllReduce, MeshAxis::Mp, act);
+        }
+        for _ in 0..3 * heads {
+            st.record(CollectiveKind::AllReduce, MeshAxis::Mp, tok);
+        }
+    }
+    if mesh.dp > 1 {
+        st.record(CollectiveKind::AllReduce, MeshAxis::Dp, work.dtype_bytes as u64);
+        let local: Vec<u64> = plan
+            .params
+            .values()
+            .map(|p| {
+                let n = p.shape.elem_count() as u64;
+                if count(p.placement) { n / mesh.mp as u64 } else { n }
+            })
+            .collect();
+        if work.zero1 {
+            for n in local {
+                let padded = n.div_ceil(mesh.dp as u64) * mesh.dp as u64 * work.dtype_bytes as u64;
+                st.record(CollectiveKind::ReduceScatter, MeshAxis::Dp, padded);
+                st.record(CollectiveKind::AllGather, MeshAxis::Dp, padded);
+            }
+        } else {
+            let mut bucket = 0u64;
+            for n in local {
+                bucket += n * work.dtype_bytes as u64;
+                if bucket >= DEFAULT_BUCKET_BYTES as u64 {
+                    st.record(CollectiveKind::AllReduce, MeshAxis::Dp, bucket);
+                    bucket = 0;
+                }
+            }
+            if bucket > 0 {
+                st.record(CollectiveKind::AllReduce, MeshAxis::Dp, bucket);
+            }
+        }
+    }
+    st
+}
+
+/// Training memory per rank. Activations follow Korthikanti et al. (2022), per layer
+/// `s*b*h*(10 + 24/t + 5*a*s/(h*t))` bytes at 2-byte precision, scaled to `dtype_bytes`.
+pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero1: bool) -> Memory {
+    let mesh = plan.mesh;
+    let params = plan.bytes_per_rank(work.dtype_bytes) as u64;
+    let n_local = params / work.dtype_bytes as u64;
+    let optimizer = 2 * 4 * n_local / if zero1 { mesh.dp as u64 } else { 1 };
+    let (s, b, h, a, t) = (work.seq as f64, (work.batch / mesh.dp).max(1) as f64, dims.hidden as f64, dims.heads as f64, mesh.mp as f64);
+    let per_layer = s * b * h * (10.0 + 24.0 / t + 5.0 * a * s / (h * t)) * work.dtype_bytes as f64 / 2.0;
+    let logits = s * b * dims.vocab as f64 / t * 4.0;
+    Memory { params, grads: params, optimizer, activations: (per_layer * dims.layers as f64 + logits) as u64 }
+}
+
+/// Inference memory per rank: parameters plus a KV cache of `batch x seq` tokens with the
+/// key/value heads split over `mp`.
+pub fn infer_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> u64 {
+    let head_dim = dims.hidden / dims.heads;
+    let kv_local = (dims.kv_heads / plan.mesh.mp).max(1);
+    let cache = 2 * dims.layers * work.batch * work.seq * kv_local * head_dim * work.dtype_bytes;
+    plan.bytes_per_rank(work.dtype_bytes) as u64 + cache as u64
+}
+
+impl PlanReport {
+    /// Builds the report for `plan`.
+    pub fn new(plan: ShardPlan, dims: ModelDims, work: Workload) -> Self {
+        let comm = predict_comm(&plan, &dims, &work);
+        let train = train_memory(&plan, &dims, &work, work.zero1);
+        let train_other = train_memory(&plan, &dims, &work, !work.zero1);
+        let infer = infer_memory(&plan, &dims, &work);
+        PlanReport { plan, dims, work, comm, train, train_other, infer }
+    }
+}
+
+/// The smallest `mp` (dividing the heads, at most `max_mp`) whose plan, made by
+/// `make_plan(mesh)`, fits `device_bytes` for training (`train = true`) or inference, with
+/// `dp` data-parallel ranks; `None` when even `max_mp` does not fit.
+pub fn smallest_mp(
+    dims: &ModelDims,
+    work: &Workload,
+    dp: usize,
+    max_mp: usize,
+    device_bytes: u64,
+    train: bool,
+    make_plan: impl Fn(Mesh) -> ShardPlan,
+) -> Option<(usize, u64)> {
+    (1..=max_mp).filter(|m| dims.heads % m == 0 && dims.kv_heads % m == 0).find_map(|mp| {
+        let plan = make_plan(Mesh { dp, mp });
+        let need = if train { train_memory(&plan, dims, work, work.zero1).total() } else { infer_memory(&plan, dims, work) };
+        (need <= device_bytes).then_some((mp, need))
+    })
+}
+
+/// `bytes` in human units.
+pub fn human(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= 1e9 {
+        format!("{:.2} GB", b / 1e9)
+    } else if b >= 1e6 {
+        format!("{:.2} MB", b / 1e6)
+    } else if b >= 1e3 {
+        format!("{:.1} kB", b / 1e3)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+impl fmt::Display for PlanReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mesh = self.plan.mesh;
+        writeln!(f, "{:<52} {:<16} {:<14} {:>12}", "parameter", "shape", "placement", "per device")?;
+        for (name, p) in &self.plan.params {
+            let local = match p.placement {
+                Placement::Shard(_) => p.shape.elem_count() / mesh.mp,
+                _ => p.shape.elem_count(),
+            } * self.work.dtype_bytes;
+            let pl = match p.placement {
+                Placement::Shard(d) => format!("split dim {d}"),
+                _ => "replicated".into(),
+            };
+            writeln!(f, "{name:<52} {:<16} {pl:<14} {:>12}   {}", p.shape.to_string(), human(local as u64), p.reason)?;
+        }
+        writeln!(f)?;
+        writeln!(f, "communication per training step (mesh {mesh}, batch {}, seq {}):", self.work.batch, self.work.seq)?;
+        if self.comm.total_calls() == 0 {
+            writeln!(f, "  none")?;
+        }
+        for (k, a, CommCount { calls, bytes }) in self.comm.entries() {
+            writeln!(f, "  {k:?} over {a:?}: {calls} calls, {}", human(bytes))?;
+        }
+        writeln!(f)?;
+        let m = &self.train;
+        let o = &self.train_other;
+        writeln!(f, "memory per device, training (AdamW{}):", if self.work.zero1 { ", ZeRO-1" } else { "" })?;
+        writeln!(
+            f,
+            "  params {}  grads {}  optimizer {}  activations {}  total {}",
+            human(m.params),
+            human(m.grads),
+            human(m.optimizer),
+            human(m.activations),
+            human(m.total())
+        )?;
+        writeln!(f, "  ({} ZeRO-1: total {})", if self.work.zero1 { "without" } else { "with" }, human(o.total()))?;
+        writeln!(f, "memory per device, inference with a KV cache of {} x {} tokens: {}", self.work.batch, self.work.seq, human(self.infer))
+    }
+}
