@@ -1,7 +1,9 @@
-//! `redco-models`: GPT-J, LLaMA, T5 and OPT written with `redco-core` ops (not yet
-//! implemented).
+//! `redco-models`: GPT-J, LLaMA, T5 and OPT written with `redco-core` ops.
 //!
-//! Each model will be generic over `redco_core::Backend`, read Hugging Face `config.json`
-//! and safetensors checkpoints (sharded and memory-mapped), save back in the transformers
-//! layout, tokenize through `tokenizers`, and generate with a KV cache. Models never
-//! mention sharding or collectives: the parallel split is derived by `redco-core`.
+//! Today: reading Hugging Face `config.json` ([`hf::config`]), with the parameter names and
+//! shapes transformers uses, which the planner works from. The model implementations
+//! (generic over `redco_core::Backend`, safetensors loading and saving, tokenizers,
+//! generation with a KV cache) arrive with their issues. Models never mention sharding or
+//! collectives: the parallel split is derived by `redco-core`.
+
+pub mod hf;

@@ -4,7 +4,7 @@
 //! replicated. Dims the mesh does not divide are replicated, and the plan says so.
 
 use super::mesh::Mesh;
-use super::plan::{ParamPlan, ShardPlan};
+use super::plan::{ParamPlan, Role, ShardPlan};
 use crate::{Placement, Shape};
 use std::collections::BTreeMap;
 
@@ -35,23 +35,25 @@ pub fn plan_by_names(params: &[(String, Shape)], mesh: Mesh) -> ShardPlan {
         let leaf = parts.last().copied().unwrap_or("");
         let owner = if parts.len() >= 2 { parts[parts.len() - 2] } else { "" };
         let is_w = leaf == "weight";
-        let (want, why) = if VOCAB.contains(&owner) && is_w && shape.rank() == 2 {
-            (Placement::Shard(0), "vocabulary split (name)")
+        let (want, role, why) = if VOCAB.contains(&owner) && is_w && shape.rank() == 2 {
+            let role = if owner == "lm_head" { Role::VocabHead } else { Role::VocabTable };
+            (Placement::Shard(0), role, "vocabulary split (name)")
         } else if COLUMN.contains(&owner) && shape.rank() <= 2 {
-            (Placement::Shard(0), "column (name)")
+            (Placement::Shard(0), Role::Column, "column (name)")
         } else if ROW.contains(&owner) && is_w && shape.rank() == 2 {
-            (Placement::Shard(1), "row (name)")
+            (Placement::Shard(1), Role::Row, "row (name)")
         } else {
-            (Placement::Replicate, "replicated")
+            (Placement::Replicate, Role::Replicated, "replicated")
         };
-        let (placement, reason) = match want {
-            Placement::Shard(d) if shape.dims()[d] % mesh.mp != 0 => (
+        let (placement, role, reason) = match want {
+            Placement::Shard(d) if !shape.dims()[d].is_multiple_of(mesh.mp) => (
                 Placement::Replicate,
+                Role::Replicated,
                 format!("replicated: dim {d} ({}) not divisible by mp={}", shape.dims()[d], mesh.mp),
             ),
-            p => (if mesh.mp == 1 { Placement::Replicate } else { p }, why.to_string()),
+            p => (if mesh.mp == 1 { Placement::Replicate } else { p }, role, why.to_string()),
         };
-        out.insert(name.clone(), ParamPlan { shape: shape.clone(), placement, reason });
+        out.insert(name.clone(), ParamPlan { role, shape: shape.clone(), placement, reason });
     }
     ShardPlan { mesh, params: out }
 }

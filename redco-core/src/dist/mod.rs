@@ -20,7 +20,7 @@ pub mod trace;
 
 pub use collective::{Collective, CollectiveKind, CommCount, CommStats, ReduceKind};
 pub use mesh::Mesh;
-pub use plan::{ParamPlan, ShardPlan};
+pub use plan::{ParamPlan, Role, ShardPlan};
 pub use redistribute::axis_sizes;
 pub use spmd::{current_comm, spmd, spmd_cpu, Comm, CommGuard, Rank, SpmdOptions};
 pub use threads::{Hub, ThreadCollective};

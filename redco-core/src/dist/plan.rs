@@ -7,9 +7,28 @@ use crate::{Backend, Error, MeshAxis, Placement, Placements, Result, Shape};
 use std::collections::BTreeMap;
 use std::fmt;
 
+/// The part a parameter plays in the split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// First weight of a pair, split on its output dim (and its bias).
+    Column,
+    /// Second weight of a pair, split on its input dim.
+    Row,
+    /// A lookup table split on its rows (vocabulary).
+    VocabTable,
+    /// An output head split on the vocabulary.
+    VocabHead,
+    /// Replicated.
+    Replicated,
+    /// Set by a user override.
+    Override,
+}
+
 /// How one parameter is laid out, and why.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParamPlan {
+    /// The part it plays.
+    pub role: Role,
     /// Global shape.
     pub shape: Shape,
     /// Placement over the model-parallel axis (the data-parallel axis replicates
@@ -78,6 +97,7 @@ impl ShardPlan {
                         }
                     }
                     p.placement = *pl;
+                    p.role = Role::Override;
                     p.reason = format!("override `{pat}`");
                 }
             }

@@ -5,7 +5,7 @@
 
 use super::collective::{CollectiveKind, CommCount, CommStats};
 use super::data_parallel::DEFAULT_BUCKET_BYTES;
-use super::plan::ShardPlan;
+use super::plan::{Role, ShardPlan};
 use super::Mesh;
 use crate::{MeshAxis, Placement};
 use std::fmt;
@@ -97,9 +97,8 @@ pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> Comm
     let act = (local_batch * work.seq * dims.hidden * work.dtype_bytes) as u64;
     let tok = (local_batch * work.seq * work.dtype_bytes) as u64;
     if mesh.mp > 1 {
-        let rows = plan.params.values().filter(|p| p.reason.starts_with("row")).count() as u64;
-        let tables = plan.params.values().filter(|p| count(p.placement) && p.reason.contains("lookup table")).count() as u64;
-        let heads = plan.params.values().filter(|p| count(p.placement) && p.reason.contains("(head)")).count() as u64;
+        let n = |r: Role| plan.params.values().filter(|p| p.role == r && count(p.placement)).count() as u64;
+        let (rows, tables, heads) = (n(Role::Row), n(Role::VocabTable), n(Role::VocabHead));
         for _ in 0..(2 * rows + tables + heads) {
             st.record(CollectiveKind::AllReduce, MeshAxis::Mp, act);
         }
@@ -114,7 +113,11 @@ pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> Comm
             .values()
             .map(|p| {
                 let n = p.shape.elem_count() as u64;
-                if count(p.placement) { n / mesh.mp as u64 } else { n }
+                if count(p.placement) {
+                    n / mesh.mp as u64
+                } else {
+                    n
+                }
             })
             .collect();
         if work.zero1 {
@@ -147,7 +150,8 @@ pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero1: 
     let params = plan.bytes_per_rank(work.dtype_bytes) as u64;
     let n_local = params / work.dtype_bytes as u64;
     let optimizer = 2 * 4 * n_local / if zero1 { mesh.dp as u64 } else { 1 };
-    let (s, b, h, a, t) = (work.seq as f64, (work.batch / mesh.dp).max(1) as f64, dims.hidden as f64, dims.heads as f64, mesh.mp as f64);
+    let (s, b, h, a, t) =
+        (work.seq as f64, (work.batch / mesh.dp).max(1) as f64, dims.hidden as f64, dims.heads as f64, mesh.mp as f64);
     let per_layer = s * b * h * (10.0 + 24.0 / t + 5.0 * a * s / (h * t)) * work.dtype_bytes as f64 / 2.0;
     let logits = s * b * dims.vocab as f64 / t * 4.0;
     Memory { params, grads: params, optimizer, activations: (per_layer * dims.layers as f64 + logits) as u64 }
@@ -187,7 +191,8 @@ pub fn smallest_mp(
 ) -> Option<(usize, u64)> {
     (1..=max_mp).filter(|m| dims.heads % m == 0 && dims.kv_heads % m == 0).find_map(|mp| {
         let plan = make_plan(Mesh { dp, mp });
-        let need = if train { train_memory(&plan, dims, work, work.zero1).total() } else { infer_memory(&plan, dims, work) };
+        let need =
+            if train { train_memory(&plan, dims, work, work.zero1).total() } else { infer_memory(&plan, dims, work) };
         (need <= device_bytes).then_some((mp, need))
     })
 }
@@ -222,7 +227,11 @@ impl fmt::Display for PlanReport {
             writeln!(f, "{name:<52} {:<16} {pl:<14} {:>12}   {}", p.shape.to_string(), human(local as u64), p.reason)?;
         }
         writeln!(f)?;
-        writeln!(f, "communication per training step (mesh {mesh}, batch {}, seq {}):", self.work.batch, self.work.seq)?;
+        writeln!(
+            f,
+            "communication per training step (mesh {mesh}, batch {}, seq {}):",
+            self.work.batch, self.work.seq
+        )?;
         if self.comm.total_calls() == 0 {
             writeln!(f, "  none")?;
         }
@@ -243,6 +252,12 @@ impl fmt::Display for PlanReport {
             human(m.total())
         )?;
         writeln!(f, "  ({} ZeRO-1: total {})", if self.work.zero1 { "without" } else { "with" }, human(o.total()))?;
-        writeln!(f, "memory per device, inference with a KV cache of {} x {} tokens: {}", self.work.batch, self.work.seq, human(self.infer))
+        writeln!(
+            f,
+            "memory per device, inference with a KV cache of {} x {} tokens: {}",
+            self.work.batch,
+            self.work.seq,
+            human(self.infer)
+        )
     }
 }

@@ -15,7 +15,7 @@
 //! Names play no part: the plan is the same after every parameter is renamed.
 
 use super::mesh::Mesh;
-use super::plan::{ParamPlan, ShardPlan};
+use super::plan::{ParamPlan, Role, ShardPlan};
 use super::rules::reshape_dim;
 use crate::autograd::OpMeta;
 use crate::{Backend, Error, Placement, Result, Tensor, TensorId};
@@ -286,7 +286,7 @@ pub fn plan_from_trace<B: Backend>(
 ) -> Result<ShardPlan> {
     let g = Graph::new(params, outputs);
     let mp = mesh.mp;
-    let mut chosen: BTreeMap<TensorId, (Placement, String)> = BTreeMap::new();
+    let mut chosen: BTreeMap<TensorId, (Placement, Role, String)> = BTreeMap::new();
     let mut problems = Vec::new();
     let mut failed: HashMap<TensorId, String> = HashMap::new();
     let name = |id: &TensorId| g.params.get(id).cloned().unwrap_or_default();
@@ -312,25 +312,26 @@ pub fn plan_from_trace<B: Backend>(
             }
             if w.why_not.is_none() && !w.rows.is_empty() && !w.vocab_end {
                 let pair = w.rows.iter().map(|(r, _)| name(r)).collect::<Vec<_>>().join(", ");
-                let mut members: Vec<(TensorId, Placement, String)> =
-                    vec![(p.id(), Placement::Shard(out_dim), format!("column of pair with {pair}"))];
+                let mut members: Vec<(TensorId, Placement, Role, String)> =
+                    vec![(p.id(), Placement::Shard(out_dim), Role::Column, format!("column of pair with {pair}"))];
                 for c in &w.columns {
                     let lookup = g.consumers.get(c).is_some_and(|v| v.iter().any(|(x, _)| g.op(*x) == "index_select"));
                     members.push((
                         *c,
                         Placement::Shard(if lookup { 1 } else { 0 }),
+                        Role::Column,
                         format!("column of pair with {pair}"),
                     ));
                 }
                 for b in &w.biases {
-                    members.push((*b, Placement::Shard(0), "bias of a column".into()));
+                    members.push((*b, Placement::Shard(0), Role::Column, "bias of a column".into()));
                 }
                 for (r, d) in &w.rows {
-                    members.push((*r, Placement::Shard(*d), format!("row of pair with {pname}")));
+                    members.push((*r, Placement::Shard(*d), Role::Row, format!("row of pair with {pname}")));
                 }
                 let uneven: Vec<String> = members
                     .iter()
-                    .filter_map(|(id, pl, _)| match pl {
+                    .filter_map(|(id, pl, _, _)| match pl {
                         Placement::Shard(d) => {
                             let t = &g
                                 .nodes
@@ -344,22 +345,30 @@ pub fn plan_from_trace<B: Backend>(
                     .collect();
                 if !uneven.is_empty() {
                     problems.push(format!("pair of {pname} does not split {mp} ways: {}", uneven.join(", ")));
-                    for (id, _, _) in members {
-                        chosen.insert(id, (Placement::Replicate, format!("replicated: pair does not split {mp} ways")));
+                    for (id, _, _, _) in members {
+                        chosen.insert(
+                            id,
+                            (
+                                Placement::Replicate,
+                                Role::Replicated,
+                                format!("replicated: pair does not split {mp} ways"),
+                            ),
+                        );
                     }
                 } else {
-                    for (id, pl, why) in members {
-                        chosen.entry(id).or_insert((pl, why));
+                    for (id, pl, role, why) in members {
+                        chosen.entry(id).or_insert((pl, role, why));
                     }
                 }
                 break;
             }
             if w.why_not.is_none() && w.rows.is_empty() && w.vocab_end && !table {
-                chosen.insert(p.id(), (Placement::Shard(out_dim), "vocabulary split (head)".into()));
+                chosen.insert(p.id(), (Placement::Shard(out_dim), Role::VocabHead, "vocabulary split (head)".into()));
                 break;
             }
             if table {
-                chosen.insert(p.id(), (Placement::Shard(0), "vocabulary split (lookup table)".into()));
+                chosen
+                    .insert(p.id(), (Placement::Shard(0), Role::VocabTable, "vocabulary split (lookup table)".into()));
                 break;
             }
         }
@@ -374,7 +383,8 @@ pub fn plan_from_trace<B: Backend>(
             None if p.rank() < 2 => "replicated (under two dims)".into(),
             None => "replicated (no pair)".into(),
         };
-        let (mut placement, mut reason) = chosen.get(&p.id()).cloned().unwrap_or((Placement::Replicate, fallback));
+        let (mut placement, mut role, mut reason) =
+            chosen.get(&p.id()).cloned().unwrap_or((Placement::Replicate, Role::Replicated, fallback));
         if let Placement::Shard(d) = placement {
             if p.dims()[d] % mp != 0 {
                 if strict {
@@ -385,12 +395,13 @@ pub fn plan_from_trace<B: Backend>(
                 }
                 reason = format!("replicated: dim {d} ({}) does not split {mp} ways (was: {reason})", p.dims()[d]);
                 placement = Placement::Replicate;
+                role = Role::Replicated;
             }
         }
         if mp == 1 {
             placement = Placement::Replicate;
         }
-        out.insert(pname.clone(), ParamPlan { shape: p.shape().clone(), placement, reason });
+        out.insert(pname.clone(), ParamPlan { role, shape: p.shape().clone(), placement, reason });
     }
     Ok(ShardPlan { mesh, params: out })
 }

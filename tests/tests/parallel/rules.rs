@@ -102,3 +102,18 @@ fn overrides_apply_and_a_regex_that_matches_nothing_is_an_error() {
     let e = plan.with_overrides(&[(r"norm1", Placement::Shard(1))]).unwrap_err();
     assert!(e.to_string().contains("does not divide") || e.to_string().contains("splits dim"), "{e}");
 }
+
+#[test]
+fn a_plan_for_another_mesh_is_rejected() {
+    use redco_core::dist::{spmd_cpu, SpmdOptions};
+    let plan = traced(LLAMA, Mesh::new(1, 2).unwrap(), false, true).unwrap();
+    let err = spmd_cpu(Mesh::new(1, 4).unwrap(), &SpmdOptions::default(), |rk| {
+        let mut m = Lm::new(&rk.backend, LLAMA, DType::F32, 3)?;
+        plan.apply(&mut m)
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("plan is for mesh 1x2 but this run has mesh 1x4"), "{err}");
+    let mut m = Lm::new(&Cpu::new(1), LLAMA, DType::F32, 3).unwrap();
+    let err = plan.apply(&mut m).unwrap_err();
+    assert!(err.to_string().contains("inside an SPMD run"), "{err}");
+}

@@ -37,7 +37,14 @@ fn train(b: &Cpu, cfg: Config, plan: Option<&ShardPlan>, dp: usize, zero1: bool)
     train_steps(b, cfg, plan, dp, zero1, 2)
 }
 
-fn train_steps(b: &Cpu, cfg: Config, plan: Option<&ShardPlan>, dp: usize, zero1: bool, steps: usize) -> Result<Trained> {
+fn train_steps(
+    b: &Cpu,
+    cfg: Config,
+    plan: Option<&ShardPlan>,
+    dp: usize,
+    zero1: bool,
+    steps: usize,
+) -> Result<Trained> {
     let mut m = Lm::new(b, cfg, DType::F32, 5)?;
     if let Some(p) = plan {
         p.apply(&mut m)?;
@@ -133,14 +140,23 @@ fn planner_predicts_the_measured_communication() {
     use redco_core::dist::planner::{predict_comm, ModelDims, Workload};
     let mesh: Mesh = "2x2".parse().unwrap();
     let plan = crate::rules::traced(LLAMA, mesh, false, true).unwrap();
-    let dims = ModelDims { layers: LLAMA.layers, hidden: LLAMA.hidden, heads: LLAMA.heads, kv_heads: LLAMA.kv_heads, vocab: LLAMA.vocab };
+    let dims = ModelDims {
+        layers: LLAMA.layers,
+        hidden: LLAMA.hidden,
+        heads: LLAMA.heads,
+        kv_heads: LLAMA.kv_heads,
+        vocab: LLAMA.vocab,
+    };
     for zero1 in [false, true] {
         let measured = spmd_cpu(mesh, &SpmdOptions::default(), |rk| {
             let mut m = Lm::new(&rk.backend, LLAMA, DType::F32, 5)?;
             plan.apply(&mut m)?;
             let [ids, labels, mask] = data(&rk.backend, LLAMA.vocab, 0)?;
-            let (ids, labels, mask) =
-                (ids.shard_along(MeshAxis::Dp, 0)?, labels.shard_along(MeshAxis::Dp, 0)?, mask.shard_along(MeshAxis::Dp, 0)?);
+            let (ids, labels, mask) = (
+                ids.shard_along(MeshAxis::Dp, 0)?,
+                labels.shard_along(MeshAxis::Dp, 0)?,
+                mask.shard_along(MeshAxis::Dp, 0)?,
+            );
             let mut opt = AdamW::new(AdamWConfig { zero1, ..Default::default() });
             rk.comm.reset_stats();
             let loss = m.loss(&ids, &labels, Some(&mask))?;

@@ -1,0 +1,139 @@
+//! Reading Hugging Face `config.json`: the architecture and the sizes the planner needs,
+//! and the parameter names and shapes that transformers uses for it.
+
+use redco_core::dist::planner::ModelDims;
+use redco_core::{Error, Result, Shape};
+use serde_json::Value;
+use std::path::Path;
+
+/// The fields of a `config.json` that redco reads, across the key variants transformers
+/// writes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HfConfig {
+    /// `model_type` (`llama`, `gptj`, `opt`, `t5`, ...).
+    pub model_type: String,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Layers.
+    pub layers: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Key/value heads (= heads without grouped-query attention).
+    pub kv_heads: usize,
+    /// Feed-forward size.
+    pub intermediate: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Head dimension (`head_dim`, else hidden / heads).
+    pub head_dim: usize,
+    /// Input and output embeddings share one matrix.
+    pub tie_word_embeddings: bool,
+    /// LLaMA `attention_bias`.
+    pub attention_bias: bool,
+    /// LLaMA `mlp_bias`.
+    pub mlp_bias: bool,
+}
+
+fn get(v: &Value, keys: &[&str]) -> Option<u64> {
+    keys.iter().find_map(|k| v.get(*k).and_then(Value::as_u64))
+}
+
+impl HfConfig {
+    /// Reads `<dir>/config.json`.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        if !dir.is_dir() {
+            return Err(Error::invalid("config", format!("model directory {} does not exist", dir.display())));
+        }
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| Error::invalid("config", format!("cannot read {}: {e}", path.display())))?;
+        Self::from_json(&text).map_err(|e| Error::invalid("config", format!("{}: {e}", path.display())))
+    }
+
+    /// Parses the text of a `config.json`.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let v: Value =
+            serde_json::from_str(text).map_err(|e| Error::invalid("config", format!("not valid JSON: {e}")))?;
+        let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("").to_string();
+        let need = |keys: &[&str]| {
+            get(&v, keys).map(|x| x as usize).ok_or_else(|| {
+                Error::invalid("config", format!("model_type `{model_type}`: missing `{}`", keys.join("` or `")))
+            })
+        };
+        let hidden = need(&["hidden_size", "n_embd", "d_model"])?;
+        let heads = need(&["num_attention_heads", "n_head", "num_heads"])?;
+        if heads == 0 || hidden == 0 {
+            return Err(Error::invalid("config", "hidden size and heads must be positive"));
+        }
+        let cfg = HfConfig {
+            hidden,
+            layers: need(&["num_hidden_layers", "n_layer", "num_layers"])?,
+            heads,
+            kv_heads: get(&v, &["num_key_value_heads"]).map_or(heads, |x| x as usize),
+            intermediate: get(&v, &["intermediate_size", "n_inner", "ffn_dim", "d_ff"])
+                .map_or(4 * hidden, |x| x as usize),
+            vocab: need(&["vocab_size"])?,
+            head_dim: get(&v, &["head_dim", "d_kv"]).map_or(hidden / heads, |x| x as usize),
+            tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(model_type != "llama"),
+            attention_bias: v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false),
+            mlp_bias: v.get("mlp_bias").and_then(Value::as_bool).unwrap_or(false),
+            model_type,
+        };
+        Ok(cfg)
+    }
+
+    /// The sizes the planner needs.
+    pub fn dims(&self) -> ModelDims {
+        ModelDims {
+            layers: self.layers,
+            hidden: self.hidden,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            vocab: self.vocab,
+        }
+    }
+
+    /// Parameter names and shapes as transformers stores them. Supported: `llama`.
+    pub fn param_shapes(&self) -> Result<Vec<(String, Shape)>> {
+        match self.model_type.as_str() {
+            "llama" | "mistral" => Ok(self.llama_params()),
+            other => Err(Error::invalid(
+                "config",
+                format!("model_type `{other}` is not supported yet (supported: llama, mistral)"),
+            )),
+        }
+    }
+
+    fn llama_params(&self) -> Vec<(String, Shape)> {
+        let (h, hd, i) = (self.hidden, self.head_dim, self.intermediate);
+        let mut v = vec![("model.embed_tokens.weight".to_string(), Shape::new([self.vocab, h]))];
+        for l in 0..self.layers {
+            let p = |s: &str| format!("model.layers.{l}.{s}");
+            v.push((p("input_layernorm.weight"), Shape::new([h])));
+            for (n, out) in
+                [("q_proj", self.heads * hd), ("k_proj", self.kv_heads * hd), ("v_proj", self.kv_heads * hd)]
+            {
+                v.push((p(&format!("self_attn.{n}.weight")), Shape::new([out, h])));
+                if self.attention_bias {
+                    v.push((p(&format!("self_attn.{n}.bias")), Shape::new([out])));
+                }
+            }
+            v.push((p("self_attn.o_proj.weight"), Shape::new([h, self.heads * hd])));
+            if self.attention_bias {
+                v.push((p("self_attn.o_proj.bias"), Shape::new([h])));
+            }
+            v.push((p("post_attention_layernorm.weight"), Shape::new([h])));
+            for (n, shape) in [("gate_proj", [i, h]), ("up_proj", [i, h]), ("down_proj", [h, i])] {
+                v.push((p(&format!("mlp.{n}.weight")), Shape::new(shape)));
+                if self.mlp_bias {
+                    v.push((p(&format!("mlp.{n}.bias")), Shape::new([shape[0]])));
+                }
+            }
+        }
+        v.push(("model.norm.weight".to_string(), Shape::new([h])));
+        if !self.tie_word_embeddings {
+            v.push(("lm_head.weight".to_string(), Shape::new([self.vocab, h])));
+        }
+        v
+    }
+}

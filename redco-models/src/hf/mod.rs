@@ -1,0 +1,3 @@
+//! Hugging Face formats: `config.json` (more to come: safetensors, tokenizers).
+
+pub mod config;

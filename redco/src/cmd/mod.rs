@@ -1,0 +1,4 @@
+//! One module per `redco` subcommand.
+
+pub mod info;
+pub mod plan;

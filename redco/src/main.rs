@@ -1,0 +1,39 @@
+//! The `redco` command-line program.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// redco: automatic distributed training and inference of large language models.
+#[derive(Parser)]
+#[command(name = "redco", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show how a model splits over a mesh: every parameter's placement and bytes per
+    /// device, the communication of one training step, memory for training and inference,
+    /// and the smallest model-parallel size that fits a device.
+    Plan(cmd::plan::PlanArgs),
+    /// Show the backends compiled in, the devices found and the threads used.
+    Info,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Plan(a) => cmd::plan::run(a),
+        Command::Info => cmd::info::run(),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("redco: error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! `redco plan` as a script sees it: output, exit codes and one-line errors.
+
+use std::process::Command;
+
+fn redco(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_redco")).args(args).output().expect("run redco");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+fn model_dir(name: &str, heads: usize) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("redco-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let cfg = format!(
+        r#"{{"model_type":"llama","hidden_size":256,"intermediate_size":688,"num_attention_heads":{heads},"num_hidden_layers":4,"num_key_value_heads":{heads},"vocab_size":1000,"tie_word_embeddings":false}}"#
+    );
+    std::fs::write(d.join("config.json"), cfg).unwrap();
+    d
+}
+
+#[test]
+fn plan_prints_placements_communication_memory_and_the_smallest_mp() {
+    let d = model_dir("ok", 8);
+    let (code, out, err) = redco(&[
+        "plan",
+        "--model",
+        d.to_str().unwrap(),
+        "--mesh",
+        "2x2",
+        "--batch",
+        "4",
+        "--seq",
+        "128",
+        "--device-memory",
+        "10MB",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("model.layers.0.self_attn.q_proj.weight"), "{out}");
+    assert!(out.contains("split dim 0") && out.contains("split dim 1"), "{out}");
+    // 4 layers: 2 pairs each, plus embedding and head, plus 3 cross-entropy scalars
+    assert!(out.contains("AllReduce over Mp: 21 calls"), "{out}");
+    assert!(out.contains("memory per device, training"), "{out}");
+    assert!(out.contains("smallest mp"), "{out}");
+}
+
+#[test]
+fn a_missing_model_directory_is_a_one_line_error() {
+    let (code, out, err) = redco(&["plan", "--model", "/definitely/not/here", "--mesh", "1x2"]);
+    assert_eq!(code, 2);
+    assert!(out.is_empty());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("does not exist"), "{err}");
+}
+
+#[test]
+fn a_bad_mesh_and_unsplittable_heads_are_errors() {
+    let d = model_dir("heads", 6);
+    let (code, _, err) = redco(&["plan", "--model", d.to_str().unwrap(), "--mesh", "2by2"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("DPxMP"), "{err}");
+    let (code, _, err) = redco(&["plan", "--model", d.to_str().unwrap(), "--mesh", "1x4", "--strict"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("do not split over mp=4"), "{err}");
+}
