@@ -189,7 +189,7 @@ pub fn smallest_mp(
     train: bool,
     make_plan: impl Fn(Mesh) -> ShardPlan,
 ) -> Option<(usize, u64)> {
-    (1..=max_mp).filter(|m| dims.heads % m == 0 && dims.kv_heads % m == 0).find_map(|mp| {
+    (1..=max_mp).filter(|m| dims.heads.is_multiple_of(*m) && dims.kv_heads.is_multiple_of(*m)).find_map(|mp| {
         let plan = make_plan(Mesh { dp, mp });
         let need =
             if train { train_memory(&plan, dims, work, work.zero1).total() } else { infer_memory(&plan, dims, work) };

@@ -68,7 +68,7 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
         "bf16" | "f16" => 2,
         d => return Err(format!("unknown dtype `{d}` (use f32, bf16 or f16)")),
     };
-    if a.batch % mesh.dp != 0 {
+    if !a.batch.is_multiple_of(mesh.dp) {
         return Err(format!("batch {} does not split over dp={}", a.batch, mesh.dp));
     }
     if cfg.heads % mesh.mp != 0 || cfg.kv_heads % mesh.mp != 0 {
