@@ -9,6 +9,7 @@
 //! - [`reference`]: naive f64 implementations of every op family;
 //! - [`strategies`]: proptest shapes (odd sizes, size 1, broadcasting).
 
+pub mod blocks;
 pub mod check;
 pub mod composite;
 pub mod models;

@@ -25,7 +25,19 @@ const COLUMN: &[&str] = &[
     "c_fc",
 ];
 const ROW: &[&str] = &["o_proj", "out_proj", "down_proj", "fc_out", "wo", "o", "fc2", "c_proj", "dense"];
-const VOCAB: &[&str] = &["embed", "embed_tokens", "wte", "shared", "word_embeddings", "lm_head"];
+const VOCAB: &[&str] = &[
+    "embed",
+    "embed_tokens",
+    "embed_positions",
+    "wte",
+    "wpe",
+    "shared",
+    "word_embeddings",
+    "position_embeddings",
+    "lm_head",
+];
+/// Tables whose columns are attention heads (T5's relative-position bias).
+const HEAD_TABLES: &[&str] = &["relative_attention_bias"];
 
 /// The plan the name heuristics give for parameters `(name, shape)` on `mesh`.
 pub fn plan_by_names(params: &[(String, Shape)], mesh: Mesh) -> ShardPlan {
@@ -35,16 +47,20 @@ pub fn plan_by_names(params: &[(String, Shape)], mesh: Mesh) -> ShardPlan {
         let leaf = parts.last().copied().unwrap_or("");
         let owner = if parts.len() >= 2 { parts[parts.len() - 2] } else { "" };
         let is_w = leaf == "weight";
-        let (want, role, why) = if VOCAB.contains(&owner) && is_w && shape.rank() == 2 {
-            let role = if owner == "lm_head" { Role::VocabHead } else { Role::VocabTable };
-            (Placement::Shard(0), role, "vocabulary split (name)")
-        } else if COLUMN.contains(&owner) && shape.rank() <= 2 {
-            (Placement::Shard(0), Role::Column, "column (name)")
-        } else if ROW.contains(&owner) && is_w && shape.rank() == 2 {
-            (Placement::Shard(1), Role::Row, "row (name)")
-        } else {
-            (Placement::Replicate, Role::Replicated, "replicated")
-        };
+        let (want, role, why) =
+            if VOCAB.contains(&owner) && ((is_w && shape.rank() == 2) || (!is_w && shape.rank() == 1)) {
+                let role = if owner == "lm_head" { Role::VocabHead } else { Role::VocabTable };
+                let role = if is_w { role } else { Role::Column };
+                (Placement::Shard(0), role, "vocabulary split (name)")
+            } else if HEAD_TABLES.contains(&owner) && is_w && shape.rank() == 2 {
+                (Placement::Shard(1), Role::Column, "split by heads (name)")
+            } else if COLUMN.contains(&owner) && shape.rank() <= 2 {
+                (Placement::Shard(0), Role::Column, "column (name)")
+            } else if ROW.contains(&owner) && is_w && shape.rank() == 2 {
+                (Placement::Shard(1), Role::Row, "row (name)")
+            } else {
+                (Placement::Replicate, Role::Replicated, "replicated")
+            };
         let (placement, role, reason) = match want {
             Placement::Shard(d) if !shape.dims()[d].is_multiple_of(mesh.mp) => (
                 Placement::Replicate,

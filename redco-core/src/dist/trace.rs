@@ -117,7 +117,15 @@ impl<B: Backend> Graph<B> {
             let op = t.op_name()?;
             let ins = t.op_inputs();
             if op == "matmul" {
-                return ins.get(1).map(|w| w.id()).filter(|w| self.params.contains_key(w));
+                // a weight matmul ends the search; a product of activations (attention
+                // scores) is split like its left operand
+                match ins.get(1).map(|w| w.id()).filter(|w| self.params.contains_key(w)) {
+                    Some(w) => return Some(w),
+                    None => {
+                        id = ins.first()?.id();
+                        continue;
+                    }
+                }
             }
             if op == "index_select" {
                 return ins.first().map(|w| w.id()).filter(|w| self.params.contains_key(w));
@@ -364,6 +372,9 @@ pub fn plan_from_trace<B: Backend>(
             }
             if w.why_not.is_none() && w.rows.is_empty() && w.vocab_end && !table {
                 chosen.insert(p.id(), (Placement::Shard(out_dim), Role::VocabHead, "vocabulary split (head)".into()));
+                for b in &w.biases {
+                    chosen.insert(*b, (Placement::Shard(0), Role::Column, "bias of a vocabulary-split head".into()));
+                }
                 break;
             }
             if table {

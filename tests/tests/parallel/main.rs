@@ -1,5 +1,6 @@
 //! Parallelism tests: collectives, the SPMD runner, failure handling.
 
+mod architectures;
 mod collectives;
 mod rules;
 mod tensor_parallel;
