@@ -3,5 +3,6 @@
 mod architectures;
 mod collectives;
 mod rules;
+mod sharded_ops;
 mod tensor_parallel;
 mod training;
