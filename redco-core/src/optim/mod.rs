@@ -3,9 +3,13 @@
 //! sharding of the optimizer state over the data-parallel axis.
 
 mod adamw;
+mod clip;
+mod schedule;
 mod sgd;
 
 pub use adamw::{AdamW, AdamWConfig};
+pub use clip::{clip_grad_norm, global_grad_norm};
+pub use schedule::{Decay, Schedule};
 pub use sgd::Sgd;
 
 use crate::{Backend, GradStore, Result, Tensor};

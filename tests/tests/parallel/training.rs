@@ -174,3 +174,46 @@ fn planner_predicts_the_measured_communication() {
         assert_eq!(predicted, measured, "zero1 {zero1}\npredicted:\n{predicted}\nmeasured:\n{measured}");
     }
 }
+
+/// The global gradient norm (for clipping) counts every element once across the mesh.
+#[test]
+fn global_grad_norm_counts_every_shard_once() {
+    use redco_core::optim::{clip_grad_norm, global_grad_norm};
+    let norm = |b: &Cpu, plan: Option<&ShardPlan>, dp: usize| -> Result<(f64, f64)> {
+        let mut m = Lm::new(b, LLAMA, DType::F32, 5)?;
+        if let Some(p) = plan {
+            p.apply(&mut m)?;
+        }
+        let [mut ids, mut labels, mut mask] = data(b, LLAMA.vocab, 0)?;
+        if dp > 1 {
+            ids = ids.shard_along(MeshAxis::Dp, 0)?;
+            labels = labels.shard_along(MeshAxis::Dp, 0)?;
+            mask = mask.shard_along(MeshAxis::Dp, 0)?;
+        }
+        let mut grads = m.loss(&ids, &labels, Some(&mask))?.backward()?;
+        let params: Vec<Tensor<Cpu>> = m.named_parameters().into_iter().map(|(_, t)| t).collect();
+        sync_grads(&params, &mut grads, DEFAULT_BUCKET_BYTES)?;
+        let before = clip_grad_norm(&params, &mut grads, 0.5)?;
+        Ok((before, global_grad_norm(&params, &grads)?))
+    };
+    let (want, _) = norm(&Cpu::new(2), None, 1).unwrap();
+    let mesh: Mesh = "2x2".parse().unwrap();
+    let plan = crate::rules::traced(LLAMA, mesh, false, true).unwrap();
+    for (before, after) in spmd_cpu(mesh, &SpmdOptions::default(), |rk| norm(&rk.backend, Some(&plan), 2)).unwrap() {
+        assert_close(&[before], &[want], 1e-5, "global norm at 2x2");
+        assert!(want > 0.5, "the test clips");
+        assert_close(&[after], &[0.5], 1e-6, "norm after clipping");
+    }
+}
+
+#[test]
+fn schedules_warm_up_and_decay() {
+    use redco_core::optim::{Decay, Schedule};
+    let s = Schedule { peak: 1.0, warmup: 4, total: 14, decay: Decay::Linear };
+    let lrs: Vec<f64> = (0..15).map(|i| s.lr(i)).collect();
+    assert_close(&lrs[..5], &[0.25, 0.5, 0.75, 1.0, 1.0], 1e-12, "warmup then peak");
+    assert_close(&lrs[9..], &[0.5, 0.4, 0.3, 0.2, 0.1, 0.0], 1e-12, "linear decay");
+    let c = Schedule { decay: Decay::Cosine, ..s };
+    assert_close(&[c.lr(9), c.lr(14)], &[0.5, 0.0], 1e-12, "cosine half-way and end");
+    assert_eq!(Schedule { decay: Decay::Constant, ..s }.lr(100), 1.0);
+}

@@ -1,0 +1,52 @@
+//! Clipping by the global gradient norm over every shard of every parameter.
+
+use crate::dist::{current_comm, ReduceKind};
+use crate::{no_grad, Backend, GradStore, MeshAxis, Placement, Result, Tensor};
+
+/// The global L2 norm of the gradients of `params`, counting each element once across the
+/// mesh: model-parallel shards add up (one scalar all-reduce), replicated gradients count
+/// once. Gradients must already be summed over the data-parallel axis.
+pub fn global_grad_norm<B: Backend>(params: &[Tensor<B>], grads: &GradStore<B>) -> Result<f64> {
+    no_grad(|| {
+        let (mut split, mut whole) = (0.0f64, 0.0f64);
+        for p in params {
+            let Some(g) = grads.get(p) else { continue };
+            let local = Tensor::from_storage(g.backend(), g.storage().clone(), g.local_shape().clone(), g.dtype());
+            let sq = local.cast(crate::DType::F64)?.square()?.sum_all()?.to_scalar()?;
+            if matches!(g.placements().get(MeshAxis::Mp), Placement::Shard(_)) {
+                split += sq;
+            } else {
+                whole += sq;
+            }
+        }
+        if let Some(c) = current_comm::<B>() {
+            if c.mesh().mp > 1 {
+                let b = params.first().map(|p| p.backend().clone());
+                if let Some(b) = b {
+                    let s = b.upload(&crate::HostData::F64(vec![split]))?;
+                    let r = c.all_reduce(MeshAxis::Mp, &s, ReduceKind::Sum, 8)?;
+                    split = b.download(&r)?.to_f64_vec()[0];
+                }
+            }
+        }
+        Ok((split + whole).sqrt())
+    })
+}
+
+/// Scales every gradient so that the global norm is at most `max_norm`; returns the norm
+/// before clipping. A non-finite norm is returned unchanged (the caller decides).
+pub fn clip_grad_norm<B: Backend>(params: &[Tensor<B>], grads: &mut GradStore<B>, max_norm: f64) -> Result<f64> {
+    let norm = global_grad_norm(params, grads)?;
+    if norm.is_finite() && norm > max_norm && norm > 0.0 {
+        let s = max_norm / norm;
+        no_grad(|| -> Result<()> {
+            for p in params {
+                if let Some(g) = grads.get(p).cloned() {
+                    grads.insert(p, g.scale(s)?);
+                }
+            }
+            Ok(())
+        })?;
+    }
+    Ok(norm)
+}
