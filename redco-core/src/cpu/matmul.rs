@@ -2,7 +2,7 @@
 //! f32 uses the AVX-512 GEMM when the CPU has it; everything else the `gemm` crate.
 
 use super::real::Real;
-use super::{floats, Floats, Store};
+use super::{floats, sgemm, Floats, Store};
 use crate::backend::MatmulSpec;
 use crate::{DType, Error, HostData, Result};
 use rayon::prelude::*;
@@ -94,6 +94,38 @@ impl GemmElem for f32 {
     }
 }
 
+/// f32 through the AVX-512 GEMM, writing a fresh output without zero-filling it first.
+fn matmul_f32_fast(a: &[f32], b: &[f32], spec: &MatmulSpec, threads: usize) -> Result<Vec<f32>> {
+    let (sa, sb, sc) = (spec.m * spec.k, spec.k * spec.n, spec.m * spec.n);
+    let need_a = if spec.a_batched { spec.batch * sa } else { sa };
+    let need_b = if spec.b_batched { spec.batch * sb } else { sb };
+    if a.len() != need_a || b.len() != need_b {
+        return Err(Error::invalid("matmul", format!("operand sizes {} and {} do not match {:?}", a.len(), b.len(), spec)));
+    }
+    let total = spec.batch * sc;
+    let mut c: Vec<f32> = Vec::with_capacity(total);
+    if sc > 0 {
+        let st = strides(spec);
+        let a_of = |i: usize| sgemm::MatRef { data: if spec.a_batched { &a[i * sa..(i + 1) * sa] } else { a }, rs: st.a_rs, cs: st.a_cs };
+        let b_of = |i: usize| sgemm::MatRef { data: if spec.b_batched { &b[i * sb..(i + 1) * sb] } else { b }, rs: st.b_rs, cs: st.b_cs };
+        let out = &mut c.spare_capacity_mut()[..total];
+        let small = sc * spec.k < 128 * 128 * 128;
+        if spec.batch > 1 && small && threads > 1 {
+            out.par_chunks_mut(sc).enumerate().for_each(|(i, ci)| {
+                sgemm::sgemm_uninit(spec.m, spec.n, spec.k, a_of(i), b_of(i), ci, spec.n, 1);
+            });
+        } else {
+            for (i, ci) in out.chunks_mut(sc).enumerate() {
+                sgemm::sgemm_uninit(spec.m, spec.n, spec.k, a_of(i), b_of(i), ci, spec.n, threads);
+            }
+        }
+    }
+    // SAFETY: `sgemm_uninit` wrote every element of every `m x n` block (it returns false
+    // only without AVX-512, which `sgemm_enabled` ruled out), so all `total` are initialised.
+    unsafe { c.set_len(total) };
+    Ok(c)
+}
+
 fn matmul_t<T: Real + GemmElem + Store>(a: &[T], b: &[T], spec: &MatmulSpec, threads: usize) -> Result<Vec<T>> {
     let (sa, sb, sc) = (spec.m * spec.k, spec.k * spec.n, spec.m * spec.n);
     let need_a = if spec.a_batched { spec.batch * sa } else { sa };
@@ -128,6 +160,7 @@ pub(crate) fn matmul(a: &HostData, b: &HostData, spec: &MatmulSpec, dt: DType, t
         return Err(Error::UnsupportedDType { op: "matmul", dtype: dt });
     }
     match (floats(a), floats(b)) {
+        (Floats::F32(x), Floats::F32(y)) if super::sgemm_enabled() => Ok(f32::store(matmul_f32_fast(&x, &y, spec, threads)?, dt)),
         (Floats::F32(x), Floats::F32(y)) => Ok(f32::store(matmul_t(&x, &y, spec, threads)?, dt)),
         (Floats::F64(x), Floats::F64(y)) => Ok(f64::store(matmul_t(&x, &y, spec, threads)?, dt)),
         _ => Err(Error::invalid("matmul", "operands have different dtypes")),

@@ -364,14 +364,19 @@ pub(crate) fn sgemm_hook(
     b_st: (usize, usize),
     threads: usize,
 ) -> bool {
-    // REDCO_NO_SGEMM=1 falls back to the `gemm` crate (for comparisons).
-    static DISABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *DISABLED.get_or_init(|| std::env::var_os("REDCO_NO_SGEMM").is_some()) {
+    if !sgemm_enabled() {
         return false;
     }
     let a = sgemm::MatRef { data: a, rs: a_st.0, cs: a_st.1 };
     let b = sgemm::MatRef { data: b, rs: b_st.0, cs: b_st.1 };
     sgemm::sgemm(m, n, k, a, b, c, n, false, threads)
+}
+
+/// True when the AVX-512 GEMM runs here (`REDCO_NO_SGEMM=1` falls back to the `gemm`
+/// crate, for comparisons).
+pub(crate) fn sgemm_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("REDCO_NO_SGEMM").is_none() && sgemm::is_supported())
 }
 
 /// `len` elements of `h` from flat offset `start`.

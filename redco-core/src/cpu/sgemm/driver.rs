@@ -2,18 +2,23 @@
 //!
 //! Loop nest (per call):
 //! ```text
-//! for ic in M blocks of MC rows:             (packed A block, L3 resident)
-//!   for pc in K blocks of <= KC (equal sizes):
-//!     pack A[ic.., pc..] cooperatively        (fork-join #1, dynamic chunks of 8 panels)
-//!     tasks = (M chunk) x (N block of <= NC columns; #blocks a multiple of the thread count),
-//!     handed out dynamically to <= `threads` workers:   (fork-join #2)
-//!       pack B[pc.., block] into a per-thread buffer    (KC x NC, L2 resident)
-//!       for each MR panel of A in the M chunk:
-//!         for each NR panel of the B block:             (B streams from L2)
-//!           prefetch next C tile to L2; micro-kernel
+//! for ic in M blocks of MC rows (A for all of K is packed once per M block, L3 resident):
+//!   one fork: tasks = (M chunk) x (N block of <= NC columns), equal sized, owned round-robin
+//!   by <= `threads` workers; each worker runs, for every K block pc (equal sizes <= KC),
+//!   each of its tasks:
+//!     pack B[pc.., block] into a per-thread buffer         (KC x NC, L2 resident)
+//!     for each MR panel of A in the M chunk (tasks start at staggered panels):
+//!       claim-and-pack the A panel if nobody has yet, else wait until it is ready
+//!       for each NR panel of the B block:                   (A panel in L1, B from L2)
+//!         prefetch the next C tile to L2; micro-kernel
 //! ```
+//! A panels are packed on demand by whichever task needs them first (an atomic state per
+//! panel), so packing overlaps with compute, the packer uses the panel while it is hot, and
+//! there is a single fork-join per M block (no barrier per K block).
+//! A task waits only for a panel that another *running* task is packing (packing never
+//! blocks), so this cannot deadlock even if rayon runs the workers one after another.
 //! The first K block writes C (`C = ...`) unless `accumulate`; later K blocks add to it.
-//! M is only split (and B then packed once per M chunk) when N has too few panels.
+//! M is only split (and B then packed once per M chunk) when N has fewer panels than threads.
 
 use super::buffer::{with_buf, Slot};
 use super::kernel_avx512::{kernel, TileDst, MR, NR};
@@ -21,14 +26,14 @@ use super::pack::{pack_a_panel, pack_b_block};
 use super::MatRef;
 use rayon::prelude::*;
 use std::arch::x86_64::*;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Target depth of a K block (rounded so that all K blocks have similar size).
 pub(crate) const KC: usize = 512;
-/// Maximum width of a per-task packed B block (`KC * NC * 4` bytes = 768 KiB, ~40% of L2).
-pub(crate) const NC: usize = 384;
-/// Height of the shared packed A block (multiple of MR).
-pub(crate) const MC: usize = MR * 192;
+/// Maximum width of a per-task packed B block (`KC * NC * 4` bytes = 1 MiB, half of L2).
+pub(crate) const NC: usize = 512;
+/// Upper bound on the packed A buffer (f32 elements, 32 MiB): bounds the M block height.
+const A_BUF_MAX: usize = 8 << 20;
 
 /// Raw pointer wrapper that may be shared across rayon tasks.
 #[derive(Clone, Copy)]
@@ -55,15 +60,6 @@ struct Op {
     cs: usize,
 }
 
-/// Runs `f(t)` for `t in 0..ntasks`, in parallel on the current rayon pool when `ntasks > 1`.
-fn par_for(ntasks: usize, f: impl Fn(usize) + Sync + Send) {
-    if ntasks <= 1 {
-        f(0);
-    } else {
-        (0..ntasks).into_par_iter().with_max_len(1).for_each(f);
-    }
-}
-
 /// Splits `len` items into `parts` contiguous near-equal ranges; returns range `i`.
 fn split(len: usize, parts: usize, i: usize) -> (usize, usize) {
     let base = len / parts;
@@ -81,7 +77,7 @@ pub(crate) fn gemm(
     k: usize,
     a: MatRef,
     b: MatRef,
-    c: &mut [f32],
+    c: *mut f32,
     ldc: usize,
     accumulate: bool,
     threads: usize,
@@ -89,7 +85,7 @@ pub(crate) fn gemm(
     let nt = threads.min(rayon::current_num_threads()).max(1);
     let a_op = Op { ptr: SendPtr(a.data.as_ptr() as *mut f32), rs: a.rs, cs: a.cs };
     let b_op = Op { ptr: SendPtr(b.data.as_ptr() as *mut f32), rs: b.rs, cs: b.cs };
-    let c_op = Op { ptr: SendPtr(c.as_mut_ptr()), rs: ldc, cs: 1 };
+    let c_op = Op { ptr: SendPtr(c), rs: ldc, cs: 1 };
     // Narrow N and tall M: compute C^T = B^T A^T so that the vector dimension is the long one.
     if n < NR && m >= 2 * NR {
         let at = Op { ptr: b_op.ptr, rs: b.cs, cs: b.rs };
@@ -101,22 +97,33 @@ pub(crate) fn gemm(
     }
 }
 
-/// Runs `f(task)` for every `task in 0..ntasks` on at most `nt` rayon workers, handing tasks
-/// out dynamically (an atomic counter) so a slowed-down core does not stall the others.
-fn par_dyn(nt: usize, ntasks: usize, f: impl Fn(usize) + Sync + Send) {
-    let workers = nt.min(ntasks);
-    if workers <= 1 {
-        (0..ntasks).for_each(f);
-        return;
+/// Runs `f(i)` for `i in 0..n`, in parallel on the current rayon pool when `n > 1`.
+fn par_for(n: usize, f: impl Fn(usize) + Sync + Send) {
+    if n <= 1 {
+        (0..n).for_each(f);
+    } else {
+        (0..n).into_par_iter().with_max_len(1).for_each(f);
     }
-    let next = AtomicUsize::new(0);
-    par_for(workers, |_| loop {
-        let t = next.fetch_add(1, Ordering::Relaxed);
-        if t >= ntasks {
-            break;
-        }
-        f(t);
-    });
+}
+
+/// Panel state: not packed yet.
+const EMPTY: u8 = 0;
+/// Panel state: a running task is packing it.
+const BUSY: u8 = 1;
+/// Panel state: packed and readable.
+const READY: u8 = 2;
+
+/// Geometry shared by all tasks of one M block.
+#[derive(Clone, Copy)]
+struct Block {
+    /// First row of the M block.
+    ic: usize,
+    /// A panels in the M block.
+    mp: usize,
+    /// Depth of every K block except possibly the last (also the A panel stride unit).
+    kc_max: usize,
+    /// Full problem shape (m, n, k).
+    shape: (usize, usize, usize),
 }
 
 /// Core blocked GEMM on raw strided operands (C may have any strides).
@@ -125,109 +132,161 @@ fn gemm_strided(m: usize, n: usize, k: usize, a: Op, b: Op, c: Op, accumulate: b
     let np = n.div_ceil(NR);
     let kblocks = k.div_ceil(KC);
     let kc_max = k.div_ceil(kblocks);
-    let mc_max = m.min(MC);
+    // M block height: the whole packed A (all K blocks) of an M block stays in the buffer.
+    let mc = ((A_BUF_MAX / (kc_max * kblocks)).max(MR) / MR) * MR;
+    let mc_max = m.min(mc);
     // N blocks: at most NC wide, a multiple of the thread count (balanced split of panels).
     let ncp_max = (NC / NR).max(1);
     let nblocks = if nt > 1 { nt * np.div_ceil(nt * ncp_max) } else { np.div_ceil(ncp_max) }.min(np);
     with_buf(Slot::A, |abuf| {
-        let apack = SendPtr(abuf.reserve(mc_max.div_ceil(MR) * MR * kc_max));
+        let mp_max = mc_max.div_ceil(MR);
+        let apack = SendPtr(abuf.reserve(mp_max * MR * kc_max * kblocks));
+        let flags: Vec<AtomicU8> = (0..mp_max * kblocks).map(|_| AtomicU8::new(EMPTY)).collect();
         let mut ic = 0;
         while ic < m {
-            let mb = (m - ic).min(MC);
+            let mb = (m - ic).min(mc);
             let mp = mb.div_ceil(MR);
-            // Too few N blocks to keep every thread busy: also split M.
-            let mchunks = if nblocks >= 2 * nt { 1 } else { (2 * nt).div_ceil(nblocks).min(mp) };
-            let mut pc = 0;
-            for kb in 0..kblocks {
-                let kc = (k - pc).min(kc_max);
-                let load_c = accumulate || kb > 0;
-                // 1) Pack the A block cooperatively (chunks of APANELS micro-panels).
-                const APANELS: usize = 8;
-                let a_threads = if mp * kc >= 32 * 1024 { nt } else { 1 };
-                par_dyn(a_threads, mp.div_ceil(APANELS), |t| {
-                    for ip in t * APANELS..((t + 1) * APANELS).min(mp) {
-                        let r0 = ic + ip * MR;
-                        let rows = (m - r0).min(MR);
-                        // SAFETY: A(r0.., pc..) with rows x kc elements is in bounds (validated
-                        // by the caller); the destination panel ip lies inside the A buffer and
-                        // panels are disjoint between tasks.
-                        unsafe {
-                            pack_a_panel(
-                                kc,
-                                rows,
-                                a.ptr.get().add(r0 * a.rs + pc * a.cs),
-                                a.rs,
-                                a.cs,
-                                apack.get().add(ip * MR * kc),
-                            );
-                        }
-                    }
-                });
-                // 2) Compute: tasks are (M chunk, N block) pairs.
-                par_dyn(nt, mchunks * nblocks, |t| {
-                    let (mi, nb) = (t / nblocks, t % nblocks);
-                    let (pm0, pm1) = split(mp, mchunks, mi);
-                    let (pn0, pn1) = split(np, nblocks, nb);
-                    // SAFETY: tasks write disjoint C tiles (disjoint M or N panel ranges);
-                    // A buffer is only read here.
-                    unsafe { compute_task((pm0, pm1), (pn0, pn1), (ic, pc, kc), (m, n), apack.get(), b, c, load_c) };
-                });
-                pc += kc;
+            if ic > 0 {
+                flags.iter().for_each(|f| f.store(EMPTY, Ordering::Relaxed));
             }
+            // Fewer N blocks than threads: also split M.
+            let mchunks = if nblocks >= nt { 1 } else { nt.div_ceil(nblocks).min(mp) };
+            let blk = Block { ic, mp, kc_max, shape: (m, n, k) };
+            let flags = &flags;
+            let ntasks = mchunks * nblocks;
+            let task = |t: usize, kb: usize| {
+                let (mi, nb) = (t / nblocks, t % nblocks);
+                let pm = split(mp, mchunks, mi);
+                let pn = split(np, nblocks, nb);
+                // Stagger the starting A panel so concurrent tasks pack different panels.
+                let start = (pm.1 - pm.0) * nb / nblocks;
+                // SAFETY: tasks write disjoint C tiles (disjoint M or N panel ranges) and each
+                // task's K blocks run in order on one worker; A panels are written once, by the
+                // task that claims them, before being published.
+                unsafe { compute_task(pm, pn, kb, start, blk, apack, flags, a, b, c, accumulate) };
+            };
+            // Static round-robin ownership of tasks (equal-sized, so balanced); K blocks
+            // outermost on each worker so the packed A of one K block is the working set shared
+            // by all concurrent tasks, and each task's K blocks run in order on one worker.
+            let workers = nt.min(ntasks);
+            par_for(workers, |w| {
+                for kb in 0..kblocks {
+                    for t in (w..ntasks).step_by(workers) {
+                        task(t, kb);
+                    }
+                }
+            });
             ic += mb;
         }
     });
 }
 
-/// One task: packs the B block for N panels `pn0..pn1` and multiplies it with A panels
-/// `pm0..pm1`.
+/// Makes A panel `ip` of K block `kb` available: packs it if no task has claimed it yet,
+/// otherwise waits until the claiming task has published it. Returns its address.
+///
+/// # Safety
+/// `apack` must hold `kblocks * mp` panels of `MR * kc_max` floats; `a` must cover the block.
+#[allow(clippy::too_many_arguments)]
+unsafe fn ensure_a(
+    ip: usize,
+    kb: usize,
+    kc: usize,
+    blk: &Block,
+    apack: SendPtr<f32>,
+    flags: &[AtomicU8],
+    a: Op,
+) -> *const f32 {
+    let (m, _, _) = blk.shape;
+    // SAFETY: panel (kb, ip) is inside the A buffer (caller contract).
+    let dst = unsafe { apack.get().add((kb * blk.mp + ip) * MR * blk.kc_max) };
+    let f = &flags[kb * blk.mp + ip];
+    if f.load(Ordering::Acquire) != READY {
+        if f.compare_exchange(EMPTY, BUSY, Ordering::Acquire, Ordering::Acquire).is_ok() {
+            let r0 = blk.ic + ip * MR;
+            let pc = kb * blk.kc_max;
+            // SAFETY: A(r0.., pc..) with rows x kc elements is in bounds (validated by the
+            // caller); only this task writes the claimed panel, nobody reads it before READY.
+            unsafe {
+                pack_a_panel(kc, (m - r0).min(MR), a.ptr.get().add(r0 * a.rs + pc * a.cs), a.rs, a.cs, dst);
+            }
+            f.store(READY, Ordering::Release);
+        } else {
+            // The claiming task is running and packing never blocks, so this terminates.
+            while f.load(Ordering::Acquire) != READY {
+                std::hint::spin_loop();
+            }
+        }
+    }
+    dst
+}
+
+/// One task for K block `kb`: packs the B block for N panels `pn0..pn1` and multiplies it
+/// with A panels `pm0..pm1` (visited cyclically from `pm0 + start`).
 ///
 /// # Safety
 /// Panel ranges must be in bounds; no other task may write the same C tiles concurrently;
-/// the packed A block must hold panels `pm0..pm1` for depth `kc`.
+/// `apack`/`flags` must describe the M block `blk` (see [`ensure_a`]).
 #[allow(clippy::too_many_arguments)]
 unsafe fn compute_task(
     (pm0, pm1): (usize, usize),
     (pn0, pn1): (usize, usize),
-    (ic, pc, kc): (usize, usize, usize),
-    (m, n): (usize, usize),
-    apack: *mut f32,
+    kb: usize,
+    start: usize,
+    blk: Block,
+    apack: SendPtr<f32>,
+    flags: &[AtomicU8],
+    a: Op,
     b: Op,
     c: Op,
-    load_c: bool,
+    accumulate: bool,
 ) {
+    let (m, n, k) = blk.shape;
+    let len = pm1 - pm0;
     with_buf(Slot::B, |bbuf| {
-        let bpack = bbuf.reserve((pn1 - pn0) * NR * kc);
+        let bpack = bbuf.reserve((pn1 - pn0) * NR * blk.kc_max);
         let j0 = pn0 * NR;
-        // SAFETY: B(pc.., j0..) kc x cols is in bounds; the buffer holds (pn1 - pn0) panels.
-        unsafe {
-            pack_b_block(kc, (n - j0).min((pn1 - pn0) * NR), b.ptr.get().add(pc * b.rs + j0 * b.cs), b.rs, b.cs, bpack);
-        }
-        for ip in pm0..pm1 {
-            let i0 = ic + ip * MR;
-            let mr = (m - i0).min(MR);
-            // SAFETY: panel ip is inside the packed A block.
-            let ap = unsafe { apack.add(ip * MR * kc) };
-            for jp in pn0..pn1 {
-                let j0 = jp * NR;
-                let nr = (n - j0).min(NR);
-                let dst = TileDst {
-                    // SAFETY: (i0, j0) is inside C.
-                    c: unsafe { c.ptr.get().add(i0 * c.rs + j0 * c.cs) },
-                    rsc: c.rs,
-                    csc: c.cs,
-                    mr,
-                    nr,
-                    load_c,
-                };
-                // Prefetch the next tile of C into L2 while this kernel runs.
-                let (ni, nj) = if jp + 1 < pn1 { (i0, j0 + NR) } else { (i0 + MR, pn0 * NR) };
-                if ni < m && c.cs == 1 {
-                    prefetch_tile_l2(c.ptr.get().wrapping_add(ni * c.rs + nj), c.rs, MR.min(m - ni));
+        {
+            let pc = kb * blk.kc_max;
+            let kc = (k - pc).min(blk.kc_max);
+            let load_c = accumulate || kb > 0;
+            // SAFETY: B(pc.., j0..) kc x cols is in bounds; the buffer holds (pn1 - pn0) panels.
+            unsafe {
+                pack_b_block(
+                    kc,
+                    (n - j0).min((pn1 - pn0) * NR),
+                    b.ptr.get().add(pc * b.rs + j0 * b.cs),
+                    b.rs,
+                    b.cs,
+                    bpack,
+                );
+            }
+            for idx in 0..len {
+                let ip = pm0 + (start + idx) % len;
+                let ipn = pm0 + (start + idx + 1) % len;
+                // SAFETY: panel (kb, ip) is inside the M block.
+                let ap = unsafe { ensure_a(ip, kb, kc, &blk, apack, flags, a) };
+                let i0 = blk.ic + ip * MR;
+                let mr = (m - i0).min(MR);
+                for jp in pn0..pn1 {
+                    let j0 = jp * NR;
+                    let dst = TileDst {
+                        // SAFETY: (i0, j0) is inside C.
+                        c: unsafe { c.ptr.get().add(i0 * c.rs + j0 * c.cs) },
+                        rsc: c.rs,
+                        csc: c.cs,
+                        mr,
+                        nr: (n - j0).min(NR),
+                        load_c,
+                    };
+                    // Prefetch the next C tile into L2 while this kernel runs.
+                    let (ni, nj) = if jp + 1 < pn1 { (i0, j0 + NR) } else { (blk.ic + ipn * MR, pn0 * NR) };
+                    if c.cs == 1 && (jp + 1 < pn1 || idx + 1 < len) {
+                        prefetch_tile_l2(c.ptr.get().wrapping_add(ni * c.rs + nj), c.rs, MR.min(m - ni));
+                    }
+                    // SAFETY: packed panels hold kc steps; tile is owned by this task; the
+                    // caller verified AVX-512F.
+                    unsafe { kernel(kc, ap, bpack.add((jp - pn0) * NR * kc), dst) };
                 }
-                // SAFETY: packed panels hold kc steps; tile is owned by this task; the
-                // caller verified AVX-512F.
-                unsafe { kernel(kc, ap, bpack.add((jp - pn0) * NR * kc), dst) };
             }
         }
     });

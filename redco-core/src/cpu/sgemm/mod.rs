@@ -1,7 +1,8 @@
 //! Single-precision (f32) GEMM for x86-64 CPUs with AVX-512F.
 //!
 //! BLIS/GotoBLAS-style design:
-//! * `A` is packed into `MR x KC` micro-panels (shared by all threads, packed cooperatively),
+//! * `A` is packed into `MR x KC` micro-panels (shared by all threads, each panel packed on
+//!   demand by the first task that needs it),
 //! * `B` is packed into `KC x NR` micro-panels per thread (`KC x NC` block, L2 resident),
 //! * an `MR x NR` register-blocked AVX-512 micro-kernel (see [`kernel_avx512`]) does the math,
 //! * work is split over the `N` dimension (or `M` when `N` is narrow) with rayon.
@@ -65,6 +66,40 @@ pub fn sgemm(
     accumulate: bool,
     threads: usize,
 ) -> bool {
+    // SAFETY (of the cast): `[f32]` and `[MaybeUninit<f32>]` have the same layout, and the
+    // GEMM only stores initialised values into it.
+    let cu = unsafe { &mut *(c as *mut [f32] as *mut [std::mem::MaybeUninit<f32>]) };
+    run(m, n, k, a, b, cu, ldc, accumulate, threads)
+}
+
+/// [`sgemm`] with `accumulate = false` into memory that need not be initialised: every
+/// element of the `m x n` result is written (no zero-fill pass over a fresh output).
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_uninit(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef,
+    b: MatRef,
+    c: &mut [std::mem::MaybeUninit<f32>],
+    ldc: usize,
+    threads: usize,
+) -> bool {
+    run(m, n, k, a, b, c, ldc, false, threads)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef,
+    b: MatRef,
+    c: &mut [std::mem::MaybeUninit<f32>],
+    ldc: usize,
+    accumulate: bool,
+    threads: usize,
+) -> bool {
     if !is_supported() {
         return false;
     }
@@ -76,7 +111,9 @@ pub fn sgemm(
     if k == 0 {
         if !accumulate {
             for i in 0..m {
-                c[i * ldc..i * ldc + n].fill(0.0);
+                c[i * ldc..i * ldc + n].iter_mut().for_each(|x| {
+                    x.write(0.0);
+                });
             }
         }
         return true;
@@ -85,14 +122,19 @@ pub fn sgemm(
     assert!(a.data.len() > last(a, m, k), "sgemm: A slice too short");
     assert!(b.data.len() > last(b, k, n), "sgemm: B slice too short");
     let threads = threads.max(1);
+    // The kernels write C through raw pointers; with `accumulate = false` they store every
+    // element of the first K block before any later block reads it back.
+    let cp = c.as_mut_ptr() as *mut f32;
     #[cfg(target_arch = "x86_64")]
     {
         if skinny::applicable(m, n, k, &a, &b) {
-            skinny::run(m, n, k, a, b, c, ldc, accumulate, threads);
+            skinny::run(m, n, k, a, b, cp, ldc, accumulate, threads);
         } else {
-            driver::gemm(m, n, k, a, b, c, ldc, accumulate, threads);
+            driver::gemm(m, n, k, a, b, cp, ldc, accumulate, threads);
         }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (cp, accumulate);
     true
 }
 

@@ -18,7 +18,7 @@ fn mask16(n: usize) -> __mmask16 {
     }
 }
 
-/// Lane indices `0, s, 2s, ..., 15s` (for scatters that transpose 16 consecutive k-steps).
+/// Lane indices `0, s, 2s, ..., 15s` (for scatters that transpose 16 consecutive k-steps of B).
 #[target_feature(enable = "avx512f")]
 #[inline]
 fn stride_idx(s: usize) -> __m512i {
@@ -46,24 +46,21 @@ pub(crate) unsafe fn pack_a_panel(kc: usize, rows: usize, src: *const f32, rs: u
                 _mm512_mask_storeu_ps(dst.add(p * MR), mw, v);
             }
         } else if cs == 1 {
-            // Row-major A: transpose 16 k-steps at a time with scatters.
-            let idx = stride_idx(MR);
+            // Row-major A: transpose 16 k-steps at a time in registers.
+            let wm = mask16(MR);
             let mut p = 0;
-            while p + 16 <= kc {
-                let d = dst.add(p * MR);
-                for r in 0..MR {
-                    let v = if r < rows { _mm512_loadu_ps(src.add(r * rs + p)) } else { _mm512_setzero_ps() };
-                    _mm512_i32scatter_ps::<4>(d.add(r), idx, v);
+            while p < kc {
+                let w = (kc - p).min(16);
+                let m = mask16(w);
+                let mut r = [_mm512_setzero_ps(); 16];
+                for (i, v) in r.iter_mut().enumerate().take(rows.min(MR)) {
+                    *v = _mm512_maskz_loadu_ps(m, src.add(i * rs + p));
                 }
-                p += 16;
-            }
-            if p < kc {
-                let m = mask16(kc - p);
-                let d = dst.add(p * MR);
-                for r in 0..MR {
-                    let v = if r < rows { _mm512_maskz_loadu_ps(m, src.add(r * rs + p)) } else { _mm512_setzero_ps() };
-                    _mm512_mask_i32scatter_ps::<4>(d.add(r), m, idx, v);
+                let t = transpose16(&r);
+                for (q, &v) in t.iter().enumerate().take(w) {
+                    _mm512_mask_storeu_ps(dst.add((p + q) * MR), wm, v);
                 }
+                p += w;
             }
         } else {
             for p in 0..kc {
@@ -74,6 +71,40 @@ pub(crate) unsafe fn pack_a_panel(kc: usize, rows: usize, src: *const f32, rs: u
             }
         }
     }
+}
+
+/// Transposes 16 row vectors (lane q of `r[i]` is element (i, q)) into 16 column vectors
+/// (lane i of `out[q]` is element (i, q)).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn transpose16(r: &[__m512; 16]) -> [__m512; 16] {
+    let mut a = [_mm512_setzero_ps(); 16];
+    for i in 0..8 {
+        a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    let mut b = [_mm512_setzero_ps(); 16];
+    for i in 0..4 {
+        let (x0, x1) = (_mm512_castps_pd(a[4 * i]), _mm512_castps_pd(a[4 * i + 2]));
+        let (y0, y1) = (_mm512_castps_pd(a[4 * i + 1]), _mm512_castps_pd(a[4 * i + 3]));
+        b[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(x0, x1));
+        b[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x0, x1));
+        b[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(y0, y1));
+        b[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(y0, y1));
+    }
+    // b[4i + c], 128-bit block j, holds rows 4i..4i+4 of column 4j + c.
+    let mut out = [_mm512_setzero_ps(); 16];
+    for c in 0..4 {
+        let s0 = _mm512_shuffle_f32x4::<0x44>(b[c], b[4 + c]);
+        let s1 = _mm512_shuffle_f32x4::<0xEE>(b[c], b[4 + c]);
+        let s2 = _mm512_shuffle_f32x4::<0x44>(b[8 + c], b[12 + c]);
+        let s3 = _mm512_shuffle_f32x4::<0xEE>(b[8 + c], b[12 + c]);
+        out[c] = _mm512_shuffle_f32x4::<0x88>(s0, s2);
+        out[4 + c] = _mm512_shuffle_f32x4::<0xDD>(s0, s2);
+        out[8 + c] = _mm512_shuffle_f32x4::<0x88>(s1, s3);
+        out[12 + c] = _mm512_shuffle_f32x4::<0xDD>(s1, s3);
+    }
+    out
 }
 
 /// Packs a `kc x cols` block of B into `cols.div_ceil(NR)` consecutive `kc x NR` micro-panels

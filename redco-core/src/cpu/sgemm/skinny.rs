@@ -38,7 +38,7 @@ impl CPtr {
 /// Runs the skinny path. Requires AVX-512F, `1 <= m <= MAX_M`, `k >= 1`, validated bounds and
 /// [`applicable`] to be true.
 #[allow(clippy::too_many_arguments)]
-pub fn run(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: &mut [f32], ldc: usize, acc: bool, threads: usize) {
+pub fn run(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: *mut f32, ldc: usize, acc: bool, threads: usize) {
     let row_major_b = b.cs == 1;
     // Column granularity per task: 64 (row-major B) or 4 (dot-product kernel).
     let g = if row_major_b { 64 } else { 4 };
@@ -46,7 +46,7 @@ pub fn run(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: &mut [f32], ld
     // Only thread when there is enough work to amortise the fork-join.
     let work = m * n * k;
     let nt = if work < 1 << 18 { 1 } else { threads.min(rayon::current_num_threads()).min(groups).max(1) };
-    let cp = CPtr(c.as_mut_ptr());
+    let cp = CPtr(c);
     let task = |t: usize| {
         let (g0, g1) = (groups * t / nt, groups * (t + 1) / nt);
         let (j0, j1) = (g0 * g, (g1 * g).min(n));

@@ -1,5 +1,6 @@
 //! Unit tests of the AVX-512 sgemm against a naive f64 reference: every size 1..70,
-//! every transpose layout, padded leading dims, accumulate on/off, 1..3 threads, k = 0.
+//! every transpose layout, padded leading dims, accumulate on/off, 1..3 threads, k = 0,
+//! several M blocks.
 
 use super::{sgemm, MatRef};
 
@@ -127,6 +128,9 @@ fn multi_block() {
     check(301, 257, 530, true, true, true, 2, &mut rng);
     check(5, 1000, 700, false, true, false, 2, &mut rng);
     check(3000, 40, 100, false, false, true, 2, &mut rng);
+    // Packed A of all K blocks exceeds the A buffer bound: several M blocks.
+    check(2900, 70, 3000, false, false, true, 2, &mut rng);
+    check(2900, 70, 3000, true, false, false, 3, &mut rng);
 }
 
 #[test]
