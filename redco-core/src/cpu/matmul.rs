@@ -100,14 +100,25 @@ fn matmul_f32_fast(a: &[f32], b: &[f32], spec: &MatmulSpec, threads: usize) -> R
     let need_a = if spec.a_batched { spec.batch * sa } else { sa };
     let need_b = if spec.b_batched { spec.batch * sb } else { sb };
     if a.len() != need_a || b.len() != need_b {
-        return Err(Error::invalid("matmul", format!("operand sizes {} and {} do not match {:?}", a.len(), b.len(), spec)));
+        return Err(Error::invalid(
+            "matmul",
+            format!("operand sizes {} and {} do not match {:?}", a.len(), b.len(), spec),
+        ));
     }
     let total = spec.batch * sc;
     let mut c: Vec<f32> = Vec::with_capacity(total);
     if sc > 0 {
         let st = strides(spec);
-        let a_of = |i: usize| sgemm::MatRef { data: if spec.a_batched { &a[i * sa..(i + 1) * sa] } else { a }, rs: st.a_rs, cs: st.a_cs };
-        let b_of = |i: usize| sgemm::MatRef { data: if spec.b_batched { &b[i * sb..(i + 1) * sb] } else { b }, rs: st.b_rs, cs: st.b_cs };
+        let a_of = |i: usize| sgemm::MatRef {
+            data: if spec.a_batched { &a[i * sa..(i + 1) * sa] } else { a },
+            rs: st.a_rs,
+            cs: st.a_cs,
+        };
+        let b_of = |i: usize| sgemm::MatRef {
+            data: if spec.b_batched { &b[i * sb..(i + 1) * sb] } else { b },
+            rs: st.b_rs,
+            cs: st.b_cs,
+        };
         let out = &mut c.spare_capacity_mut()[..total];
         let small = sc * spec.k < 128 * 128 * 128;
         if spec.batch > 1 && small && threads > 1 {
@@ -160,7 +171,9 @@ pub(crate) fn matmul(a: &HostData, b: &HostData, spec: &MatmulSpec, dt: DType, t
         return Err(Error::UnsupportedDType { op: "matmul", dtype: dt });
     }
     match (floats(a), floats(b)) {
-        (Floats::F32(x), Floats::F32(y)) if super::sgemm_enabled() => Ok(f32::store(matmul_f32_fast(&x, &y, spec, threads)?, dt)),
+        (Floats::F32(x), Floats::F32(y)) if super::sgemm_enabled() => {
+            Ok(f32::store(matmul_f32_fast(&x, &y, spec, threads)?, dt))
+        }
         (Floats::F32(x), Floats::F32(y)) => Ok(f32::store(matmul_t(&x, &y, spec, threads)?, dt)),
         (Floats::F64(x), Floats::F64(y)) => Ok(f64::store(matmul_t(&x, &y, spec, threads)?, dt)),
         _ => Err(Error::invalid("matmul", "operands have different dtypes")),

@@ -115,8 +115,10 @@ fn llama_two_adamw_steps_match_at_1x4() {
 }
 
 #[test]
-fn gpt_two_adamw_steps_match_at_2x2() {
-    compare(GPT, "2x2".parse().unwrap(), false);
+fn layernorm_gpt_two_adamw_steps_match_at_1x2_1x4_2x1_2x2() {
+    for mesh in ["1x2", "1x4", "2x1", "2x2"] {
+        compare(GPT, mesh.parse().unwrap(), false);
+    }
 }
 
 #[test]
