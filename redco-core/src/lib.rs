@@ -31,6 +31,7 @@ pub mod error;
 pub mod nn;
 pub mod ops;
 pub mod optim;
+pub mod pipeline;
 pub mod placement;
 pub mod shape;
 pub mod tensor;

@@ -7,3 +7,4 @@
 //! collectives: the parallel split is derived by `redco-core`.
 
 pub mod hf;
+pub mod tiny;

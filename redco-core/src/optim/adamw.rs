@@ -50,6 +50,17 @@ impl<B: Backend> AdamW<B> {
         self.step
     }
 
+    /// The moments by parameter name (this rank's local tensors).
+    pub fn state(&self) -> &BTreeMap<String, (Tensor<B>, Tensor<B>)> {
+        &self.state
+    }
+
+    /// Restores the step count and the moments (as saved from [`AdamW::state`]).
+    pub fn set_state(&mut self, step: u64, state: BTreeMap<String, (Tensor<B>, Tensor<B>)>) {
+        self.step = step;
+        self.state = state;
+    }
+
     /// Bytes of optimizer state held by this rank.
     pub fn state_bytes(&self) -> usize {
         self.state.values().map(|(m, v)| (m.elem_count() + v.elem_count()) * m.dtype().size_in_bytes()).sum()

@@ -1,0 +1,336 @@
+//! Checkpoints: sharded (each rank writes its own shards of the parameters and optimizer
+//! state, plus one manifest), atomic (written under a temporary name, fsynced, renamed; a
+//! crash mid-write leaves the previous checkpoint readable), pruned to the last N, and a
+//! consolidated export to one Hugging Face safetensors file.
+
+use crate::dist::{current_comm, Mesh};
+use crate::nn::{Module, ModuleExt};
+use crate::optim::AdamW;
+use crate::{Backend, DType, Error, HostData, Placement, Result, Shape, Tensor};
+use safetensors::tensor::TensorView;
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+fn io(what: &str, p: &Path, e: std::io::Error) -> Error {
+    Error::invalid("checkpoint", format!("{what} {}: {e}", p.display()))
+}
+
+/// Writes `bytes` to `path` atomically: a temporary sibling, fsync, rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("part");
+    let mut f = fs::File::create(&tmp).map_err(|e| io("cannot create", &tmp, e))?;
+    f.write_all(bytes).map_err(|e| io("cannot write", &tmp, e))?;
+    f.sync_all().map_err(|e| io("cannot sync", &tmp, e))?;
+    fs::rename(&tmp, path).map_err(|e| io("cannot rename", &tmp, e))?;
+    sync_dir(path.parent().unwrap_or(Path::new(".")));
+    Ok(())
+}
+
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+fn st_dtype(d: DType) -> safetensors::Dtype {
+    match d {
+        DType::F32 => safetensors::Dtype::F32,
+        DType::F64 => safetensors::Dtype::F64,
+        DType::F16 => safetensors::Dtype::F16,
+        DType::BF16 => safetensors::Dtype::BF16,
+        DType::I64 => safetensors::Dtype::I64,
+        DType::I32 => safetensors::Dtype::I32,
+        DType::U8 => safetensors::Dtype::U8,
+    }
+}
+
+fn to_bytes(h: &HostData) -> Vec<u8> {
+    match h {
+        HostData::F32(v) => bytemuck::cast_slice(v).to_vec(),
+        HostData::F64(v) => bytemuck::cast_slice(v).to_vec(),
+        HostData::F16(v) => bytemuck::cast_slice(v).to_vec(),
+        HostData::BF16(v) => bytemuck::cast_slice(v).to_vec(),
+        HostData::I64(v) => bytemuck::cast_slice(v).to_vec(),
+        HostData::I32(v) => bytemuck::cast_slice(v).to_vec(),
+        HostData::U8(v) => v.clone(),
+    }
+}
+
+fn from_view(v: &TensorView<'_>, name: &str) -> Result<HostData> {
+    let b = v.data();
+    let bad =
+        || Error::Parameter { name: name.into(), msg: format!("unsupported dtype {:?} in checkpoint", v.dtype()) };
+    Ok(match v.dtype() {
+        safetensors::Dtype::F32 => HostData::F32(bytemuck::pod_collect_to_vec(b)),
+        safetensors::Dtype::F64 => HostData::F64(bytemuck::pod_collect_to_vec(b)),
+        safetensors::Dtype::F16 => HostData::F16(bytemuck::pod_collect_to_vec(b)),
+        safetensors::Dtype::BF16 => HostData::BF16(bytemuck::pod_collect_to_vec(b)),
+        safetensors::Dtype::I64 => HostData::I64(bytemuck::pod_collect_to_vec(b)),
+        safetensors::Dtype::I32 => HostData::I32(bytemuck::pod_collect_to_vec(b)),
+        safetensors::Dtype::U8 => HostData::U8(b.to_vec()),
+        _ => return Err(bad()),
+    })
+}
+
+/// Serialises named host tensors to safetensors bytes.
+pub fn safetensors_bytes(
+    tensors: &[(String, HostData, Vec<usize>)],
+    meta: BTreeMap<String, String>,
+) -> Result<Vec<u8>> {
+    let bytes: Vec<Vec<u8>> = tensors.iter().map(|(_, h, _)| to_bytes(h)).collect();
+    let views = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|((n, h, s), b)| {
+            TensorView::new(st_dtype(h.dtype()), s.clone(), b)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| Error::invalid("safetensors", e.to_string()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let meta: std::collections::HashMap<String, String> = meta.into_iter().collect();
+    safetensors::serialize(views, &Some(meta)).map_err(|e| Error::invalid("safetensors", e.to_string()))
+}
+
+/// The manifest of one checkpoint.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Manifest {
+    /// Optimizer steps done.
+    pub step: u64,
+    /// Mesh, as `DPxMP`.
+    pub mesh: String,
+    /// Parameter name -> (global shape, model-parallel placement).
+    pub params: BTreeMap<String, (Vec<usize>, String)>,
+}
+
+fn placement_str(p: Placement) -> String {
+    format!("{p:?}")
+}
+
+/// Manages `<workdir>/checkpoints`.
+pub struct Checkpointer {
+    /// The checkpoints directory.
+    pub dir: PathBuf,
+    /// How many complete checkpoints to keep (0 keeps all).
+    pub keep_last: usize,
+}
+
+impl Checkpointer {
+    /// Checkpoints under `<workdir>/checkpoints`.
+    pub fn new(workdir: &Path, keep_last: usize) -> Self {
+        Checkpointer { dir: workdir.join("checkpoints"), keep_last }
+    }
+
+    fn step_dir(&self, step: u64) -> PathBuf {
+        self.dir.join(format!("step-{step:08}"))
+    }
+
+    /// Saves this rank's shards of `model` and `opt` at `step`. Every rank of the run calls
+    /// it; rank 0 publishes the checkpoint once all have written.
+    pub fn save<B: Backend, M: Module<B> + ?Sized>(&self, step: u64, model: &M, opt: &AdamW<B>) -> Result<PathBuf> {
+        let comm = current_comm::<B>();
+        let (rank, mesh) = comm.as_ref().map_or((0, Mesh::single()), |c| (c.rank(), c.mesh()));
+        let tmp = self.dir.join(format!("step-{step:08}.tmp"));
+        fs::create_dir_all(&tmp).map_err(|e| io("cannot create", &tmp, e))?;
+        let mut tensors = Vec::new();
+        let mut manifest = Manifest { step, mesh: mesh.to_string(), params: BTreeMap::new() };
+        for (name, p) in model.named_parameters() {
+            tensors.push((format!("param/{name}"), p.local_to_host()?, p.local_shape().dims().to_vec()));
+            manifest.params.insert(name, (p.dims().to_vec(), placement_str(p.placements().get(crate::MeshAxis::Mp))));
+        }
+        for (name, (m, v)) in opt.state() {
+            tensors.push((format!("adam_m/{name}"), m.local_to_host()?, m.local_shape().dims().to_vec()));
+            tensors.push((format!("adam_v/{name}"), v.local_to_host()?, v.local_shape().dims().to_vec()));
+        }
+        let meta = BTreeMap::from([("adam_step".to_string(), opt.steps().to_string())]);
+        write_atomic(&tmp.join(format!("rank-{rank}.safetensors")), &safetensors_bytes(&tensors, meta)?)?;
+        if let Some(c) = &comm {
+            c.barrier()?;
+        }
+        let fin = self.step_dir(step);
+        if rank == 0 {
+            let m = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::invalid("checkpoint", e.to_string()))?;
+            write_atomic(&tmp.join("manifest.json"), &m)?;
+            if fin.exists() {
+                fs::remove_dir_all(&fin).map_err(|e| io("cannot replace", &fin, e))?;
+            }
+            fs::rename(&tmp, &fin).map_err(|e| io("cannot publish", &tmp, e))?;
+            sync_dir(&self.dir);
+            write_atomic(&self.dir.join("latest"), fin.file_name().unwrap_or_default().to_string_lossy().as_bytes())?;
+            self.prune()?;
+        }
+        if let Some(c) = &comm {
+            c.barrier()?;
+        }
+        Ok(fin)
+    }
+
+    fn prune(&self) -> Result<()> {
+        if self.keep_last == 0 {
+            return Ok(());
+        }
+        let mut steps = self.complete()?;
+        steps.sort();
+        while steps.len() > self.keep_last {
+            let (_, p) = steps.remove(0);
+            fs::remove_dir_all(&p).map_err(|e| io("cannot remove", &p, e))?;
+        }
+        Ok(())
+    }
+
+    /// Complete checkpoints (with a manifest), as (step, dir).
+    pub fn complete(&self) -> Result<Vec<(u64, PathBuf)>> {
+        let mut out = Vec::new();
+        let Ok(rd) = fs::read_dir(&self.dir) else { return Ok(out) };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if let Some(s) = name.strip_prefix("step-").filter(|s| !s.ends_with(".tmp")) {
+                if let Ok(step) = s.parse::<u64>() {
+                    if e.path().join("manifest.json").exists() {
+                        out.push((step, e.path()));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The newest complete checkpoint, if any.
+    pub fn latest(&self) -> Result<Option<(u64, PathBuf)>> {
+        Ok(self.complete()?.into_iter().max_by_key(|(s, _)| *s))
+    }
+
+    /// Restores this rank's shards from checkpoint `dir` into `model` and `opt` (laid out
+    /// by the same plan on the same mesh). Errors name the mesh or the tensors that differ.
+    pub fn load<B: Backend, M: Module<B> + ?Sized>(
+        &self,
+        dir: &Path,
+        model: &mut M,
+        opt: &mut AdamW<B>,
+    ) -> Result<u64> {
+        let comm = current_comm::<B>();
+        let (rank, mesh) = comm.as_ref().map_or((0, Mesh::single()), |c| (c.rank(), c.mesh()));
+        let mpath = dir.join("manifest.json");
+        let manifest: Manifest = serde_json::from_slice(&fs::read(&mpath).map_err(|e| io("cannot read", &mpath, e))?)
+            .map_err(|e| Error::invalid("checkpoint", format!("{}: {e}", mpath.display())))?;
+        if manifest.mesh != mesh.to_string() {
+            return Err(Error::invalid(
+                "checkpoint",
+                format!("{} was written on mesh {} but this run has mesh {mesh}", dir.display(), manifest.mesh),
+            ));
+        }
+        let mut diffs = Vec::new();
+        let named = model.named_parameters();
+        for (name, p) in &named {
+            match manifest.params.get(name) {
+                None => diffs.push(format!("`{name}` is not in the checkpoint")),
+                Some((shape, pl))
+                    if shape != p.dims() || *pl != placement_str(p.placements().get(crate::MeshAxis::Mp)) =>
+                {
+                    diffs.push(format!(
+                        "`{name}`: checkpoint {shape:?} {pl}, model {:?} {:?}",
+                        p.dims(),
+                        p.placements().get(crate::MeshAxis::Mp)
+                    ))
+                }
+                _ => {}
+            }
+        }
+        for name in manifest.params.keys() {
+            if !named.iter().any(|(n, _)| n == name) {
+                diffs.push(format!("`{name}` is not in the model"));
+            }
+        }
+        if !diffs.is_empty() {
+            return Err(Error::invalid(
+                "checkpoint",
+                format!("{} is from another model: {}", dir.display(), diffs.join("; ")),
+            ));
+        }
+        let fpath = dir.join(format!("rank-{rank}.safetensors"));
+        let bytes = fs::read(&fpath).map_err(|e| io("cannot read", &fpath, e))?;
+        let st = safetensors::SafeTensors::deserialize(&bytes)
+            .map_err(|e| Error::invalid("checkpoint", format!("{}: {e}", fpath.display())))?;
+        let get = |key: &str| -> Result<(HostData, Shape)> {
+            let v = st
+                .tensor(key)
+                .map_err(|_| Error::Parameter { name: key.into(), msg: format!("missing from {}", fpath.display()) })?;
+            Ok((from_view(&v, key)?, Shape::new(v.shape().to_vec())))
+        };
+        let mut err = None;
+        model.visit_mut("", &mut |name, p| {
+            if err.is_some() {
+                return;
+            }
+            let r = (|| -> Result<Tensor<B>> {
+                let (h, shape) = get(&format!("param/{name}"))?;
+                if &shape != p.local_shape() {
+                    return Err(Error::Parameter {
+                        name: name.into(),
+                        msg: format!("shard {shape} in the checkpoint, {} in the model", p.local_shape()),
+                    });
+                }
+                let s = p.backend().upload(&h.cast(p.dtype()))?;
+                Ok(Tensor::from_local(
+                    p.backend(),
+                    s,
+                    p.shape().clone(),
+                    p.local_shape().clone(),
+                    p.placements(),
+                    p.dtype(),
+                )
+                .into_var())
+            })();
+            match r {
+                Ok(t) => *p = t,
+                Err(e) => err = Some(e),
+            }
+        });
+        if let Some(e) = err {
+            return Err(e);
+        }
+        let adam_step: u64 =
+            st_metadata(&bytes)?.get("adam_step").and_then(|s| s.parse().ok()).unwrap_or(manifest.step);
+        let mut state = BTreeMap::new();
+        let b = named.first().map(|(_, t)| t.backend().clone());
+        if let Some(b) = b {
+            for name in manifest.params.keys() {
+                if let (Ok((m, ms)), Ok((v, vs))) = (get(&format!("adam_m/{name}")), get(&format!("adam_v/{name}"))) {
+                    let (dt_m, dt_v) = (m.dtype(), v.dtype());
+                    state.insert(
+                        name.clone(),
+                        (
+                            Tensor::from_storage(&b, b.upload(&m)?, ms, dt_m),
+                            Tensor::from_storage(&b, b.upload(&v)?, vs, dt_v),
+                        ),
+                    );
+                }
+            }
+        }
+        opt.set_state(adam_step, state);
+        Ok(manifest.step)
+    }
+}
+
+fn st_metadata(bytes: &[u8]) -> Result<std::collections::HashMap<String, String>> {
+    let (_, meta) =
+        safetensors::SafeTensors::read_metadata(bytes).map_err(|e| Error::invalid("checkpoint", e.to_string()))?;
+    Ok(meta.metadata().clone().unwrap_or_default())
+}
+
+/// Writes every parameter of `model`, whole, to one safetensors file (Hugging Face layout,
+/// parameter names as given by the module). Every rank calls it (the shards are gathered);
+/// rank 0 writes.
+pub fn export_safetensors<B: Backend, M: Module<B> + ?Sized>(model: &M, path: &Path) -> Result<()> {
+    let rank = current_comm::<B>().map_or(0, |c| c.rank());
+    let mut tensors = Vec::new();
+    for (name, p) in model.named_parameters() {
+        let whole = p.replicate()?;
+        tensors.push((name, whole.to_host()?, whole.dims().to_vec()));
+    }
+    if rank == 0 {
+        write_atomic(path, &safetensors_bytes(&tensors, BTreeMap::from([("format".to_string(), "pt".to_string())]))?)?;
+    }
+    Ok(())
+}

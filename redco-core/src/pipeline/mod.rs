@@ -1,0 +1,21 @@
+//! The three-function pipeline: a [`Deployer`] (mesh, seed, workdir), a [`Trainer`] built
+//! from `collate_fn`, `loss_fn` and the model, and a [`Predictor`] built from `collate_fn`
+//! and `pred_fn`; with checkpoints, metrics and data sources.
+
+pub mod checkpoint;
+pub mod data;
+mod deployer;
+pub mod metrics;
+mod predictor;
+pub mod synthetic;
+mod trainer;
+
+pub use deployer::{Deployer, StepCtx};
+pub use predictor::Predictor;
+pub use trainer::{FitReport, NanPolicy, TrainConfig, Trainer};
+
+use crate::Tensor;
+use std::collections::BTreeMap;
+
+/// A batch: named tensors, whole (the pipeline splits their first dim over `dp`).
+pub type Batch<B> = BTreeMap<String, Tensor<B>>;

@@ -1,0 +1,85 @@
+//! The `Predictor`: `collate_fn` and `pred_fn` in, outputs in input order out.
+
+use super::data::Dataset;
+use super::{Batch, Deployer, StepCtx};
+use crate::cpu::Cpu;
+use crate::dist::ShardPlan;
+use crate::nn::Module;
+use crate::{no_grad, Error, MeshAxis, Result};
+
+type ModelFn<M> = Box<dyn Fn(&Cpu) -> Result<M> + Send + Sync>;
+type CollateFn<E> = Box<dyn Fn(&Cpu, &[E]) -> Result<Batch<Cpu>> + Send + Sync>;
+type PredFn<M, O> = Box<dyn Fn(&StepCtx<Cpu>, &M, &Batch<Cpu>) -> Result<Vec<O>> + Send + Sync>;
+
+/// An inference pipeline. The last batch is padded with copies of its last example (so
+/// every batch has the same shape) and the padding's outputs are dropped.
+pub struct Predictor<M, E, O> {
+    model_fn: ModelFn<M>,
+    collate_fn: CollateFn<E>,
+    pred_fn: PredFn<M, O>,
+    /// Examples per batch (split over `dp`).
+    pub batch_size: usize,
+}
+
+impl<M: Module<Cpu>, E: Clone + Send + Sync, O: Send> Predictor<M, E, O> {
+    /// A predictor from the model constructor and the two functions. `pred_fn` returns one
+    /// output per example of the (whole) batch.
+    pub fn new(
+        model_fn: impl Fn(&Cpu) -> Result<M> + Send + Sync + 'static,
+        collate_fn: impl Fn(&Cpu, &[E]) -> Result<Batch<Cpu>> + Send + Sync + 'static,
+        pred_fn: impl Fn(&StepCtx<Cpu>, &M, &Batch<Cpu>) -> Result<Vec<O>> + Send + Sync + 'static,
+        batch_size: usize,
+    ) -> Self {
+        Predictor {
+            model_fn: Box::new(model_fn),
+            collate_fn: Box::new(collate_fn),
+            pred_fn: Box::new(pred_fn),
+            batch_size,
+        }
+    }
+
+    /// Outputs for every example of `data`, in order, with the model laid out by `plan`.
+    pub fn predict(&self, dep: &Deployer, data: &dyn Dataset<E>, plan: &ShardPlan) -> Result<Vec<O>> {
+        let bs = self.batch_size;
+        if bs == 0 || !bs.is_multiple_of(dep.mesh.dp) {
+            return Err(Error::invalid(
+                "predict",
+                format!("batch size {bs} must be positive and divisible by dp={}", dep.mesh.dp),
+            ));
+        }
+        let mut all = dep.run(|rk| {
+            let mut model = (self.model_fn)(&rk.backend)?;
+            plan.apply(&mut model)?;
+            let n = data.len();
+            let mut out = Vec::with_capacity(n);
+            for (bi, start) in (0..n).step_by(bs).enumerate() {
+                let mut ex: Vec<E> = (start..(start + bs).min(n)).map(|i| data.get(i)).collect::<Result<_>>()?;
+                let real = ex.len();
+                while ex.len() < bs {
+                    ex.push(ex[real - 1].clone());
+                }
+                let whole = (self.collate_fn)(&rk.backend, &ex)?;
+                let mut batch = Batch::new();
+                for (k, t) in whole {
+                    batch.insert(k, if dep.mesh.dp > 1 { t.shard_along(MeshAxis::Dp, 0)? } else { t });
+                }
+                let ctx = StepCtx {
+                    backend: &rk.backend,
+                    rank: rk.rank,
+                    mesh: dep.mesh,
+                    step: bi as u64,
+                    micro: 0,
+                    train: false,
+                    seed: dep.seed,
+                };
+                let o = no_grad(|| (self.pred_fn)(&ctx, &model, &batch))?;
+                if o.len() != bs {
+                    return Err(Error::invalid("pred_fn", format!("returned {} outputs for a batch of {bs}", o.len())));
+                }
+                out.extend(o.into_iter().take(real));
+            }
+            Ok(out)
+        })?;
+        Ok(all.swap_remove(0))
+    }
+}

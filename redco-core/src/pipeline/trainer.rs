@@ -1,0 +1,263 @@
+//! The `Trainer`: `collate_fn`, `loss_fn` and the model in; a trained, checkpointed model
+//! out. Per optimizer step: `accumulate` micro-batches (the schedule counts optimizer
+//! steps), gradients summed over `dp` in buckets, clipping by the global norm over all
+//! shards, AdamW on local shards (optionally ZeRO-1), one JSONL metrics line, and an
+//! atomic checkpoint every N steps. The data order and every random draw derive from the
+//! seed and the step, so a resumed run continues exactly where the last checkpoint was.
+
+use super::checkpoint::{export_safetensors, Checkpointer};
+use super::data::Dataset;
+use super::metrics::{MetricsLog, StepMetrics};
+use super::{Batch, Deployer, StepCtx};
+use crate::cpu::Cpu;
+use crate::dist::data_parallel::{sync_grads, DEFAULT_BUCKET_BYTES};
+use crate::dist::trace::plan_from_trace;
+use crate::dist::ShardPlan;
+use crate::nn::{Module, ModuleExt};
+use crate::ops::random::mix64;
+use crate::optim::{clip_grad_norm, global_grad_norm, AdamW, AdamWConfig, Decay, Schedule};
+use crate::{Error, GradStore, MeshAxis, Result, Tensor};
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// What to do with a non-finite loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NanPolicy {
+    /// Stop with an error naming the step and the examples (the default).
+    Error,
+    /// Skip the optimizer step and go on.
+    Skip,
+}
+
+/// Training options.
+#[derive(Debug, Clone)]
+pub struct TrainConfig {
+    /// Examples per micro-batch (global: split over `dp`).
+    pub batch_size: usize,
+    /// Micro-batches per optimizer step.
+    pub accumulate: usize,
+    /// Optimizer steps.
+    pub steps: u64,
+    /// Learning rate per optimizer step.
+    pub schedule: Schedule,
+    /// AdamW settings (its `lr` is replaced by the schedule's).
+    pub adamw: AdamWConfig,
+    /// Clip the global gradient norm to this value.
+    pub clip_norm: Option<f64>,
+    /// Checkpoint every N optimizer steps (and at the end).
+    pub checkpoint_every: Option<u64>,
+    /// Complete checkpoints to keep (0: all).
+    pub keep_last: usize,
+    /// Non-finite losses.
+    pub nan: NanPolicy,
+    /// Print a progress line every N steps (when not on a terminal).
+    pub log_every: u64,
+    /// The batch entry whose elements count as tokens for tokens/s.
+    pub tokens_key: Option<String>,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            batch_size: 8,
+            accumulate: 1,
+            steps: 100,
+            schedule: Schedule { peak: 1e-3, warmup: 0, total: 100, decay: Decay::Constant },
+            adamw: AdamWConfig::default(),
+            clip_norm: Some(1.0),
+            checkpoint_every: None,
+            keep_last: 2,
+            nan: NanPolicy::Error,
+            log_every: 10,
+            tokens_key: Some("input_ids".into()),
+        }
+    }
+}
+
+/// The result of [`Trainer::fit`].
+#[derive(Debug, Clone)]
+pub struct FitReport {
+    /// The step the run started from (0, or the resumed checkpoint's).
+    pub start_step: u64,
+    /// Mean loss of each optimizer step run here.
+    pub losses: Vec<f64>,
+    /// The sharding plan used.
+    pub plan: ShardPlan,
+}
+
+type ModelFn<M> = Box<dyn Fn(&Cpu) -> Result<M> + Send + Sync>;
+type CollateFn<E> = Box<dyn Fn(&Cpu, &[E]) -> Result<Batch<Cpu>> + Send + Sync>;
+type LossFn<M> = Box<dyn Fn(&StepCtx<Cpu>, &M, &Batch<Cpu>) -> Result<Tensor<Cpu>> + Send + Sync>;
+
+/// A training pipeline from three functions (and a model constructor, run on every rank).
+pub struct Trainer<M, E> {
+    model_fn: ModelFn<M>,
+    collate_fn: CollateFn<E>,
+    loss_fn: LossFn<M>,
+    /// Options.
+    pub config: TrainConfig,
+}
+
+/// The shuffled order of epoch `epoch` over `n` examples.
+fn epoch_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..n).collect();
+    let mut s = mix64(seed ^ 0x5eed ^ epoch.wrapping_mul(0x9e37_79b9));
+    for i in (1..n).rev() {
+        s = mix64(s);
+        v.swap(i, (s % (i as u64 + 1)) as usize);
+    }
+    v
+}
+
+impl<M: Module<Cpu>, E: Send + Sync> Trainer<M, E> {
+    /// A trainer from the model constructor and the three functions.
+    pub fn new(
+        model_fn: impl Fn(&Cpu) -> Result<M> + Send + Sync + 'static,
+        collate_fn: impl Fn(&Cpu, &[E]) -> Result<Batch<Cpu>> + Send + Sync + 'static,
+        loss_fn: impl Fn(&StepCtx<Cpu>, &M, &Batch<Cpu>) -> Result<Tensor<Cpu>> + Send + Sync + 'static,
+        config: TrainConfig,
+    ) -> Self {
+        Trainer { model_fn: Box::new(model_fn), collate_fn: Box::new(collate_fn), loss_fn: Box::new(loss_fn), config }
+    }
+
+    /// The examples of micro-batch `micro` of optimizer step `step`.
+    fn examples(
+        &self,
+        data: &dyn Dataset<E>,
+        seed: u64,
+        step: u64,
+        micro: usize,
+        cache: &mut HashMap<u64, Vec<usize>>,
+    ) -> Result<(Vec<E>, usize)> {
+        let n = data.len();
+        let bs = self.config.batch_size;
+        let first = (step as usize * self.config.accumulate + micro) * bs;
+        let mut out = Vec::with_capacity(bs);
+        for p in first..first + bs {
+            let epoch = (p / n) as u64;
+            let order = cache.entry(epoch).or_insert_with(|| epoch_order(n, seed, epoch));
+            out.push(data.get(order[p % n])?);
+        }
+        if cache.len() > 2 {
+            let keep = (first / n) as u64;
+            cache.retain(|e, _| *e >= keep);
+        }
+        Ok((out, first))
+    }
+
+    /// The sharding plan for `dep`'s mesh, from one traced forward pass on one device.
+    pub fn plan(&self, dep: &Deployer, data: &dyn Dataset<E>) -> Result<ShardPlan> {
+        let b = Cpu::new(1);
+        let model = (self.model_fn)(&b)?;
+        let (ex, _) = self.examples(data, dep.seed, 0, 0, &mut HashMap::new())?;
+        let batch = (self.collate_fn)(&b, &ex)?;
+        let ctx = StepCtx { backend: &b, rank: 0, mesh: dep.mesh, step: 0, micro: 0, train: false, seed: dep.seed };
+        let loss = (self.loss_fn)(&ctx, &model, &batch)?;
+        plan_from_trace(&model.named_parameters(), &[&loss], dep.mesh, false)
+    }
+
+    /// Trains on `data`; with `resume`, continues from the newest complete checkpoint in the
+    /// workdir (if any).
+    pub fn fit(&self, dep: &Deployer, data: &dyn Dataset<E>, resume: bool) -> Result<FitReport> {
+        let cfg = &self.config;
+        if data.is_empty() {
+            return Err(Error::invalid("fit", "the dataset is empty"));
+        }
+        if cfg.batch_size == 0 || cfg.accumulate == 0 || !cfg.batch_size.is_multiple_of(dep.mesh.dp) {
+            return Err(Error::invalid(
+                "fit",
+                format!("batch size {} must be positive and divisible by dp={}", cfg.batch_size, dep.mesh.dp),
+            ));
+        }
+        let plan = self.plan(dep, data)?;
+        let ckpt = Checkpointer::new(&dep.workdir, cfg.keep_last);
+        let resume_from = if resume { ckpt.latest()? } else { None };
+        let results = dep.run(|rk| {
+            let mut model = (self.model_fn)(&rk.backend)?;
+            plan.apply(&mut model)?;
+            let mut opt = AdamW::new(cfg.adamw);
+            let mut start = 0;
+            if let Some((_, dir)) = &resume_from {
+                start = ckpt.load(dir, &mut model, &mut opt)?;
+            }
+            let mut log = if rk.rank == 0 { Some(MetricsLog::open(&dep.workdir, cfg.steps, cfg.log_every)?) } else { None };
+            let mut losses = Vec::new();
+            let mut cache = HashMap::new();
+            for step in start..cfg.steps {
+                let t0 = Instant::now();
+                let lr = cfg.schedule.lr(step);
+                opt.cfg.lr = lr;
+                let mut grads = GradStore::new();
+                let (mut loss_sum, mut tokens, mut bad) = (0.0, 0usize, None);
+                for micro in 0..cfg.accumulate {
+                    let (ex, first) = self.examples(data, dep.seed, step, micro, &mut cache)?;
+                    let whole = (self.collate_fn)(&rk.backend, &ex)
+                        .map_err(|e| Error::invalid("collate_fn", format!("step {step}, examples {first}..{}: {e}", first + ex.len())))?;
+                    if let Some(t) = cfg.tokens_key.as_ref().and_then(|k| whole.get(k)) {
+                        tokens += t.elem_count();
+                    } else {
+                        tokens += ex.len();
+                    }
+                    let mut batch = Batch::new();
+                    for (k, t) in whole {
+                        let t = if dep.mesh.dp > 1 {
+                            t.shard_along(MeshAxis::Dp, 0).map_err(|e| Error::invalid("fit", format!("batch entry `{k}`: {e}")))?
+                        } else {
+                            t
+                        };
+                        batch.insert(k, t);
+                    }
+                    let ctx = StepCtx { backend: &rk.backend, rank: rk.rank, mesh: dep.mesh, step, micro, train: true, seed: dep.seed };
+                    let loss = (self.loss_fn)(&ctx, &model, &batch)?;
+                    let value = loss.replicate()?.to_scalar()?;
+                    if !value.is_finite() {
+                        bad = Some((micro, first, first + ex.len(), value));
+                        break;
+                    }
+                    loss_sum += value / cfg.accumulate as f64;
+                    loss.scale(1.0 / cfg.accumulate as f64)?.backward_into(&mut grads)?;
+                }
+                if let Some((micro, a, b, v)) = bad {
+                    match cfg.nan {
+                        NanPolicy::Error => {
+                            return Err(Error::invalid(
+                                "fit",
+                                format!("loss is {v} at step {step}, micro-batch {micro} (examples {a}..{b} of the shuffled order); the last checkpoint is intact"),
+                            ))
+                        }
+                        NanPolicy::Skip => {
+                            if rk.rank == 0 {
+                                eprintln!("redco: skipping step {step}: loss is {v} (micro-batch {micro})");
+                            }
+                            continue;
+                        }
+                    }
+                }
+                let params: Vec<Tensor<Cpu>> = model.named_parameters().into_iter().map(|(_, t)| t).collect();
+                if !cfg.adamw.zero1 || dep.mesh.dp == 1 || cfg.clip_norm.is_some() {
+                    sync_grads(&params, &mut grads, DEFAULT_BUCKET_BYTES)?;
+                }
+                let norm = match cfg.clip_norm {
+                    Some(c) => clip_grad_norm(&params, &mut grads, c)?,
+                    None if !cfg.adamw.zero1 || dep.mesh.dp == 1 => global_grad_norm(&params, &grads)?,
+                    None => f64::NAN,
+                };
+                opt.step(&mut model, &grads)?;
+                losses.push(loss_sum);
+                let dt = t0.elapsed().as_secs_f64();
+                if let Some(l) = log.as_mut() {
+                    let m = StepMetrics { step: step + 1, loss: loss_sum, lr, grad_norm: norm, tokens_per_s: tokens as f64 / dt, step_time_s: dt };
+                    l.log(&m, start)?;
+                }
+                let done = step + 1;
+                if cfg.checkpoint_every.is_some_and(|n| done % n == 0) || done == cfg.steps {
+                    ckpt.save(done, &model, &opt)?;
+                }
+            }
+            export_safetensors(&model, &dep.workdir.join("model.safetensors"))?;
+            Ok((start, losses))
+        })?;
+        let (start_step, losses) = results.into_iter().next().unwrap_or_default();
+        Ok(FitReport { start_step, losses, plan })
+    }
+}

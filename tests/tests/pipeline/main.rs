@@ -1,0 +1,296 @@
+//! The three-function pipeline: learning, accumulation, kill-and-resume, bad input.
+
+use redco_core::cpu::Cpu;
+use redco_core::dist::Mesh;
+use redco_core::optim::{AdamWConfig, Decay, Schedule};
+use redco_core::pipeline::data::{Dataset, JsonlDataset};
+use redco_core::pipeline::metrics::read_metrics;
+use redco_core::pipeline::synthetic::MarkovCorpus;
+use redco_core::pipeline::{Batch, Deployer, NanPolicy, Predictor, StepCtx, TrainConfig, Trainer};
+use redco_core::{DType, Result, Tensor};
+use redco_tests::models::{Config, Lm};
+use std::path::{Path, PathBuf};
+
+const CFG: Config = Config { vocab: 16, hidden: 32, layers: 1, heads: 4, kv_heads: 4, inter: 64, llama: true };
+
+fn corpus() -> MarkovCorpus {
+    MarkovCorpus::new(16, 12, 7)
+}
+
+fn collate(b: &Cpu, ex: &[Vec<i64>]) -> Result<Batch<Cpu>> {
+    let t = ex[0].len();
+    let ids: Vec<i64> = ex.iter().flatten().copied().collect();
+    let labels: Vec<i64> = ex.iter().flat_map(|s| s[1..].iter().copied().chain([-100])).collect();
+    Ok(Batch::from([
+        ("input_ids".to_string(), Tensor::from_vec(b, ids, [ex.len(), t])?),
+        ("labels".to_string(), Tensor::from_vec(b, labels, [ex.len(), t])?),
+    ]))
+}
+
+fn loss(_: &StepCtx<Cpu>, m: &Lm<Cpu>, b: &Batch<Cpu>) -> Result<Tensor<Cpu>> {
+    m.loss(&b["input_ids"], &b["labels"], None)
+}
+
+fn config(steps: u64, bs: usize, k: usize) -> TrainConfig {
+    TrainConfig {
+        batch_size: bs,
+        accumulate: k,
+        steps,
+        schedule: Schedule { peak: 3e-3, warmup: 10.min(steps / 2), total: steps, decay: Decay::Cosine },
+        adamw: AdamWConfig { weight_decay: 0.0, ..Default::default() },
+        clip_norm: Some(1.0),
+        log_every: 50,
+        ..Default::default()
+    }
+}
+
+fn trainer(cfg: TrainConfig) -> Trainer<Lm<Cpu>, Vec<i64>> {
+    Trainer::new(|b| Lm::new(b, CFG, DType::F32, 1), collate, loss, cfg)
+}
+
+fn workdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("redco-pipe-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn read_model(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut v: Vec<(String, Vec<u8>)> = st.tensors().into_iter().map(|(n, t)| (n, t.data().to_vec())).collect();
+    v.sort();
+    v
+}
+
+/// Mean held-out loss through the Predictor (per-example losses, in order).
+fn eval_loss(dep: &Deployer, report: &redco_core::pipeline::FitReport, data: &Vec<Vec<i64>>) -> f64 {
+    let wd = dep.workdir.clone();
+    let pred = Predictor::new(
+        move |b: &Cpu| {
+            let mut m = Lm::new(b, CFG, DType::F32, 1)?;
+            let bytes = std::fs::read(wd.join("model.safetensors"))
+                .map_err(|e| redco_core::Error::invalid("eval", e.to_string()))?;
+            let st = safetensors::SafeTensors::deserialize(&bytes)
+                .map_err(|e| redco_core::Error::invalid("eval", e.to_string()))?;
+            let mut map = std::collections::BTreeMap::new();
+            for (n, t) in st.tensors() {
+                let v: Vec<f32> = t.data().chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                map.insert(n, Tensor::from_vec(b, v, t.shape().to_vec())?);
+            }
+            redco_core::nn::ModuleExt::load_state_dict(&mut m, &map, true)?;
+            Ok(m)
+        },
+        collate,
+        |_: &StepCtx<Cpu>, m: &Lm<Cpu>, b: &Batch<Cpu>| {
+            let per = m.forward(&b["input_ids"], None)?.cross_entropy_per_token(&b["labels"], -100)?;
+            let rows = per.replicate()?.to_vec_f64()?;
+            let t = b["input_ids"].dims()[1];
+            Ok(rows.chunks(t).map(|r| r.iter().sum::<f64>() / (t - 1) as f64).collect())
+        },
+        8,
+    );
+    let out = pred.predict(dep, data, &report.plan).unwrap();
+    assert_eq!(out.len(), data.len());
+    out.iter().sum::<f64>() / out.len() as f64
+}
+
+#[test]
+fn the_language_model_learns_the_corpus_at_1x1_and_2x2() {
+    let c = corpus();
+    let train = c.sequences(0, 4096);
+    let held = c.sequences(1 << 20, 62); // not a multiple of the batch: padded last batch
+    let mut curves = Vec::new();
+    for mesh in ["1x1", "2x2"] {
+        let dep = Deployer::new(mesh.parse().unwrap(), 3, &workdir(&format!("learn-{mesh}"))).unwrap();
+        let r = trainer(config(160, 16, 1)).fit(&dep, &train, false).unwrap();
+        let ev = eval_loss(&dep, &r, &held);
+        eprintln!(
+            "mesh {mesh}: first loss {:.3}, last {:.3}, eval {ev:.4}, entropy {:.4}",
+            r.losses[0],
+            r.losses.last().unwrap(),
+            c.entropy()
+        );
+        assert!(ev <= 1.10 * c.entropy(), "eval loss {ev} is not within 10% of the entropy {} at {mesh}", c.entropy());
+        curves.push(r.losses);
+    }
+    for (i, (a, b)) in curves[0].iter().zip(&curves[1]).enumerate() {
+        assert!((a - b).abs() <= 2e-3 * (1.0 + a.abs()), "step {i}: 1x1 loss {a}, 2x2 loss {b}");
+    }
+}
+
+#[test]
+fn four_micro_batches_equal_one_batch_of_four_times_the_size() {
+    let data = corpus().sequences(0, 256);
+    let run = |bs, k, name: &str| {
+        let dep = Deployer::new(Mesh::single(), 5, &workdir(name)).unwrap();
+        trainer(config(6, bs, k)).fit(&dep, &data, false).unwrap();
+        dep.workdir
+    };
+    let (a, b) = (run(4, 4, "acc4"), run(16, 1, "acc1"));
+    for ((na, va), (_, vb)) in read_model(&a).iter().zip(read_model(&b)) {
+        let fa: Vec<f64> = va.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect();
+        let fb: Vec<f64> = vb.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect();
+        redco_tests::check::assert_close(&fa, &fb, 1e-5, &format!("{na} after 6 steps"));
+    }
+    let sched = config(6, 4, 4).schedule;
+    let logged = read_metrics(&a).unwrap();
+    assert_eq!(logged.len(), 6, "one line per optimizer step, not per micro-batch");
+    for m in logged {
+        assert_eq!(m.lr, sched.lr(m.step - 1), "logged lr at step {}", m.step);
+    }
+}
+
+const CHILD: &str = "REDCO_PIPELINE_CHILD_WORKDIR";
+
+fn child_config() -> TrainConfig {
+    TrainConfig { checkpoint_every: Some(4), keep_last: 0, ..config(12, 8, 1) }
+}
+
+/// The training process of the kill test (run by re-executing this test binary).
+#[test]
+fn kill_child_process() {
+    let Ok(dir) = std::env::var(CHILD) else { return };
+    let slow = std::env::var("REDCO_PIPELINE_CHILD_SLOW").is_ok();
+    let data = corpus().sequences(0, 512);
+    let dep = Deployer::new("1x2".parse().unwrap(), 9, Path::new(&dir)).unwrap();
+    let t = Trainer::new(
+        |b| Lm::new(b, CFG, DType::F32, 1),
+        move |b: &Cpu, ex: &[Vec<i64>]| {
+            if slow {
+                std::thread::sleep(std::time::Duration::from_millis(150));
+            }
+            collate(b, ex)
+        },
+        loss,
+        child_config(),
+    );
+    t.fit(&dep, &data, true).unwrap();
+}
+
+fn spawn_child(dir: &Path, slow: bool) -> std::process::Child {
+    let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+    c.args(["--exact", "kill_child_process", "--nocapture", "--test-threads", "1"]).env(CHILD, dir);
+    if slow {
+        c.env("REDCO_PIPELINE_CHILD_SLOW", "1");
+    }
+    c.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap()
+}
+
+#[cfg(unix)]
+#[test]
+fn sigkill_between_checkpoints_then_resume_equals_an_uninterrupted_run() {
+    let whole = workdir("whole");
+    assert!(spawn_child(&whole, false).wait().unwrap().success());
+    let killed = workdir("killed");
+    let mut child = spawn_child(&killed, true);
+    let first = killed.join("checkpoints/step-00000004/manifest.json");
+    let start = std::time::Instant::now();
+    while !first.exists() {
+        assert!(start.elapsed().as_secs() < 120, "no checkpoint appeared");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300)); // mid-way to the next one
+    let pid = child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-9", &pid]).status().unwrap().success());
+    let _ = child.wait();
+    assert!(!killed.join("model.safetensors").exists(), "the run was killed before the end");
+    assert!(!killed.join("checkpoints/step-00000012").exists());
+    assert!(spawn_child(&killed, false).wait().unwrap().success(), "the resumed run finishes");
+    assert_eq!(read_model(&killed), read_model(&whole), "final parameters identical");
+    // the loss curve: the last entry logged for each step equals the uninterrupted run's
+    let mut by_step = std::collections::BTreeMap::new();
+    for m in read_metrics(&killed).unwrap() {
+        by_step.insert(m.step, m.loss);
+    }
+    let want: Vec<(u64, f64)> = read_metrics(&whole).unwrap().into_iter().map(|m| (m.step, m.loss)).collect();
+    assert_eq!(by_step.into_iter().collect::<Vec<_>>(), want);
+}
+
+#[test]
+fn a_nan_loss_stops_with_its_step_and_keeps_the_last_checkpoint() {
+    let data = corpus().sequences(0, 128);
+    let dep = Deployer::new(Mesh::single(), 1, &workdir("nan")).unwrap();
+    let cfg = TrainConfig { checkpoint_every: Some(2), ..config(8, 4, 1) };
+    let t = Trainer::new(
+        |b| Lm::new(b, CFG, DType::F32, 1),
+        collate,
+        |ctx: &StepCtx<Cpu>, m: &Lm<Cpu>, b: &Batch<Cpu>| {
+            let l = m.loss(&b["input_ids"], &b["labels"], None)?;
+            if ctx.step == 5 {
+                l.scale(f64::NAN)
+            } else {
+                Ok(l)
+            }
+        },
+        cfg.clone(),
+    );
+    let err = t.fit(&dep, &data, false).unwrap_err().to_string();
+    assert!(err.contains("loss is NaN at step 5") && err.contains("last checkpoint is intact"), "{err}");
+    let ck = redco_core::pipeline::checkpoint::Checkpointer::new(&dep.workdir, 0);
+    assert_eq!(ck.latest().unwrap().unwrap().0, 4);
+    // skipping instead of stopping
+    let skip = Trainer::new(
+        |b| Lm::new(b, CFG, DType::F32, 1),
+        collate,
+        |ctx: &StepCtx<Cpu>, m: &Lm<Cpu>, b: &Batch<Cpu>| {
+            let l = m.loss(&b["input_ids"], &b["labels"], None)?;
+            if ctx.step == 5 {
+                l.scale(f64::NAN)
+            } else {
+                Ok(l)
+            }
+        },
+        TrainConfig { nan: NanPolicy::Skip, ..cfg },
+    );
+    let r = skip.fit(&Deployer::new(Mesh::single(), 1, &workdir("nan-skip")).unwrap(), &data, false).unwrap();
+    assert_eq!(r.losses.len(), 7);
+}
+
+#[test]
+fn a_malformed_jsonl_line_is_reported_with_its_line_number() {
+    let d = workdir("jsonl");
+    std::fs::create_dir_all(&d).unwrap();
+    let p = d.join("data.jsonl");
+    std::fs::write(&p, "{\"text\": \"a\"}\n\n{\"text\": oops}\n{\"text\": \"c\"}\n").unwrap();
+    let ds = JsonlDataset::open(&p).unwrap();
+    assert_eq!(ds.len(), 3);
+    assert_eq!(ds.get(0).unwrap()["text"], "a");
+    let err = ds.validate().unwrap_err().to_string();
+    assert!(err.contains("line 3") && err.contains("malformed"), "{err}");
+    assert!(JsonlDataset::open(&d.join("missing.jsonl")).is_err());
+}
+
+#[test]
+fn a_collate_error_names_the_step_and_examples() {
+    let data = corpus().sequences(0, 64);
+    let dep = Deployer::new(Mesh::single(), 1, &workdir("collate")).unwrap();
+    let t = Trainer::new(
+        |b| Lm::new(b, CFG, DType::F32, 1),
+        |b: &Cpu, ex: &[Vec<i64>]| {
+            if ex.iter().any(|s| s[0] == 15) {
+                Err(redco_core::Error::invalid("my collate", "token 15 first"))
+            } else {
+                collate(b, ex)
+            }
+        },
+        loss,
+        config(20, 4, 1),
+    );
+    let err = t.fit(&dep, &data, false).unwrap_err().to_string();
+    assert!(err.contains("collate_fn: step") && err.contains("examples") && err.contains("token 15 first"), "{err}");
+}
+
+#[test]
+fn a_checkpoint_from_another_model_or_mesh_is_refused_with_the_differences() {
+    let data = corpus().sequences(0, 64);
+    let dir = workdir("other");
+    let dep = Deployer::new("1x2".parse().unwrap(), 1, &dir).unwrap();
+    trainer(config(2, 4, 1)).fit(&dep, &data, false).unwrap();
+    let bigger = Config { hidden: 48, ..CFG };
+    let t = Trainer::new(move |b| Lm::new(b, bigger, DType::F32, 1), collate, loss, config(4, 4, 1));
+    let err = t.fit(&dep, &data, true).unwrap_err().to_string();
+    assert!(err.contains("from another model") && err.contains("embed.weight"), "{err}");
+    let other_mesh = Deployer::new("2x1".parse().unwrap(), 1, &dir).unwrap();
+    let err = trainer(config(4, 4, 1)).fit(&other_mesh, &data, true).unwrap_err().to_string();
+    assert!(err.contains("written on mesh 1x2 but this run has mesh 2x1"), "{err}");
+}
