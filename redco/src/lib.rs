@@ -7,4 +7,5 @@
 
 pub use redco_core as core;
 pub use redco_core::*;
+pub use redco_core::{cpu, dist, nn, optim, pipeline};
 pub use redco_models as models;
