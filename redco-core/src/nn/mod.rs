@@ -72,6 +72,21 @@ impl<B: Backend, M: Module<B>> Module<B> for Option<M> {
     }
 }
 
+/// A name -> tensor map is a module whose parameters are its entries (used for f32 master
+/// weights in mixed precision).
+impl<B: Backend> Module<B> for BTreeMap<String, Tensor<B>> {
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
+        for (k, t) in self {
+            f(&join(prefix, k), t);
+        }
+    }
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
+        for (k, t) in self.iter_mut() {
+            f(&join(prefix, k), t);
+        }
+    }
+}
+
 /// A bare parameter is a module with one unnamed entry (its name is the prefix).
 impl<B: Backend> Module<B> for Tensor<B> {
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {

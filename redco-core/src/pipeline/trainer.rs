@@ -16,7 +16,8 @@ use crate::dist::ShardPlan;
 use crate::nn::{Module, ModuleExt};
 use crate::ops::random::mix64;
 use crate::optim::{clip_grad_norm, global_grad_norm, AdamW, AdamWConfig, Decay, Schedule};
-use crate::{Error, GradStore, MeshAxis, Result, Tensor};
+use crate::{DType, Error, GradStore, MeshAxis, Result, Tensor};
+use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -54,6 +55,9 @@ pub struct TrainConfig {
     pub log_every: u64,
     /// The batch entry whose elements count as tokens for tokens/s.
     pub tokens_key: Option<String>,
+    /// Compute dtype: `F32`, or `BF16` for mixed precision (bf16 parameters and
+    /// activations, f32 master weights and optimizer state).
+    pub compute_dtype: DType,
 }
 
 impl Default for TrainConfig {
@@ -70,6 +74,7 @@ impl Default for TrainConfig {
             nan: NanPolicy::Error,
             log_every: 10,
             tokens_key: Some("input_ids".into()),
+            compute_dtype: DType::F32,
         }
     }
 }
@@ -169,6 +174,16 @@ impl<M: Module<Cpu>, E: Send + Sync> Trainer<M, E> {
                 format!("batch size {} must be positive and divisible by dp={}", cfg.batch_size, dep.mesh.dp),
             ));
         }
+        match cfg.compute_dtype {
+            DType::F32 | DType::BF16 => {}
+            DType::F16 => {
+                return Err(Error::invalid(
+                    "fit",
+                    "f16 compute needs dynamic loss scaling, which is not implemented yet; use bf16",
+                ))
+            }
+            d => return Err(Error::UnsupportedDType { op: "fit (compute dtype)", dtype: d }),
+        }
         let plan = self.plan(dep, data)?;
         let ckpt = Checkpointer::new(&dep.workdir, cfg.keep_last);
         let resume_from = if resume { ckpt.latest()? } else { None };
@@ -176,10 +191,22 @@ impl<M: Module<Cpu>, E: Send + Sync> Trainer<M, E> {
             let mut model = (self.model_fn)(&rk.backend)?;
             plan.apply(&mut model)?;
             let mut opt = AdamW::new(cfg.adamw);
+            // f32 master weights: the optimizer, checkpoints and the export use them; the
+            // model computes with copies in the compute dtype.
+            let mut masters: BTreeMap<String, Tensor<Cpu>> = model.named_parameters().into_iter().collect();
             let mut start = 0;
             if let Some((_, dir)) = &resume_from {
-                start = ckpt.load(dir, &mut model, &mut opt)?;
+                start = ckpt.load(dir, &mut masters, &mut opt)?;
             }
+            let refresh = |model: &mut M, masters: &BTreeMap<String, Tensor<Cpu>>| -> Result<()> {
+                let mut err = None;
+                model.visit_mut("", &mut |name, p| match masters[name].cast(cfg.compute_dtype) {
+                    Ok(t) => *p = t.detach().into_var(),
+                    Err(e) => err = Some(e),
+                });
+                err.map_or(Ok(()), Err)
+            };
+            refresh(&mut model, &masters)?;
             let mut log = if rk.rank == 0 { Some(MetricsLog::open(&dep.workdir, cfg.steps, cfg.log_every)?) } else { None };
             let mut losses = Vec::new();
             let mut cache = HashMap::new();
@@ -233,7 +260,15 @@ impl<M: Module<Cpu>, E: Send + Sync> Trainer<M, E> {
                         }
                     }
                 }
-                let params: Vec<Tensor<Cpu>> = model.named_parameters().into_iter().map(|(_, t)| t).collect();
+                // gradients of the compute copies, as f32 gradients of the masters
+                let mut g32 = GradStore::new();
+                for (name, p) in model.named_parameters() {
+                    if let Some(g) = grads.get(&p) {
+                        g32.insert(&masters[&name], g.cast(DType::F32)?);
+                    }
+                }
+                let mut grads = g32;
+                let params: Vec<Tensor<Cpu>> = masters.values().cloned().collect();
                 if !cfg.adamw.zero1 || dep.mesh.dp == 1 || cfg.clip_norm.is_some() {
                     sync_grads(&params, &mut grads, DEFAULT_BUCKET_BYTES)?;
                 }
@@ -242,7 +277,8 @@ impl<M: Module<Cpu>, E: Send + Sync> Trainer<M, E> {
                     None if !cfg.adamw.zero1 || dep.mesh.dp == 1 => global_grad_norm(&params, &grads)?,
                     None => f64::NAN,
                 };
-                opt.step(&mut model, &grads)?;
+                opt.step(&mut masters, &grads)?;
+                refresh(&mut model, &masters)?;
                 losses.push(loss_sum);
                 let dt = t0.elapsed().as_secs_f64();
                 if let Some(l) = log.as_mut() {
@@ -251,10 +287,10 @@ impl<M: Module<Cpu>, E: Send + Sync> Trainer<M, E> {
                 }
                 let done = step + 1;
                 if cfg.checkpoint_every.is_some_and(|n| done % n == 0) || done == cfg.steps {
-                    ckpt.save(done, &model, &opt)?;
+                    ckpt.save(done, &masters, &opt)?;
                 }
             }
-            export_safetensors(&model, &dep.workdir.join("model.safetensors"))?;
+            export_safetensors(&masters, &dep.workdir.join("model.safetensors"))?;
             Ok((start, losses))
         })?;
         let (start_step, losses) = results.into_iter().next().unwrap_or_default();

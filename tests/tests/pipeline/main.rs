@@ -294,3 +294,22 @@ fn a_checkpoint_from_another_model_or_mesh_is_refused_with_the_differences() {
     let err = trainer(config(4, 4, 1)).fit(&other_mesh, &data, true).unwrap_err().to_string();
     assert!(err.contains("written on mesh 1x2 but this run has mesh 2x1"), "{err}");
 }
+
+#[test]
+fn bf16_mixed_precision_reaches_the_f32_loss() {
+    let c = corpus();
+    let train = c.sequences(0, 4096);
+    let held = c.sequences(1 << 20, 64);
+    let mut evals = Vec::new();
+    for dt in [DType::F32, DType::BF16] {
+        let dep = Deployer::new(Mesh::single(), 3, &workdir(&format!("mixed-{dt:?}"))).unwrap();
+        let r = trainer(TrainConfig { compute_dtype: dt, ..config(160, 16, 1) }).fit(&dep, &train, false).unwrap();
+        evals.push(eval_loss(&dep, &r, &held));
+    }
+    eprintln!("eval loss: f32 {:.4}, bf16 {:.4}, entropy {:.4}", evals[0], evals[1], c.entropy());
+    assert!((evals[1] - evals[0]).abs() <= 0.05 * evals[0], "bf16 {} vs f32 {} (tolerance 5%)", evals[1], evals[0]);
+    let f16 = trainer(TrainConfig { compute_dtype: DType::F16, ..config(2, 4, 1) })
+        .fit(&Deployer::new(Mesh::single(), 3, &workdir("mixed-f16")).unwrap(), &train, false)
+        .unwrap_err();
+    assert!(f16.to_string().contains("loss scaling"), "{f16}");
+}
