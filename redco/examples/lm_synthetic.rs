@@ -57,11 +57,7 @@ fn main() -> Result<()> {
         report.losses.last().copied().unwrap_or(f64::NAN),
         corpus.entropy()
     );
-    println!(
-        "wrote {}/metrics.jsonl, {}/checkpoints/, {}/model.safetensors",
-        workdir.display(),
-        workdir.display(),
-        workdir.display()
-    );
+    let w = workdir.display();
+    println!("wrote {w}/metrics.jsonl, {w}/loss.png, {w}/checkpoints/, {w}/model.safetensors");
     Ok(())
 }

@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod data;
 mod deployer;
 pub mod metrics;
+pub mod plot;
 mod predictor;
 pub mod synthetic;
 mod trainer;

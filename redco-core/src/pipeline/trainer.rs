@@ -291,6 +291,15 @@ impl<M: Module<Cpu>, E: Send + Sync> Trainer<M, E> {
                 }
             }
             export_safetensors(&masters, &dep.workdir.join("model.safetensors"))?;
+            if rk.rank == 0 {
+                // the whole curve, across resumed runs: the last entry of every step
+                let mut by_step = BTreeMap::new();
+                for m in super::metrics::read_metrics(&dep.workdir)? {
+                    by_step.insert(m.step, m);
+                }
+                let curve: Vec<_> = by_step.into_values().collect();
+                super::plot::plot_png(&curve, &dep.workdir.join("loss.png"))?;
+            }
             Ok((start, losses))
         })?;
         let (start_step, losses) = results.into_iter().next().unwrap_or_default();
