@@ -170,13 +170,33 @@ impl Checkpointer {
         if self.keep_last == 0 {
             return Ok(());
         }
-        let mut steps = self.complete()?;
+        let best = fs::read_to_string(self.dir.join("best")).ok().and_then(|b| b.lines().next().map(str::to_string));
+        let mut steps: Vec<(u64, PathBuf)> = self
+            .complete()?
+            .into_iter()
+            .filter(|(_, p)| best.as_deref() != p.file_name().and_then(|n| n.to_str()))
+            .collect();
         steps.sort();
         while steps.len() > self.keep_last {
             let (_, p) = steps.remove(0);
             fs::remove_dir_all(&p).map_err(|e| io("cannot remove", &p, e))?;
         }
         Ok(())
+    }
+
+    /// Marks the checkpoint of `step` as the best by the eval metric (`metric`); pruning
+    /// keeps it.
+    pub fn mark_best(&self, step: u64, metric: f64) -> Result<()> {
+        let name = format!("step-{step:08}\n{metric}\n");
+        write_atomic(&self.dir.join("best"), name.as_bytes())
+    }
+
+    /// The best checkpoint's directory and metric, if one was marked.
+    pub fn best(&self) -> Option<(PathBuf, f64)> {
+        let t = fs::read_to_string(self.dir.join("best")).ok()?;
+        let mut l = t.lines();
+        let dir = self.dir.join(l.next()?);
+        Some((dir, l.next()?.parse().ok()?))
     }
 
     /// Complete checkpoints (with a manifest), as (step, dir).

@@ -21,6 +21,9 @@ pub struct StepMetrics {
     pub tokens_per_s: f64,
     /// Wall time of the step in seconds.
     pub step_time_s: f64,
+    /// The eval metric, on steps where it was computed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval: Option<f64>,
 }
 
 /// Appends metrics to `metrics.jsonl` and prints progress (a progress bar with ETA on a

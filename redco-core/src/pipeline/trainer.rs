@@ -91,6 +91,16 @@ pub struct FitReport {
 }
 
 type ModelFn<M> = Box<dyn Fn(&Cpu) -> Result<M> + Send + Sync>;
+type EvalFn<M> = Box<dyn Fn(&StepCtx<Cpu>, &M, &Batch<Cpu>) -> Result<f64> + Send + Sync>;
+
+/// Periodic evaluation: a metric averaged over held-out batches, logged, and the best
+/// checkpoint kept.
+struct Eval<M, E> {
+    data: Box<dyn Dataset<E> + Send>,
+    metric: EvalFn<M>,
+    every: u64,
+    lower_is_better: bool,
+}
 type CollateFn<E> = Box<dyn Fn(&Cpu, &[E]) -> Result<Batch<Cpu>> + Send + Sync>;
 type LossFn<M> = Box<dyn Fn(&StepCtx<Cpu>, &M, &Batch<Cpu>) -> Result<Tensor<Cpu>> + Send + Sync>;
 
@@ -99,6 +109,7 @@ pub struct Trainer<M, E> {
     model_fn: ModelFn<M>,
     collate_fn: CollateFn<E>,
     loss_fn: LossFn<M>,
+    eval: Option<Eval<M, E>>,
     /// Options.
     pub config: TrainConfig,
 }
@@ -114,7 +125,7 @@ fn epoch_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
     v
 }
 
-impl<M: Module<Cpu>, E: Send + Sync> Trainer<M, E> {
+impl<M: Module<Cpu>, E: Clone + Send + Sync> Trainer<M, E> {
     /// A trainer from the model constructor and the three functions.
     pub fn new(
         model_fn: impl Fn(&Cpu) -> Result<M> + Send + Sync + 'static,
@@ -122,7 +133,69 @@ impl<M: Module<Cpu>, E: Send + Sync> Trainer<M, E> {
         loss_fn: impl Fn(&StepCtx<Cpu>, &M, &Batch<Cpu>) -> Result<Tensor<Cpu>> + Send + Sync + 'static,
         config: TrainConfig,
     ) -> Self {
-        Trainer { model_fn: Box::new(model_fn), collate_fn: Box::new(collate_fn), loss_fn: Box::new(loss_fn), config }
+        Trainer {
+            model_fn: Box::new(model_fn),
+            collate_fn: Box::new(collate_fn),
+            loss_fn: Box::new(loss_fn),
+            eval: None,
+            config,
+        }
+    }
+
+    /// Evaluates every `every` optimizer steps (and at the end): `metric(ctx, model,
+    /// batch)` is a batch's metric (e.g. its mean loss or accuracy), averaged over the
+    /// batches of `data` (the last one padded); logged as `eval`, and the checkpoint with
+    /// the best value (lowest when `lower_is_better`) is kept apart from pruning.
+    pub fn with_eval(
+        mut self,
+        data: impl Dataset<E> + Send + 'static,
+        metric: impl Fn(&StepCtx<Cpu>, &M, &Batch<Cpu>) -> Result<f64> + Send + Sync + 'static,
+        every: u64,
+        lower_is_better: bool,
+    ) -> Self {
+        self.eval = Some(Eval { data: Box::new(data), metric: Box::new(metric), every: every.max(1), lower_is_better });
+        self
+    }
+
+    /// The mean eval metric of `model` (every rank calls it).
+    fn evaluate(
+        &self,
+        ev: &Eval<M, E>,
+        dep: &Deployer,
+        rk: &crate::dist::Rank<Cpu>,
+        model: &M,
+        step: u64,
+    ) -> Result<f64>
+    where
+        E: Clone,
+    {
+        let bs = self.config.batch_size;
+        let n = ev.data.len();
+        let (mut sum, mut count) = (0.0, 0usize);
+        for start in (0..n).step_by(bs) {
+            let mut ex: Vec<E> = (start..(start + bs).min(n)).map(|i| ev.data.get(i)).collect::<Result<_>>()?;
+            let real = ex.len();
+            while ex.len() < bs {
+                ex.push(ex[real - 1].clone());
+            }
+            let mut batch = Batch::new();
+            for (k, t) in (self.collate_fn)(&rk.backend, &ex)? {
+                batch.insert(k, if dep.mesh.dp > 1 { t.shard_along(MeshAxis::Dp, 0)? } else { t });
+            }
+            let ctx = StepCtx {
+                backend: &rk.backend,
+                rank: rk.rank,
+                mesh: dep.mesh,
+                step,
+                micro: 0,
+                train: false,
+                seed: dep.seed,
+            };
+            let v = crate::no_grad(|| (ev.metric)(&ctx, model, &batch))?;
+            sum += v * real as f64;
+            count += real;
+        }
+        Ok(sum / count.max(1) as f64)
     }
 
     /// The examples of micro-batch `micro` of optimizer step `step`.
@@ -281,12 +354,24 @@ impl<M: Module<Cpu>, E: Send + Sync> Trainer<M, E> {
                 refresh(&mut model, &masters)?;
                 losses.push(loss_sum);
                 let dt = t0.elapsed().as_secs_f64();
+                let done = step + 1;
+                let eval = match &self.eval {
+                    Some(ev) if done.is_multiple_of(ev.every) || done == cfg.steps => Some(self.evaluate(ev, dep, rk, &model, step)?),
+                    _ => None,
+                };
                 if let Some(l) = log.as_mut() {
-                    let m = StepMetrics { step: step + 1, loss: loss_sum, lr, grad_norm: norm, tokens_per_s: tokens as f64 / dt, step_time_s: dt };
+                    let m = StepMetrics { step: done, loss: loss_sum, lr, grad_norm: norm, tokens_per_s: tokens as f64 / dt, step_time_s: dt, eval };
                     l.log(&m, start)?;
                 }
-                let done = step + 1;
-                if cfg.checkpoint_every.is_some_and(|n| done % n == 0) || done == cfg.steps {
+                let better = match (eval, &self.eval, ckpt.best()) {
+                    (Some(v), Some(ev), Some((_, b))) => if ev.lower_is_better { v < b } else { v > b },
+                    (Some(_), Some(_), None) => true,
+                    _ => false,
+                };
+                if better || cfg.checkpoint_every.is_some_and(|n| done.is_multiple_of(n)) || done == cfg.steps {
+                    if better && rk.rank == 0 {
+                        ckpt.mark_best(done, eval.unwrap_or_default())?;
+                    }
                     ckpt.save(done, &masters, &opt)?;
                 }
             }

@@ -315,3 +315,27 @@ fn bf16_mixed_precision_reaches_the_f32_loss() {
         .unwrap_err();
     assert!(f16.to_string().contains("loss scaling"), "{f16}");
 }
+
+#[test]
+fn eval_is_logged_and_the_best_checkpoint_is_kept() {
+    let c = corpus();
+    let dep = Deployer::new("1x2".parse().unwrap(), 3, &workdir("eval")).unwrap();
+    let cfg = TrainConfig { keep_last: 1, ..config(60, 16, 1) };
+    let t = trainer(cfg).with_eval(
+        c.sequences(1 << 20, 40),
+        |_: &StepCtx<Cpu>, m: &Lm<Cpu>, b: &Batch<Cpu>| {
+            m.loss(&b["input_ids"], &b["labels"], None)?.replicate()?.to_scalar()
+        },
+        20,
+        true,
+    );
+    t.fit(&dep, &c.sequences(0, 1024), false).unwrap();
+    let evals: Vec<(u64, f64)> =
+        read_metrics(&dep.workdir).unwrap().iter().filter_map(|m| m.eval.map(|e| (m.step, e))).collect();
+    assert_eq!(evals.iter().map(|e| e.0).collect::<Vec<_>>(), vec![20, 40, 60]);
+    let (best_step, best) = evals.iter().cloned().fold((0, f64::INFINITY), |a, b| if b.1 < a.1 { b } else { a });
+    let ck = redco_core::pipeline::checkpoint::Checkpointer::new(&dep.workdir, 1);
+    let (dir, metric) = ck.best().expect("a best checkpoint");
+    assert_eq!(metric, best);
+    assert!(dir.ends_with(format!("step-{best_step:08}")) && dir.join("manifest.json").exists(), "{}", dir.display());
+}
