@@ -166,7 +166,8 @@ impl Checkpointer {
         Ok(fin)
     }
 
-    fn prune(&self) -> Result<()> {
+    /// Removes complete checkpoints beyond the last `keep_last` (never the best one).
+    pub fn prune(&self) -> Result<()> {
         if self.keep_last == 0 {
             return Ok(());
         }

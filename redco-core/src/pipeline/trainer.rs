@@ -369,10 +369,11 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync> Trainer<M, E> {
                     _ => false,
                 };
                 if better || cfg.checkpoint_every.is_some_and(|n| done.is_multiple_of(n)) || done == cfg.steps {
+                    ckpt.save(done, &masters, &opt)?;
                     if better && rk.rank == 0 {
                         ckpt.mark_best(done, eval.unwrap_or_default())?;
+                        ckpt.prune()?;
                     }
-                    ckpt.save(done, &masters, &opt)?;
                 }
             }
             export_safetensors(&masters, &dep.workdir.join("model.safetensors"))?;
