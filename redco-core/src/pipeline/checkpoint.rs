@@ -102,6 +102,9 @@ pub struct Manifest {
     pub mesh: String,
     /// Parameter name -> (global shape, model-parallel placement).
     pub params: BTreeMap<String, (Vec<usize>, String)>,
+    /// Other run state to restore (e.g. the f16 loss scale).
+    #[serde(default)]
+    pub extra: BTreeMap<String, String>,
 }
 
 fn placement_str(p: Placement) -> String {
@@ -129,12 +132,23 @@ impl Checkpointer {
     /// Saves this rank's shards of `model` and `opt` at `step`. Every rank of the run calls
     /// it; rank 0 publishes the checkpoint once all have written.
     pub fn save<B: Backend, M: Module<B> + ?Sized>(&self, step: u64, model: &M, opt: &AdamW<B>) -> Result<PathBuf> {
+        self.save_with(step, model, opt, BTreeMap::new())
+    }
+
+    /// [`Checkpointer::save`] with extra run state recorded in the manifest.
+    pub fn save_with<B: Backend, M: Module<B> + ?Sized>(
+        &self,
+        step: u64,
+        model: &M,
+        opt: &AdamW<B>,
+        extra: BTreeMap<String, String>,
+    ) -> Result<PathBuf> {
         let comm = current_comm::<B>();
         let (rank, mesh) = comm.as_ref().map_or((0, Mesh::single()), |c| (c.rank(), c.mesh()));
         let tmp = self.dir.join(format!("step-{step:08}.tmp"));
         fs::create_dir_all(&tmp).map_err(|e| io("cannot create", &tmp, e))?;
         let mut tensors = Vec::new();
-        let mut manifest = Manifest { step, mesh: mesh.to_string(), params: BTreeMap::new() };
+        let mut manifest = Manifest { step, mesh: mesh.to_string(), params: BTreeMap::new(), extra };
         for (name, p) in model.named_parameters() {
             tensors.push((format!("param/{name}"), p.local_to_host()?, p.local_shape().dims().to_vec()));
             manifest.params.insert(name, (p.dims().to_vec(), placement_str(p.placements().get(crate::MeshAxis::Mp))));
@@ -331,6 +345,14 @@ impl Checkpointer {
         }
         opt.set_state(adam_step, state);
         Ok(manifest.step)
+    }
+
+    /// The extra run state recorded in checkpoint `dir`.
+    pub fn extra(&self, dir: &Path) -> Result<BTreeMap<String, String>> {
+        let mpath = dir.join("manifest.json");
+        let m: Manifest = serde_json::from_slice(&fs::read(&mpath).map_err(|e| io("cannot read", &mpath, e))?)
+            .map_err(|e| Error::invalid("checkpoint", format!("{}: {e}", mpath.display())))?;
+        Ok(m.extra)
     }
 }
 

@@ -47,6 +47,8 @@ pub struct TrainConfig {
     pub clip_norm: Option<f64>,
     /// Checkpoint every N optimizer steps (and at the end).
     pub checkpoint_every: Option<u64>,
+    /// Also checkpoint at the step where an epoch of the data ends.
+    pub checkpoint_at_epoch_end: bool,
     /// Complete checkpoints to keep (0: all).
     pub keep_last: usize,
     /// Non-finite losses.
@@ -55,9 +57,13 @@ pub struct TrainConfig {
     pub log_every: u64,
     /// The batch entry whose elements count as tokens for tokens/s.
     pub tokens_key: Option<String>,
-    /// Compute dtype: `F32`, or `BF16` for mixed precision (bf16 parameters and
-    /// activations, f32 master weights and optimizer state).
+    /// Compute dtype: `F32`, or `BF16`/`F16` for mixed precision (half-precision
+    /// parameters and activations, f32 master weights and optimizer state; f16 with
+    /// dynamic loss scaling).
     pub compute_dtype: DType,
+    /// f16 only: initial loss scale, and the number of overflow-free steps after which it
+    /// doubles (it halves, and the step is skipped, when gradients overflow).
+    pub loss_scale: (f64, u64),
 }
 
 impl Default for TrainConfig {
@@ -70,11 +76,13 @@ impl Default for TrainConfig {
             adamw: AdamWConfig::default(),
             clip_norm: Some(1.0),
             checkpoint_every: None,
+            checkpoint_at_epoch_end: true,
             keep_last: 2,
             nan: NanPolicy::Error,
             log_every: 10,
             tokens_key: Some("input_ids".into()),
             compute_dtype: DType::F32,
+            loss_scale: (65536.0, 200),
         }
     }
 }
@@ -248,13 +256,7 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync> Trainer<M, E> {
             ));
         }
         match cfg.compute_dtype {
-            DType::F32 | DType::BF16 => {}
-            DType::F16 => {
-                return Err(Error::invalid(
-                    "fit",
-                    "f16 compute needs dynamic loss scaling, which is not implemented yet; use bf16",
-                ))
-            }
+            DType::F32 | DType::BF16 | DType::F16 => {}
             d => return Err(Error::UnsupportedDType { op: "fit (compute dtype)", dtype: d }),
         }
         let plan = self.plan(dep, data)?;
@@ -268,8 +270,15 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync> Trainer<M, E> {
             // model computes with copies in the compute dtype.
             let mut masters: BTreeMap<String, Tensor<Cpu>> = model.named_parameters().into_iter().collect();
             let mut start = 0;
+            let f16 = cfg.compute_dtype == DType::F16;
+            let (mut scale, mut good) = (if f16 { cfg.loss_scale.0 } else { 1.0 }, 0u64);
             if let Some((_, dir)) = &resume_from {
                 start = ckpt.load(dir, &mut masters, &mut opt)?;
+                let extra = ckpt.extra(dir)?;
+                if let (Some(s), Some(g)) = (extra.get("loss_scale"), extra.get("good_steps")) {
+                    scale = s.parse().unwrap_or(scale);
+                    good = g.parse().unwrap_or(0);
+                }
             }
             let refresh = |model: &mut M, masters: &BTreeMap<String, Tensor<Cpu>>| -> Result<()> {
                 let mut err = None;
@@ -315,7 +324,7 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync> Trainer<M, E> {
                         break;
                     }
                     loss_sum += value / cfg.accumulate as f64;
-                    loss.scale(1.0 / cfg.accumulate as f64)?.backward_into(&mut grads)?;
+                    loss.scale(scale / cfg.accumulate as f64)?.backward_into(&mut grads)?;
                 }
                 if let Some((micro, a, b, v)) = bad {
                     match cfg.nan {
@@ -337,13 +346,30 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync> Trainer<M, E> {
                 let mut g32 = GradStore::new();
                 for (name, p) in model.named_parameters() {
                     if let Some(g) = grads.get(&p) {
-                        g32.insert(&masters[&name], g.cast(DType::F32)?);
+                        let g = g.cast(DType::F32)?;
+                        g32.insert(&masters[&name], if scale != 1.0 { crate::no_grad(|| g.scale(1.0 / scale))? } else { g });
                     }
                 }
                 let mut grads = g32;
                 let params: Vec<Tensor<Cpu>> = masters.values().cloned().collect();
                 if !cfg.adamw.zero1 || dep.mesh.dp == 1 || cfg.clip_norm.is_some() {
                     sync_grads(&params, &mut grads, DEFAULT_BUCKET_BYTES)?;
+                }
+                if f16 {
+                    let n = global_grad_norm(&params, &grads)?;
+                    if !n.is_finite() {
+                        // overflow in f16: skip the update, halve the scale
+                        scale = (scale / 2.0).max(1.0);
+                        good = 0;
+                        if rk.rank == 0 {
+                            eprintln!("redco: step {step}: f16 gradients overflowed; loss scale now {scale}");
+                        }
+                        continue;
+                    }
+                    good += 1;
+                    if good.is_multiple_of(cfg.loss_scale.1.max(1)) {
+                        scale *= 2.0;
+                    }
                 }
                 let norm = match cfg.clip_norm {
                     Some(c) => clip_grad_norm(&params, &mut grads, c)?,
@@ -368,8 +394,12 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync> Trainer<M, E> {
                     (Some(_), Some(_), None) => true,
                     _ => false,
                 };
-                if better || cfg.checkpoint_every.is_some_and(|n| done.is_multiple_of(n)) || done == cfg.steps {
-                    ckpt.save(done, &masters, &opt)?;
+                let per_step = (cfg.batch_size * cfg.accumulate) as u64;
+                let n = data.len() as u64;
+                let epoch_end = cfg.checkpoint_at_epoch_end && (done * per_step) / n > (step * per_step) / n;
+                if better || epoch_end || cfg.checkpoint_every.is_some_and(|n| done.is_multiple_of(n)) || done == cfg.steps {
+                    let extra = BTreeMap::from([("loss_scale".to_string(), scale.to_string()), ("good_steps".to_string(), good.to_string())]);
+                    ckpt.save_with(done, &masters, &opt, extra)?;
                     if better && rk.rank == 0 {
                         ckpt.mark_best(done, eval.unwrap_or_default())?;
                         ckpt.prune()?;
