@@ -10,6 +10,7 @@ use crate::{no_grad, Error, MeshAxis, Result};
 type ModelFn<M> = Box<dyn Fn(&Cpu) -> Result<M> + Send + Sync>;
 type CollateFn<E> = Box<dyn Fn(&Cpu, &[E]) -> Result<Batch<Cpu>> + Send + Sync>;
 type PredFn<M, O> = Box<dyn Fn(&StepCtx<Cpu>, &M, &Batch<Cpu>) -> Result<Vec<O>> + Send + Sync>;
+type OutputFn<O> = Box<dyn Fn(usize, &O) -> Result<()> + Send + Sync>;
 
 /// An inference pipeline. The last batch is padded with copies of its last example (so
 /// every batch has the same shape) and the padding's outputs are dropped.
@@ -17,6 +18,7 @@ pub struct Predictor<M, E, O> {
     model_fn: ModelFn<M>,
     collate_fn: CollateFn<E>,
     pred_fn: PredFn<M, O>,
+    output_fn: Option<OutputFn<O>>,
     /// Examples per batch (split over `dp`).
     pub batch_size: usize,
 }
@@ -34,8 +36,16 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync, O: Send> Predictor<M, E, O> {
             model_fn: Box::new(model_fn),
             collate_fn: Box::new(collate_fn),
             pred_fn: Box::new(pred_fn),
+            output_fn: None,
             batch_size,
         }
+    }
+
+    /// Calls `output_fn(index, &output)` on rank 0 for every output, in input order, as
+    /// soon as its batch is done (e.g. to stream predictions to a file).
+    pub fn with_output(mut self, output_fn: impl Fn(usize, &O) -> Result<()> + Send + Sync + 'static) -> Self {
+        self.output_fn = Some(Box::new(output_fn));
+        self
     }
 
     /// Outputs for every example of `data`, in order, with the model laid out by `plan`.
@@ -76,7 +86,12 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync, O: Send> Predictor<M, E, O> {
                 if o.len() != bs {
                     return Err(Error::invalid("pred_fn", format!("returned {} outputs for a batch of {bs}", o.len())));
                 }
-                out.extend(o.into_iter().take(real));
+                for o in o.into_iter().take(real) {
+                    if let (Some(f), 0) = (&self.output_fn, rk.rank) {
+                        f(out.len(), &o)?;
+                    }
+                    out.push(o);
+                }
             }
             Ok(out)
         })?;

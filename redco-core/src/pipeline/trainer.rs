@@ -260,6 +260,7 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync> Trainer<M, E> {
             d => return Err(Error::UnsupportedDType { op: "fit (compute dtype)", dtype: d }),
         }
         let plan = self.plan(dep, data)?;
+        tracing::info!(mesh = %dep.mesh, params = plan.params.len(), "sharding plan derived from the traced forward pass");
         let ckpt = Checkpointer::new(&dep.workdir, cfg.keep_last);
         let resume_from = if resume { ckpt.latest()? } else { None };
         let results = dep.run(|rk| {
@@ -274,6 +275,9 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync> Trainer<M, E> {
             let (mut scale, mut good) = (if f16 { cfg.loss_scale.0 } else { 1.0 }, 0u64);
             if let Some((_, dir)) = &resume_from {
                 start = ckpt.load(dir, &mut masters, &mut opt)?;
+                if rk.rank == 0 {
+                    tracing::info!(step = start, dir = %dir.display(), "resumed from checkpoint");
+                }
                 let extra = ckpt.extra(dir)?;
                 if let (Some(s), Some(g)) = (extra.get("loss_scale"), extra.get("good_steps")) {
                     scale = s.parse().unwrap_or(scale);
@@ -336,7 +340,7 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync> Trainer<M, E> {
                         }
                         NanPolicy::Skip => {
                             if rk.rank == 0 {
-                                eprintln!("redco: skipping step {step}: loss is {v} (micro-batch {micro})");
+                                tracing::warn!(step, micro, loss = v, "skipping a step with a non-finite loss");
                             }
                             continue;
                         }
@@ -362,7 +366,7 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync> Trainer<M, E> {
                         scale = (scale / 2.0).max(1.0);
                         good = 0;
                         if rk.rank == 0 {
-                            eprintln!("redco: step {step}: f16 gradients overflowed; loss scale now {scale}");
+                            tracing::warn!(step, scale, "f16 gradients overflowed; step skipped, loss scale halved");
                         }
                         continue;
                     }
@@ -399,7 +403,10 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync> Trainer<M, E> {
                 let epoch_end = cfg.checkpoint_at_epoch_end && (done * per_step) / n > (step * per_step) / n;
                 if better || epoch_end || cfg.checkpoint_every.is_some_and(|n| done.is_multiple_of(n)) || done == cfg.steps {
                     let extra = BTreeMap::from([("loss_scale".to_string(), scale.to_string()), ("good_steps".to_string(), good.to_string())]);
-                    ckpt.save_with(done, &masters, &opt, extra)?;
+                    let path = ckpt.save_with(done, &masters, &opt, extra)?;
+                    if rk.rank == 0 {
+                        tracing::info!(step = done, path = %path.display(), best = better, "checkpoint saved");
+                    }
                     if better && rk.rank == 0 {
                         ckpt.mark_best(done, eval.unwrap_or_default())?;
                         ckpt.prune()?;

@@ -348,3 +348,30 @@ fn checkpoints_at_epoch_ends_and_at_the_end() {
     steps.sort();
     assert_eq!(steps, vec![4, 8, 10], "32 examples, 8 per step: an epoch every 4 steps, plus the last");
 }
+
+#[test]
+fn the_predictor_returns_outputs_in_input_order_with_a_padded_last_batch() {
+    let data = corpus().sequences(100, 10);
+    let dep = Deployer::new("2x1".parse().unwrap(), 3, &workdir("predict")).unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    let pred = Predictor::new(
+        |b: &Cpu| Lm::new(b, CFG, DType::F32, 1),
+        collate,
+        |_: &StepCtx<Cpu>, _m: &Lm<Cpu>, b: &Batch<Cpu>| {
+            let ids = b["input_ids"].replicate()?.to_vec_i64()?;
+            let t = b["input_ids"].dims()[1];
+            Ok(ids.chunks(t).map(|r| r[0]).collect::<Vec<i64>>())
+        },
+        4,
+    )
+    .with_output(move |i, o| {
+        s2.lock().unwrap().push((i, *o));
+        Ok(())
+    });
+    let plan = redco_core::dist::heuristics::plan_by_names(&[], "2x1".parse().unwrap());
+    let out = pred.predict(&dep, &data, &plan).unwrap();
+    let want: Vec<i64> = data.iter().map(|s| s[0]).collect();
+    assert_eq!(out, want);
+    assert_eq!(*seen.lock().unwrap(), want.iter().copied().enumerate().collect::<Vec<_>>());
+}
