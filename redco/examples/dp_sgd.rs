@@ -10,7 +10,7 @@ use redco::models::tiny::{Config, Lm};
 use redco::nn::ModuleExt;
 use redco::optim::{global_grad_norm, AdamWConfig, Decay, Schedule};
 use redco::pipeline::synthetic::MarkovCorpus;
-use redco::pipeline::{Batch, Deployer, StepCtx, TrainConfig, Trainer};
+use redco::pipeline::{Batch, Deployer, OptimizerConfig, StepCtx, TrainConfig, Trainer};
 use redco::{no_grad, DType, Result, Tensor};
 
 const MODEL: Config = Config { vocab: 16, hidden: 32, layers: 1, heads: 4, kv_heads: 4, inter: 64, llama: true };
@@ -77,7 +77,7 @@ fn main() -> Result<()> {
         batch_size: 16,
         steps,
         schedule: Schedule { peak: 3e-3, warmup: 5, total: steps, decay: Decay::Constant },
-        adamw: AdamWConfig::default(),
+        optimizer: OptimizerConfig::AdamW(AdamWConfig::default()),
         clip_norm: None,
         ..Default::default()
     };

@@ -8,7 +8,7 @@ use redco::cpu::Cpu;
 use redco::models::tiny::{Config, Lm};
 use redco::optim::{AdamWConfig, Decay, Schedule};
 use redco::pipeline::synthetic::MarkovCorpus;
-use redco::pipeline::{Batch, Deployer, StepCtx, TrainConfig, Trainer};
+use redco::pipeline::{Batch, Deployer, OptimizerConfig, StepCtx, TrainConfig, Trainer};
 use redco::{DType, Result, Tensor};
 
 const MODEL: Config = Config { vocab: 32, hidden: 64, layers: 2, heads: 4, kv_heads: 2, inter: 128, llama: true };
@@ -41,7 +41,7 @@ fn main() -> Result<()> {
         batch_size: 16,
         steps,
         schedule: Schedule { peak: 3e-3, warmup: 20, total: steps, decay: Decay::Cosine },
-        adamw: AdamWConfig { weight_decay: 0.01, ..Default::default() },
+        optimizer: OptimizerConfig::AdamW(AdamWConfig { weight_decay: 0.01, ..Default::default() }),
         checkpoint_every: Some(100),
         ..Default::default()
     };

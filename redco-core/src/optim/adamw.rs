@@ -162,3 +162,37 @@ impl<B: Backend> AdamW<B> {
         err.map_or(Ok(()), Err)
     }
 }
+
+impl<B: Backend> super::Optimizer<B> for AdamW<B> {
+    fn set_lr(&mut self, lr: f64) {
+        self.cfg.lr = lr;
+    }
+    fn update(&mut self, model: &mut dyn Module<B>, grads: &GradStore<B>) -> Result<()> {
+        self.step(model, grads)
+    }
+    fn steps(&self) -> u64 {
+        self.step
+    }
+    fn state_tensors(&self) -> Vec<(String, Tensor<B>)> {
+        let mut v = Vec::new();
+        for (n, (m, s)) in &self.state {
+            v.push((format!("adam_m/{n}"), m.clone()));
+            v.push((format!("adam_v/{n}"), s.clone()));
+        }
+        v
+    }
+    fn load_state(&mut self, steps: u64, mut state: BTreeMap<String, Tensor<B>>) -> Result<()> {
+        let names: Vec<String> = state.keys().filter_map(|k| k.strip_prefix("adam_m/").map(str::to_string)).collect();
+        let mut out = BTreeMap::new();
+        for n in names {
+            let m = state.remove(&format!("adam_m/{n}")).expect("listed");
+            let v = state.remove(&format!("adam_v/{n}")).ok_or_else(|| Error::Parameter {
+                name: n.clone(),
+                msg: "adam_v missing from the checkpoint".into(),
+            })?;
+            out.insert(n, (m, v));
+        }
+        self.set_state(steps, out);
+        Ok(())
+    }
+}

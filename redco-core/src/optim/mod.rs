@@ -12,7 +12,24 @@ pub use clip::{clip_grad_norm, global_grad_norm};
 pub use schedule::{Decay, Schedule};
 pub use sgd::Sgd;
 
+use crate::nn::Module;
 use crate::{Backend, GradStore, Result, Tensor};
+use std::collections::BTreeMap;
+
+/// What the pipeline needs from an optimizer: set the learning rate, update a module,
+/// and save / restore its state (by `kind/parameter` names) for checkpoints.
+pub trait Optimizer<B: Backend> {
+    /// Sets the learning rate of the next updates.
+    fn set_lr(&mut self, lr: f64);
+    /// One update of every parameter of `model` that has a gradient.
+    fn update(&mut self, model: &mut dyn Module<B>, grads: &GradStore<B>) -> Result<()>;
+    /// Updates done so far.
+    fn steps(&self) -> u64;
+    /// The state tensors (this rank's local ones), named `kind/parameter`.
+    fn state_tensors(&self) -> Vec<(String, Tensor<B>)>;
+    /// Restores the update count and the state saved by [`Optimizer::state_tensors`].
+    fn load_state(&mut self, steps: u64, state: BTreeMap<String, Tensor<B>>) -> Result<()>;
+}
 
 /// A rank-local view of a tensor's storage (replicated, no history), for elementwise
 /// optimizer math.

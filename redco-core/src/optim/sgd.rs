@@ -14,16 +14,18 @@ pub struct Sgd<B: Backend> {
     /// Decoupled weight decay.
     pub weight_decay: f64,
     velocity: BTreeMap<String, Tensor<B>>,
+    steps: u64,
 }
 
 impl<B: Backend> Sgd<B> {
     /// A fresh optimizer.
     pub fn new(lr: f64, momentum: f64, weight_decay: f64) -> Self {
-        Sgd { lr, momentum, weight_decay, velocity: BTreeMap::new() }
+        Sgd { lr, momentum, weight_decay, velocity: BTreeMap::new(), steps: 0 }
     }
 
     /// One update of every parameter of `model` that has a gradient in `grads`.
     pub fn step<M: Module<B> + ?Sized>(&mut self, model: &mut M, grads: &GradStore<B>) -> Result<()> {
+        self.steps += 1;
         let (lr, mu, wd) = (self.lr, self.momentum, self.weight_decay);
         let vel = &mut self.velocity;
         let mut err: Option<Error> = None;
@@ -58,5 +60,26 @@ impl<B: Backend> Sgd<B> {
             }
         });
         err.map_or(Ok(()), Err)
+    }
+}
+
+impl<B: Backend> super::Optimizer<B> for Sgd<B> {
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+    fn update(&mut self, model: &mut dyn Module<B>, grads: &GradStore<B>) -> Result<()> {
+        self.step(model, grads)
+    }
+    fn steps(&self) -> u64 {
+        self.steps
+    }
+    fn state_tensors(&self) -> Vec<(String, Tensor<B>)> {
+        self.velocity.iter().map(|(n, v)| (format!("velocity/{n}"), v.clone())).collect()
+    }
+    fn load_state(&mut self, steps: u64, state: BTreeMap<String, Tensor<B>>) -> Result<()> {
+        self.steps = steps;
+        self.velocity =
+            state.into_iter().filter_map(|(k, v)| k.strip_prefix("velocity/").map(|n| (n.to_string(), v))).collect();
+        Ok(())
     }
 }

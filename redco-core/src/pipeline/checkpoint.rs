@@ -5,7 +5,7 @@
 
 use crate::dist::{current_comm, Mesh};
 use crate::nn::{Module, ModuleExt};
-use crate::optim::AdamW;
+use crate::optim::Optimizer;
 use crate::{Backend, DType, Error, HostData, Placement, Result, Shape, Tensor};
 use safetensors::tensor::TensorView;
 use std::collections::BTreeMap;
@@ -131,7 +131,12 @@ impl Checkpointer {
 
     /// Saves this rank's shards of `model` and `opt` at `step`. Every rank of the run calls
     /// it; rank 0 publishes the checkpoint once all have written.
-    pub fn save<B: Backend, M: Module<B> + ?Sized>(&self, step: u64, model: &M, opt: &AdamW<B>) -> Result<PathBuf> {
+    pub fn save<B: Backend, M: Module<B> + ?Sized>(
+        &self,
+        step: u64,
+        model: &M,
+        opt: &dyn Optimizer<B>,
+    ) -> Result<PathBuf> {
         self.save_with(step, model, opt, BTreeMap::new())
     }
 
@@ -140,7 +145,7 @@ impl Checkpointer {
         &self,
         step: u64,
         model: &M,
-        opt: &AdamW<B>,
+        opt: &dyn Optimizer<B>,
         extra: BTreeMap<String, String>,
     ) -> Result<PathBuf> {
         let comm = current_comm::<B>();
@@ -153,11 +158,10 @@ impl Checkpointer {
             tensors.push((format!("param/{name}"), p.local_to_host()?, p.local_shape().dims().to_vec()));
             manifest.params.insert(name, (p.dims().to_vec(), placement_str(p.placements().get(crate::MeshAxis::Mp))));
         }
-        for (name, (m, v)) in opt.state() {
-            tensors.push((format!("adam_m/{name}"), m.local_to_host()?, m.local_shape().dims().to_vec()));
-            tensors.push((format!("adam_v/{name}"), v.local_to_host()?, v.local_shape().dims().to_vec()));
+        for (key, t) in opt.state_tensors() {
+            tensors.push((format!("opt/{key}"), t.local_to_host()?, t.local_shape().dims().to_vec()));
         }
-        let meta = BTreeMap::from([("adam_step".to_string(), opt.steps().to_string())]);
+        let meta = BTreeMap::from([("opt_steps".to_string(), opt.steps().to_string())]);
         write_atomic(&tmp.join(format!("rank-{rank}.safetensors")), &safetensors_bytes(&tensors, meta)?)?;
         if let Some(c) = &comm {
             c.barrier()?;
@@ -242,7 +246,7 @@ impl Checkpointer {
         &self,
         dir: &Path,
         model: &mut M,
-        opt: &mut AdamW<B>,
+        opt: &mut dyn Optimizer<B>,
     ) -> Result<u64> {
         let comm = current_comm::<B>();
         let (rank, mesh) = comm.as_ref().map_or((0, Mesh::single()), |c| (c.rank(), c.mesh()));
@@ -325,25 +329,19 @@ impl Checkpointer {
         if let Some(e) = err {
             return Err(e);
         }
-        let adam_step: u64 =
-            st_metadata(&bytes)?.get("adam_step").and_then(|s| s.parse().ok()).unwrap_or(manifest.step);
+        let opt_steps: u64 =
+            st_metadata(&bytes)?.get("opt_steps").and_then(|s| s.parse().ok()).unwrap_or(manifest.step);
         let mut state = BTreeMap::new();
-        let b = named.first().map(|(_, t)| t.backend().clone());
-        if let Some(b) = b {
-            for name in manifest.params.keys() {
-                if let (Ok((m, ms)), Ok((v, vs))) = (get(&format!("adam_m/{name}")), get(&format!("adam_v/{name}"))) {
-                    let (dt_m, dt_v) = (m.dtype(), v.dtype());
-                    state.insert(
-                        name.clone(),
-                        (
-                            Tensor::from_storage(&b, b.upload(&m)?, ms, dt_m),
-                            Tensor::from_storage(&b, b.upload(&v)?, vs, dt_v),
-                        ),
-                    );
+        if let Some(b) = named.first().map(|(_, t)| t.backend().clone()) {
+            for (key, _) in st.tensors() {
+                if let Some(k) = key.strip_prefix("opt/") {
+                    let (h, shape) = get(&key)?;
+                    let dt = h.dtype();
+                    state.insert(k.to_string(), Tensor::from_storage(&b, b.upload(&h)?, shape, dt));
                 }
             }
         }
-        opt.set_state(adam_step, state);
+        opt.load_state(opt_steps, state)?;
         Ok(manifest.step)
     }
 

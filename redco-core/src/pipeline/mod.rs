@@ -13,7 +13,7 @@ mod trainer;
 
 pub use deployer::{Deployer, StepCtx};
 pub use predictor::Predictor;
-pub use trainer::{FitReport, NanPolicy, TrainConfig, Trainer};
+pub use trainer::{FitReport, NanPolicy, OptimizerConfig, TrainConfig, Trainer};
 
 use crate::Tensor;
 use std::collections::BTreeMap;

@@ -15,7 +15,7 @@ use crate::dist::trace::plan_from_trace;
 use crate::dist::ShardPlan;
 use crate::nn::{Module, ModuleExt};
 use crate::ops::random::mix64;
-use crate::optim::{clip_grad_norm, global_grad_norm, AdamW, AdamWConfig, Decay, Schedule};
+use crate::optim::{clip_grad_norm, global_grad_norm, AdamW, AdamWConfig, Decay, Optimizer, Schedule, Sgd};
 use crate::{DType, Error, GradStore, MeshAxis, Result, Tensor};
 use std::collections::BTreeMap;
 use std::collections::HashMap;
@@ -30,6 +30,32 @@ pub enum NanPolicy {
     Skip,
 }
 
+/// Which optimizer the trainer steps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OptimizerConfig {
+    /// AdamW (optionally with ZeRO-1).
+    AdamW(AdamWConfig),
+    /// SGD with momentum and decoupled weight decay.
+    Sgd {
+        /// Momentum (0 for plain SGD).
+        momentum: f64,
+        /// Decoupled weight decay.
+        weight_decay: f64,
+    },
+}
+
+impl OptimizerConfig {
+    fn zero1(&self) -> bool {
+        matches!(self, OptimizerConfig::AdamW(c) if c.zero1)
+    }
+    fn build(&self) -> Box<dyn Optimizer<Cpu>> {
+        match *self {
+            OptimizerConfig::AdamW(c) => Box::new(AdamW::new(c)),
+            OptimizerConfig::Sgd { momentum, weight_decay } => Box::new(Sgd::new(0.0, momentum, weight_decay)),
+        }
+    }
+}
+
 /// Training options.
 #[derive(Debug, Clone)]
 pub struct TrainConfig {
@@ -41,8 +67,8 @@ pub struct TrainConfig {
     pub steps: u64,
     /// Learning rate per optimizer step.
     pub schedule: Schedule,
-    /// AdamW settings (its `lr` is replaced by the schedule's).
-    pub adamw: AdamWConfig,
+    /// The optimizer (its learning rate is replaced by the schedule's).
+    pub optimizer: OptimizerConfig,
     /// Clip the global gradient norm to this value.
     pub clip_norm: Option<f64>,
     /// Checkpoint every N optimizer steps (and at the end).
@@ -73,7 +99,7 @@ impl Default for TrainConfig {
             accumulate: 1,
             steps: 100,
             schedule: Schedule { peak: 1e-3, warmup: 0, total: 100, decay: Decay::Constant },
-            adamw: AdamWConfig::default(),
+            optimizer: OptimizerConfig::AdamW(AdamWConfig::default()),
             clip_norm: Some(1.0),
             checkpoint_every: None,
             checkpoint_at_epoch_end: true,
@@ -266,7 +292,7 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync> Trainer<M, E> {
         let results = dep.run(|rk| {
             let mut model = (self.model_fn)(&rk.backend)?;
             plan.apply(&mut model)?;
-            let mut opt = AdamW::new(cfg.adamw);
+            let mut opt = cfg.optimizer.build();
             // f32 master weights: the optimizer, checkpoints and the export use them; the
             // model computes with copies in the compute dtype.
             let mut masters: BTreeMap<String, Tensor<Cpu>> = model.named_parameters().into_iter().collect();
@@ -274,7 +300,7 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync> Trainer<M, E> {
             let f16 = cfg.compute_dtype == DType::F16;
             let (mut scale, mut good) = (if f16 { cfg.loss_scale.0 } else { 1.0 }, 0u64);
             if let Some((_, dir)) = &resume_from {
-                start = ckpt.load(dir, &mut masters, &mut opt)?;
+                start = ckpt.load(dir, &mut masters, opt.as_mut())?;
                 if rk.rank == 0 {
                     tracing::info!(step = start, dir = %dir.display(), "resumed from checkpoint");
                 }
@@ -299,7 +325,7 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync> Trainer<M, E> {
             for step in start..cfg.steps {
                 let t0 = Instant::now();
                 let lr = cfg.schedule.lr(step);
-                opt.cfg.lr = lr;
+                opt.set_lr(lr);
                 let mut grads = GradStore::new();
                 let (mut loss_sum, mut tokens, mut bad) = (0.0, 0usize, None);
                 for micro in 0..cfg.accumulate {
@@ -356,7 +382,7 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync> Trainer<M, E> {
                 }
                 let mut grads = g32;
                 let params: Vec<Tensor<Cpu>> = masters.values().cloned().collect();
-                if !cfg.adamw.zero1 || dep.mesh.dp == 1 || cfg.clip_norm.is_some() {
+                if !cfg.optimizer.zero1() || dep.mesh.dp == 1 || cfg.clip_norm.is_some() {
                     sync_grads(&params, &mut grads, DEFAULT_BUCKET_BYTES)?;
                 }
                 if f16 {
@@ -377,10 +403,10 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync> Trainer<M, E> {
                 }
                 let norm = match cfg.clip_norm {
                     Some(c) => clip_grad_norm(&params, &mut grads, c)?,
-                    None if !cfg.adamw.zero1 || dep.mesh.dp == 1 => global_grad_norm(&params, &grads)?,
+                    None if !cfg.optimizer.zero1() || dep.mesh.dp == 1 => global_grad_norm(&params, &grads)?,
                     None => f64::NAN,
                 };
-                opt.step(&mut masters, &grads)?;
+                opt.update(&mut masters, &grads)?;
                 refresh(&mut model, &masters)?;
                 losses.push(loss_sum);
                 let dt = t0.elapsed().as_secs_f64();
@@ -403,7 +429,7 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync> Trainer<M, E> {
                 let epoch_end = cfg.checkpoint_at_epoch_end && (done * per_step) / n > (step * per_step) / n;
                 if better || epoch_end || cfg.checkpoint_every.is_some_and(|n| done.is_multiple_of(n)) || done == cfg.steps {
                     let extra = BTreeMap::from([("loss_scale".to_string(), scale.to_string()), ("good_steps".to_string(), good.to_string())]);
-                    let path = ckpt.save_with(done, &masters, &opt, extra)?;
+                    let path = ckpt.save_with(done, &masters, opt.as_ref(), extra)?;
                     if rk.rank == 0 {
                         tracing::info!(step = done, path = %path.display(), best = better, "checkpoint saved");
                     }

@@ -6,7 +6,7 @@ use redco_core::optim::{AdamWConfig, Decay, Schedule};
 use redco_core::pipeline::data::{Dataset, JsonlDataset};
 use redco_core::pipeline::metrics::read_metrics;
 use redco_core::pipeline::synthetic::MarkovCorpus;
-use redco_core::pipeline::{Batch, Deployer, NanPolicy, Predictor, StepCtx, TrainConfig, Trainer};
+use redco_core::pipeline::{Batch, Deployer, NanPolicy, OptimizerConfig, Predictor, StepCtx, TrainConfig, Trainer};
 use redco_core::{DType, Result, Tensor};
 use redco_tests::models::{Config, Lm};
 use std::path::{Path, PathBuf};
@@ -37,7 +37,7 @@ fn config(steps: u64, bs: usize, k: usize) -> TrainConfig {
         accumulate: k,
         steps,
         schedule: Schedule { peak: 3e-3, warmup: 10.min(steps / 2), total: steps, decay: Decay::Cosine },
-        adamw: AdamWConfig { weight_decay: 0.0, ..Default::default() },
+        optimizer: OptimizerConfig::AdamW(AdamWConfig { weight_decay: 0.0, ..Default::default() }),
         clip_norm: Some(1.0),
         log_every: 50,
         ..Default::default()
@@ -374,4 +374,24 @@ fn the_predictor_returns_outputs_in_input_order_with_a_padded_last_batch() {
     let want: Vec<i64> = data.iter().map(|s| s[0]).collect();
     assert_eq!(out, want);
     assert_eq!(*seen.lock().unwrap(), want.iter().copied().enumerate().collect::<Vec<_>>());
+}
+
+#[test]
+fn sgd_with_momentum_trains_and_resumes_exactly() {
+    let data = corpus().sequences(0, 256);
+    let cfg = |steps| TrainConfig {
+        optimizer: OptimizerConfig::Sgd { momentum: 0.9, weight_decay: 0.0 },
+        schedule: Schedule { peak: 0.1, warmup: 0, total: 6, decay: Decay::Linear },
+        checkpoint_every: Some(3),
+        keep_last: 0,
+        ..config(steps, 8, 1)
+    };
+    let whole = Deployer::new(Mesh::single(), 2, &workdir("sgd-whole")).unwrap();
+    let r = trainer(cfg(6)).fit(&whole, &data, false).unwrap();
+    assert!(r.losses[5] < r.losses[0], "SGD lowers the loss: {:?}", r.losses);
+    let split = Deployer::new(Mesh::single(), 2, &workdir("sgd-split")).unwrap();
+    trainer(cfg(3)).fit(&split, &data, false).unwrap();
+    let resumed = trainer(cfg(6)).fit(&split, &data, true).unwrap();
+    assert_eq!(resumed.start_step, 3);
+    assert_eq!(read_model(&split.workdir), read_model(&whole.workdir), "momentum is checkpointed");
 }
