@@ -45,7 +45,15 @@ fn main() -> Result<()> {
         checkpoint_every: Some(100),
         ..Default::default()
     };
-    let trainer = Trainer::new(|b| Lm::new(b, MODEL, DType::F32, 0), collate_fn, loss_fn, config);
+    let eval_fn = |_: &StepCtx<Cpu>, m: &Lm<Cpu>, b: &Batch<Cpu>| {
+        m.loss(&b["input_ids"], &b["labels"], None)?.replicate()?.to_scalar()
+    };
+    let trainer = Trainer::new(|b| Lm::new(b, MODEL, DType::F32, 0), collate_fn, loss_fn, config).with_eval(
+        corpus.sequences(1 << 20, 64),
+        eval_fn,
+        100,
+        true,
+    );
     let deployer = Deployer::new(mesh, 42, &workdir)?;
     println!("{}", trainer.plan(&deployer, &train)?);
     let report = trainer.fit(&deployer, &train, true)?;
@@ -57,6 +65,10 @@ fn main() -> Result<()> {
         report.losses.last().copied().unwrap_or(f64::NAN),
         corpus.entropy()
     );
+    let evals = redco::pipeline::metrics::read_metrics(&workdir)?;
+    if let Some(e) = evals.iter().rev().find_map(|m| m.eval) {
+        println!("held-out loss {e:.4} = {:.1}% above the entropy", 100.0 * (e / corpus.entropy() - 1.0));
+    }
     let w = workdir.display();
     println!("wrote {w}/metrics.jsonl, {w}/loss.png, {w}/checkpoints/, {w}/model.safetensors");
     Ok(())
