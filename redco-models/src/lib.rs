@@ -7,4 +7,5 @@
 //! collectives: the parallel split is derived by `redco-core`.
 
 pub mod hf;
+pub mod llama;
 pub mod tiny;

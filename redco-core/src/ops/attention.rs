@@ -97,12 +97,21 @@ fn attention_ops<B: Backend>(
     let k = repeat_kv(k, rep)?;
     let v = repeat_kv(v, rep)?;
     let mut scores = q.matmul_t(&k)?.scale(spec.scale)?;
-    let fill = Tensor::scalar(q.backend(), mask_fill(q.dtype()), q.dtype())?;
-    if spec.causal {
-        scores = causal_mask(q.backend(), spec.q_len, spec.kv_len)?.where_cond(&scores, &fill)?;
-    }
-    if let Some(m) = mask {
-        scores = m.where_cond(&scores, &fill)?;
+    // One keep-mask (causal and padding together), added as 0 / most-negative-finite, as
+    // transformers does: values are the same as replacing masked scores, and gradients
+    // match transformers' too (a fully masked row still passes gradient to its scores).
+    let keep = match (spec.causal, mask) {
+        (true, Some(m)) => {
+            let zero = Tensor::zeros(q.backend(), [], DType::U8)?;
+            Some(causal_mask(q.backend(), spec.q_len, spec.kv_len)?.where_cond(m, &zero)?)
+        }
+        (true, None) => Some(causal_mask(q.backend(), spec.q_len, spec.kv_len)?),
+        (false, m) => m.cloned(),
+    };
+    if let Some(keep) = keep {
+        let fill = Tensor::scalar(q.backend(), mask_fill(q.dtype()), q.dtype())?;
+        let zero = Tensor::zeros(q.backend(), [], q.dtype())?;
+        scores = scores.add(&keep.where_cond(&zero, &fill)?)?;
     }
     scores.softmax(-1)?.matmul(&v)
 }

@@ -258,9 +258,21 @@ impl<B: Backend> Tensor<B> {
         }
         a.same_dtype(b, "where_cond")?;
         let out = self.shape().broadcast(a.shape(), "where_cond")?.broadcast(b.shape(), "where_cond")?;
-        let cond = self.clone();
-        let (a, b, placed) = rules::binary(a, b, Linearity::None)?;
-        let cond = rules::follow(&cond, placed, a.rank().max(b.rank()))?;
+        // The output takes the first split found among the condition and the values; each
+        // operand then follows it (sliced where it has the dim whole, else replicated).
+        let ro = out.rank();
+        let (a, b) = (rules::no_partial(a)?, rules::no_partial(b)?);
+        let mut placed = crate::Placements::REPLICATED;
+        for axis in [crate::MeshAxis::Dp, crate::MeshAxis::Mp] {
+            for t in [self, &a, &b] {
+                if let crate::Placement::Shard(d) = t.placements().get(axis) {
+                    placed = placed.with(axis, crate::Placement::Shard(d + ro - t.rank()));
+                    break;
+                }
+            }
+        }
+        let cond = rules::follow(self, placed, ro)?;
+        let (a, b) = (rules::follow(&a, placed, ro)?, rules::follow(&b, placed, ro)?);
         let local =
             cond.local_shape().broadcast(a.local_shape(), "where_cond")?.broadcast(b.local_shape(), "where_cond")?;
         let s = a.backend().where_cond(
@@ -269,7 +281,6 @@ impl<B: Backend> Tensor<B> {
             (b.storage(), b.local_shape()),
             &local,
         )?;
-        let placed = if out.rank() > a.rank().max(b.rank()) { crate::Placements::REPLICATED } else { placed };
         let (c, sa, sb) = (cond.clone(), a.shape().clone(), b.shape().clone());
         Ok(Tensor::from_op_placed(a.backend(), s, out, local, placed, a.dtype(), "where_cond", &[&a, &b], move |g| {
             let zero = Tensor::zeros(g.backend(), [], g.dtype())?;

@@ -32,6 +32,12 @@ pub struct HfConfig {
     pub attention_bias: bool,
     /// LLaMA `mlp_bias`.
     pub mlp_bias: bool,
+    /// Rotary base: `rope_theta` at top level or under `rope_parameters` (10000 if absent).
+    pub rope_theta: f64,
+    /// Norm epsilon (`rms_norm_eps`, `layer_norm_epsilon`, ...).
+    pub norm_eps: f64,
+    /// Activation (`hidden_act` / `activation_function`).
+    pub hidden_act: String,
 }
 
 fn get(v: &Value, keys: &[&str]) -> Option<u64> {
@@ -77,6 +83,20 @@ impl HfConfig {
             tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(model_type != "llama"),
             attention_bias: v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false),
             mlp_bias: v.get("mlp_bias").and_then(Value::as_bool).unwrap_or(false),
+            rope_theta: v
+                .get("rope_theta")
+                .and_then(Value::as_f64)
+                .or_else(|| v.get("rope_parameters").and_then(|r| r.get("rope_theta")).and_then(Value::as_f64))
+                .unwrap_or(10000.0),
+            norm_eps: ["rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "layer_norm_epsilon"]
+                .iter()
+                .find_map(|k| v.get(*k).and_then(Value::as_f64))
+                .unwrap_or(1e-5),
+            hidden_act: ["hidden_act", "activation_function", "feed_forward_proj"]
+                .iter()
+                .find_map(|k| v.get(*k).and_then(Value::as_str))
+                .unwrap_or("silu")
+                .to_string(),
             model_type,
         };
         Ok(cfg)

@@ -1,0 +1,115 @@
+//! LLaMA against transformers: logits, loss and every gradient, on a batch whose second
+//! row is left-padded, with grouped-query attention and rope theta 500000, at 1x1, 1x2, 2x2.
+
+use redco_core::cpu::Cpu;
+use redco_core::dist::trace::plan_from_trace;
+use redco_core::dist::{spmd_cpu, Mesh, SpmdOptions};
+use redco_core::nn::ModuleExt;
+use redco_core::{DType, Result, Tensor};
+use redco_models::hf::safetensors::read_all;
+use redco_models::llama::Llama;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/llama-tiny")
+}
+
+fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    (num / den.max(1e-300)).sqrt()
+}
+
+struct Out {
+    logits: Vec<f64>,
+    loss: f64,
+    grads: BTreeMap<String, Vec<f64>>,
+}
+
+fn run(b: &Cpu, split: Option<&redco_core::dist::ShardPlan>) -> Result<Out> {
+    let mut m = Llama::from_pretrained(b, &dir(), DType::F32)?;
+    if let Some(p) = split {
+        p.apply(&mut m)?;
+    }
+    let inp = read_all(&dir().join("inputs.safetensors"))?;
+    let t = |k: &str| Tensor::from_host(b, &inp[k].data, inp[k].shape.clone());
+    let (ids, mask, labels) = (t("input_ids")?, t("attention_mask")?, t("labels")?);
+    let logits = m.forward(&ids, Some(&mask), None)?;
+    let loss = m.loss(&ids, Some(&mask), &labels)?;
+    let g = loss.backward()?;
+    let mut grads = BTreeMap::new();
+    for (n, p) in m.named_parameters() {
+        grads.insert(n, g.get(&p).expect("gradient").replicate()?.to_vec_f64()?);
+    }
+    Ok(Out { logits: logits.replicate()?.to_vec_f64()?, loss: loss.replicate()?.to_scalar()?, grads })
+}
+
+fn check(o: &Out, what: &str) {
+    let r = read_all(&dir().join("reference.safetensors")).unwrap();
+    let inp = read_all(&dir().join("inputs.safetensors")).unwrap();
+    let mask = inp["attention_mask"].data.to_f64_vec();
+    let v = r["logits"].shape.dims()[2];
+    // compare the logits of real (unpadded) positions
+    let pick = |x: &[f64]| -> Vec<f64> {
+        x.chunks(v).zip(&mask).filter(|(_, m)| **m != 0.0).flat_map(|(c, _)| c.to_vec()).collect()
+    };
+    let e = rel_l2(&pick(&o.logits), &pick(&r["logits"].data.to_f64_vec()));
+    assert!(e <= 1e-4, "{what}: logits relative L2 error {e}");
+    let want_loss = r["loss"].data.to_f64_vec()[0];
+    assert!((o.loss - want_loss).abs() <= 1e-4 * want_loss.abs(), "{what}: loss {} vs {want_loss}", o.loss);
+    let mut worst = 0.0f64;
+    for (n, g) in &o.grads {
+        let want = r[&format!("grad.{n}")].data.to_f64_vec();
+        let e = rel_l2(g, &want);
+        worst = worst.max(e);
+        assert!(e <= 1e-3, "{what}: gradient of {n}: relative L2 error {e}");
+    }
+    eprintln!("{what}: logits err {e:.2e}, loss {} vs {want_loss}, worst gradient err {worst:.2e}", o.loss);
+}
+
+#[test]
+fn llama_matches_transformers_at_1x1_1x2_2x2() {
+    let b = Cpu::new(2);
+    check(&run(&b, None).unwrap(), "1x1");
+    for mesh in ["1x2", "2x2"] {
+        let mesh: Mesh = mesh.parse().unwrap();
+        let (m, loss) = {
+            let m = Llama::from_pretrained(&Cpu::new(1), &dir(), DType::F32).unwrap();
+            let inp = read_all(&dir().join("inputs.safetensors")).unwrap();
+            let t = |k: &str| Tensor::from_host(&b, &inp[k].data, inp[k].shape.clone()).unwrap();
+            let loss = m.loss(&t("input_ids"), Some(&t("attention_mask")), &t("labels")).unwrap();
+            (m, loss)
+        };
+        let plan = plan_from_trace(&m.named_parameters(), &[&loss], mesh, true).unwrap();
+        let out = spmd_cpu(mesh, &SpmdOptions::default(), |rk| run(&rk.backend, Some(&plan))).unwrap().swap_remove(0);
+        check(&out, &mesh.to_string());
+    }
+}
+
+#[test]
+fn a_checkpoint_with_missing_or_misshaped_tensors_is_refused_by_name() {
+    let d = std::env::temp_dir().join(format!("redco-parity-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::copy(dir().join("config.json"), d.join("config.json")).unwrap();
+    // drop one tensor and reshape another
+    let mut all = read_all(&dir()).unwrap();
+    all.remove("model.layers.1.mlp.up_proj.weight");
+    let t = all.get_mut("model.norm.weight").unwrap();
+    t.data = redco_core::HostData::F32(vec![1.0; 31]);
+    t.shape = redco_core::Shape::new([31]);
+    let tensors: Vec<(String, redco_core::HostData, Vec<usize>)> =
+        all.into_iter().map(|(n, t)| (n, t.data, t.shape.dims().to_vec())).collect();
+    let bytes = redco_core::pipeline::checkpoint::safetensors_bytes(&tensors, BTreeMap::new()).unwrap();
+    std::fs::write(d.join("model.safetensors"), bytes).unwrap();
+    let err = Llama::from_pretrained(&Cpu::new(1), &d, DType::F32).err().unwrap().to_string();
+    assert!(err.contains("model.layers.1.mlp.up_proj.weight") && err.contains("missing"), "{err}");
+    assert!(err.contains("model.norm.weight") && err.contains("[31]"), "{err}");
+    std::fs::write(
+        d.join("config.json"),
+        r#"{"model_type":"gptj","n_embd":32,"n_head":4,"n_layer":2,"vocab_size":64}"#,
+    )
+    .unwrap();
+    let err = Llama::from_pretrained(&Cpu::new(1), &d, DType::F32).err().unwrap().to_string();
+    assert!(err.contains("model_type `gptj`, not llama"), "{err}");
+}

@@ -1,0 +1,4 @@
+//! Parity with Hugging Face transformers on the committed fixtures (written by
+//! `xtask/python/gen_fixtures.py`).
+
+mod llama;
