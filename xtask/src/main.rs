@@ -3,10 +3,12 @@
 //! - `cargo xtask test`: the whole suite with its checks (fmt, clippy, tests, doc tests);
 //! - `cargo xtask bench gemm [--threads N] [--reps N] [--torch PYTHON] [--json FILE]`:
 //!   f32 GEMM throughput against the machine's measured FMA peak and, optionally,
-//!   `torch.matmul` measured in the same run.
+//!   `torch.matmul` measured in the same run;
+//! - `cargo xtask fixtures [--python PY]`: the transformers reference fixtures.
 
 mod args;
 mod bench;
+mod fixtures;
 mod machine;
 mod test;
 
@@ -17,6 +19,7 @@ fn main() -> ExitCode {
     let result = match argv.first().map(String::as_str) {
         Some("test") => test::run(&argv[1..]),
         Some("bench") => bench::run(&argv[1..]),
+        Some("fixtures") => fixtures::run(&argv[1..]),
         Some("-h" | "--help") | None => {
             println!("{}", USAGE);
             Ok(())
@@ -37,4 +40,5 @@ const USAGE: &str = "usage: cargo xtask <task>
 tasks:
   test [--no-lint]                 fmt check, clippy -D warnings, the whole test suite
   bench gemm [--threads N] [--reps N] [--torch PYTHON] [--json FILE]
-                                   f32 GEMM GFLOP/s vs the measured FMA peak (and torch)";
+                                   f32 GEMM GFLOP/s vs the measured FMA peak (and torch)
+  fixtures [--python PY]           regenerate tests/fixtures with transformers (not in CI)";
