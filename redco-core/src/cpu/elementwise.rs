@@ -1,8 +1,8 @@
 //! CPU elementwise kernels: fill, unary maps, broadcasting binary ops, comparisons, where.
 
+use super::float_kernel;
 use super::real::Real;
 use super::strided::{broadcast2, broadcast3, map1};
-use super::{any_kernel, float_kernel};
 use crate::backend::{BinaryOp, CmpOp, UnaryOp};
 use crate::{DType, HostData, Result, Shape};
 
@@ -153,6 +153,3 @@ pub(crate) fn where_cond(c: (&[u8], &Shape), a: (&HostData, &Shape), b: (&HostDa
         HostData::U8(v) => HostData::U8(pick!(v, U8)),
     }
 }
-
-#[allow(unused_imports)]
-use any_kernel as _;

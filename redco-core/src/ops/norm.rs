@@ -19,8 +19,7 @@ pub fn composite_layer_norm<B: Backend>(
 ) -> Result<B::Storage> {
     let _g = GradModeGuard::no_grad();
     let d = Shape::new([*shape.dims().last().unwrap_or(&1)]);
-    let (x, _, xhat) = layer_norm_parts(&wrap(b, x, shape), eps)?;
-    let _ = x;
+    let (_, _, xhat) = layer_norm_parts(&wrap(b, x, shape), eps)?;
     let mut y = xhat;
     if let Some(w) = w {
         y = y.mul(&wrap(b, w, &d))?;
