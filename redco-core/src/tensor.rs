@@ -188,14 +188,8 @@ impl<B: Backend> Tensor<B> {
         F: Fn(&Tensor<B>) -> Result<Vec<Option<Tensor<B>>>> + Send + Sync + 'static,
     {
         debug_assert!(inputs.iter().all(|t| !t.is_sharded()), "{op}: sharded inputs need a placed result");
-        let track = autograd::is_grad_enabled() && inputs.iter().any(|t| t.requires_grad());
-        let node = track.then(|| Node {
-            op,
-            inputs: inputs.iter().map(|t| (*t).clone()).collect(),
-            backward: Box::new(backward),
-            meta: autograd::OpMeta::None,
-        });
-        Self::make(backend.clone(), storage, shape, dtype, node, false)
+        let local = shape.clone();
+        Self::from_op_placed(backend, storage, shape, local, Placements::REPLICATED, dtype, op, inputs, backward)
     }
 
     /// A tensor from host data; `data.len()` must equal the shape's element count.

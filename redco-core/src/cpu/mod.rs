@@ -47,14 +47,24 @@ impl Default for Cpu {
 
 impl Cpu {
     /// A backend computing on `threads` threads (at least 1).
+    ///
+    /// Panics if the operating system refuses to start the threads; [`Cpu::try_new`]
+    /// returns that as an error.
     pub fn new(threads: usize) -> Self {
+        Self::try_new(threads).unwrap_or_else(|e| panic!("{e}"))
+    }
+    /// A backend computing on `threads` threads, or an error when the threads cannot start.
+    pub fn try_new(threads: usize) -> Result<Self> {
         let threads = threads.max(1);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("redco-cpu-{i}"))
             .build()
-            .expect("failed to start the CPU backend's thread pool");
-        Cpu { pool: Arc::new(pool), threads }
+            .map_err(|e| Error::Backend {
+                backend: "cpu".into(),
+                msg: format!("cannot start {threads} threads: {e}"),
+            })?;
+        Ok(Cpu { pool: Arc::new(pool), threads })
     }
     /// The number of compute threads.
     pub fn threads(&self) -> usize {

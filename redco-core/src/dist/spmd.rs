@@ -159,7 +159,7 @@ where
     let results: Vec<Result<R>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .map(|rank| {
-                let (hub, make_backend, f) = (hub.clone(), &make_backend, &f);
+                let (hub, make_backend, f, outer) = (hub.clone(), &make_backend, &f, &hub);
                 std::thread::Builder::new()
                     .name(format!("redco-rank-{rank}"))
                     .spawn_scoped(s, move || {
@@ -180,12 +180,16 @@ where
                         }
                         out
                     })
-                    .expect("failed to spawn a rank thread")
+                    .map_err(|e| {
+                        // the ranks already started fail at their first collective
+                        outer.fail(format!("rank {rank} failed: cannot start its thread: {e}"));
+                        Error::RankFailed { rank, msg: format!("cannot start its thread: {e}") }
+                    })
             })
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(Error::invalid("spmd", "rank thread died"))))
+            .map(|h| h.and_then(|h| h.join().unwrap_or_else(|_| Err(Error::invalid("spmd", "rank thread died")))))
             .collect()
     });
     if let Some(first) = hub.failure() {
@@ -204,5 +208,5 @@ pub fn spmd_cpu<R: Send, F>(mesh: Mesh, opts: &SpmdOptions, f: F) -> Result<Vec<
 where
     F: Fn(&Rank<Cpu>) -> Result<R> + Sync,
 {
-    spmd(mesh, opts, |_, t| Ok(Cpu::new(t)), f)
+    spmd(mesh, opts, |_, t| Cpu::try_new(t), f)
 }

@@ -45,35 +45,14 @@ const ELEMENTWISE_UNARY: &[&str] = &[
     "cast",
 ];
 const BINARY: &[&str] = &["add", "sub", "mul", "div", "maximum", "minimum", "where_cond"];
-/// Ops that pass a value through unchanged in kind (for tracing a value to its weight).
-const PASS: &[&str] = &[
-    "neg",
-    "exp",
-    "log",
-    "sqrt",
-    "rsqrt",
-    "recip",
-    "abs",
-    "tanh",
-    "sigmoid",
-    "relu",
-    "silu",
-    "gelu",
-    "gelu_tanh",
-    "erf",
-    "sin",
-    "cos",
-    "square",
-    "affine",
-    "powf",
-    "clamp_min",
-    "cast",
-    "reshape",
-    "permute",
-    "expand",
-    "rotary",
-    "narrow",
-];
+/// Ops besides the elementwise ones that pass a value through unchanged in kind (for
+/// tracing a value back to its weight).
+const PASS_EXTRA: &[&str] =
+    &["reshape", "permute", "expand", "rotary", "narrow", "softmax", "log_softmax", "where_cond"];
+
+fn passes(op: &str) -> bool {
+    ELEMENTWISE_UNARY.contains(&op) || PASS_EXTRA.contains(&op)
+}
 
 /// The recorded graph behind some outputs.
 struct Graph<B: Backend> {
@@ -130,7 +109,7 @@ impl<B: Backend> Graph<B> {
             if op == "index_select" {
                 return ins.first().map(|w| w.id()).filter(|w| self.params.contains_key(w));
             }
-            id = if PASS.contains(&op) {
+            id = if passes(op) {
                 ins.first()?.id()
             } else if op == "add" {
                 // a bias add: follow the non-parameter side

@@ -30,8 +30,9 @@ fn rotate<B: Backend>(x: &Tensor<B>, cos: &Tensor<B>, sin: &Tensor<B>, mode: Rot
     } else {
         (cos.clone(), sin.clone())
     };
-    let half = *cos.dims().last().unwrap();
-    let d = *x.dims().last().unwrap();
+    let bad = || Error::ShapeMismatch { op: "rotary", lhs: x.shape().clone(), rhs: cos.shape().clone() };
+    let half = *cos.dims().last().ok_or_else(bad)?;
+    let d = *x.dims().last().ok_or_else(bad)?;
     let xr = x.narrow(-1, 0, 2 * half)?;
     let rotated = match mode {
         RotaryMode::HalfSplit => {

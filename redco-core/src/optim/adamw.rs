@@ -5,7 +5,7 @@
 use super::{grad_of, local_view};
 use crate::dist::current_comm;
 use crate::nn::Module;
-use crate::{no_grad, Backend, Error, GradStore, MeshAxis, PartialOp, Placement, Result, Shape, Tensor};
+use crate::{Backend, Error, GradStore, MeshAxis, PartialOp, Placement, Result, Shape, Tensor};
 use std::collections::BTreeMap;
 
 /// AdamW hyper-parameters.
@@ -76,90 +76,58 @@ impl<B: Backend> AdamW<B> {
         let dp = comm.as_ref().map_or(1, |c| c.mesh().dp);
         let zero = c.zero1 && dp > 1;
         let state = &mut self.state;
-        let mut err: Option<Error> = None;
-        model.visit_mut("", &mut |name, p| {
-            if err.is_some() {
-                return;
+        let update = |x: &Tensor<B>, g: &Tensor<B>, st: &mut (Tensor<B>, Tensor<B>)| -> Result<Tensor<B>> {
+            st.0 = st.0.scale(c.beta1)?.add(&g.scale(1.0 - c.beta1)?)?;
+            st.1 = st.1.scale(c.beta2)?.add(&g.square()?.scale(1.0 - c.beta2)?)?;
+            let denom = st.1.scale(1.0 / bc2)?.sqrt()?.add_scalar(c.eps)?;
+            let step = st.0.scale(1.0 / bc1)?.div(&denom)?;
+            x.scale(1.0 - c.lr * c.weight_decay)?.sub(&step.scale(c.lr)?)
+        };
+        // the moments of `name`, created as zeros shaped like `x` on first use
+        let moments = |state: &mut BTreeMap<String, (Tensor<B>, Tensor<B>)>, name: &str, x: &Tensor<B>| -> Result<()> {
+            if !state.contains_key(name) {
+                state.insert(name.to_string(), (x.zeros_like()?, x.zeros_like()?));
             }
-            let r = no_grad(|| -> Result<Option<Tensor<B>>> {
-                let g = if zero {
-                    match grads.get(p) {
-                        Some(g) => g,
-                        None => return Ok(None),
-                    }
-                } else {
-                    match grad_of(name, p, grads)? {
-                        Some(g) => g,
-                        None => return Ok(None),
-                    }
-                };
-                let update = |x: &Tensor<B>, g: &Tensor<B>, st: &mut (Tensor<B>, Tensor<B>)| -> Result<Tensor<B>> {
-                    st.0 = st.0.scale(c.beta1)?.add(&g.scale(1.0 - c.beta1)?)?;
-                    st.1 = st.1.scale(c.beta2)?.add(&g.square()?.scale(1.0 - c.beta2)?)?;
-                    let denom = st.1.scale(1.0 / bc2)?.sqrt()?.add_scalar(c.eps)?;
-                    let step = st.0.scale(1.0 / bc1)?.div(&denom)?;
-                    x.scale(1.0 - c.lr * c.weight_decay)?.sub(&step.scale(c.lr)?)
-                };
-                let x = local_view(p);
-                if !zero {
-                    let gl = local_view(g);
-                    let st = state
-                        .entry(name.to_string())
-                        .or_insert_with(|| (x.zeros_like().unwrap(), x.zeros_like().unwrap()));
-                    let nx = update(&x, &gl, st)?;
-                    return Ok(Some(Tensor::from_local(
-                        p.backend(),
-                        nx.storage().clone(),
-                        p.shape().clone(),
-                        p.local_shape().clone(),
-                        p.placements(),
-                        p.dtype(),
-                    )));
+            Ok(())
+        };
+        super::update_each(model, |name, p| {
+            let g = if zero { grads.get(p) } else { grad_of(name, p, grads)? };
+            let Some(g) = g else { return Ok(None) };
+            let x = local_view(p);
+            let cm = match (&comm, zero) {
+                (Some(cm), true) => cm,
+                _ => {
+                    moments(state, name, &x)?;
+                    let st = state.get_mut(name).expect("inserted above");
+                    return Ok(Some(update(&x, &local_view(g), st)?.storage().clone()));
                 }
-                // ZeRO-1: this dp rank owns one contiguous slice of the flat local shard.
-                let cm = comm.as_ref().expect("zero1 needs a communicator");
-                let b = p.backend();
-                let n = p.local_shape().elem_count();
-                let per = n.div_ceil(dp);
-                let padded = per * dp;
-                let flat = |t: &Tensor<B>| -> Result<Tensor<B>> {
-                    let v = local_view(t).reshape([n])?;
-                    if padded == n {
-                        Ok(v)
-                    } else {
-                        Tensor::cat(&[&v, &Tensor::zeros(b, [padded - n], t.dtype())?], 0)
-                    }
-                };
-                let me = cm.index_along(MeshAxis::Dp);
-                let gslice = if g.placements().get(MeshAxis::Dp) == Placement::Partial(PartialOp::Sum) {
-                    let s = cm.reduce_scatter(MeshAxis::Dp, flat(g)?.storage(), padded * g.dtype().size_in_bytes())?;
-                    Tensor::from_storage(b, s, [per], g.dtype())
+            };
+            // ZeRO-1: this dp rank owns one contiguous slice of the flat local shard.
+            let b = p.backend();
+            let n = p.local_shape().elem_count();
+            let per = n.div_ceil(dp);
+            let padded = per * dp;
+            let flat = |t: &Tensor<B>| -> Result<Tensor<B>> {
+                let v = local_view(t).reshape([n])?;
+                if padded == n {
+                    Ok(v)
                 } else {
-                    flat(g)?.narrow(0, me * per, per)?
-                };
-                let xslice = flat(p)?.narrow(0, me * per, per)?;
-                let st = state
-                    .entry(name.to_string())
-                    .or_insert_with(|| (xslice.zeros_like().unwrap(), xslice.zeros_like().unwrap()));
-                let nx = update(&xslice, &gslice, st)?;
-                let full = cm.all_gather(MeshAxis::Dp, nx.storage(), padded * p.dtype().size_in_bytes())?;
-                let full = b.narrow(&full, &Shape::new([padded]), 0, 0, n)?;
-                Ok(Some(Tensor::from_local(
-                    b,
-                    full,
-                    p.shape().clone(),
-                    p.local_shape().clone(),
-                    p.placements(),
-                    p.dtype(),
-                )))
-            });
-            match r {
-                Ok(Some(nx)) => *p = nx.into_var(),
-                Ok(None) => {}
-                Err(e) => err = Some(e),
-            }
-        });
-        err.map_or(Ok(()), Err)
+                    Tensor::cat(&[&v, &Tensor::zeros(b, [padded - n], t.dtype())?], 0)
+                }
+            };
+            let me = cm.index_along(MeshAxis::Dp);
+            let gslice = if g.placements().get(MeshAxis::Dp) == Placement::Partial(PartialOp::Sum) {
+                let s = cm.reduce_scatter(MeshAxis::Dp, flat(g)?.storage(), padded * g.dtype().size_in_bytes())?;
+                Tensor::from_storage(b, s, [per], g.dtype())
+            } else {
+                flat(g)?.narrow(0, me * per, per)?
+            };
+            let xslice = flat(p)?.narrow(0, me * per, per)?;
+            moments(state, name, &xslice)?;
+            let nx = update(&xslice, &gslice, state.get_mut(name).expect("inserted above"))?;
+            let full = cm.all_gather(MeshAxis::Dp, nx.storage(), padded * p.dtype().size_in_bytes())?;
+            Ok(Some(b.narrow(&full, &Shape::new([padded]), 0, 0, n)?))
+        })
     }
 }
 

@@ -37,6 +37,30 @@ pub(crate) fn local_view<B: Backend>(t: &Tensor<B>) -> Tensor<B> {
     Tensor::from_storage(t.backend(), t.storage().clone(), t.local_shape().clone(), t.dtype())
 }
 
+/// Runs `f(name, param)` for every parameter of `model` without recording gradients and,
+/// where it returns new local storage, replaces the parameter by a fresh variable with the
+/// same layout. Stops at the first error.
+pub(crate) fn update_each<B: Backend, M: Module<B> + ?Sized>(
+    model: &mut M,
+    mut f: impl FnMut(&str, &Tensor<B>) -> Result<Option<B::Storage>>,
+) -> Result<()> {
+    let mut err = None;
+    model.visit_mut("", &mut |name, p| {
+        if err.is_some() {
+            return;
+        }
+        match crate::no_grad(|| f(name, p)) {
+            Ok(Some(s)) => {
+                let (shape, local) = (p.shape().clone(), p.local_shape().clone());
+                *p = Tensor::from_local(p.backend(), s, shape, local, p.placements(), p.dtype()).into_var();
+            }
+            Ok(None) => {}
+            Err(e) => err = Some(e),
+        }
+    });
+    err.map_or(Ok(()), Err)
+}
+
 /// The gradient of `p`, which must be complete on this rank (summed over the
 /// data-parallel axis: see `dist::data_parallel::sync_grads`).
 pub(crate) fn grad_of<'a, B: Backend>(

@@ -2,7 +2,7 @@
 
 use super::{grad_of, local_view};
 use crate::nn::Module;
-use crate::{no_grad, Backend, Error, GradStore, Result, Tensor};
+use crate::{Backend, GradStore, Result, Tensor};
 use std::collections::BTreeMap;
 
 /// Stochastic gradient descent with momentum.
@@ -28,38 +28,18 @@ impl<B: Backend> Sgd<B> {
         self.steps += 1;
         let (lr, mu, wd) = (self.lr, self.momentum, self.weight_decay);
         let vel = &mut self.velocity;
-        let mut err: Option<Error> = None;
-        model.visit_mut("", &mut |name, p| {
-            if err.is_some() {
-                return;
+        super::update_each(model, |name, p| {
+            let Some(g) = grad_of(name, p, grads)? else { return Ok(None) };
+            let (x, g) = (local_view(p), local_view(g));
+            let v = match vel.get(name) {
+                Some(v) if mu > 0.0 => v.scale(mu)?.add(&g)?,
+                _ => g,
+            };
+            if mu > 0.0 {
+                vel.insert(name.to_string(), v.clone());
             }
-            let r = no_grad(|| -> Result<Option<Tensor<B>>> {
-                let Some(g) = grad_of(name, p, grads)? else { return Ok(None) };
-                let (x, g) = (local_view(p), local_view(g));
-                let v = match vel.get(name) {
-                    Some(v) if mu > 0.0 => v.scale(mu)?.add(&g)?,
-                    _ => g,
-                };
-                if mu > 0.0 {
-                    vel.insert(name.to_string(), v.clone());
-                }
-                let nx = x.scale(1.0 - lr * wd)?.sub(&v.scale(lr)?)?;
-                Ok(Some(Tensor::from_local(
-                    p.backend(),
-                    nx.storage().clone(),
-                    p.shape().clone(),
-                    p.local_shape().clone(),
-                    p.placements(),
-                    p.dtype(),
-                )))
-            });
-            match r {
-                Ok(Some(nx)) => *p = nx.into_var(),
-                Ok(None) => {}
-                Err(e) => err = Some(e),
-            }
-        });
-        err.map_or(Ok(()), Err)
+            Ok(Some(x.scale(1.0 - lr * wd)?.sub(&v.scale(lr)?)?.storage().clone()))
+        })
     }
 }
 

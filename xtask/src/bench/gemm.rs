@@ -97,7 +97,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
             "torch": torch.as_ref().map(|p| p.info.clone()),
             "results": rows,
         });
-        std::fs::write(path, serde_json::to_string_pretty(&out).unwrap())
+        std::fs::write(path, serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?)
             .map_err(|e| format!("cannot write {path}: {e}"))?;
         eprintln!("wrote {path}");
     }
