@@ -6,6 +6,8 @@
 //! generation with a KV cache) arrive with their issues. Models never mention sharding or
 //! collectives: the parallel split is derived by `redco-core`.
 
+pub mod generate;
 pub mod hf;
 pub mod llama;
+pub mod params;
 pub mod tiny;

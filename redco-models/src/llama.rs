@@ -3,9 +3,12 @@
 //! `LlamaForCausalLM`: RMSNorm, rotary embedding (half-split, configurable theta), grouped-
 //! query attention, gated SiLU MLP, optional attention and MLP biases, tied or untied head.
 
+use crate::generate::{CausalLm, KvCache};
+use crate::hf::checkpoint::Checkpoint;
 use crate::hf::config::HfConfig;
-use redco_core::nn::{self, join, Activation, Embedding, GatedMlp, Linear, Module, RmsNorm, RotaryEmbedding};
-use redco_core::{Backend, DType, Error, Result, RotaryMode, Tensor};
+use crate::params::{CheckpointSource, ParamSource, RandomInit};
+use redco_core::nn::{self, join, Activation, Embedding, GatedMlp, Init, Linear, Module, RmsNorm, RotaryEmbedding};
+use redco_core::{Backend, DType, Error, Result, RotaryMode, Shape, Tensor};
 
 /// One decoder layer.
 pub struct LlamaLayer<B: Backend> {
@@ -65,58 +68,99 @@ impl<B: Backend> Module<B> for Llama<B> {
 }
 
 impl<B: Backend> Llama<B> {
-    /// A randomly initialised model for `cfg` (use `hf::load` for a checkpoint).
+    /// A randomly initialised model for `cfg` (PyTorch's default initialisation).
     pub fn new(b: &B, cfg: &HfConfig, dtype: DType, seed: u64) -> Result<Self> {
+        Self::build(cfg, &mut RandomInit::new(b, dtype, seed))
+    }
+
+    /// Checks that `cfg` describes a LLaMA this implementation runs.
+    pub fn check_config(cfg: &HfConfig) -> Result<()> {
         if !matches!(cfg.model_type.as_str(), "llama" | "mistral") {
             return Err(Error::invalid("llama", format!("config has model_type `{}`, not llama", cfg.model_type)));
         }
-        if !cfg.heads.is_multiple_of(cfg.kv_heads.max(1)) {
+        if cfg.kv_heads == 0 || !cfg.heads.is_multiple_of(cfg.kv_heads) {
             return Err(Error::invalid(
                 "llama",
                 format!("{} heads are not a multiple of {} key/value heads", cfg.heads, cfg.kv_heads),
             ));
         }
+        if !cfg.head_dim.is_multiple_of(2) {
+            return Err(Error::invalid(
+                "llama",
+                format!("rotary embedding needs an even head_dim, got {}", cfg.head_dim),
+            ));
+        }
+        Activation::from_hf(&cfg.hidden_act).map(|_| ())
+    }
+
+    /// Builds the model with every parameter taken from `src` by its transformers name.
+    pub fn build(cfg: &HfConfig, src: &mut dyn ParamSource<B>) -> Result<Self> {
+        Self::check_config(cfg)?;
         let (h, hd, i) = (cfg.hidden, cfg.head_dim, cfg.intermediate);
         let act = Activation::from_hf(&cfg.hidden_act)?;
-        let layers = (0..cfg.layers as u64)
-            .map(|l| {
-                let s = seed + 100 * (l + 1);
+        let mut linear = |name: String, inp: usize, out: usize, bias: bool| -> Result<Linear<B>> {
+            let bound = Init::Uniform(1.0 / (inp.max(1) as f64).sqrt());
+            let w = src.param(&format!("{name}.weight"), Shape::new([out, inp]), bound)?;
+            let b = if bias { Some(src.param(&format!("{name}.bias"), Shape::new([out]), bound)?) } else { None };
+            Linear::from_tensors(w, b)
+        };
+        let mut layers = Vec::with_capacity(cfg.layers);
+        for l in 0..cfg.layers {
+            let p = |s: &str| format!("model.layers.{l}.{s}");
+            let ab = cfg.attention_bias;
+            let q_proj = linear(p("self_attn.q_proj"), h, cfg.heads * hd, ab)?;
+            let k_proj = linear(p("self_attn.k_proj"), h, cfg.kv_heads * hd, ab)?;
+            let v_proj = linear(p("self_attn.v_proj"), h, cfg.kv_heads * hd, ab)?;
+            let o_proj = linear(p("self_attn.o_proj"), cfg.heads * hd, h, ab)?;
+            let gate_proj = linear(p("mlp.gate_proj"), h, i, cfg.mlp_bias)?;
+            let up_proj = linear(p("mlp.up_proj"), h, i, cfg.mlp_bias)?;
+            let down_proj = linear(p("mlp.down_proj"), i, h, cfg.mlp_bias)?;
+            layers.push((q_proj, k_proj, v_proj, o_proj, GatedMlp { gate_proj, up_proj, down_proj, act }));
+        }
+        let lm_head = if cfg.tie_word_embeddings { None } else { Some(linear("lm_head".into(), h, cfg.vocab, false)?) };
+        let mut norm = |name: String| -> Result<RmsNorm<B>> {
+            Ok(RmsNorm { weight: src.param(&name, Shape::new([h]), Init::Const(1.0))?, eps: cfg.norm_eps })
+        };
+        let layers = layers
+            .into_iter()
+            .enumerate()
+            .map(|(l, (q_proj, k_proj, v_proj, o_proj, mlp))| {
                 Ok(LlamaLayer {
-                    input_layernorm: RmsNorm::new(b, h, cfg.norm_eps, dtype)?,
-                    q_proj: Linear::new(b, h, cfg.heads * hd, cfg.attention_bias, dtype, s + 1)?,
-                    k_proj: Linear::new(b, h, cfg.kv_heads * hd, cfg.attention_bias, dtype, s + 2)?,
-                    v_proj: Linear::new(b, h, cfg.kv_heads * hd, cfg.attention_bias, dtype, s + 3)?,
-                    o_proj: Linear::new(b, cfg.heads * hd, h, cfg.attention_bias, dtype, s + 4)?,
-                    post_attention_layernorm: RmsNorm::new(b, h, cfg.norm_eps, dtype)?,
-                    mlp: GatedMlp::new(b, h, i, cfg.mlp_bias, act, dtype, s + 5)?,
+                    input_layernorm: norm(format!("model.layers.{l}.input_layernorm.weight"))?,
+                    q_proj,
+                    k_proj,
+                    v_proj,
+                    o_proj,
+                    post_attention_layernorm: norm(format!("model.layers.{l}.post_attention_layernorm.weight"))?,
+                    mlp,
                 })
             })
             .collect::<Result<_>>()?;
-        Ok(Llama {
-            cfg: cfg.clone(),
-            embed_tokens: Embedding::new(b, cfg.vocab, h, 0.02, dtype, seed)?,
-            layers,
-            norm: RmsNorm::new(b, h, cfg.norm_eps, dtype)?,
-            lm_head: if cfg.tie_word_embeddings {
-                None
-            } else {
-                Some(Linear::new(b, h, cfg.vocab, false, dtype, seed + 7)?)
-            },
-        })
+        let norm = norm("model.norm.weight".into())?;
+        let embed = src.param("model.embed_tokens.weight", Shape::new([cfg.vocab, h]), Init::Normal(0.02))?;
+        Ok(Llama { cfg: cfg.clone(), embed_tokens: Embedding { weight: embed }, layers, norm, lm_head })
     }
 
     /// Loads `dir` (config.json + safetensors, single or sharded) into a model whose
     /// parameters have `dtype`. Missing, unexpected or mis-shaped tensors are an error that
     /// names them.
     pub fn from_pretrained(b: &B, dir: &std::path::Path, dtype: DType) -> Result<Self> {
+        Self::from_pretrained_split(b, dir, dtype, None)
+    }
+
+    /// Like [`Llama::from_pretrained`], laid out by `plan` (inside an SPMD run whose mesh is the
+    /// plan's): each rank reads only the slice of each tensor it keeps.
+    pub fn from_pretrained_split(
+        b: &B,
+        dir: &std::path::Path,
+        dtype: DType,
+        plan: Option<&redco_core::dist::ShardPlan>,
+    ) -> Result<Self> {
         let cfg = HfConfig::from_dir(dir)?;
-        let mut m = Llama::new(b, &cfg, dtype, 0)?;
-        let mut map = std::collections::BTreeMap::new();
-        for (name, t) in crate::hf::safetensors::read_all(dir)? {
-            map.insert(name, Tensor::from_host(b, &t.data, t.shape)?);
-        }
-        nn::ModuleExt::load_state_dict(&mut m, &map, true)?;
-        Ok(m)
+        Self::check_config(&cfg)?;
+        let ckpt = Checkpoint::open(dir)?;
+        CheckpointSource::<B>::check(&ckpt, &cfg.param_shapes()?, &|n| n.ends_with("rotary_emb.inv_freq"))?;
+        Self::build(&cfg, &mut CheckpointSource::new(b, &ckpt, plan, dtype))
     }
 
     /// Logits `[batch, seq, vocab]` for `ids` `[batch, seq]`, with an optional `[batch, seq]`
@@ -128,33 +172,67 @@ impl<B: Backend> Llama<B> {
         mask: Option<&Tensor<B>>,
         positions: Option<&Tensor<B>>,
     ) -> Result<Tensor<B>> {
+        let h = self.hidden_states(ids, mask, positions, None)?;
+        self.head(&h)
+    }
+
+    /// The final hidden states `[batch, seq, hidden]` (after the last norm). With a cache,
+    /// `ids` follow the cached positions, `mask` covers cached + new positions, and the new
+    /// keys and values are appended to the cache.
+    pub fn hidden_states(
+        &self,
+        ids: &Tensor<B>,
+        mask: Option<&Tensor<B>>,
+        positions: Option<&Tensor<B>>,
+        mut cache: Option<&mut KvCache<B>>,
+    ) -> Result<Tensor<B>> {
         let c = &self.cfg;
+        if ids.rank() != 2 {
+            return Err(Error::invalid("llama", format!("input ids must be [batch, seq], got {}", ids.shape())));
+        }
         let (bs, t) = (ids.dims()[0], ids.dims()[1]);
+        let past = cache.as_ref().map_or(0, |k| k.len());
+        if let Some(ctx) = c.max_positions {
+            if past + t > ctx {
+                return Err(Error::invalid(
+                    "llama",
+                    format!("{} positions exceed the model's context of {ctx}", past + t),
+                ));
+            }
+        }
         let hd = c.head_dim;
         let default_pos;
         let pos = match positions {
             Some(p) => p,
             None => {
-                default_pos = Tensor::arange(ids.backend(), t)?;
+                default_pos = Tensor::arange(ids.backend(), past + t)?.narrow(0, past, t)?;
                 &default_pos
             }
         };
         let rope = RotaryEmbedding::new(hd, c.rope_theta, RotaryMode::HalfSplit)?;
         let (cos, sin) = rope.tables(pos, self.embed_tokens.weight.dtype())?;
         let mut h = self.embed_tokens.forward(ids)?;
-        for l in &self.layers {
+        for (i, l) in self.layers.iter().enumerate() {
             let x = l.input_layernorm.forward(&h)?;
             let split = |y: Tensor<B>, n: usize| y.reshape([bs, t, n, hd])?.transpose(1, 2);
             let q = split(l.q_proj.forward(&x)?, c.heads)?.rotary(&cos, &sin, RotaryMode::HalfSplit)?;
             let k = split(l.k_proj.forward(&x)?, c.kv_heads)?.rotary(&cos, &sin, RotaryMode::HalfSplit)?;
             let v = split(l.v_proj.forward(&x)?, c.kv_heads)?;
+            let (k, v) = match cache.as_deref_mut() {
+                Some(cache) => cache.append(i, k, v)?,
+                None => (k, v),
+            };
             let a = nn::scaled_dot_product_attention(&q, &k, &v, mask, true, None)?;
             h = h.add(&l.o_proj.forward(&a.transpose(1, 2)?.reshape([bs, t, c.heads * hd])?)?)?;
             h = h.add(&l.mlp.forward(&l.post_attention_layernorm.forward(&h)?)?)?;
         }
-        let h = self.norm.forward(&h)?;
+        self.norm.forward(&h)
+    }
+
+    /// The language-model head over final hidden states.
+    pub fn head(&self, h: &Tensor<B>) -> Result<Tensor<B>> {
         match &self.lm_head {
-            Some(head) => head.forward(&h),
+            Some(head) => head.forward(h),
             None => h.matmul_t(&self.embed_tokens.weight),
         }
     }
@@ -164,5 +242,27 @@ impl<B: Backend> Llama<B> {
         let logits = self.forward(ids, mask, None)?;
         let t = ids.dims()[1];
         nn::cross_entropy(&logits.narrow(1, 0, t - 1)?, &labels.narrow(1, 1, t - 1)?)
+    }
+}
+
+impl<B: Backend> CausalLm<B> for Llama<B> {
+    fn max_positions(&self) -> Option<usize> {
+        self.cfg.max_positions
+    }
+
+    fn new_cache(&self) -> KvCache<B> {
+        KvCache::new(self.cfg.layers)
+    }
+
+    fn next_logits(
+        &self,
+        ids: &Tensor<B>,
+        mask: &Tensor<B>,
+        positions: &Tensor<B>,
+        cache: &mut KvCache<B>,
+    ) -> Result<Tensor<B>> {
+        let h = self.hidden_states(ids, Some(mask), Some(positions), Some(cache))?;
+        let (bs, t, d) = (h.dims()[0], h.dims()[1], h.dims()[2]);
+        self.head(&h.narrow(1, t - 1, 1)?.reshape([bs, d])?)
     }
 }

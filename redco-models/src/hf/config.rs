@@ -38,6 +38,24 @@ pub struct HfConfig {
     pub norm_eps: f64,
     /// Activation (`hidden_act` / `activation_function`).
     pub hidden_act: String,
+    /// The context length (`max_position_embeddings` / `n_positions`), when the config says.
+    pub max_positions: Option<usize>,
+    /// `bos_token_id`.
+    pub bos_token_id: Option<i64>,
+    /// `eos_token_id` (one id or a list; `generation_config.json` overrides `config.json`).
+    pub eos_token_ids: Vec<i64>,
+    /// `pad_token_id`.
+    pub pad_token_id: Option<i64>,
+    /// The whole `config.json`, written back unchanged when the model is saved.
+    pub raw: Value,
+}
+
+fn ids(v: Option<&Value>) -> Vec<i64> {
+    match v {
+        Some(Value::Number(n)) => n.as_i64().into_iter().collect(),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_i64).collect(),
+        _ => Vec::new(),
+    }
 }
 
 fn get(v: &Value, keys: &[&str]) -> Option<u64> {
@@ -53,7 +71,22 @@ impl HfConfig {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path)
             .map_err(|e| Error::invalid("config", format!("cannot read {}: {e}", path.display())))?;
-        Self::from_json(&text).map_err(|e| Error::invalid("config", format!("{}: {e}", path.display())))
+        let mut cfg =
+            Self::from_json(&text).map_err(|e| Error::invalid("config", format!("{}: {e}", path.display())))?;
+        // generation_config.json, when present, holds the ids generation stops and pads with
+        let gen = dir.join("generation_config.json");
+        if let Ok(text) = std::fs::read_to_string(&gen) {
+            let v: Value = serde_json::from_str(&text)
+                .map_err(|e| Error::invalid("config", format!("{}: not valid JSON: {e}", gen.display())))?;
+            let eos = ids(v.get("eos_token_id"));
+            if !eos.is_empty() {
+                cfg.eos_token_ids = eos;
+            }
+            if let Some(p) = v.get("pad_token_id").and_then(Value::as_i64) {
+                cfg.pad_token_id = Some(p);
+            }
+        }
+        Ok(cfg)
     }
 
     /// Parses the text of a `config.json`.
@@ -71,6 +104,13 @@ impl HfConfig {
         if heads == 0 || hidden == 0 {
             return Err(Error::invalid("config", "hidden size and heads must be positive"));
         }
+        let explicit_head_dim = get(&v, &["head_dim", "d_kv"]);
+        if explicit_head_dim.is_none() && !hidden.is_multiple_of(heads) {
+            return Err(Error::invalid(
+                "config",
+                format!("{heads} attention heads do not divide the hidden size {hidden} (and no `head_dim` is given)"),
+            ));
+        }
         let cfg = HfConfig {
             hidden,
             layers: need(&["num_hidden_layers", "n_layer", "num_layers"])?,
@@ -79,7 +119,7 @@ impl HfConfig {
             intermediate: get(&v, &["intermediate_size", "n_inner", "ffn_dim", "d_ff"])
                 .map_or(4 * hidden, |x| x as usize),
             vocab: need(&["vocab_size"])?,
-            head_dim: get(&v, &["head_dim", "d_kv"]).map_or(hidden / heads, |x| x as usize),
+            head_dim: explicit_head_dim.map_or(hidden / heads, |x| x as usize),
             tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(model_type != "llama"),
             attention_bias: v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false),
             mlp_bias: v.get("mlp_bias").and_then(Value::as_bool).unwrap_or(false),
@@ -97,7 +137,12 @@ impl HfConfig {
                 .find_map(|k| v.get(*k).and_then(Value::as_str))
                 .unwrap_or("silu")
                 .to_string(),
+            max_positions: get(&v, &["max_position_embeddings", "n_positions", "n_ctx"]).map(|x| x as usize),
+            bos_token_id: v.get("bos_token_id").and_then(Value::as_i64),
+            eos_token_ids: ids(v.get("eos_token_id")),
+            pad_token_id: v.get("pad_token_id").and_then(Value::as_i64),
             model_type,
+            raw: v.clone(),
         };
         Ok(cfg)
     }

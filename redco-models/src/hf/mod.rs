@@ -1,4 +1,8 @@
-//! Hugging Face formats: `config.json` (more to come: safetensors, tokenizers).
+//! Hugging Face formats: `config.json`, safetensors checkpoints (reading whole or by slice,
+//! saving), `tokenizer.json`.
 
+pub mod checkpoint;
 pub mod config;
 pub mod safetensors;
+pub mod save;
+pub mod tokenizer;

@@ -6,6 +6,7 @@ use redco_core::dist::trace::plan_from_trace;
 use redco_core::dist::{spmd_cpu, Mesh, SpmdOptions};
 use redco_core::nn::ModuleExt;
 use redco_core::{DType, Result, Tensor};
+use redco_models::generate::{generate, GenerationConfig, Sampling};
 use redco_models::hf::safetensors::read_all;
 use redco_models::llama::Llama;
 use std::collections::BTreeMap;
@@ -28,10 +29,8 @@ struct Out {
 }
 
 fn run(b: &Cpu, split: Option<&redco_core::dist::ShardPlan>) -> Result<Out> {
-    let mut m = Llama::from_pretrained(b, &dir(), DType::F32)?;
-    if let Some(p) = split {
-        p.apply(&mut m)?;
-    }
+    // each rank reads only its slice of every tensor
+    let m = Llama::from_pretrained_split(b, &dir(), DType::F32, split)?;
     let inp = read_all(&dir().join("inputs.safetensors"))?;
     let t = |k: &str| Tensor::from_host(b, &inp[k].data, inp[k].shape.clone());
     let (ids, mask, labels) = (t("input_ids")?, t("attention_mask")?, t("labels")?);
@@ -68,22 +67,68 @@ fn check(o: &Out, what: &str) {
     eprintln!("{what}: logits err {e:.2e}, loss {} vs {want_loss}, worst gradient err {worst:.2e}", o.loss);
 }
 
+/// The plan the rules derive from one traced training step.
+fn traced_plan(mesh: Mesh) -> redco_core::dist::ShardPlan {
+    let b = Cpu::new(1);
+    let m = Llama::from_pretrained(&b, &dir(), DType::F32).unwrap();
+    let inp = read_all(&dir().join("inputs.safetensors")).unwrap();
+    let t = |k: &str| Tensor::from_host(&b, &inp[k].data, inp[k].shape.clone()).unwrap();
+    let loss = m.loss(&t("input_ids"), Some(&t("attention_mask")), &t("labels")).unwrap();
+    plan_from_trace(&m.named_parameters(), &[&loss], mesh, true).unwrap()
+}
+
 #[test]
 fn llama_matches_transformers_at_1x1_1x2_2x2() {
     let b = Cpu::new(2);
     check(&run(&b, None).unwrap(), "1x1");
     for mesh in ["1x2", "2x2"] {
         let mesh: Mesh = mesh.parse().unwrap();
-        let (m, loss) = {
-            let m = Llama::from_pretrained(&Cpu::new(1), &dir(), DType::F32).unwrap();
-            let inp = read_all(&dir().join("inputs.safetensors")).unwrap();
-            let t = |k: &str| Tensor::from_host(&b, &inp[k].data, inp[k].shape.clone()).unwrap();
-            let loss = m.loss(&t("input_ids"), Some(&t("attention_mask")), &t("labels")).unwrap();
-            (m, loss)
-        };
-        let plan = plan_from_trace(&m.named_parameters(), &[&loss], mesh, true).unwrap();
+        let plan = traced_plan(mesh);
         let out = spmd_cpu(mesh, &SpmdOptions::default(), |rk| run(&rk.backend, Some(&plan))).unwrap().swap_remove(0);
         check(&out, &mesh.to_string());
+    }
+}
+
+/// Greedy generation (8 new tokens, KV cache, left-padded second row) on rank `b`'s shard.
+fn greedy(b: &Cpu, split: Option<&redco_core::dist::ShardPlan>) -> Result<Vec<i64>> {
+    let mut m = Llama::from_pretrained(b, &dir(), DType::F32)?;
+    if let Some(p) = split {
+        p.apply(&mut m)?;
+    }
+    let inp = read_all(&dir().join("inputs.safetensors"))?;
+    let t = |k: &str| Tensor::from_host(b, &inp[k].data, inp[k].shape.clone());
+    let cfg = GenerationConfig {
+        max_new_tokens: 8,
+        sampling: Sampling::Greedy,
+        stop_tokens: m.cfg.eos_token_ids.clone(),
+        pad_token: m.cfg.pad_token_id.unwrap_or(0),
+    };
+    let mut streamed = Vec::new();
+    let g = generate(&m, &t("gen_input_ids")?, Some(&t("gen_attention_mask")?), &cfg, |_, toks| {
+        streamed.push(toks.to_vec())
+    })?;
+    // the streamed tokens are the generated columns
+    let prompt = inp["gen_input_ids"].shape.dims()[1];
+    for (step, toks) in streamed.iter().enumerate() {
+        for (r, tok) in toks.iter().enumerate() {
+            assert_eq!(g.rows[r][prompt + step], *tok);
+        }
+    }
+    Ok(g.rows.concat())
+}
+
+#[test]
+fn greedy_generation_matches_transformers_at_1x1_1x2_2x2() {
+    let r = read_all(&dir().join("reference.safetensors")).unwrap();
+    let want = r["generated_ids"].data.to_f64_vec().into_iter().map(|x| x as i64).collect::<Vec<_>>();
+    assert_eq!(greedy(&Cpu::new(2), None).unwrap(), want, "1x1");
+    for mesh in ["1x2", "2x2"] {
+        let mesh: Mesh = mesh.parse().unwrap();
+        let plan = traced_plan(mesh);
+        let outs = spmd_cpu(mesh, &SpmdOptions::default(), |rk| greedy(&rk.backend, Some(&plan))).unwrap();
+        for o in outs {
+            assert_eq!(o, want, "{mesh}");
+        }
     }
 }
 

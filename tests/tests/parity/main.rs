@@ -1,4 +1,6 @@
 //! Parity with Hugging Face transformers on the committed fixtures (written by
 //! `xtask/python/gen_fixtures.py`).
 
+mod checkpoint;
 mod llama;
+mod tokenizer;

@@ -1,0 +1,183 @@
+//! Text generation for decoder-only models: a KV cache, batched prompts with left padding
+//! (positions from the attention mask, as transformers computes them), greedy or sampled
+//! decoding, stop tokens, a maximum of new tokens and a per-token streaming callback. Under
+//! tensor parallelism every rank runs the same loop on its shard of the model (the cache
+//! holds its heads) and draws the same tokens from the gathered logits.
+
+mod cache;
+mod sampling;
+
+pub use cache::KvCache;
+pub use sampling::{argmax, Sampling};
+
+use redco_core::{no_grad, Backend, Error, Result, Tensor};
+
+/// A decoder-only language model that can run step by step over a [`KvCache`].
+pub trait CausalLm<B: Backend> {
+    /// The context length, when known: prompts longer than this are refused.
+    fn max_positions(&self) -> Option<usize>;
+    /// An empty cache sized for this model.
+    fn new_cache(&self) -> KvCache<B>;
+    /// Logits `[batch, vocab]` at the last of `ids` `[batch, new]`, which follow the cached
+    /// positions. `mask` `[batch, cached + new]` marks real tokens (1) and padding (0);
+    /// `positions` `[batch, new]` are the rotary/learned positions of the new tokens.
+    fn next_logits(
+        &self,
+        ids: &Tensor<B>,
+        mask: &Tensor<B>,
+        positions: &Tensor<B>,
+        cache: &mut KvCache<B>,
+    ) -> Result<Tensor<B>>;
+}
+
+/// What to generate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationConfig {
+    /// New tokens per row at most.
+    pub max_new_tokens: usize,
+    /// Greedy or sampled.
+    pub sampling: Sampling,
+    /// A row ends when it produces one of these (the token is kept).
+    pub stop_tokens: Vec<i64>,
+    /// What a finished row is filled with while others go on.
+    pub pad_token: i64,
+}
+
+impl Default for GenerationConfig {
+    fn default() -> Self {
+        GenerationConfig { max_new_tokens: 8, sampling: Sampling::Greedy, stop_tokens: Vec::new(), pad_token: 0 }
+    }
+}
+
+/// The result of [`generate`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generation {
+    /// Per row: the prompt (with its padding) followed by the new tokens; rows that stopped
+    /// early are filled with the pad token, so all rows have the same length.
+    pub rows: Vec<Vec<i64>>,
+    /// Tokens generated per row (up to and including its stop token).
+    pub new_tokens: Vec<usize>,
+    /// Whether generation ended because the context length was reached.
+    pub hit_context: bool,
+}
+
+impl Generation {
+    /// The rows as one `[batch, len]` id tensor.
+    pub fn to_tensor<B: Backend>(&self, b: &B) -> Result<Tensor<B>> {
+        let len = self.rows.first().map_or(0, Vec::len);
+        Tensor::from_vec(b, self.rows.concat(), [self.rows.len(), len])
+    }
+}
+
+/// The positions transformers gives a (left-)padded batch: `cumsum(mask) - 1`, with padding
+/// at position 1.
+pub fn positions_from_mask(mask: &[i64], seq: usize) -> Vec<i64> {
+    let mut out = Vec::with_capacity(mask.len());
+    for row in mask.chunks(seq) {
+        let mut c = 0;
+        for &m in row {
+            c += (m != 0) as i64;
+            out.push(if m != 0 { c - 1 } else { 1 });
+        }
+    }
+    out
+}
+
+/// Generates from `ids` `[batch, prompt]` (left-padded where `mask` `[batch, prompt]` is 0;
+/// no mask means no padding). `on_token(step, tokens)` is called after every step with the
+/// new token of each row (the pad token for rows already finished). Stops when every row has
+/// produced a stop token, after `max_new_tokens`, or at the model's context length.
+pub fn generate<B: Backend, M: CausalLm<B> + ?Sized>(
+    model: &M,
+    ids: &Tensor<B>,
+    mask: Option<&Tensor<B>>,
+    cfg: &GenerationConfig,
+    mut on_token: impl FnMut(usize, &[i64]),
+) -> Result<Generation> {
+    cfg.sampling.validate()?;
+    if ids.rank() != 2 {
+        return Err(Error::invalid("generate", format!("prompt ids must be [batch, seq], got {}", ids.shape())));
+    }
+    let (bs, t) = (ids.dims()[0], ids.dims()[1]);
+    if t == 0 {
+        return Err(Error::invalid("generate", "the prompt is empty"));
+    }
+    if let Some(m) = mask {
+        if m.dims() != ids.dims() {
+            return Err(Error::invalid(
+                "generate",
+                format!("attention mask {} does not match the prompt {}", m.shape(), ids.shape()),
+            ));
+        }
+    }
+    let mut budget = cfg.max_new_tokens;
+    let mut hit_context = false;
+    if let Some(ctx) = model.max_positions() {
+        if t > ctx {
+            return Err(Error::invalid(
+                "generate",
+                format!("the prompt has {t} tokens, longer than the model's context of {ctx}"),
+            ));
+        }
+        if t + budget > ctx {
+            budget = ctx - t;
+            hit_context = true;
+        }
+    }
+    let b = ids.backend().clone();
+    let mut rows: Vec<Vec<i64>> = ids.to_vec_i64()?.chunks(t).map(<[i64]>::to_vec).collect();
+    let mut mask_host = match mask {
+        Some(m) => m.to_vec_i64()?,
+        None => vec![1; bs * t],
+    };
+    let mut len = t;
+    let mut next_pos: Vec<i64> = mask_host.chunks(t).map(|r| r.iter().filter(|m| **m != 0).count() as i64).collect();
+    let mut done = vec![false; bs];
+    let mut new_tokens = vec![0; bs];
+    let mut cache = model.new_cache();
+    let mut step_ids = ids.clone();
+    let mut step_pos = Tensor::from_vec(&b, positions_from_mask(&mask_host, t), [bs, t])?;
+    no_grad(|| {
+        for step in 0..budget {
+            let m = Tensor::from_vec(&b, mask_host.clone(), [bs, len])?;
+            let logits = model.next_logits(&step_ids, &m, &step_pos, &mut cache)?.replicate()?;
+            let v = logits.dims()[1];
+            let host = logits.to_vec_f32()?;
+            let mut toks = Vec::with_capacity(bs);
+            for (r, row) in host.chunks(v).enumerate() {
+                let tok = if done[r] {
+                    cfg.pad_token
+                } else {
+                    new_tokens[r] += 1;
+                    cfg.sampling.choose(row, (step * bs + r) as u64)? as i64
+                };
+                if cfg.stop_tokens.contains(&tok) && !done[r] {
+                    done[r] = true;
+                }
+                toks.push(tok);
+            }
+            for (r, &tok) in toks.iter().enumerate() {
+                rows[r].push(tok);
+            }
+            on_token(step, &toks);
+            if done.iter().all(|d| *d) || step + 1 == budget {
+                break;
+            }
+            // the new token is real for every row (transformers keeps extending the mask)
+            let mut grown = Vec::with_capacity(bs * (len + 1));
+            for row in mask_host.chunks(len) {
+                grown.extend_from_slice(row);
+                grown.push(1);
+            }
+            mask_host = grown;
+            len += 1;
+            step_ids = Tensor::from_vec(&b, toks, [bs, 1])?;
+            step_pos = Tensor::from_vec(&b, next_pos.clone(), [bs, 1])?;
+            for p in next_pos.iter_mut() {
+                *p += 1;
+            }
+        }
+        Ok(())
+    })?;
+    Ok(Generation { rows, new_tokens, hit_context })
+}

@@ -1,0 +1,365 @@
+//! Hugging Face tokenizers: `tokenizer.json` through the `tokenizers` crate, with the special
+//! tokens and the padding side of `tokenizer_config.json` (and `special_tokens_map.json`).
+//!
+//! The behaviour is that of transformers 5 loading the same directory with
+//! `AutoTokenizer.from_pretrained` (the generic `TokenizersBackend`):
+//!
+//! * `tokenizer.json` is authoritative: its normalizer, pre-tokenizer, model, post-processor
+//!   (which decides whether `<s>`/`</s>` are added) and decoder are used as they are. As in
+//!   transformers, `add_bos_token`/`add_eos_token` of `tokenizer_config.json` are ignored
+//!   when a `tokenizer.json` is present.
+//! * `bos_token`, `eos_token`, `unk_token` and `pad_token` come from `tokenizer_config.json`,
+//!   overridden by `special_tokens_map.json` when it has them; the padding token and side
+//!   fall back to the `padding` section of `tokenizer.json`. Named special tokens missing
+//!   from the added vocabulary are added as special tokens (so that decoding can skip them).
+//! * The truncation and padding settings of `tokenizer.json` are switched off: `encode`
+//!   never truncates (transformers' default `truncation=False`) and [`Tokenizer::encode_batch`]
+//!   pads to the longest row itself.
+//! * `clean_up_tokenization_spaces` is applied on decode when the config asks for it, except
+//!   for BPE models (transformers skips it for them too).
+
+use redco_core::{Error, Result};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use tokenizers::{AddedToken, ModelWrapper, PaddingDirection};
+
+/// The side a batch is padded on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PaddingSide {
+    /// Padding before the text (decoder-only models that generate, as LLaMA).
+    Left,
+    /// Padding after the text (the transformers default).
+    #[default]
+    Right,
+}
+
+impl PaddingSide {
+    /// Parses `"left"` or `"right"` (as written in `tokenizer_config.json`).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "left" => Some(PaddingSide::Left),
+            "right" => Some(PaddingSide::Right),
+            _ => None,
+        }
+    }
+}
+
+/// A padded batch of token ids, row-major `[batch, seq]`, ready for
+/// `Tensor::from_vec(backend, ids, [batch, seq])`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// Token ids, padded with the padding id on the padding side.
+    pub ids: Vec<i64>,
+    /// Attention mask: 1 for a real token, 0 for padding.
+    pub mask: Vec<i64>,
+    /// Number of rows.
+    pub batch: usize,
+    /// Length of every row (the longest text's token count).
+    pub seq: usize,
+}
+
+/// A Hugging Face tokenizer (`tokenizer.json`) with its special tokens and padding side.
+#[derive(Debug, Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    source: PathBuf,
+    bos: Option<String>,
+    eos: Option<String>,
+    unk: Option<String>,
+    pad: Option<String>,
+    padding_side: PaddingSide,
+    clean_up_spaces: bool,
+}
+
+/// Special tokens and options read from `tokenizer_config.json` / `special_tokens_map.json`.
+#[derive(Default)]
+struct Settings {
+    bos: Option<String>,
+    eos: Option<String>,
+    unk: Option<String>,
+    pad: Option<String>,
+    padding_side: Option<PaddingSide>,
+    clean_up_spaces: Option<bool>,
+}
+
+fn err(msg: String) -> Error {
+    Error::invalid("tokenizer", msg)
+}
+
+/// A special token as written in the configs: a string, an `AddedToken` object with a
+/// `content`, or null.
+fn token_string(v: &Value, key: &str, path: &Path) -> Result<Option<String>> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(Value::Object(o)) => match o.get("content") {
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            _ => Err(err(format!("{}: `{key}` is an object without a string `content`", path.display()))),
+        },
+        Some(other) => Err(err(format!("{}: `{key}` must be a string, got {other}", path.display()))),
+    }
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read {}: {e}", path.display())))?;
+    serde_json::from_str(&text).map_err(|e| err(format!("{}: not valid JSON: {e}", path.display())))
+}
+
+impl Settings {
+    /// Reads the special tokens and options of one config file; `only_tokens` for
+    /// `special_tokens_map.json`, which holds nothing else.
+    fn read(path: &Path, only_tokens: bool) -> Result<Self> {
+        let v = read_json(path)?;
+        if !v.is_object() {
+            return Err(err(format!("{}: expected a JSON object", path.display())));
+        }
+        let mut s = Settings {
+            bos: token_string(&v, "bos_token", path)?,
+            eos: token_string(&v, "eos_token", path)?,
+            unk: token_string(&v, "unk_token", path)?,
+            pad: token_string(&v, "pad_token", path)?,
+            ..Settings::default()
+        };
+        if only_tokens {
+            return Ok(s);
+        }
+        s.padding_side = match v.get("padding_side") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(side)) => Some(PaddingSide::parse(side).ok_or_else(|| {
+                err(format!("{}: padding_side must be \"left\" or \"right\", got {side:?}", path.display()))
+            })?),
+            Some(other) => return Err(err(format!("{}: padding_side must be a string, got {other}", path.display()))),
+        };
+        s.clean_up_spaces = match v.get("clean_up_tokenization_spaces") {
+            None | Some(Value::Null) => None,
+            Some(Value::Bool(b)) => Some(*b),
+            Some(other) => {
+                return Err(err(format!(
+                    "{}: clean_up_tokenization_spaces must be a boolean, got {other}",
+                    path.display()
+                )))
+            }
+        };
+        Ok(s)
+    }
+
+    /// `other`'s tokens replace ours where it has them.
+    fn override_tokens(&mut self, other: Settings) {
+        self.bos = other.bos.or(self.bos.take());
+        self.eos = other.eos.or(self.eos.take());
+        self.unk = other.unk.or(self.unk.take());
+        self.pad = other.pad.or(self.pad.take());
+    }
+}
+
+/// transformers' `clean_up_tokenization`: removes the spaces a word-piece decode leaves
+/// before punctuation and English contractions.
+fn clean_up_tokenization(text: &str) -> String {
+    const PAIRS: [(&str, &str); 10] = [
+        (" .", "."),
+        (" ?", "?"),
+        (" !", "!"),
+        (" ,", ","),
+        (" ' ", "'"),
+        (" n't", "n't"),
+        (" 'm", "'m"),
+        (" 's", "'s"),
+        (" 've", "'ve"),
+        (" 're", "'re"),
+    ];
+    PAIRS.iter().fold(text.to_string(), |t, (from, to)| t.replace(from, to))
+}
+
+impl Tokenizer {
+    /// Loads `dir/tokenizer.json`, with `dir/tokenizer_config.json` and
+    /// `dir/special_tokens_map.json` when present (see the module docs for what they set).
+    ///
+    /// Errors name the file at fault: a missing directory or `tokenizer.json`, a file that is
+    /// not valid JSON or not a tokenizer, a malformed special token or padding side.
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        if !dir.is_dir() {
+            return Err(err(format!("tokenizer directory {} does not exist", dir.display())));
+        }
+        let mut settings = Settings::default();
+        let config = dir.join("tokenizer_config.json");
+        if config.exists() {
+            settings = Settings::read(&config, false)?;
+        }
+        let map = dir.join("special_tokens_map.json");
+        if map.exists() {
+            settings.override_tokens(Settings::read(&map, true)?);
+        }
+        Self::load(&dir.join("tokenizer.json"), settings)
+    }
+
+    /// Loads a `tokenizer.json` alone: no bos, eos or unk token is known (unless added later
+    /// through a config), the padding token and side come from its `padding` section, if any.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        Self::load(path.as_ref(), Settings::default())
+    }
+
+    fn load(path: &Path, settings: Settings) -> Result<Self> {
+        let bytes = std::fs::read(path).map_err(|e| err(format!("cannot read {}: {e}", path.display())))?;
+        let mut inner = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|e| err(format!("{}: not a valid tokenizer.json: {e}", path.display())))?;
+        let json_padding = inner.get_padding().map(|p| (p.pad_token.clone(), p.direction));
+        inner.with_padding(None);
+        inner.with_truncation(None).map_err(|e| err(format!("{}: {e}", path.display())))?;
+
+        let mut tok = Tokenizer {
+            inner,
+            source: path.to_path_buf(),
+            bos: settings.bos,
+            eos: settings.eos,
+            unk: settings.unk,
+            pad: settings.pad.or_else(|| json_padding.as_ref().map(|(t, _)| t.clone())),
+            padding_side: settings.padding_side.unwrap_or(match json_padding {
+                Some((_, PaddingDirection::Left)) => PaddingSide::Left,
+                _ => PaddingSide::Right,
+            }),
+            clean_up_spaces: settings.clean_up_spaces.unwrap_or(false),
+        };
+        // named special tokens the added vocabulary lacks become special added tokens
+        let added: Vec<String> = tok.inner.get_added_tokens_decoder().into_values().map(|t| t.content).collect();
+        let missing: Vec<AddedToken> = [&tok.bos, &tok.eos, &tok.unk, &tok.pad]
+            .into_iter()
+            .flatten()
+            .filter(|t| !added.contains(t))
+            .map(|t| AddedToken::from(t.clone(), true).normalized(false))
+            .collect();
+        if !missing.is_empty() {
+            tok.inner
+                .add_special_tokens(missing)
+                .map_err(|e| err(format!("{}: cannot add special tokens: {e}", path.display())))?;
+        }
+        Ok(tok)
+    }
+
+    /// The wrapped `tokenizers` tokenizer (truncation and padding switched off).
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    /// The `tokenizer.json` this tokenizer was loaded from.
+    pub fn source(&self) -> &Path {
+        &self.source
+    }
+
+    /// Token ids of `text`; with `add_special_tokens`, the ones the post-processor of
+    /// `tokenizer.json` adds (`<s>` at the start for LLaMA).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        self.inner
+            .encode(text, add_special_tokens)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| err(format!("{}: cannot encode {text:?}: {e}", self.source.display())))
+    }
+
+    /// The text of `ids`, without the special tokens when `skip_special_tokens`. Ids outside
+    /// the vocabulary are skipped (as in transformers).
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        let text = self
+            .inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| err(format!("{}: cannot decode {ids:?}: {e}", self.source.display())))?;
+        let bpe = matches!(self.inner.get_model(), ModelWrapper::BPE(_));
+        Ok(if self.clean_up_spaces && !bpe { clean_up_tokenization(&text) } else { text })
+    }
+
+    /// Encodes `texts` and pads them to the longest with [`Tokenizer::padding_id`] on the
+    /// [`Tokenizer::padding_side`]. An empty `texts` gives a `0 x 0` batch.
+    pub fn encode_batch(&self, texts: &[&str], add_special_tokens: bool) -> Result<Batch> {
+        let rows = texts.iter().map(|t| self.encode(t, add_special_tokens)).collect::<Result<Vec<_>>>()?;
+        let seq = rows.iter().map(Vec::len).max().unwrap_or(0);
+        let pad = i64::from(self.padding_id());
+        let (mut ids, mut mask) = (Vec::with_capacity(rows.len() * seq), Vec::with_capacity(rows.len() * seq));
+        for row in &rows {
+            let n = seq - row.len();
+            if self.padding_side == PaddingSide::Left {
+                ids.extend(std::iter::repeat_n(pad, n));
+                mask.extend(std::iter::repeat_n(0, n));
+            }
+            ids.extend(row.iter().map(|&i| i64::from(i)));
+            mask.extend(std::iter::repeat_n(1, row.len()));
+            if self.padding_side == PaddingSide::Right {
+                ids.extend(std::iter::repeat_n(pad, n));
+                mask.extend(std::iter::repeat_n(0, n));
+            }
+        }
+        Ok(Batch { ids, mask, batch: rows.len(), seq })
+    }
+
+    /// Id of a token (special or not), `None` when it is not in the vocabulary.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The token of an id, `None` when it is outside the vocabulary.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    fn id_of(&self, token: &Option<String>) -> Option<u32> {
+        token.as_deref().and_then(|t| self.token_to_id(t))
+    }
+
+    /// Id of the beginning-of-sequence token, if the configs name one.
+    pub fn bos_id(&self) -> Option<u32> {
+        self.id_of(&self.bos)
+    }
+
+    /// Id of the end-of-sequence token, if the configs name one.
+    pub fn eos_id(&self) -> Option<u32> {
+        self.id_of(&self.eos)
+    }
+
+    /// Id of the unknown token, if the configs name one.
+    pub fn unk_id(&self) -> Option<u32> {
+        self.id_of(&self.unk)
+    }
+
+    /// Id of the padding token, if the configs (or the `padding` of `tokenizer.json`) name one.
+    pub fn pad_id(&self) -> Option<u32> {
+        self.id_of(&self.pad)
+    }
+
+    /// The id [`Tokenizer::encode_batch`] pads with: the padding token, else the
+    /// end-of-sequence token, else 0 (the mask marks padding either way).
+    pub fn padding_id(&self) -> u32 {
+        self.pad_id().or_else(|| self.eos_id()).unwrap_or(0)
+    }
+
+    /// The side [`Tokenizer::encode_batch`] pads on.
+    pub fn padding_side(&self) -> PaddingSide {
+        self.padding_side
+    }
+
+    /// This tokenizer, padding on `side`.
+    pub fn with_padding_side(mut self, side: PaddingSide) -> Self {
+        self.padding_side = side;
+        self
+    }
+
+    /// Number of tokens, added (special) tokens included: transformers' `len(tokenizer)`,
+    /// the smallest embedding size that covers every id this tokenizer produces.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clean_up_matches_transformers() {
+        assert_eq!(clean_up_tokenization("it 's a test , is n't it ?"), "it's a test, isn't it?");
+    }
+
+    #[test]
+    fn padding_side_parse() {
+        assert_eq!(PaddingSide::parse("left"), Some(PaddingSide::Left));
+        assert_eq!(PaddingSide::parse("right"), Some(PaddingSide::Right));
+        assert_eq!(PaddingSide::parse("top"), None);
+    }
+}

@@ -1,0 +1,129 @@
+//! Where a model's parameters come from when it is built: a seeded random initialisation, or
+//! a checkpoint, read whole or (under tensor parallelism) one rank's slice per tensor as a
+//! [`ShardPlan`] places it. Models ask for `(name, shape, init)` and never see placements.
+
+use crate::hf::checkpoint::Checkpoint;
+use redco_core::dist::{current_comm, ShardPlan};
+use redco_core::nn::Init;
+use redco_core::{Backend, DType, Error, MeshAxis, Placement, Result, Shape, Tensor};
+use std::collections::BTreeSet;
+
+/// Gives a model its parameters by name while it is built.
+pub trait ParamSource<B: Backend> {
+    /// The parameter `name` of global `shape`; `init` is how a fresh model would fill it.
+    fn param(&mut self, name: &str, shape: Shape, init: Init) -> Result<Tensor<B>>;
+}
+
+/// Fresh parameters from a seed (each parameter's stream is derived from the seed and the
+/// order in which it is asked for).
+pub struct RandomInit<'a, B: Backend> {
+    b: &'a B,
+    dtype: DType,
+    seed: u64,
+    count: u64,
+}
+
+impl<'a, B: Backend> RandomInit<'a, B> {
+    /// Parameters of `dtype` on `b`, drawn from `seed`.
+    pub fn new(b: &'a B, dtype: DType, seed: u64) -> Self {
+        RandomInit { b, dtype, seed, count: 0 }
+    }
+}
+
+impl<B: Backend> ParamSource<B> for RandomInit<'_, B> {
+    fn param(&mut self, _name: &str, shape: Shape, init: Init) -> Result<Tensor<B>> {
+        self.count += 1;
+        init.var(self.b, shape, self.dtype, self.seed.wrapping_mul(1_000_003).wrapping_add(self.count))
+    }
+}
+
+/// Parameters read from a checkpoint and converted to `dtype`. With a plan, inside an SPMD
+/// run, each rank reads only the slice its placement keeps.
+pub struct CheckpointSource<'a, B: Backend> {
+    b: &'a B,
+    ckpt: &'a Checkpoint,
+    plan: Option<&'a ShardPlan>,
+    dtype: DType,
+    used: BTreeSet<String>,
+}
+
+impl<'a, B: Backend> CheckpointSource<'a, B> {
+    /// Reads from `ckpt` on `b`, laid out by `plan` when given.
+    pub fn new(b: &'a B, ckpt: &'a Checkpoint, plan: Option<&'a ShardPlan>, dtype: DType) -> Self {
+        CheckpointSource { b, ckpt, plan, dtype, used: BTreeSet::new() }
+    }
+
+    /// Checks the checkpoint against the model's expected parameters before anything is read:
+    /// every missing, unexpected (unless `ignore` says so) or mis-shaped tensor is named.
+    pub fn check(ckpt: &Checkpoint, expected: &[(String, Shape)], ignore: &dyn Fn(&str) -> bool) -> Result<()> {
+        let mut problems = Vec::new();
+        let names: BTreeSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+        for (n, shape) in expected {
+            match ckpt.shape(n) {
+                None => problems.push(format!("`{n}` is missing")),
+                Some(s) if s != shape => {
+                    problems.push(format!("`{n}` has shape {s} in the checkpoint but the config needs {shape}"))
+                }
+                Some(_) => {}
+            }
+        }
+        for (n, _, _) in ckpt.tensors() {
+            if !names.contains(n) && !ignore(n) {
+                problems.push(format!("`{n}` is unexpected"));
+            }
+        }
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(Error::Parameter {
+            name: problems[0].trim_matches('`').split('`').next().unwrap_or("").into(),
+            msg: problems.join("; "),
+        })
+    }
+
+    /// The names read so far.
+    pub fn used(&self) -> &BTreeSet<String> {
+        &self.used
+    }
+}
+
+impl<B: Backend> ParamSource<B> for CheckpointSource<'_, B> {
+    fn param(&mut self, name: &str, shape: Shape, _init: Init) -> Result<Tensor<B>> {
+        let stored = self.ckpt.shape(name).ok_or_else(|| Error::Parameter {
+            name: name.into(),
+            msg: format!("`{name}` is missing from the checkpoint"),
+        })?;
+        if *stored != shape {
+            return Err(Error::Parameter {
+                name: name.into(),
+                msg: format!("`{name}` has shape {stored} in the checkpoint but the model needs {shape}"),
+            });
+        }
+        self.used.insert(name.to_string());
+        let placements = self.plan.map(|p| p.placements(name)).unwrap_or_default();
+        let t = match (placements.get(MeshAxis::Mp), current_comm::<B>()) {
+            (Placement::Shard(d), Some(c)) if c.mesh().mp > 1 => {
+                let k = c.mesh().mp;
+                let n = shape.dims()[d];
+                if !n.is_multiple_of(k) {
+                    return Err(Error::Parameter {
+                        name: name.into(),
+                        msg: format!("dim {d} of `{name}` {shape} does not split {k} ways"),
+                    });
+                }
+                let i = c.index_along(MeshAxis::Mp);
+                let part = self.ckpt.read_slice(name, d, i * (n / k), n / k)?;
+                let s = self.b.upload(&part.data.cast(self.dtype))?;
+                Tensor::from_local(self.b, s, shape, part.shape, placements, self.dtype)
+            }
+            (Placement::Replicate, _) | (Placement::Shard(_), _) => {
+                let all = self.ckpt.read(name)?;
+                Tensor::from_host(self.b, &all.data.cast(self.dtype), shape)?
+            }
+            (Placement::Partial(_), _) => {
+                return Err(Error::invalid("load", format!("parameter `{name}` cannot be planned as a partial sum")))
+            }
+        };
+        Ok(t.into_var())
+    }
+}
