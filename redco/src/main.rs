@@ -19,6 +19,10 @@ enum Command {
     /// device, the communication of one training step, memory for training and inference,
     /// and the smallest model-parallel size that fits a device.
     Plan(cmd::plan::PlanArgs),
+    /// Run a Hugging Face model on the inputs of a safetensors file and write its logits,
+    /// loss, every parameter's gradient and greedy generations: the standard way to check a
+    /// port against transformers (whose script writes the same keys).
+    EvalDump(cmd::eval_dump::EvalDumpArgs),
     /// Show the backends compiled in, the devices found and the threads used.
     Info,
 }
@@ -27,6 +31,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Plan(a) => cmd::plan::run(a),
+        Command::EvalDump(a) => cmd::eval_dump::run(a),
         Command::Info => cmd::info::run(),
     };
     match r {

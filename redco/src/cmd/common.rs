@@ -1,0 +1,37 @@
+//! Pieces the subcommands share: parsing meshes and dtypes, and planning a checkpoint's
+//! split from its configuration.
+
+use redco_core::dist::heuristics::plan_by_names;
+use redco_core::dist::{Mesh, ShardPlan};
+use redco_core::DType;
+use redco_models::hf::config::HfConfig;
+
+/// Parses `DPxMP`.
+pub fn mesh(s: &str) -> Result<Mesh, String> {
+    s.parse().map_err(|e: redco_core::Error| e.to_string())
+}
+
+/// Parses a parameter dtype.
+pub fn dtype(s: &str) -> Result<DType, String> {
+    match s {
+        "f32" => Ok(DType::F32),
+        "bf16" => Ok(DType::BF16),
+        "f16" => Ok(DType::F16),
+        d => Err(format!("unknown dtype `{d}` (use f32, bf16 or f16)")),
+    }
+}
+
+/// The split of the model `cfg` describes over `mesh` (none for one device).
+pub fn plan(cfg: &HfConfig, mesh: Mesh) -> Result<Option<ShardPlan>, String> {
+    if mesh.size() == 1 {
+        return Ok(None);
+    }
+    let shapes = cfg.param_shapes().map_err(|e| e.to_string())?;
+    Ok(Some(plan_by_names(&shapes, mesh)))
+}
+
+/// Threads per rank when `total` threads are shared by `ranks` ranks.
+pub fn threads_per_rank(total: Option<usize>, ranks: usize) -> usize {
+    let total = total.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    (total / ranks).max(1)
+}

@@ -1,0 +1,117 @@
+//! `redco eval-dump`: the standard way to check a port against transformers. Reads
+//! `input_ids`, `attention_mask`, `labels` and `gen_input_ids` (+ `gen_attention_mask`) from a
+//! safetensors file and writes `logits`, `loss`, `grad.<parameter>` and `generated_ids`.
+
+use super::common;
+use clap::Args;
+use redco_core::cpu::Cpu;
+use redco_core::dist::{current_comm, spmd_cpu, SpmdOptions};
+use redco_core::nn::ModuleExt;
+use redco_core::pipeline::checkpoint::{safetensors_bytes, write_atomic};
+use redco_core::{Backend, DType, HostData, Result, Tensor};
+use redco_models::generate::{generate, GenerationConfig, Sampling};
+use redco_models::hf::config::HfConfig;
+use redco_models::hf::safetensors::{read_all, HostTensor};
+use redco_models::llama::Llama;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Arguments of `redco eval-dump`.
+#[derive(Args)]
+pub struct EvalDumpArgs {
+    /// Hugging Face model directory (config.json + safetensors).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Inputs: `input_ids` [batch, seq] and optionally `attention_mask`, `labels` (-100 is
+    /// ignored; causal models shift internally), `gen_input_ids`, `gen_attention_mask`.
+    #[arg(long)]
+    pub inputs: PathBuf,
+    /// Output safetensors file.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Mesh as DPxMP: run split over DP x MP CPU ranks.
+    #[arg(long, default_value = "1x1")]
+    pub mesh: String,
+    /// Greedy new tokens for `generated_ids`.
+    #[arg(long, default_value_t = 8)]
+    pub max_new_tokens: usize,
+    /// Parameter dtype: f32, bf16 or f16.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// CPU threads in all (shared by the ranks; default: every core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+type Named = Vec<(String, HostData, Vec<usize>)>;
+
+fn dump<B: Backend>(b: &B, a: &EvalDumpArgs, inputs: &BTreeMap<String, HostTensor>, dtype: DType) -> Result<Named> {
+    let cfg = HfConfig::from_dir(&a.model)?;
+    let plan = common::plan(&cfg, current_comm::<B>().map_or(redco_core::dist::Mesh::single(), |c| c.mesh()))
+        .map_err(|e| redco_core::Error::invalid("eval-dump", e))?;
+    let model = match cfg.model_type.as_str() {
+        "llama" | "mistral" => Llama::from_pretrained_split(b, &a.model, dtype, plan.as_ref())?,
+        other => {
+            return Err(redco_core::Error::invalid(
+                "eval-dump",
+                format!("model_type `{other}` is not supported yet (supported: llama, mistral)"),
+            ))
+        }
+    };
+    let get = |k: &str| -> Result<Option<Tensor<B>>> {
+        inputs.get(k).map(|t| Tensor::from_host(b, &t.data, t.shape.clone())).transpose()
+    };
+    let ids = get("input_ids")?
+        .ok_or_else(|| redco_core::Error::invalid("eval-dump", format!("{} has no `input_ids`", a.inputs.display())))?;
+    let mask = get("attention_mask")?;
+    let mut out: Named = Vec::new();
+    let host = |name: &str, t: &Tensor<B>| -> Result<(String, HostData, Vec<usize>)> {
+        let t = t.replicate()?;
+        Ok((name.to_string(), t.to_host()?.cast(DType::F32), t.dims().to_vec()))
+    };
+    let logits = model.forward(&ids, mask.as_ref(), None)?;
+    out.push(host("logits", &logits)?);
+    if let Some(labels) = get("labels")? {
+        let loss = model.loss(&ids, mask.as_ref(), &labels)?;
+        let grads = loss.backward()?;
+        out.push(host("loss", &loss.reshape([1])?)?);
+        for (name, p) in model.named_parameters() {
+            if let Some(g) = grads.get(&p) {
+                out.push(host(&format!("grad.{name}"), &g)?);
+            }
+        }
+    }
+    if let Some(gen_ids) = get("gen_input_ids")? {
+        let gen_mask = get("gen_attention_mask")?;
+        let gc = GenerationConfig {
+            max_new_tokens: a.max_new_tokens,
+            sampling: Sampling::Greedy,
+            stop_tokens: cfg.eos_token_ids.clone(),
+            pad_token: cfg.pad_token_id.unwrap_or(0),
+        };
+        let g = generate(&model, &gen_ids, gen_mask.as_ref(), &gc, |_, _| {})?;
+        let len = g.rows.first().map_or(0, Vec::len);
+        out.push(("generated_ids".into(), HostData::I64(g.rows.concat()), vec![g.rows.len(), len]));
+    }
+    Ok(out)
+}
+
+/// Runs `redco eval-dump`.
+pub fn run(a: EvalDumpArgs) -> std::result::Result<(), String> {
+    let mesh = common::mesh(&a.mesh)?;
+    let dtype = common::dtype(&a.dtype)?;
+    let inputs = read_all(&a.inputs).map_err(|e| e.to_string())?;
+    let threads = common::threads_per_rank(a.threads, mesh.size());
+    let tensors = if mesh.size() == 1 {
+        dump(&Cpu::try_new(threads).map_err(|e| e.to_string())?, &a, &inputs, dtype)
+    } else {
+        let opts = SpmdOptions { threads_per_rank: Some(threads), ..SpmdOptions::default() };
+        spmd_cpu(mesh, &opts, |rk| dump(&rk.backend, &a, &inputs, dtype)).map(|mut v| v.swap_remove(0))
+    }
+    .map_err(|e| e.to_string())?;
+    let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    let bytes = safetensors_bytes(&tensors, meta).map_err(|e| e.to_string())?;
+    write_atomic(&a.out, &bytes).map_err(|e| e.to_string())?;
+    println!("wrote {} tensors to {}", tensors.len(), a.out.display());
+    Ok(())
+}
