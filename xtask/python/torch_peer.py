@@ -23,6 +23,56 @@ def gemm(req):
     return {"times": times}
 
 
+def _transformers_version():
+    try:
+        import transformers
+
+        return transformers.__version__
+    except ImportError:
+        return None
+
+
+_models = {}
+
+
+def _llama(cfg):
+    """A randomly initialised LlamaForCausalLM for the config dict, built once per config."""
+    key = json.dumps(cfg, sort_keys=True)
+    if key not in _models:
+        import transformers
+
+        torch.manual_seed(0)
+        c = transformers.LlamaConfig(**cfg, attn_implementation="eager")
+        _models[key] = transformers.LlamaForCausalLM(c).float().eval()
+    return _models[key]
+
+
+def decode(req):
+    """Seconds per `model.generate` call (greedy, KV cache, exactly `new` new tokens)."""
+    model = _llama(req["config"])
+    ids = torch.tensor([req["ids"]], dtype=torch.long)
+    new, reps = req["new"], req["reps"]
+    times = []
+    with torch.inference_mode():
+        for _ in range(reps):
+            t = time.perf_counter()
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                use_cache=True,
+                pad_token_id=0,
+                eos_token_id=None,
+            )
+            times.append(time.perf_counter() - t)
+            got = out.shape[1] - ids.shape[1]
+            if got != new:
+                raise RuntimeError(f"generate made {got} tokens, not {new}")
+    return {"times": times}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--threads", type=int, required=True)
@@ -40,9 +90,12 @@ def main():
                     "threads": torch.get_num_threads(),
                     "mkl": torch.backends.mkl.is_available(),
                     "mkldnn": torch.backends.mkldnn.is_available(),
+                    "transformers": _transformers_version(),
                 }
             elif op == "gemm":
                 out = gemm(req)
+            elif op == "decode":
+                out = decode(req)
             else:
                 out = {"error": f"unknown op {op}"}
         except Exception as e:  # report, keep serving

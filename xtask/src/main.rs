@@ -4,6 +4,9 @@
 //! - `cargo xtask bench gemm [--threads N] [--reps N] [--torch PYTHON] [--json FILE]`:
 //!   f32 GEMM throughput against the machine's measured FMA peak and, optionally,
 //!   `torch.matmul` measured in the same run;
+//! - `cargo xtask bench decode [--prompt N] [--new N] [--reps N] [--threads N] [--torch PYTHON]
+//!   [--json FILE]`: batch-1 LLaMA decode tokens/s with the KV cache and, optionally,
+//!   transformers' `generate` measured in the same run;
 //! - `cargo xtask fixtures [--python PY]`: the transformers reference fixtures.
 
 mod args;
@@ -41,4 +44,6 @@ tasks:
   test [--no-lint]                 fmt check, clippy -D warnings, the whole test suite
   bench gemm [--threads N] [--reps N] [--torch PYTHON] [--json FILE]
                                    f32 GEMM GFLOP/s vs the measured FMA peak (and torch)
+  bench decode [--prompt N] [--new N] [--reps N] [--threads N] [--torch PYTHON] [--json FILE]
+                                   batch-1 LLaMA decode tok/s with the KV cache (and transformers)
   fixtures [--python PY]           regenerate tests/fixtures with transformers (not in CI)";

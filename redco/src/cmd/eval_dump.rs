@@ -77,7 +77,7 @@ fn dump<B: Backend>(b: &B, a: &EvalDumpArgs, inputs: &BTreeMap<String, HostTenso
         out.push(host("loss", &loss.reshape([1])?)?);
         for (name, p) in model.named_parameters() {
             if let Some(g) = grads.get(&p) {
-                out.push(host(&format!("grad.{name}"), &g)?);
+                out.push(host(&format!("grad.{name}"), g)?);
             }
         }
     }

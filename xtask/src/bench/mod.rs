@@ -1,5 +1,6 @@
 //! `cargo xtask bench <what>`: benchmarks that report ratios measured side by side.
 
+mod decode;
 mod gemm;
 mod peak;
 mod stats;
@@ -9,7 +10,8 @@ mod torch;
 pub fn run(argv: &[String]) -> Result<(), String> {
     match argv.first().map(String::as_str) {
         Some("gemm") => gemm::run(&argv[1..]),
-        Some(other) => Err(format!("unknown benchmark `{other}` (available: gemm)")),
-        None => Err("bench needs a benchmark name (available: gemm)".into()),
+        Some("decode") => decode::run(&argv[1..]),
+        Some(other) => Err(format!("unknown benchmark `{other}` (available: gemm, decode)")),
+        None => Err("bench needs a benchmark name (available: gemm, decode)".into()),
     }
 }
