@@ -83,13 +83,19 @@ impl<B: Backend> Tensor<B> {
         let (out, local) = (x.shape().with_dim(d, len), x.local_shape().with_dim(d, len));
         let (be, dt, placed) = (x.backend().clone(), x.dtype(), x.placements());
         Ok(Tensor::from_op_placed(&be, s, out, local, placed, dt, "narrow", &[&x], move |g| {
+            // zeros laid out as the gradient, so a sharded gradient stays sharded (no gather)
+            let zeros = |n: usize| -> Result<Tensor<B>> {
+                let local = g.local_shape().with_dim(d, n);
+                let s = g.backend().full(local.elem_count(), 0.0, g.dtype())?;
+                Ok(Tensor::from_local(g.backend(), s, in_shape.with_dim(d, n), local, g.placements(), g.dtype()))
+            };
             let mut parts = Vec::new();
             if start > 0 {
-                parts.push(Tensor::zeros(g.backend(), in_shape.with_dim(d, start), g.dtype())?);
+                parts.push(zeros(start)?);
             }
             parts.push(g.clone());
             if start + len < size {
-                parts.push(Tensor::zeros(g.backend(), in_shape.with_dim(d, size - start - len), g.dtype())?);
+                parts.push(zeros(size - start - len)?);
             }
             Ok(vec![Some(Tensor::cat(&parts.iter().collect::<Vec<_>>(), d as isize)?)])
         })

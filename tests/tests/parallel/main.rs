@@ -2,6 +2,7 @@
 
 mod architectures;
 mod collectives;
+mod llama;
 mod rules;
 mod sharded_ops;
 mod tensor_parallel;

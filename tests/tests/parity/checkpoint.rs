@@ -109,3 +109,30 @@ fn bad_configs_and_prompts_longer_than_the_context_are_refused() {
     assert!(g.hit_context);
     assert_eq!(g.rows[0].len(), ctx);
 }
+
+#[test]
+fn checkpoints_convert_dtypes_on_load_both_ways() {
+    let b = Cpu::new(1);
+    let f32m = params(&fixture());
+    // f32 checkpoint -> bf16 and f16 parameters
+    for dt in [DType::BF16, DType::F16] {
+        let m = Llama::from_pretrained(&b, &fixture(), dt).unwrap();
+        for ((n, p), (_, want)) in m.named_parameters().into_iter().zip(&f32m) {
+            assert_eq!(p.dtype(), dt, "{n}");
+            let got = p.to_vec_f64().unwrap();
+            let tol = if dt == DType::BF16 { 1.0 / 128.0 } else { 1.0 / 1024.0 };
+            assert!(got.iter().zip(want).all(|(g, w)| (g - w).abs() <= tol * w.abs() + 1e-6), "{n} as {dt:?}");
+        }
+    }
+    // a bf16 checkpoint (saved from a bf16 model) -> f32 parameters holding the same values
+    let m = Llama::from_pretrained(&b, &fixture(), DType::BF16).unwrap();
+    let out = tmp("bf16");
+    save_pretrained(&m, &m.cfg, &out, usize::MAX).unwrap();
+    let stored: Vec<_> = Checkpoint::open(&out).unwrap().tensors().map(|(_, _, d)| d).collect();
+    assert!(stored.iter().all(|d| *d == DType::BF16));
+    let back = Llama::from_pretrained(&b, &out, DType::F32).unwrap();
+    for ((n, p), (_, q)) in back.named_parameters().into_iter().zip(m.named_parameters()) {
+        assert_eq!(p.dtype(), DType::F32);
+        assert_eq!(p.to_vec_f64().unwrap(), q.to_vec_f64().unwrap(), "{n}");
+    }
+}

@@ -1,0 +1,123 @@
+//! The real LLaMA (`redco_models::llama`, Hugging Face names) split by the rules alone
+//! (parameter names hidden from the planner): the same loss and gradients at 1x2 and 1x4 as
+//! on one device, Megatron's placements and Megatron's communication count.
+
+use redco_core::cpu::Cpu;
+use redco_core::dist::trace::plan_from_trace;
+use redco_core::dist::{current_comm, spmd_cpu, CollectiveKind, CommStats, Mesh, ShardPlan, SpmdOptions};
+use redco_core::nn::{Module, ModuleExt};
+use redco_core::{DType, MeshAxis, Placement, Result, Tensor};
+use redco_models::hf::config::HfConfig;
+use redco_models::llama::Llama;
+use redco_tests::check::assert_close;
+use std::collections::BTreeMap;
+
+const BATCH: usize = 2;
+const SEQ: usize = 7;
+
+fn cfg() -> HfConfig {
+    HfConfig::from_json(
+        r#"{"model_type":"llama","hidden_size":32,"intermediate_size":48,"num_attention_heads":8,
+            "num_key_value_heads":4,"num_hidden_layers":2,"vocab_size":64,"rope_theta":50000.0,
+            "tie_word_embeddings":false,"max_position_embeddings":32}"#,
+    )
+    .unwrap()
+}
+
+fn batch(b: &Cpu) -> Result<[Tensor<Cpu>; 3]> {
+    let ids: Vec<i64> = (0..BATCH * SEQ).map(|i| ((i * 7 + 3) % 64) as i64).collect();
+    let mask: Vec<i64> = (0..BATCH * SEQ).map(|i| if i == SEQ || i == SEQ + 1 { 0 } else { 1 }).collect();
+    let labels: Vec<i64> = ids.iter().zip(&mask).map(|(&t, &m)| if m == 0 { -100 } else { t }).collect();
+    Ok([
+        Tensor::from_vec(b, ids, [BATCH, SEQ])?,
+        Tensor::from_vec(b, mask, [BATCH, SEQ])?,
+        Tensor::from_vec(b, labels, [BATCH, SEQ])?,
+    ])
+}
+
+struct Run {
+    loss: f64,
+    grads: BTreeMap<String, Vec<f64>>,
+    stats: CommStats,
+}
+
+fn step(b: &Cpu, plan: Option<&ShardPlan>) -> Result<Run> {
+    let mut m = Llama::new(b, &cfg(), DType::F32, 5)?;
+    if let Some(p) = plan {
+        p.apply(&mut m)?;
+    }
+    let [ids, mask, labels] = batch(b)?;
+    if let Some(c) = current_comm::<Cpu>() {
+        c.reset_stats();
+    }
+    let loss = m.loss(&ids, Some(&mask), &labels)?;
+    let g = loss.backward()?;
+    let stats = current_comm::<Cpu>().map(|c| c.stats()).unwrap_or_default();
+    let mut grads = BTreeMap::new();
+    for (n, p) in m.named_parameters() {
+        grads.insert(n.clone(), g.get(&p).unwrap_or_else(|| panic!("no gradient for {n}")).replicate()?.to_vec_f64()?);
+    }
+    Ok(Run { loss: loss.replicate()?.to_scalar()?, grads, stats })
+}
+
+/// The plan from the traced step with every parameter renamed `p<i>`: only dataflow counts.
+fn opaque_plan(mesh: Mesh) -> ShardPlan {
+    let b = Cpu::new(1);
+    let m = Llama::new(&b, &cfg(), DType::F32, 5).unwrap();
+    let [ids, mask, labels] = batch(&b).unwrap();
+    let loss = m.loss(&ids, Some(&mask), &labels).unwrap();
+    let named = m.named_parameters();
+    let hidden: Vec<(String, Tensor<Cpu>)> =
+        named.iter().enumerate().map(|(i, (_, t))| (format!("p{i}"), t.clone())).collect();
+    let mut plan = plan_from_trace(&hidden, &[&loss], mesh, true).unwrap();
+    let back: BTreeMap<String, String> =
+        named.iter().enumerate().map(|(i, (n, _))| (format!("p{i}"), n.clone())).collect();
+    plan.params = plan.params.into_iter().map(|(k, v)| (back[&k].clone(), v)).collect();
+    plan
+}
+
+fn megatron_placement(name: &str) -> Placement {
+    let owner = name.rsplit('.').nth(1).unwrap_or("");
+    match owner {
+        "q_proj" | "k_proj" | "v_proj" | "gate_proj" | "up_proj" => Placement::Shard(0),
+        "o_proj" | "down_proj" => Placement::Shard(1),
+        "embed_tokens" | "lm_head" => Placement::Shard(0),
+        _ => Placement::Replicate,
+    }
+}
+
+#[test]
+fn llama_split_by_the_rules_equals_one_device_at_1x2_and_1x4_with_megatron_comm() {
+    let single = step(&Cpu::new(2), None).unwrap();
+    let c = cfg();
+    for mesh in ["1x2", "1x4"] {
+        let mesh: Mesh = mesh.parse().unwrap();
+        let plan = opaque_plan(mesh);
+        for (n, p) in &plan.params {
+            assert_eq!(p.placement, megatron_placement(n), "{n} at {mesh}:\n{plan}");
+        }
+        let split =
+            spmd_cpu(mesh, &SpmdOptions::default(), |rk| step(&rk.backend, Some(&plan))).unwrap().swap_remove(0);
+        assert_close(&[split.loss], &[single.loss], 1e-5, &format!("loss at {mesh}"));
+        for (n, g) in &single.grads {
+            assert_close(&split.grads[n], g, 2e-4, &format!("gradient of {n} at {mesh}"));
+        }
+        // Megatron: forward, one all-reduce of batch x seq x hidden after the embedding and
+        // after each attention and MLP block; backward, one per norm input; three of the
+        // shifted batch x (seq - 1) scalars in the vocabulary-parallel cross-entropy.
+        let s = &split.stats;
+        let l = c.layers as u64;
+        let act = (BATCH * SEQ * c.hidden * 4) as u64;
+        let tok = (BATCH * (SEQ - 1) * 4) as u64;
+        let ar = s.get(CollectiveKind::AllReduce, MeshAxis::Mp);
+        assert_eq!(ar.calls, (2 * l + 1) * 2 + 3, "all-reduce calls at {mesh}:\n{s}");
+        assert_eq!(ar.bytes, (2 * l + 1) * 2 * act + 3 * tok, "all-reduce bytes at {mesh}:\n{s}");
+        assert_eq!(s.get(CollectiveKind::AllGather, MeshAxis::Mp).calls, 0, "{s}");
+        assert_eq!(s.get(CollectiveKind::ReduceScatter, MeshAxis::Mp).calls, 0, "{s}");
+    }
+    // keep the Module import honest: the model's parameter count is the config's
+    let m = Llama::new(&Cpu::new(1), &c, DType::F32, 5).unwrap();
+    let mut n = 0;
+    m.visit("", &mut |_, t| n += t.elem_count());
+    assert_eq!(n, c.param_shapes().unwrap().iter().map(|(_, s)| s.elem_count()).sum::<usize>());
+}
