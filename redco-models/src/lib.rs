@@ -10,4 +10,5 @@ pub mod generate;
 pub mod hf;
 pub mod llama;
 pub mod params;
+pub mod presets;
 pub mod tiny;

@@ -35,3 +35,28 @@ pub fn threads_per_rank(total: Option<usize>, ranks: usize) -> usize {
     let total = total.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     (total / ranks).max(1)
 }
+
+/// Checks that `name` is a backend compiled into this program.
+pub fn backend(name: &str) -> Result<(), String> {
+    match name {
+        "cpu" => Ok(()),
+        "wgpu" | "cuda" | "tpu" => Err(format!(
+            "backend `{name}` is not compiled into this redco (build with `--features {name}` once its crate lands); \
+             available: cpu"
+        )),
+        other => Err(format!("unknown backend `{other}` (available: cpu)")),
+    }
+}
+
+/// The CPU backend's devices are its cores: a mesh with more ranks than cores is refused
+/// unless `oversubscribe`.
+pub fn check_devices(mesh: Mesh, threads: Option<usize>, oversubscribe: bool) -> Result<(), String> {
+    let cores = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if mesh.size() > cores && !oversubscribe {
+        return Err(format!(
+            "mesh {mesh} needs {} devices but the cpu backend has {cores} (cores); use a smaller mesh or --oversubscribe",
+            mesh.size()
+        ));
+    }
+    Ok(())
+}

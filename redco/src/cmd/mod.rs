@@ -4,3 +4,4 @@ pub mod common;
 pub mod eval_dump;
 pub mod info;
 pub mod plan;
+pub mod train;

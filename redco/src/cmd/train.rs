@@ -1,0 +1,314 @@
+//! `redco train`: a LLaMA (a Hugging Face directory or a built-in preset) trained on JSONL
+//! text or the bundled synthetic corpus, split over a DP x MP mesh of CPU ranks, through the
+//! three functions. The workdir ends up a Hugging Face model directory (config.json,
+//! model.safetensors, tokenizer) beside metrics.jsonl, loss.png and checkpoints/.
+
+use super::common;
+use clap::Args;
+use redco_core::cpu::Cpu;
+use redco_core::optim::{AdamWConfig, Decay, Schedule};
+use redco_core::pipeline::data::{Dataset, JsonlDataset};
+use redco_core::pipeline::{Batch, Deployer, OptimizerConfig, StepCtx, TrainConfig, Trainer};
+use redco_core::{DType, Error, Result, Tensor};
+use redco_models::generate::{generate, GenerationConfig, Sampling};
+use redco_models::hf::config::HfConfig;
+use redco_models::hf::tokenizer::Tokenizer;
+use redco_models::llama::Llama;
+use redco_models::presets::{self, SyntheticText};
+use std::path::{Path, PathBuf};
+
+/// Arguments of `redco train`.
+#[derive(Args)]
+pub struct TrainArgs {
+    /// Built-in model: llama-tiny (4 layers, hidden 128; minutes on two cores) or llama-small
+    /// (6 layers, hidden 512). Starts from random weights.
+    #[arg(long, conflicts_with = "model")]
+    pub preset: Option<String>,
+    /// A Hugging Face model directory to fine-tune (config.json, safetensors, tokenizer.json).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Training text: a JSONL file with one example per line (see --text-field). Default: the
+    /// bundled synthetic corpus (made-up words from a Markov chain of known entropy).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// The JSONL field holding the text.
+    #[arg(long, default_value = "text")]
+    pub text_field: String,
+    /// Mesh as DPxMP: data-parallel x tensor-parallel ranks (1x2 splits every layer in two).
+    #[arg(long, default_value = "1x1")]
+    pub mesh: String,
+    /// Compute backend (cpu is compiled in; others need their Cargo feature).
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+    /// Compute dtype: f32, or bf16 / f16 (with f32 master weights).
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Optimizer steps (default 300, unless --epochs is given).
+    #[arg(long, conflicts_with = "epochs")]
+    pub steps: Option<u64>,
+    /// Passes over the data (instead of --steps).
+    #[arg(long)]
+    pub epochs: Option<f64>,
+    /// Sequences per optimizer step (split over DP).
+    #[arg(long, default_value_t = 16)]
+    pub batch_size: usize,
+    /// Tokens per training sequence.
+    #[arg(long, default_value_t = 64)]
+    pub seq_len: usize,
+    /// Optimizer: adamw or sgd (with momentum 0.9).
+    #[arg(long, default_value = "adamw")]
+    pub optimizer: String,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 3e-3)]
+    pub lr: f64,
+    /// Learning-rate schedule after warmup: cosine, linear or constant.
+    #[arg(long, default_value = "cosine")]
+    pub schedule: String,
+    /// Warmup steps.
+    #[arg(long, default_value_t = 20)]
+    pub warmup: u64,
+    /// Decoupled weight decay.
+    #[arg(long, default_value_t = 0.01)]
+    pub weight_decay: f64,
+    /// Clip the global gradient norm to this.
+    #[arg(long, default_value_t = 1.0)]
+    pub clip_norm: f64,
+    /// Save a checkpoint every N steps (and at the end).
+    #[arg(long, default_value_t = 100)]
+    pub checkpoint_every: u64,
+    /// Where metrics, the loss plot, checkpoints and the trained model go.
+    #[arg(long, default_value = "workdir")]
+    pub workdir: PathBuf,
+    /// Continue from the newest checkpoint in the workdir.
+    #[arg(long)]
+    pub resume: bool,
+    /// Random seed (weights, data order, dropout).
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// CPU threads in all (shared by the ranks; default: every core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Allow more ranks than cores (slow; for trying meshes on a small machine).
+    #[arg(long)]
+    pub oversubscribe: bool,
+    /// The prompt of the sample printed at the end (default: the start of a held-out text).
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// New tokens of that sample.
+    #[arg(long, default_value_t = 24)]
+    pub sample_tokens: usize,
+}
+
+/// Sequences of `seq_len + 1` tokens from the bundled corpus, generated on demand.
+struct Synthetic(SyntheticText, u64, usize);
+
+impl Dataset<Vec<i64>> for Synthetic {
+    fn len(&self) -> usize {
+        self.2
+    }
+    fn get(&self, i: usize) -> Result<Vec<i64>> {
+        Ok(self.0.ids(self.1 + i as u64))
+    }
+}
+
+/// Tokenises every text of a JSONL file (with `<s>`, then `</s>` after it), concatenates and
+/// cuts the stream into sequences of `len` tokens.
+fn pack_jsonl(path: &Path, field: &str, tok: &Tokenizer, len: usize) -> Result<Vec<Vec<i64>>> {
+    let data = JsonlDataset::open(path)?;
+    let mut stream = Vec::new();
+    for i in 0..data.len() {
+        let v = data.get(i)?;
+        let text = v.get(field).and_then(|t| t.as_str()).ok_or_else(|| {
+            Error::invalid("data", format!("{} line {}: no string field `{field}`", path.display(), i + 1))
+        })?;
+        stream.extend(tok.encode(text, true)?.into_iter().map(i64::from));
+        stream.extend(tok.eos_id().map(i64::from));
+    }
+    let seqs: Vec<Vec<i64>> = stream.chunks_exact(len).map(<[i64]>::to_vec).collect();
+    if seqs.len() < 2 {
+        return Err(Error::invalid(
+            "data",
+            format!("{} holds {} tokens: too few for two sequences of {len}", path.display(), stream.len()),
+        ));
+    }
+    Ok(seqs)
+}
+
+fn collate_fn(b: &Cpu, examples: &[Vec<i64>]) -> Result<Batch<Cpu>> {
+    let t = examples[0].len();
+    let ids: Vec<i64> = examples.iter().flatten().copied().collect();
+    Ok(Batch::from([("input_ids".into(), Tensor::from_vec(b, ids, [examples.len(), t])?)]))
+}
+
+fn loss_fn(_ctx: &StepCtx<Cpu>, model: &Llama<Cpu>, batch: &Batch<Cpu>) -> Result<Tensor<Cpu>> {
+    // next-token loss: the model shifts the labels internally, as transformers does
+    model.loss(&batch["input_ids"], None, &batch["input_ids"])
+}
+
+fn err(e: Error) -> String {
+    e.to_string()
+}
+
+/// Runs `redco train`.
+pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
+    common::backend(&a.backend)?;
+    let mesh = common::mesh(&a.mesh)?;
+    common::check_devices(mesh, a.threads, a.oversubscribe)?;
+    let compute = common::dtype(&a.dtype)?;
+    if a.seq_len < 2 {
+        return Err("--seq-len must be at least 2".into());
+    }
+    std::fs::create_dir_all(&a.workdir).map_err(|e| format!("cannot create workdir {}: {e}", a.workdir.display()))?;
+    let w = a.workdir.clone();
+
+    // model configuration, tokenizer and data
+    let synthetic = SyntheticText::new(64, a.seq_len, a.seed ^ 0x5157);
+    let (cfg, tok_dir) = match (&a.preset, &a.model) {
+        (Some(p), _) => {
+            if a.data.is_some() {
+                presets::write_byte_tokenizer(&w).map_err(err)?;
+            } else {
+                synthetic.write_tokenizer(&w).map_err(err)?;
+            }
+            let vocab = Tokenizer::from_dir(&w).map_err(err)?.vocab_size();
+            let raw = presets::config(p, vocab).map_err(err)?;
+            (HfConfig::from_json(&raw.to_string()).map_err(err)?, w.clone())
+        }
+        (None, Some(m)) => (HfConfig::from_dir(m).map_err(err)?, m.clone()),
+        (None, None) => return Err("give a model: --preset llama-tiny, or --model DIR".into()),
+    };
+    Llama::<Cpu>::check_config(&cfg).map_err(err)?;
+    let tok = Tokenizer::from_dir(&tok_dir).map_err(err)?;
+    let (train, held_out): (Box<dyn Dataset<Vec<i64>> + Send>, Vec<Vec<i64>>) = match &a.data {
+        Some(path) => {
+            let mut seqs = pack_jsonl(path, &a.text_field, &tok, a.seq_len + 1).map_err(err)?;
+            let n_eval = (seqs.len() / 20).clamp(1, 64);
+            let eval = seqs.split_off(seqs.len() - n_eval);
+            (Box::new(seqs), eval)
+        }
+        None => {
+            let eval = (0..64).map(|i| synthetic.ids((1 << 40) + i)).collect();
+            (Box::new(Synthetic(SyntheticText::new(64, a.seq_len, a.seed ^ 0x5157), 0, 1 << 20)), eval)
+        }
+    };
+    if let Some(ctx) = cfg.max_positions {
+        if a.seq_len + 1 > ctx {
+            return Err(format!("--seq-len {} exceeds the model's context of {ctx}", a.seq_len));
+        }
+    }
+    let steps = match (a.steps, a.epochs) {
+        (Some(s), _) => s,
+        (None, Some(e)) => ((e * train.len() as f64) / a.batch_size as f64).ceil().max(1.0) as u64,
+        (None, None) => 300,
+    };
+    let decay = match a.schedule.as_str() {
+        "cosine" => Decay::Cosine,
+        "linear" => Decay::Linear,
+        "constant" => Decay::Constant,
+        s => return Err(format!("unknown schedule `{s}` (use cosine, linear or constant)")),
+    };
+    let optimizer = match a.optimizer.as_str() {
+        "adamw" => OptimizerConfig::AdamW(AdamWConfig { weight_decay: a.weight_decay, ..Default::default() }),
+        "sgd" => OptimizerConfig::Sgd { momentum: 0.9, weight_decay: a.weight_decay },
+        o => return Err(format!("unknown optimizer `{o}` (use adamw or sgd)")),
+    };
+    let config = TrainConfig {
+        batch_size: a.batch_size,
+        steps,
+        schedule: Schedule { peak: a.lr, warmup: a.warmup.min(steps / 2), total: steps, decay },
+        optimizer,
+        clip_norm: Some(a.clip_norm),
+        checkpoint_every: Some(a.checkpoint_every),
+        compute_dtype: compute,
+        tokens_key: Some("input_ids".into()),
+        ..Default::default()
+    };
+
+    // the model constructor runs on every rank (the plan then keeps each rank's slice)
+    let (cfg2, seed, from) = (cfg.clone(), a.seed, a.model.clone());
+    let model_fn = move |b: &Cpu| match &from {
+        Some(dir) => Llama::from_pretrained(b, dir, DType::F32),
+        None => Llama::new(b, &cfg2, DType::F32, seed),
+    };
+    let eval_fn = |_: &StepCtx<Cpu>, m: &Llama<Cpu>, b: &Batch<Cpu>| {
+        m.loss(&b["input_ids"], None, &b["input_ids"])?.replicate()?.to_scalar()
+    };
+    let every = a.checkpoint_every.max(1);
+    let trainer = Trainer::new(model_fn, collate_fn, loss_fn, config).with_eval(held_out.clone(), eval_fn, every, true);
+    let mut dep = Deployer::new(mesh, a.seed, &w).map_err(err)?;
+    dep.opts.threads_per_rank = Some(common::threads_per_rank(a.threads, mesh.size()));
+    println!(
+        "training {} ({} layers, hidden {}, {} heads, vocab {}) on mesh {mesh} for {steps} steps of {} x {} tokens",
+        a.preset.as_deref().unwrap_or("model"),
+        cfg.layers,
+        cfg.hidden,
+        cfg.heads,
+        cfg.vocab,
+        a.batch_size,
+        a.seq_len
+    );
+    let report = trainer.fit(&dep, train.as_ref(), a.resume).map_err(err)?;
+
+    // the workdir is now a Hugging Face model directory
+    let cfg_text = serde_json::to_string_pretty(&cfg.raw).map_err(|e| e.to_string())?;
+    redco_core::pipeline::checkpoint::write_atomic(&w.join("config.json"), cfg_text.as_bytes()).map_err(err)?;
+    if tok_dir != w {
+        for f in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"] {
+            if tok_dir.join(f).exists() {
+                std::fs::copy(tok_dir.join(f), w.join(f)).map_err(|e| format!("copy {f}: {e}"))?;
+            }
+        }
+    }
+    let first = report.losses.first().copied().unwrap_or(f64::NAN);
+    let last = report.losses.last().copied().unwrap_or(f64::NAN);
+    println!("\nloss {first:.4} -> {last:.4} over steps {}..{steps}", report.start_step + 1);
+    if a.data.is_none() {
+        println!(
+            "(the bundled corpus has an entropy of {:.4} nats per token: the best a model can do)",
+            synthetic.corpus.entropy()
+        );
+    }
+    if let Some(e) = redco_core::pipeline::metrics::read_metrics(&w).map_err(err)?.iter().rev().find_map(|m| m.eval) {
+        println!("held-out loss {e:.4}");
+    }
+    sample(&w, &tok, &a, &held_out).map_err(err)?;
+    println!("\nwrote:");
+    for (p, what) in [
+        ("metrics.jsonl", "metrics, one JSON line per step"),
+        ("loss.png", "loss and learning-rate plot"),
+        ("checkpoints", "sharded checkpoints (resume with --resume)"),
+        ("model.safetensors", "trained weights, Hugging Face layout (with config.json, tokenizer.json)"),
+    ] {
+        println!("  {:<40} {what}", w.join(p).display());
+    }
+    Ok(())
+}
+
+/// Prints a greedy continuation by the trained model (loaded back from the workdir).
+fn sample(w: &Path, tok: &Tokenizer, a: &TrainArgs, held_out: &[Vec<i64>]) -> Result<()> {
+    let b = Cpu::try_new(common::threads_per_rank(a.threads, 1))?;
+    let model = Llama::from_pretrained(&b, w, DType::F32)?;
+    let ids: Vec<i64> = match &a.prompt {
+        Some(p) => tok.encode(p, true)?.into_iter().map(i64::from).collect(),
+        None => held_out.first().map(|s| s[..s.len().min(6)].to_vec()).unwrap_or_else(|| vec![1]),
+    };
+    let n = ids.len();
+    let prompt: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
+    let cfg = GenerationConfig {
+        max_new_tokens: a.sample_tokens,
+        sampling: Sampling::Greedy,
+        stop_tokens: tok.eos_id().map(i64::from).into_iter().collect(),
+        pad_token: tok.padding_id() as i64,
+    };
+    print!("\nsample: {} |", tok.decode(&prompt, true)?);
+    let g = generate(&model, &Tensor::from_vec(&b, ids, [1, n])?, None, &cfg, |_, t| {
+        if let Ok(s) = tok.decode(&[t[0] as u32], true) {
+            print!(" {s}");
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+        }
+    })?;
+    println!();
+    let _ = g;
+    Ok(())
+}
