@@ -18,7 +18,7 @@ enum Command {
     /// Train a LLaMA (a built-in preset or a Hugging Face directory) on JSONL text or the
     /// bundled synthetic corpus, split over a DP x MP mesh; writes metrics, a loss plot,
     /// checkpoints and the trained model (a Hugging Face directory) into the workdir.
-    Train(cmd::train::TrainArgs),
+    Train(Box<cmd::train::TrainArgs>),
     /// Show how a model splits over a mesh: every parameter's placement and bytes per
     /// device, the communication of one training step, memory for training and inference,
     /// and the smallest model-parallel size that fits a device.
@@ -34,7 +34,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
-        Command::Train(a) => cmd::train::run(a),
+        Command::Train(a) => cmd::train::run(*a),
         Command::Plan(a) => cmd::plan::run(a),
         Command::EvalDump(a) => cmd::eval_dump::run(a),
         Command::Info => cmd::info::run(),
