@@ -19,6 +19,12 @@ enum Command {
     /// bundled synthetic corpus, split over a DP x MP mesh; writes metrics, a loss plot,
     /// checkpoints and the trained model (a Hugging Face directory) into the workdir.
     Train(Box<cmd::train::TrainArgs>),
+    /// Generate text from a Hugging Face model directory: one prompt streams token by token,
+    /// several run as a left-padded batch; greedy, or sampled with temperature/top-k/top-p.
+    Generate(cmd::generate::GenerateArgs),
+    /// Convert between a Hugging Face directory and a sharded redco checkpoint
+    /// (`--to redco --mesh DPxMP`, or `--to hf` from a workdir or `step-*` directory).
+    Convert(cmd::convert::ConvertArgs),
     /// Show how a model splits over a mesh: every parameter's placement and bytes per
     /// device, the communication of one training step, memory for training and inference,
     /// and the smallest model-parallel size that fits a device.
@@ -35,6 +41,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Train(a) => cmd::train::run(*a),
+        Command::Generate(a) => cmd::generate::run(a),
+        Command::Convert(a) => cmd::convert::run(a),
         Command::Plan(a) => cmd::plan::run(a),
         Command::EvalDump(a) => cmd::eval_dump::run(a),
         Command::Info => cmd::info::run(),

@@ -1,0 +1,171 @@
+//! `redco convert`: Hugging Face directory <-> sharded redco checkpoint.
+//!
+//! - `--to redco`: loads a Hugging Face LLaMA split over `--mesh` (each rank reads its slice)
+//!   and writes `<out>/checkpoints/step-00000000` (one file per rank + manifest) with the
+//!   model's config and tokenizer beside it, so `redco train --model <out> --resume` (or any
+//!   run with the same plan) continues from it.
+//! - `--to hf`: reassembles a redco checkpoint (a `step-*` directory, or a workdir's newest)
+//!   into `config.json` + safetensors that transformers loads.
+
+use super::common;
+use clap::Args;
+use redco_core::cpu::Cpu;
+use redco_core::dist::trace::plan_from_trace;
+use redco_core::dist::{spmd_cpu, Mesh, SpmdOptions};
+use redco_core::nn::ModuleExt;
+use redco_core::optim::Sgd;
+use redco_core::pipeline::checkpoint::{Checkpointer, Manifest};
+use redco_core::{DType, Error, Result, Shape, Tensor};
+use redco_models::hf::checkpoint::Checkpoint;
+use redco_models::hf::config::HfConfig;
+use redco_models::hf::save::{save_pretrained, DEFAULT_SHARD_BYTES};
+use redco_models::llama::Llama;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Arguments of `redco convert`.
+#[derive(Args)]
+pub struct ConvertArgs {
+    /// What to write: `redco` (sharded checkpoint) or `hf` (Hugging Face directory).
+    #[arg(long)]
+    pub to: String,
+    /// Input: a Hugging Face directory (for --to redco), or a redco workdir / step directory
+    /// (for --to hf).
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Output directory.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Mesh of the sharded checkpoint (for --to redco).
+    #[arg(long, default_value = "1x1")]
+    pub mesh: String,
+    /// Parameter dtype written: f32, bf16 or f16.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Largest Hugging Face shard file in bytes (for --to hf).
+    #[arg(long, default_value_t = DEFAULT_SHARD_BYTES)]
+    pub max_shard_bytes: usize,
+}
+
+const SIDE_FILES: [&str; 4] = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"];
+
+fn copy_side_files(from: &Path, to: &Path) -> std::result::Result<(), String> {
+    std::fs::create_dir_all(to).map_err(|e| format!("cannot create {}: {e}", to.display()))?;
+    for f in SIDE_FILES {
+        if from.join(f).exists() && from != to {
+            std::fs::copy(from.join(f), to.join(f)).map_err(|e| format!("cannot copy {f}: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The trainer's plan: traced from a forward pass of the model on one device.
+fn traced_plan(dir: &Path, mesh: Mesh) -> Result<redco_core::dist::ShardPlan> {
+    let b = Cpu::try_new(1)?;
+    let m = Llama::from_pretrained(&b, dir, DType::F32)?;
+    let ids = Tensor::from_vec(&b, vec![1i64, 2, 3, 4], [1, 4])?;
+    let loss = m.loss(&ids, None, &ids)?;
+    plan_from_trace(&m.named_parameters(), &[&loss], mesh, false)
+}
+
+fn to_redco(a: &ConvertArgs) -> Result<PathBuf> {
+    let mesh = common::mesh(&a.mesh).map_err(|e| Error::invalid("convert", e))?;
+    let dtype = common::dtype(&a.dtype).map_err(|e| Error::invalid("convert", e))?;
+    HfConfig::from_dir(&a.input)?;
+    let plan = traced_plan(&a.input, mesh)?;
+    let ckpt = Checkpointer::new(&a.out, 0);
+    let opts = SpmdOptions { threads_per_rank: Some(1), ..SpmdOptions::default() };
+    let dirs = spmd_cpu(mesh, &opts, |rk| {
+        let m = Llama::from_pretrained_split(&rk.backend, &a.input, dtype, Some(&plan))?;
+        ckpt.save(0, &m, &Sgd::<Cpu>::new(0.0, 0.0, 0.0))
+    })?;
+    Ok(dirs.into_iter().next().unwrap_or_default())
+}
+
+/// The checkpoint directory `input` names: a `step-*` directory or a workdir's newest.
+fn step_dir(input: &Path) -> Result<PathBuf> {
+    if input.join("manifest.json").exists() {
+        return Ok(input.to_path_buf());
+    }
+    Checkpointer::new(input, 0).latest()?.map(|(_, d)| d).ok_or_else(|| {
+        Error::invalid(
+            "convert",
+            format!("{} holds no redco checkpoint (no manifest.json, no checkpoints/)", input.display()),
+        )
+    })
+}
+
+fn to_hf(a: &ConvertArgs) -> Result<PathBuf> {
+    let dtype = common::dtype(&a.dtype).map_err(|e| Error::invalid("convert", e))?;
+    let dir = step_dir(&a.input)?;
+    let mpath = dir.join("manifest.json");
+    let manifest: Manifest = serde_json::from_slice(
+        &std::fs::read(&mpath)
+            .map_err(|e| Error::invalid("convert", format!("cannot read {}: {e}", mpath.display())))?,
+    )
+    .map_err(|e| Error::invalid("convert", format!("{}: {e}", mpath.display())))?;
+    let mesh: Mesh = manifest.mesh.parse()?;
+    // the configuration lives in the workdir (two levels up from step-*) or beside the input
+    let cfg_dir = [a.input.clone(), dir.join("../.."), dir.clone()]
+        .into_iter()
+        .find(|d| d.join("config.json").exists())
+        .ok_or_else(|| Error::invalid("convert", format!("no config.json next to {}", dir.display())))?;
+    let cfg = HfConfig::from_dir(&cfg_dir)?;
+    // model-parallel slices live in the files of the ranks with data-parallel index 0
+    let files: Vec<Checkpoint> = (0..mesh.mp)
+        .map(|i| Checkpoint::open(&dir.join(format!("rank-{}.safetensors", mesh.rank_of(0, i)))))
+        .collect::<Result<_>>()?;
+    let b = Cpu::try_new(1)?;
+    let mut params = BTreeMap::new();
+    for (name, (shape, placement)) in &manifest.params {
+        let key = format!("param/{name}");
+        let part = |f: &Checkpoint| -> Result<Tensor<Cpu>> {
+            let h = f.read(&key)?;
+            Tensor::from_host(&b, &h.data.cast(dtype), h.shape)
+        };
+        let whole = match placement.strip_prefix("Shard(").and_then(|s| s.strip_suffix(')')) {
+            Some(d) => {
+                let d: isize =
+                    d.parse().map_err(|_| Error::invalid("convert", format!("bad placement {placement}")))?;
+                let parts: Vec<Tensor<Cpu>> = files.iter().map(part).collect::<Result<_>>()?;
+                Tensor::cat(&parts.iter().collect::<Vec<_>>(), d)?
+            }
+            None if placement == "Replicate" => part(&files[0])?,
+            None => return Err(Error::invalid("convert", format!("`{name}` has placement {placement}"))),
+        };
+        if whole.shape() != &Shape::new(shape.clone()) {
+            return Err(Error::invalid(
+                "convert",
+                format!("`{name}` reassembles to {}, manifest says {shape:?}", whole.shape()),
+            ));
+        }
+        params.insert(name.clone(), whole);
+    }
+    save_pretrained(&params, &cfg, &a.out, a.max_shard_bytes)?;
+    Ok(a.out.clone())
+}
+
+/// Runs `redco convert`.
+pub fn run(a: ConvertArgs) -> std::result::Result<(), String> {
+    match a.to.as_str() {
+        "redco" => {
+            let d = to_redco(&a).map_err(|e| e.to_string())?;
+            copy_side_files(&a.input, &a.out)?;
+            println!("wrote the sharded checkpoint {} (mesh {})", d.display(), a.mesh);
+        }
+        "hf" => {
+            let d = to_hf(&a).map_err(|e| e.to_string())?;
+            let src = step_dir(&a.input).map_err(|e| e.to_string())?;
+            for from in [a.input.clone(), src.join("../..")] {
+                for f in SIDE_FILES.iter().skip(1) {
+                    if from.join(f).exists() && !d.join(f).exists() {
+                        std::fs::copy(from.join(f), d.join(f)).map_err(|e| format!("cannot copy {f}: {e}"))?;
+                    }
+                }
+            }
+            println!("wrote the Hugging Face model {}", d.display());
+        }
+        other => return Err(format!("--to must be `redco` or `hf`, not `{other}`")),
+    }
+    Ok(())
+}

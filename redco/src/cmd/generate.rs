@@ -1,0 +1,151 @@
+//! `redco generate`: text from a Hugging Face LLaMA directory, streamed token by token for
+//! one prompt, batched (left-padded) for several; greedy or sampled, on one device or split
+//! over a mesh.
+
+use super::common;
+use clap::Args;
+use redco_core::cpu::Cpu;
+use redco_core::dist::{current_comm, spmd_cpu, SpmdOptions};
+use redco_core::{Backend, Error, Result, Tensor};
+use redco_models::generate::{generate, GenerationConfig, Sampling};
+use redco_models::hf::config::HfConfig;
+use redco_models::hf::tokenizer::Tokenizer;
+use redco_models::llama::Llama;
+use std::io::Write;
+use std::path::PathBuf;
+
+/// Arguments of `redco generate`.
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// Hugging Face model directory (config.json, safetensors, tokenizer.json), e.g. a
+    /// `redco train` workdir.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// A prompt (repeat for a batch).
+    #[arg(long)]
+    pub prompt: Vec<String>,
+    /// A file of prompts, one per line.
+    #[arg(long)]
+    pub prompts_file: Option<PathBuf>,
+    /// New tokens per prompt at most.
+    #[arg(long, default_value_t = 32)]
+    pub max_new_tokens: usize,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Sample only from the k most likely tokens.
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Sample only from the most likely tokens holding this much probability.
+    #[arg(long)]
+    pub top_p: Option<f64>,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Also stop at these token ids (besides the model's end-of-sequence tokens).
+    #[arg(long)]
+    pub stop_id: Vec<i64>,
+    /// Mesh as DPxMP: split the model over MP ranks.
+    #[arg(long, default_value = "1x1")]
+    pub mesh: String,
+    /// Compute backend.
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+    /// Parameter dtype: f32, bf16 or f16.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// CPU threads in all (default: every core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<Vec<String>> {
+    let cfg = HfConfig::from_dir(&a.model)?;
+    let mesh = current_comm::<B>().map_or(redco_core::dist::Mesh::single(), |c| c.mesh());
+    let plan = common::plan(&cfg, mesh).map_err(|e| Error::invalid("generate", e))?;
+    let dtype = common::dtype(&a.dtype).map_err(|e| Error::invalid("generate", e))?;
+    let model = Llama::from_pretrained_split(b, &a.model, dtype, plan.as_ref())?;
+    let tok = Tokenizer::from_dir(&a.model)?;
+    let texts: Vec<&str> = prompts.iter().map(String::as_str).collect();
+    let batch = tok.encode_batch(&texts, true)?;
+    let ids = Tensor::from_vec(b, batch.ids.clone(), [batch.batch, batch.seq])?;
+    let mask = Tensor::from_vec(b, batch.mask.clone(), [batch.batch, batch.seq])?;
+    let sampling = if a.temperature > 0.0 {
+        Sampling::Sample { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed }
+    } else {
+        Sampling::Greedy
+    };
+    let mut stop = cfg.eos_token_ids.clone();
+    stop.extend(tok.eos_id().map(i64::from));
+    stop.extend(&a.stop_id);
+    let gc = GenerationConfig {
+        max_new_tokens: a.max_new_tokens,
+        sampling,
+        stop_tokens: stop.clone(),
+        pad_token: tok.padding_id() as i64,
+    };
+    let speak = current_comm::<B>().is_none_or(|c| c.rank() == 0) && prompts.len() == 1;
+    // streaming: decode prompt + continuation and print what is new (a token may end
+    // mid-character, and tokenizers decide spacing from context)
+    let mut seq: Vec<u32> =
+        batch.ids.iter().zip(&batch.mask).filter(|(_, m)| **m != 0).map(|(&t, _)| t as u32).collect();
+    let base = tok.decode(&seq, true)?;
+    let mut shown = base.len();
+    if speak {
+        print!("{base}");
+        let _ = std::io::stdout().flush();
+    }
+    let g = generate(&model, &ids, Some(&mask), &gc, |_, t| {
+        if !speak || stop.contains(&t[0]) {
+            return;
+        }
+        // decode the whole continuation and print what is new (a token may end mid-character)
+        seq.push(t[0] as u32);
+        if let Ok(s) = tok.decode(&seq, true) {
+            if s.len() > shown && s.is_char_boundary(shown) && !s.ends_with('\u{fffd}') {
+                print!("{}", &s[shown..]);
+                let _ = std::io::stdout().flush();
+                shown = s.len();
+            }
+        }
+    })?;
+    if speak {
+        println!();
+    }
+    g.rows
+        .iter()
+        .map(|row| {
+            let cont: Vec<u32> = row[batch.seq..].iter().take_while(|t| !stop.contains(t)).map(|&t| t as u32).collect();
+            tok.decode(&cont, true)
+        })
+        .collect()
+}
+
+/// Runs `redco generate`.
+pub fn run(a: GenerateArgs) -> std::result::Result<(), String> {
+    common::backend(&a.backend)?;
+    let mesh = common::mesh(&a.mesh)?;
+    common::check_devices(mesh, a.threads, false)?;
+    let mut prompts = a.prompt.clone();
+    if let Some(f) = &a.prompts_file {
+        let text = std::fs::read_to_string(f).map_err(|e| format!("cannot read prompts file {}: {e}", f.display()))?;
+        prompts.extend(text.lines().filter(|l| !l.trim().is_empty()).map(str::to_string));
+    }
+    if prompts.is_empty() {
+        return Err("give a prompt: --prompt TEXT (repeatable) or --prompts-file FILE".into());
+    }
+    let threads = common::threads_per_rank(a.threads, mesh.size());
+    let outs = if mesh.size() == 1 {
+        run_rank(&Cpu::try_new(threads).map_err(|e| e.to_string())?, &a, &prompts)
+    } else {
+        let opts = SpmdOptions { threads_per_rank: Some(threads), ..SpmdOptions::default() };
+        spmd_cpu(mesh, &opts, |rk| run_rank(&rk.backend, &a, &prompts)).map(|mut v| v.swap_remove(0))
+    }
+    .map_err(|e| e.to_string())?;
+    if prompts.len() > 1 {
+        for (p, o) in prompts.iter().zip(outs) {
+            println!("{p}{}{o}", if p.ends_with(' ') { "" } else { " " });
+        }
+    }
+    Ok(())
+}
