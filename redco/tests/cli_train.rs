@@ -1,0 +1,135 @@
+//! `redco train`, `generate` and `convert` as a user runs them: a short tensor-parallel run
+//! whose outputs exist and whose loss falls, a model that generates and converts both ways,
+//! and one-line errors with exit code 2 for bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn redco(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_redco")).args(args).output().expect("run redco");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("redco-cli-train-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn a_short_tensor_parallel_run_writes_everything_and_its_model_generates_and_converts() {
+    let w = tmp("run");
+    let (code, out, err) = redco(&[
+        "train",
+        "--preset",
+        "llama-tiny",
+        "--mesh",
+        "1x2",
+        "--steps",
+        "40",
+        "--batch-size",
+        "8",
+        "--seq-len",
+        "16",
+        "--checkpoint-every",
+        "20",
+        "--lr",
+        "1e-2",
+        "--workdir",
+        s(&w),
+        "--threads",
+        "2",
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    for f in ["metrics.jsonl", "loss.png", "model.safetensors", "config.json", "tokenizer.json"] {
+        assert!(w.join(f).exists(), "{f} missing:\n{out}");
+    }
+    assert!(w.join("checkpoints/step-00000040/manifest.json").exists());
+    assert!(out.contains("sample:") && out.contains("wrote:"), "{out}");
+    // the loss falls: the mean of the last 10 logged losses is well below the first
+    let losses: Vec<f64> = std::fs::read_to_string(w.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
+        .collect();
+    assert_eq!(losses.len(), 40);
+    let tail: f64 = losses[30..].iter().sum::<f64>() / 10.0;
+    assert!(tail < 0.7 * losses[0], "loss {} -> {tail}", losses[0]);
+    // resuming past the end is a no-op that still succeeds
+    let (code, _, err) = redco(&[
+        "train",
+        "--preset",
+        "llama-tiny",
+        "--mesh",
+        "1x2",
+        "--steps",
+        "40",
+        "--batch-size",
+        "8",
+        "--seq-len",
+        "16",
+        "--workdir",
+        s(&w),
+        "--resume",
+        "--threads",
+        "2",
+    ]);
+    assert_eq!(code, 0, "{err}");
+
+    // generation: greedy is the same on one device and split in two
+    let gen = |mesh: &str| {
+        let (code, out, err) =
+            redco(&["generate", "--model", s(&w), "--prompt", "ba be", "--max-new-tokens", "6", "--mesh", mesh]);
+        assert_eq!(code, 0, "{err}");
+        out
+    };
+    let one = gen("1x1");
+    assert!(one.starts_with("ba be") && one.split_whitespace().count() == 8, "{one}");
+    assert_eq!(gen("1x2"), one);
+
+    // convert: the newest checkpoint to Hugging Face equals the exported model
+    let hf = tmp("hf");
+    let (code, _, err) = redco(&["convert", "--to", "hf", "--input", s(&w), "--out", s(&hf)]);
+    assert_eq!(code, 0, "{err}");
+    let a = redco_models::hf::safetensors::read_all(&hf).unwrap();
+    let b = redco_models::hf::safetensors::read_all(&w).unwrap();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn bad_input_gets_a_one_line_error_and_exit_code_2() {
+    let w = tmp("bad");
+    let cases: [(&[&str], &str); 6] = [
+        (&["train", "--model", "/nonexistent/model-dir", "--workdir"], "/nonexistent/model-dir"),
+        (&["train", "--preset", "llama-huge", "--workdir"], "unknown preset `llama-huge`"),
+        (&["train", "--preset", "llama-tiny", "--mesh", "8x8", "--workdir"], "needs 64 devices"),
+        (
+            &["train", "--preset", "llama-tiny", "--data", "/nonexistent/data.jsonl", "--workdir"],
+            "/nonexistent/data.jsonl",
+        ),
+        (&["train", "--preset", "llama-tiny", "--backend", "wgpu", "--workdir"], "not compiled"),
+        (
+            &["generate", "--model", "/nonexistent/model-dir", "--prompt", "x", "--mesh", "1x1", "--dtype"],
+            "does not exist",
+        ),
+    ];
+    for (args, want) in cases {
+        let mut args = args.to_vec();
+        args.push(if args[0] == "generate" { "f32" } else { s(&w) });
+        let (code, out, err) = redco(&args);
+        assert_eq!(code, 2, "{args:?}: {out} {err}");
+        assert!(err.starts_with("redco: error: ") && err.trim_end().lines().count() == 1, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    // a usage mistake is clap's error, also non-zero
+    let (code, _, _) = redco(&["train", "--steps", "x"]);
+    assert_ne!(code, 0);
+}
