@@ -46,4 +46,6 @@ tasks:
                                    f32 GEMM GFLOP/s vs the measured FMA peak (and torch)
   bench decode [--prompt N] [--new N] [--reps N] [--threads N] [--torch PYTHON] [--json FILE]
                                    batch-1 LLaMA decode tok/s with the KV cache (and transformers)
+  bench load [--mp N] [--hidden N] [--layers N] [--inter N] [--vocab N]
+                                   peak resident memory of each rank loading its checkpoint slice
   fixtures [--python PY]           regenerate tests/fixtures with transformers (not in CI)";

@@ -2,6 +2,7 @@
 
 mod decode;
 mod gemm;
+mod load;
 mod peak;
 mod stats;
 mod torch;
@@ -11,7 +12,8 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     match argv.first().map(String::as_str) {
         Some("gemm") => gemm::run(&argv[1..]),
         Some("decode") => decode::run(&argv[1..]),
-        Some(other) => Err(format!("unknown benchmark `{other}` (available: gemm, decode)")),
-        None => Err("bench needs a benchmark name (available: gemm, decode)".into()),
+        Some("load") => load::run(&argv[1..]),
+        Some(other) => Err(format!("unknown benchmark `{other}` (available: gemm, decode, load)")),
+        None => Err("bench needs a benchmark name (available: gemm, decode, load)".into()),
     }
 }

@@ -1,0 +1,176 @@
+//! `cargo xtask bench decode`: new tokens per second of greedy generation at batch 1 with the
+//! KV cache, through redco's CPU backend and, in the same run, transformers' `generate`
+//! (eager attention, same thread count), on a randomly initialised small LLaMA.
+//!
+//! tok/s is new tokens over the whole `generate` call (prefill included). The prefill-free
+//! cost of one decode step is estimated as (time for `new` tokens - time for 1 token) / (new - 1):
+//! a 1-token generate is the prefill plus the first head projection. `--layers N` (default 6)
+//! changes the depth, to separate the per-layer cost from the head's.
+
+use super::stats::median;
+use super::torch::TorchPeer;
+use crate::args::Args;
+use crate::machine;
+use redco_core::cpu::Cpu;
+use redco_core::{DType, Tensor};
+use redco_models::generate::{generate, GenerationConfig, Sampling};
+use redco_models::hf::config::HfConfig;
+use redco_models::llama::Llama;
+use std::time::Instant;
+
+/// The bench model: hidden 512, 8 heads (8 key/value heads), intermediate 1408, vocab 8000.
+fn model_config(layers: usize, context: usize) -> serde_json::Value {
+    serde_json::json!({
+        "vocab_size": 8000,
+        "hidden_size": 512,
+        "intermediate_size": 1408,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": context,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": false,
+    })
+}
+
+/// Seconds for one `generate` of exactly `new` tokens.
+fn redco_once(model: &Llama<Cpu>, ids: &Tensor<Cpu>, new: usize) -> Result<f64, String> {
+    let cfg = GenerationConfig { max_new_tokens: new, sampling: Sampling::Greedy, stop_tokens: vec![], pad_token: 0 };
+    let t = Instant::now();
+    let g = generate(model, ids, None, &cfg, |_, _| {}).map_err(|e| e.to_string())?;
+    let s = t.elapsed().as_secs_f64();
+    if g.new_tokens != [new] {
+        return Err(format!("redco generated {:?} tokens, not {new}", g.new_tokens));
+    }
+    Ok(s)
+}
+
+/// Seconds for one transformers `generate` of exactly `new` tokens.
+fn torch_once(p: &mut TorchPeer, cfg: &serde_json::Value, ids: &[i64], new: usize) -> Result<f64, String> {
+    let v = p.ask(&serde_json::json!({"op": "decode", "config": cfg, "ids": ids, "new": new, "reps": 1}))?;
+    v["times"].get(0).and_then(|x| x.as_f64()).ok_or_else(|| "torch peer: no times".to_string())
+}
+
+/// Timings of one system: full generates and 1-token generates.
+#[derive(Default)]
+struct Timings {
+    full: Vec<f64>,
+    first: Vec<f64>,
+}
+
+impl Timings {
+    /// (tok/s over the whole generate, generate s, 1-token generate s, decode s per token).
+    fn summary(&self, new: usize) -> (f64, f64, f64, Option<f64>) {
+        let (full, first) = (median(&self.full), median(&self.first));
+        let step = (new > 1).then(|| (full - first) / (new - 1) as f64);
+        (new as f64 / full, full, first, step)
+    }
+}
+
+/// Runs the benchmark.
+pub fn run(argv: &[String]) -> Result<(), String> {
+    let args = Args::parse(argv, &[])?;
+    args.only(&["threads", "reps", "torch", "json", "prompt", "new", "layers"])?;
+    let threads = args.num("threads", machine::cores())?;
+    let reps = args.num("reps", 5)?.max(1);
+    let prompt = args.num("prompt", 16)?.max(1);
+    let new = args.num("new", 64)?.max(1);
+    let layers = args.num("layers", 6)?;
+    let context = (prompt + new).max(2048);
+    let cfg_json = model_config(layers, context);
+    let mut hf = cfg_json.clone();
+    hf["model_type"] = "llama".into();
+    let cfg = HfConfig::from_json(&hf.to_string()).map_err(|e| e.to_string())?;
+    let dev = Cpu::try_new(threads).map_err(|e| e.to_string())?;
+    let model = Llama::new(&dev, &cfg, DType::F32, 0).map_err(|e| e.to_string())?;
+    let prompt_ids: Vec<i64> = (0..prompt as i64).map(|i| (i * 37 + 11) % cfg.vocab as i64).collect();
+    let ids = Tensor::from_vec(&dev, prompt_ids.clone(), [1, prompt]).map_err(|e| e.to_string())?;
+    eprintln!("machine: {} | threads: {threads}", machine::describe());
+    let mut torch = match args.get("torch") {
+        Some(py) => {
+            let p = TorchPeer::start(py, threads)?;
+            eprintln!("torch peer: {}", p.info);
+            Some(p)
+        }
+        None => None,
+    };
+    // warm-up: both systems, both lengths (torch also builds its model here)
+    redco_once(&model, &ids, new)?;
+    redco_once(&model, &ids, 1)?;
+    if let Some(p) = torch.as_mut() {
+        torch_once(p, &cfg_json, &prompt_ids, new)?;
+        torch_once(p, &cfg_json, &prompt_ids, 1)?;
+    }
+    let (mut ours, mut theirs) = (Timings::default(), Timings::default());
+    // Interleave: every repetition runs redco then torch, the full generate then the 1-token one.
+    for rep in 0..reps {
+        ours.full.push(redco_once(&model, &ids, new)?);
+        ours.first.push(redco_once(&model, &ids, 1)?);
+        if let Some(p) = torch.as_mut() {
+            theirs.full.push(torch_once(p, &cfg_json, &prompt_ids, new)?);
+            theirs.first.push(torch_once(p, &cfg_json, &prompt_ids, 1)?);
+        }
+        eprintln!("rep {}/{reps} done", rep + 1);
+    }
+    let mut results = vec![("redco-cpu", ours.summary(new))];
+    if torch.is_some() {
+        results.push(("torch", theirs.summary(new)));
+    }
+    println!();
+    println!("LLaMA decode, f32, batch 1: hidden 512, {layers} layers, 8 heads (8 kv), intermediate 1408, vocab 8000");
+    println!("prompt {prompt}, {new} new tokens, greedy, KV cache, {threads} threads, {}", machine::describe());
+    println!("medians of {reps} interleaved repetitions");
+    println!(
+        "{:>10} {:>10} {:>13} {:>15} {:>15} {:>13}",
+        "system", "tok/s", "generate ms", "1-token gen ms", "decode ms/tok", "decode tok/s"
+    );
+    let mut rows = Vec::new();
+    for &(name, (tok_s, full, first, step)) in &results {
+        println!(
+            "{:>10} {:>10.1} {:>13.2} {:>15.2} {:>15} {:>13}",
+            name,
+            tok_s,
+            full * 1e3,
+            first * 1e3,
+            step.map_or("-".into(), |s| format!("{:.3}", s * 1e3)),
+            step.map_or("-".into(), |s| format!("{:.1}", 1.0 / s)),
+        );
+        rows.push(serde_json::json!({
+            "system": name,
+            "decode_tok_s": tok_s,
+            "generate_s": full,
+            "one_token_generate_s": first,
+            "decode_s_per_token": step,
+        }));
+    }
+    let ratio = (results.len() == 2).then(|| {
+        let (a, b) = (results[0].1, results[1].1);
+        let step = a.3.zip(b.3).map(|(x, y)| y / x);
+        (a.0 / b.0, step)
+    });
+    if let Some((tok, step)) = ratio {
+        println!(
+            "redco/torch: {tok:.2}x tok/s (prefill included){}",
+            step.map_or(String::new(), |s| format!(", {s:.2}x per decode step"))
+        );
+    }
+    if let Some(path) = args.get("json") {
+        let out = serde_json::json!({
+            "machine": machine::describe(),
+            "threads": threads,
+            "model": cfg_json,
+            "prompt": prompt,
+            "new_tokens": new,
+            "reps": reps,
+            "torch": torch.as_ref().map(|p| p.info.clone()),
+            "rows": rows,
+            "ratio_vs_torch": ratio.map(|r| r.0),
+            "decode_step_ratio_vs_torch": ratio.and_then(|r| r.1),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?)
+            .map_err(|e| format!("cannot write {path}: {e}"))?;
+        eprintln!("wrote {path}");
+    }
+    Ok(())
+}
