@@ -55,7 +55,12 @@ pub struct GradModeGuard(bool);
 impl GradModeGuard {
     /// Turns gradient recording off for this thread until the guard drops.
     pub fn no_grad() -> Self {
-        GradModeGuard(GRAD_ENABLED.with(|g| g.replace(false)))
+        Self::set(false)
+    }
+
+    /// Sets gradient recording on this thread to `enabled` until the guard drops.
+    pub fn set(enabled: bool) -> Self {
+        GradModeGuard(GRAD_ENABLED.with(|g| g.replace(enabled)))
     }
 }
 

@@ -293,6 +293,13 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     ) -> Result<Self::Storage> {
         ops::norm::composite_rms_norm(self, x, shape, weight, eps)
     }
+    /// Runs `f` on the backend's own compute threads when it has them (the CPU backend's
+    /// pool), so the ops `f` issues need no hand-off from the calling thread; the default
+    /// runs `f` in place. Call it through [`crate::dist::on_backend`], which carries the
+    /// thread's communicator and gradient mode over.
+    fn enter(&self, f: &mut (dyn FnMut() + Send)) {
+        f()
+    }
     /// Rotary embedding of `x` (shape `[.., seq, head_dim]`) on its first `2 * cos.cols`
     /// features; `cos`/`sin` have shape `cs_shape` = `[seq, rot/2]` (or `[batch, seq, rot/2]`
     /// when `x` is `[batch, heads, seq, head_dim]` and positions differ per row).

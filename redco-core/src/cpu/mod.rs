@@ -15,6 +15,7 @@ mod matmul;
 mod norm;
 pub mod real;
 mod reduce;
+mod rotary;
 pub mod sgemm;
 mod softmax;
 mod strided;
@@ -320,6 +321,9 @@ impl Backend for Cpu {
     fn rms_norm(&self, x: &CpuStorage, shape: &Shape, w: Option<&CpuStorage>, eps: f64) -> Result<CpuStorage> {
         st(self.run(|| norm::norm(&x.0, shape, w.map(|w| &*w.0), None, eps, false))?)
     }
+    fn enter(&self, f: &mut (dyn FnMut() + Send)) {
+        self.pool.install(f)
+    }
     fn rotary(
         &self,
         x: &CpuStorage,
@@ -329,7 +333,7 @@ impl Backend for Cpu {
         cs_shape: &Shape,
         mode: RotaryMode,
     ) -> Result<CpuStorage> {
-        crate::ops::rotary::composite_rotary(self, x, shape, cos, sin, cs_shape, mode)
+        st(self.run(|| rotary::rotary(&x.0, shape, &cos.0, &sin.0, cs_shape, mode))?)
     }
     fn attention(
         &self,

@@ -22,5 +22,5 @@ pub use collective::{Collective, CollectiveKind, CommCount, CommStats, ReduceKin
 pub use mesh::Mesh;
 pub use plan::{ParamPlan, Role, ShardPlan};
 pub use redistribute::axis_sizes;
-pub use spmd::{current_comm, spmd, spmd_cpu, Comm, CommGuard, Rank, SpmdOptions};
+pub use spmd::{current_comm, on_backend, spmd, spmd_cpu, Comm, CommGuard, Rank, SpmdOptions};
 pub use threads::{Hub, ThreadCollective};

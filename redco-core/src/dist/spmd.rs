@@ -210,3 +210,28 @@ where
 {
     spmd(mesh, opts, |_, t| Cpu::try_new(t), f)
 }
+
+/// Runs `f` on `b`'s own compute threads ([`Backend::enter`]) with this thread's
+/// communicator and gradient mode, and returns its result. A step of many small ops (a
+/// decode step, a small model's forward) then pays one hand-off instead of one per op.
+pub fn on_backend<B: Backend, R: Send>(b: &B, f: impl FnOnce() -> R + Send) -> R {
+    let comm = current_comm::<B>();
+    let grad = crate::is_grad_enabled();
+    let mut f = Some(f);
+    let mut out = None;
+    b.enter(&mut || {
+        let _c = comm.clone().map(CommGuard::install);
+        let _g = crate::GradModeGuard::set(grad);
+        if let Some(f) = f.take() {
+            out = Some(f());
+        }
+    });
+    match out {
+        Some(r) => r,
+        // a backend whose `enter` did not run the closure: run it here
+        None => match f.take() {
+            Some(f) => f(),
+            None => unreachable!("the closure ran but gave no result"),
+        },
+    }
+}

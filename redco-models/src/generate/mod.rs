@@ -10,6 +10,7 @@ mod sampling;
 pub use cache::KvCache;
 pub use sampling::{argmax, Sampling};
 
+use redco_core::dist::on_backend;
 use redco_core::{no_grad, Backend, Error, Result, Tensor};
 
 /// A decoder-only language model that can run step by step over a [`KvCache`].
@@ -87,7 +88,7 @@ pub fn positions_from_mask(mask: &[i64], seq: usize) -> Vec<i64> {
 /// no mask means no padding). `on_token(step, tokens)` is called after every step with the
 /// new token of each row (the pad token for rows already finished). Stops when every row has
 /// produced a stop token, after `max_new_tokens`, or at the model's context length.
-pub fn generate<B: Backend, M: CausalLm<B> + ?Sized>(
+pub fn generate<B: Backend, M: CausalLm<B> + Sync + ?Sized>(
     model: &M,
     ids: &Tensor<B>,
     mask: Option<&Tensor<B>>,
@@ -140,9 +141,11 @@ pub fn generate<B: Backend, M: CausalLm<B> + ?Sized>(
     no_grad(|| {
         for step in 0..budget {
             let m = Tensor::from_vec(&b, mask_host.clone(), [bs, len])?;
-            let logits = model.next_logits(&step_ids, &m, &step_pos, &mut cache)?.replicate()?;
-            let v = logits.dims()[1];
-            let host = logits.to_vec_f32()?;
+            // one hand-off to the backend's threads per step, not one per op
+            let (host, v) = on_backend(&b, || -> Result<(Vec<f32>, usize)> {
+                let logits = model.next_logits(&step_ids, &m, &step_pos, &mut cache)?.replicate()?;
+                Ok((logits.to_vec_f32()?, logits.dims()[1]))
+            })?;
             let mut toks = Vec::with_capacity(bs);
             for (r, row) in host.chunks(v).enumerate() {
                 let tok = if done[r] {
