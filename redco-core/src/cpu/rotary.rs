@@ -20,7 +20,7 @@ fn rotary_t<T: Real>(x: &[T], c: &[T], s: &[T], dims: &[usize], cs: &[usize], mo
     }
     run_rows(&mut o, d, x.len() / d, |r, out| {
         let row = &x[r * d..(r + 1) * d];
-        let t = if per_batch > 0 { (r / per_batch) * seq + r % seq } else { r % seq };
+        let t = r.checked_div(per_batch).map_or(r % seq, |b| b * seq + r % seq);
         let (c, s) = (&c[t * half..(t + 1) * half], &s[t * half..(t + 1) * half]);
         match mode {
             RotaryMode::HalfSplit => {
