@@ -14,8 +14,9 @@ fn redco(args: &[&str]) -> (i32, String, String) {
 fn model_dir(name: &str, heads: usize) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("redco-cli-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
+    let hidden = 32 * heads;
     let cfg = format!(
-        r#"{{"model_type":"llama","hidden_size":256,"intermediate_size":688,"num_attention_heads":{heads},"num_hidden_layers":4,"num_key_value_heads":{heads},"vocab_size":1000,"tie_word_embeddings":false}}"#
+        r#"{{"model_type":"llama","hidden_size":{hidden},"intermediate_size":688,"num_attention_heads":{heads},"num_hidden_layers":4,"num_key_value_heads":{heads},"vocab_size":1000,"tie_word_embeddings":false}}"#
     );
     std::fs::write(d.join("config.json"), cfg).unwrap();
     d

@@ -159,7 +159,7 @@ fn epoch_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
     v
 }
 
-impl<M: Module<Cpu>, E: Clone + Send + Sync> Trainer<M, E> {
+impl<M: Module<Cpu> + Sync, E: Clone + Send + Sync> Trainer<M, E> {
     /// A trainer from the model constructor and the three functions.
     pub fn new(
         model_fn: impl Fn(&Cpu) -> Result<M> + Send + Sync + 'static,
@@ -347,14 +347,23 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync> Trainer<M, E> {
                         batch.insert(k, t);
                     }
                     let ctx = StepCtx { backend: &rk.backend, rank: rk.rank, mesh: dep.mesh, step, micro, train: true, seed: dep.seed };
-                    let loss = (self.loss_fn)(&ctx, &model, &batch)?;
-                    let value = loss.replicate()?.to_scalar()?;
+                    // forward and backward on the backend's own threads: one hand-off per
+                    // micro-batch instead of one per op
+                    let loss_fn = &self.loss_fn;
+                    let (model_ref, grads_ref) = (&model, &mut grads);
+                    let value = crate::dist::on_backend(&rk.backend, || -> Result<f64> {
+                        let loss = loss_fn(&ctx, model_ref, &batch)?;
+                        let value = loss.replicate()?.to_scalar()?;
+                        if value.is_finite() {
+                            loss.scale(scale / cfg.accumulate as f64)?.backward_into(grads_ref)?;
+                        }
+                        Ok(value)
+                    })?;
                     if !value.is_finite() {
                         bad = Some((micro, first, first + ex.len(), value));
                         break;
                     }
                     loss_sum += value / cfg.accumulate as f64;
-                    loss.scale(scale / cfg.accumulate as f64)?.backward_into(&mut grads)?;
                 }
                 if let Some((micro, a, b, v)) = bad {
                     match cfg.nan {
