@@ -3,6 +3,7 @@ answers one JSON line on stdout, so that redco and torch are measured in the sam
 interleaved, with the same thread count."""
 import argparse
 import json
+import resource
 import sys
 import time
 
@@ -47,14 +48,70 @@ def _llama(cfg):
     return _models[key]
 
 
-def decode(req):
-    """Seconds per `model.generate` call (greedy, KV cache, exactly `new` new tokens)."""
-    model = _llama(req["config"])
-    ids = torch.tensor([req["ids"]], dtype=torch.long)
-    new, reps = req["new"], req["reps"]
+def _random_ids(cfg, batch, seq):
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, cfg["vocab_size"], (batch, seq), generator=g, dtype=torch.long)
+
+
+_optimizers = {}
+
+
+def train(req):
+    """Seconds per training step (zero_grad, forward with labels = ids, backward,
+    `torch.optim.AdamW.step`) for `warmup` untimed then `reps` timed steps on random ids
+    `[batch, seq]`."""
+    cfg = req["config"]
+    model = _llama(cfg)
+    key = json.dumps(cfg, sort_keys=True)
+    if key not in _optimizers:
+        _optimizers[key] = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=req.get("weight_decay", 0.01))
+    opt = _optimizers[key]
+    ids = _random_ids(cfg, req["batch"], req["seq"])
+    model.train()
+    times, losses = [], []
+    try:
+        for i in range(req.get("warmup", 1) + req["reps"]):
+            t = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if i >= req.get("warmup", 1):
+                times.append(time.perf_counter() - t)
+    finally:
+        opt.zero_grad(set_to_none=True)
+        model.eval()
+    return {"times": times, "losses": losses}
+
+
+def forward(req):
+    """Seconds per forward pass (logits `[batch, seq, vocab]`, under inference_mode) for
+    `warmup` untimed then `reps` timed passes on random ids `[batch, seq]`."""
+    cfg = req["config"]
+    model = _llama(cfg)
+    ids = _random_ids(cfg, req["batch"], req["seq"])
     times = []
     with torch.inference_mode():
-        for _ in range(reps):
+        for i in range(req.get("warmup", 1) + req["reps"]):
+            t = time.perf_counter()
+            logits = model(input_ids=ids, use_cache=False).logits
+            if i >= req.get("warmup", 1):
+                times.append(time.perf_counter() - t)
+            if logits.shape != (ids.shape[0], ids.shape[1], cfg["vocab_size"]):
+                raise RuntimeError(f"logits of shape {tuple(logits.shape)}")
+    return {"times": times}
+
+
+def decode(req):
+    """Seconds per `model.generate` call (greedy, KV cache, exactly `new` new tokens), for
+    `warmup` untimed then `reps` timed calls."""
+    model = _llama(req["config"])
+    ids = torch.tensor([req["ids"]], dtype=torch.long)
+    new, reps, warmup = req["new"], req["reps"], req.get("warmup", 0)
+    times = []
+    with torch.inference_mode():
+        for i in range(warmup + reps):
             t = time.perf_counter()
             out = model.generate(
                 ids,
@@ -66,7 +123,8 @@ def decode(req):
                 pad_token_id=0,
                 eos_token_id=None,
             )
-            times.append(time.perf_counter() - t)
+            if i >= warmup:
+                times.append(time.perf_counter() - t)
             got = out.shape[1] - ids.shape[1]
             if got != new:
                 raise RuntimeError(f"generate made {got} tokens, not {new}")
@@ -96,10 +154,16 @@ def main():
                 out = gemm(req)
             elif op == "decode":
                 out = decode(req)
+            elif op == "train":
+                out = train(req)
+            elif op == "forward":
+                out = forward(req)
             else:
                 out = {"error": f"unknown op {op}"}
         except Exception as e:  # report, keep serving
             out = {"error": repr(e)}
+        # the peer's peak resident set so far (Linux reports KiB)
+        out["peak_rss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         print(json.dumps(out), flush=True)
 
 

@@ -35,7 +35,7 @@ fn model_config(layers: usize, context: usize) -> serde_json::Value {
 }
 
 /// Seconds for one `generate` of exactly `new` tokens.
-fn redco_once(model: &Llama<Cpu>, ids: &Tensor<Cpu>, new: usize) -> Result<f64, String> {
+pub(super) fn redco_once(model: &Llama<Cpu>, ids: &Tensor<Cpu>, new: usize) -> Result<f64, String> {
     let cfg = GenerationConfig { max_new_tokens: new, sampling: Sampling::Greedy, stop_tokens: vec![], pad_token: 0 };
     let t = Instant::now();
     let g = generate(model, ids, None, &cfg, |_, _| {}).map_err(|e| e.to_string())?;
@@ -47,7 +47,7 @@ fn redco_once(model: &Llama<Cpu>, ids: &Tensor<Cpu>, new: usize) -> Result<f64, 
 }
 
 /// Seconds for one transformers `generate` of exactly `new` tokens.
-fn torch_once(p: &mut TorchPeer, cfg: &serde_json::Value, ids: &[i64], new: usize) -> Result<f64, String> {
+pub(super) fn torch_once(p: &mut TorchPeer, cfg: &serde_json::Value, ids: &[i64], new: usize) -> Result<f64, String> {
     let v = p.ask(&serde_json::json!({"op": "decode", "config": cfg, "ids": ids, "new": new, "reps": 1}))?;
     v["times"].get(0).and_then(|x| x.as_f64()).ok_or_else(|| "torch peer: no times".to_string())
 }

@@ -1,7 +1,9 @@
-//! `cargo xtask bench <what>`: benchmarks that report ratios measured side by side.
+//! `cargo xtask bench [<what>]`: benchmarks that report ratios measured side by side; with no
+//! name (or flags only), the LLM benchmark (`llm`).
 
 mod decode;
 mod gemm;
+mod llm;
 mod load;
 mod peak;
 mod stats;
@@ -13,7 +15,9 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         Some("gemm") => gemm::run(&argv[1..]),
         Some("decode") => decode::run(&argv[1..]),
         Some("load") => load::run(&argv[1..]),
-        Some(other) => Err(format!("unknown benchmark `{other}` (available: gemm, decode, load)")),
-        None => Err("bench needs a benchmark name (available: gemm, decode, load)".into()),
+        Some("llm") => llm::run(&argv[1..]),
+        Some(flag) if flag.starts_with("--") => llm::run(argv),
+        Some(other) => Err(format!("unknown benchmark `{other}` (available: llm, gemm, decode, load)")),
+        None => llm::run(&[]),
     }
 }

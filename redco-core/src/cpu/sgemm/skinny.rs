@@ -1,23 +1,28 @@
-//! Small-`m` (LLM decode, `m <= MAX_M`) path: no packing, B is streamed directly.
+//! Small-`m` (LLM decode and short prompts) path: no packing, B is streamed directly.
 //!
 //! * Row-major B (`cs == 1`): `C[i, j..j+64] += A[i, p] * B[p, j..j+64]` with up to
 //!   `ROWS` rows x 4 zmm accumulators.
 //! * Column-major B (`rs == 1`, e.g. a `[n, k]` weight used as `B = W^T`) with row-major A:
-//!   dot products along `k`, 4 columns x up to 2 rows of zmm accumulators, reduced at the end.
+//!   dot products along `k`, 4 columns x up to 4 rows of zmm accumulators, reduced at the end.
 //!
 //! Work is split over `N` between threads.
 
 use super::MatRef;
 use std::arch::x86_64::*;
 
-/// Largest `m` handled by this path.
+/// Largest `m` handled by this path with a row-major B.
 pub const MAX_M: usize = 8;
+/// Largest `m` handled with a column-major B (a weight `[n, k]` used as `W^T`): B is read
+/// `m / DOT_ROWS` times, which beats packing it for a short prompt.
+pub const MAX_M_DOTS: usize = 16;
+/// Rows per register block in the dot-product kernel.
+const DOT_ROWS: usize = 4;
 /// Rows per register block in the row-major-B kernel.
 const ROWS: usize = 4;
 
 /// Whether the skinny path handles this problem (small `m` and a unit-stride B direction).
 pub fn applicable(m: usize, _n: usize, _k: usize, a: &MatRef, b: &MatRef) -> bool {
-    m <= MAX_M && (b.cs == 1 || (b.rs == 1 && a.cs == 1))
+    (m <= MAX_M && b.cs == 1) || (m <= MAX_M_DOTS && b.rs == 1 && a.cs == 1)
 }
 
 /// Raw C pointer that may be shared between the tasks (they write disjoint columns).
@@ -35,7 +40,7 @@ impl CPtr {
     }
 }
 
-/// Runs the skinny path. Requires AVX-512F, `1 <= m <= MAX_M`, `k >= 1`, validated bounds and
+/// Runs the skinny path. Requires AVX-512F, `m >= 1`, `k >= 1`, validated bounds and
 /// [`applicable`] to be true.
 #[allow(clippy::too_many_arguments)]
 pub fn run(m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: *mut f32, ldc: usize, acc: bool, threads: usize) {
@@ -167,8 +172,8 @@ unsafe fn dots_task(
         let cols = (j1 - j).min(4);
         let mut i0 = 0;
         while i0 < m {
-            let rows = (m - i0).min(2);
-            let mut s = [[_mm512_setzero_ps(); 4]; 2];
+            let rows = (m - i0).min(DOT_ROWS);
+            let mut s = [[_mm512_setzero_ps(); 4]; DOT_ROWS];
             let mut p = 0;
             while p < k {
                 let mk = if p < kfull { 0xffff } else { tail };
