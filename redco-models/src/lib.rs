@@ -6,9 +6,13 @@
 //! generation with a KV cache) arrive with their issues. Models never mention sharding or
 //! collectives: the parallel split is derived by `redco-core`.
 
+pub mod auto;
+pub mod build;
 pub mod generate;
+pub mod gptj;
 pub mod hf;
 pub mod llama;
+pub mod opt;
 pub mod params;
 pub mod presets;
 pub mod tiny;

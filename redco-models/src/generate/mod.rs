@@ -31,6 +31,30 @@ pub trait CausalLm<B: Backend> {
     ) -> Result<Tensor<B>>;
 }
 
+/// An error when `len` positions exceed the context `ctx` of `model`.
+pub fn check_context(model: &'static str, len: usize, ctx: Option<usize>) -> Result<()> {
+    match ctx {
+        Some(c) if len > c => Err(Error::invalid(model, format!("{len} positions exceed the model's context of {c}"))),
+        _ => Ok(()),
+    }
+}
+
+/// transformers' causal-LM loss from logits `[batch, seq, vocab]`: the logits at `t` predict
+/// `labels` at `t + 1`; -100 is ignored; mean over the counted tokens.
+pub fn shifted_loss<B: Backend>(logits: &Tensor<B>, labels: &Tensor<B>) -> Result<Tensor<B>> {
+    let t = logits.dims()[1];
+    if labels.dims() != &logits.dims()[..2] {
+        return Err(Error::invalid(
+            "loss",
+            format!("labels {} do not match the logits {}", labels.shape(), logits.shape()),
+        ));
+    }
+    if t < 2 {
+        return Err(Error::invalid("loss", "a causal-LM loss needs at least 2 positions"));
+    }
+    redco_core::nn::cross_entropy(&logits.narrow(1, 0, t - 1)?, &labels.narrow(1, 1, t - 1)?)
+}
+
 /// What to generate.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerationConfig {

@@ -46,6 +46,8 @@ pub struct HfConfig {
     pub eos_token_ids: Vec<i64>,
     /// `pad_token_id`.
     pub pad_token_id: Option<i64>,
+    /// GPT-J `rotary_dim` (features per head that rotate; all when absent).
+    pub rotary_dim: Option<usize>,
     /// The whole `config.json`, written back unchanged when the model is saved.
     pub raw: Value,
 }
@@ -141,6 +143,7 @@ impl HfConfig {
             bos_token_id: v.get("bos_token_id").and_then(Value::as_i64),
             eos_token_ids: ids(v.get("eos_token_id")),
             pad_token_id: v.get("pad_token_id").and_then(Value::as_i64),
+            rotary_dim: get(&v, &["rotary_dim"]).map(|x| x as usize),
             model_type,
             raw: v.clone(),
         };
@@ -158,15 +161,99 @@ impl HfConfig {
         }
     }
 
-    /// Parameter names and shapes as transformers stores them. Supported: `llama`.
+    /// An integer field of the raw config.
+    pub fn num(&self, key: &str) -> Option<usize> {
+        self.raw.get(key).and_then(Value::as_u64).map(|x| x as usize)
+    }
+
+    /// A boolean field of the raw config, or `default`.
+    pub fn flag(&self, key: &str, default: bool) -> bool {
+        self.raw.get(key).and_then(Value::as_bool).unwrap_or(default)
+    }
+
+    /// Parameter names and shapes as transformers stores them (tied weights once).
+    /// Supported: `llama`, `mistral`, `gptj`, `opt`.
     pub fn param_shapes(&self) -> Result<Vec<(String, Shape)>> {
         match self.model_type.as_str() {
             "llama" | "mistral" => Ok(self.llama_params()),
+            "gptj" => Ok(self.gptj_params()),
+            "opt" => Ok(self.opt_params()),
             other => Err(Error::invalid(
                 "config",
-                format!("model_type `{other}` is not supported yet (supported: llama, mistral)"),
+                format!("model_type `{other}` is not supported yet (supported: llama, mistral, gptj, opt)"),
             )),
         }
+    }
+
+    fn gptj_params(&self) -> Vec<(String, Shape)> {
+        let (h, i, v) = (self.hidden, self.intermediate, self.vocab);
+        let mut out = vec![("transformer.wte.weight".to_string(), Shape::new([v, h]))];
+        for l in 0..self.layers {
+            let p = |s: &str| format!("transformer.h.{l}.{s}");
+            out.push((p("ln_1.weight"), Shape::new([h])));
+            out.push((p("ln_1.bias"), Shape::new([h])));
+            for n in ["q_proj", "k_proj", "v_proj", "out_proj"] {
+                out.push((p(&format!("attn.{n}.weight")), Shape::new([h, h])));
+            }
+            out.push((p("mlp.fc_in.weight"), Shape::new([i, h])));
+            out.push((p("mlp.fc_in.bias"), Shape::new([i])));
+            out.push((p("mlp.fc_out.weight"), Shape::new([h, i])));
+            out.push((p("mlp.fc_out.bias"), Shape::new([h])));
+        }
+        out.push(("transformer.ln_f.weight".to_string(), Shape::new([h])));
+        out.push(("transformer.ln_f.bias".to_string(), Shape::new([h])));
+        out.push(("lm_head.weight".to_string(), Shape::new([v, h])));
+        out.push(("lm_head.bias".to_string(), Shape::new([v])));
+        out
+    }
+
+    /// OPT: the embedding width (`word_embed_proj_dim`, the hidden size when absent).
+    pub fn opt_embed_dim(&self) -> usize {
+        self.num("word_embed_proj_dim").unwrap_or(self.hidden)
+    }
+
+    /// OPT: whether the decoder ends with a LayerNorm (pre-norm models that keep it).
+    pub fn opt_final_norm(&self) -> bool {
+        self.flag("do_layer_norm_before", true) && !self.flag("_remove_final_layer_norm", false)
+    }
+
+    fn opt_params(&self) -> Vec<(String, Shape)> {
+        let (h, f, v, e) = (self.hidden, self.intermediate, self.vocab, self.opt_embed_dim());
+        let bias = self.flag("enable_bias", true);
+        let pos = self.max_positions.unwrap_or(2048) + 2;
+        let d = |s: &str| format!("model.decoder.{s}");
+        let mut out =
+            vec![(d("embed_tokens.weight"), Shape::new([v, e])), (d("embed_positions.weight"), Shape::new([pos, h]))];
+        if e != h {
+            out.push((d("project_out.weight"), Shape::new([e, h])));
+            out.push((d("project_in.weight"), Shape::new([h, e])));
+        }
+        if self.opt_final_norm() {
+            out.push((d("final_layer_norm.weight"), Shape::new([h])));
+            out.push((d("final_layer_norm.bias"), Shape::new([h])));
+        }
+        for l in 0..self.layers {
+            let p = |s: &str| format!("model.decoder.layers.{l}.{s}");
+            let mut lin = |name: String, o: usize, i: usize| {
+                out.push((format!("{name}.weight"), Shape::new([o, i])));
+                if bias {
+                    out.push((format!("{name}.bias"), Shape::new([o])));
+                }
+            };
+            for n in ["k_proj", "v_proj", "q_proj", "out_proj"] {
+                lin(p(&format!("self_attn.{n}")), h, h);
+            }
+            lin(p("fc1"), f, h);
+            lin(p("fc2"), h, f);
+            for n in ["self_attn_layer_norm", "final_layer_norm"] {
+                out.push((p(&format!("{n}.weight")), Shape::new([h])));
+                out.push((p(&format!("{n}.bias")), Shape::new([h])));
+            }
+        }
+        if !self.tie_word_embeddings {
+            out.push(("lm_head.weight".to_string(), Shape::new([v, e])));
+        }
+        out
     }
 
     fn llama_params(&self) -> Vec<(String, Shape)> {

@@ -9,10 +9,10 @@ use redco_core::dist::{current_comm, spmd_cpu, SpmdOptions};
 use redco_core::nn::ModuleExt;
 use redco_core::pipeline::checkpoint::{safetensors_bytes, write_atomic};
 use redco_core::{Backend, DType, HostData, Result, Tensor};
+use redco_models::auto::AutoModel;
 use redco_models::generate::{generate, GenerationConfig, Sampling};
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::safetensors::{read_all, HostTensor};
-use redco_models::llama::Llama;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -49,15 +49,7 @@ fn dump<B: Backend>(b: &B, a: &EvalDumpArgs, inputs: &BTreeMap<String, HostTenso
     let cfg = HfConfig::from_dir(&a.model)?;
     let plan = common::plan(&cfg, current_comm::<B>().map_or(redco_core::dist::Mesh::single(), |c| c.mesh()))
         .map_err(|e| redco_core::Error::invalid("eval-dump", e))?;
-    let model = match cfg.model_type.as_str() {
-        "llama" | "mistral" => Llama::from_pretrained_split(b, &a.model, dtype, plan.as_ref())?,
-        other => {
-            return Err(redco_core::Error::invalid(
-                "eval-dump",
-                format!("model_type `{other}` is not supported yet (supported: llama, mistral)"),
-            ))
-        }
-    };
+    let model = AutoModel::from_pretrained(b, &a.model, dtype, plan.as_ref())?;
     let get = |k: &str| -> Result<Option<Tensor<B>>> {
         inputs.get(k).map(|t| Tensor::from_host(b, &t.data, t.shape.clone())).transpose()
     };
@@ -69,7 +61,7 @@ fn dump<B: Backend>(b: &B, a: &EvalDumpArgs, inputs: &BTreeMap<String, HostTenso
         let t = t.replicate()?;
         Ok((name.to_string(), t.to_host()?.cast(DType::F32), t.dims().to_vec()))
     };
-    let logits = model.forward(&ids, mask.as_ref(), None)?;
+    let logits = model.forward(&ids, mask.as_ref())?;
     out.push(host("logits", &logits)?);
     if let Some(labels) = get("labels")? {
         let loss = model.loss(&ids, mask.as_ref(), &labels)?;

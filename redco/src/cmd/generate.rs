@@ -7,17 +7,18 @@ use clap::Args;
 use redco_core::cpu::Cpu;
 use redco_core::dist::{current_comm, spmd_cpu, SpmdOptions};
 use redco_core::{Backend, Error, Result, Tensor};
+use redco_models::auto::AutoModel;
 use redco_models::generate::{generate, GenerationConfig, Sampling};
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::tokenizer::Tokenizer;
-use redco_models::llama::Llama;
 use std::io::Write;
 use std::path::PathBuf;
 
 /// Arguments of `redco generate`.
 #[derive(Args)]
 pub struct GenerateArgs {
-    /// Hugging Face model directory (config.json, safetensors, tokenizer.json), e.g. a
+    /// Hugging Face model directory (LLaMA, GPT-J or OPT: config.json, safetensors,
+    /// tokenizer.json), e.g. a
     /// `redco train` workdir.
     #[arg(long)]
     pub model: PathBuf,
@@ -64,7 +65,7 @@ fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<V
     let mesh = current_comm::<B>().map_or(redco_core::dist::Mesh::single(), |c| c.mesh());
     let plan = common::plan(&cfg, mesh).map_err(|e| Error::invalid("generate", e))?;
     let dtype = common::dtype(&a.dtype).map_err(|e| Error::invalid("generate", e))?;
-    let model = Llama::from_pretrained_split(b, &a.model, dtype, plan.as_ref())?;
+    let model = AutoModel::from_pretrained(b, &a.model, dtype, plan.as_ref())?;
     let tok = Tokenizer::from_dir(&a.model)?;
     let texts: Vec<&str> = prompts.iter().map(String::as_str).collect();
     let batch = tok.encode_batch(&texts, true)?;

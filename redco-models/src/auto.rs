@@ -1,0 +1,118 @@
+//! One type for every decoder-only architecture, picked by `config.json`'s `model_type`:
+//! what the command line and other generic code load, run, train and generate with.
+
+use crate::generate::{CausalLm, KvCache};
+use crate::gptj::GptJ;
+use crate::hf::config::HfConfig;
+use crate::llama::Llama;
+use crate::opt::Opt;
+use redco_core::dist::ShardPlan;
+use redco_core::nn::Module;
+use redco_core::{Backend, DType, Error, Result, Tensor};
+use std::path::Path;
+
+/// A decoder-only language model of any supported architecture.
+pub enum AutoModel<B: Backend> {
+    /// LLaMA (and Mistral-style configs).
+    Llama(Llama<B>),
+    /// GPT-J.
+    GptJ(GptJ<B>),
+    /// OPT.
+    Opt(Opt<B>),
+}
+
+/// The `model_type`s [`AutoModel`] loads.
+pub const SUPPORTED: [&str; 4] = ["llama", "mistral", "gptj", "opt"];
+
+impl<B: Backend> AutoModel<B> {
+    /// Loads `dir` (under a plan, each rank reads only its slices).
+    pub fn from_pretrained(b: &B, dir: &Path, dtype: DType, plan: Option<&ShardPlan>) -> Result<Self> {
+        let cfg = HfConfig::from_dir(dir)?;
+        Ok(match cfg.model_type.as_str() {
+            "llama" | "mistral" => AutoModel::Llama(Llama::from_pretrained_split(b, dir, dtype, plan)?),
+            "gptj" => AutoModel::GptJ(GptJ::from_pretrained(b, dir, dtype, plan)?),
+            "opt" => AutoModel::Opt(Opt::from_pretrained(b, dir, dtype, plan)?),
+            other => return Err(unsupported(other)),
+        })
+    }
+
+    /// A randomly initialised model for `cfg`.
+    pub fn new(b: &B, cfg: &HfConfig, dtype: DType, seed: u64) -> Result<Self> {
+        Ok(match cfg.model_type.as_str() {
+            "llama" | "mistral" => AutoModel::Llama(Llama::new(b, cfg, dtype, seed)?),
+            "gptj" => AutoModel::GptJ(GptJ::new(b, cfg, dtype, seed)?),
+            "opt" => AutoModel::Opt(Opt::new(b, cfg, dtype, seed)?),
+            other => return Err(unsupported(other)),
+        })
+    }
+
+    /// The configuration.
+    pub fn cfg(&self) -> &HfConfig {
+        match self {
+            AutoModel::Llama(m) => &m.cfg,
+            AutoModel::GptJ(m) => &m.cfg,
+            AutoModel::Opt(m) => &m.cfg,
+        }
+    }
+
+    /// Logits `[batch, seq, vocab]` as transformers' forward computes them.
+    pub fn forward(&self, ids: &Tensor<B>, mask: Option<&Tensor<B>>) -> Result<Tensor<B>> {
+        match self {
+            AutoModel::Llama(m) => m.forward(ids, mask, None),
+            AutoModel::GptJ(m) => m.forward(ids, mask, None),
+            AutoModel::Opt(m) => m.forward(ids, mask),
+        }
+    }
+
+    /// transformers' causal-LM loss (shifted inside; -100 ignored).
+    pub fn loss(&self, ids: &Tensor<B>, mask: Option<&Tensor<B>>, labels: &Tensor<B>) -> Result<Tensor<B>> {
+        match self {
+            AutoModel::Llama(m) => m.loss(ids, mask, labels),
+            AutoModel::GptJ(m) => m.loss(ids, mask, labels),
+            AutoModel::Opt(m) => m.loss(ids, mask, labels),
+        }
+    }
+}
+
+fn unsupported(t: &str) -> Error {
+    Error::invalid("model", format!("model_type `{t}` is not supported (supported: {})", SUPPORTED.join(", ")))
+}
+
+impl<B: Backend> Module<B> for AutoModel<B> {
+    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
+        match self {
+            AutoModel::Llama(m) => m.visit(p, f),
+            AutoModel::GptJ(m) => m.visit(p, f),
+            AutoModel::Opt(m) => m.visit(p, f),
+        }
+    }
+    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
+        match self {
+            AutoModel::Llama(m) => m.visit_mut(p, f),
+            AutoModel::GptJ(m) => m.visit_mut(p, f),
+            AutoModel::Opt(m) => m.visit_mut(p, f),
+        }
+    }
+}
+
+impl<B: Backend> CausalLm<B> for AutoModel<B> {
+    fn max_positions(&self) -> Option<usize> {
+        self.cfg().max_positions
+    }
+    fn new_cache(&self) -> KvCache<B> {
+        KvCache::new(self.cfg().layers)
+    }
+    fn next_logits(
+        &self,
+        ids: &Tensor<B>,
+        mask: &Tensor<B>,
+        pos: &Tensor<B>,
+        cache: &mut KvCache<B>,
+    ) -> Result<Tensor<B>> {
+        match self {
+            AutoModel::Llama(m) => m.next_logits(ids, mask, pos, cache),
+            AutoModel::GptJ(m) => m.next_logits(ids, mask, pos, cache),
+            AutoModel::Opt(m) => m.next_logits(ids, mask, pos, cache),
+        }
+    }
+}

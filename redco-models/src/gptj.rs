@@ -1,0 +1,214 @@
+//! GPT-J, written only with `redco-core` ops and `nn` (the split comes from the rules).
+//! Names, shapes and numerics follow transformers' `GPTJForCausalLM`: one LayerNorm per
+//! block feeding attention and MLP in parallel (`h + attn(ln(h)) + mlp(ln(h))`), rotary
+//! embedding on the first `rotary_dim` features of q and k with interleaved pairs, no
+//! biases in attention, a biased MLP (`gelu_new`) and a biased `lm_head`.
+
+use crate::build::{self, embedding, layer_norm, linear};
+use crate::generate::{CausalLm, KvCache};
+use crate::hf::config::HfConfig;
+use crate::params::{ParamSource, RandomInit};
+use redco_core::dist::ShardPlan;
+use redco_core::nn::{self, join, Activation, Embedding, LayerNorm, Linear, Mlp, Module, RotaryEmbedding};
+use redco_core::{Backend, DType, Error, Result, RotaryMode, Tensor};
+use std::path::Path;
+
+/// One GPT-J block.
+pub struct GptJBlock<B: Backend> {
+    ln_1: LayerNorm<B>,
+    q_proj: Linear<B>,
+    k_proj: Linear<B>,
+    v_proj: Linear<B>,
+    out_proj: Linear<B>,
+    mlp: Mlp<B>,
+}
+
+impl<B: Backend> Module<B> for GptJBlock<B> {
+    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
+        self.ln_1.visit(&join(p, "ln_1"), f);
+        self.q_proj.visit(&join(p, "attn.q_proj"), f);
+        self.k_proj.visit(&join(p, "attn.k_proj"), f);
+        self.v_proj.visit(&join(p, "attn.v_proj"), f);
+        self.out_proj.visit(&join(p, "attn.out_proj"), f);
+        self.mlp.fc_in.visit(&join(p, "mlp.fc_in"), f);
+        self.mlp.fc_out.visit(&join(p, "mlp.fc_out"), f);
+    }
+    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
+        self.ln_1.visit_mut(&join(p, "ln_1"), f);
+        self.q_proj.visit_mut(&join(p, "attn.q_proj"), f);
+        self.k_proj.visit_mut(&join(p, "attn.k_proj"), f);
+        self.v_proj.visit_mut(&join(p, "attn.v_proj"), f);
+        self.out_proj.visit_mut(&join(p, "attn.out_proj"), f);
+        self.mlp.fc_in.visit_mut(&join(p, "mlp.fc_in"), f);
+        self.mlp.fc_out.visit_mut(&join(p, "mlp.fc_out"), f);
+    }
+}
+
+/// `GPTJForCausalLM`.
+pub struct GptJ<B: Backend> {
+    /// The configuration.
+    pub cfg: HfConfig,
+    wte: Embedding<B>,
+    h: Vec<GptJBlock<B>>,
+    ln_f: LayerNorm<B>,
+    lm_head: Linear<B>,
+}
+
+impl<B: Backend> Module<B> for GptJ<B> {
+    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
+        self.wte.visit(&join(p, "transformer.wte"), f);
+        self.h.visit(&join(p, "transformer.h"), f);
+        self.ln_f.visit(&join(p, "transformer.ln_f"), f);
+        self.lm_head.visit(&join(p, "lm_head"), f);
+    }
+    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
+        self.wte.visit_mut(&join(p, "transformer.wte"), f);
+        self.h.visit_mut(&join(p, "transformer.h"), f);
+        self.ln_f.visit_mut(&join(p, "transformer.ln_f"), f);
+        self.lm_head.visit_mut(&join(p, "lm_head"), f);
+    }
+}
+
+/// Stored buffers of older GPT-J checkpoints that are not parameters.
+fn ignored(name: &str) -> bool {
+    name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")
+}
+
+impl<B: Backend> GptJ<B> {
+    /// A randomly initialised model for `cfg`.
+    pub fn new(b: &B, cfg: &HfConfig, dtype: DType, seed: u64) -> Result<Self> {
+        Self::build(cfg, &mut RandomInit::new(b, dtype, seed))
+    }
+
+    /// Checks that `cfg` describes a GPT-J this implementation runs.
+    pub fn check_config(cfg: &HfConfig) -> Result<()> {
+        if cfg.model_type != "gptj" {
+            return Err(Error::invalid("gptj", format!("config has model_type `{}`, not gptj", cfg.model_type)));
+        }
+        let rd = cfg.rotary_dim.unwrap_or(cfg.head_dim);
+        if rd > cfg.head_dim || !rd.is_multiple_of(2) {
+            return Err(Error::invalid(
+                "gptj",
+                format!("rotary_dim {rd} must be even and at most the head dim {}", cfg.head_dim),
+            ));
+        }
+        Activation::from_hf(&cfg.hidden_act).map(|_| ())
+    }
+
+    /// Builds the model with every parameter taken from `src` by its transformers name.
+    pub fn build(cfg: &HfConfig, src: &mut dyn ParamSource<B>) -> Result<Self> {
+        Self::check_config(cfg)?;
+        let (h, i, eps) = (cfg.hidden, cfg.intermediate, cfg.norm_eps);
+        let act = Activation::from_hf(&cfg.hidden_act)?;
+        let wte = embedding(src, "transformer.wte", cfg.vocab, h, 0.02)?;
+        let blocks = (0..cfg.layers)
+            .map(|l| {
+                let p = |s: &str| format!("transformer.h.{l}.{s}");
+                Ok(GptJBlock {
+                    ln_1: layer_norm(src, &p("ln_1"), h, eps)?,
+                    q_proj: linear(src, &p("attn.q_proj"), h, h, false)?,
+                    k_proj: linear(src, &p("attn.k_proj"), h, h, false)?,
+                    v_proj: linear(src, &p("attn.v_proj"), h, h, false)?,
+                    out_proj: linear(src, &p("attn.out_proj"), h, h, false)?,
+                    mlp: Mlp {
+                        fc_in: linear(src, &p("mlp.fc_in"), h, i, true)?,
+                        fc_out: linear(src, &p("mlp.fc_out"), i, h, true)?,
+                        act,
+                    },
+                })
+            })
+            .collect::<Result<_>>()?;
+        let ln_f = layer_norm(src, "transformer.ln_f", h, eps)?;
+        let lm_head = linear(src, "lm_head", h, cfg.vocab, true)?;
+        Ok(GptJ { cfg: cfg.clone(), wte, h: blocks, ln_f, lm_head })
+    }
+
+    /// Loads `dir` (config.json + safetensors) with parameters of `dtype`, laid out by `plan`
+    /// when given (inside an SPMD run: each rank reads only its slices).
+    pub fn from_pretrained(b: &B, dir: &Path, dtype: DType, plan: Option<&ShardPlan>) -> Result<Self> {
+        build::load(b, dir, dtype, plan, &["gptj"], &ignored, Self::build)
+    }
+
+    /// Logits `[batch, seq, vocab]` (positions `0..seq` unless given, as transformers'
+    /// forward).
+    pub fn forward(
+        &self,
+        ids: &Tensor<B>,
+        mask: Option<&Tensor<B>>,
+        positions: Option<&Tensor<B>>,
+    ) -> Result<Tensor<B>> {
+        let h = self.hidden_states(ids, mask, positions, None)?;
+        self.lm_head.forward(&h)
+    }
+
+    /// Final hidden states; with a cache, `ids` follow the cached positions and `mask` covers
+    /// cached + new positions.
+    pub fn hidden_states(
+        &self,
+        ids: &Tensor<B>,
+        mask: Option<&Tensor<B>>,
+        positions: Option<&Tensor<B>>,
+        mut cache: Option<&mut KvCache<B>>,
+    ) -> Result<Tensor<B>> {
+        let c = &self.cfg;
+        if ids.rank() != 2 {
+            return Err(Error::invalid("gptj", format!("input ids must be [batch, seq], got {}", ids.shape())));
+        }
+        let (bs, t) = (ids.dims()[0], ids.dims()[1]);
+        let past = cache.as_ref().map_or(0, |k| k.len());
+        crate::generate::check_context("gptj", past + t, c.max_positions)?;
+        let hd = c.head_dim;
+        let default_pos;
+        let pos = match positions {
+            Some(p) => p,
+            None => {
+                default_pos = Tensor::arange(ids.backend(), past + t)?.narrow(0, past, t)?;
+                &default_pos
+            }
+        };
+        let rope = RotaryEmbedding::new(c.rotary_dim.unwrap_or(hd), 10000.0, RotaryMode::Interleaved)?;
+        let (cos, sin) = rope.tables(pos, self.wte.weight.dtype())?;
+        let mut h = self.wte.forward(ids)?;
+        for (i, blk) in self.h.iter().enumerate() {
+            let x = blk.ln_1.forward(&h)?;
+            let split = |y: Tensor<B>| y.reshape([bs, t, c.heads, hd])?.transpose(1, 2);
+            let q = split(blk.q_proj.forward(&x)?)?.rotary(&cos, &sin, RotaryMode::Interleaved)?;
+            let k = split(blk.k_proj.forward(&x)?)?.rotary(&cos, &sin, RotaryMode::Interleaved)?;
+            let v = split(blk.v_proj.forward(&x)?)?;
+            let (k, v) = match cache.as_deref_mut() {
+                Some(cache) => cache.append(i, k, v)?,
+                None => (k, v),
+            };
+            let a = nn::scaled_dot_product_attention(&q, &k, &v, mask, true, None)?;
+            let attn = blk.out_proj.forward(&a.transpose(1, 2)?.reshape([bs, t, c.heads * hd])?)?;
+            h = h.add(&attn)?.add(&blk.mlp.forward(&x)?)?;
+        }
+        self.ln_f.forward(&h)
+    }
+
+    /// transformers' causal-LM loss (logits at `t` predict `labels` at `t + 1`, -100 ignored).
+    pub fn loss(&self, ids: &Tensor<B>, mask: Option<&Tensor<B>>, labels: &Tensor<B>) -> Result<Tensor<B>> {
+        let logits = self.forward(ids, mask, None)?;
+        crate::generate::shifted_loss(&logits, labels)
+    }
+}
+
+impl<B: Backend> CausalLm<B> for GptJ<B> {
+    fn max_positions(&self) -> Option<usize> {
+        self.cfg.max_positions
+    }
+    fn new_cache(&self) -> KvCache<B> {
+        KvCache::new(self.cfg.layers)
+    }
+    fn next_logits(
+        &self,
+        ids: &Tensor<B>,
+        mask: &Tensor<B>,
+        positions: &Tensor<B>,
+        cache: &mut KvCache<B>,
+    ) -> Result<Tensor<B>> {
+        let h = self.hidden_states(ids, Some(mask), Some(positions), Some(cache))?;
+        let (bs, t, d) = (h.dims()[0], h.dims()[1], h.dims()[2]);
+        self.lm_head.forward(&h.narrow(1, t - 1, 1)?.reshape([bs, d])?)
+    }
+}

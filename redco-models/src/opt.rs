@@ -1,0 +1,279 @@
+//! OPT, written only with `redco-core` ops and `nn`. Names, shapes and numerics follow
+//! transformers' `OPTForCausalLM`: learned positions looked up at `cumsum(mask) * mask - 1 +
+//! 2` (so left-padded rows start at position 2 like unpadded ones), LayerNorm before
+//! (`do_layer_norm_before`) or after each block, optional `project_in` / `project_out`
+//! between a narrower embedding and the hidden size (the 350m shape), ReLU MLP, and the head
+//! tied to the token embedding.
+
+use crate::build::{self, embedding, layer_norm, linear};
+use crate::generate::{CausalLm, KvCache};
+use crate::hf::config::HfConfig;
+use crate::params::{ParamSource, RandomInit};
+use redco_core::dist::ShardPlan;
+use redco_core::nn::{self, join, Activation, Embedding, LayerNorm, Linear, Module};
+use redco_core::{Backend, DType, Error, Result, Tensor};
+use std::path::Path;
+
+/// The offset OPT adds to positions (its table has two extra rows in front).
+pub const POSITION_OFFSET: i64 = 2;
+
+/// One OPT decoder layer.
+pub struct OptLayer<B: Backend> {
+    q_proj: Linear<B>,
+    k_proj: Linear<B>,
+    v_proj: Linear<B>,
+    out_proj: Linear<B>,
+    self_attn_layer_norm: LayerNorm<B>,
+    fc1: Linear<B>,
+    fc2: Linear<B>,
+    final_layer_norm: LayerNorm<B>,
+}
+
+impl<B: Backend> Module<B> for OptLayer<B> {
+    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
+        self.k_proj.visit(&join(p, "self_attn.k_proj"), f);
+        self.v_proj.visit(&join(p, "self_attn.v_proj"), f);
+        self.q_proj.visit(&join(p, "self_attn.q_proj"), f);
+        self.out_proj.visit(&join(p, "self_attn.out_proj"), f);
+        self.self_attn_layer_norm.visit(&join(p, "self_attn_layer_norm"), f);
+        self.fc1.visit(&join(p, "fc1"), f);
+        self.fc2.visit(&join(p, "fc2"), f);
+        self.final_layer_norm.visit(&join(p, "final_layer_norm"), f);
+    }
+    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
+        self.k_proj.visit_mut(&join(p, "self_attn.k_proj"), f);
+        self.v_proj.visit_mut(&join(p, "self_attn.v_proj"), f);
+        self.q_proj.visit_mut(&join(p, "self_attn.q_proj"), f);
+        self.out_proj.visit_mut(&join(p, "self_attn.out_proj"), f);
+        self.self_attn_layer_norm.visit_mut(&join(p, "self_attn_layer_norm"), f);
+        self.fc1.visit_mut(&join(p, "fc1"), f);
+        self.fc2.visit_mut(&join(p, "fc2"), f);
+        self.final_layer_norm.visit_mut(&join(p, "final_layer_norm"), f);
+    }
+}
+
+/// `OPTForCausalLM`.
+pub struct Opt<B: Backend> {
+    /// The configuration.
+    pub cfg: HfConfig,
+    embed_tokens: Embedding<B>,
+    embed_positions: Embedding<B>,
+    project_in: Option<Linear<B>>,
+    project_out: Option<Linear<B>>,
+    final_layer_norm: Option<LayerNorm<B>>,
+    layers: Vec<OptLayer<B>>,
+    lm_head: Option<Linear<B>>,
+    pre_norm: bool,
+    act: Activation,
+}
+
+impl<B: Backend> Module<B> for Opt<B> {
+    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
+        self.embed_tokens.visit(&join(p, "model.decoder.embed_tokens"), f);
+        self.embed_positions.visit(&join(p, "model.decoder.embed_positions"), f);
+        self.project_out.visit(&join(p, "model.decoder.project_out"), f);
+        self.project_in.visit(&join(p, "model.decoder.project_in"), f);
+        self.final_layer_norm.visit(&join(p, "model.decoder.final_layer_norm"), f);
+        self.layers.visit(&join(p, "model.decoder.layers"), f);
+        self.lm_head.visit(&join(p, "lm_head"), f);
+    }
+    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
+        self.embed_tokens.visit_mut(&join(p, "model.decoder.embed_tokens"), f);
+        self.embed_positions.visit_mut(&join(p, "model.decoder.embed_positions"), f);
+        self.project_out.visit_mut(&join(p, "model.decoder.project_out"), f);
+        self.project_in.visit_mut(&join(p, "model.decoder.project_in"), f);
+        self.final_layer_norm.visit_mut(&join(p, "model.decoder.final_layer_norm"), f);
+        self.layers.visit_mut(&join(p, "model.decoder.layers"), f);
+        self.lm_head.visit_mut(&join(p, "lm_head"), f);
+    }
+}
+
+/// OPT's positions for a `[batch, seq]` attention mask: `cumsum(mask) * mask - 1`, plus the
+/// offset (padding gets position `-1 + 2 = 1`).
+pub fn positions_from_mask(mask: &[i64], seq: usize) -> Vec<i64> {
+    let mut out = Vec::with_capacity(mask.len());
+    for row in mask.chunks(seq) {
+        let mut c = 0;
+        for &m in row {
+            let m = (m != 0) as i64;
+            c += m;
+            out.push(c * m - 1 + POSITION_OFFSET);
+        }
+    }
+    out
+}
+
+impl<B: Backend> Opt<B> {
+    /// A randomly initialised model for `cfg`.
+    pub fn new(b: &B, cfg: &HfConfig, dtype: DType, seed: u64) -> Result<Self> {
+        Self::build(cfg, &mut RandomInit::new(b, dtype, seed))
+    }
+
+    /// Checks that `cfg` describes an OPT this implementation runs.
+    pub fn check_config(cfg: &HfConfig) -> Result<()> {
+        if cfg.model_type != "opt" {
+            return Err(Error::invalid("opt", format!("config has model_type `{}`, not opt", cfg.model_type)));
+        }
+        if !cfg.flag("layer_norm_elementwise_affine", true) {
+            return Err(Error::invalid("opt", "layer_norm_elementwise_affine = false is not supported"));
+        }
+        Activation::from_hf(&cfg.hidden_act).map(|_| ())
+    }
+
+    /// Builds the model with every parameter taken from `src` by its transformers name.
+    pub fn build(cfg: &HfConfig, src: &mut dyn ParamSource<B>) -> Result<Self> {
+        Self::check_config(cfg)?;
+        let (h, f, v, e) = (cfg.hidden, cfg.intermediate, cfg.vocab, cfg.opt_embed_dim());
+        let bias = cfg.flag("enable_bias", true);
+        let eps = cfg.norm_eps;
+        let d = |s: &str| format!("model.decoder.{s}");
+        let embed_tokens = embedding(src, &d("embed_tokens"), v, e, 0.02)?;
+        let pos_rows = cfg.max_positions.unwrap_or(2048) + POSITION_OFFSET as usize;
+        let embed_positions = embedding(src, &d("embed_positions"), pos_rows, h, 0.02)?;
+        let (project_out, project_in) = if e != h {
+            (Some(linear(src, &d("project_out"), h, e, false)?), Some(linear(src, &d("project_in"), e, h, false)?))
+        } else {
+            (None, None)
+        };
+        let final_layer_norm =
+            if cfg.opt_final_norm() { Some(layer_norm(src, &d("final_layer_norm"), h, eps)?) } else { None };
+        let layers = (0..cfg.layers)
+            .map(|l| {
+                let p = |s: &str| format!("model.decoder.layers.{l}.{s}");
+                Ok(OptLayer {
+                    k_proj: linear(src, &p("self_attn.k_proj"), h, h, bias)?,
+                    v_proj: linear(src, &p("self_attn.v_proj"), h, h, bias)?,
+                    q_proj: linear(src, &p("self_attn.q_proj"), h, h, bias)?,
+                    out_proj: linear(src, &p("self_attn.out_proj"), h, h, bias)?,
+                    fc1: linear(src, &p("fc1"), h, f, bias)?,
+                    fc2: linear(src, &p("fc2"), f, h, bias)?,
+                    self_attn_layer_norm: layer_norm(src, &p("self_attn_layer_norm"), h, eps)?,
+                    final_layer_norm: layer_norm(src, &p("final_layer_norm"), h, eps)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let lm_head = if cfg.tie_word_embeddings { None } else { Some(linear(src, "lm_head", e, v, false)?) };
+        Ok(Opt {
+            cfg: cfg.clone(),
+            embed_tokens,
+            embed_positions,
+            project_in,
+            project_out,
+            final_layer_norm,
+            layers,
+            lm_head,
+            pre_norm: cfg.flag("do_layer_norm_before", true),
+            act: Activation::from_hf(&cfg.hidden_act)?,
+        })
+    }
+
+    /// Loads `dir` (config.json + safetensors) with parameters of `dtype`, laid out by `plan`
+    /// when given (inside an SPMD run: each rank reads only its slices).
+    pub fn from_pretrained(b: &B, dir: &Path, dtype: DType, plan: Option<&ShardPlan>) -> Result<Self> {
+        let cfg = HfConfig::from_dir(dir)?;
+        // a tied head may still be stored; it is the token embedding
+        let tied = cfg.tie_word_embeddings;
+        build::load(b, dir, dtype, plan, &["opt"], &|n| tied && n == "lm_head.weight", Self::build)
+    }
+
+    /// Logits `[batch, seq, vocab]`; positions come from the mask as transformers computes
+    /// them (all ones without a mask).
+    pub fn forward(&self, ids: &Tensor<B>, mask: Option<&Tensor<B>>) -> Result<Tensor<B>> {
+        if ids.rank() != 2 {
+            return Err(Error::invalid("opt", format!("input ids must be [batch, seq], got {}", ids.shape())));
+        }
+        let (bs, t) = (ids.dims()[0], ids.dims()[1]);
+        let m = match mask {
+            Some(m) => m.to_vec_i64()?,
+            None => vec![1; bs * t],
+        };
+        let pos = Tensor::from_vec(ids.backend(), positions_from_mask(&m, t), [bs, t])?;
+        let h = self.hidden_states(ids, mask, &pos, None)?;
+        self.head(&h)
+    }
+
+    /// Final hidden states (after `project_out`) for `ids` at table rows `pos` (offset
+    /// included); with a cache, `ids` follow the cached positions and `mask` covers both.
+    pub fn hidden_states(
+        &self,
+        ids: &Tensor<B>,
+        mask: Option<&Tensor<B>>,
+        pos: &Tensor<B>,
+        mut cache: Option<&mut KvCache<B>>,
+    ) -> Result<Tensor<B>> {
+        let c = &self.cfg;
+        let (bs, t) = (ids.dims()[0], ids.dims()[1]);
+        let past = cache.as_ref().map_or(0, |k| k.len());
+        crate::generate::check_context("opt", past + t, c.max_positions)?;
+        let hd = c.head_dim;
+        let mut x = self.embed_tokens.forward(ids)?;
+        if let Some(p) = &self.project_in {
+            x = p.forward(&x)?;
+        }
+        let mut h = x.add(&self.embed_positions.forward(pos)?)?;
+        for (i, l) in self.layers.iter().enumerate() {
+            let a_in = if self.pre_norm { l.self_attn_layer_norm.forward(&h)? } else { h.clone() };
+            let split = |y: Tensor<B>| y.reshape([bs, t, c.heads, hd])?.transpose(1, 2);
+            let q = split(l.q_proj.forward(&a_in)?)?;
+            let k = split(l.k_proj.forward(&a_in)?)?;
+            let v = split(l.v_proj.forward(&a_in)?)?;
+            let (k, v) = match cache.as_deref_mut() {
+                Some(cache) => cache.append(i, k, v)?,
+                None => (k, v),
+            };
+            let a = nn::scaled_dot_product_attention(&q, &k, &v, mask, true, None)?;
+            h = h.add(&l.out_proj.forward(&a.transpose(1, 2)?.reshape([bs, t, c.heads * hd])?)?)?;
+            if !self.pre_norm {
+                h = l.self_attn_layer_norm.forward(&h)?;
+            }
+            let f_in = if self.pre_norm { l.final_layer_norm.forward(&h)? } else { h.clone() };
+            h = h.add(&l.fc2.forward(&self.act.forward(&l.fc1.forward(&f_in)?)?)?)?;
+            if !self.pre_norm {
+                h = l.final_layer_norm.forward(&h)?;
+            }
+        }
+        if let Some(n) = &self.final_layer_norm {
+            h = n.forward(&h)?;
+        }
+        match &self.project_out {
+            Some(p) => p.forward(&h),
+            None => Ok(h),
+        }
+    }
+
+    /// The head over final hidden states (the token embedding when tied).
+    pub fn head(&self, h: &Tensor<B>) -> Result<Tensor<B>> {
+        match &self.lm_head {
+            Some(head) => head.forward(h),
+            None => h.matmul_t(&self.embed_tokens.weight),
+        }
+    }
+
+    /// transformers' causal-LM loss (logits at `t` predict `labels` at `t + 1`, -100 ignored).
+    pub fn loss(&self, ids: &Tensor<B>, mask: Option<&Tensor<B>>, labels: &Tensor<B>) -> Result<Tensor<B>> {
+        crate::generate::shifted_loss(&self.forward(ids, mask)?, labels)
+    }
+}
+
+impl<B: Backend> CausalLm<B> for Opt<B> {
+    fn max_positions(&self) -> Option<usize> {
+        self.cfg.max_positions
+    }
+    fn new_cache(&self) -> KvCache<B> {
+        KvCache::new(self.cfg.layers)
+    }
+    fn next_logits(
+        &self,
+        ids: &Tensor<B>,
+        mask: &Tensor<B>,
+        positions: &Tensor<B>,
+        cache: &mut KvCache<B>,
+    ) -> Result<Tensor<B>> {
+        // generation positions are cumsum - 1 (padding 1); OPT's table is offset by 2
+        let shifted: Vec<i64> = positions.to_vec_i64()?.into_iter().map(|p| p + POSITION_OFFSET).collect();
+        let pos = Tensor::from_vec(ids.backend(), shifted, positions.shape().clone())?;
+        let h = self.hidden_states(ids, Some(mask), &pos, Some(cache))?;
+        let (bs, t, d) = (h.dims()[0], h.dims()[1], h.dims()[2]);
+        self.head(&h.narrow(1, t - 1, 1)?.reshape([bs, d])?)
+    }
+}
