@@ -15,4 +15,5 @@ pub mod llama;
 pub mod opt;
 pub mod params;
 pub mod presets;
+pub mod t5;
 pub mod tiny;

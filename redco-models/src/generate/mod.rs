@@ -4,9 +4,11 @@
 //! tensor parallelism every rank runs the same loop on its shard of the model (the cache
 //! holds its heads) and draws the same tokens from the gathered logits.
 
+mod beam;
 mod cache;
 mod sampling;
 
+pub use beam::{beam_search, BeamConfig};
 pub use cache::KvCache;
 pub use sampling::{argmax, Sampling};
 

@@ -178,9 +178,10 @@ impl HfConfig {
             "llama" | "mistral" => Ok(self.llama_params()),
             "gptj" => Ok(self.gptj_params()),
             "opt" => Ok(self.opt_params()),
+            "t5" => Ok(self.t5_params()),
             other => Err(Error::invalid(
                 "config",
-                format!("model_type `{other}` is not supported yet (supported: llama, mistral, gptj, opt)"),
+                format!("model_type `{other}` is not supported yet (supported: llama, mistral, gptj, opt, t5)"),
             )),
         }
     }
@@ -204,6 +205,49 @@ impl HfConfig {
         out.push(("transformer.ln_f.bias".to_string(), Shape::new([h])));
         out.push(("lm_head.weight".to_string(), Shape::new([v, h])));
         out.push(("lm_head.bias".to_string(), Shape::new([v])));
+        out
+    }
+
+    fn t5_params(&self) -> Vec<(String, Shape)> {
+        let (d, inner, ff, v) = (self.hidden, self.heads * self.head_dim, self.intermediate, self.vocab);
+        let nb = self.num("relative_attention_num_buckets").unwrap_or(32);
+        let gated = self.hidden_act.starts_with("gated-");
+        let mut out = vec![("shared.weight".to_string(), Shape::new([v, d]))];
+        for (stack, n) in [("encoder", self.layers), ("decoder", self.num("num_decoder_layers").unwrap_or(self.layers))]
+        {
+            let dec = stack == "decoder";
+            for l in 0..n {
+                let p = |s: &str| format!("{stack}.block.{l}.{s}");
+                let mut attn = |prefix: String, rel: bool| {
+                    for m in ["q", "k", "v"] {
+                        out.push((format!("{prefix}.{m}.weight"), Shape::new([inner, d])));
+                    }
+                    out.push((format!("{prefix}.o.weight"), Shape::new([d, inner])));
+                    if rel {
+                        out.push((format!("{prefix}.relative_attention_bias.weight"), Shape::new([nb, self.heads])));
+                    }
+                };
+                attn(p("layer.0.SelfAttention"), l == 0);
+                if dec {
+                    attn(p("layer.1.EncDecAttention"), false);
+                }
+                out.push((p("layer.0.layer_norm.weight"), Shape::new([d])));
+                if dec {
+                    out.push((p("layer.1.layer_norm.weight"), Shape::new([d])));
+                }
+                let f = if dec { 2 } else { 1 };
+                let wi: &[&str] = if gated { &["wi_0", "wi_1"] } else { &["wi"] };
+                for w in wi {
+                    out.push((p(&format!("layer.{f}.DenseReluDense.{w}.weight")), Shape::new([ff, d])));
+                }
+                out.push((p(&format!("layer.{f}.DenseReluDense.wo.weight")), Shape::new([d, ff])));
+                out.push((p(&format!("layer.{f}.layer_norm.weight")), Shape::new([d])));
+            }
+            out.push((format!("{stack}.final_layer_norm.weight"), Shape::new([d])));
+        }
+        if !self.tie_word_embeddings {
+            out.push(("lm_head.weight".to_string(), Shape::new([v, d])));
+        }
         out
     }
 

@@ -10,9 +10,10 @@ use redco_core::nn::ModuleExt;
 use redco_core::pipeline::checkpoint::{safetensors_bytes, write_atomic};
 use redco_core::{Backend, DType, HostData, Result, Tensor};
 use redco_models::auto::AutoModel;
-use redco_models::generate::{generate, GenerationConfig, Sampling};
+use redco_models::generate::{generate, BeamConfig, GenerationConfig, Sampling};
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::safetensors::{read_all, HostTensor};
+use redco_models::t5::T5;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -49,18 +50,18 @@ fn dump<B: Backend>(b: &B, a: &EvalDumpArgs, inputs: &BTreeMap<String, HostTenso
     let cfg = HfConfig::from_dir(&a.model)?;
     let plan = common::plan(&cfg, current_comm::<B>().map_or(redco_core::dist::Mesh::single(), |c| c.mesh()))
         .map_err(|e| redco_core::Error::invalid("eval-dump", e))?;
-    let model = AutoModel::from_pretrained(b, &a.model, dtype, plan.as_ref())?;
     let get = |k: &str| -> Result<Option<Tensor<B>>> {
         inputs.get(k).map(|t| Tensor::from_host(b, &t.data, t.shape.clone())).transpose()
     };
+    if cfg.model_type == "t5" {
+        let model = T5::from_pretrained(b, &a.model, dtype, plan.as_ref())?;
+        return dump_t5(&model, a, &get, &cfg);
+    }
+    let model = AutoModel::from_pretrained(b, &a.model, dtype, plan.as_ref())?;
     let ids = get("input_ids")?
         .ok_or_else(|| redco_core::Error::invalid("eval-dump", format!("{} has no `input_ids`", a.inputs.display())))?;
     let mask = get("attention_mask")?;
     let mut out: Named = Vec::new();
-    let host = |name: &str, t: &Tensor<B>| -> Result<(String, HostData, Vec<usize>)> {
-        let t = t.replicate()?;
-        Ok((name.to_string(), t.to_host()?.cast(DType::F32), t.dims().to_vec()))
-    };
     let logits = model.forward(&ids, mask.as_ref())?;
     out.push(host("logits", &logits)?);
     if let Some(labels) = get("labels")? {
@@ -84,6 +85,71 @@ fn dump<B: Backend>(b: &B, a: &EvalDumpArgs, inputs: &BTreeMap<String, HostTenso
         let g = generate(&model, &gen_ids, gen_mask.as_ref(), &gc, |_, _| {})?;
         let len = g.rows.first().map_or(0, Vec::len);
         out.push(("generated_ids".into(), HostData::I64(g.rows.concat()), vec![g.rows.len(), len]));
+    }
+    Ok(out)
+}
+
+fn host<B: Backend>(name: &str, t: &Tensor<B>) -> Result<(String, HostData, Vec<usize>)> {
+    let t = t.replicate()?;
+    Ok((name.to_string(), t.to_host()?.cast(DType::F32), t.dims().to_vec()))
+}
+
+fn ids_out(name: &str, rows: Vec<Vec<i64>>) -> (String, HostData, Vec<usize>) {
+    let len = rows.first().map_or(0, Vec::len);
+    (name.into(), HostData::I64(rows.concat()), vec![rows.len(), len])
+}
+
+/// The encoder-decoder dump: decoder logits over `decoder_input_ids` (the shifted labels when
+/// absent), loss, gradients, greedy and 4-beam generations.
+fn dump_t5<B: Backend>(
+    model: &T5<B>,
+    a: &EvalDumpArgs,
+    get: &dyn Fn(&str) -> Result<Option<Tensor<B>>>,
+    cfg: &HfConfig,
+) -> Result<Named> {
+    let need = |k: &str| {
+        get(k)?.ok_or_else(|| redco_core::Error::invalid("eval-dump", format!("{} has no `{k}`", a.inputs.display())))
+    };
+    let ids = need("input_ids")?;
+    let mask = get("attention_mask")?;
+    let labels = get("labels")?;
+    let dec = match (get("decoder_input_ids")?, &labels) {
+        (Some(d), _) => d,
+        (None, Some(l)) => model.shift_right(l)?,
+        (None, None) => {
+            return Err(redco_core::Error::invalid("eval-dump", "t5 needs `decoder_input_ids` or `labels`"))
+        }
+    };
+    let mut out: Named = vec![host("logits", &model.forward(&ids, mask.as_ref(), &dec)?)?];
+    if let Some(labels) = labels {
+        let loss = model.loss(&ids, mask.as_ref(), &labels, Some(&dec))?;
+        let grads = loss.backward()?;
+        out.push(host("loss", &loss.reshape([1])?)?);
+        for (name, p) in model.named_parameters() {
+            if let Some(g) = grads.get(&p) {
+                out.push(host(&format!("grad.{name}"), g)?);
+            }
+        }
+    }
+    if let Some(gen_ids) = get("gen_input_ids")? {
+        let gen_mask = get("gen_attention_mask")?;
+        let pad = cfg.pad_token_id.unwrap_or(0);
+        let gc = GenerationConfig {
+            max_new_tokens: a.max_new_tokens,
+            sampling: Sampling::Greedy,
+            stop_tokens: cfg.eos_token_ids.clone(),
+            pad_token: pad,
+        };
+        out.push(ids_out("generated_ids", model.generate(&gen_ids, gen_mask.as_ref(), &gc)?));
+        let bc = BeamConfig {
+            num_beams: 4,
+            max_new_tokens: a.max_new_tokens,
+            length_penalty: 1.0,
+            early_stopping: true,
+            stop_tokens: cfg.eos_token_ids.clone(),
+            pad_token: pad,
+        };
+        out.push(ids_out("beam_generated_ids", model.generate_beam(&gen_ids, gen_mask.as_ref(), &bc)?));
     }
     Ok(out)
 }
