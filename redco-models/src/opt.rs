@@ -9,6 +9,7 @@ use crate::build::{self, embedding, layer_norm, linear};
 use crate::generate::{CausalLm, KvCache};
 use crate::hf::config::HfConfig;
 use crate::params::{ParamSource, RandomInit};
+use redco_core::backend::CmpOp;
 use redco_core::dist::ShardPlan;
 use redco_core::nn::{self, join, Activation, Embedding, LayerNorm, Linear, Module};
 use redco_core::{Backend, DType, Error, Result, Tensor};
@@ -207,6 +208,11 @@ impl<B: Backend> Opt<B> {
         crate::generate::check_context("opt", past + t, c.max_positions)?;
         let hd = c.head_dim;
         let mut x = self.embed_tokens.forward(ids)?;
+        if let Some(pad) = c.pad_token_id {
+            // `padding_idx`: the padding row's lookups pass no gradient to the table
+            let is_pad = ids.compare_scalar(pad as f64, CmpOp::Eq)?.unsqueeze(-1)?;
+            x = is_pad.where_cond(&x.detach(), &x)?;
+        }
         if let Some(p) = &self.project_in {
             x = p.forward(&x)?;
         }

@@ -461,9 +461,15 @@ impl<B: Backend> T5<B> {
             x = x.add(&blk.ff.forward(&blk.ff_norm.forward(&x)?)?)?;
         }
         let x = self.decoder_norm.forward(&x)?;
+        // transformers scales by d_model ** -0.5 when `scale_decoder_outputs` (default: tied)
+        let x = if self.cfg.flag("scale_decoder_outputs", self.cfg.tie_word_embeddings) {
+            x.scale((self.cfg.hidden as f64).powf(-0.5))?
+        } else {
+            x
+        };
         match &self.lm_head {
             Some(head) => head.forward(&x),
-            None => x.scale((self.cfg.hidden as f64).powf(-0.5))?.matmul_t(&self.shared.weight),
+            None => x.matmul_t(&self.shared.weight),
         }
     }
 

@@ -5,8 +5,36 @@ For each model: <out>/<name>/config.json + model.safetensors (the checkpoint),
 inputs.safetensors (input_ids, attention_mask, labels, gen_input_ids, gen_attention_mask)
 and reference.safetensors (logits, loss, grad.<param>, generated_ids).
 
+Models: llama-tiny, gptj-tiny, opt-tiny, opt-350m-shape (OPT with post-layer-norm and
+project_in/out, as facebook/opt-350m), t5-tiny (T5 v1.0) and t5-v1_1-tiny (T5 v1.1). All are
+float32, eager attention, eval mode (no dropout); every weight re-drawn larger than the default
+init so that every layer matters numerically: matrices (and embedding tables) normal std 0.2,
+biases normal std 0.2, norm scales uniform 0.8..1.2 (T5's shared embedding and relative position
+tables: normal std 1.0, else the tied head's d_model**-0.5 scaling leaves logits near-uniform).
+The other models each have a seed picked so that greedy generation stops a row at eos (the rest of
+that row is then pad) and, for T5, beam search differs from greedy.
+The decoder-only batches have a left-padded second row; `forward` gets no position_ids (so
+each model derives them by its own rule), `generate` derives them from the attention mask.
+
+The T5 fixtures (encoder-decoder) have in inputs.safetensors: input_ids, attention_mask (encoder;
+the second row is RIGHT-padded with pad id 0, as T5 tokenizers pad), labels ([batch, tgt_len],
+-100 at padding), decoder_input_ids (= labels shifted right by transformers' _shift_right:
+decoder_start_token_id first, -100 replaced by pad), gen_input_ids, gen_attention_mask; and in
+reference.safetensors: logits (decoder), loss, grad.<param>, generated_ids (greedy,
+max_new_tokens=8; decoder_start_token_id first, finished rows padded with pad 0) and
+beam_generated_ids (num_beams=4, length_penalty=1.0, early_stopping=True; as generate returns it:
+a shorter best hypothesis is filled with eos 1, not pad 0, since transformers fills with
+`pad_token_id or eos_token_id` and pad 0 is falsy).
+
+grad.<param> uses model.named_parameters() names: a tied weight appears once, under the name
+model.safetensors stores it (checked: the file's keys are exactly those names). Tied: OPT's
+lm_head.weight = model.decoder.embed_tokens.weight; T5's encoder.embed_tokens.weight and
+decoder.embed_tokens.weight = shared.weight, and t5-tiny's lm_head.weight = shared.weight too
+(t5-v1_1-tiny has its own lm_head.weight, as real v1.1 checkpoints). GPT-J ties nothing.
+
 <out>/llama-tiny/ also gets a tokenizer (tokenizer.json, tokenizer_config.json) and
-tokenizer_expected.json: what transformers' encode, decode and padded batch give with it."""
+tokenizer_expected.json: what transformers' encode, decode and padded batch give with it.
+The other fixtures have no tokenizer."""
 import argparse
 import json
 import os
@@ -54,6 +82,175 @@ def llama(out):
               os.path.join(d, "inputs.safetensors"))
     save_file(ref, os.path.join(d, "reference.safetensors"))
     print("wrote", d)
+
+
+def _redraw(model):
+    """Re-draws every parameter (in model.parameters() order, from the current seed): larger than
+    the default init so that every layer matters numerically."""
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n == "shared.weight" or n.endswith("relative_attention_bias.weight"):
+                p.normal_(0.0, 1.0)  # T5: as its own init (std 1.0 for the shared embedding)
+            elif p.dim() == 2 or n.endswith(".bias"):
+                p.normal_(0.0, 0.2)
+            else:
+                p.uniform_(0.8, 1.2)
+
+
+def _check_saved_keys(model, d):
+    """model.safetensors must hold exactly the named_parameters() names (tied weights once), so
+    that every grad.<name> of the reference has its weight in the checkpoint and vice versa."""
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
+        saved = set(f.keys())
+    params = {n for n, _ in model.named_parameters()}
+    assert saved == params, (sorted(saved - params), sorted(params - saved))
+    tied = sorted(set(model.state_dict().keys()) - saved)
+    print("  model.safetensors: %d tensors; state_dict keys not saved (tied aliases): %s" % (len(saved), tied))
+
+
+def _causal_lm_fixture(model, d, ids, mask, gen_ids, gen_mask, pad_id):
+    """The llama() recipe for any decoder-only model: checkpoint, inputs and reference."""
+    os.makedirs(d, exist_ok=True)
+    model.save_pretrained(d, safe_serialization=True)
+    _check_saved_keys(model, d)
+    labels = ids.clone()
+    labels[mask == 0] = -100
+    outp = model(input_ids=ids, attention_mask=mask, labels=labels)
+    outp.loss.backward()
+    ref = {"logits": outp.logits.detach().contiguous(), "loss": outp.loss.detach().reshape(1)}
+    for n, p in model.named_parameters():
+        ref["grad." + n] = p.grad.detach().contiguous()
+    with torch.no_grad():
+        g = model.generate(input_ids=gen_ids, attention_mask=gen_mask, max_new_tokens=8, do_sample=False,
+                           pad_token_id=pad_id)
+    ref["generated_ids"] = g.contiguous()
+    save_file({"input_ids": ids, "attention_mask": mask, "labels": labels, "gen_input_ids": gen_ids,
+               "gen_attention_mask": gen_mask}, os.path.join(d, "inputs.safetensors"))
+    save_file(ref, os.path.join(d, "reference.safetensors"))
+    print("wrote", d)
+
+
+def gptj(out):
+    """GPT-J: partial rotary (rotary_dim 4 of head_dim 8, rotate_every_two), parallel residual,
+    gelu_new, untied lm_head with a bias. bos 1, eos 2, no pad token (generate pads with 0)."""
+    from transformers import GPTJConfig, GPTJForCausalLM
+
+    torch.manual_seed(41)  # a draw whose greedy generation stops one row at eos (then pads) and not the other
+    cfg = GPTJConfig(
+        vocab_size=64, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64,
+        activation_function="gelu_new", tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+        attn_implementation="eager",
+    )
+    model = GPTJForCausalLM(cfg).float().eval()
+    _redraw(model)
+    ids = torch.tensor([[5, 9, 13, 2, 40, 33, 7], [0, 0, 11, 3, 21, 60, 8]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1]])
+    gen_ids = torch.tensor([[5, 9, 13, 2], [0, 0, 11, 3]])
+    gen_mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    _causal_lm_fixture(model, os.path.join(out, "gptj-tiny"), ids, mask, gen_ids, gen_mask, pad_id=0)
+
+
+def _opt(out, name, do_layer_norm_before, word_embed_proj_dim, seed):
+    """OPT with transformers' default special ids: pad 1, bos = eos 2 (OPT's tokenizer starts
+    every sequence with </s> = 2). Inputs start with bos; the second row is left-padded with 1.
+    lm_head is tied to embed_tokens (OPT's default)."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = OPTConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, ffn_dim=48, num_attention_heads=4,
+        max_position_embeddings=64, do_layer_norm_before=do_layer_norm_before,
+        word_embed_proj_dim=word_embed_proj_dim, activation_function="relu", dropout=0.0,
+        attn_implementation="eager",
+    )
+    assert (cfg.pad_token_id, cfg.bos_token_id, cfg.eos_token_id) == (1, 2, 2)
+    model = OPTForCausalLM(cfg).float().eval()
+    _redraw(model)
+    ids = torch.tensor([[2, 9, 13, 5, 40, 33, 7], [1, 1, 2, 3, 21, 60, 8]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1]])
+    gen_ids = torch.tensor([[2, 9, 13, 5], [1, 1, 2, 3]])
+    gen_mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    _causal_lm_fixture(model, os.path.join(out, name), ids, mask, gen_ids, gen_mask, pad_id=cfg.pad_token_id)
+
+
+def opt(out):
+    """OPT as 125m, 1.3b, ...: pre-layer-norm, final_layer_norm, no projections."""
+    # seed: a draw whose greedy generation hits eos in both rows, at different steps (so the batch
+    # stops before max_new_tokens, the first row padded with pad id 1)
+    _opt(out, "opt-tiny", do_layer_norm_before=True, word_embed_proj_dim=32, seed=44)
+
+
+def opt_350m_shape(out):
+    """OPT as 350m: post-layer-norm (no final_layer_norm) and word_embed_proj_dim != hidden_size
+    (project_in / project_out)."""
+    # seed: a draw whose greedy generation stops one row at eos (then pads with 1) and not the other
+    _opt(out, "opt-350m-shape", do_layer_norm_before=False, word_embed_proj_dim=16, seed=145)
+
+
+def _t5(out, name, v1_1, seed):
+    from torch import nn
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    cfg = T5Config(
+        vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
+        feed_forward_proj="gated-gelu" if v1_1 else "relu", tie_word_embeddings=not v1_1,
+        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, attn_implementation="eager",
+    )
+    model = T5ForConditionalGeneration(cfg)
+    if v1_1:
+        # transformers 5.x ties lm_head to shared even for tie_word_embeddings=False (that only turns
+        # off the d_model**-0.5 scaling of the decoder output) and then saves no lm_head.weight; real
+        # T5 v1.1 checkpoints have their own lm_head.weight and "tie_word_embeddings": false, which
+        # from_pretrained loads untied. Untie here so that the fixture is such a checkpoint.
+        model.lm_head.weight = nn.Parameter(model.shared.weight.detach().clone())
+        model.all_tied_weights_keys.pop("lm_head.weight")
+        model.config.tie_word_embeddings = False
+    model = model.float().eval()
+    assert model.config.scale_decoder_outputs == (not v1_1)
+    assert (model.lm_head.weight is model.shared.weight) == (not v1_1)
+    _redraw(model)
+    d = os.path.join(out, name)
+    os.makedirs(d, exist_ok=True)
+    model.save_pretrained(d, safe_serialization=True)
+    _check_saved_keys(model, d)
+    # encoder inputs end with eos (1), as T5's tokenizer appends it; the second row is right-padded
+    ids = torch.tensor([[5, 9, 13, 22, 40, 33, 1], [11, 3, 21, 60, 1, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0, 0]])
+    labels = torch.tensor([[7, 14, 25, 44, 1], [30, 8, 1, -100, -100]])
+    decoder_input_ids = model._shift_right(labels)  # [[0, 7, 14, 25, 44], [0, 30, 8, 1, 0]]
+    outp = model(input_ids=ids, attention_mask=mask, labels=labels)
+    outp.loss.backward()
+    # forward derived the same decoder inputs from labels
+    outp2 = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_input_ids)
+    assert torch.equal(outp2.logits, outp.logits)
+    ref = {"logits": outp.logits.detach().contiguous(), "loss": outp.loss.detach().reshape(1)}
+    for n, p in model.named_parameters():
+        ref["grad." + n] = p.grad.detach().contiguous()
+    gen_ids = torch.tensor([[5, 9, 13, 1], [11, 3, 1, 0]])
+    gen_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    with torch.no_grad():
+        g = model.generate(input_ids=gen_ids, attention_mask=gen_mask, max_new_tokens=8, do_sample=False)
+        b = model.generate(input_ids=gen_ids, attention_mask=gen_mask, max_new_tokens=8, do_sample=False,
+                           num_beams=4, length_penalty=1.0, early_stopping=True)
+    ref["generated_ids"] = g.contiguous()
+    ref["beam_generated_ids"] = b.contiguous()
+    save_file({"input_ids": ids, "attention_mask": mask, "labels": labels, "decoder_input_ids": decoder_input_ids,
+               "gen_input_ids": gen_ids, "gen_attention_mask": gen_mask}, os.path.join(d, "inputs.safetensors"))
+    save_file(ref, os.path.join(d, "reference.safetensors"))
+    print("wrote", d)
+
+
+def t5(out):
+    """T5 v1.0 (t5-tiny: relu FFN, tied head with the d_model**-0.5 scaling) and T5 v1.1
+    (t5-v1_1-tiny: gated-gelu FFN with gelu_new, separate unscaled lm_head)."""
+    # seeds: draws whose greedy generation stops one row at eos (then pads with 0) and not the
+    # other, and whose beam search differs from greedy and finishes a hypothesis at eos
+    _t5(out, "t5-tiny", v1_1=False, seed=415)
+    _t5(out, "t5-v1_1-tiny", v1_1=True, seed=128)
 
 
 TOKENIZER_CORPUS = [
@@ -133,9 +330,18 @@ def llama_tokenizer(out):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", choices=["llama", "tokenizer"], help="write one fixture only")
+    ap.add_argument("--only", choices=["llama", "tokenizer", "gptj", "opt", "opt-350m", "t5"],
+                    help="write one fixture only (opt: opt-tiny, opt-350m: opt-350m-shape, t5: t5-tiny and t5-v1_1-tiny)")
     a = ap.parse_args()
     if a.only in (None, "llama"):
         llama(a.out)
     if a.only in (None, "tokenizer"):
         llama_tokenizer(a.out)
+    if a.only in (None, "gptj"):
+        gptj(a.out)
+    if a.only in (None, "opt"):
+        opt(a.out)
+    if a.only in (None, "opt-350m"):
+        opt_350m_shape(a.out)
+    if a.only in (None, "t5"):
+        t5(a.out)

@@ -297,6 +297,15 @@ pub fn plan_from_trace<B: Backend>(
                     failed.entry(p.id()).or_insert_with(|| format!("replicated: {why}"));
                 }
             }
+            // A row partner that is also a lookup table (a head tied to the embedding) is
+            // split over the vocabulary instead, so it cannot close a pair: the column side
+            // stays replicated (OPT-350m's project_out before the tied head).
+            let tied_row = w.rows.iter().any(|(r, _)| {
+                g.consumers.get(r).is_some_and(|v| v.iter().any(|(x, i)| g.op(*x) == "index_select" && *i == 0))
+            });
+            if tied_row {
+                break;
+            }
             if w.why_not.is_none() && !w.rows.is_empty() && !w.vocab_end {
                 let pair = w.rows.iter().map(|(r, _)| name(r)).collect::<Vec<_>>().join(", ");
                 let mut members: Vec<(TensorId, Placement, Role, String)> =

@@ -3,4 +3,5 @@
 
 mod checkpoint;
 mod llama;
+mod models;
 mod tokenizer;

@@ -1,0 +1,203 @@
+//! GPT-J, OPT (both layer-norm placements, with project_in/out) and T5 (v1.0 and v1.1)
+//! against transformers: logits, loss, every gradient and greedy tokens (T5 also 4-beam
+//! tokens), on padded batches, at 1x1, 1x2 and 2x2 with the plan from the traced step; and
+//! the rules' placements equal Megatron's split with every parameter renamed.
+
+use redco_core::cpu::Cpu;
+use redco_core::dist::trace::plan_from_trace;
+use redco_core::dist::{spmd_cpu, Mesh, ShardPlan, SpmdOptions};
+use redco_core::nn::ModuleExt;
+use redco_core::{DType, Placement, Result, Tensor};
+use redco_models::auto::AutoModel;
+use redco_models::generate::{generate, BeamConfig, GenerationConfig, Sampling};
+use redco_models::hf::config::HfConfig;
+use redco_models::hf::safetensors::{read_all, HostTensor};
+use redco_models::t5::T5;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+fn dir(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
+}
+
+type Inputs = BTreeMap<String, HostTensor>;
+
+fn inputs(name: &str) -> Inputs {
+    read_all(&dir(name).join("inputs.safetensors")).unwrap()
+}
+
+fn t(b: &Cpu, i: &Inputs, k: &str) -> Tensor<Cpu> {
+    Tensor::from_host(b, &i[k].data, i[k].shape.clone()).unwrap()
+}
+
+struct Out {
+    logits: Vec<f64>,
+    loss: f64,
+    grads: BTreeMap<String, Vec<f64>>,
+    generated: Vec<i64>,
+    beams: Option<Vec<i64>>,
+}
+
+fn grads_of<M: ModuleExt<Cpu>>(m: &M, loss: &Tensor<Cpu>) -> Result<BTreeMap<String, Vec<f64>>> {
+    let g = loss.backward()?;
+    let mut out = BTreeMap::new();
+    for (n, p) in m.named_parameters() {
+        let gp = g.get(&p).ok_or_else(|| redco_core::Error::invalid("test", format!("no gradient for {n}")))?;
+        out.insert(n, gp.replicate()?.to_vec_f64()?);
+    }
+    Ok(out)
+}
+
+fn run(name: &str, b: &Cpu, plan: Option<&ShardPlan>) -> Result<Out> {
+    let i = inputs(name);
+    let cfg = HfConfig::from_dir(&dir(name))?;
+    let (ids, mask, labels) = (t(b, &i, "input_ids"), t(b, &i, "attention_mask"), t(b, &i, "labels"));
+    let (gids, gmask) = (t(b, &i, "gen_input_ids"), t(b, &i, "gen_attention_mask"));
+    let pad = cfg.pad_token_id.unwrap_or(0);
+    let greedy = GenerationConfig {
+        max_new_tokens: 8,
+        sampling: Sampling::Greedy,
+        stop_tokens: cfg.eos_token_ids.clone(),
+        pad_token: pad,
+    };
+    if cfg.model_type == "t5" {
+        let m = T5::from_pretrained(b, &dir(name), DType::F32, plan)?;
+        let dec = t(b, &i, "decoder_input_ids");
+        assert_eq!(m.shift_right(&labels)?.to_vec_i64()?, dec.to_vec_i64()?, "shifted labels");
+        let logits = m.forward(&ids, Some(&mask), &dec)?.replicate()?.to_vec_f64()?;
+        let loss = m.loss(&ids, Some(&mask), &labels, None)?;
+        let grads = grads_of(&m, &loss)?;
+        let generated = m.generate(&gids, Some(&gmask), &greedy)?.concat();
+        let bc = BeamConfig {
+            num_beams: 4,
+            max_new_tokens: 8,
+            length_penalty: 1.0,
+            early_stopping: true,
+            stop_tokens: cfg.eos_token_ids.clone(),
+            pad_token: pad,
+        };
+        let beams = Some(m.generate_beam(&gids, Some(&gmask), &bc)?.concat());
+        return Ok(Out { logits, loss: loss.replicate()?.to_scalar()?, grads, generated, beams });
+    }
+    let m = AutoModel::from_pretrained(b, &dir(name), DType::F32, plan)?;
+    let logits = m.forward(&ids, Some(&mask))?.replicate()?.to_vec_f64()?;
+    let loss = m.loss(&ids, Some(&mask), &labels)?;
+    let grads = grads_of(&m, &loss)?;
+    let generated = generate(&m, &gids, Some(&gmask), &greedy, |_, _| {})?.rows.concat();
+    Ok(Out { logits, loss: loss.replicate()?.to_scalar()?, grads, generated, beams: None })
+}
+
+fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    (num / den.max(1e-300)).sqrt()
+}
+
+fn check(name: &str, o: &Out, what: &str) {
+    let r = read_all(&dir(name).join("reference.safetensors")).unwrap();
+    let e = rel_l2(&o.logits, &r["logits"].data.to_f64_vec());
+    assert!(e <= 1e-4, "{name} {what}: logits relative L2 error {e}");
+    let want = r["loss"].data.to_f64_vec()[0];
+    assert!((o.loss - want).abs() <= 1e-4 * want.abs(), "{name} {what}: loss {} vs {want}", o.loss);
+    assert_eq!(o.grads.len(), r.keys().filter(|k| k.starts_with("grad.")).count(), "{name}: gradient count");
+    let mut worst = 0.0f64;
+    for (n, g) in &o.grads {
+        let w = r[&format!("grad.{n}")].data.to_f64_vec();
+        let norm = w.iter().map(|x| x * x).sum::<f64>().sqrt();
+        // gradients that are zero in exact arithmetic (e.g. a key bias) compare absolutely
+        let err =
+            if norm < 1e-5 { g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) } else { rel_l2(g, &w) };
+        worst = worst.max(err);
+        assert!(err <= 1e-3, "{name} {what}: gradient of {n}: error {err}");
+    }
+    let ids = |k: &str| r[k].data.to_f64_vec().into_iter().map(|x| x as i64).collect::<Vec<_>>();
+    assert_eq!(o.generated, ids("generated_ids"), "{name} {what}: greedy tokens");
+    if let Some(b) = &o.beams {
+        assert_eq!(b, &ids("beam_generated_ids"), "{name} {what}: beam tokens");
+    }
+    eprintln!("{name} {what}: logits {e:.1e}, loss {} vs {want}, worst gradient {worst:.1e}", o.loss);
+}
+
+/// The rules' plan from one traced step with every parameter renamed `p<i>`.
+fn opaque_plan(name: &str, mesh: Mesh) -> ShardPlan {
+    let b = Cpu::new(1);
+    let i = inputs(name);
+    let cfg = HfConfig::from_dir(&dir(name)).unwrap();
+    let (ids, mask, labels) = (t(&b, &i, "input_ids"), t(&b, &i, "attention_mask"), t(&b, &i, "labels"));
+    let (named, loss) = if cfg.model_type == "t5" {
+        let m = T5::from_pretrained(&b, &dir(name), DType::F32, None).unwrap();
+        let loss = m.loss(&ids, Some(&mask), &labels, None).unwrap();
+        (m.named_parameters(), loss)
+    } else {
+        let m = AutoModel::from_pretrained(&b, &dir(name), DType::F32, None).unwrap();
+        let loss = m.loss(&ids, Some(&mask), &labels).unwrap();
+        (m.named_parameters(), loss)
+    };
+    let hidden: Vec<(String, Tensor<Cpu>)> =
+        named.iter().enumerate().map(|(i, (_, p))| (format!("p{i}"), p.clone())).collect();
+    let mut plan = plan_from_trace(&hidden, &[&loss], mesh, true).unwrap();
+    let back: BTreeMap<String, String> =
+        named.iter().enumerate().map(|(i, (n, _))| (format!("p{i}"), n.clone())).collect();
+    plan.params = plan.params.into_iter().map(|(k, v)| (back[&k].clone(), v)).collect();
+    plan
+}
+
+/// Megatron's split by transformers' names.
+fn megatron(name: &str) -> Placement {
+    let mut it = name.rsplit('.');
+    let (leaf, owner) = (it.next().unwrap_or(""), it.next().unwrap_or(""));
+    let col = ["q_proj", "k_proj", "v_proj", "fc_in", "fc1", "q", "k", "v", "wi", "wi_0", "wi_1"];
+    let row = ["out_proj", "fc_out", "fc2", "o", "wo"];
+    let vocab = ["wte", "embed_tokens", "embed_positions", "shared", "lm_head"];
+    if owner == "relative_attention_bias" {
+        Placement::Shard(1)
+    } else if col.contains(&owner) || (vocab.contains(&owner) && leaf == "weight") {
+        Placement::Shard(0)
+    } else if row.contains(&owner) && leaf == "weight" {
+        Placement::Shard(1)
+    } else if owner == "lm_head" && leaf == "bias" {
+        Placement::Shard(0)
+    } else {
+        Placement::Replicate
+    }
+}
+
+fn parity(name: &str) {
+    check(name, &run(name, &Cpu::new(2), None).unwrap(), "1x1");
+    for mesh in ["1x2", "2x2"] {
+        let mesh: Mesh = mesh.parse().unwrap();
+        let plan = opaque_plan(name, mesh);
+        for (n, p) in &plan.params {
+            assert_eq!(p.placement, megatron(n), "{name}: {n} at {mesh}:\n{plan}");
+        }
+        let outs = spmd_cpu(mesh, &SpmdOptions::default(), |rk| run(name, &rk.backend, Some(&plan))).unwrap();
+        for o in &outs {
+            check(name, o, &mesh.to_string());
+        }
+    }
+}
+
+#[test]
+fn gptj_matches_transformers_at_1x1_1x2_2x2() {
+    parity("gptj-tiny");
+}
+
+#[test]
+fn opt_matches_transformers_at_1x1_1x2_2x2() {
+    parity("opt-tiny");
+}
+
+#[test]
+fn opt_350m_shape_matches_transformers_at_1x1_1x2_2x2() {
+    parity("opt-350m-shape");
+}
+
+#[test]
+fn t5_matches_transformers_at_1x1_1x2_2x2() {
+    parity("t5-tiny");
+}
+
+#[test]
+fn t5_v1_1_matches_transformers_at_1x1_1x2_2x2() {
+    parity("t5-v1_1-tiny");
+}
