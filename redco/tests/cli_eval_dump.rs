@@ -6,7 +6,11 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/llama-tiny")
+    fixture_named("llama-tiny")
+}
+
+fn fixture_named(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)
 }
 
 fn redco(args: &[&str]) -> (i32, String) {
@@ -22,8 +26,14 @@ fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
 
 #[test]
 fn eval_dump_at_1x2_matches_transformers() {
-    let out = std::env::temp_dir().join(format!("redco-eval-dump-{}.safetensors", std::process::id()));
-    let (f, o) = (fixture(), out.to_str().unwrap().to_string());
+    for name in ["llama-tiny", "gptj-tiny", "opt-tiny", "opt-350m-shape", "t5-tiny", "t5-v1_1-tiny"] {
+        dump_and_compare(name);
+    }
+}
+
+fn dump_and_compare(name: &str) {
+    let out = std::env::temp_dir().join(format!("redco-eval-dump-{name}-{}.safetensors", std::process::id()));
+    let (f, o) = (fixture_named(name), out.to_str().unwrap().to_string());
     let inputs = f.join("inputs.safetensors");
     let (code, err) = redco(&[
         "eval-dump",
@@ -36,20 +46,24 @@ fn eval_dump_at_1x2_matches_transformers() {
         "--mesh",
         "1x2",
     ]);
-    assert_eq!(code, 0, "{err}");
+    assert_eq!(code, 0, "{name}: {err}");
     let got = read_all(&out).unwrap();
     let want = read_all(&f.join("reference.safetensors")).unwrap();
     let mut keys: Vec<_> = got.keys().collect();
     keys.sort();
     let mut want_keys: Vec<_> = want.keys().collect();
     want_keys.sort();
-    assert_eq!(keys, want_keys, "the same tensors as transformers' dump");
-    assert_eq!(got["generated_ids"], want["generated_ids"]);
+    assert_eq!(keys, want_keys, "{name}: the same tensors as transformers' dump");
+    assert_eq!(got["generated_ids"], want["generated_ids"], "{name}");
     let mask = read_all(&inputs).unwrap()["attention_mask"].data.to_f64_vec();
     for (k, w) in &want {
-        assert_eq!(got[k].shape, w.shape, "{k}");
+        assert_eq!(got[k].shape, w.shape, "{name}: {k}");
         let (mut g, mut w) = (got[k].data.to_f64_vec(), w.data.to_f64_vec());
-        if k == "logits" {
+        if k.ends_with("_ids") {
+            assert_eq!(g, w, "{name}: {k}");
+            continue;
+        }
+        if k == "logits" && name == "llama-tiny" {
             // padded positions attend to nothing: compare the real ones
             let v = want[k].shape.dims()[2];
             let keep = |x: Vec<f64>| -> Vec<f64> {
@@ -58,7 +72,11 @@ fn eval_dump_at_1x2_matches_transformers() {
             (g, w) = (keep(g), keep(w));
         }
         let tol = if k.starts_with("grad.") { 1e-3 } else { 1e-4 };
-        assert!(rel_l2(&g, &w) <= tol, "{k}: relative L2 error {}", rel_l2(&g, &w));
+        let norm = w.iter().map(|x| x * x).sum::<f64>().sqrt();
+        // a gradient that is zero in exact arithmetic (a key bias) compares absolutely
+        let e =
+            if norm < 1e-5 { g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) } else { rel_l2(&g, &w) };
+        assert!(e <= tol, "{name}: {k}: error {e}");
     }
 }
 

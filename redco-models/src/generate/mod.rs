@@ -210,3 +210,60 @@ pub fn generate<B: Backend, M: CausalLm<B> + Sync + ?Sized>(
     })?;
     Ok(Generation { rows, new_tokens, hit_context })
 }
+
+/// Beam search for a decoder-only model (transformers' semantics, see [`beam_search`]) from
+/// `ids` `[batch, prompt]`, left-padded where `mask` is 0. Returns per row the prompt and the
+/// best hypothesis' new tokens.
+pub fn generate_beam<B: Backend, M: CausalLm<B> + Sync + ?Sized>(
+    model: &M,
+    ids: &Tensor<B>,
+    mask: Option<&Tensor<B>>,
+    cfg: &BeamConfig,
+) -> Result<Vec<Vec<i64>>> {
+    if ids.rank() != 2 {
+        return Err(Error::invalid("generate", format!("prompt ids must be [batch, seq], got {}", ids.shape())));
+    }
+    let (bs, t, nb) = (ids.dims()[0], ids.dims()[1], cfg.num_beams.max(1));
+    check_context("generate", t, model.max_positions())?;
+    let mut cfg = cfg.clone();
+    if let Some(ctx) = model.max_positions() {
+        cfg.max_new_tokens = cfg.max_new_tokens.min(ctx - t);
+    }
+    let b = ids.backend().clone();
+    let prompt: Vec<Vec<i64>> = ids.to_vec_i64()?.chunks(t).map(<[i64]>::to_vec).collect();
+    let mask_rows: Vec<Vec<i64>> = match mask {
+        Some(m) => m.to_vec_i64()?.chunks(t).map(<[i64]>::to_vec).collect(),
+        None => vec![vec![1; t]; bs],
+    };
+    // every beam of an item shares its mask and positions
+    let mut flat_mask: Vec<Vec<i64>> = mask_rows.iter().flat_map(|r| std::iter::repeat_n(r.clone(), nb)).collect();
+    let mut next_pos: Vec<i64> = flat_mask.iter().map(|r| r.iter().filter(|m| **m != 0).count() as i64).collect();
+    let mut cache = model.new_cache();
+    no_grad(|| {
+        beam_search(&prompt, &cfg, |inputs, reorder| {
+            if let Some(r) = reorder {
+                let idx = Tensor::from_vec(&b, r.iter().map(|&i| i as i64).collect::<Vec<_>>(), [r.len()])?;
+                cache.select_rows(&idx)?;
+                for row in flat_mask.iter_mut() {
+                    row.push(1);
+                }
+            }
+            let n = inputs.len();
+            let len = inputs[0].len();
+            let pos: Vec<i64> = if reorder.is_none() {
+                positions_from_mask(&flat_mask.concat(), len)
+            } else {
+                let p = next_pos.clone();
+                next_pos.iter_mut().for_each(|x| *x += 1);
+                p
+            };
+            let ids = Tensor::from_vec(&b, inputs.concat(), [n, len])?;
+            let pos = Tensor::from_vec(&b, pos, [n, len])?;
+            let width = flat_mask[0].len();
+            let m = Tensor::from_vec(&b, flat_mask.concat(), [n, width])?;
+            let logits = on_backend(&b, || model.next_logits(&ids, &m, &pos, &mut cache)?.replicate()?.to_vec_f32())?;
+            let v = logits.len() / n;
+            Ok(logits.chunks(v).map(<[f32]>::to_vec).collect())
+        })
+    })
+}

@@ -60,3 +60,8 @@ pub fn check_devices(mesh: Mesh, threads: Option<usize>, oversubscribe: bool) ->
     }
     Ok(())
 }
+
+/// Whether the model directory holds a T5 (encoder-decoder) config.
+pub fn is_t5(dir: &std::path::Path) -> bool {
+    HfConfig::from_dir(dir).is_ok_and(|c| c.model_type == "t5")
+}

@@ -1,6 +1,6 @@
 //! `redco convert`: Hugging Face directory <-> sharded redco checkpoint.
 //!
-//! - `--to redco`: loads a Hugging Face LLaMA split over `--mesh` (each rank reads its slice)
+//! - `--to redco`: loads a Hugging Face model (LLaMA, GPT-J, OPT, T5) split over `--mesh` (each rank reads its slice)
 //!   and writes `<out>/checkpoints/step-00000000` (one file per rank + manifest) with the
 //!   model's config and tokenizer beside it, so `redco train --model <out> --resume` (or any
 //!   run with the same plan) continues from it.
@@ -16,10 +16,11 @@ use redco_core::nn::ModuleExt;
 use redco_core::optim::Sgd;
 use redco_core::pipeline::checkpoint::{Checkpointer, Manifest};
 use redco_core::{DType, Error, Result, Shape, Tensor};
+use redco_models::auto::AutoModel;
 use redco_models::hf::checkpoint::Checkpoint;
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::save::{save_pretrained, DEFAULT_SHARD_BYTES};
-use redco_models::llama::Llama;
+use redco_models::t5::T5;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -62,8 +63,13 @@ fn copy_side_files(from: &Path, to: &Path) -> std::result::Result<(), String> {
 /// The trainer's plan: traced from a forward pass of the model on one device.
 fn traced_plan(dir: &Path, mesh: Mesh) -> Result<redco_core::dist::ShardPlan> {
     let b = Cpu::try_new(1)?;
-    let m = Llama::from_pretrained(&b, dir, DType::F32)?;
     let ids = Tensor::from_vec(&b, vec![1i64, 2, 3, 4], [1, 4])?;
+    if HfConfig::from_dir(dir)?.model_type == "t5" {
+        let m = T5::from_pretrained(&b, dir, DType::F32, None)?;
+        let loss = m.loss(&ids, None, &ids, None)?;
+        return plan_from_trace(&m.named_parameters(), &[&loss], mesh, false);
+    }
+    let m = AutoModel::from_pretrained(&b, dir, DType::F32, None)?;
     let loss = m.loss(&ids, None, &ids)?;
     plan_from_trace(&m.named_parameters(), &[&loss], mesh, false)
 }
@@ -71,13 +77,17 @@ fn traced_plan(dir: &Path, mesh: Mesh) -> Result<redco_core::dist::ShardPlan> {
 fn to_redco(a: &ConvertArgs) -> Result<PathBuf> {
     let mesh = common::mesh(&a.mesh).map_err(|e| Error::invalid("convert", e))?;
     let dtype = common::dtype(&a.dtype).map_err(|e| Error::invalid("convert", e))?;
-    HfConfig::from_dir(&a.input)?;
+    let t5 = HfConfig::from_dir(&a.input)?.model_type == "t5";
     let plan = traced_plan(&a.input, mesh)?;
     let ckpt = Checkpointer::new(&a.out, 0);
     let opts = SpmdOptions { threads_per_rank: Some(1), ..SpmdOptions::default() };
     let dirs = spmd_cpu(mesh, &opts, |rk| {
-        let m = Llama::from_pretrained_split(&rk.backend, &a.input, dtype, Some(&plan))?;
-        ckpt.save(0, &m, &Sgd::<Cpu>::new(0.0, 0.0, 0.0))
+        let opt = Sgd::<Cpu>::new(0.0, 0.0, 0.0);
+        if t5 {
+            ckpt.save(0, &T5::from_pretrained(&rk.backend, &a.input, dtype, Some(&plan))?, &opt)
+        } else {
+            ckpt.save(0, &AutoModel::from_pretrained(&rk.backend, &a.input, dtype, Some(&plan))?, &opt)
+        }
     })?;
     Ok(dirs.into_iter().next().unwrap_or_default())
 }

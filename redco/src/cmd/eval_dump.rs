@@ -24,7 +24,9 @@ pub struct EvalDumpArgs {
     #[arg(long)]
     pub model: PathBuf,
     /// Inputs: `input_ids` [batch, seq] and optionally `attention_mask`, `labels` (-100 is
-    /// ignored; causal models shift internally), `gen_input_ids`, `gen_attention_mask`.
+    /// ignored; causal models shift internally), `gen_input_ids`, `gen_attention_mask`; for
+    /// T5 also `decoder_input_ids` (default: the labels shifted right). T5 also writes
+    /// `beam_generated_ids` (4 beams).
     #[arg(long)]
     pub inputs: PathBuf,
     /// Output safetensors file.

@@ -8,9 +8,10 @@ use redco_core::cpu::Cpu;
 use redco_core::dist::{current_comm, spmd_cpu, SpmdOptions};
 use redco_core::{Backend, Error, Result, Tensor};
 use redco_models::auto::AutoModel;
-use redco_models::generate::{generate, GenerationConfig, Sampling};
+use redco_models::generate::{generate, generate_beam, BeamConfig, GenerationConfig, Sampling};
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::tokenizer::Tokenizer;
+use redco_models::t5::T5;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -43,6 +44,10 @@ pub struct GenerateArgs {
     /// Sampling seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Beam search with this many beams (length penalty 1, early stopping); 1 = greedy or
+    /// sampled decoding.
+    #[arg(long, default_value_t = 1)]
+    pub num_beams: usize,
     /// Also stop at these token ids (besides the model's end-of-sequence tokens).
     #[arg(long)]
     pub stop_id: Vec<i64>,
@@ -65,7 +70,6 @@ fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<V
     let mesh = current_comm::<B>().map_or(redco_core::dist::Mesh::single(), |c| c.mesh());
     let plan = common::plan(&cfg, mesh).map_err(|e| Error::invalid("generate", e))?;
     let dtype = common::dtype(&a.dtype).map_err(|e| Error::invalid("generate", e))?;
-    let model = AutoModel::from_pretrained(b, &a.model, dtype, plan.as_ref())?;
     let tok = Tokenizer::from_dir(&a.model)?;
     let texts: Vec<&str> = prompts.iter().map(String::as_str).collect();
     let batch = tok.encode_batch(&texts, true)?;
@@ -79,12 +83,38 @@ fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<V
     let mut stop = cfg.eos_token_ids.clone();
     stop.extend(tok.eos_id().map(i64::from));
     stop.extend(&a.stop_id);
-    let gc = GenerationConfig {
+    let pad = cfg.pad_token_id.unwrap_or(tok.padding_id() as i64);
+    let beams = BeamConfig {
+        num_beams: a.num_beams,
         max_new_tokens: a.max_new_tokens,
-        sampling,
+        length_penalty: 1.0,
+        early_stopping: true,
         stop_tokens: stop.clone(),
-        pad_token: tok.padding_id() as i64,
+        pad_token: pad,
     };
+    let gc = GenerationConfig { max_new_tokens: a.max_new_tokens, sampling, stop_tokens: stop.clone(), pad_token: pad };
+    let decode = |rows: Vec<Vec<i64>>, skip: usize| -> Result<Vec<String>> {
+        rows.iter()
+            .map(|row| {
+                let cont: Vec<u32> = row[skip..].iter().take_while(|t| !stop.contains(t)).map(|&t| t as u32).collect();
+                tok.decode(&cont, true)
+            })
+            .collect()
+    };
+    if cfg.model_type == "t5" {
+        // encoder-decoder: the answer is the decoder's output after its start token
+        let model = T5::from_pretrained(b, &a.model, dtype, plan.as_ref())?;
+        let rows = if a.num_beams > 1 {
+            model.generate_beam(&ids, Some(&mask), &beams)?
+        } else {
+            model.generate(&ids, Some(&mask), &gc)?
+        };
+        return decode(rows, 1);
+    }
+    let model = AutoModel::from_pretrained(b, &a.model, dtype, plan.as_ref())?;
+    if a.num_beams > 1 {
+        return decode(generate_beam(&model, &ids, Some(&mask), &beams)?, batch.seq);
+    }
     let speak = current_comm::<B>().is_none_or(|c| c.rank() == 0) && prompts.len() == 1;
     // streaming: decode prompt + continuation and print what is new (a token may end
     // mid-character, and tokenizers decide spacing from context)
@@ -100,7 +130,6 @@ fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<V
         if !speak || stop.contains(&t[0]) {
             return;
         }
-        // decode the whole continuation and print what is new (a token may end mid-character)
         seq.push(t[0] as u32);
         if let Ok(s) = tok.decode(&seq, true) {
             if s.len() > shown && s.is_char_boundary(shown) && !s.ends_with('\u{fffd}') {
@@ -113,13 +142,7 @@ fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<V
     if speak {
         println!();
     }
-    g.rows
-        .iter()
-        .map(|row| {
-            let cont: Vec<u32> = row[batch.seq..].iter().take_while(|t| !stop.contains(t)).map(|&t| t as u32).collect();
-            tok.decode(&cont, true)
-        })
-        .collect()
+    decode(g.rows, batch.seq)
 }
 
 /// Runs `redco generate`.
@@ -143,7 +166,9 @@ pub fn run(a: GenerateArgs) -> std::result::Result<(), String> {
         spmd_cpu(mesh, &opts, |rk| run_rank(&rk.backend, &a, &prompts)).map(|mut v| v.swap_remove(0))
     }
     .map_err(|e| e.to_string())?;
-    if prompts.len() > 1 {
+    // one greedy/sampled prompt of a decoder-only model has been streamed already
+    let streamed = prompts.len() == 1 && a.num_beams <= 1 && !common::is_t5(&a.model);
+    if !streamed {
         for (p, o) in prompts.iter().zip(outs) {
             println!("{p}{}{o}", if p.ends_with(' ') { "" } else { " " });
         }

@@ -2,6 +2,7 @@
 //! `xtask/python/gen_fixtures.py`).
 
 mod checkpoint;
+mod failures;
 mod llama;
 mod models;
 mod tokenizer;
