@@ -13,7 +13,7 @@ use redco_core::{DType, Error, Result, Tensor};
 use redco_models::generate::{generate, GenerationConfig, Sampling};
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::tokenizer::Tokenizer;
-use redco_models::llama::Llama;
+use redco_models::auto::AutoModel;
 use redco_models::presets::{self, SyntheticText};
 use std::path::{Path, PathBuf};
 
@@ -24,7 +24,8 @@ pub struct TrainArgs {
     /// (6 layers, hidden 512). Starts from random weights.
     #[arg(long, conflicts_with = "model")]
     pub preset: Option<String>,
-    /// A Hugging Face model directory to fine-tune (config.json, safetensors, tokenizer.json).
+    /// A Hugging Face model directory to fine-tune (LLaMA, GPT-J or OPT: config.json,
+    /// safetensors, tokenizer.json).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Training text: a JSONL file with one example per line (see --text-field). Default: the
@@ -140,7 +141,7 @@ fn collate_fn(b: &Cpu, examples: &[Vec<i64>]) -> Result<Batch<Cpu>> {
     Ok(Batch::from([("input_ids".into(), Tensor::from_vec(b, ids, [examples.len(), t])?)]))
 }
 
-fn loss_fn(_ctx: &StepCtx<Cpu>, model: &Llama<Cpu>, batch: &Batch<Cpu>) -> Result<Tensor<Cpu>> {
+fn loss_fn(_ctx: &StepCtx<Cpu>, model: &AutoModel<Cpu>, batch: &Batch<Cpu>) -> Result<Tensor<Cpu>> {
     // next-token loss: the model shifts the labels internally, as transformers does
     model.loss(&batch["input_ids"], None, &batch["input_ids"])
 }
@@ -177,7 +178,9 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
         (None, Some(m)) => (HfConfig::from_dir(m).map_err(err)?, m.clone()),
         (None, None) => return Err("give a model: --preset llama-tiny, or --model DIR".into()),
     };
-    Llama::<Cpu>::check_config(&cfg).map_err(err)?;
+    if cfg.model_type == "t5" {
+        return Err("redco train runs decoder-only models (LLaMA, GPT-J, OPT); T5 training is not supported by this command yet".into());
+    }
     let tok = Tokenizer::from_dir(&tok_dir).map_err(err)?;
     let (train, held_out): (Box<dyn Dataset<Vec<i64>> + Send>, Vec<Vec<i64>>) = match &a.data {
         Some(path) => {
@@ -227,10 +230,10 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
     // the model constructor runs on every rank (the plan then keeps each rank's slice)
     let (cfg2, seed, from) = (cfg.clone(), a.seed, a.model.clone());
     let model_fn = move |b: &Cpu| match &from {
-        Some(dir) => Llama::from_pretrained(b, dir, DType::F32),
-        None => Llama::new(b, &cfg2, DType::F32, seed),
+        Some(dir) => AutoModel::from_pretrained(b, dir, DType::F32, None),
+        None => AutoModel::new(b, &cfg2, DType::F32, seed),
     };
-    let eval_fn = |_: &StepCtx<Cpu>, m: &Llama<Cpu>, b: &Batch<Cpu>| {
+    let eval_fn = |_: &StepCtx<Cpu>, m: &AutoModel<Cpu>, b: &Batch<Cpu>| {
         m.loss(&b["input_ids"], None, &b["input_ids"])?.replicate()?.to_scalar()
     };
     let every = a.checkpoint_every.max(1);
@@ -287,7 +290,7 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
 /// Prints a greedy continuation by the trained model (loaded back from the workdir).
 fn sample(w: &Path, tok: &Tokenizer, a: &TrainArgs, held_out: &[Vec<i64>]) -> Result<()> {
     let b = Cpu::try_new(common::threads_per_rank(a.threads, 1))?;
-    let model = Llama::from_pretrained(&b, w, DType::F32)?;
+    let model = AutoModel::from_pretrained(&b, w, DType::F32, None)?;
     let ids: Vec<i64> = match &a.prompt {
         Some(p) => tok.encode(p, true)?.into_iter().map(i64::from).collect(),
         None => held_out.first().map(|s| s[..s.len().min(6)].to_vec()).unwrap_or_else(|| vec![1]),
