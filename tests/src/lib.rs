@@ -28,8 +28,28 @@ pub fn composite_cpu() -> composite::Composite<Cpu> {
     composite::Composite(Cpu::new(2))
 }
 
+/// The wgpu backend under test, opened once per process and shared by every test.
+///
+/// Returns `None` (after printing why) when no wgpu adapter is available, so the wgpu
+/// instantiations skip on machines without a Vulkan/Metal/DX12/GL driver; with
+/// `REDCO_REQUIRE_WGPU=1` (set in CI) a missing adapter fails the test instead.
+pub fn wgpu() -> Option<redco_wgpu::Wgpu> {
+    static DEV: std::sync::OnceLock<Result<redco_wgpu::Wgpu, String>> = std::sync::OnceLock::new();
+    match DEV.get_or_init(|| redco_wgpu::Wgpu::new().map_err(|e| e.to_string())) {
+        Ok(w) => Some(w.clone()),
+        Err(e) if std::env::var("REDCO_REQUIRE_WGPU").is_ok_and(|v| v == "1") => {
+            panic!("REDCO_REQUIRE_WGPU=1 but the wgpu backend is unavailable: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping a wgpu test: {e} (set REDCO_REQUIRE_WGPU=1 to make this a failure)");
+            None
+        }
+    }
+}
+
 /// Instantiates each generic test `fn name<B: Backend>(b: &B)` once per enabled backend:
-/// `cpu::name` and `composite::name` (each later backend adds its line here).
+/// `cpu::name`, `composite::name` and `wgpu::name` (skipped without a wgpu adapter; each
+/// later backend adds its line here).
 #[macro_export]
 macro_rules! conformance {
     ($($t:ident),* $(,)?) => {
@@ -38,6 +58,9 @@ macro_rules! conformance {
         }
         mod composite {
             $( #[test] fn $t() { super::$t(&$crate::composite_cpu()) } )*
+        }
+        mod wgpu {
+            $( #[test] fn $t() { if let Some(b) = $crate::wgpu() { super::$t(&b) } } )*
         }
     };
 }

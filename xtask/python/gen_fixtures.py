@@ -32,9 +32,11 @@ lm_head.weight = model.decoder.embed_tokens.weight; T5's encoder.embed_tokens.we
 decoder.embed_tokens.weight = shared.weight, and t5-tiny's lm_head.weight = shared.weight too
 (t5-v1_1-tiny has its own lm_head.weight, as real v1.1 checkpoints). GPT-J ties nothing.
 
-<out>/llama-tiny/ also gets a tokenizer (tokenizer.json, tokenizer_config.json) and
-tokenizer_expected.json: what transformers' encode, decode and padded batch give with it.
-The other fixtures have no tokenizer."""
+Every fixture also gets a tiny tokenizer of its family (tokenizer.json, tokenizer_config.json)
+and tokenizer_expected.json: what transformers' encode, decode and padded batch give with it.
+llama-tiny: sentencepiece-like BPE; gptj-tiny, opt-tiny, opt-350m-shape: GPT-2's byte-level BPE
+(over the corpus' bytes only, with an unknown token); t5-tiny, t5-v1_1-tiny: a Unigram with
+Metaspace. The tokenizer's special ids are those of the model's config.json."""
 import argparse
 import json
 import os
@@ -298,14 +300,24 @@ def llama_tokenizer(out):
     os.makedirs(d, exist_ok=True)
     tok.save_pretrained(d)
 
-    # what a user of the saved directory gets
-    tok = PreTrainedTokenizerFast.from_pretrained(d)
     texts = [
         "the cat sat on the mat.",
         "a dog ran after the rat",
         "The Zebra ate 42 apples!",  # capitals, digits and '!' are not in the corpus: <unk>
         "  the  hat  ",
     ]
+    _tokenizer_expected(d, texts, [texts[0], "a rat", texts[2]])  # 7, 3 and 21 tokens
+
+
+def _tokenizer_expected(d, texts, rows):
+    """Writes <d>/tokenizer_expected.json: what transformers gives with the tokenizer saved in d
+    (loaded back as a user of the directory would): the special ids, len(tokenizer), the padding
+    side; for each of `texts` the ids with and without special tokens and the decodes of the ids
+    with and without skip_special_tokens; and `rows` as a batch padded to the longest (ids and
+    attention mask) on the tokenizer's padding side."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast.from_pretrained(d)
     exp = {"vocab_size": len(tok), "bos_id": tok.bos_token_id, "eos_id": tok.eos_token_id,
            "pad_id": tok.pad_token_id, "unk_id": tok.unk_token_id, "padding_side": tok.padding_side,
            "texts": []}
@@ -318,20 +330,189 @@ def llama_tokenizer(out):
             "decode_skip_special": tok.decode(ids, skip_special_tokens=True),
             "decode_with_special": tok.decode(ids, skip_special_tokens=False),
         })
-    rows = [texts[0], "a rat", texts[2]]  # 7, 3 and 21 tokens
     b = tok(rows, padding=True)
     exp["batch"] = {"texts": rows, "input_ids": b["input_ids"], "attention_mask": b["attention_mask"]}
+    # AutoTokenizer (which also sees the model's config.json in d) gives the same
+    auto = AutoTokenizer.from_pretrained(d)
+    assert [auto(t)["input_ids"] for t in texts] == [c["input_ids"] for c in exp["texts"]], d
+    assert auto(rows, padding=True)["input_ids"] == b["input_ids"], d
     with open(os.path.join(d, "tokenizer_expected.json"), "w") as f:
         json.dump(exp, f, indent=1, ensure_ascii=False)
         f.write("\n")
     print("wrote tokenizer of", d)
 
 
+def _check_against_config(tok, d):
+    """The saved tokenizer fits the model next to it (its config.json in d, when written): every
+    id < vocab_size, and the special ids config.json names (bos, eos, pad) are the tokenizer's."""
+    path = os.path.join(d, "config.json")
+    if not os.path.exists(path):
+        print("  no", path, "(model not written): special ids not checked against it")
+        return
+    with open(path) as f:
+        cfg = json.load(f)
+    assert len(tok) <= cfg["vocab_size"], (d, len(tok), cfg["vocab_size"])
+    ids = {k: cfg.get(k + "_token_id") for k in ("bos", "eos", "pad")}
+    got = {"bos": tok.bos_token_id, "eos": tok.eos_token_id, "pad": tok.pad_token_id}
+    for k, v in ids.items():
+        assert v is None or got[k] == v, (d, k, got[k], v)
+
+
+def _byte_level_bpe(special_tokens, unk_token):
+    """A GPT-2-style byte-level BPE (ByteLevel pre-tokenizer without a prefix space, ByteLevel
+    decoder) trained on TOKENIZER_CORPUS to at most 64 tokens, `special_tokens` first (ids 0..).
+    GPT-2's alphabet is all 256 bytes, which do not fit 64 tokens: here it is only the bytes the
+    corpus uses (the trainer gets no initial alphabet), and the BPE model maps any other byte to
+    `unk_token` (GPT-2 has no unknown token; it never needs one)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tk = Tokenizer(models.BPE(unk_token=unk_token))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=64, special_tokens=special_tokens, show_progress=False)
+    tk.train_from_iterator(TOKENIZER_CORPUS, trainer)
+    assert tk.get_vocab_size() <= 64, tk.get_vocab_size()
+    assert [tk.token_to_id(t) for t in special_tokens] == list(range(len(special_tokens)))
+    return tk
+
+
+# texts for the expected encodings of the byte-level tokenizers: one as in the corpus, one with a
+# space before '.' (clean_up_tokenization would remove it), one with bytes outside the corpus
+# (capitals, digits, ',', '!' and the two bytes of 'é': each an unknown token), runs of spaces
+GPT_TOKENIZER_TEXTS = [
+    "the cat sat on the mat.",
+    "a dog ran after the rat .",
+    "The Zebra ate 42 apples , café!",
+    "  the  hat  ",
+]
+GPT_TOKENIZER_BATCH = [GPT_TOKENIZER_TEXTS[0], "a rat", GPT_TOKENIZER_TEXTS[1]]  # 7, 2 and 8 tokens (+ OPT's </s>)
+
+
+def gptj_tokenizer(out):
+    """A GPT-J-style tokenizer (GPT-2's byte-level BPE, see _byte_level_bpe) for gptj-tiny
+    (vocab 64, bos 1, eos 2, no pad token). Specials: <|unk|>=0, <|startoftext|>=1 (bos),
+    <|endoftext|>=2 (eos); nothing is added to an encoding (GPT-J's post-processor is GPT-2's
+    ByteLevel one, which only trims offsets). Padding: with eos, on the left (GPT-J has no pad
+    token; pad = eos is the usual recipe for batched generation)."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    tk = _byte_level_bpe(["<|unk|>", "<|startoftext|>", "<|endoftext|>"], "<|unk|>")
+    tk.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, bos_token="<|startoftext|>", eos_token="<|endoftext|>", unk_token="<|unk|>",
+        pad_token="<|endoftext|>", padding_side="left", clean_up_tokenization_spaces=False, model_max_length=64,
+    )
+    d = os.path.join(out, "gptj-tiny")
+    tok.save_pretrained(d)
+    _check_against_config(tok, d)
+    _tokenizer_expected(d, GPT_TOKENIZER_TEXTS, GPT_TOKENIZER_BATCH)
+
+
+def opt_tokenizer(out):
+    """An OPT-style tokenizer (GPT-2's byte-level BPE, see _byte_level_bpe) for opt-tiny and
+    opt-350m-shape (vocab 64, pad 1, bos = eos 2). Specials as facebook/opt-*: <s>=0 (unused),
+    <pad>=1, </s>=2 (bos and eos), <unk>=3 (OPT's unk is </s>; here unknown bytes need their own).
+    Every encoding starts with </s>, as OPT's GPT2Tokenizer with add_bos_token: a
+    TemplateProcessing post-processor "</s> $A" ("</s> $A </s> $B" for pairs). Padding with
+    <pad>, on the left (as the fixtures' batches); clean_up_tokenization_spaces as OPT's config
+    (true), which transformers ignores for a BPE model."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    tk = _byte_level_bpe(["<s>", "<pad>", "</s>", "<unk>"], "<unk>")
+    tk.post_processor = processors.TemplateProcessing(
+        single="</s>:0 $A:0", pair="</s>:0 $A:0 </s>:1 $B:1", special_tokens=[("</s>", 2)])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, bos_token="</s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
+        padding_side="left", clean_up_tokenization_spaces=True, model_max_length=64,
+    )
+    for name in ("opt-tiny", "opt-350m-shape"):
+        d = os.path.join(out, name)
+        tok.save_pretrained(d)
+        _check_against_config(tok, d)
+        _tokenizer_expected(d, GPT_TOKENIZER_TEXTS, GPT_TOKENIZER_BATCH)
+
+
+T5_TOKENIZER_CORPUS = [
+    "the cat sat on the mat.",
+    "the cats sat on the mats.",
+    "the dog played with the dogs.",
+    "the dogs are playing in the park.",
+    "a cat walked and then walked on.",
+    "they are walking, then they play.",
+    "the rat ran to the hat and the cat ran after it.",
+]
+
+
+def t5_tokenizer(out):
+    """A T5-style tokenizer (sentencepiece Unigram) for t5-tiny and t5-v1_1-tiny (vocab 64,
+    pad 0, eos 1, decoder start = pad): a Unigram model trained by the tokenizers library's
+    UnigramTrainer on T5_TOKENIZER_CORPUS (44 tokens with the specials; the trainer stops there),
+    laid out as t5-small's tokenizer.json: a normalizer collapsing runs of spaces, a WhitespaceSplit + Metaspace
+    ("\u2581", prepend always) pre-tokenizer, a Metaspace decoder, and a TemplateProcessing
+    post-processor appending </s> ("$A </s>", pairs "$A </s> $B </s>"). Specials <pad>=0,
+    </s>=1, <unk>=2 (no bos); characters outside the corpus are <unk> (consecutive ones fused into
+    one, as Unigram does). Padding with <pad> on the right; clean_up_tokenization_spaces true (as
+    T5's tokenizer), which transformers applies to a Unigram model. t5-small's precompiled
+    sentencepiece normalizer and its 100 <extra_id_*> sentinels are left out.
+
+    The trainer is not bit-reproducible across processes (tokenizers iterates Rust hash maps: the
+    EM sums in varying order, and the characters it pruned get min_score + k * 1e-4 in varying
+    order), so the trained pieces are rebuilt into a Unigram with the scores rounded to 4 decimals,
+    those within 0.01 of the lowest all given the lowest, ties ordered by the piece."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "</s>", "<unk>"]
+    tk = Tokenizer(models.Unigram())
+    tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+    trainer = trainers.UnigramTrainer(vocab_size=64, special_tokens=specials, unk_token="<unk>", show_progress=False)
+    tk.train_from_iterator(T5_TOKENIZER_CORPUS, trainer)
+    pieces = json.loads(tk.to_str())["model"]["vocab"]
+    assert [p for p, _ in pieces[:3]] == specials, pieces[:3]
+    pieces = pieces[3:]
+    lowest = min(s for _, s in pieces)
+    pieces = [(p, round(lowest if s < lowest + 0.01 else s, 4)) for p, s in pieces]
+    pieces.sort(key=lambda ps: (-ps[1], ps[0]))
+    vocab = [(t, 0.0) for t in specials] + pieces
+    assert len(vocab) <= 64, len(vocab)
+
+    tk = Tokenizer(models.Unigram(vocab, unk_id=2, byte_fallback=False))
+    tk.add_special_tokens(specials)
+    tk.normalizer = normalizers.Replace(Regex(" {2,}"), " ")
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.WhitespaceSplit(),
+        pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)])
+    tk.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+    tk.post_processor = processors.TemplateProcessing(
+        single="$A:0 </s>:0", pair="$A:0 </s>:0 $B:1 </s>:1", special_tokens=[("</s>", 1)])
+    assert [tk.token_to_id(t) for t in specials] == [0, 1, 2]
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
+        padding_side="right", clean_up_tokenization_spaces=True, model_max_length=64,
+    )
+    texts = [
+        "the cat sat on the mat.",
+        "the dogs are walking in the park .",  # clean_up_tokenization: "park."
+        "The Zebra ate 42 apples , café!",  # "T", "Z", "b", "42", "pp", "é", "!": <unk>; clean-up: "apples,"
+        "  then  they played  ",
+    ]
+    for name in ("t5-tiny", "t5-v1_1-tiny"):
+        d = os.path.join(out, name)
+        tok.save_pretrained(d)
+        _check_against_config(tok, d)
+        _tokenizer_expected(d, texts, [texts[0], "a cat", texts[3]])  # 9, 2 and 7 tokens + </s>
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", choices=["llama", "tokenizer", "gptj", "opt", "opt-350m", "t5"],
-                    help="write one fixture only (opt: opt-tiny, opt-350m: opt-350m-shape, t5: t5-tiny and t5-v1_1-tiny)")
+    ap.add_argument("--only", choices=["llama", "tokenizer", "gptj", "opt", "opt-350m", "t5",
+                                       "gptj-tokenizer", "opt-tokenizer", "t5-tokenizer"],
+                    help="write one fixture only (opt: opt-tiny, opt-350m: opt-350m-shape, t5: t5-tiny and t5-v1_1-tiny)"
+                    " or one tokenizer only (tokenizer: llama-tiny's, opt-tokenizer: opt-tiny's and"
+                    " opt-350m-shape's, t5-tokenizer: t5-tiny's and t5-v1_1-tiny's)")
     a = ap.parse_args()
     if a.only in (None, "llama"):
         llama(a.out)
@@ -345,3 +526,9 @@ if __name__ == "__main__":
         opt_350m_shape(a.out)
     if a.only in (None, "t5"):
         t5(a.out)
+    if a.only in (None, "gptj-tokenizer"):
+        gptj_tokenizer(a.out)
+    if a.only in (None, "opt-tokenizer"):
+        opt_tokenizer(a.out)
+    if a.only in (None, "t5-tokenizer"):
+        t5_tokenizer(a.out)

@@ -6,3 +6,4 @@ mod failures;
 mod llama;
 mod models;
 mod tokenizer;
+mod tokenizers_all;
