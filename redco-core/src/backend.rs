@@ -315,6 +315,20 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     ) -> Result<Self::Storage> {
         ops::rotary::composite_rotary(self, x, shape, cos, sin, cs_shape, mode)
     }
+    /// One AdamW step of a flat parameter `x` with gradient `g` and moments `m`, `v` (`n`
+    /// elements each); returns the new `(x, m, v)`.
+    #[allow(clippy::too_many_arguments)]
+    fn adamw(
+        &self,
+        x: &Self::Storage,
+        g: &Self::Storage,
+        m: &Self::Storage,
+        v: &Self::Storage,
+        n: usize,
+        step: &ops::adamw::AdamStep,
+    ) -> Result<(Self::Storage, Self::Storage, Self::Storage)> {
+        ops::adamw::composite_adamw(self, x, g, m, v, n, step)
+    }
     /// Per-row cross-entropy of `logits` (`[n, vocab]`) against integer `targets` (`[n]`);
     /// rows whose target equals `ignore_index` give 0. Returns `[n]`.
     fn cross_entropy(

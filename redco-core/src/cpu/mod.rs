@@ -7,6 +7,7 @@
 //! share the machine's cores. Matmul uses an AVX-512 GEMM where the CPU has it, the `gemm`
 //! crate elsewhere.
 
+mod adamw;
 mod attention;
 mod elementwise;
 mod index;
@@ -320,6 +321,20 @@ impl Backend for Cpu {
     }
     fn rms_norm(&self, x: &CpuStorage, shape: &Shape, w: Option<&CpuStorage>, eps: f64) -> Result<CpuStorage> {
         st(self.run(|| norm::norm(&x.0, shape, w.map(|w| &*w.0), None, eps, false))?)
+    }
+    fn adamw(
+        &self,
+        x: &CpuStorage,
+        g: &CpuStorage,
+        m: &CpuStorage,
+        v: &CpuStorage,
+        n: usize,
+        step: &crate::ops::adamw::AdamStep,
+    ) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+        match self.run(|| adamw::adamw(x, g, m, v, n, step))? {
+            Some((a, b, c)) => Ok((CpuStorage::new(a), CpuStorage::new(b), CpuStorage::new(c))),
+            None => crate::ops::adamw::composite_adamw(self, x, g, m, v, n, step),
+        }
     }
     fn enter(&self, f: &mut (dyn FnMut() + Send)) {
         self.pool.install(f)

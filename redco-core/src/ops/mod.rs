@@ -1,6 +1,7 @@
 //! Tensor ops, one file per op family: the op on [`Tensor`](crate::Tensor), its gradient
 //! and, for fused ops, the composite default that [`Backend`](crate::Backend) falls back to.
 
+pub mod adamw;
 pub mod attention;
 pub mod cross_entropy;
 pub mod elementwise;

@@ -5,6 +5,7 @@
 use super::{grad_of, local_view};
 use crate::dist::current_comm;
 use crate::nn::Module;
+use crate::ops::adamw::AdamStep;
 use crate::{Backend, Error, GradStore, MeshAxis, PartialOp, Placement, Result, Shape, Tensor};
 use std::collections::BTreeMap;
 
@@ -76,12 +77,25 @@ impl<B: Backend> AdamW<B> {
         let dp = comm.as_ref().map_or(1, |c| c.mesh().dp);
         let zero = c.zero1 && dp > 1;
         let state = &mut self.state;
+        let h = AdamStep {
+            lr: c.lr,
+            beta1: c.beta1,
+            beta2: c.beta2,
+            eps: c.eps,
+            weight_decay: c.weight_decay,
+            bias1: bc1,
+            bias2: bc2,
+        };
+        // one fused pass per parameter (the backend's `adamw`, composite by default)
         let update = |x: &Tensor<B>, g: &Tensor<B>, st: &mut (Tensor<B>, Tensor<B>)| -> Result<Tensor<B>> {
-            st.0 = st.0.scale(c.beta1)?.add(&g.scale(1.0 - c.beta1)?)?;
-            st.1 = st.1.scale(c.beta2)?.add(&g.square()?.scale(1.0 - c.beta2)?)?;
-            let denom = st.1.scale(1.0 / bc2)?.sqrt()?.add_scalar(c.eps)?;
-            let step = st.0.scale(1.0 / bc1)?.div(&denom)?;
-            x.scale(1.0 - c.lr * c.weight_decay)?.sub(&step.scale(c.lr)?)
+            let b = x.backend();
+            let n = x.elem_count();
+            let g = if g.dtype() == x.dtype() { g.clone() } else { g.cast(x.dtype())? };
+            let (nx, nm, nv) = b.adamw(x.storage(), g.storage(), st.0.storage(), st.1.storage(), n, &h)?;
+            let dt = x.dtype();
+            st.0 = Tensor::from_storage(b, nm, st.0.shape().clone(), dt);
+            st.1 = Tensor::from_storage(b, nv, st.1.shape().clone(), dt);
+            Ok(Tensor::from_storage(b, nx, x.shape().clone(), dt))
         };
         // the moments of `name`, created as zeros shaped like `x` on first use
         let moments = |state: &mut BTreeMap<String, (Tensor<B>, Tensor<B>)>, name: &str, x: &Tensor<B>| -> Result<()> {

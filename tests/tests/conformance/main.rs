@@ -9,6 +9,7 @@ mod index;
 mod layout;
 mod matmul;
 mod nn;
+mod optim;
 mod norm;
 mod random;
 mod reduce;

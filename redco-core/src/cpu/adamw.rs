@@ -1,0 +1,54 @@
+//! CPU AdamW: one pass over the parameter, its gradient and both moments, in parallel chunks.
+
+use super::CpuStorage;
+use crate::ops::adamw::AdamStep;
+use crate::{Error, HostData, Result};
+use rayon::prelude::*;
+
+const CHUNK: usize = 1 << 14;
+
+fn step_f32(x: &[f32], g: &[f32], m: &[f32], v: &[f32], h: &AdamStep) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let n = x.len();
+    let (mut xo, mut mo, mut vo) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
+    let (b1, b2) = (h.beta1 as f32, h.beta2 as f32);
+    let (c1, c2) = (1.0 - b1, 1.0 - b2);
+    let (ib1, ib2) = ((1.0 / h.bias1) as f32, (1.0 / h.bias2) as f32);
+    let (lr, eps) = (h.lr as f32, h.eps as f32);
+    let decay = (1.0 - h.lr * h.weight_decay) as f32;
+    xo.par_chunks_mut(CHUNK).zip(mo.par_chunks_mut(CHUNK)).zip(vo.par_chunks_mut(CHUNK)).enumerate().for_each(
+        |(c, ((xo, mo), vo))| {
+            let o = c * CHUNK;
+            for i in 0..xo.len() {
+                let gi = g[o + i];
+                let mi = b1 * m[o + i] + c1 * gi;
+                let vi = b2 * v[o + i] + c2 * (gi * gi);
+                let denom = (vi * ib2).sqrt() + eps;
+                mo[i] = mi;
+                vo[i] = vi;
+                xo[i] = x[o + i] * decay - lr * ((mi * ib1) / denom);
+            }
+        },
+    );
+    (xo, mo, vo)
+}
+
+/// The fused step for f32 storage; `None` for other dtypes (the composite handles them).
+pub(crate) fn adamw(
+    x: &CpuStorage,
+    g: &CpuStorage,
+    m: &CpuStorage,
+    v: &CpuStorage,
+    n: usize,
+    h: &AdamStep,
+) -> Result<Option<(HostData, HostData, HostData)>> {
+    match (x.data(), g.data(), m.data(), v.data()) {
+        (HostData::F32(x), HostData::F32(g), HostData::F32(m), HostData::F32(v)) => {
+            if [x.len(), g.len(), m.len(), v.len()].iter().any(|&l| l != n) {
+                return Err(Error::invalid("adamw", format!("operands of {n} elements expected")));
+            }
+            let (a, b, c) = step_f32(x, g, m, v, h);
+            Ok(Some((HostData::F32(a), HostData::F32(b), HostData::F32(c))))
+        }
+        _ => Ok(None),
+    }
+}

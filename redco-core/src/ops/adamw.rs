@@ -1,0 +1,46 @@
+//! One AdamW step over a flat parameter (fused op with a composite default): the moments
+//! and the parameter are updated in one pass by backends that override it.
+
+use crate::autograd::GradModeGuard;
+use crate::{Backend, Result, Shape, Tensor};
+
+/// The scalars of one AdamW step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamStep {
+    /// Learning rate.
+    pub lr: f64,
+    /// First-moment decay.
+    pub beta1: f64,
+    /// Second-moment decay.
+    pub beta2: f64,
+    /// Added to the root of the corrected second moment.
+    pub eps: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+    /// `1 - beta1^t`.
+    pub bias1: f64,
+    /// `1 - beta2^t`.
+    pub bias2: f64,
+}
+
+/// The update written with tensor ops: `m = b1 m + (1 - b1) g`, `v = b2 v + (1 - b2) g^2`,
+/// `x = x (1 - lr wd) - lr (m / bias1) / (sqrt(v / bias2) + eps)`. Returns `(x, m, v)`.
+pub fn composite_adamw<B: Backend>(
+    b: &B,
+    x: &B::Storage,
+    g: &B::Storage,
+    m: &B::Storage,
+    v: &B::Storage,
+    n: usize,
+    h: &AdamStep,
+) -> Result<(B::Storage, B::Storage, B::Storage)> {
+    let _g = GradModeGuard::no_grad();
+    let t = |s: &B::Storage| Tensor::from_storage(b, s.clone(), Shape::new([n]), b.storage_dtype(s));
+    let (x, g, m, v) = (t(x), t(g), t(m), t(v));
+    let m = m.scale(h.beta1)?.add(&g.scale(1.0 - h.beta1)?)?;
+    let v = v.scale(h.beta2)?.add(&g.square()?.scale(1.0 - h.beta2)?)?;
+    let denom = v.scale(1.0 / h.bias2)?.sqrt()?.add_scalar(h.eps)?;
+    let step = m.scale(1.0 / h.bias1)?.div(&denom)?;
+    let x = x.scale(1.0 - h.lr * h.weight_decay)?.sub(&step.scale(h.lr)?)?;
+    Ok((x.storage().clone(), m.storage().clone(), v.storage().clone()))
+}

@@ -1,0 +1,34 @@
+//! Optimizer family: one fused AdamW step against an f64 reference, in f32 (the dtype of
+//! master weights) and in the backend's check dtype.
+
+use redco_core::ops::adamw::AdamStep;
+use redco_core::{Backend, DType};
+use redco_tests::check::{assert_close, check_dtype, tensor, values};
+
+fn adamw_step<B: Backend>(b: &B) {
+    let n = 40_003; // several parallel chunks and a ragged end
+    let (x, g, m) = (values(n, 1, -1.0, 1.0), values(n, 2, -0.5, 0.5), values(n, 3, -0.1, 0.1));
+    let v = values(n, 4, 0.0, 0.01);
+    let h = AdamStep { lr: 3e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, bias1: 0.19, bias2: 0.0975 };
+    let mut want = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let mi = h.beta1 * m[i] + (1.0 - h.beta1) * g[i];
+        let vi = h.beta2 * v[i] + (1.0 - h.beta2) * g[i] * g[i];
+        let xi = x[i] * (1.0 - h.lr * h.weight_decay) - h.lr * (mi / h.bias1) / ((vi / h.bias2).sqrt() + h.eps);
+        want.0.push(xi);
+        want.1.push(mi);
+        want.2.push(vi);
+    }
+    for dt in [DType::F32, check_dtype(b)] {
+        let t = |d: &[f64]| tensor(b, d, [n], dt);
+        let (tx, tg, tm, tv) = (t(&x), t(&g), t(&m), t(&v));
+        let (nx, nm, nv) = b.adamw(tx.storage(), tg.storage(), tm.storage(), tv.storage(), n, &h).unwrap();
+        let back = |s| b.download(&s).unwrap().to_f64_vec();
+        let tol = if dt == DType::F64 { 1e-12 } else { 1e-5 };
+        assert_close(&back(nx), &want.0, tol, &format!("adamw parameter ({dt:?})"));
+        assert_close(&back(nm), &want.1, tol, &format!("adamw first moment ({dt:?})"));
+        assert_close(&back(nv), &want.2, tol, &format!("adamw second moment ({dt:?})"));
+    }
+}
+
+redco_tests::conformance!(adamw_step);
