@@ -1,7 +1,417 @@
-//! `redco-wgpu`: the portable GPU backend of redco-rs (not yet implemented).
+//! `redco-wgpu`: the portable GPU backend of redco-rs.
 //!
-//! This crate will implement the `redco_core::Backend` trait over wgpu with WGSL kernels,
-//! one file per op family (`matmul.rs` + `kernels/matmul.wgsl`, ...), a buffer pool, and a
-//! host-staged `Collective` so that several wgpu devices can act as ranks of one mesh.
-//! It depends on `redco-core` only. Until it lands, the crate exports nothing: the
-//! `redco` facade's `wgpu` feature is not offered.
+//! [`Wgpu`] implements [`redco_core::Backend`] over wgpu with WGSL kernels, one Rust file
+//! per op family (`elementwise.rs` + `kernels/unary.wgsl`, `kernels/binary.wgsl`, ...,
+//! `matmul.rs` + `kernels/matmul.wgsl`). It runs on Vulkan, Metal, DX12 and GL adapters,
+//! and in CI on Mesa's lavapipe (a software Vulkan device).
+//!
+//! - **Device types.** WGSL has 32-bit types only: f32 computes natively, f16 and bf16 are
+//!   stored as f32 on the device and rounded to their type on every store (the CPU backend
+//!   also computes them in f32), integer ids (`I64`, `I32`) live as i32 (an uploaded I64
+//!   beyond i32 is saturated on the device, but its host copy keeps it exact, so an
+//!   out-of-range id is still reported as such), `U8` masks as u32. `F64` is not supported.
+//! - **Queue.** Ops record compute passes into one pending command encoder, submitted
+//!   when the host needs data ([`Backend::download`], [`Backend::sync`]) or every 64
+//!   dispatches; nothing is read back until the host asks.
+//! - **Memory.** Storage buffers come from a pool keyed by size class, and return to it
+//!   when the last storage referring to them is dropped.
+//! - **Adapter.** `REDCO_WGPU_ADAPTER` (a substring of the adapter name) picks the
+//!   adapter, else the first one found; [`Wgpu::new`] errors clearly when there is none.
+//! - **Fused ops** keep their composite defaults from core for now.
+
+mod device;
+mod elementwise;
+mod index;
+mod layout;
+mod matmul;
+mod reduce;
+
+use device::{err, groups_1d, Ctx, DevBuf};
+use redco_core::backend::{BinaryOp, CmpOp, MatmulSpec, ReduceOp, UnaryOp};
+use redco_core::{Backend, DType, Error, HostData, Result, Shape};
+use std::sync::Arc;
+
+/// The wgpu backend: one device and its queue, shared by clones.
+#[derive(Clone)]
+pub struct Wgpu {
+    ctx: Arc<Ctx>,
+}
+
+impl std::fmt::Debug for Wgpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Wgpu({} {:?})", self.ctx.info.name, self.ctx.info.backend)
+    }
+}
+
+impl Wgpu {
+    /// Opens the adapter named by `REDCO_WGPU_ADAPTER` (a case-insensitive substring of
+    /// its name), else the first adapter found; errors when there is none.
+    pub fn new() -> Result<Self> {
+        Ok(Wgpu { ctx: Arc::new(Ctx::open()?) })
+    }
+    /// The adapter this backend runs on (name, vendor, device type, driver, graphics API).
+    pub fn adapter_info(&self) -> wgpu::AdapterInfo {
+        self.ctx.info.clone()
+    }
+    /// The largest storage buffer this device binds, in bytes.
+    pub fn max_buffer_bytes(&self) -> u64 {
+        self.ctx.limits.max_storage_buffer_binding_size.min(self.ctx.limits.max_buffer_size)
+    }
+
+    /// New uninitialised storage of `len` elements of `dtype`.
+    pub(crate) fn alloc(&self, len: usize, dtype: DType) -> Result<WgpuStorage> {
+        let buf = self.ctx.alloc(len as u64 * 4)?;
+        Ok(WgpuStorage { buf: Arc::new(buf), len, dtype, host_ids: None })
+    }
+
+    /// Records kernel `key` (compiled from `src` on first use) over `groups`.
+    pub(crate) fn launch(
+        &self,
+        key: &str,
+        src: impl FnOnce() -> String,
+        inputs: &[&WgpuStorage],
+        out: &WgpuStorage,
+        params: &[u32],
+        groups: (u32, u32, u32),
+    ) -> Result<()> {
+        self.launch_with(key, false, src, inputs, out, params, groups)
+    }
+
+    /// [`Wgpu::launch`], for a kernel compiled without runtime bounds checks when `trusted`
+    /// (see `Ctx::kernel`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch_with(
+        &self,
+        key: &str,
+        trusted: bool,
+        src: impl FnOnce() -> String,
+        inputs: &[&WgpuStorage],
+        out: &WgpuStorage,
+        params: &[u32],
+        groups: (u32, u32, u32),
+    ) -> Result<()> {
+        let k = self.ctx.kernel(key, inputs.len(), trusted, src)?;
+        let ins: Vec<&wgpu::Buffer> = inputs.iter().map(|s| s.buf.raw()).collect();
+        self.ctx.dispatch(&k, &ins, out.buf.raw(), params, groups)
+    }
+
+    /// A one-dimensional launch over `n` invocations producing `len` elements of `dtype`.
+    pub(crate) fn map_kernel(
+        &self,
+        key: &str,
+        src: impl FnOnce() -> String,
+        inputs: &[&WgpuStorage],
+        n: usize,
+        dtype: DType,
+        params: &[u32],
+    ) -> Result<WgpuStorage> {
+        let out = self.alloc(n, dtype)?;
+        self.launch(key, src, inputs, &out, params, groups_1d(n))?;
+        Ok(out)
+    }
+
+    /// Integer ids of `s` on the host: the copy kept at upload, else a read-back.
+    pub(crate) fn host_ids(&self, s: &WgpuStorage, op: &'static str) -> Result<Arc<Vec<i64>>> {
+        if !matches!(s.dtype, DType::I64 | DType::I32) {
+            return Err(Error::UnsupportedDType { op, dtype: s.dtype });
+        }
+        if let Some(h) = &s.host_ids {
+            return Ok(h.clone());
+        }
+        let bytes = self.ctx.read(s.buf.raw(), s.len as u64 * 4)?;
+        let v: Vec<i32> = bytemuck::pod_collect_to_vec(&bytes);
+        Ok(Arc::new(v.into_iter().map(i64::from).collect()))
+    }
+}
+
+/// wgpu storage: a pooled device buffer of 32-bit words, its element count and logical
+/// dtype. Clones share the buffer; it returns to the pool when the last one drops.
+#[derive(Clone, Debug)]
+pub struct WgpuStorage {
+    buf: Arc<DevBuf>,
+    len: usize,
+    dtype: DType,
+    /// The ids as uploaded, for integer storages made from host data: the bounds checks of
+    /// the index ops read them here instead of reading the device back, and an I64 value
+    /// beyond the device's i32 (stored saturated) keeps its exact value for those checks
+    /// and for download.
+    host_ids: Option<Arc<Vec<i64>>>,
+}
+
+impl WgpuStorage {
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True when the storage holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// The device element type of a logical dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dev {
+    F32,
+    I32,
+    U32,
+}
+
+impl Dev {
+    pub(crate) fn of(dt: DType) -> Dev {
+        match dt {
+            DType::F32 | DType::F16 | DType::BF16 | DType::F64 => Dev::F32,
+            DType::I64 | DType::I32 => Dev::I32,
+            DType::U8 => Dev::U32,
+        }
+    }
+    pub(crate) fn wgsl(self) -> &'static str {
+        match self {
+            Dev::F32 => "f32",
+            Dev::I32 => "i32",
+            Dev::U32 => "u32",
+        }
+    }
+}
+
+/// The WGSL function that stores a computed value in `dt` (float kernels compute in f32,
+/// integer ones in i32).
+pub(crate) fn store_fn(dt: DType) -> &'static str {
+    match dt {
+        DType::F16 => "round_f16",
+        DType::BF16 => "round_bf16",
+        DType::F32 | DType::F64 => "keep",
+        DType::I64 | DType::I32 => "keep_i",
+        DType::U8 => "sat_u8",
+    }
+}
+
+/// Fills the `$NAME` placeholders of a kernel template.
+pub(crate) fn tpl(src: &str, subs: &[(&str, &str)]) -> String {
+    let mut s = src.to_string();
+    for (k, v) in subs {
+        s = s.replace(k, v);
+    }
+    s
+}
+
+/// A u32 kernel parameter, or an error when `x` does not fit.
+pub(crate) fn u32p(x: usize, what: &str) -> Result<u32> {
+    u32::try_from(x).map_err(|_| err(format!("{what} = {x} exceeds the 32-bit indexing of the wgpu kernels")))
+}
+
+fn check_len(s: &WgpuStorage, shape: &Shape, op: &'static str) -> Result<()> {
+    if s.len != shape.elem_count() {
+        return Err(Error::ElementCount { op, shape: shape.clone(), expected: shape.elem_count(), got: s.len });
+    }
+    Ok(())
+}
+
+fn check_same(a: &WgpuStorage, b: &WgpuStorage, op: &'static str) -> Result<DType> {
+    if a.dtype != b.dtype {
+        return Err(Error::DTypeMismatch { op, lhs: a.dtype, rhs: b.dtype });
+    }
+    Ok(a.dtype)
+}
+
+fn unsupported_f64(dt: DType, op: &'static str) -> Result<()> {
+    if dt == DType::F64 {
+        return Err(Error::UnsupportedDType { op, dtype: dt });
+    }
+    Ok(())
+}
+
+impl Backend for Wgpu {
+    type Storage = WgpuStorage;
+
+    fn name(&self) -> String {
+        "wgpu".into()
+    }
+    fn supports(&self, dtype: DType) -> bool {
+        dtype != DType::F64
+    }
+    fn upload(&self, data: &HostData) -> Result<WgpuStorage> {
+        let dtype = data.dtype();
+        let (bytes, host_ids): (Vec<u8>, Option<Arc<Vec<i64>>>) = match data {
+            HostData::F32(v) => (bytemuck::cast_slice(v).to_vec(), None),
+            HostData::F16(_) | HostData::BF16(_) => (bytemuck::cast_slice(&data.to_f32_vec()).to_vec(), None),
+            HostData::F64(_) => return Err(Error::UnsupportedDType { op: "wgpu upload", dtype }),
+            HostData::I32(v) => {
+                (bytemuck::cast_slice(v).to_vec(), Some(Arc::new(v.iter().map(|&x| x as i64).collect())))
+            }
+            HostData::I64(v) => {
+                let w: Vec<i32> = v.iter().map(|&x| x.clamp(i32::MIN as i64, i32::MAX as i64) as i32).collect();
+                (bytemuck::cast_slice(&w).to_vec(), Some(Arc::new(v.clone())))
+            }
+            HostData::U8(v) => {
+                let w: Vec<u32> = v.iter().map(|&x| x as u32).collect();
+                (bytemuck::cast_slice(&w).to_vec(), None)
+            }
+        };
+        let buf = self.ctx.upload_bytes(&bytes)?;
+        Ok(WgpuStorage { buf: Arc::new(buf), len: data.len(), dtype, host_ids })
+    }
+    fn download(&self, s: &WgpuStorage) -> Result<HostData> {
+        if let Some(h) = &s.host_ids {
+            return Ok(match s.dtype {
+                DType::I32 => HostData::I32(h.iter().map(|&x| x as i32).collect()),
+                _ => HostData::I64(h.to_vec()),
+            });
+        }
+        let bytes = self.ctx.read(s.buf.raw(), s.len as u64 * 4)?;
+        Ok(match Dev::of(s.dtype) {
+            Dev::F32 => HostData::from_f32(bytemuck::pod_collect_to_vec(&bytes), s.dtype),
+            Dev::I32 => {
+                let v: Vec<i32> = bytemuck::pod_collect_to_vec(&bytes);
+                match s.dtype {
+                    DType::I32 => HostData::I32(v),
+                    _ => HostData::I64(v.into_iter().map(i64::from).collect()),
+                }
+            }
+            Dev::U32 => {
+                let v: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+                HostData::U8(v.into_iter().map(|x| x.min(255) as u8).collect())
+            }
+        })
+    }
+    fn storage_dtype(&self, s: &WgpuStorage) -> DType {
+        s.dtype
+    }
+    fn sync(&self) -> Result<()> {
+        self.ctx.wait()
+    }
+
+    fn full(&self, n: usize, value: f64, dtype: DType) -> Result<WgpuStorage> {
+        unsupported_f64(dtype, "full")?;
+        elementwise::full(self, n, value, dtype)
+    }
+    fn unary(&self, op: UnaryOp, x: &WgpuStorage, n: usize) -> Result<WgpuStorage> {
+        if !x.dtype.is_float() {
+            return Err(Error::UnsupportedDType { op: "unary", dtype: x.dtype });
+        }
+        elementwise::unary(self, op, x, n.min(x.len))
+    }
+    fn binary(
+        &self,
+        op: BinaryOp,
+        a: (&WgpuStorage, &Shape),
+        b: (&WgpuStorage, &Shape),
+        out: &Shape,
+    ) -> Result<WgpuStorage> {
+        check_same(a.0, b.0, "binary")?;
+        check_len(a.0, a.1, "binary")?;
+        check_len(b.0, b.1, "binary")?;
+        elementwise::binary(self, op, a, b, out)
+    }
+    fn compare(
+        &self,
+        op: CmpOp,
+        a: (&WgpuStorage, &Shape),
+        b: (&WgpuStorage, &Shape),
+        out: &Shape,
+    ) -> Result<WgpuStorage> {
+        check_same(a.0, b.0, "compare")?;
+        check_len(a.0, a.1, "compare")?;
+        check_len(b.0, b.1, "compare")?;
+        elementwise::compare(self, op, a, b, out)
+    }
+    fn where_cond(
+        &self,
+        c: (&WgpuStorage, &Shape),
+        a: (&WgpuStorage, &Shape),
+        b: (&WgpuStorage, &Shape),
+        out: &Shape,
+    ) -> Result<WgpuStorage> {
+        check_same(a.0, b.0, "where_cond")?;
+        check_len(c.0, c.1, "where_cond (condition)")?;
+        check_len(a.0, a.1, "where_cond")?;
+        check_len(b.0, b.1, "where_cond")?;
+        if c.0.dtype != DType::U8 {
+            return Err(Error::UnsupportedDType { op: "where_cond (condition)", dtype: c.0.dtype });
+        }
+        elementwise::where_cond(self, c, a, b, out)
+    }
+    fn matmul(&self, a: &WgpuStorage, b: &WgpuStorage, spec: &MatmulSpec) -> Result<WgpuStorage> {
+        let dt = check_same(a, b, "matmul")?;
+        if !dt.is_float() {
+            return Err(Error::UnsupportedDType { op: "matmul", dtype: dt });
+        }
+        matmul::matmul(self, a, b, spec, dt)
+    }
+    fn reduce(&self, op: ReduceOp, x: &WgpuStorage, shape: &Shape, dim: usize) -> Result<WgpuStorage> {
+        check_len(x, shape, "reduce")?;
+        reduce::reduce(self, op, x, shape, dim)
+    }
+    fn cast(&self, x: &WgpuStorage, n: usize, dtype: DType) -> Result<WgpuStorage> {
+        unsupported_f64(dtype, "cast")?;
+        elementwise::cast(self, x, n.min(x.len), dtype)
+    }
+    fn permute(&self, x: &WgpuStorage, shape: &Shape, perm: &[usize]) -> Result<WgpuStorage> {
+        check_len(x, shape, "permute")?;
+        layout::permute(self, x, shape, perm)
+    }
+    fn expand(&self, x: &WgpuStorage, shape: &Shape, out: &Shape) -> Result<WgpuStorage> {
+        check_len(x, shape, "expand")?;
+        layout::expand(self, x, shape, out)
+    }
+    fn narrow(&self, x: &WgpuStorage, shape: &Shape, dim: usize, start: usize, len: usize) -> Result<WgpuStorage> {
+        check_len(x, shape, "narrow")?;
+        layout::narrow(self, x, shape, dim, start, len)
+    }
+    fn cat(&self, xs: &[(&WgpuStorage, &Shape)], dim: usize) -> Result<WgpuStorage> {
+        for (s, sh) in xs {
+            check_len(s, sh, "cat")?;
+        }
+        layout::cat(self, xs, dim)
+    }
+    fn index_select(
+        &self,
+        x: &WgpuStorage,
+        shape: &Shape,
+        dim: usize,
+        ids: &WgpuStorage,
+        n_ids: usize,
+    ) -> Result<WgpuStorage> {
+        check_len(x, shape, "index_select")?;
+        index::index_select(self, x, shape, dim, ids, n_ids)
+    }
+    fn index_add(
+        &self,
+        x: &WgpuStorage,
+        shape: &Shape,
+        dim: usize,
+        ids: &WgpuStorage,
+        src: &WgpuStorage,
+    ) -> Result<WgpuStorage> {
+        check_len(x, shape, "index_add")?;
+        check_same(x, src, "index_add")?;
+        index::index_add(self, x, shape, dim, ids, src)
+    }
+    fn gather(
+        &self,
+        x: &WgpuStorage,
+        shape: &Shape,
+        dim: usize,
+        idx: &WgpuStorage,
+        idx_shape: &Shape,
+    ) -> Result<WgpuStorage> {
+        check_len(x, shape, "gather")?;
+        check_len(idx, idx_shape, "gather (index)")?;
+        index::gather(self, x, shape, dim, idx, idx_shape)
+    }
+    fn scatter_add(
+        &self,
+        x: &WgpuStorage,
+        shape: &Shape,
+        dim: usize,
+        idx: &WgpuStorage,
+        idx_shape: &Shape,
+        src: &WgpuStorage,
+    ) -> Result<WgpuStorage> {
+        check_len(x, shape, "scatter_add")?;
+        check_len(idx, idx_shape, "scatter_add (index)")?;
+        check_len(src, idx_shape, "scatter_add (source)")?;
+        check_same(x, src, "scatter_add")?;
+        index::scatter_add(self, x, shape, dim, idx, idx_shape, src)
+    }
+}

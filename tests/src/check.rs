@@ -38,9 +38,10 @@ pub fn ids<B: Backend>(b: &B, v: &[i64], shape: impl Into<Shape>) -> Tensor<B> {
     Tensor::from_vec(b, v.to_vec(), shape).expect("ids")
 }
 
-/// Deterministic pseudo-random values in `[lo, hi)`.
+/// Deterministic pseudo-random values in `[lo, hi)`, each exactly representable in f32, so
+/// that tests comparing copies exactly hold in every check dtype (f64 or f32).
 pub fn values(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<f64> {
-    (0..n as u64).map(|i| lo + (hi - lo) * redco_core::ops::random::uniform_at(seed, i)).collect()
+    (0..n as u64).map(|i| (lo + (hi - lo) * redco_core::ops::random::uniform_at(seed, i)) as f32 as f64).collect()
 }
 
 /// Checks the gradients of `f` at `inputs` against central finite differences.
