@@ -10,10 +10,10 @@ use redco_core::optim::{AdamWConfig, Decay, Schedule};
 use redco_core::pipeline::data::{Dataset, JsonlDataset};
 use redco_core::pipeline::{Batch, Deployer, OptimizerConfig, StepCtx, TrainConfig, Trainer};
 use redco_core::{DType, Error, Result, Tensor};
+use redco_models::auto::AutoModel;
 use redco_models::generate::{generate, GenerationConfig, Sampling};
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::tokenizer::Tokenizer;
-use redco_models::auto::AutoModel;
 use redco_models::presets::{self, SyntheticText};
 use std::path::{Path, PathBuf};
 
