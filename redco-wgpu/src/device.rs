@@ -4,7 +4,6 @@
 use redco_core::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use wgpu::util::DeviceExt;
 
 /// Invocations per workgroup of the one-dimensional kernels.
 pub(crate) const WG: u32 = 256;
@@ -93,6 +92,21 @@ struct Pending {
     ops: usize,
 }
 
+/// Every adapter wgpu finds, real GPUs first (discrete, integrated, virtual, other, then
+/// CPU adapters such as lavapipe), in wgpu's order within a type.
+pub(crate) fn adapters() -> Vec<wgpu::Adapter> {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let mut adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+    adapters.sort_by_key(|a| match a.get_info().device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    });
+    adapters
+}
+
 /// The device, its queue and every shared piece of state.
 pub(crate) struct Ctx {
     pub(crate) device: wgpu::Device,
@@ -109,10 +123,9 @@ pub(crate) struct Ctx {
 
 impl Ctx {
     /// Opens the adapter chosen by `REDCO_WGPU_ADAPTER` (a substring of the adapter name,
-    /// case-insensitive), else the first one.
+    /// case-insensitive), else the first of [`adapters`] (a GPU when there is one).
     pub(crate) fn open() -> Result<Ctx> {
-        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        let adapters = adapters();
         let wanted = std::env::var("REDCO_WGPU_ADAPTER").ok().filter(|s| !s.is_empty());
         let names: Vec<String> =
             adapters.iter().map(|a| format!("{} ({:?})", a.get_info().name, a.get_info().backend)).collect();
@@ -151,7 +164,8 @@ impl Ctx {
         let l2 = lost.clone();
         device.set_device_lost_callback(move |reason, msg| {
             if let Ok(mut l) = l2.lock() {
-                *l = Some(format!("device lost ({reason:?}): {msg}"));
+                let why = if msg.is_empty() { String::new() } else { format!(": {msg}") };
+                *l = Some(format!("the device was lost ({reason:?}{why}); every later call on it fails"));
             }
         });
         Ok(Ctx {
@@ -177,12 +191,21 @@ impl Ctx {
         if !e.is_empty() {
             let msg = e.join("; ");
             e.clear();
+            drop(e);
+            // a lost device shows first as validation errors (its objects are invalid); wgpu
+            // reports the loss itself from a poll: name it when that is the cause
+            let _ = self.device.poll(wgpu::PollType::Poll);
+            if let Some(l) = lock(&self.lost)?.as_ref() {
+                return Err(err(format!("{l} (then: {msg})")));
+            }
             return Err(err(msg));
         }
         Ok(())
     }
 
-    fn check_size(&self, bytes: u64, what: &str) -> Result<()> {
+    /// The size class of a buffer of `bytes` bytes (capped at the device limit), or an
+    /// error naming the limit when `bytes` exceeds it.
+    fn class_within_limit(&self, bytes: u64, what: &str) -> Result<u64> {
         let max = self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size);
         if bytes > max {
             return Err(err(format!(
@@ -191,14 +214,14 @@ impl Ctx {
                 self.info.name
             )));
         }
-        Ok(())
+        Ok(size_class(bytes).min(max / 4 * 4).max(bytes))
     }
 
     /// A storage buffer of at least `bytes` bytes (contents undefined), from the pool when
     /// one of its size class is free.
     pub(crate) fn alloc(&self, bytes: u64) -> Result<DevBuf> {
-        let class = size_class(bytes);
-        self.check_size(class.max(bytes), "alloc")?;
+        let class = self.class_within_limit(bytes, "alloc")?;
+        self.check()?;
         let buf = match self.pool.take(class) {
             Some(b) => b,
             None => self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -213,16 +236,32 @@ impl Ctx {
 
     /// A new storage buffer holding `data` (padded to its size class).
     pub(crate) fn upload_bytes(&self, data: &[u8]) -> Result<DevBuf> {
-        let class = size_class(data.len() as u64);
-        self.check_size(class, "upload")?;
-        let mut padded = data.to_vec();
-        padded.resize(class as usize, 0);
-        let buf = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        let class = self.class_within_limit(data.len() as u64, "upload")?;
+        self.check()?;
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
-            contents: &padded,
+            size: class,
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
         });
+        self.write(&buf, data);
         Ok(DevBuf { buf: Some(buf), pool: self.pool.clone() })
+    }
+
+    /// Queues a write of `data` (a multiple of 4 bytes) to the start of `buf`: it lands
+    /// before the next submission, and, unlike a buffer mapped at creation, fails as a
+    /// recorded error rather than a panic when the device is gone.
+    fn write(&self, buf: &wgpu::Buffer, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
+        if data.len().is_multiple_of(4) {
+            self.queue.write_buffer(buf, 0, data);
+        } else {
+            let mut padded = data.to_vec();
+            padded.resize(data.len().div_ceil(4) * 4, 0);
+            self.queue.write_buffer(buf, 0, &padded);
+        }
     }
 
     fn layout(&self, n_in: usize) -> Result<Arc<wgpu::BindGroupLayout>> {
@@ -309,6 +348,7 @@ impl Ctx {
         if groups.0 == 0 || groups.1 == 0 || groups.2 == 0 {
             return Ok(());
         }
+        self.check()?;
         let max = self.limits.max_compute_workgroups_per_dimension;
         if groups.0 > max || groups.1 > max || groups.2 > max {
             return Err(err(format!(
@@ -319,11 +359,13 @@ impl Ctx {
         if p.is_empty() {
             p.push(0);
         }
-        let pbuf = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        let pbuf = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
-            contents: bytemuck::cast_slice(&p),
-            usage: wgpu::BufferUsages::STORAGE,
+            size: (p.len() * 4) as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
         });
+        self.write(&pbuf, bytemuck::cast_slice(&p));
         let mut entries: Vec<wgpu::BindGroupEntry> = inputs
             .iter()
             .enumerate()
@@ -400,6 +442,7 @@ impl Ctx {
     /// Reads the first `bytes` bytes of `buf` back to the host (submits and waits).
     pub(crate) fn read(&self, buf: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
         let size = bytes.div_ceil(4).max(1) * 4;
+        self.check()?;
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("redco-wgpu read-back"),
             size,

@@ -1,7 +1,7 @@
 //! Elementwise kernels: fill, unary maps, broadcasting binary ops and comparisons,
 //! `where`, casts (`kernels/{fill,unary,binary,where,cast}.wgsl`).
 
-use crate::device::err;
+use crate::device::{err, groups_1d};
 use crate::layout::collapse;
 use crate::{store_fn, tpl, u32p, Dev, Wgpu, WgpuStorage};
 use redco_core::backend::{BinaryOp, CmpOp, UnaryOp};
@@ -20,8 +20,11 @@ pub(crate) fn full(w: &Wgpu, n: usize, value: f64, dtype: DType) -> Result<WgpuS
         DType::I32 => (value as i32) as u32,
         DType::U8 => (value as u8) as u32,
     };
+    // allocate first: a size beyond the device's buffer limit is reported as such
+    let out = w.alloc(n, dtype)?;
     let n32 = u32p(n, "elements")?;
-    w.map_kernel("fill", || include_str!("kernels/fill.wgsl").into(), &[], n, dtype, &[n32, bits])
+    w.launch("fill", || include_str!("kernels/fill.wgsl").into(), &[], &out, &[n32, bits], groups_1d(n))?;
+    Ok(out)
 }
 
 /// The WGSL body of a unary op and its two scalar parameters.

@@ -16,8 +16,15 @@
 //! - **Memory.** Storage buffers come from a pool keyed by size class, and return to it
 //!   when the last storage referring to them is dropped.
 //! - **Adapter.** `REDCO_WGPU_ADAPTER` (a substring of the adapter name) picks the
-//!   adapter, else the first one found; [`Wgpu::new`] errors clearly when there is none.
+//!   adapter, else the first GPU found, else a CPU adapter (lavapipe); [`Wgpu::new`] errors
+//!   clearly when there is none.
+//! - **Errors.** A tensor beyond the device's buffer limit ([`Wgpu::max_buffer_bytes`]) is
+//!   an error naming the limit; validation errors and a lost device surface as errors of the
+//!   next call (a lost device fails every later call instead of hanging).
 //! - **Fused ops** keep their composite defaults from core for now.
+
+/// The wgpu crate this backend is built on (its [`wgpu::AdapterInfo`] describes adapters).
+pub use wgpu;
 
 mod device;
 mod elementwise;
@@ -44,10 +51,17 @@ impl std::fmt::Debug for Wgpu {
 }
 
 impl Wgpu {
-    /// Opens the adapter named by `REDCO_WGPU_ADAPTER` (a case-insensitive substring of
-    /// its name), else the first adapter found; errors when there is none.
+    /// Opens a new device on the adapter named by `REDCO_WGPU_ADAPTER` (a case-insensitive
+    /// substring of its name), else on the first of [`Wgpu::adapters`] (a GPU when there is
+    /// one, before CPU adapters such as lavapipe); errors when there is none. Each call opens
+    /// its own device (one per rank of an SPMD run).
     pub fn new() -> Result<Self> {
         Ok(Wgpu { ctx: Arc::new(Ctx::open()?) })
+    }
+    /// Every adapter found, in the order [`Wgpu::new`] prefers them: discrete, integrated,
+    /// virtual and other GPUs, then CPU adapters.
+    pub fn adapters() -> Vec<wgpu::AdapterInfo> {
+        device::adapters().iter().map(|a| a.get_info()).collect()
     }
     /// The adapter this backend runs on (name, vendor, device type, driver, graphics API).
     pub fn adapter_info(&self) -> wgpu::AdapterInfo {
@@ -60,7 +74,10 @@ impl Wgpu {
 
     /// New uninitialised storage of `len` elements of `dtype`.
     pub(crate) fn alloc(&self, len: usize, dtype: DType) -> Result<WgpuStorage> {
-        let buf = self.ctx.alloc(len as u64 * 4)?;
+        let bytes = (len as u64).checked_mul(4).ok_or_else(|| {
+            err(format!("a tensor of {len} elements exceeds the device limit of {} bytes", self.max_buffer_bytes()))
+        })?;
+        let buf = self.ctx.alloc(bytes)?;
         Ok(WgpuStorage { buf: Arc::new(buf), len, dtype, host_ids: None })
     }
 
@@ -413,5 +430,46 @@ impl Backend for Wgpu {
         check_len(src, idx_shape, "scatter_add (source)")?;
         check_same(x, src, "scatter_add")?;
         index::scatter_add(self, x, shape, dim, idx, idx_shape, src)
+    }
+}
+
+/// A device for the unit tests: `None` (with a note) without an adapter, a panic then with
+/// `REDCO_REQUIRE_WGPU=1`.
+#[cfg(test)]
+pub(crate) fn test_device() -> Option<Wgpu> {
+    match Wgpu::new() {
+        Ok(w) => Some(w),
+        Err(e) if std::env::var("REDCO_REQUIRE_WGPU").is_ok_and(|v| v == "1") => {
+            panic!("REDCO_REQUIRE_WGPU=1 but no wgpu adapter: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped: no wgpu adapter: {e}");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device that goes away (here destroyed) makes the next op and read-back return an
+    /// error, promptly, instead of hanging or panicking.
+    #[test]
+    fn a_lost_device_gives_an_error_not_a_hang() {
+        let Some(w) = test_device() else { return };
+        let x = w.upload(&HostData::F32(vec![1.0, 2.0, 3.0])).unwrap();
+        let y = w.unary(UnaryOp::Exp, &x, 3).unwrap();
+        w.download(&y).unwrap();
+        w.ctx.device.destroy();
+        let t0 = std::time::Instant::now();
+        let r = w.unary(UnaryOp::Exp, &x, 3).and_then(|z| w.download(&z));
+        let e = r.expect_err("an op on a destroyed device must fail");
+        println!("after destroy: {e} ({:?})", t0.elapsed());
+        assert!(e.to_string().contains("lost"), "{e}");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(30));
+        // and it stays failed
+        assert!(w.download(&x).is_err());
+        assert!(w.sync().is_err());
     }
 }

@@ -4,7 +4,7 @@
 use redco_core::backend::MatmulSpec;
 use redco_core::cpu::Cpu;
 use redco_core::{Backend, DType, HostData};
-use redco_wgpu::Wgpu;
+use redco_wgpu::{wgpu, Wgpu};
 use std::time::Instant;
 
 fn gflops<B: Backend>(b: &B, n: usize, reps: usize) -> f64 {
@@ -33,6 +33,9 @@ fn gflops<B: Backend>(b: &B, n: usize, reps: usize) -> f64 {
 fn matmul_1024_gflops() {
     let w = match Wgpu::new() {
         Ok(w) => w,
+        Err(e) if std::env::var("REDCO_REQUIRE_WGPU").is_ok_and(|v| v == "1") => {
+            panic!("REDCO_REQUIRE_WGPU=1 but no wgpu adapter: {e}")
+        }
         Err(e) => {
             eprintln!("no wgpu adapter: {e}");
             return;
@@ -40,7 +43,9 @@ fn matmul_1024_gflops() {
     };
     let info = w.adapter_info();
     let n = 1024;
-    let gw = gflops(&w, n, 5);
+    // a GPU finishes one in about a millisecond: time more of them
+    let reps = if info.device_type == wgpu::DeviceType::Cpu { 5 } else { 50 };
+    let gw = gflops(&w, n, reps);
     let gc = gflops(&Cpu::default(), n, 5);
     println!(
         "matmul {n}^3 f32: wgpu ({} {:?}) {gw:.1} GFLOP/s, cpu {gc:.1} GFLOP/s, ratio {:.2}",

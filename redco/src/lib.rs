@@ -1,11 +1,15 @@
 //! `redco`: the facade of redco-rs.
 //!
 //! Re-exports [`redco_core`] (tensors, autograd, `nn`, the CPU backend) and
-//! [`redco_models`]. Backends are picked with Cargo features: `cpu` (default) today;
-//! `wgpu`, `cuda`, `tpu` and `mpi` arrive with their crates. The `redco` command-line
-//! program (train, generate, plan, eval-dump, convert, info) arrives with the pipeline.
+//! [`redco_models`]. Backends are picked with Cargo features: `cpu` (default) and `wgpu`
+//! (the portable GPU backend, as `redco::wgpu`); `cuda`, `tpu` and `mpi` arrive with their
+//! crates. The `redco` command-line program (train, generate, plan, eval-dump, convert, info)
+//! arrives with the pipeline.
 
 pub use redco_core as core;
 pub use redco_core::*;
 pub use redco_core::{cpu, dist, nn, optim, pipeline};
 pub use redco_models as models;
+/// The wgpu backend ([`redco_wgpu`]), with the `wgpu` feature.
+#[cfg(feature = "wgpu")]
+pub use redco_wgpu as wgpu;

@@ -1,6 +1,10 @@
 //! `cargo xtask`: redco-rs developer tasks.
 //!
 //! - `cargo xtask test`: the whole suite with its checks (fmt, clippy, tests, doc tests);
+//! - `cargo xtask bench [llm] [--mesh 1x1,1x2,2x1] [--reps N] [--steps N] [--threads N]
+//!   [--backend cpu] [--torch PYTHON] [--json FILE] [--png FILE]`: the bench LLaMA's training,
+//!   forward and decode tokens/s and peak memory per backend and mesh and, optionally,
+//!   transformers + torch measured in the same run;
 //! - `cargo xtask bench gemm [--threads N] [--reps N] [--torch PYTHON] [--json FILE]`:
 //!   f32 GEMM throughput against the machine's measured FMA peak and, optionally,
 //!   `torch.matmul` measured in the same run;
@@ -8,10 +12,12 @@
 //!   [--json FILE]`: batch-1 LLaMA decode tokens/s with the KV cache and, optionally,
 //!   transformers' `generate` measured in the same run;
 //! - `cargo xtask fixtures [--python PY]`: the transformers reference fixtures.
+//! - `cargo xtask gpu-check wgpu [--allow-cpu-adapter]`: the wgpu checks on a real GPU.
 
 mod args;
 mod bench;
 mod fixtures;
+mod gpu_check;
 mod machine;
 mod test;
 
@@ -23,6 +29,7 @@ fn main() -> ExitCode {
         Some("test") => test::run(&argv[1..]),
         Some("bench") => bench::run(&argv[1..]),
         Some("fixtures") => fixtures::run(&argv[1..]),
+        Some("gpu-check") => gpu_check::run(&argv[1..]),
         Some("-h" | "--help") | None => {
             println!("{}", USAGE);
             Ok(())
@@ -42,10 +49,20 @@ const USAGE: &str = "usage: cargo xtask <task>
 
 tasks:
   test [--no-lint]                 fmt check, clippy -D warnings, the whole test suite
+  bench [llm] [--mesh 1x1,1x2,2x1] [--reps N] [--steps N] [--threads N] [--backend cpu]
+        [--torch PYTHON] [--json FILE] [--png FILE]
+                                   LLaMA (hidden 512, 6 layers) training, forward and decode
+                                   tok/s and peak RSS per mesh (and transformers + torch),
+                                   interleaved repetitions, medians; a table, JSON and a PNG
+                                   bar chart (default target/bench-llm.png)
   bench gemm [--threads N] [--reps N] [--torch PYTHON] [--json FILE]
                                    f32 GEMM GFLOP/s vs the measured FMA peak (and torch)
   bench decode [--prompt N] [--new N] [--reps N] [--threads N] [--torch PYTHON] [--json FILE]
                                    batch-1 LLaMA decode tok/s with the KV cache (and transformers)
   bench load [--mp N] [--hidden N] [--layers N] [--inter N] [--vocab N]
                                    peak resident memory of each rank loading its checkpoint slice
-  fixtures [--python PY]           regenerate tests/fixtures with transformers (not in CI)";
+  fixtures [--python PY]           regenerate tests/fixtures with transformers (not in CI)
+  gpu-check wgpu [--allow-cpu-adapter]
+                                   on a machine with a GPU: its wgpu adapter, the conformance
+                                   suite, redco-wgpu's tests, the LLaMA check and matmul
+                                   GFLOP/s on it, then a table (fails without a GPU adapter)";

@@ -20,18 +20,22 @@ fn has_nextest() -> bool {
     Command::new("cargo").args(["nextest", "--version"]).output().map(|o| o.status.success()).unwrap_or(false)
 }
 
+/// Optional backends compiled into the checks and tests: the facade's `wgpu` feature (its
+/// CLI tests run on lavapipe in CI; redco-wgpu itself is always built, by redco-tests).
+const FEATURES: &str = "redco/wgpu";
+
 /// Runs fmt, clippy, the tests (nextest when installed) and the doc tests.
 pub fn run(argv: &[String]) -> Result<(), String> {
     let args = Args::parse(argv, &["no-lint"])?;
     args.only(&["no-lint"])?;
     if !args.has("no-lint") {
         cargo(&["fmt", "--all", "--check"])?;
-        cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+        cargo(&["clippy", "--workspace", "--all-targets", "--features", FEATURES, "--", "-D", "warnings"])?;
     }
     if has_nextest() {
-        cargo(&["nextest", "run", "--workspace", "--no-fail-fast"])?;
+        cargo(&["nextest", "run", "--workspace", "--features", FEATURES, "--no-fail-fast"])?;
     } else {
-        cargo(&["test", "--workspace", "--no-fail-fast"])?;
+        cargo(&["test", "--workspace", "--features", FEATURES, "--no-fail-fast"])?;
     }
     cargo(&["test", "--workspace", "--doc"])?;
     eprintln!("xtask: all checks passed");

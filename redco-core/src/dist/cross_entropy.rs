@@ -56,12 +56,11 @@ pub(crate) fn cross_entropy_sharded<B: Backend>(
     let lse = sum.log()?.add(&m)?; // [n, 1]
                                    // the target's logit, from the rank whose slice holds it
     let valid = tv.compare_scalar(ignore as f64, CmpOp::Ne)?;
-    let tf = tv.cast(DType::F64)?.add_scalar(-lo)?;
-    let mine = tf
-        .compare_scalar(0.0, CmpOp::Ge)?
-        .cast(DType::F64)?
-        .mul(&tf.compare_scalar(vl as f64, CmpOp::Lt)?.cast(DType::F64)?)?;
-    let mine = mine.mul(&valid.cast(DType::F64)?)?; // [n] 0/1
+    // index arithmetic in f64 where the backend has it, else f32 (exact for ids below 2^24)
+    let fd = if b.supports(DType::F64) { DType::F64 } else { DType::F32 };
+    let tf = tv.cast(fd)?.add_scalar(-lo)?;
+    let mine = tf.compare_scalar(0.0, CmpOp::Ge)?.cast(fd)?.mul(&tf.compare_scalar(vl as f64, CmpOp::Lt)?.cast(fd)?)?;
+    let mine = mine.mul(&valid.cast(fd)?)?; // [n] 0/1
     let local_idx = tf.mul(&mine)?.cast(DType::I64)?.unsqueeze(-1)?;
     let picked = xv.gather(&local_idx, -1)?.mul(&mine.cast(x.dtype())?.unsqueeze(-1)?)?;
     let picked = reduce(&picked, ReduceKind::Sum)?;

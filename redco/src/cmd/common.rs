@@ -2,7 +2,7 @@
 //! split from its configuration.
 
 use redco_core::dist::heuristics::plan_by_names;
-use redco_core::dist::{Mesh, ShardPlan};
+use redco_core::dist::{spmd, Mesh, ShardPlan, SpmdOptions};
 use redco_core::DType;
 use redco_models::hf::config::HfConfig;
 
@@ -36,17 +36,77 @@ pub fn threads_per_rank(total: Option<usize>, ranks: usize) -> usize {
     (total / ranks).max(1)
 }
 
-/// Checks that `name` is a backend compiled into this program.
-pub fn backend(name: &str) -> Result<(), String> {
+/// A compute backend compiled into this program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// The CPU backend (always compiled in).
+    Cpu,
+    /// The wgpu backend (the `wgpu` feature): one device per rank.
+    #[cfg(feature = "wgpu")]
+    Wgpu,
+}
+
+/// The backends compiled into this program, for messages.
+const AVAILABLE: &str = if cfg!(feature = "wgpu") { "cpu, wgpu" } else { "cpu" };
+
+/// The backend `name`, if it is compiled into this program.
+pub fn backend(name: &str) -> Result<BackendKind, String> {
     match name {
-        "cpu" => Ok(()),
-        "wgpu" | "cuda" | "tpu" => Err(format!(
-            "backend `{name}` is not compiled into this redco (build with `--features {name}` once its crate lands); \
-             available: cpu"
+        "cpu" => Ok(BackendKind::Cpu),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => Ok(BackendKind::Wgpu),
+        #[cfg(not(feature = "wgpu"))]
+        "wgpu" => Err(format!(
+            "backend `wgpu` is not compiled into this redco (build with `--features wgpu`); available: {AVAILABLE}"
         )),
-        other => Err(format!("unknown backend `{other}` (available: cpu)")),
+        "cuda" | "tpu" => Err(format!(
+            "backend `{name}` is not compiled into this redco (build with `--features {name}` once its crate \
+             lands); available: {AVAILABLE}"
+        )),
+        other => Err(format!("unknown backend `{other}` (available: {AVAILABLE})")),
     }
 }
+
+/// Runs `f` on each rank of `mesh` with a backend from `make(rank, threads)` and returns
+/// rank 0's result: on this thread, without a communicator, for one device; as an SPMD run
+/// (a thread per rank) otherwise.
+pub fn on_mesh<B, R, M, F>(mesh: Mesh, threads: usize, make: M, f: F) -> redco_core::Result<R>
+where
+    B: redco_core::Backend,
+    R: Send,
+    M: Fn(usize, usize) -> redco_core::Result<B> + Sync,
+    F: Fn(&B) -> redco_core::Result<R> + Sync,
+{
+    if mesh.size() == 1 {
+        return f(&make(0, threads)?);
+    }
+    let opts = SpmdOptions { threads_per_rank: Some(threads), ..SpmdOptions::default() };
+    spmd(mesh, &opts, make, |rk| f(&rk.backend)).map(|mut v| v.swap_remove(0))
+}
+
+/// Runs the generic per-rank function `$f` (called as `$f(&backend)`) over `$mesh` on the
+/// backend `$kind` (a [`BackendKind`]) with `$threads` CPU threads per rank, and returns
+/// rank 0's result.
+macro_rules! on_backend {
+    ($kind:expr, $mesh:expr, $threads:expr, $f:expr) => {
+        match $kind {
+            $crate::cmd::common::BackendKind::Cpu => $crate::cmd::common::on_mesh(
+                $mesh,
+                $threads,
+                |_, t| redco_core::cpu::Cpu::try_new(t),
+                |b: &redco_core::cpu::Cpu| $f(b),
+            ),
+            #[cfg(feature = "wgpu")]
+            $crate::cmd::common::BackendKind::Wgpu => $crate::cmd::common::on_mesh(
+                $mesh,
+                $threads,
+                |_, _| redco_wgpu::Wgpu::new(),
+                |b: &redco_wgpu::Wgpu| $f(b),
+            ),
+        }
+    };
+}
+pub(crate) use on_backend;
 
 /// The CPU backend's devices are its cores: a mesh with more ranks than cores is refused
 /// unless `oversubscribe`.

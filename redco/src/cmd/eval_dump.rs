@@ -4,8 +4,7 @@
 
 use super::common;
 use clap::Args;
-use redco_core::cpu::Cpu;
-use redco_core::dist::{current_comm, spmd_cpu, SpmdOptions};
+use redco_core::dist::current_comm;
 use redco_core::nn::ModuleExt;
 use redco_core::pipeline::checkpoint::{safetensors_bytes, write_atomic};
 use redco_core::{Backend, DType, HostData, Result, Tensor};
@@ -32,9 +31,12 @@ pub struct EvalDumpArgs {
     /// Output safetensors file.
     #[arg(long)]
     pub out: PathBuf,
-    /// Mesh as DPxMP: run split over DP x MP CPU ranks.
+    /// Mesh as DPxMP: run split over DP x MP ranks.
     #[arg(long, default_value = "1x1")]
     pub mesh: String,
+    /// Compute backend: cpu, or wgpu (with the `wgpu` feature; one device per rank).
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
     /// Greedy new tokens for `generated_ids`.
     #[arg(long, default_value_t = 8)]
     pub max_new_tokens: usize,
@@ -161,14 +163,10 @@ pub fn run(a: EvalDumpArgs) -> std::result::Result<(), String> {
     let mesh = common::mesh(&a.mesh)?;
     let dtype = common::dtype(&a.dtype)?;
     let inputs = read_all(&a.inputs).map_err(|e| e.to_string())?;
+    let kind = common::backend(&a.backend)?;
     let threads = common::threads_per_rank(a.threads, mesh.size());
-    let tensors = if mesh.size() == 1 {
-        dump(&Cpu::try_new(threads).map_err(|e| e.to_string())?, &a, &inputs, dtype)
-    } else {
-        let opts = SpmdOptions { threads_per_rank: Some(threads), ..SpmdOptions::default() };
-        spmd_cpu(mesh, &opts, |rk| dump(&rk.backend, &a, &inputs, dtype)).map(|mut v| v.swap_remove(0))
-    }
-    .map_err(|e| e.to_string())?;
+    let tensors =
+        common::on_backend!(kind, mesh, threads, |b| dump(b, &a, &inputs, dtype)).map_err(|e| e.to_string())?;
     let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
     let bytes = safetensors_bytes(&tensors, meta).map_err(|e| e.to_string())?;
     write_atomic(&a.out, &bytes).map_err(|e| e.to_string())?;

@@ -4,8 +4,7 @@
 
 use super::common;
 use clap::Args;
-use redco_core::cpu::Cpu;
-use redco_core::dist::{current_comm, spmd_cpu, SpmdOptions};
+use redco_core::dist::current_comm;
 use redco_core::{Backend, Error, Result, Tensor};
 use redco_models::auto::AutoModel;
 use redco_models::generate::{generate, generate_beam, BeamConfig, GenerationConfig, Sampling};
@@ -54,7 +53,7 @@ pub struct GenerateArgs {
     /// Mesh as DPxMP: split the model over MP ranks.
     #[arg(long, default_value = "1x1")]
     pub mesh: String,
-    /// Compute backend.
+    /// Compute backend: cpu, or wgpu (with the `wgpu` feature; one device per rank).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// Parameter dtype: f32, bf16 or f16.
@@ -147,9 +146,11 @@ fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<V
 
 /// Runs `redco generate`.
 pub fn run(a: GenerateArgs) -> std::result::Result<(), String> {
-    common::backend(&a.backend)?;
+    let kind = common::backend(&a.backend)?;
     let mesh = common::mesh(&a.mesh)?;
-    common::check_devices(mesh, a.threads, false)?;
+    if kind == common::BackendKind::Cpu {
+        common::check_devices(mesh, a.threads, false)?;
+    }
     let mut prompts = a.prompt.clone();
     if let Some(f) = &a.prompts_file {
         let text = std::fs::read_to_string(f).map_err(|e| format!("cannot read prompts file {}: {e}", f.display()))?;
@@ -159,13 +160,7 @@ pub fn run(a: GenerateArgs) -> std::result::Result<(), String> {
         return Err("give a prompt: --prompt TEXT (repeatable) or --prompts-file FILE".into());
     }
     let threads = common::threads_per_rank(a.threads, mesh.size());
-    let outs = if mesh.size() == 1 {
-        run_rank(&Cpu::try_new(threads).map_err(|e| e.to_string())?, &a, &prompts)
-    } else {
-        let opts = SpmdOptions { threads_per_rank: Some(threads), ..SpmdOptions::default() };
-        spmd_cpu(mesh, &opts, |rk| run_rank(&rk.backend, &a, &prompts)).map(|mut v| v.swap_remove(0))
-    }
-    .map_err(|e| e.to_string())?;
+    let outs = common::on_backend!(kind, mesh, threads, |b| run_rank(b, &a, &prompts)).map_err(|e| e.to_string())?;
     // one greedy/sampled prompt of a decoder-only model has been streamed already
     let streamed = prompts.len() == 1 && a.num_beams <= 1 && !common::is_t5(&a.model);
     if !streamed {

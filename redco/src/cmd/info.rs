@@ -4,10 +4,40 @@
 pub fn run() -> Result<(), String> {
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     println!("redco {}", env!("CARGO_PKG_VERSION"));
-    println!("backends: cpu (embedded)");
+    println!("backends: cpu (embedded){}", if cfg!(feature = "wgpu") { ", wgpu" } else { "" });
     println!(
         "cpu: {threads} threads, AVX-512 GEMM {}",
         if redco_core::cpu::sgemm::is_supported() { "on" } else { "off (portable GEMM)" }
     );
+    #[cfg(feature = "wgpu")]
+    wgpu_adapters();
     Ok(())
+}
+
+/// Lists the wgpu adapters in the order `--backend wgpu` prefers them, marking the one it
+/// would open (`REDCO_WGPU_ADAPTER`, a substring of the name, picks another).
+#[cfg(feature = "wgpu")]
+fn wgpu_adapters() {
+    let adapters = redco_wgpu::Wgpu::adapters();
+    let wanted = std::env::var("REDCO_WGPU_ADAPTER").ok().filter(|s| !s.is_empty()).map(|s| s.to_lowercase());
+    let chosen = match &wanted {
+        Some(w) => adapters.iter().position(|a| a.name.to_lowercase().contains(w)),
+        None => (!adapters.is_empty()).then_some(0),
+    };
+    if adapters.is_empty() {
+        println!("wgpu: no adapter found (on Linux install a Vulkan driver, e.g. mesa-vulkan-drivers)");
+    }
+    for (i, a) in adapters.iter().enumerate() {
+        println!(
+            "wgpu adapter {i}: {} ({:?}, {:?}, driver {}){}",
+            a.name,
+            a.backend,
+            a.device_type,
+            format!("{} {}", a.driver, a.driver_info).trim(),
+            if chosen == Some(i) { "  <- used" } else { "" }
+        );
+    }
+    if let (Some(w), None) = (&wanted, chosen) {
+        println!("wgpu: no adapter name contains REDCO_WGPU_ADAPTER={w:?}");
+    }
 }

@@ -38,7 +38,7 @@ pub struct TrainArgs {
     /// Mesh as DPxMP: data-parallel x tensor-parallel ranks (1x2 splits every layer in two).
     #[arg(long, default_value = "1x1")]
     pub mesh: String,
-    /// Compute backend (cpu is compiled in; others need their Cargo feature).
+    /// Compute backend: cpu (training on wgpu through the CLI is not implemented yet).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// Compute dtype: f32, or bf16 / f16 (with f32 master weights).
@@ -152,7 +152,13 @@ fn err(e: Error) -> String {
 
 /// Runs `redco train`.
 pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
-    common::backend(&a.backend)?;
+    if common::backend(&a.backend)? != common::BackendKind::Cpu {
+        return Err(format!(
+            "redco train runs on the cpu backend only: training on {} through the CLI is not implemented yet (the \
+             trainer is CPU-only; generate and eval-dump take --backend {})",
+            a.backend, a.backend
+        ));
+    }
     let mesh = common::mesh(&a.mesh)?;
     common::check_devices(mesh, a.threads, a.oversubscribe)?;
     let compute = common::dtype(&a.dtype)?;

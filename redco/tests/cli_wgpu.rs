@@ -1,0 +1,111 @@
+//! `--backend wgpu` in the CLI (with the `wgpu` feature): `eval-dump` on the committed LLaMA
+//! fixture matches transformers, `generate` gives the CPU backend's text, `info` lists the
+//! adapters. Skipped without a wgpu adapter unless `REDCO_REQUIRE_WGPU=1`.
+#![cfg(feature = "wgpu")]
+
+use redco_models::hf::safetensors::read_all;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/llama-tiny")
+}
+
+/// Exit code, stdout and stderr of `redco args`.
+fn redco(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_redco")).args(args).output().expect("run redco");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
+}
+
+/// Whether a wgpu adapter is there (a missing one fails with `REDCO_REQUIRE_WGPU=1`).
+fn have_wgpu() -> bool {
+    match redco::wgpu::Wgpu::new() {
+        Ok(_) => true,
+        Err(e) if std::env::var("REDCO_REQUIRE_WGPU").is_ok_and(|v| v == "1") => {
+            panic!("REDCO_REQUIRE_WGPU=1 but no wgpu adapter: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped: no wgpu adapter: {e}");
+            false
+        }
+    }
+}
+
+fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    (num / den.max(1e-300)).sqrt()
+}
+
+#[test]
+fn eval_dump_on_wgpu_matches_transformers() {
+    if !have_wgpu() {
+        return;
+    }
+    let f = fixture();
+    let out = std::env::temp_dir().join(format!("redco-eval-dump-wgpu-{}.safetensors", std::process::id()));
+    let inputs = f.join("inputs.safetensors");
+    let (code, _, err) = redco(&[
+        "eval-dump",
+        "--model",
+        f.to_str().unwrap(),
+        "--inputs",
+        inputs.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--backend",
+        "wgpu",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let got = read_all(&out).unwrap();
+    let _ = std::fs::remove_file(&out);
+    let want = read_all(&f.join("reference.safetensors")).unwrap();
+    let mut keys: Vec<_> = got.keys().collect();
+    keys.sort();
+    let mut want_keys: Vec<_> = want.keys().collect();
+    want_keys.sort();
+    assert_eq!(keys, want_keys, "the same tensors as transformers' dump");
+    let mask = read_all(&inputs).unwrap()["attention_mask"].data.to_f64_vec();
+    for (k, w) in &want {
+        assert_eq!(got[k].shape, w.shape, "{k}");
+        let (mut g, mut w) = (got[k].data.to_f64_vec(), w.data.to_f64_vec());
+        if k.ends_with("_ids") {
+            assert_eq!(g, w, "{k}");
+            continue;
+        }
+        if k == "logits" {
+            // padded positions attend to nothing: compare the real ones
+            let v = want[k].shape.dims()[2];
+            let keep = |x: Vec<f64>| -> Vec<f64> {
+                x.chunks(v).zip(&mask).filter(|(_, m)| **m != 0.0).flat_map(|(c, _)| c.to_vec()).collect()
+            };
+            (g, w) = (keep(g), keep(w));
+        }
+        let tol = if k.starts_with("grad.") { 1e-3 } else { 1e-4 };
+        let norm = w.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let e =
+            if norm < 1e-5 { g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) } else { rel_l2(&g, &w) };
+        assert!(e <= tol, "{k}: error {e}");
+    }
+}
+
+#[test]
+fn generate_on_wgpu_gives_the_cpu_text_and_info_lists_adapters() {
+    if !have_wgpu() {
+        return;
+    }
+    let f = fixture();
+    let gen = |backend: &str| {
+        let args = ["generate", "--model", f.to_str().unwrap(), "--prompt", "hello world", "--max-new-tokens", "5"];
+        let (code, out, err) = redco(&[&args[..], &["--backend", backend]].concat());
+        assert_eq!(code, 0, "{backend}: {err}");
+        out
+    };
+    let cpu = gen("cpu");
+    assert!(cpu.starts_with("hello"), "{cpu}");
+    assert_eq!(gen("wgpu"), cpu);
+    let (code, out, err) = redco(&["info"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("wgpu adapter 0:") && out.contains("<- used"), "{out}");
+}
