@@ -68,21 +68,26 @@ def train(req):
     opt = _optimizers[key]
     ids = _random_ids(cfg, req["batch"], req["seq"])
     model.train()
-    times, losses = [], []
+    times, phases, losses = [], [], []
     try:
         for i in range(req.get("warmup", 1) + req["reps"]):
             t = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-            loss.backward()
-            opt.step()
             losses.append(loss.item())
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            opt.step()
+            t3 = time.perf_counter()
             if i >= req.get("warmup", 1):
-                times.append(time.perf_counter() - t)
+                times.append(t3 - t)
+                # forward, backward, gradient sync (none here), optimizer
+                phases.append([t1 - t, t2 - t1, 0.0, t3 - t2])
     finally:
         opt.zero_grad(set_to_none=True)
         model.eval()
-    return {"times": times, "losses": losses}
+    return {"times": times, "phases": phases, "losses": losses}
 
 
 def forward(req):

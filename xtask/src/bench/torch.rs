@@ -30,6 +30,11 @@ impl TorchPeer {
         Ok(peer)
     }
 
+    /// The peer's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends one request and reads its JSON answer.
     pub fn ask(&mut self, req: &serde_json::Value) -> Result<serde_json::Value, String> {
         writeln!(self.stdin, "{req}").map_err(|e| format!("torch peer: {e}"))?;

@@ -1,0 +1,563 @@
+//! `cargo xtask bench` (or `bench llm`): the bench LLaMA (hidden 512, 6 layers, 8 heads,
+//! intermediate 1408, vocab 8000, f32, random weights) measured three ways on every enabled
+//! backend and mesh, and with `--torch PYTHON` on transformers + torch (eager attention, the
+//! same thread count) in the same run:
+//!
+//! - training tokens/s: batch 4 x sequence 256, one step = forward with labels = ids (the
+//!   causal-LM loss, shifted inside), backward, gradient sync over `dp`, AdamW update, timed
+//!   around the whole step on rank 0 (own loop, not the `Trainer`: no clipping, checkpoints
+//!   or metrics, like the torch loop it is compared with);
+//! - forward tokens/s: the logits `[4, 256, 8000]` without gradients;
+//! - decode tokens/s: greedy generation at batch 1 with the KV cache, 64 new tokens after a
+//!   16-token prompt, over the whole `generate` call (prefill included, as `bench decode`).
+//!
+//! Each redco system runs in its own child process (`bench llm --child`), so its peak
+//! resident set (`VmHWM`, all ranks of the mesh together) is its own; torch's is its peer
+//! process's `ru_maxrss`. Repetitions are interleaved (every repetition measures every
+//! system once: a warm-up then `--steps` timed runs of each measure, their median); the
+//! table shows medians over repetitions. A second table splits the training step into
+//! forward (with the loss), backward, gradient sync and optimizer update.
+//!
+//! For profiling, `xtask bench llm --child --mesh 1x1 --threads N --only train|forward|decode`
+//! runs one measure of one system alone (e.g. under `perf record`) and prints its JSON line.
+
+use super::decode::{redco_once, torch_once};
+use super::stats::median;
+use super::torch::TorchPeer;
+use crate::args::Args;
+use crate::machine;
+use redco_core::cpu::Cpu;
+use redco_core::dist::data_parallel::{sync_grads, DEFAULT_BUCKET_BYTES};
+use redco_core::dist::trace::plan_from_trace;
+use redco_core::dist::{on_backend, spmd_cpu, Mesh, SpmdOptions};
+use redco_core::nn::ModuleExt;
+use redco_core::optim::{AdamW, AdamWConfig};
+use redco_core::{no_grad, DType, Error, MeshAxis, Tensor};
+use redco_models::hf::config::HfConfig;
+use redco_models::llama::Llama;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+/// Sequences per training step and forward pass.
+const BATCH: usize = 4;
+/// Tokens per sequence.
+const SEQ: usize = 256;
+/// Decode prompt length.
+const PROMPT: usize = 16;
+/// AdamW as torch's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
+const ADAMW: AdamWConfig =
+    AdamWConfig { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, zero1: false };
+/// Backends this build has, and the features the others would need.
+const BACKENDS: [(&str, Option<&str>); 4] =
+    [("cpu", None), ("wgpu", Some("wgpu")), ("cuda", Some("cuda")), ("tpu", Some("tpu"))];
+
+/// The bench config (the `llama-small` preset at vocab 8000), as redco reads it.
+fn hf_config() -> Result<(serde_json::Value, HfConfig), String> {
+    let v = redco_models::presets::config("llama-small", 8000).map_err(|e| e.to_string())?;
+    let cfg = HfConfig::from_json(&v.to_string()).map_err(|e| e.to_string())?;
+    Ok((v, cfg))
+}
+
+/// The same config as transformers' `LlamaConfig` keyword arguments.
+fn torch_config(preset: &serde_json::Value) -> serde_json::Value {
+    let mut v = preset.clone();
+    if let Some(m) = v.as_object_mut() {
+        for k in ["architectures", "model_type", "torch_dtype"] {
+            m.remove(k);
+        }
+    }
+    v
+}
+
+/// Deterministic pseudo-random token ids in `0..vocab`.
+fn token_ids(n: usize, vocab: usize, seed: u64) -> Vec<i64> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % vocab as u64) as i64
+        })
+        .collect()
+}
+
+/// The parts of a training step: forward (with the loss), backward, gradient sync over
+/// `dp`, optimizer update.
+const PHASES: [&str; 4] = ["forward", "backward", "grad sync", "optimizer"];
+
+/// One repetition's timings of one system, in seconds (medians of its timed runs).
+#[derive(Debug, Clone, Copy)]
+struct Rep {
+    train: f64,
+    fwd: f64,
+    decode: f64,
+    peak_rss: f64,
+    /// The training step's parts, as [`PHASES`].
+    phases: [f64; 4],
+}
+
+/// The median of each phase over `steps` (each the seconds of the [`PHASES`]).
+fn phase_medians(steps: &[[f64; 4]]) -> [f64; 4] {
+    std::array::from_fn(|i| median(&steps.iter().map(|p| p[i]).collect::<Vec<_>>()))
+}
+
+/// `VmHWM` (this process's peak resident set) in bytes.
+fn peak_rss() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// What a rank measured, in seconds per timed run.
+struct RankTimes {
+    train: Vec<f64>,
+    phases: Vec<[f64; 4]>,
+    fwd: Vec<f64>,
+    decode: Vec<f64>,
+    loss: f64,
+}
+
+/// The child: one repetition of one redco system on `mesh`, printed as one JSON line;
+/// `only` (`train`, `forward` or `decode`) runs one measure alone (for profiling).
+fn child(mesh: Mesh, threads_per_rank: usize, steps: usize, new: usize, only: Option<&str>) -> Result<(), String> {
+    if let Some(o) = only.filter(|o| !["train", "forward", "decode"].contains(o)) {
+        return Err(format!("--only {o}: expected train, forward or decode"));
+    }
+    let want = |m: &str| only.is_none_or(|o| o == m);
+    let (_, cfg) = hf_config()?;
+    let vocab = cfg.vocab;
+    let ids_host = token_ids(BATCH * SEQ, vocab, 1);
+    let prompt: Vec<i64> = (0..PROMPT as i64).map(|i| (i * 37 + 11) % vocab as i64).collect();
+    // the sharding plan, traced from a short forward pass on one device
+    let plan = if mesh.size() > 1 {
+        let b = Cpu::try_new(threads_per_rank * mesh.size()).map_err(|e| e.to_string())?;
+        let m = Llama::new(&b, &cfg, DType::F32, 0).map_err(|e| e.to_string())?;
+        let ids = Tensor::from_vec(&b, ids_host[..2 * 8].to_vec(), [2, 8]).map_err(|e| e.to_string())?;
+        let loss = m.loss(&ids, None, &ids).map_err(|e| e.to_string())?;
+        Some(plan_from_trace(&m.named_parameters(), &[&loss], mesh, false).map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
+    let opts = SpmdOptions { threads_per_rank: Some(threads_per_rank), ..Default::default() };
+    let results = spmd_cpu(mesh, &opts, |rk| -> redco_core::Result<RankTimes> {
+        let b = &rk.backend;
+        let mut model = Llama::new(b, &cfg, DType::F32, 0)?;
+        if let Some(p) = &plan {
+            p.apply(&mut model)?;
+        }
+        let whole = Tensor::from_vec(b, ids_host.clone(), [BATCH, SEQ])?;
+        let ids = if mesh.dp > 1 { whole.shard_along(MeshAxis::Dp, 0)? } else { whole };
+        let mut opt = AdamW::new(ADAMW);
+        let mut out = RankTimes { train: vec![], phases: vec![], fwd: vec![], decode: vec![], loss: f64::NAN };
+        for i in (0..=steps).filter(|_| want("train")) {
+            let t = Instant::now();
+            let (model_ref, opt_ref, ids_ref) = (&mut model, &mut opt, &ids);
+            let (value, phases) = on_backend(b, move || -> redco_core::Result<(f64, [f64; 4])> {
+                let mut lap = Instant::now();
+                let mut split = || {
+                    let s = lap.elapsed().as_secs_f64();
+                    lap = Instant::now();
+                    s
+                };
+                let loss = model_ref.loss(ids_ref, None, ids_ref)?;
+                let value = loss.replicate()?.to_scalar()?;
+                let f = split();
+                let mut grads = loss.backward()?;
+                let bw = split();
+                let params: Vec<Tensor<Cpu>> = model_ref.named_parameters().into_iter().map(|(_, p)| p).collect();
+                sync_grads(&params, &mut grads, DEFAULT_BUCKET_BYTES)?;
+                let sync = split();
+                opt_ref.step(model_ref, &grads)?;
+                Ok((value, [f, bw, sync, split()]))
+            })?;
+            out.loss = value;
+            if i > 0 {
+                out.train.push(t.elapsed().as_secs_f64());
+                out.phases.push(phases);
+            }
+        }
+        if want("train") && !out.loss.is_finite() {
+            return Err(Error::invalid("bench llm", format!("the training loss is {}", out.loss)));
+        }
+        drop(opt);
+        for i in (0..=steps).filter(|_| want("forward")) {
+            let t = Instant::now();
+            let logits = no_grad(|| on_backend(b, || model.forward(&ids, None, None)))?;
+            if i > 0 {
+                out.fwd.push(t.elapsed().as_secs_f64());
+            }
+            if logits.shape().dims() != [BATCH, SEQ, vocab] {
+                return Err(Error::invalid("bench llm", format!("logits of shape {}", logits.shape())));
+            }
+        }
+        let p = Tensor::from_vec(b, prompt.clone(), [1, PROMPT])?;
+        for i in (0..=steps).filter(|_| want("decode")) {
+            let s = redco_once(&model, &p, new).map_err(|e| Error::invalid("bench llm decode", e))?;
+            if i > 0 {
+                out.decode.push(s);
+            }
+        }
+        Ok(out)
+    })
+    .map_err(|e| e.to_string())?;
+    let r = results.into_iter().next().ok_or("no rank results")?;
+    let out = serde_json::json!({
+        "train_s": r.train,
+        "phases_s": r.phases,
+        "fwd_s": r.fwd,
+        "decode_s": r.decode,
+        "loss": r.loss,
+        "peak_rss": peak_rss(),
+    });
+    println!("{out}");
+    Ok(())
+}
+
+/// Runs one repetition of one redco system in a child process.
+fn redco_rep(mesh: Mesh, threads_per_rank: usize, steps: usize, new: usize) -> Result<Rep, String> {
+    // /proc/self/exe still runs this binary if a rebuild has replaced the file meanwhile
+    let proc_exe = Path::new("/proc/self/exe");
+    let exe = if proc_exe.exists() {
+        proc_exe.to_path_buf()
+    } else {
+        std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?
+    };
+    let out = Command::new(&exe)
+        .args(["bench", "llm", "--child", "--mesh", &mesh.to_string()])
+        .args(["--threads", &threads_per_rank.to_string(), "--steps", &steps.to_string(), "--new", &new.to_string()])
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    if !out.status.success() {
+        return Err(format!("redco {mesh}: {}", String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("redco {mesh} child said `{}`: {e}", String::from_utf8_lossy(&out.stdout).trim()))?;
+    let times =
+        |k: &str| -> Vec<f64> { v[k].as_array().map_or(vec![], |a| a.iter().filter_map(|x| x.as_f64()).collect()) };
+    Ok(Rep {
+        train: median(&times("train_s")),
+        fwd: median(&times("fwd_s")),
+        decode: median(&times("decode_s")),
+        peak_rss: v["peak_rss"].as_f64().unwrap_or(f64::NAN),
+        phases: phase_medians(&phases(&v["phases_s"])),
+    })
+}
+
+/// Per-step phase times (`[[forward, backward, sync, optimizer], ..]`) from JSON.
+fn phases(v: &serde_json::Value) -> Vec<[f64; 4]> {
+    v.as_array().map_or(vec![], |a| {
+        a.iter().map(|p| std::array::from_fn(|i| p.get(i).and_then(|x| x.as_f64()).unwrap_or(f64::NAN))).collect()
+    })
+}
+
+/// Seconds per timed call of a torch peer op answering `times`, and the whole answer.
+fn torch_times(p: &mut TorchPeer, req: serde_json::Value) -> Result<(Vec<f64>, serde_json::Value), String> {
+    let v = p.ask(&req)?;
+    let times: Vec<f64> = v["times"].as_array().map_or(vec![], |a| a.iter().filter_map(|x| x.as_f64()).collect());
+    if times.is_empty() {
+        return Err(format!("torch peer: no times for {}", req["op"]));
+    }
+    Ok((times, v))
+}
+
+/// One repetition of transformers + torch.
+fn torch_rep(p: &mut TorchPeer, cfg: &serde_json::Value, steps: usize, new: usize) -> Result<Rep, String> {
+    let shape =
+        |op: &str| serde_json::json!({"op": op, "config": cfg, "batch": BATCH, "seq": SEQ, "reps": steps, "warmup": 1});
+    let (train, answer) = torch_times(p, shape("train"))?;
+    let (fwd, _) = torch_times(p, shape("forward"))?;
+    let vocab = cfg["vocab_size"].as_u64().unwrap_or(8000) as i64;
+    let prompt: Vec<i64> = (0..PROMPT as i64).map(|i| (i * 37 + 11) % vocab).collect();
+    torch_once(p, cfg, &prompt, new)?; // warm-up
+    let dec = (0..steps).map(|_| torch_once(p, cfg, &prompt, new)).collect::<Result<Vec<_>, _>>()?;
+    // the peer's peak so far (every answer carries it)
+    let peak = p.ask(&serde_json::json!({"op": "info"}))?["peak_rss_kib"].as_f64().map_or(f64::NAN, |k| k * 1024.0);
+    Ok(Rep {
+        train: median(&train),
+        fwd: median(&fwd),
+        decode: median(&dec),
+        peak_rss: peak,
+        phases: phase_medians(&phases(&answer["phases"])),
+    })
+}
+
+/// A system's summary: tok/s of the three measures and the peak RSS in MiB.
+#[derive(Debug, Clone)]
+struct Row {
+    system: String,
+    train: f64,
+    fwd: f64,
+    decode: f64,
+    rss_mib: f64,
+    /// Seconds of each of the training step's [`PHASES`].
+    phases: [f64; 4],
+}
+
+fn summarize(system: String, reps: &[Rep], new: usize) -> Row {
+    let m = |f: fn(&Rep) -> f64| median(&reps.iter().map(f).collect::<Vec<_>>());
+    Row {
+        system,
+        train: (BATCH * SEQ) as f64 / m(|r| r.train),
+        fwd: (BATCH * SEQ) as f64 / m(|r| r.fwd),
+        decode: new as f64 / m(|r| r.decode),
+        rss_mib: reps.iter().map(|r| r.peak_rss).fold(f64::NAN, f64::max) / (1024.0 * 1024.0),
+        phases: phase_medians(&reps.iter().map(|r| r.phases).collect::<Vec<_>>()),
+    }
+}
+
+/// Parses `--mesh 1x1,1x2,2x1`.
+fn meshes(s: &str) -> Result<Vec<Mesh>, String> {
+    s.split(',').filter(|m| !m.trim().is_empty()).map(|m| m.parse::<Mesh>().map_err(|e| e.to_string())).collect()
+}
+
+/// Checks `--backend` (comma-separated) against the backends compiled in.
+fn backends(s: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match BACKENDS.iter().find(|(n, _)| *n == name) {
+            Some((n, None)) => out.push(n.to_string()),
+            Some((n, Some(feature))) => {
+                return Err(format!(
+                    "backend `{n}` is not compiled into this xtask (enabled: cpu): benchmarking it needs a \
+                     `{feature}` feature of xtask wiring in that backend, which xtask does not have yet"
+                ))
+            }
+            None => return Err(format!("unknown backend `{name}` (known: cpu, wgpu, cuda, tpu; enabled: cpu)")),
+        }
+    }
+    if out.is_empty() {
+        return Err("--backend needs at least one backend (enabled: cpu)".into());
+    }
+    Ok(out)
+}
+
+/// Clock ticks of the whole machine (busy, all) and of this process tree.
+#[derive(Debug, Clone, Copy, Default)]
+struct CpuTicks {
+    busy: u64,
+    all: u64,
+    ours: u64,
+}
+
+/// utime + stime (+ cutime + cstime with `children`) of `/proc/<pid>/stat`, in clock ticks.
+fn process_ticks(pid: &str, children: bool) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // fields after the `(comm)`: state is field 3; utime..cstime are fields 14..17
+    let rest = s.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest.split_whitespace().skip(11).take(4).filter_map(|x| x.parse().ok()).collect();
+    f.iter().take(if children { 4 } else { 2 }).sum()
+}
+
+/// The machine's and this process tree's CPU ticks now (`peer`: the torch peer's pid).
+/// Children are counted once waited for, which `redco_rep` does.
+fn cpu_ticks(peer: Option<u32>) -> CpuTicks {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let v: Vec<u64> =
+        stat.lines().next().map_or(vec![], |l| l.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect());
+    // user nice system idle iowait irq softirq steal (guest time is inside user)
+    let get = |i: usize| v.get(i).copied().unwrap_or(0);
+    let busy = get(0) + get(1) + get(2) + get(5) + get(6) + get(7);
+    let ours = process_ticks("self", true) + peer.map_or(0, |p| process_ticks(&p.to_string(), false));
+    CpuTicks { busy, all: busy + get(3) + get(4), ours }
+}
+
+/// The share of the machine's CPU time used by other processes (or stolen by the
+/// hypervisor) between `a` and `b`.
+fn foreign_share(a: CpuTicks, b: CpuTicks) -> f64 {
+    let all = b.all.saturating_sub(a.all);
+    if all == 0 {
+        return 0.0;
+    }
+    let foreign = b.busy.saturating_sub(a.busy).saturating_sub(b.ours.saturating_sub(a.ours));
+    foreign as f64 / all as f64
+}
+
+/// `x / y` as a ratio string, or `-`.
+fn ratio(x: f64, y: Option<f64>) -> String {
+    match y {
+        Some(y) if y > 0.0 && x.is_finite() => format!("{:.2}x", x / y),
+        _ => "-".into(),
+    }
+}
+
+/// Runs the benchmark (or, with `--child`, one repetition of one redco system).
+pub fn run(argv: &[String]) -> Result<(), String> {
+    let args = Args::parse(argv, &["child"])?;
+    args.only(&["child", "mesh", "reps", "steps", "torch", "json", "png", "threads", "backend", "new", "only"])?;
+    let steps = args.num("steps", 3)?.max(1);
+    let new = args.num("new", 64)?.max(1);
+    if args.has("child") {
+        let mesh: Mesh = args.get("mesh").unwrap_or("1x1").parse().map_err(|e: Error| e.to_string())?;
+        return child(mesh, args.num("threads", 1)?.max(1), steps, new, args.get("only"));
+    }
+    let threads = args.num("threads", machine::cores())?.max(1);
+    let reps = args.num("reps", 3)?.max(1);
+    let meshes = meshes(args.get("mesh").unwrap_or("1x1"))?;
+    if meshes.is_empty() {
+        return Err("--mesh needs at least one mesh, e.g. 1x1,1x2,2x1".into());
+    }
+    let backends = backends(args.get("backend").unwrap_or("cpu"))?;
+    let png = PathBuf::from(args.get("png").unwrap_or("target/bench-llm.png"));
+    let (preset, cfg) = hf_config()?;
+    let tcfg = torch_config(&preset);
+    let describe = machine::describe();
+    let model_line = format!(
+        "LLaMA hidden {}, {} layers, {} heads ({} kv), intermediate {}, vocab {}, f32; train/forward batch {BATCH} x \
+         seq {SEQ}, AdamW; decode batch 1, prompt {PROMPT}, {new} new tokens, KV cache",
+        cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads, cfg.intermediate, cfg.vocab
+    );
+    eprintln!("machine: {describe} | threads: {threads}");
+    let mut torch = match args.get("torch") {
+        Some(py) => {
+            let p = TorchPeer::start(py, threads)?;
+            eprintln!("torch peer: {}", p.info);
+            Some(p)
+        }
+        None => None,
+    };
+    let systems: Vec<(String, Mesh)> =
+        backends.iter().flat_map(|b| meshes.iter().map(move |m| (format!("redco-{b}-{m}"), *m))).collect();
+    for (name, m) in &systems {
+        if threads < m.size() {
+            eprintln!("note: {name} has {} ranks for {threads} threads: 1 thread per rank, oversubscribed", m.size());
+        }
+    }
+    let mut ours: Vec<Vec<Rep>> = vec![Vec::new(); systems.len()];
+    let mut theirs: Vec<Rep> = Vec::new();
+    let peer_pid = torch.as_ref().map(TorchPeer::pid);
+    let mut foreign = Vec::new();
+    for rep in 0..reps {
+        let t0 = cpu_ticks(peer_pid);
+        for (i, (name, mesh)) in systems.iter().enumerate() {
+            let r = redco_rep(*mesh, (threads / mesh.size()).max(1), steps, new)?;
+            eprintln!(
+                "rep {}/{reps} {name}: step {:.3} s, forward {:.3} s, generate {:.3} s",
+                rep + 1,
+                r.train,
+                r.fwd,
+                r.decode
+            );
+            ours[i].push(r);
+        }
+        if let Some(p) = torch.as_mut() {
+            let r = torch_rep(p, &tcfg, steps, new)?;
+            eprintln!(
+                "rep {}/{reps} torch: step {:.3} s, forward {:.3} s, generate {:.3} s",
+                rep + 1,
+                r.train,
+                r.fwd,
+                r.decode
+            );
+            theirs.push(r);
+        }
+        let share = foreign_share(t0, cpu_ticks(peer_pid));
+        eprintln!("rep {}/{reps}: other processes used {:.0}% of the machine's CPU", rep + 1, share * 100.0);
+        foreign.push(share);
+    }
+    let busiest = foreign.iter().copied().fold(0.0, f64::max);
+    let mut rows: Vec<Row> = systems.iter().zip(&ours).map(|((n, _), r)| summarize(n.clone(), r, new)).collect();
+    let torch_row = torch.as_ref().map(|_| summarize("torch".into(), &theirs, new));
+    let reference = torch_row.clone();
+    rows.extend(torch_row);
+    println!();
+    println!("{model_line}");
+    println!("machine: {describe}; {threads} threads (shared by a mesh's ranks; torch gets all)");
+    println!(
+        "medians of {reps} interleaved repetitions, each a warm-up then {steps} timed runs per measure; training step = \
+         forward + backward + dp gradient sync + AdamW (own loop, timed on rank 0); peak RSS = the whole process"
+    );
+    if let Some(p) = &torch {
+        println!("torch: {}", p.info);
+    }
+    println!(
+        "other processes' share of the CPU during the repetitions: {}",
+        foreign.iter().map(|f| format!("{:.0}%", f * 100.0)).collect::<Vec<_>>().join(", ")
+    );
+    if busiest > 0.05 {
+        println!(
+            "WARNING: the machine was busy (up to {:.0}% of its CPU used by other processes): the timings and \
+             ratios are unreliable; rerun on an idle machine",
+            busiest * 100.0
+        );
+    }
+    println!(
+        "{:<16} {:>11} {:>11} {:>11} {:>13} {:>9} {:>9} {:>9} {:>9}",
+        "system", "train tok/s", "fwd tok/s", "dec tok/s", "peak RSS MiB", "train/t", "fwd/t", "dec/t", "RSS/t"
+    );
+    let refv = |f: fn(&Row) -> f64| reference.as_ref().map(f);
+    for r in &rows {
+        println!(
+            "{:<16} {:>11.1} {:>11.1} {:>11.1} {:>13.0} {:>9} {:>9} {:>9} {:>9}",
+            r.system,
+            r.train,
+            r.fwd,
+            r.decode,
+            r.rss_mib,
+            ratio(r.train, refv(|t| t.train)),
+            ratio(r.fwd, refv(|t| t.fwd)),
+            ratio(r.decode, refv(|t| t.decode)),
+            ratio(r.rss_mib, refv(|t| t.rss_mib)),
+        );
+    }
+    println!();
+    println!("training step split, ms (medians; forward includes the loss and reading it)");
+    println!("{:<16} {:>10} {:>10} {:>10} {:>10} {:>10}", "system", PHASES[0], PHASES[1], PHASES[2], PHASES[3], "step");
+    for r in &rows {
+        let [f, b, s, o] = r.phases.map(|x| x * 1e3);
+        let step = (BATCH * SEQ) as f64 / r.train * 1e3;
+        println!("{:<16} {f:>10.1} {b:>10.1} {s:>10.1} {o:>10.1} {step:>10.1}", r.system);
+    }
+    let num = |x: f64| if x.is_finite() { serde_json::json!(x) } else { serde_json::Value::Null };
+    if let Some(path) = args.get("json") {
+        let out = serde_json::json!({
+            "machine": describe,
+            "threads": threads,
+            "model": preset,
+            "batch": BATCH,
+            "seq": SEQ,
+            "decode": {"prompt": PROMPT, "new_tokens": new, "batch": 1},
+            "reps": reps,
+            "steps": steps,
+            "foreign_cpu_share_per_rep": foreign,
+            "torch": torch.as_ref().map(|p| p.info.clone()),
+            "rows": rows.iter().map(|r| serde_json::json!({
+                "system": r.system,
+                "train_tok_s": num(r.train),
+                "fwd_tok_s": num(r.fwd),
+                "decode_tok_s": num(r.decode),
+                "peak_rss_mib": num(r.rss_mib),
+                "train_step_phases_s": PHASES.iter().zip(r.phases).map(|(k, v)| (k.to_string(), num(v)))
+                    .collect::<serde_json::Map<_, _>>(),
+            })).collect::<Vec<_>>(),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?)
+            .map_err(|e| format!("cannot write {path}: {e}"))?;
+        eprintln!("wrote {path}");
+    }
+    chart(&rows, threads, &describe, &png)?;
+    eprintln!("wrote {}", png.display());
+    Ok(())
+}
+
+/// The PNG bar chart: one group per measure, one bar per system.
+fn chart(rows: &[Row], threads: usize, describe: &str, path: &Path) -> Result<(), String> {
+    let group = |name: &str, f: fn(&Row) -> f64| -> (String, Vec<(String, f64)>) {
+        (name.to_string(), rows.iter().map(|r| (r.system.clone(), f(r))).collect())
+    };
+    let groups = [
+        group("train tok/s", |r| r.train),
+        group("forward tok/s", |r| r.fwd),
+        group("decode tok/s", |r| r.decode),
+        group("peak RSS MiB", |r| r.rss_mib),
+    ];
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let title = format!("bench LLaMA 512x6, f32, {threads} threads: {describe}");
+    redco_core::pipeline::plot::bar_chart(&title, &groups, "", path).map_err(|e| e.to_string())
+}
