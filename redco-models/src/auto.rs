@@ -96,11 +96,8 @@ impl<B: Backend> Module<B> for AutoModel<B> {
 }
 
 impl<B: Backend> CausalLm<B> for AutoModel<B> {
-    fn max_positions(&self) -> Option<usize> {
-        self.cfg().max_positions
-    }
-    fn new_cache(&self) -> KvCache<B> {
-        KvCache::new(self.cfg().layers)
+    fn config(&self) -> &HfConfig {
+        self.cfg()
     }
     fn next_logits(
         &self,

@@ -194,11 +194,8 @@ impl<B: Backend> GptJ<B> {
 }
 
 impl<B: Backend> CausalLm<B> for GptJ<B> {
-    fn max_positions(&self) -> Option<usize> {
-        self.cfg.max_positions
-    }
-    fn new_cache(&self) -> KvCache<B> {
-        KvCache::new(self.cfg.layers)
+    fn config(&self) -> &HfConfig {
+        &self.cfg
     }
     fn next_logits(
         &self,
@@ -208,7 +205,6 @@ impl<B: Backend> CausalLm<B> for GptJ<B> {
         cache: &mut KvCache<B>,
     ) -> Result<Tensor<B>> {
         let h = self.hidden_states(ids, Some(mask), Some(positions), Some(cache))?;
-        let (bs, t, d) = (h.dims()[0], h.dims()[1], h.dims()[2]);
-        self.lm_head.forward(&h.narrow(1, t - 1, 1)?.reshape([bs, d])?)
+        self.lm_head.forward(&crate::generate::last_position(&h)?)
     }
 }

@@ -239,19 +239,13 @@ impl<B: Backend> Llama<B> {
 
     /// transformers' causal-LM loss: logits at `t` predict `labels` at `t + 1` (-100 ignored).
     pub fn loss(&self, ids: &Tensor<B>, mask: Option<&Tensor<B>>, labels: &Tensor<B>) -> Result<Tensor<B>> {
-        let logits = self.forward(ids, mask, None)?;
-        let t = ids.dims()[1];
-        nn::cross_entropy(&logits.narrow(1, 0, t - 1)?, &labels.narrow(1, 1, t - 1)?)
+        crate::generate::shifted_loss(&self.forward(ids, mask, None)?, labels)
     }
 }
 
 impl<B: Backend> CausalLm<B> for Llama<B> {
-    fn max_positions(&self) -> Option<usize> {
-        self.cfg.max_positions
-    }
-
-    fn new_cache(&self) -> KvCache<B> {
-        KvCache::new(self.cfg.layers)
+    fn config(&self) -> &HfConfig {
+        &self.cfg
     }
 
     fn next_logits(
@@ -262,7 +256,6 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
         cache: &mut KvCache<B>,
     ) -> Result<Tensor<B>> {
         let h = self.hidden_states(ids, Some(mask), Some(positions), Some(cache))?;
-        let (bs, t, d) = (h.dims()[0], h.dims()[1], h.dims()[2]);
-        self.head(&h.narrow(1, t - 1, 1)?.reshape([bs, d])?)
+        self.head(&crate::generate::last_position(&h)?)
     }
 }

@@ -262,11 +262,8 @@ impl<B: Backend> Opt<B> {
 }
 
 impl<B: Backend> CausalLm<B> for Opt<B> {
-    fn max_positions(&self) -> Option<usize> {
-        self.cfg.max_positions
-    }
-    fn new_cache(&self) -> KvCache<B> {
-        KvCache::new(self.cfg.layers)
+    fn config(&self) -> &HfConfig {
+        &self.cfg
     }
     fn next_logits(
         &self,
@@ -279,7 +276,6 @@ impl<B: Backend> CausalLm<B> for Opt<B> {
         let shifted: Vec<i64> = positions.to_vec_i64()?.into_iter().map(|p| p + POSITION_OFFSET).collect();
         let pos = Tensor::from_vec(ids.backend(), shifted, positions.shape().clone())?;
         let h = self.hidden_states(ids, Some(mask), &pos, Some(cache))?;
-        let (bs, t, d) = (h.dims()[0], h.dims()[1], h.dims()[2]);
-        self.head(&h.narrow(1, t - 1, 1)?.reshape([bs, d])?)
+        self.head(&crate::generate::last_position(&h)?)
     }
 }

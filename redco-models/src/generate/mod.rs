@@ -17,10 +17,16 @@ use redco_core::{no_grad, Backend, Error, Result, Tensor};
 
 /// A decoder-only language model that can run step by step over a [`KvCache`].
 pub trait CausalLm<B: Backend> {
+    /// The model's configuration.
+    fn config(&self) -> &crate::hf::config::HfConfig;
     /// The context length, when known: prompts longer than this are refused.
-    fn max_positions(&self) -> Option<usize>;
+    fn max_positions(&self) -> Option<usize> {
+        self.config().max_positions
+    }
     /// An empty cache sized for this model.
-    fn new_cache(&self) -> KvCache<B>;
+    fn new_cache(&self) -> KvCache<B> {
+        KvCache::new(self.config().layers)
+    }
     /// Logits `[batch, vocab]` at the last of `ids` `[batch, new]`, which follow the cached
     /// positions. `mask` `[batch, cached + new]` marks real tokens (1) and padding (0);
     /// `positions` `[batch, new]` are the rotary/learned positions of the new tokens.
@@ -31,6 +37,12 @@ pub trait CausalLm<B: Backend> {
         positions: &Tensor<B>,
         cache: &mut KvCache<B>,
     ) -> Result<Tensor<B>>;
+}
+
+/// The hidden state of the last position, `[batch, seq, d] -> [batch, d]`.
+pub fn last_position<B: Backend>(h: &Tensor<B>) -> Result<Tensor<B>> {
+    let (bs, t, d) = (h.dims()[0], h.dims()[1], h.dims()[2]);
+    h.narrow(1, t - 1, 1)?.reshape([bs, d])
 }
 
 /// An error when `len` positions exceed the context `ctx` of `model`.
