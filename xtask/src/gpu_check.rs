@@ -139,8 +139,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         "LLaMA on wgpu = cpu (1x1, 1x2)",
         &["test", "-p", "redco-tests", "--test", "wgpu_llama", "--", "--nocapture"],
     )?;
-    let (ok, out) =
-        cargo(&["test", "-p", "redco-wgpu", "--test", "matmul_gflops", "--", "--ignored", "--nocapture"], &envs, true)?;
+    let (ok, out) = cargo(&["run", "--release", "-p", "redco-wgpu", "--example", "matmul_gflops"], &envs, true)?;
     match gflops(&out) {
         Some((w, c)) if ok => {
             rows.push(("matmul 1024^3 f32".into(), format!("wgpu {w:.1} GFLOP/s, cpu {c:.1} GFLOP/s"), true))

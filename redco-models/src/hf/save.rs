@@ -31,19 +31,21 @@ pub fn save_pretrained<B: Backend, M: Module<B> + ?Sized>(
     }
     let params = model.named_parameters();
     // group the parameters, in order, into shards
-    let mut shards: Vec<Vec<usize>> = vec![Vec::new()];
+    let mut shards: Vec<Vec<usize>> = Vec::new();
+    let mut current = Vec::new();
     let mut size = 0;
     let mut total = 0;
     for (i, (_, p)) in params.iter().enumerate() {
         let bytes = p.elem_count() * p.dtype().size_in_bytes();
         total += bytes;
         if size > 0 && size + bytes > max_shard_bytes {
-            shards.push(Vec::new());
+            shards.push(std::mem::take(&mut current));
             size = 0;
         }
-        shards.last_mut().expect("one shard at least").push(i);
+        current.push(i);
         size += bytes;
     }
+    shards.push(current);
     let n = shards.len();
     let file = |i: usize| {
         if n == 1 {

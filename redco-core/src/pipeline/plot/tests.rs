@@ -273,21 +273,3 @@ fn the_bar_chart_is_a_png() {
     bar_chart("", &[], "", &p).unwrap();
     assert!(decode(&p).0 > 0);
 }
-
-/// Renders the samples `/tmp/redco-plot-sample.png` and `/tmp/redco-bars-sample.png` (in the
-/// system temp dir) to look at: `cargo test -p redco-core plot::tests::samples -- --ignored`.
-#[test]
-#[ignore = "writes sample images to look at"]
-fn samples() {
-    let dir = std::env::temp_dir();
-    plot_png(&synthetic(300), &dir.join("redco-plot-sample.png")).unwrap();
-    let bars = |v: [f64; 3]| -> Vec<(String, f64)> {
-        ["redco-cpu-1x1", "redco-cpu-2x2", "torch"].iter().zip(v).map(|(l, v)| (l.to_string(), v)).collect()
-    };
-    let groups = vec![
-        ("train tok/s".to_string(), bars([18_250.0, 31_900.0, 27_400.0])),
-        ("decode tok/s".to_string(), bars([412.5, 655.0, 590.2])),
-        ("step time ms".to_string(), bars([112.0, 64.3, 74.8])),
-    ];
-    bar_chart("redco vs torch, tiny LM on CPU", &groups, "", &dir.join("redco-bars-sample.png")).unwrap();
-}
