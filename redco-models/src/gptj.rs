@@ -9,7 +9,7 @@ use crate::generate::{CausalLm, KvCache};
 use crate::hf::config::HfConfig;
 use crate::params::{ParamSource, RandomInit};
 use redco_core::dist::ShardPlan;
-use redco_core::nn::{self, join, Activation, Embedding, LayerNorm, Linear, Mlp, Module, RotaryEmbedding};
+use redco_core::nn::{self, Activation, Embedding, LayerNorm, Linear, Mlp, RotaryEmbedding};
 use redco_core::{Backend, DType, Error, Result, RotaryMode, Tensor};
 use std::path::Path;
 
@@ -23,26 +23,14 @@ pub struct GptJBlock<B: Backend> {
     mlp: Mlp<B>,
 }
 
-impl<B: Backend> Module<B> for GptJBlock<B> {
-    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
-        self.ln_1.visit(&join(p, "ln_1"), f);
-        self.q_proj.visit(&join(p, "attn.q_proj"), f);
-        self.k_proj.visit(&join(p, "attn.k_proj"), f);
-        self.v_proj.visit(&join(p, "attn.v_proj"), f);
-        self.out_proj.visit(&join(p, "attn.out_proj"), f);
-        self.mlp.fc_in.visit(&join(p, "mlp.fc_in"), f);
-        self.mlp.fc_out.visit(&join(p, "mlp.fc_out"), f);
-    }
-    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
-        self.ln_1.visit_mut(&join(p, "ln_1"), f);
-        self.q_proj.visit_mut(&join(p, "attn.q_proj"), f);
-        self.k_proj.visit_mut(&join(p, "attn.k_proj"), f);
-        self.v_proj.visit_mut(&join(p, "attn.v_proj"), f);
-        self.out_proj.visit_mut(&join(p, "attn.out_proj"), f);
-        self.mlp.fc_in.visit_mut(&join(p, "mlp.fc_in"), f);
-        self.mlp.fc_out.visit_mut(&join(p, "mlp.fc_out"), f);
-    }
-}
+redco_core::module!(GptJBlock {
+    ln_1: "ln_1",
+    q_proj: "attn.q_proj",
+    k_proj: "attn.k_proj",
+    v_proj: "attn.v_proj",
+    out_proj: "attn.out_proj",
+    mlp: "mlp"
+});
 
 /// `GPTJForCausalLM`.
 pub struct GptJ<B: Backend> {
@@ -54,20 +42,7 @@ pub struct GptJ<B: Backend> {
     lm_head: Linear<B>,
 }
 
-impl<B: Backend> Module<B> for GptJ<B> {
-    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
-        self.wte.visit(&join(p, "transformer.wte"), f);
-        self.h.visit(&join(p, "transformer.h"), f);
-        self.ln_f.visit(&join(p, "transformer.ln_f"), f);
-        self.lm_head.visit(&join(p, "lm_head"), f);
-    }
-    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
-        self.wte.visit_mut(&join(p, "transformer.wte"), f);
-        self.h.visit_mut(&join(p, "transformer.h"), f);
-        self.ln_f.visit_mut(&join(p, "transformer.ln_f"), f);
-        self.lm_head.visit_mut(&join(p, "lm_head"), f);
-    }
-}
+redco_core::module!(GptJ { wte: "transformer.wte", h: "transformer.h", ln_f: "transformer.ln_f", lm_head: "lm_head" });
 
 /// Stored buffers of older GPT-J checkpoints that are not parameters.
 fn ignored(name: &str) -> bool {

@@ -7,7 +7,7 @@ use crate::generate::{CausalLm, KvCache};
 use crate::hf::checkpoint::Checkpoint;
 use crate::hf::config::HfConfig;
 use crate::params::{CheckpointSource, ParamSource, RandomInit};
-use redco_core::nn::{self, join, Activation, Embedding, GatedMlp, Init, Linear, Module, RmsNorm, RotaryEmbedding};
+use redco_core::nn::{self, Activation, Embedding, GatedMlp, Init, Linear, RmsNorm, RotaryEmbedding};
 use redco_core::{Backend, DType, Error, Result, RotaryMode, Shape, Tensor};
 
 /// One decoder layer.
@@ -21,26 +21,15 @@ pub struct LlamaLayer<B: Backend> {
     mlp: GatedMlp<B>,
 }
 
-impl<B: Backend> Module<B> for LlamaLayer<B> {
-    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
-        self.input_layernorm.visit(&join(p, "input_layernorm"), f);
-        self.q_proj.visit(&join(p, "self_attn.q_proj"), f);
-        self.k_proj.visit(&join(p, "self_attn.k_proj"), f);
-        self.v_proj.visit(&join(p, "self_attn.v_proj"), f);
-        self.o_proj.visit(&join(p, "self_attn.o_proj"), f);
-        self.post_attention_layernorm.visit(&join(p, "post_attention_layernorm"), f);
-        self.mlp.visit(&join(p, "mlp"), f);
-    }
-    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
-        self.input_layernorm.visit_mut(&join(p, "input_layernorm"), f);
-        self.q_proj.visit_mut(&join(p, "self_attn.q_proj"), f);
-        self.k_proj.visit_mut(&join(p, "self_attn.k_proj"), f);
-        self.v_proj.visit_mut(&join(p, "self_attn.v_proj"), f);
-        self.o_proj.visit_mut(&join(p, "self_attn.o_proj"), f);
-        self.post_attention_layernorm.visit_mut(&join(p, "post_attention_layernorm"), f);
-        self.mlp.visit_mut(&join(p, "mlp"), f);
-    }
-}
+redco_core::module!(LlamaLayer {
+    input_layernorm: "input_layernorm",
+    q_proj: "self_attn.q_proj",
+    k_proj: "self_attn.k_proj",
+    v_proj: "self_attn.v_proj",
+    o_proj: "self_attn.o_proj",
+    post_attention_layernorm: "post_attention_layernorm",
+    mlp: "mlp"
+});
 
 /// `LlamaForCausalLM`.
 pub struct Llama<B: Backend> {
@@ -52,20 +41,12 @@ pub struct Llama<B: Backend> {
     lm_head: Option<Linear<B>>,
 }
 
-impl<B: Backend> Module<B> for Llama<B> {
-    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
-        self.embed_tokens.visit(&join(p, "model.embed_tokens"), f);
-        self.layers.visit(&join(p, "model.layers"), f);
-        self.norm.visit(&join(p, "model.norm"), f);
-        self.lm_head.visit(&join(p, "lm_head"), f);
-    }
-    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
-        self.embed_tokens.visit_mut(&join(p, "model.embed_tokens"), f);
-        self.layers.visit_mut(&join(p, "model.layers"), f);
-        self.norm.visit_mut(&join(p, "model.norm"), f);
-        self.lm_head.visit_mut(&join(p, "lm_head"), f);
-    }
-}
+redco_core::module!(Llama {
+    embed_tokens: "model.embed_tokens",
+    layers: "model.layers",
+    norm: "model.norm",
+    lm_head: "lm_head"
+});
 
 impl<B: Backend> Llama<B> {
     /// A randomly initialised model for `cfg` (PyTorch's default initialisation).

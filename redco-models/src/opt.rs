@@ -11,7 +11,7 @@ use crate::hf::config::HfConfig;
 use crate::params::{ParamSource, RandomInit};
 use redco_core::backend::CmpOp;
 use redco_core::dist::ShardPlan;
-use redco_core::nn::{self, join, Activation, Embedding, LayerNorm, Linear, Module};
+use redco_core::nn::{self, Activation, Embedding, LayerNorm, Linear};
 use redco_core::{Backend, DType, Error, Result, Tensor};
 use std::path::Path;
 
@@ -30,28 +30,16 @@ pub struct OptLayer<B: Backend> {
     final_layer_norm: LayerNorm<B>,
 }
 
-impl<B: Backend> Module<B> for OptLayer<B> {
-    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
-        self.k_proj.visit(&join(p, "self_attn.k_proj"), f);
-        self.v_proj.visit(&join(p, "self_attn.v_proj"), f);
-        self.q_proj.visit(&join(p, "self_attn.q_proj"), f);
-        self.out_proj.visit(&join(p, "self_attn.out_proj"), f);
-        self.self_attn_layer_norm.visit(&join(p, "self_attn_layer_norm"), f);
-        self.fc1.visit(&join(p, "fc1"), f);
-        self.fc2.visit(&join(p, "fc2"), f);
-        self.final_layer_norm.visit(&join(p, "final_layer_norm"), f);
-    }
-    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
-        self.k_proj.visit_mut(&join(p, "self_attn.k_proj"), f);
-        self.v_proj.visit_mut(&join(p, "self_attn.v_proj"), f);
-        self.q_proj.visit_mut(&join(p, "self_attn.q_proj"), f);
-        self.out_proj.visit_mut(&join(p, "self_attn.out_proj"), f);
-        self.self_attn_layer_norm.visit_mut(&join(p, "self_attn_layer_norm"), f);
-        self.fc1.visit_mut(&join(p, "fc1"), f);
-        self.fc2.visit_mut(&join(p, "fc2"), f);
-        self.final_layer_norm.visit_mut(&join(p, "final_layer_norm"), f);
-    }
-}
+redco_core::module!(OptLayer {
+    k_proj: "self_attn.k_proj",
+    v_proj: "self_attn.v_proj",
+    q_proj: "self_attn.q_proj",
+    out_proj: "self_attn.out_proj",
+    self_attn_layer_norm: "self_attn_layer_norm",
+    fc1: "fc1",
+    fc2: "fc2",
+    final_layer_norm: "final_layer_norm"
+});
 
 /// `OPTForCausalLM`.
 pub struct Opt<B: Backend> {
@@ -68,26 +56,15 @@ pub struct Opt<B: Backend> {
     act: Activation,
 }
 
-impl<B: Backend> Module<B> for Opt<B> {
-    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
-        self.embed_tokens.visit(&join(p, "model.decoder.embed_tokens"), f);
-        self.embed_positions.visit(&join(p, "model.decoder.embed_positions"), f);
-        self.project_out.visit(&join(p, "model.decoder.project_out"), f);
-        self.project_in.visit(&join(p, "model.decoder.project_in"), f);
-        self.final_layer_norm.visit(&join(p, "model.decoder.final_layer_norm"), f);
-        self.layers.visit(&join(p, "model.decoder.layers"), f);
-        self.lm_head.visit(&join(p, "lm_head"), f);
-    }
-    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
-        self.embed_tokens.visit_mut(&join(p, "model.decoder.embed_tokens"), f);
-        self.embed_positions.visit_mut(&join(p, "model.decoder.embed_positions"), f);
-        self.project_out.visit_mut(&join(p, "model.decoder.project_out"), f);
-        self.project_in.visit_mut(&join(p, "model.decoder.project_in"), f);
-        self.final_layer_norm.visit_mut(&join(p, "model.decoder.final_layer_norm"), f);
-        self.layers.visit_mut(&join(p, "model.decoder.layers"), f);
-        self.lm_head.visit_mut(&join(p, "lm_head"), f);
-    }
-}
+redco_core::module!(Opt {
+    embed_tokens: "model.decoder.embed_tokens",
+    embed_positions: "model.decoder.embed_positions",
+    project_out: "model.decoder.project_out",
+    project_in: "model.decoder.project_in",
+    final_layer_norm: "model.decoder.final_layer_norm",
+    layers: "model.decoder.layers",
+    lm_head: "lm_head"
+});
 
 /// OPT's positions for a `[batch, seq]` attention mask: `cumsum(mask) * mask - 1`, plus the
 /// offset (padding gets position `-1 + 2 = 1`).

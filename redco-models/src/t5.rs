@@ -26,22 +26,7 @@ pub struct T5Attention<B: Backend> {
     relative_attention_bias: Option<Embedding<B>>,
 }
 
-impl<B: Backend> Module<B> for T5Attention<B> {
-    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
-        self.q.visit(&join(p, "q"), f);
-        self.k.visit(&join(p, "k"), f);
-        self.v.visit(&join(p, "v"), f);
-        self.o.visit(&join(p, "o"), f);
-        self.relative_attention_bias.visit(&join(p, "relative_attention_bias"), f);
-    }
-    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
-        self.q.visit_mut(&join(p, "q"), f);
-        self.k.visit_mut(&join(p, "k"), f);
-        self.v.visit_mut(&join(p, "v"), f);
-        self.o.visit_mut(&join(p, "o"), f);
-        self.relative_attention_bias.visit_mut(&join(p, "relative_attention_bias"), f);
-    }
-}
+redco_core::module!(T5Attention { q: "q", k: "k", v: "v", o: "o", relative_attention_bias: "relative_attention_bias" });
 
 /// The feed-forward block.
 pub enum T5Ff<B: Backend> {
@@ -151,24 +136,14 @@ pub struct T5<B: Backend> {
     lm_head: Option<Linear<B>>,
 }
 
-impl<B: Backend> Module<B> for T5<B> {
-    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
-        self.shared.visit(&join(p, "shared"), f);
-        self.encoder.visit(&join(p, "encoder.block"), f);
-        self.encoder_norm.visit(&join(p, "encoder.final_layer_norm"), f);
-        self.decoder.visit(&join(p, "decoder.block"), f);
-        self.decoder_norm.visit(&join(p, "decoder.final_layer_norm"), f);
-        self.lm_head.visit(&join(p, "lm_head"), f);
-    }
-    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
-        self.shared.visit_mut(&join(p, "shared"), f);
-        self.encoder.visit_mut(&join(p, "encoder.block"), f);
-        self.encoder_norm.visit_mut(&join(p, "encoder.final_layer_norm"), f);
-        self.decoder.visit_mut(&join(p, "decoder.block"), f);
-        self.decoder_norm.visit_mut(&join(p, "decoder.final_layer_norm"), f);
-        self.lm_head.visit_mut(&join(p, "lm_head"), f);
-    }
-}
+redco_core::module!(T5 {
+    shared: "shared",
+    encoder: "encoder.block",
+    encoder_norm: "encoder.final_layer_norm",
+    decoder: "decoder.block",
+    decoder_norm: "decoder.final_layer_norm",
+    lm_head: "lm_head"
+});
 
 /// transformers' relative-position bucket of `rel` = key position - query position.
 pub fn relative_bucket(rel: i64, bidirectional: bool, num_buckets: usize, max_distance: usize) -> i64 {

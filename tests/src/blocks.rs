@@ -23,18 +23,7 @@ fn merge<B: Backend>(x: &Tensor<B>) -> Result<Tensor<B>> {
     x.transpose(1, 2)?.reshape([b, t, h * d])
 }
 
-macro_rules! module {
-    ($ty:ident { $($field:ident : $name:expr),* $(,)? }) => {
-        impl<B: Backend> Module<B> for $ty<B> {
-            fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
-                $( self.$field.visit(&join(p, $name), f); )*
-            }
-            fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
-                $( self.$field.visit_mut(&join(p, $name), f); )*
-            }
-        }
-    };
-}
+use redco_core::module;
 
 /// A GPT-J block: parallel attention and MLP from one LayerNorm, partial interleaved rotary.
 pub struct GptJBlock<B: Backend> {

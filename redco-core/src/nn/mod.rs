@@ -37,6 +37,22 @@ pub trait Module<B: Backend> {
     fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>));
 }
 
+/// Implements [`Module`] for a struct generic over `B: Backend` by visiting the listed fields
+/// under their Hugging Face names, in order: `module!(Block { ln: "ln_1", q: "attn.q_proj" });`.
+#[macro_export]
+macro_rules! module {
+    ($ty:ident { $($field:ident : $name:expr),* $(,)? }) => {
+        impl<B: $crate::Backend> $crate::nn::Module<B> for $ty<B> {
+            fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &$crate::Tensor<B>)) {
+                $( $crate::nn::Module::visit(&self.$field, &$crate::nn::join(p, $name), f); )*
+            }
+            fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut $crate::Tensor<B>)) {
+                $( $crate::nn::Module::visit_mut(&mut self.$field, &$crate::nn::join(p, $name), f); )*
+            }
+        }
+    };
+}
+
 /// Joins a prefix and a name with a dot (no dot for an empty prefix).
 pub fn join(prefix: &str, name: &str) -> String {
     if prefix.is_empty() {
