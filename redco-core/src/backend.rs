@@ -351,4 +351,19 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     ) -> Result<Self::Storage> {
         ops::attention::composite_attention(self, q, k, v, mask, spec)
     }
+    /// The gradients `(dq, dk, dv)` of [`Backend::attention`] given the output gradient
+    /// `dout` (shaped like `q`). Masked scores pass gradient as if the mask were added
+    /// (0 / most-negative-finite), so a fully masked row spreads its gradient uniformly.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward(
+        &self,
+        q: &Self::Storage,
+        k: &Self::Storage,
+        v: &Self::Storage,
+        mask: Option<&Self::Storage>,
+        dout: &Self::Storage,
+        spec: &ops::attention::AttentionSpec,
+    ) -> Result<(Self::Storage, Self::Storage, Self::Storage)> {
+        ops::attention_grad::composite_attention_backward(self, q, k, v, mask, dout, spec)
+    }
 }

@@ -26,10 +26,10 @@ fn unary_t<T: Real>(op: UnaryOp, x: &[T]) -> Vec<T> {
     let c = T::of(0.044715);
     let inv_sqrt2 = T::of(std::f64::consts::FRAC_1_SQRT_2);
     let inv_sqrt_2pi = T::of(1.0 / (2.0 * std::f64::consts::PI).sqrt());
-    let sig = move |v: T| one / (one + (-v).exp());
+    let sig = move |v: T| one / (one + (-v).fexp());
     match op {
         UnaryOp::Neg => map1(x, |v| -v),
-        UnaryOp::Exp => map1(x, |v| v.exp()),
+        UnaryOp::Exp => map1(x, |v| v.fexp()),
         UnaryOp::Log => map1(x, |v| v.ln()),
         UnaryOp::Sqrt => map1(x, |v| v.sqrt()),
         UnaryOp::Rsqrt => map1(x, |v| one / v.sqrt()),

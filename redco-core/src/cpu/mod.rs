@@ -18,6 +18,7 @@ pub mod real;
 mod reduce;
 mod rotary;
 pub mod sgemm;
+mod simd;
 mod softmax;
 mod strided;
 
@@ -359,6 +360,17 @@ impl Backend for Cpu {
         spec: &AttentionSpec,
     ) -> Result<CpuStorage> {
         attention::attention(self, q, k, v, mask, spec)
+    }
+    fn attention_backward(
+        &self,
+        q: &CpuStorage,
+        k: &CpuStorage,
+        v: &CpuStorage,
+        mask: Option<&CpuStorage>,
+        dout: &CpuStorage,
+        spec: &AttentionSpec,
+    ) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+        attention::attention_backward(self, q, k, v, mask, dout, spec)
     }
 }
 

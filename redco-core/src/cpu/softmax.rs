@@ -13,12 +13,9 @@ fn softmax_t<T: Real>(x: &[T], d: usize, log: bool) -> Vec<T> {
     }
     run_rows(&mut o, d, n, |r, out| {
         let row = &x[r * d..(r + 1) * d];
-        let m = row.iter().copied().fold(T::neg_infinity(), T::max);
-        let mut s = T::zero();
-        for (o, &v) in out.iter_mut().zip(row) {
-            *o = (v - m).exp();
-            s = s + *o;
-        }
+        let m = T::row_max(row);
+        out.copy_from_slice(row);
+        let s = T::exp_shift_sum(out, m);
         if log {
             let ls = s.ln();
             out.iter_mut().zip(row).for_each(|(o, &v)| *o = v - m - ls);

@@ -1,6 +1,7 @@
 //! Broadcast iteration for the CPU kernels: operands addressed through broadcast strides,
 //! walked row by row (the last, coalesced dimension) in parallel chunks.
 
+use super::simd;
 use crate::Shape;
 use rayon::prelude::*;
 
@@ -77,9 +78,9 @@ where
         if n >= PAR_MIN {
             o.par_chunks_mut(PAR_MIN / 4)
                 .zip(a.par_chunks(PAR_MIN / 4).zip(b.par_chunks(PAR_MIN / 4)))
-                .for_each(|(o, (a, b))| o.iter_mut().zip(a.iter().zip(b)).for_each(|(o, (&x, &y))| *o = f(x, y)));
+                .for_each(|(o, (a, b))| simd::zip_into(a, b, o, &f));
         } else {
-            o.iter_mut().zip(a.iter().zip(b)).for_each(|(o, (&x, &y))| *o = f(x, y));
+            simd::zip_into(a, b, &mut o, &f);
         }
         return o;
     }
@@ -160,10 +161,17 @@ pub(crate) fn run_rows<O: Send, F: Fn(usize, &mut [O]) + Sync>(o: &mut [O], l: u
 }
 
 /// `out[i] = f(x[i])`, in parallel for large inputs.
+/// The loop body is compiled for AVX-512 too (see [`simd`]), so `f` runs vectorised.
 pub(crate) fn map1<T: Copy + Sync, O: Copy + Send + Default, F: Fn(T) -> O + Sync>(x: &[T], f: F) -> Vec<O> {
-    if x.len() >= PAR_MIN {
-        x.par_iter().with_min_len(PAR_MIN / 4).map(|&v| f(v)).collect()
+    let n = x.len();
+    let mut o: Vec<O> = Vec::with_capacity(n);
+    let out = &mut o.spare_capacity_mut()[..n];
+    if n >= PAR_MIN {
+        out.par_chunks_mut(PAR_MIN / 4).zip(x.par_chunks(PAR_MIN / 4)).for_each(|(o, x)| simd::map_into(x, o, &f));
     } else {
-        x.iter().map(|&v| f(v)).collect()
+        simd::map_into(x, out, &f);
     }
+    // SAFETY: `map_into` wrote all `n` elements.
+    unsafe { o.set_len(n) };
+    o
 }

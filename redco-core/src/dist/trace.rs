@@ -109,6 +109,11 @@ impl<B: Backend> Graph<B> {
             if op == "index_select" {
                 return ins.first().map(|w| w.id()).filter(|w| self.params.contains_key(w));
             }
+            if op == "attention" {
+                // split like its queries
+                id = ins.first()?.id();
+                continue;
+            }
             id = if passes(op) {
                 ins.first()?.id()
             } else if op == "add" {
@@ -217,6 +222,21 @@ fn walk<B: Backend>(g: &Graph<B>, start: TensorId, s0: usize, mp: usize) -> Walk
                 if s + 2 >= rank {
                     fail(&mut w, "rotary over the split dim".into());
                 } else {
+                    stack.push((cid, s));
+                }
+            } else if op == "attention" && idx < 3 {
+                // q, k and v split by batch or heads: the output splits the same way, and
+                // the other two are split alike by their own weights' walks
+                if s + 2 >= rank {
+                    fail(&mut w, "attention over the split dim".into());
+                } else {
+                    for (j, other) in c.op_inputs().iter().enumerate().take(3) {
+                        if j != idx {
+                            if let Some(src) = g.source_weight(other.id()) {
+                                w.columns.push(src);
+                            }
+                        }
+                    }
                     stack.push((cid, s));
                 }
             } else if op == "cross_entropy" && s + 1 == rank {

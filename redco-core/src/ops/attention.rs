@@ -94,9 +94,18 @@ fn attention_ops<B: Backend>(
     spec: &AttentionSpec,
 ) -> Result<Tensor<B>> {
     let rep = spec.q_heads / spec.kv_heads;
-    let k = repeat_kv(k, rep)?;
-    let v = repeat_kv(v, rep)?;
-    let mut scores = q.matmul_t(&k)?.scale(spec.scale)?;
+    attention_probs(q, &repeat_kv(k, rep)?, mask, spec)?.matmul(&repeat_kv(v, rep)?)
+}
+
+/// The attention probabilities `softmax(scale * q k^T + mask)` of `q` against keys `k`
+/// already repeated to the query heads, as tensor ops.
+pub(crate) fn attention_probs<B: Backend>(
+    q: &Tensor<B>,
+    k: &Tensor<B>,
+    mask: Option<&Tensor<B>>,
+    spec: &AttentionSpec,
+) -> Result<Tensor<B>> {
+    let mut scores = q.matmul_t(k)?.scale(spec.scale)?;
     // One keep-mask (causal and padding together), added as 0 / most-negative-finite, as
     // transformers does: values are the same as replacing masked scores, and gradients
     // match transformers' too (a fully masked row still passes gradient to its scores).
@@ -113,13 +122,15 @@ fn attention_ops<B: Backend>(
         let zero = Tensor::zeros(q.backend(), [], q.dtype())?;
         scores = scores.add(&keep.where_cond(&zero, &fill)?)?;
     }
-    scores.softmax(-1)?.matmul(&v)
+    scores.softmax(-1)
 }
 
 impl<B: Backend> Tensor<B> {
     /// Scaled-dot-product attention of `self` (queries); see [`AttentionSpec`] for shapes.
     /// `mask` is a `U8` keep-mask broadcastable to `[batch, q_heads, q_len, kv_len]`.
-    /// Uses the backend's fused kernel when no gradient is recorded.
+    /// Runs the backend's fused kernel, and when gradients are recorded its fused
+    /// backward ([`Backend::attention_backward`]), which recomputes the probabilities
+    /// instead of keeping a `[batch, heads, q_len, kv_len]` tensor alive.
     pub fn attention(
         &self,
         k: &Tensor<B>,
@@ -129,18 +140,18 @@ impl<B: Backend> Tensor<B> {
         scale: f64,
     ) -> Result<Tensor<B>> {
         let spec = attention_spec(self, k, v, mask, causal, scale)?;
-        if needs_grad(&[Some(self), Some(k), Some(v)]) {
-            return attention_ops(self, k, v, mask, &spec);
-        }
         let (q, k, v, mask) = attention_layout(self, k, v, mask)?;
         let ls = attention_spec_local(&q, &k, mask.as_ref(), &spec);
         let s =
             q.backend().attention(q.storage(), k.storage(), v.storage(), mask.as_ref().map(|m| m.storage()), &ls)?;
-        Ok(q.same_layout(s, q.dtype()))
+        if !needs_grad(&[Some(&q), Some(&k), Some(&v)]) {
+            return Ok(q.same_layout(s, q.dtype()));
+        }
+        Ok(crate::ops::attention_grad::record(q, k, v, mask, s, ls))
     }
 }
 
-type AttentionInputs<B> = (Tensor<B>, Tensor<B>, Tensor<B>, Option<Tensor<B>>);
+pub(crate) type AttentionInputs<B> = (Tensor<B>, Tensor<B>, Tensor<B>, Option<Tensor<B>>);
 
 /// Layouts for fused attention: batch or heads may be split (keys and values follow the
 /// queries; grouped heads need the kv heads to split too), the rest is replicated.

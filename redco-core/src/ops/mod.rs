@@ -3,6 +3,7 @@
 
 pub mod adamw;
 pub mod attention;
+pub mod attention_grad;
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod index;

@@ -1,0 +1,74 @@
+//! The gradient of fused attention: the recorded op that calls
+//! [`Backend::attention_backward`], and that op's composite default.
+//!
+//! With `P = softmax(scale * q k^T + mask)` and `out = P v`, given `dout`:
+//! `dv = P^T dout`, `dP = dout v^T`, `dS = P * (dP - rowsum(P * dP))`,
+//! `dq = scale * dS k`, `dk = scale * dS^T q`, the key/value gradients summed over the
+//! query heads that share them.
+
+use crate::autograd::GradModeGuard;
+use crate::ops::attention::{attention_probs, repeat_kv, AttentionSpec};
+use crate::{Backend, DType, Result, Tensor};
+
+/// Records `s` (the fused attention of the local `q`, `k`, `v` under `spec`) as an op whose
+/// backward is the backend's fused attention backward.
+pub(crate) fn record<B: Backend>(
+    q: Tensor<B>,
+    k: Tensor<B>,
+    v: Tensor<B>,
+    mask: Option<Tensor<B>>,
+    s: B::Storage,
+    spec: AttentionSpec,
+) -> Tensor<B> {
+    let (qd, kd, vd) = (q.detach(), k.detach(), v.detach());
+    Tensor::record_like(&q, s, q.dtype(), "attention", &[&q, &k, &v], move |g| {
+        let g = g.redistribute(qd.placements())?;
+        let m = mask.as_ref().map(|m| m.storage());
+        let (dq, dk, dv) =
+            qd.backend().attention_backward(qd.storage(), kd.storage(), vd.storage(), m, g.storage(), &spec)?;
+        Ok(vec![
+            Some(qd.same_layout(dq, qd.dtype())),
+            Some(kd.same_layout(dk, kd.dtype())),
+            Some(vd.same_layout(dv, vd.dtype())),
+        ])
+    })
+}
+
+/// Composite attention backward, written with primitive ops.
+pub fn composite_attention_backward<B: Backend>(
+    b: &B,
+    q: &B::Storage,
+    k: &B::Storage,
+    v: &B::Storage,
+    mask: Option<&B::Storage>,
+    dout: &B::Storage,
+    spec: &AttentionSpec,
+) -> Result<(B::Storage, B::Storage, B::Storage)> {
+    let _g = GradModeGuard::no_grad();
+    let dt = b.storage_dtype(q);
+    let qs = [spec.batch, spec.q_heads, spec.q_len, spec.head_dim];
+    let ks = [spec.batch, spec.kv_heads, spec.kv_len, spec.head_dim];
+    let q = Tensor::from_storage(b, q.clone(), qs, dt);
+    let k = Tensor::from_storage(b, k.clone(), ks, dt);
+    let v = Tensor::from_storage(b, v.clone(), ks, dt);
+    let g = Tensor::from_storage(b, dout.clone(), qs, dt);
+    let mask = match (mask, &spec.mask_shape) {
+        (Some(m), Some(s)) => Some(Tensor::from_storage(b, m.clone(), s.clone(), DType::U8)),
+        _ => None,
+    };
+    let rep = spec.q_heads / spec.kv_heads;
+    let (kr, vr) = (repeat_kv(&k, rep)?, repeat_kv(&v, rep)?);
+    let p = attention_probs(&q, &kr, mask.as_ref(), spec)?;
+    let pt = p.transpose(-1, -2)?;
+    let dv = pt.matmul(&g)?;
+    let dp = g.matmul_t(&vr)?;
+    let ds = p.mul(&dp.sub(&dp.mul(&p)?.sum(-1, true)?)?)?;
+    let dq = ds.matmul(&kr)?.scale(spec.scale)?;
+    let dk = ds.transpose(-1, -2)?.matmul(&q)?.scale(spec.scale)?;
+    // sum the repeated heads back onto their shared key/value head
+    let fold = |t: Tensor<B>| -> Result<B::Storage> {
+        let r = t.reshape([spec.batch, spec.kv_heads, rep, spec.kv_len, spec.head_dim])?.sum(2, false)?;
+        Ok(r.storage().clone())
+    };
+    Ok((dq.storage().clone(), fold(dk)?, fold(dv)?))
+}
