@@ -340,6 +340,19 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     ) -> Result<Self::Storage> {
         ops::cross_entropy::composite_cross_entropy(self, logits, shape, targets, ignore_index)
     }
+    /// The gradient of [`Backend::cross_entropy`] with respect to `logits`, given the
+    /// per-row output gradient `grad` (`[n]`): `(softmax(row) - onehot(target)) * grad`,
+    /// zero on ignored rows.
+    fn cross_entropy_backward(
+        &self,
+        logits: &Self::Storage,
+        shape: &Shape,
+        targets: &Self::Storage,
+        ignore_index: i64,
+        grad: &Self::Storage,
+    ) -> Result<Self::Storage> {
+        ops::cross_entropy::composite_cross_entropy_backward(self, logits, shape, targets, ignore_index, grad)
+    }
     /// Scaled-dot-product attention, see [`ops::attention::AttentionSpec`].
     fn attention(
         &self,

@@ -9,9 +9,11 @@
 
 mod adamw;
 mod attention;
+mod cross_entropy;
 mod elementwise;
 mod index;
 mod layout;
+pub mod malloc;
 mod matmul;
 mod norm;
 pub mod real;
@@ -57,7 +59,10 @@ impl Cpu {
         Self::try_new(threads).unwrap_or_else(|e| panic!("{e}"))
     }
     /// A backend computing on `threads` threads, or an error when the threads cannot start.
+    /// The first backend created also applies [`malloc::tune`] (see there; opt out with
+    /// `REDCO_MALLOC_TUNE=0`).
     pub fn try_new(threads: usize) -> Result<Self> {
+        malloc::tune();
         let threads = threads.max(1);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -360,6 +365,25 @@ impl Backend for Cpu {
         spec: &AttentionSpec,
     ) -> Result<CpuStorage> {
         attention::attention(self, q, k, v, mask, spec)
+    }
+    fn cross_entropy(
+        &self,
+        logits: &CpuStorage,
+        shape: &Shape,
+        targets: &CpuStorage,
+        ignore: i64,
+    ) -> Result<CpuStorage> {
+        cross_entropy::forward(self, logits, shape, targets, ignore)
+    }
+    fn cross_entropy_backward(
+        &self,
+        logits: &CpuStorage,
+        shape: &Shape,
+        targets: &CpuStorage,
+        ignore: i64,
+        grad: &CpuStorage,
+    ) -> Result<CpuStorage> {
+        cross_entropy::backward(self, logits, shape, targets, ignore, grad)
     }
     fn attention_backward(
         &self,

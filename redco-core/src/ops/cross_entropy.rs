@@ -24,6 +24,29 @@ pub fn composite_cross_entropy<B: Backend>(
     Ok(valid.where_cond(&lse.sub(&picked)?.squeeze(-1)?, &zero)?.storage().clone())
 }
 
+/// Composite gradient of per-row cross-entropy, written with primitive ops.
+pub fn composite_cross_entropy_backward<B: Backend>(
+    b: &B,
+    logits: &B::Storage,
+    shape: &Shape,
+    targets: &B::Storage,
+    ignore_index: i64,
+    grad: &B::Storage,
+) -> Result<B::Storage> {
+    let _g = GradModeGuard::no_grad();
+    let dt = b.storage_dtype(logits);
+    let x = Tensor::from_storage(b, logits.clone(), shape.clone(), dt);
+    let n = shape.dims()[0];
+    let t = Tensor::from_storage(b, targets.clone(), [n], b.storage_dtype(targets));
+    let g = Tensor::from_storage(b, grad.clone(), [n], b.storage_dtype(grad));
+    let (valid, safe) = valid_and_safe(&t, ignore_index)?;
+    let p = x.softmax(-1)?;
+    let ones = Tensor::ones(b, [n, 1], dt)?;
+    let onehot = p.zeros_like()?.scatter_add(&safe.unsqueeze(-1)?, &ones, -1)?;
+    let w = valid.cast(dt)?.mul(&g)?.unsqueeze(-1)?;
+    Ok(p.sub(&onehot)?.mul(&w)?.storage().clone())
+}
+
 /// (valid mask as U8, targets with ignored entries replaced by 0).
 fn valid_and_safe<B: Backend>(t: &Tensor<B>, ignore_index: i64) -> Result<(Tensor<B>, Tensor<B>)> {
     let valid = t.compare_scalar(ignore_index as f64, CmpOp::Ne)?;
@@ -57,12 +80,9 @@ impl<B: Backend> Tensor<B> {
         let t_c = t.clone();
         let xd = x.detach();
         let out = Tensor::from_op(self.backend(), s, Shape::new([n]), self.dtype(), "cross_entropy", &[&x], move |g| {
-            let (valid, safe) = valid_and_safe(&t_c, ignore_index)?;
-            let p = xd.softmax(-1)?;
-            let ones = Tensor::ones(g.backend(), [n, 1], g.dtype())?;
-            let onehot = p.zeros_like()?.scatter_add(&safe.unsqueeze(-1)?, &ones, -1)?;
-            let w = valid.cast(g.dtype())?.mul(g)?.unsqueeze(-1)?;
-            Ok(vec![Some(p.sub(&onehot)?.mul(&w)?)])
+            let b = xd.backend();
+            let d = b.cross_entropy_backward(xd.storage(), xd.shape(), t_c.storage(), ignore_index, g.storage())?;
+            Ok(vec![Some(Tensor::from_storage(b, d, xd.shape().clone(), xd.dtype()))])
         });
         out.reshape(targets.shape().clone())
     }

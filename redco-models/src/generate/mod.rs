@@ -66,7 +66,15 @@ pub fn shifted_loss<B: Backend>(logits: &Tensor<B>, labels: &Tensor<B>) -> Resul
     if t < 2 {
         return Err(Error::invalid("loss", "a causal-LM loss needs at least 2 positions"));
     }
-    redco_core::nn::cross_entropy(&logits.narrow(1, 0, t - 1)?, &labels.narrow(1, 1, t - 1)?)
+    // Shift the labels left (the last position gets the ignore index) instead of cutting
+    // the last position off the logits: the same (logit, label) pairs without copying the
+    // `[batch, seq, vocab]` logits.
+    let batch = labels.dims()[0];
+    let pad = Tensor::from_vec(logits.backend(), vec![redco_core::nn::IGNORE_INDEX; batch], [batch, 1])?
+        .cast(labels.dtype())?
+        .redistribute(labels.placements())?;
+    let shifted = Tensor::cat(&[&labels.narrow(1, 1, t - 1)?, &pad], 1)?;
+    redco_core::nn::cross_entropy(logits, &shifted)
 }
 
 /// What to generate.

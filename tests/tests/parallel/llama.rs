@@ -103,12 +103,13 @@ fn llama_split_by_the_rules_equals_one_device_at_1x2_and_1x4_with_megatron_comm(
             assert_close(&split.grads[n], g, 2e-4, &format!("gradient of {n} at {mesh}"));
         }
         // Megatron: forward, one all-reduce of batch x seq x hidden after the embedding and
-        // after each attention and MLP block; backward, one per norm input; three of the
-        // shifted batch x (seq - 1) scalars in the vocabulary-parallel cross-entropy.
+        // after each attention and MLP block; backward, one per norm input; three of
+        // batch x seq scalars in the vocabulary-parallel cross-entropy (the labels are
+        // shifted, as in Megatron's data, so every position has a row; the last is ignored).
         let s = &split.stats;
         let l = c.layers as u64;
         let act = (BATCH * SEQ * c.hidden * 4) as u64;
-        let tok = (BATCH * (SEQ - 1) * 4) as u64;
+        let tok = (BATCH * SEQ * 4) as u64;
         let ar = s.get(CollectiveKind::AllReduce, MeshAxis::Mp);
         assert_eq!(ar.calls, (2 * l + 1) * 2 + 3, "all-reduce calls at {mesh}:\n{s}");
         assert_eq!(ar.bytes, (2 * l + 1) * 2 * act + 3 * tok, "all-reduce bytes at {mesh}:\n{s}");
