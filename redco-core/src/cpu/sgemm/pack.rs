@@ -18,14 +18,6 @@ fn mask16(n: usize) -> __mmask16 {
     }
 }
 
-/// Lane indices `0, s, 2s, ..., 15s` (for scatters that transpose 16 consecutive k-steps of B).
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn stride_idx(s: usize) -> __m512i {
-    let s = s as i32;
-    _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(s))
-}
-
 /// Packs one `MR x kc` micro-panel of A (only `rows <= MR` valid rows) into `dst`.
 ///
 /// # Safety
@@ -142,31 +134,26 @@ pub(crate) unsafe fn pack_b_block(kc: usize, cols: usize, src: *const f32, rs: u
             }
         } else if rs == 1 {
             // Column-major B (e.g. a transposed weight): each column is contiguous in k;
-            // transpose 16 k-steps at a time with scatters.
-            let idx = stride_idx(NR);
+            // transpose 16 columns x 16 k-steps at a time in registers.
             for jp in 0..np {
                 let base = dst.add(jp * kc * NR);
                 let j0 = jp * NR;
-                let valid = (cols - j0).min(NR);
-                if valid < NR {
-                    // Zero the padding columns first.
-                    for p in 0..kc {
-                        for j in valid..NR {
-                            *base.add(p * NR + j) = 0.0;
-                        }
-                    }
-                }
-                for j in 0..valid {
-                    let s = src.add((j0 + j) * cs);
+                for g in 0..NR / 16 {
+                    let jg = j0 + 16 * g;
+                    let valid = cols.saturating_sub(jg).min(16);
                     let mut p = 0;
-                    while p + 16 <= kc {
-                        _mm512_i32scatter_ps::<4>(base.add(p * NR + j), idx, _mm512_loadu_ps(s.add(p)));
-                        p += 16;
-                    }
-                    if p < kc {
-                        let m = mask16(kc - p);
-                        let v = _mm512_maskz_loadu_ps(m, s.add(p));
-                        _mm512_mask_i32scatter_ps::<4>(base.add(p * NR + j), m, idx, v);
+                    while p < kc {
+                        let w = (kc - p).min(16);
+                        let m = mask16(w);
+                        let mut r = [_mm512_setzero_ps(); 16];
+                        for (i, v) in r.iter_mut().enumerate().take(valid) {
+                            *v = _mm512_maskz_loadu_ps(m, src.add((jg + i) * cs + p));
+                        }
+                        let t = transpose16(&r);
+                        for (q, &v) in t.iter().enumerate().take(w) {
+                            _mm512_store_ps(base.add((p + q) * NR + 16 * g), v);
+                        }
+                        p += w;
                     }
                 }
             }
