@@ -9,13 +9,15 @@ const CHUNK: usize = 1 << 14;
 
 fn step_f32(x: &[f32], g: &[f32], m: &[f32], v: &[f32], h: &AdamStep) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let n = x.len();
-    let (mut xo, mut mo, mut vo) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
+    let (mut xo, mut mo, mut vo) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
     let (b1, b2) = (h.beta1 as f32, h.beta2 as f32);
     let (c1, c2) = (1.0 - b1, 1.0 - b2);
     let (ib1, ib2) = ((1.0 / h.bias1) as f32, (1.0 / h.bias2) as f32);
     let (lr, eps) = (h.lr as f32, h.eps as f32);
     let decay = (1.0 - h.lr * h.weight_decay) as f32;
-    xo.par_chunks_mut(CHUNK).zip(mo.par_chunks_mut(CHUNK)).zip(vo.par_chunks_mut(CHUNK)).enumerate().for_each(
+    let (xs, ms, vs) =
+        (&mut xo.spare_capacity_mut()[..n], &mut mo.spare_capacity_mut()[..n], &mut vo.spare_capacity_mut()[..n]);
+    xs.par_chunks_mut(CHUNK).zip(ms.par_chunks_mut(CHUNK)).zip(vs.par_chunks_mut(CHUNK)).enumerate().for_each(
         |(c, ((xo, mo), vo))| {
             let o = c * CHUNK;
             for i in 0..xo.len() {
@@ -23,12 +25,18 @@ fn step_f32(x: &[f32], g: &[f32], m: &[f32], v: &[f32], h: &AdamStep) -> (Vec<f3
                 let mi = b1 * m[o + i] + c1 * gi;
                 let vi = b2 * v[o + i] + c2 * (gi * gi);
                 let denom = (vi * ib2).sqrt() + eps;
-                mo[i] = mi;
-                vo[i] = vi;
-                xo[i] = x[o + i] * decay - lr * ((mi * ib1) / denom);
+                mo[i].write(mi);
+                vo[i].write(vi);
+                xo[i].write(x[o + i] * decay - lr * ((mi * ib1) / denom));
             }
         },
     );
+    // SAFETY: the chunks cover all n elements of each output, and each was written above.
+    unsafe {
+        xo.set_len(n);
+        mo.set_len(n);
+        vo.set_len(n);
+    }
     (xo, mo, vo)
 }
 

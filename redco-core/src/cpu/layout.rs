@@ -1,29 +1,33 @@
 //! CPU layout kernels: permute, expand, narrow, cat (copies for any element type).
 
 use super::any_kernel;
-use super::strided::{coalesce, row_offsets, run_rows};
+use super::strided::{coalesce, filled, row_offsets, run_rows};
 use crate::{Error, HostData, Result, Shape};
 
 /// Copies `x` read through `strides` (one per output dim) into a contiguous `out_dims` buffer.
 fn strided_copy<T: Copy + Send + Sync + Default>(x: &[T], out_dims: &[usize], strides: Vec<usize>) -> Vec<T> {
     let n: usize = out_dims.iter().product();
-    let mut o = vec![T::default(); n];
     if n == 0 {
-        return o;
+        return Vec::new();
     }
     let (dims, st) = coalesce(out_dims, &[strides]);
     let st: [Vec<usize>; 1] = [st[0].clone()];
     let l = *dims.last().unwrap();
     let inner = st[0][dims.len() - 1];
-    run_rows(&mut o, l, n, |r, orow| {
-        let [off] = row_offsets(r, &dims, &st);
-        if inner == 1 {
-            orow.copy_from_slice(&x[off..off + l]);
-        } else {
-            orow.iter_mut().enumerate().for_each(|(j, v)| *v = x[off + j * inner]);
-        }
-    });
-    o
+    filled(n, |o| {
+        run_rows(o, l, n, |r, orow| {
+            let [off] = row_offsets(r, &dims, &st);
+            if inner == 1 {
+                orow.iter_mut().zip(&x[off..off + l]).for_each(|(o, &v)| {
+                    o.write(v);
+                });
+            } else {
+                orow.iter_mut().enumerate().for_each(|(j, o)| {
+                    o.write(x[off + j * inner]);
+                });
+            }
+        })
+    })
 }
 
 /// Permutes dims: `out.dims[i] = shape.dims[perm[i]]`.

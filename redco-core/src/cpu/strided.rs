@@ -4,6 +4,7 @@
 use super::simd;
 use crate::Shape;
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// Below this many elements kernels stay on the calling thread.
 pub(crate) const PAR_MIN: usize = 1 << 15;
@@ -70,41 +71,53 @@ where
     F: Fn(T, U) -> O + Sync,
 {
     let n = out.elem_count();
-    let mut o = vec![O::default(); n];
+    filled(n, |o| broadcast2_into(a, ash, b, bsh, out, o, f))
+}
+
+fn broadcast2_into<T, U, O, F>(a: &[T], ash: &Shape, b: &[U], bsh: &Shape, out: &Shape, o: &mut [MaybeUninit<O>], f: F)
+where
+    T: Copy + Sync,
+    U: Copy + Sync,
+    O: Copy + Send + Sync,
+    F: Fn(T, U) -> O + Sync,
+{
+    let n = o.len();
     if n == 0 {
-        return o;
+        return;
     }
+    let fw = |x: T, y: U| MaybeUninit::new(f(x, y));
     if ash == out && bsh == out {
         if n >= PAR_MIN {
             o.par_chunks_mut(PAR_MIN / 4)
                 .zip(a.par_chunks(PAR_MIN / 4).zip(b.par_chunks(PAR_MIN / 4)))
-                .for_each(|(o, (a, b))| simd::zip_into(a, b, o, &f));
+                .for_each(|(o, (a, b))| simd::zip_into(a, b, o, &fw));
         } else {
-            simd::zip_into(a, b, &mut o, &f);
+            simd::zip_into(a, b, o, &fw);
         }
-        return o;
+        return;
     }
     let (dims, st) = coalesce(out.dims(), &[ash.broadcast_strides(out), bsh.broadcast_strides(out)]);
     let st: [Vec<usize>; 2] = [st[0].clone(), st[1].clone()];
     let l = *dims.last().unwrap();
     let (ia, ib) = (st[0][dims.len() - 1], st[1][dims.len() - 1]);
-    let row = |r: usize, o: &mut [O]| {
+    let row = |r: usize, o: &mut [MaybeUninit<O>]| {
         let [oa, ob] = row_offsets(r, &dims, &st);
         match (ia, ib) {
-            (1, 1) => o.iter_mut().zip(&a[oa..oa + l]).zip(&b[ob..ob + l]).for_each(|((o, &x), &y)| *o = f(x, y)),
+            (1, 1) => simd::zip_into(&a[oa..oa + l], &b[ob..ob + l], o, &fw),
             (1, 0) => {
                 let y = b[ob];
-                o.iter_mut().zip(&a[oa..oa + l]).for_each(|(o, &x)| *o = f(x, y))
+                simd::map_into(&a[oa..oa + l], o, &|x| f(x, y))
             }
             (0, 1) => {
                 let x = a[oa];
-                o.iter_mut().zip(&b[ob..ob + l]).for_each(|(o, &y)| *o = f(x, y))
+                simd::map_into(&b[ob..ob + l], o, &|y| f(x, y))
             }
-            _ => o.iter_mut().enumerate().for_each(|(j, o)| *o = f(a[oa + j * ia], b[ob + j * ib])),
+            _ => o.iter_mut().enumerate().for_each(|(j, o)| {
+                o.write(f(a[oa + j * ia], b[ob + j * ib]));
+            }),
         }
     };
-    run_rows(&mut o, l, n, row);
-    o
+    run_rows(o, l, n, row);
 }
 
 /// `out[i] = f(c[ic], a[ia], b[ib])` over the broadcast shape `out`.
@@ -126,9 +139,8 @@ where
     F: Fn(C, T, T) -> O + Sync,
 {
     let n = out.elem_count();
-    let mut o = vec![O::default(); n];
     if n == 0 {
-        return o;
+        return Vec::new();
     }
     let (dims, st) =
         coalesce(out.dims(), &[csh.broadcast_strides(out), ash.broadcast_strides(out), bsh.broadcast_strides(out)]);
@@ -136,12 +148,24 @@ where
     let l = *dims.last().unwrap();
     let last = dims.len() - 1;
     let (ic, ia, ib) = (st[0][last], st[1][last], st[2][last]);
-    let row = |r: usize, o: &mut [O]| {
+    let row = |r: usize, o: &mut [MaybeUninit<O>]| {
         let [oc, oa, ob] = row_offsets(r, &dims, &st);
-        o.iter_mut().enumerate().for_each(|(j, o)| *o = f(c[oc + j * ic], a[oa + j * ia], b[ob + j * ib]));
+        o.iter_mut().enumerate().for_each(|(j, o)| {
+            o.write(f(c[oc + j * ic], a[oa + j * ia], b[ob + j * ib]));
+        });
     };
-    run_rows(&mut o, l, n, row);
-    o
+    filled(n, |o| run_rows(o, l, n, row))
+}
+
+/// A vector of `n` elements written by `fill`, which must write every one of them (the
+/// output is not zeroed first).
+pub(crate) fn filled<O>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<O>])) -> Vec<O> {
+    let mut v = Vec::with_capacity(n);
+    fill(&mut v.spare_capacity_mut()[..n]);
+    // SAFETY: `fill` initialised all `n` elements (if it panicked, we never get here and
+    // the vector drops empty).
+    unsafe { v.set_len(n) };
+    v
 }
 
 /// Calls `row(r, out_row)` for every row of length `l`, in parallel for large outputs.
@@ -163,15 +187,11 @@ pub(crate) fn run_rows<O: Send, F: Fn(usize, &mut [O]) + Sync>(o: &mut [O], l: u
 /// `out[i] = f(x[i])`, in parallel for large inputs.
 /// The loop body is compiled for AVX-512 too (see [`simd`]), so `f` runs vectorised.
 pub(crate) fn map1<T: Copy + Sync, O: Copy + Send + Default, F: Fn(T) -> O + Sync>(x: &[T], f: F) -> Vec<O> {
-    let n = x.len();
-    let mut o: Vec<O> = Vec::with_capacity(n);
-    let out = &mut o.spare_capacity_mut()[..n];
-    if n >= PAR_MIN {
-        out.par_chunks_mut(PAR_MIN / 4).zip(x.par_chunks(PAR_MIN / 4)).for_each(|(o, x)| simd::map_into(x, o, &f));
-    } else {
-        simd::map_into(x, out, &f);
-    }
-    // SAFETY: `map_into` wrote all `n` elements.
-    unsafe { o.set_len(n) };
-    o
+    filled(x.len(), |out| {
+        if x.len() >= PAR_MIN {
+            out.par_chunks_mut(PAR_MIN / 4).zip(x.par_chunks(PAR_MIN / 4)).for_each(|(o, x)| simd::map_into(x, o, &f));
+        } else {
+            simd::map_into(x, out, &f);
+        }
+    })
 }
