@@ -1,34 +1,39 @@
 //! CPU LayerNorm and RMSNorm over the last dim, rows in parallel, statistics in f64.
 
 use super::real::Real;
-use super::strided::run_rows;
+use super::strided::{filled, run_rows};
 use super::{floats, Floats, Store};
 use crate::{Error, HostData, Result, Shape};
 
 fn norm_t<T: Real>(x: &[T], d: usize, w: Option<&[T]>, b: Option<&[T]>, eps: f64, center: bool) -> Vec<T> {
     let n = x.len();
-    let mut o = vec![T::zero(); n];
     if n == 0 || d == 0 {
-        return o;
+        return vec![T::zero(); n];
     }
-    run_rows(&mut o, d, n, |r, out| {
-        let row = &x[r * d..(r + 1) * d];
-        let mean = if center { row.iter().map(|v| v.to64()).sum::<f64>() / d as f64 } else { 0.0 };
-        let var = row.iter().map(|v| (v.to64() - mean).powi(2)).sum::<f64>() / d as f64;
-        let rstd = T::of(1.0 / (var + eps).sqrt());
-        let mean = T::of(mean);
-        for (j, (o, &v)) in out.iter_mut().zip(row).enumerate() {
-            let mut y = (v - mean) * rstd;
-            if let Some(w) = w {
-                y = y * w[j];
+    filled(n, |o| {
+        run_rows(o, d, n, |r, out| {
+            let row = &x[r * d..(r + 1) * d];
+            let mean = if center { T::moments(row, 0.0).0 / d as f64 } else { 0.0 };
+            let var = T::moments(row, mean).1 / d as f64;
+            let rstd = T::of(1.0 / (var + eps).sqrt());
+            let mean = T::of(mean);
+            let it = out.iter_mut().zip(row);
+            match (w, b) {
+                (Some(w), Some(b)) => it.zip(w.iter().zip(b)).for_each(|((o, &v), (&w, &b))| {
+                    o.write((v - mean) * rstd * w + b);
+                }),
+                (Some(w), None) => it.zip(w).for_each(|((o, &v), &w)| {
+                    o.write((v - mean) * rstd * w);
+                }),
+                (None, Some(b)) => it.zip(b).for_each(|((o, &v), &b)| {
+                    o.write((v - mean) * rstd + b);
+                }),
+                (None, None) => it.for_each(|(o, &v)| {
+                    o.write((v - mean) * rstd);
+                }),
             }
-            if let Some(b) = b {
-                y = y + b[j];
-            }
-            *o = y;
-        }
-    });
-    o
+        })
+    })
 }
 
 /// LayerNorm (`center`) or RMSNorm over the last dim of `x`.

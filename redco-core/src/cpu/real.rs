@@ -25,6 +25,13 @@ pub trait Real: Float + Default + Send + Sync + std::fmt::Debug + std::iter::Sum
     fn row_max(row: &[Self]) -> Self {
         row.iter().copied().fold(Self::neg_infinity(), Self::max)
     }
+    /// `(sum(x - mean), sum((x - mean)^2))` over `row`, in f64.
+    fn moments(row: &[Self], mean: f64) -> (f64, f64) {
+        row.iter().fold((0.0, 0.0), |(s, q), v| {
+            let d = v.to64() - mean;
+            (s + d, q + d * d)
+        })
+    }
 }
 
 impl Real for f32 {
@@ -46,6 +53,9 @@ impl Real for f32 {
     }
     fn row_max(row: &[f32]) -> f32 {
         super::simd::max(row)
+    }
+    fn moments(row: &[f32], mean: f64) -> (f64, f64) {
+        super::simd::moments(row, mean)
     }
 }
 

@@ -166,6 +166,41 @@ pub(crate) fn max(row: &[f32]) -> f32 {
     max_body(row)
 }
 
+#[inline(always)]
+fn moments_body(row: &[f32], mean: f64) -> (f64, f64) {
+    let (mut s, mut q) = ([0f64; 8], [0f64; 8]);
+    let mut chunks = row.chunks_exact(8);
+    for c in &mut chunks {
+        for i in 0..8 {
+            let v = c[i] as f64 - mean;
+            s[i] += v;
+            q[i] += v * v;
+        }
+    }
+    for (i, &v) in chunks.remainder().iter().enumerate() {
+        let v = v as f64 - mean;
+        s[i] += v;
+        q[i] += v * v;
+    }
+    (s.iter().sum(), q.iter().sum())
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx2,fma")]
+fn moments_avx512(row: &[f32], mean: f64) -> (f64, f64) {
+    moments_body(row, mean)
+}
+
+/// `(sum(x - mean), sum((x - mean)^2))` over `row`, accumulated in f64.
+pub(crate) fn moments(row: &[f32], mean: f64) -> (f64, f64) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU has the features the copy was compiled for.
+        return unsafe { moments_avx512(row, mean) };
+    }
+    moments_body(row, mean)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
