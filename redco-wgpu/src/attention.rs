@@ -73,9 +73,8 @@ pub(crate) fn attention(
     let store = store_fn(q.dtype);
     let key = format!("attention/{d}/{bq}/{bk}/{store}");
     let (ds, bqs, bks) = (d.to_string(), bq.to_string(), bk.to_string());
-    let src = || {
-        tpl(include_str!("kernels/attention.wgsl"), &[("$D", &ds), ("$BQ", &bqs), ("$BK", &bks), ("$STORE", store)])
-    };
+    let src =
+        || tpl(include_str!("kernels/attention.wgsl"), &[("$D", &ds), ("$BQ", &bqs), ("$BK", &bks), ("$STORE", store)]);
     let ms = mstrides.clone().unwrap_or_else(|| vec![0; 4]);
     let mut params = vec![
         u32p(s.q_heads, "query heads")?,

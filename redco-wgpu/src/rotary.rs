@@ -36,9 +36,7 @@ pub(crate) fn rotary(
         return w.alloc(n, x.dtype);
     }
     let pair = match mode {
-        RotaryMode::HalfSplit => {
-            "let k = j % half; let first = j < half; let a = x[rd + k]; let b = x[rd + k + half];"
-        }
+        RotaryMode::HalfSplit => "let k = j % half; let first = j < half; let a = x[rd + k]; let b = x[rd + k + half];",
         RotaryMode::Interleaved => {
             "let k = j / 2u; let first = j % 2u == 0u; let a = x[rd + 2u * k]; let b = x[rd + 2u * k + 1u];"
         }
