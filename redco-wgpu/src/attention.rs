@@ -103,8 +103,8 @@ mod tests {
     #[test]
     fn key_tiles_shrink_to_fit_workgroup_memory() {
         assert_eq!(keys_per_tile(64, 16384), Some(32));
-        assert_eq!(keys_per_tile(128, 16384), Some(8));
-        assert_eq!(keys_per_tile(256, 16384), Some(4));
+        assert_eq!(keys_per_tile(128, 16384), Some(16));
+        assert_eq!(keys_per_tile(256, 16384), Some(8));
         assert_eq!(keys_per_tile(2048, 16384), Some(1));
         assert_eq!(keys_per_tile(4096, 16384), None);
     }
