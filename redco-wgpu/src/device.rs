@@ -114,7 +114,7 @@ pub(crate) struct Ctx {
     pub(crate) info: wgpu::AdapterInfo,
     pub(crate) limits: wgpu::Limits,
     kernels: Mutex<HashMap<String, Arc<Kernel>>>,
-    layouts: Mutex<HashMap<usize, Arc<wgpu::BindGroupLayout>>>,
+    layouts: Mutex<HashMap<(usize, usize), Arc<wgpu::BindGroupLayout>>>,
     pool: Arc<Pool>,
     pending: Mutex<Pending>,
     errors: Arc<Mutex<Vec<String>>>,
@@ -264,9 +264,9 @@ impl Ctx {
         }
     }
 
-    fn layout(&self, n_in: usize) -> Result<Arc<wgpu::BindGroupLayout>> {
+    fn layout(&self, n_in: usize, n_out: usize) -> Result<Arc<wgpu::BindGroupLayout>> {
         let mut l = lock(&self.layouts)?;
-        if let Some(x) = l.get(&n_in) {
+        if let Some(x) = l.get(&(n_in, n_out)) {
             return Ok(x.clone());
         }
         let entry = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
@@ -280,33 +280,36 @@ impl Ctx {
             count: None,
         };
         let mut entries: Vec<_> = (0..n_in as u32).map(|i| entry(i, true)).collect();
-        entries.push(entry(n_in as u32, false));
-        entries.push(entry(n_in as u32 + 1, true));
+        entries.extend((0..n_out as u32).map(|o| entry(n_in as u32 + o, false)));
+        entries.push(entry((n_in + n_out) as u32, true));
         let layout = Arc::new(
             self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: None, entries: &entries }),
         );
-        l.insert(n_in, layout.clone());
+        l.insert((n_in, n_out), layout.clone());
         Ok(layout)
     }
 
-    /// The kernel `key` with `n_in` inputs, compiled from `source()` on first use.
+    /// The kernel `key` with `n_in` inputs and `n_out` outputs, compiled from `source()` on
+    /// first use.
     ///
     /// Binding convention of every kernel: inputs at bindings `0..n_in` (read-only
-    /// storage), the output at `n_in` (read-write storage), a `u32` parameter array at
-    /// `n_in + 1` (read-only storage); entry point `main`. A `trusted` kernel is compiled
+    /// storage), the outputs at `n_in..n_in + n_out` (read-write storage; one for most
+    /// kernels), a `u32` parameter array at `n_in + n_out` (read-only storage); entry point
+    /// `main`. A `trusted` kernel is compiled
     /// without wgpu's runtime bounds checks (twice the matmul throughput on lavapipe): the
     /// kernel itself must keep every access in bounds.
     pub(crate) fn kernel(
         &self,
         key: &str,
         n_in: usize,
+        n_out: usize,
         trusted: bool,
         source: impl FnOnce() -> String,
     ) -> Result<Arc<Kernel>> {
         if let Some(k) = lock(&self.kernels)?.get(key) {
             return Ok(k.clone());
         }
-        let layout = self.layout(n_in)?;
+        let layout = self.layout(n_in, n_out)?;
         let src = format!("{}\n{}", include_str!("kernels/common.wgsl"), source());
         let desc = wgpu::ShaderModuleDescriptor { label: Some(key), source: wgpu::ShaderSource::Wgsl(src.into()) };
         let module = if trusted {
@@ -341,7 +344,7 @@ impl Ctx {
         &self,
         k: &Kernel,
         inputs: &[&wgpu::Buffer],
-        out: &wgpu::Buffer,
+        outs: &[&wgpu::Buffer],
         params: &[u32],
         groups: (u32, u32, u32),
     ) -> Result<()> {
@@ -371,8 +374,13 @@ impl Ctx {
             .enumerate()
             .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
             .collect();
-        entries.push(wgpu::BindGroupEntry { binding: inputs.len() as u32, resource: out.as_entire_binding() });
-        entries.push(wgpu::BindGroupEntry { binding: inputs.len() as u32 + 1, resource: pbuf.as_entire_binding() });
+        for (o, b) in outs.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry { binding: (inputs.len() + o) as u32, resource: b.as_entire_binding() });
+        }
+        entries.push(wgpu::BindGroupEntry {
+            binding: (inputs.len() + outs.len()) as u32,
+            resource: pbuf.as_entire_binding(),
+        });
         let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
             layout: &k.layout,

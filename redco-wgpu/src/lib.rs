@@ -21,20 +21,36 @@
 //! - **Errors.** A tensor beyond the device's buffer limit ([`Wgpu::max_buffer_bytes`]) is
 //!   an error naming the limit; validation errors and a lost device surface as errors of the
 //!   next call (a lost device fails every later call instead of hanging).
-//! - **Fused ops** keep their composite defaults from core for now.
+//! - **Fused ops.** Every fused op of the trait has its own kernel: softmax and
+//!   log-softmax, LayerNorm and RMSNorm, and per-row cross-entropy run one row per segment
+//!   of a workgroup with tree reductions in workgroup memory (`rows.rs`: short rows share a
+//!   workgroup, rows of 1024 and more take a whole one); rotary embedding and AdamW (all
+//!   three results in one pass) are elementwise; attention is one flash-style kernel (online
+//!   softmax over key tiles in workgroup memory, grouped-query heads sharing their tiles,
+//!   causal and broadcast keep-masks by strides), falling back to the composite only for a
+//!   head dim whose key tile exceeds the device's workgroup memory.
 
 /// The wgpu crate this backend is built on (its [`wgpu::AdapterInfo`] describes adapters).
 pub use wgpu;
 
+mod adamw;
+mod attention;
+mod cross_entropy;
 mod device;
 mod elementwise;
 mod index;
 mod layout;
 mod matmul;
+mod norm;
 mod reduce;
+mod rotary;
+mod rows;
+mod softmax;
 
 use device::{err, groups_1d, Ctx, DevBuf};
-use redco_core::backend::{BinaryOp, CmpOp, MatmulSpec, ReduceOp, UnaryOp};
+use redco_core::backend::{BinaryOp, CmpOp, MatmulSpec, ReduceOp, RotaryMode, UnaryOp};
+use redco_core::ops::adamw::AdamStep;
+use redco_core::ops::attention::AttentionSpec;
 use redco_core::{Backend, DType, Error, HostData, Result, Shape};
 use std::sync::Arc;
 
@@ -107,9 +123,25 @@ impl Wgpu {
         params: &[u32],
         groups: (u32, u32, u32),
     ) -> Result<()> {
-        let k = self.ctx.kernel(key, inputs.len(), trusted, src)?;
+        let k = self.ctx.kernel(key, inputs.len(), 1, trusted, src)?;
         let ins: Vec<&wgpu::Buffer> = inputs.iter().map(|s| s.buf.raw()).collect();
-        self.ctx.dispatch(&k, &ins, out.buf.raw(), params, groups)
+        self.ctx.dispatch(&k, &ins, &[out.buf.raw()], params, groups)
+    }
+
+    /// [`Wgpu::launch`] for a kernel with several outputs (bound after the inputs, in order).
+    pub(crate) fn launch_outs(
+        &self,
+        key: &str,
+        src: impl FnOnce() -> String,
+        inputs: &[&WgpuStorage],
+        outs: &[&WgpuStorage],
+        params: &[u32],
+        groups: (u32, u32, u32),
+    ) -> Result<()> {
+        let k = self.ctx.kernel(key, inputs.len(), outs.len(), false, src)?;
+        let ins: Vec<&wgpu::Buffer> = inputs.iter().map(|s| s.buf.raw()).collect();
+        let os: Vec<&wgpu::Buffer> = outs.iter().map(|s| s.buf.raw()).collect();
+        self.ctx.dispatch(&k, &ins, &os, params, groups)
     }
 
     /// A one-dimensional launch over `n` invocations producing `len` elements of `dtype`.
@@ -217,14 +249,14 @@ pub(crate) fn u32p(x: usize, what: &str) -> Result<u32> {
     u32::try_from(x).map_err(|_| err(format!("{what} = {x} exceeds the 32-bit indexing of the wgpu kernels")))
 }
 
-fn check_len(s: &WgpuStorage, shape: &Shape, op: &'static str) -> Result<()> {
+pub(crate) fn check_len(s: &WgpuStorage, shape: &Shape, op: &'static str) -> Result<()> {
     if s.len != shape.elem_count() {
         return Err(Error::ElementCount { op, shape: shape.clone(), expected: shape.elem_count(), got: s.len });
     }
     Ok(())
 }
 
-fn check_same(a: &WgpuStorage, b: &WgpuStorage, op: &'static str) -> Result<DType> {
+pub(crate) fn check_same(a: &WgpuStorage, b: &WgpuStorage, op: &'static str) -> Result<DType> {
     if a.dtype != b.dtype {
         return Err(Error::DTypeMismatch { op, lhs: a.dtype, rhs: b.dtype });
     }
@@ -236,6 +268,14 @@ fn unsupported_f64(dt: DType, op: &'static str) -> Result<()> {
         return Err(Error::UnsupportedDType { op, dtype: dt });
     }
     Ok(())
+}
+
+/// The operand dtype of a fused op: a float other than F64 (which the device lacks).
+fn fused_float(x: &WgpuStorage, op: &'static str) -> Result<DType> {
+    if !x.dtype.is_float() || x.dtype == DType::F64 {
+        return Err(Error::UnsupportedDType { op, dtype: x.dtype });
+    }
+    Ok(x.dtype)
 }
 
 impl Backend for Wgpu {
@@ -430,6 +470,84 @@ impl Backend for Wgpu {
         check_len(src, idx_shape, "scatter_add (source)")?;
         check_same(x, src, "scatter_add")?;
         index::scatter_add(self, x, shape, dim, idx, idx_shape, src)
+    }
+
+    fn softmax(&self, x: &WgpuStorage, shape: &Shape) -> Result<WgpuStorage> {
+        fused_float(x, "softmax")?;
+        check_len(x, shape, "softmax")?;
+        softmax::softmax(self, x, shape, false)
+    }
+    fn log_softmax(&self, x: &WgpuStorage, shape: &Shape) -> Result<WgpuStorage> {
+        fused_float(x, "log_softmax")?;
+        check_len(x, shape, "log_softmax")?;
+        softmax::softmax(self, x, shape, true)
+    }
+    fn layer_norm(
+        &self,
+        x: &WgpuStorage,
+        shape: &Shape,
+        weight: Option<&WgpuStorage>,
+        bias: Option<&WgpuStorage>,
+        eps: f64,
+    ) -> Result<WgpuStorage> {
+        fused_float(x, "layer_norm")?;
+        check_len(x, shape, "layer_norm")?;
+        norm::norm(self, x, shape, weight, bias, eps, true)
+    }
+    fn rms_norm(&self, x: &WgpuStorage, shape: &Shape, weight: Option<&WgpuStorage>, eps: f64) -> Result<WgpuStorage> {
+        fused_float(x, "rms_norm")?;
+        check_len(x, shape, "rms_norm")?;
+        norm::norm(self, x, shape, weight, None, eps, false)
+    }
+    fn rotary(
+        &self,
+        x: &WgpuStorage,
+        shape: &Shape,
+        cos: &WgpuStorage,
+        sin: &WgpuStorage,
+        cs_shape: &Shape,
+        mode: RotaryMode,
+    ) -> Result<WgpuStorage> {
+        fused_float(x, "rotary")?;
+        check_len(x, shape, "rotary")?;
+        rotary::rotary(self, x, shape, cos, sin, cs_shape, mode)
+    }
+    fn adamw(
+        &self,
+        x: &WgpuStorage,
+        g: &WgpuStorage,
+        m: &WgpuStorage,
+        v: &WgpuStorage,
+        n: usize,
+        step: &AdamStep,
+    ) -> Result<(WgpuStorage, WgpuStorage, WgpuStorage)> {
+        fused_float(x, "adamw")?;
+        adamw::adamw(self, x, g, m, v, n, step)
+    }
+    fn cross_entropy(
+        &self,
+        logits: &WgpuStorage,
+        shape: &Shape,
+        targets: &WgpuStorage,
+        ignore_index: i64,
+    ) -> Result<WgpuStorage> {
+        fused_float(logits, "cross_entropy")?;
+        check_len(logits, shape, "cross_entropy")?;
+        cross_entropy::cross_entropy(self, logits, shape, targets, ignore_index)
+    }
+    fn attention(
+        &self,
+        q: &WgpuStorage,
+        k: &WgpuStorage,
+        v: &WgpuStorage,
+        mask: Option<&WgpuStorage>,
+        spec: &AttentionSpec,
+    ) -> Result<WgpuStorage> {
+        fused_float(q, "attention")?;
+        match attention::attention(self, q, k, v, mask, spec)? {
+            Some(out) => Ok(out),
+            None => redco_core::ops::attention::composite_attention(self, q, k, v, mask, spec),
+        }
     }
 }
 

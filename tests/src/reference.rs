@@ -183,9 +183,27 @@ pub fn attention(
     q: &[f64],
     k: &[f64],
     v: &[f64],
-    (b, hq, hk, tq, tk, d): (usize, usize, usize, usize, usize, usize),
+    dims: (usize, usize, usize, usize, usize, usize),
     pad: Option<&[u8]>,
     causal: bool,
+    scale: f64,
+    fill: f64,
+) -> Vec<f64> {
+    let (tq, tk) = (dims.3, dims.4);
+    let keep = |bi: usize, _h: usize, i: usize, j: usize| {
+        (!causal || j as i64 <= i as i64 + tk as i64 - tq as i64) && pad.is_none_or(|p| p[bi * tk + j] != 0)
+    };
+    attention_with(q, k, v, dims, keep, scale, fill)
+}
+
+/// Attention with a general keep predicate `keep(batch, q_head, query, key)`; masked scores
+/// take `fill`.
+pub fn attention_with(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    (b, hq, hk, tq, tk, d): (usize, usize, usize, usize, usize, usize),
+    keep: impl Fn(usize, usize, usize, usize) -> bool,
     scale: f64,
     fill: f64,
 ) -> Vec<f64> {
@@ -200,9 +218,7 @@ pub fn attention(
                         let dot: f64 = (0..d)
                             .map(|e| q[((bi * hq + h) * tq + i) * d + e] * k[((bi * hk + kh) * tk + j) * d + e])
                             .sum();
-                        let keep = (!causal || j as i64 <= i as i64 + tk as i64 - tq as i64)
-                            && pad.is_none_or(|p| p[bi * tk + j] != 0);
-                        if keep {
+                        if keep(bi, h, i, j) {
                             dot * scale
                         } else {
                             fill

@@ -152,6 +152,62 @@ pub fn attention_masks_and_half<B: Backend>(b: &B) {
     }
 }
 
+/// Sizes beyond one block of a fused kernel: many queries per kv head (blocks spanning two
+/// query heads), keys over several tiles with a ragged last one, single-query decoding,
+/// head dims up to 128, a general `[batch, 1, q_len, kv_len]` keep-mask, and causal rows
+/// whose visible keys are all padding (uniform over every key, the causally hidden too).
+pub fn attention_long<B: Backend>(b: &B) {
+    let dt = check_dtype(b);
+    let fill = mask_fill(dt);
+    // (dims, causal, left padding of batch entry 1)
+    let cases = [
+        ((2, 4, 2, 70, 100, 16), true, 7),
+        ((2, 4, 2, 70, 100, 16), false, 30),
+        ((2, 8, 2, 1, 77, 64), true, 5),
+        ((1, 2, 2, 33, 33, 128), true, 0),
+        ((2, 2, 1, 40, 40, 8), true, 10),
+    ];
+    for (ci, (dims, causal, lead)) in cases.into_iter().enumerate() {
+        let (bs, hq, hk, tq, tk, d) = dims;
+        let pad: Vec<u8> = (0..bs * tk).map(|p| (p / tk == 0 || p % tk >= lead) as u8).collect();
+        let (qs, ks) = (Shape::new([bs, hq, tq, d]), Shape::new([bs, hk, tk, d]));
+        let seed = 100 + 3 * ci as u64;
+        let (q, k, v) = (
+            values(qs.elem_count(), seed, -1.0, 1.0),
+            values(ks.elem_count(), seed + 1, -1.0, 1.0),
+            values(ks.elem_count(), seed + 2, -1.0, 1.0),
+        );
+        let scale = 1.0 / (d as f64).sqrt();
+        let e = r::attention(&q, &k, &v, dims, Some(&pad), causal, scale, fill);
+        let mask = Tensor::from_host(b, &HostData::U8(pad), [bs, 1, 1, tk]).unwrap();
+        let y = tensor(b, &q, qs.clone(), dt)
+            .attention(&tensor(b, &k, ks.clone(), dt), &tensor(b, &v, ks.clone(), dt), Some(&mask), causal, scale)
+            .unwrap();
+        assert_close(&y.to_vec_f64().unwrap(), &e, tol(dt), &format!("{dims:?} causal {causal} padding {lead}"));
+    }
+    // a general keep-mask per (batch, query, key), one query of batch 0 seeing nothing
+    let dims = (2, 4, 2, 9, 45, 32);
+    let (bs, hq, hk, tq, tk, d) = dims;
+    let keep: Vec<u8> = (0..bs * tq * tk)
+        .map(|p| {
+            let (bi, i, j) = (p / (tq * tk), p / tk % tq, p % tk);
+            ((bi != 0 || i != 3) && (j * 7 + i * 3 + bi) % 5 != 0) as u8
+        })
+        .collect();
+    let (qs, ks) = (Shape::new([bs, hq, tq, d]), Shape::new([bs, hk, tk, d]));
+    let (q, k, v) = (
+        values(qs.elem_count(), 120, -1.0, 1.0),
+        values(ks.elem_count(), 121, -1.0, 1.0),
+        values(ks.elem_count(), 122, -1.0, 1.0),
+    );
+    let e = r::attention_with(&q, &k, &v, dims, |bi, _, i, j| keep[(bi * tq + i) * tk + j] != 0, 0.3, fill);
+    let mask = Tensor::from_host(b, &HostData::U8(keep), [bs, 1, tq, tk]).unwrap();
+    let y = tensor(b, &q, qs, dt)
+        .attention(&tensor(b, &k, ks.clone(), dt), &tensor(b, &v, ks, dt), Some(&mask), false, 0.3)
+        .unwrap();
+    assert_close(&y.to_vec_f64().unwrap(), &e, tol(dt), "general [batch, 1, q_len, kv_len] keep-mask");
+}
+
 /// Gradients with respect to q, k and v with causal and padding masks, grouped-query
 /// heads and q_len < kv_len.
 pub fn attention_grads<B: Backend>(b: &B) {
@@ -217,6 +273,7 @@ redco_tests::conformance!(
     attention_values,
     attention_fully_masked,
     attention_masks_and_half,
+    attention_long,
     attention_grads,
     attention_errors
 );

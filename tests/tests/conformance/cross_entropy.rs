@@ -75,6 +75,24 @@ pub fn cross_entropy_large_and_half<B: Backend>(b: &B) {
     }
 }
 
+/// Vocabularies shorter and longer than a backend's workgroup (1 to 256 lanes per row,
+/// several rows per workgroup, rows beyond 1024 logits), and an ignore index beyond i32.
+pub fn cross_entropy_long_rows<B: Backend>(b: &B) {
+    let dt = check_dtype(b);
+    for (i, (n, v)) in [(300, 3), (7, 100), (9, 300), (3, 1000), (4, 5000)].into_iter().enumerate() {
+        let x = values(n * v, 40 + i as u64, -8.0, 8.0);
+        let tg = targets(n, v, 50 + i as u64, i);
+        let per = tensor(b, &x, [n, v], dt).cross_entropy_per_token(&ids(b, &tg, [n]), IGNORE).unwrap();
+        let e = r::cross_entropy(&x, v, &tg, IGNORE);
+        assert_close(&per.to_vec_f64().unwrap(), &e, tol(dt), &format!("[{n}, {v}]"));
+    }
+    let far = 1i64 << 40;
+    let x = values(4 * 700, 60, -3.0, 3.0);
+    let tg = [699i64, far, 0, far];
+    let per = tensor(b, &x, [4, 700], dt).cross_entropy_per_token(&ids(b, &tg, [4]), far).unwrap();
+    assert_close(&per.to_vec_f64().unwrap(), &r::cross_entropy(&x, 700, &tg, far), tol(dt), "ignore index 2^40");
+}
+
 /// When every target is ignored the mean is exactly 0 and its gradient is finite (zero).
 pub fn cross_entropy_all_ignored<B: Backend>(b: &B) {
     let dt = check_dtype(b);
@@ -137,6 +155,7 @@ pub fn cross_entropy_errors<B: Backend>(b: &B) {
 redco_tests::conformance!(
     cross_entropy_values,
     cross_entropy_large_and_half,
+    cross_entropy_long_rows,
     cross_entropy_all_ignored,
     cross_entropy_grads,
     cross_entropy_errors,

@@ -89,6 +89,29 @@ pub fn norm_edge_cases<B: Backend>(b: &B) {
     }
 }
 
+/// Rows shorter and longer than a backend's workgroup (1 to 256 lanes per row, several rows
+/// per workgroup, rows beyond 1024 elements), with and without the affine parameters.
+pub fn norm_long_rows<B: Backend>(b: &B) {
+    let dt = check_dtype(b);
+    for (i, (n, d)) in [(300, 3), (7, 100), (9, 300), (3, 1000), (2, 1500), (2, 5000)].into_iter().enumerate() {
+        let seed = 30 + 3 * i as u64;
+        let x: Vec<f64> = values(n * d, seed, -3.0, 3.0).iter().map(|v| v + 2.0).collect();
+        let (w, bias) = (values(d, seed + 1, 0.5, 1.5), values(d, seed + 2, -1.0, 1.0));
+        let t = tensor(b, &x, [n, d], dt);
+        let (wt, bt) = (tensor(b, &w, [d], dt), tensor(b, &bias, [d], dt));
+        for affine in [false, true] {
+            let (wo, bo) = (affine.then_some(&w[..]), affine.then_some(&bias[..]));
+            let y = t.layer_norm(affine.then_some(&wt), affine.then_some(&bt), EPS).unwrap();
+            let e = r::rows(&x, d, |row| r::layer_norm(row, wo, bo, EPS));
+            let what = format!("[{n}, {d}] affine {affine}");
+            assert_close(&y.to_vec_f64().unwrap(), &e, tol(dt) * 10.0, &format!("layer_norm {what}"));
+            let y = t.rms_norm(affine.then_some(&wt), EPS).unwrap();
+            let e = r::rows(&x, d, |row| r::rms_norm(row, wo, EPS));
+            assert_close(&y.to_vec_f64().unwrap(), &e, tol(dt) * 10.0, &format!("rms_norm {what}"));
+        }
+    }
+}
+
 /// Gradients with respect to x, weight and bias, for every combination.
 pub fn norm_grads<B: Backend>(b: &B) {
     let x = (values(15, 9, -2.0, 2.0), Shape::new([3, 5]));
@@ -143,4 +166,4 @@ pub fn norm_errors<B: Backend>(b: &B) {
     assert!(matches!(i.rms_norm(None, EPS), Err(Error::UnsupportedDType { .. })));
 }
 
-redco_tests::conformance!(layer_norm_values, rms_norm_values, norm_edge_cases, norm_grads, norm_errors);
+redco_tests::conformance!(layer_norm_values, rms_norm_values, norm_edge_cases, norm_long_rows, norm_grads, norm_errors);

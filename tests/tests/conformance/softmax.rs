@@ -112,6 +112,30 @@ pub fn softmax_grads<B: Backend>(b: &B) {
     }
 }
 
+/// Rows shorter and longer than a backend's workgroup (1 to 256 lanes per row, several rows
+/// per workgroup, rows beyond 1024 elements), in the check dtype and in bf16.
+pub fn softmax_long_rows<B: Backend>(b: &B) {
+    let mut dts = vec![check_dtype(b)];
+    if b.supports(DType::BF16) {
+        dts.push(DType::BF16);
+    }
+    for dt in dts {
+        for (i, (n, d)) in [(300, 3), (7, 100), (9, 300), (3, 1000), (2, 1500), (2, 5000)].into_iter().enumerate() {
+            let t = tensor(b, &values(n * d, 20 + i as u64, -6.0, 6.0), [n, d], dt);
+            let x = t.to_vec_f64().unwrap();
+            for (name, op, f) in cases::<B>() {
+                let y = op(&t, -1).unwrap();
+                assert_close(
+                    &y.to_vec_f64().unwrap(),
+                    &r::rows(&x, d, f),
+                    tol(dt),
+                    &format!("{name} [{n}, {d}] {dt:?}"),
+                );
+            }
+        }
+    }
+}
+
 /// Out-of-range dims and integer inputs are errors.
 pub fn softmax_errors<B: Backend>(b: &B) {
     let x = tensor(b, &values(6, 1, 0.0, 1.0), [2, 3], check_dtype(b));
@@ -123,4 +147,11 @@ pub fn softmax_errors<B: Backend>(b: &B) {
     }
 }
 
-redco_tests::conformance!(softmax_values, softmax_large_magnitude, softmax_half, softmax_grads, softmax_errors);
+redco_tests::conformance!(
+    softmax_values,
+    softmax_large_magnitude,
+    softmax_half,
+    softmax_long_rows,
+    softmax_grads,
+    softmax_errors
+);
