@@ -12,6 +12,7 @@
 use crate::ops;
 use crate::{DType, HostData, Result, Shape};
 use std::fmt::Debug;
+use std::sync::Arc;
 
 /// Elementwise unary ops (float tensors).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -167,6 +168,16 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     fn download(&self, s: &Self::Storage) -> Result<HostData>;
     /// The dtype of a storage.
     fn storage_dtype(&self, s: &Self::Storage) -> DType;
+    /// The host data of `s`, shared rather than copied when the storage already lives in
+    /// host memory (the CPU backend); collectives staged through the host use it.
+    fn download_shared(&self, s: &Self::Storage) -> Result<Arc<HostData>> {
+        Ok(Arc::new(self.download(s)?))
+    }
+    /// Storage made from owned host data (taken over without a copy where the backend
+    /// keeps host memory).
+    fn upload_owned(&self, data: HostData) -> Result<Self::Storage> {
+        self.upload(&data)
+    }
     /// Waits for every queued operation (a no-op for eager backends).
     fn sync(&self) -> Result<()> {
         Ok(())

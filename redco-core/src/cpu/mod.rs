@@ -190,6 +190,12 @@ impl Backend for Cpu {
     fn download(&self, s: &CpuStorage) -> Result<HostData> {
         Ok((*s.0).clone())
     }
+    fn download_shared(&self, s: &CpuStorage) -> Result<Arc<HostData>> {
+        Ok(s.0.clone())
+    }
+    fn upload_owned(&self, data: HostData) -> Result<CpuStorage> {
+        st(data)
+    }
     fn storage_dtype(&self, s: &CpuStorage) -> DType {
         s.0.dtype()
     }

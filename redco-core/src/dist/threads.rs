@@ -73,11 +73,26 @@ impl Hub {
         idx: usize,
         n: usize,
         kind: CollectiveKind,
-        data: HostData,
+        data: Arc<HostData>,
+    ) -> Result<Vec<Arc<HostData>>> {
+        let len = data.len();
+        self.exchange_as(rank, key, idx, n, (kind, len), data)
+    }
+
+    /// [`Hub::exchange`] where the members agree on `(kind, len)` rather than on the
+    /// length of their deposits (the slices of a reduce-scatter may differ by one).
+    fn exchange_as(
+        &self,
+        rank: usize,
+        key: (u8, usize),
+        idx: usize,
+        n: usize,
+        (kind, len): (CollectiveKind, usize),
+        data: Arc<HostData>,
     ) -> Result<Vec<Arc<HostData>>> {
         let deadline = Instant::now() + self.timeout;
         let err = |msg: String| Error::Collective { op: kind_name(kind), rank, msg };
-        let call = (kind, data.len(), data.dtype());
+        let call = (kind, len, data.dtype());
         let mut st = self.lock();
         // Wait for the previous round of this group to be fully read.
         loop {
@@ -111,7 +126,7 @@ impl Hub {
             }
         }
         slot.call = Some(call);
-        slot.deposits[idx] = Some(Arc::new(data));
+        slot.deposits[idx] = Some(data);
         slot.arrived += 1;
         let round = slot.round;
         self.cv.notify_all();
@@ -190,7 +205,7 @@ impl<B: Backend> ThreadCollective<B> {
 
     fn swap(&self, axis: MeshAxis, kind: CollectiveKind, x: &B::Storage) -> Result<(Vec<Arc<HostData>>, usize)> {
         let (key, idx, n) = self.group(axis);
-        let data = self.backend.download(x)?;
+        let data = self.backend.download_shared(x)?;
         Ok((self.hub.exchange(self.rank, key, idx, n, kind, data)?, idx))
     }
 }
@@ -229,6 +244,36 @@ fn reduce_all(parts: &[Arc<HostData>], op: ReduceKind) -> HostData {
     }
 }
 
+/// Elementwise reduction of elements `a..b` of the deposits, in order.
+fn reduce_range(parts: &[Arc<HostData>], op: ReduceKind, a: usize, b: usize) -> HostData {
+    macro_rules! fold {
+        ($var:ident) => {{
+            let mut acc: Vec<_> = match &*parts[0] {
+                HostData::$var(v) => v[a..b].to_vec(),
+                _ => unreachable!("deposits share a dtype"),
+            };
+            for p in &parts[1..] {
+                let HostData::$var(v) = &**p else { unreachable!("deposits share a dtype") };
+                let v = &v[a..b];
+                match op {
+                    ReduceKind::Sum => acc.iter_mut().zip(v).for_each(|(x, y)| *x += *y),
+                    ReduceKind::Max => acc.iter_mut().zip(v).for_each(|(x, y)| *x = x.max(*y)),
+                }
+            }
+            HostData::$var(acc)
+        }};
+    }
+    match &*parts[0] {
+        HostData::F32(_) => fold!(F32),
+        HostData::F64(_) => fold!(F64),
+        _ => {
+            let slices: Vec<Arc<HostData>> =
+                parts.iter().map(|p| Arc::new(crate::cpu::narrow_flat(p, a, b - a))).collect();
+            reduce_all(&slices, op)
+        }
+    }
+}
+
 /// Flat concatenation of the deposits in order.
 fn concat_all(parts: &[Arc<HostData>]) -> HostData {
     macro_rules! cat {
@@ -253,6 +298,13 @@ fn concat_all(parts: &[Arc<HostData>]) -> HostData {
     }
 }
 
+/// The `i`-th of `n` near-equal contiguous ranges of `len` items.
+fn split_range(len: usize, n: usize, i: usize) -> (usize, usize) {
+    let (base, rem) = (len / n, len % n);
+    let start = i * base + i.min(rem);
+    (start, start + base + usize::from(i < rem))
+}
+
 /// The `i`-th of `n` equal contiguous chunks.
 fn chunk(h: &HostData, i: usize, n: usize) -> HostData {
     let len = h.len() / n;
@@ -267,12 +319,24 @@ impl<B: Backend> Collective<B> for ThreadCollective<B> {
         self.rank
     }
     fn all_reduce(&self, axis: MeshAxis, x: &B::Storage, op: ReduceKind) -> Result<B::Storage> {
-        let (parts, _) = self.swap(axis, CollectiveKind::AllReduce, x)?;
-        self.backend.upload(&reduce_all(&parts, op))
+        // Reduce-scatter then all-gather, both through shared memory: each member sums
+        // only its own slice of the deposits, in parallel with the others, and every
+        // member then copies the summed slices together (the same bits on every rank).
+        let (parts, idx) = self.swap(axis, CollectiveKind::AllReduce, x)?;
+        let (key, _, n) = self.group(axis);
+        if n == 1 {
+            return self.backend.upload_owned(reduce_all(&parts, op));
+        }
+        let len = parts[0].len();
+        let (a, b) = split_range(len, n, idx);
+        let mine = Arc::new(reduce_range(&parts, op, a, b));
+        drop(parts);
+        let sums = self.hub.exchange_as(self.rank, key, idx, n, (CollectiveKind::AllReduce, len), mine)?;
+        self.backend.upload_owned(concat_all(&sums))
     }
     fn all_gather(&self, axis: MeshAxis, x: &B::Storage) -> Result<B::Storage> {
         let (parts, _) = self.swap(axis, CollectiveKind::AllGather, x)?;
-        self.backend.upload(&concat_all(&parts))
+        self.backend.upload_owned(concat_all(&parts))
     }
     fn reduce_scatter(&self, axis: MeshAxis, x: &B::Storage) -> Result<B::Storage> {
         let n = self.hub.mesh.axis_size(axis);
@@ -285,7 +349,7 @@ impl<B: Backend> Collective<B> for ThreadCollective<B> {
             });
         }
         let mine: Vec<Arc<HostData>> = parts.iter().map(|p| Arc::new(chunk(p, idx, n))).collect();
-        self.backend.upload(&reduce_all(&mine, ReduceKind::Sum))
+        self.backend.upload_owned(reduce_all(&mine, ReduceKind::Sum))
     }
     fn broadcast(&self, axis: MeshAxis, x: &B::Storage, root: usize) -> Result<B::Storage> {
         let (parts, _) = self.swap(axis, CollectiveKind::Broadcast, x)?;
@@ -299,7 +363,7 @@ impl<B: Backend> Collective<B> for ThreadCollective<B> {
     fn barrier(&self) -> Result<()> {
         // Every rank of the mesh meets in one group keyed apart from the axis groups.
         let n = self.hub.mesh.size();
-        self.hub.exchange(self.rank, (2, 0), self.rank, n, CollectiveKind::Barrier, HostData::U8(vec![]))?;
+        self.hub.exchange(self.rank, (2, 0), self.rank, n, CollectiveKind::Barrier, Arc::new(HostData::U8(vec![])))?;
         Ok(())
     }
 }

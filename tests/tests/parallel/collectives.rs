@@ -56,6 +56,34 @@ fn all_reduce_gather_scatter_broadcast_on_a_2x2_mesh() {
     }
 }
 
+/// The all-reduce sums slices per member and gathers them: lengths that do not split
+/// evenly (7 over 4 members, 1 over 4, 0) and half-precision data give the full sum on
+/// every member, bit-identical across members.
+#[test]
+fn all_reduce_of_uneven_lengths_and_f16() {
+    let mesh = Mesh::new(1, 4).unwrap();
+    let out = spmd_cpu(mesh, &opts(10_000), |rk| {
+        let b = &rk.backend;
+        let mut got = Vec::new();
+        for n in [7usize, 1, 0, 1000] {
+            let x = b.upload(&HostData::F32(vals(rk.rank, n)))?;
+            let s = b.download(&rk.comm.all_reduce(MeshAxis::Mp, &x, ReduceKind::Sum, n * 4)?)?.to_f64_vec();
+            let want: Vec<f64> = (0..n).map(|i| (0..4).map(|p| (p * 10 + i) as f64).sum()).collect();
+            assert_eq!(s, want, "sum of {n} on rank {}", rk.rank);
+            got.push(s);
+        }
+        let h = HostData::from_f64(&vals(rk.rank, 5).iter().map(|&v| v as f64 * 0.5).collect::<Vec<_>>(), DType::F16);
+        let x = b.upload(&h)?;
+        let s = b.download(&rk.comm.all_reduce(MeshAxis::Mp, &x, ReduceKind::Sum, 10)?)?;
+        assert_eq!(s.dtype(), DType::F16);
+        let want: Vec<f64> = (0..5).map(|i| (0..4).map(|p| (p * 10 + i) as f64 * 0.5).sum()).collect();
+        assert_eq!(s.to_f64_vec(), want);
+        Ok(got)
+    })
+    .unwrap();
+    assert!(out.windows(2).all(|w| w[0] == w[1]));
+}
+
 #[test]
 fn many_rounds_stay_in_order() {
     let mesh = Mesh::new(1, 4).unwrap();
