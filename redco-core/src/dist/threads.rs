@@ -298,6 +298,9 @@ fn concat_all(parts: &[Arc<HostData>]) -> HostData {
     }
 }
 
+/// Below this many elements an all-reduce sums on every member in one rendezvous.
+const SPLIT_REDUCE_MIN: usize = 1 << 16;
+
 /// The `i`-th of `n` near-equal contiguous ranges of `len` items.
 fn split_range(len: usize, n: usize, i: usize) -> (usize, usize) {
     let (base, rem) = (len / n, len % n);
@@ -322,9 +325,11 @@ impl<B: Backend> Collective<B> for ThreadCollective<B> {
         // Reduce-scatter then all-gather, both through shared memory: each member sums
         // only its own slice of the deposits, in parallel with the others, and every
         // member then copies the summed slices together (the same bits on every rank).
+        // Small buffers (a decode step's activations) skip the second rendezvous, whose
+        // wake-up latency would cost more than summing everything on every member.
         let (parts, idx) = self.swap(axis, CollectiveKind::AllReduce, x)?;
         let (key, _, n) = self.group(axis);
-        if n == 1 {
+        if n == 1 || parts[0].len() < SPLIT_REDUCE_MIN {
             return self.backend.upload_owned(reduce_all(&parts, op));
         }
         let len = parts[0].len();

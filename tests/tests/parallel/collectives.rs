@@ -56,16 +56,16 @@ fn all_reduce_gather_scatter_broadcast_on_a_2x2_mesh() {
     }
 }
 
-/// The all-reduce sums slices per member and gathers them: lengths that do not split
-/// evenly (7 over 4 members, 1 over 4, 0) and half-precision data give the full sum on
-/// every member, bit-identical across members.
+/// Small all-reduces sum on every member; large ones sum one slice per member and gather
+/// the slices. Lengths that do not split evenly (7, 1, 0, and 2^16 + 3 over 4 members)
+/// and half-precision data give the full sum on every member, bit-identical across them.
 #[test]
 fn all_reduce_of_uneven_lengths_and_f16() {
     let mesh = Mesh::new(1, 4).unwrap();
     let out = spmd_cpu(mesh, &opts(10_000), |rk| {
         let b = &rk.backend;
         let mut got = Vec::new();
-        for n in [7usize, 1, 0, 1000] {
+        for n in [7usize, 1, 0, 1000, (1 << 16) + 3] {
             let x = b.upload(&HostData::F32(vals(rk.rank, n)))?;
             let s = b.download(&rk.comm.all_reduce(MeshAxis::Mp, &x, ReduceKind::Sum, n * 4)?)?.to_f64_vec();
             let want: Vec<f64> = (0..n).map(|i| (0..4).map(|p| (p * 10 + i) as f64).sum()).collect();
