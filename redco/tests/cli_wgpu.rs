@@ -109,3 +109,77 @@ fn generate_on_wgpu_gives_the_cpu_text_and_info_lists_adapters() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("wgpu adapter 0:") && out.contains("<- used"), "{out}");
 }
+
+/// The per-step losses of a run's metrics.jsonl.
+fn losses(workdir: &std::path::Path) -> Vec<f64> {
+    std::fs::read_to_string(workdir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
+        .collect()
+}
+
+#[test]
+fn train_on_wgpu_at_1x2_writes_everything_its_loss_falls_from_the_cpu_first_loss_and_it_resumes() {
+    if !have_wgpu() {
+        return;
+    }
+    let started = std::time::Instant::now();
+    let dir = |b: &str| {
+        let d = std::env::temp_dir().join(format!("redco-cli-train-{b}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    };
+    let train = |backend: &str, w: &std::path::Path, steps: &str, extra: &[&str]| {
+        let args = [
+            "train",
+            "--preset",
+            "llama-tiny",
+            "--mesh",
+            "1x2",
+            "--batch-size",
+            "8",
+            "--seq-len",
+            "16",
+            "--lr",
+            "1e-2",
+            "--checkpoint-every",
+            "4",
+            "--sample-tokens",
+            "4",
+            "--threads",
+            "2",
+            "--steps",
+            steps,
+            "--backend",
+            backend,
+            "--workdir",
+            w.to_str().unwrap(),
+        ];
+        let (code, out, err) = redco(&[&args[..], extra].concat());
+        assert_eq!(code, 0, "{backend}: {out}\n{err}");
+        out
+    };
+    let (gpu, cpu) = (dir("wgpu"), dir("cpu"));
+    let out = train("wgpu", &gpu, "8", &[]);
+    for f in ["metrics.jsonl", "loss.png", "model.safetensors", "config.json", "tokenizer.json"] {
+        assert!(gpu.join(f).exists(), "{f} missing:\n{out}");
+    }
+    assert!(gpu.join("checkpoints/step-00000008/manifest.json").exists(), "{out}");
+    assert!(out.contains("of wgpu ranks") && out.contains("sample:") && out.contains("wrote:"), "{out}");
+    let l = losses(&gpu);
+    assert_eq!(l.len(), 8);
+    assert!(l[7] < l[0], "the loss does not fall: {l:?}");
+    // the same seed on the cpu backend: the same first loss (the same weights and batch)
+    train("cpu", &cpu, "1", &[]);
+    let c = losses(&cpu);
+    assert!((l[0] - c[0]).abs() <= 1e-4 * c[0].abs(), "first loss: wgpu {} cpu {}", l[0], c[0]);
+    // resuming from the step-8 checkpoint (uploaded back to the devices) runs steps 9..10
+    let out = train("wgpu", &gpu, "10", &["--resume"]);
+    assert!(out.contains("over steps 9..10"), "{out}");
+    let l = losses(&gpu);
+    assert_eq!(l.len(), 10, "{l:?}");
+    assert!(l[8..].iter().all(|x| x.is_finite() && *x < l[0]), "{l:?}");
+    println!("wgpu train test: {:.1} s", started.elapsed().as_secs_f64());
+    let _ = (std::fs::remove_dir_all(&gpu), std::fs::remove_dir_all(&cpu));
+}

@@ -3,8 +3,10 @@
 //! then runs on that adapter, with `REDCO_REQUIRE_WGPU=1` and `REDCO_WGPU_ADAPTER` set to
 //! it: the conformance suite on wgpu, redco-wgpu's own tests (every matmul layout with both
 //! tilings, bad input, a lost device), the 1024^3 f32 matmul throughput next to the CPU
-//! backend, and the small LLaMA (logits and one AdamW step equal to the CPU backend at 1x1
-//! and 1x2); prints a table at the end.
+//! backend, the small LLaMA (logits and one AdamW step equal to the CPU backend at 1x1
+//! and 1x2), the pipeline and the CLI on wgpu ranks (`redco train --backend wgpu` among
+//! them), and the bench LLaMA's training step (`bench llm --backend cpu,wgpu`, one short
+//! repetition); prints a table at the end.
 
 use crate::args::Args;
 use std::io::{BufRead, BufReader};
@@ -93,6 +95,53 @@ fn gflops(out: &str) -> Option<(f64, f64)> {
     Some((*nums.first()?, *nums.get(1)?))
 }
 
+/// The bench LLaMA's training tokens/s on wgpu and cpu (`bench llm`, mesh 1x1, one
+/// repetition of one timed step), as a row of the table.
+fn training_bench(envs: &[(&str, &str)]) -> Result<(String, String, bool), String> {
+    let what = "LLaMA 512x6 training step (bench llm, 1x1)".to_string();
+    let tmp = std::env::temp_dir();
+    let json = tmp.join(format!("redco-gpu-check-bench-{}.json", std::process::id()));
+    let png = tmp.join(format!("redco-gpu-check-bench-{}.png", std::process::id()));
+    let (json_s, png_s) = (json.to_string_lossy().into_owned(), png.to_string_lossy().into_owned());
+    let args = [
+        "run",
+        "--release",
+        "-q",
+        "-p",
+        "xtask",
+        "--features",
+        "wgpu",
+        "--",
+        "bench",
+        "llm",
+        "--backend",
+        "cpu,wgpu",
+        "--mesh",
+        "1x1",
+        "--steps",
+        "1",
+        "--reps",
+        "1",
+        "--new",
+        "16",
+        "--json",
+        &json_s,
+        "--png",
+        &png_s,
+    ];
+    let (ok, _) = cargo(&args, envs, true)?;
+    let text = std::fs::read_to_string(&json).unwrap_or_default();
+    let _ = (std::fs::remove_file(&json), std::fs::remove_file(&png));
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    let train = |system: &str| -> Option<f64> {
+        v["rows"].as_array()?.iter().find(|r| r["system"] == system)?["train_tok_s"].as_f64()
+    };
+    Ok(match (ok, train("redco-wgpu-1x1"), train("redco-cpu-1x1")) {
+        (true, Some(w), Some(c)) => (what, format!("wgpu {w:.0} tok/s, cpu {c:.0} tok/s"), true),
+        _ => (what, "failed (see above)".into(), false),
+    })
+}
+
 /// Runs the task.
 pub fn run(argv: &[String]) -> Result<(), String> {
     let (backend, rest) = match argv.split_first() {
@@ -139,6 +188,11 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         "LLaMA on wgpu = cpu (1x1, 1x2)",
         &["test", "-p", "redco-tests", "--test", "wgpu_llama", "--", "--nocapture"],
     )?;
+    tests("pipeline on wgpu ranks (Trainer, Predictor)", &["test", "-p", "redco-tests", "--test", "pipeline", "wgpu"])?;
+    tests(
+        "redco CLI on wgpu (eval-dump, generate, train)",
+        &["test", "-p", "redco", "--features", "wgpu", "--test", "cli_wgpu"],
+    )?;
     let (ok, out) = cargo(&["run", "--release", "-p", "redco-wgpu", "--example", "matmul_gflops"], &envs, true)?;
     match gflops(&out) {
         Some((w, c)) if ok => {
@@ -146,6 +200,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         }
         _ => rows.push(("matmul 1024^3 f32".into(), "failed (see above)".into(), false)),
     }
+    rows.push(training_bench(&envs)?);
 
     println!("\ngpu-check wgpu on {} ({}, {}, driver {})", used.name, used.api, used.kind, used.driver);
     let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);

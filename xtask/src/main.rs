@@ -2,7 +2,7 @@
 //!
 //! - `cargo xtask test`: the whole suite with its checks (fmt, clippy, tests, doc tests);
 //! - `cargo xtask bench [llm] [--mesh 1x1,1x2,2x1] [--reps N] [--steps N] [--threads N]
-//!   [--backend cpu] [--torch PYTHON] [--json FILE] [--png FILE]`: the bench LLaMA's training,
+//!   [--backend cpu,wgpu] [--torch PYTHON] [--json FILE] [--png FILE]`: the bench LLaMA's training,
 //!   forward and decode tokens/s and peak memory per backend and mesh and, optionally,
 //!   transformers + torch measured in the same run;
 //! - `cargo xtask bench gemm [--threads N] [--reps N] [--torch PYTHON] [--json FILE]`:
@@ -49,10 +49,11 @@ const USAGE: &str = "usage: cargo xtask <task>
 
 tasks:
   test [--no-lint]                 fmt check, clippy -D warnings, the whole test suite
-  bench [llm] [--mesh 1x1,1x2,2x1] [--reps N] [--steps N] [--threads N] [--backend cpu]
+  bench [llm] [--mesh 1x1,1x2,2x1] [--reps N] [--steps N] [--threads N] [--backend cpu,wgpu]
         [--torch PYTHON] [--json FILE] [--png FILE]
                                    LLaMA (hidden 512, 6 layers) training, forward and decode
-                                   tok/s and peak RSS per mesh (and transformers + torch),
+                                   tok/s and peak RSS per backend and mesh (wgpu: xtask's
+                                   `wgpu` feature) and transformers + torch,
                                    interleaved repetitions, medians; a table, JSON and a PNG
                                    bar chart (default target/bench-llm.png)
   bench gemm [--threads N] [--reps N] [--torch PYTHON] [--json FILE]

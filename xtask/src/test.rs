@@ -21,8 +21,9 @@ fn has_nextest() -> bool {
 }
 
 /// Optional backends compiled into the checks and tests: the facade's `wgpu` feature (its
-/// CLI tests run on lavapipe in CI; redco-wgpu itself is always built, by redco-tests).
-const FEATURES: &str = "redco/wgpu";
+/// CLI tests run on lavapipe in CI; redco-wgpu itself is always built, by redco-tests) and
+/// xtask's (the wgpu rows of `bench llm`).
+const FEATURES: &str = "redco/wgpu,xtask/wgpu";
 
 /// Runs fmt, clippy, the tests (nextest when installed) and the doc tests.
 pub fn run(argv: &[String]) -> Result<(), String> {

@@ -1,18 +1,20 @@
 //! Clipping by the global gradient norm over every shard of every parameter.
 
 use crate::dist::{current_comm, ReduceKind};
-use crate::{no_grad, Backend, GradStore, MeshAxis, Placement, Result, Tensor};
+use crate::{no_grad, Backend, DType, GradStore, HostData, MeshAxis, Placement, Result, Tensor};
 
 /// The global L2 norm of the gradients of `params`, counting each element once across the
 /// mesh: model-parallel shards add up (one scalar all-reduce), replicated gradients count
-/// once. Gradients must already be summed over the data-parallel axis.
+/// once. Gradients must already be summed over the data-parallel axis. The squares are
+/// summed in f64 where the backend has it (else in f32).
 pub fn global_grad_norm<B: Backend>(params: &[Tensor<B>], grads: &GradStore<B>) -> Result<f64> {
     no_grad(|| {
         let (mut split, mut whole) = (0.0f64, 0.0f64);
         for p in params {
             let Some(g) = grads.get(p) else { continue };
             let local = Tensor::from_storage(g.backend(), g.storage().clone(), g.local_shape().clone(), g.dtype());
-            let sq = local.cast(crate::DType::F64)?.square()?.sum_all()?.to_scalar()?;
+            let acc = if g.backend().supports(DType::F64) { DType::F64 } else { DType::F32 };
+            let sq = local.cast(acc)?.square()?.sum_all()?.to_scalar()?;
             if matches!(g.placements().get(MeshAxis::Mp), Placement::Shard(_)) {
                 split += sq;
             } else {
@@ -23,8 +25,13 @@ pub fn global_grad_norm<B: Backend>(params: &[Tensor<B>], grads: &GradStore<B>) 
             if c.mesh().mp > 1 {
                 let b = params.first().map(|p| p.backend().clone());
                 if let Some(b) = b {
-                    let s = b.upload(&crate::HostData::F64(vec![split]))?;
-                    let r = c.all_reduce(MeshAxis::Mp, &s, ReduceKind::Sum, 8)?;
+                    let (host, bytes) = if b.supports(DType::F64) {
+                        (HostData::F64(vec![split]), 8)
+                    } else {
+                        (HostData::F32(vec![split as f32]), 4)
+                    };
+                    let s = b.upload(&host)?;
+                    let r = c.all_reduce(MeshAxis::Mp, &s, ReduceKind::Sum, bytes)?;
                     split = b.download(&r)?.to_f64_vec()[0];
                 }
             }

@@ -1,14 +1,19 @@
 //! The `Deployer`: where and how a pipeline runs.
 
 use crate::cpu::Cpu;
-use crate::dist::{spmd_cpu, Mesh, Rank, SpmdOptions};
+use crate::dist::{spmd, Mesh, Rank, SpmdOptions};
 use crate::ops::random::mix64;
 use crate::{Backend, Error, Result};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-/// The mesh, the seed, the working directory and the SPMD options of a run (CPU ranks).
-#[derive(Debug, Clone)]
-pub struct Deployer {
+/// How a rank's device is made: `make(rank, threads_per_rank)`.
+pub type MakeBackend<B> = dyn Fn(usize, usize) -> Result<B> + Send + Sync;
+
+/// The mesh, the seed, the working directory, the SPMD options and the backend of a run:
+/// every rank gets its own device from [`Deployer::backend`] (CPU ranks sharing the cores
+/// by default; see [`Deployer::with_backend`] for others).
+pub struct Deployer<B: Backend = Cpu> {
     /// The mesh (`dp x mp`).
     pub mesh: Mesh,
     /// The seed of data order, dropout and initialisation.
@@ -17,19 +22,83 @@ pub struct Deployer {
     pub workdir: PathBuf,
     /// Timeouts and threads per rank.
     pub opts: SpmdOptions,
+    make_backend: Arc<MakeBackend<B>>,
+    /// Process-wide setup run once before the rank threads start (the CPU backend's
+    /// allocator settings, which the ranks' threads must share).
+    before_ranks: Option<fn()>,
 }
 
-impl Deployer {
-    /// A deployer; creates `workdir`.
+impl<B: Backend> Clone for Deployer<B> {
+    fn clone(&self) -> Self {
+        Deployer {
+            mesh: self.mesh,
+            seed: self.seed,
+            workdir: self.workdir.clone(),
+            opts: self.opts.clone(),
+            make_backend: self.make_backend.clone(),
+            before_ranks: self.before_ranks,
+        }
+    }
+}
+
+impl<B: Backend> std::fmt::Debug for Deployer<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deployer")
+            .field("mesh", &self.mesh)
+            .field("seed", &self.seed)
+            .field("workdir", &self.workdir)
+            .field("opts", &self.opts)
+            .field("backend", &std::any::type_name::<B>())
+            .finish()
+    }
+}
+
+fn tune_cpu_heap() {
+    crate::cpu::malloc::tune();
+}
+
+impl Deployer<Cpu> {
+    /// A deployer on CPU ranks that share the machine's cores; creates `workdir`.
     pub fn new(mesh: Mesh, seed: u64, workdir: &Path) -> Result<Self> {
+        let mut d = Deployer::with_backend(mesh, seed, workdir, |_, threads| Cpu::try_new(threads))?;
+        d.before_ranks = Some(tune_cpu_heap);
+        Ok(d)
+    }
+}
+
+impl<B: Backend> Deployer<B> {
+    /// A deployer whose ranks run on devices from `make_backend(rank, threads_per_rank)`
+    /// (e.g. `|_, _| Wgpu::new()`: one device per rank); creates `workdir`.
+    pub fn with_backend(
+        mesh: Mesh,
+        seed: u64,
+        workdir: &Path,
+        make_backend: impl Fn(usize, usize) -> Result<B> + Send + Sync + 'static,
+    ) -> Result<Self> {
         std::fs::create_dir_all(workdir)
             .map_err(|e| Error::invalid("deployer", format!("cannot create workdir {}: {e}", workdir.display())))?;
-        Ok(Deployer { mesh, seed, workdir: workdir.to_path_buf(), opts: SpmdOptions::default() })
+        Ok(Deployer {
+            mesh,
+            seed,
+            workdir: workdir.to_path_buf(),
+            opts: SpmdOptions::default(),
+            make_backend: Arc::new(make_backend),
+            before_ranks: None,
+        })
     }
 
-    /// Runs `f` on every rank (threads sharing the cores); results in rank order.
-    pub fn run<R: Send>(&self, f: impl Fn(&Rank<Cpu>) -> Result<R> + Sync) -> Result<Vec<R>> {
-        spmd_cpu(self.mesh, &self.opts, f)
+    /// A new device as rank `rank` with `threads` compute threads would get it (outside an
+    /// SPMD run: e.g. to trace the model once before the ranks start).
+    pub fn backend(&self, rank: usize, threads: usize) -> Result<B> {
+        (self.make_backend)(rank, threads)
+    }
+
+    /// Runs `f` on every rank (one thread and one device each); results in rank order.
+    pub fn run<R: Send>(&self, f: impl Fn(&Rank<B>) -> Result<R> + Sync) -> Result<Vec<R>> {
+        if let Some(setup) = self.before_ranks {
+            setup();
+        }
+        spmd(self.mesh, &self.opts, |rank, threads| (self.make_backend)(rank, threads), f)
     }
 }
 

@@ -11,7 +11,7 @@ mod predictor;
 pub mod synthetic;
 mod trainer;
 
-pub use deployer::{Deployer, StepCtx};
+pub use deployer::{Deployer, MakeBackend, StepCtx};
 pub use predictor::Predictor;
 pub use trainer::{FitReport, NanPolicy, OptimizerConfig, TrainConfig, Trainer};
 

@@ -5,31 +5,45 @@ use super::{Batch, Deployer, StepCtx};
 use crate::cpu::Cpu;
 use crate::dist::ShardPlan;
 use crate::nn::Module;
-use crate::{no_grad, Error, MeshAxis, Result};
+use crate::{no_grad, Backend, Error, MeshAxis, Result};
 
-type ModelFn<M> = Box<dyn Fn(&Cpu) -> Result<M> + Send + Sync>;
-type CollateFn<E> = Box<dyn Fn(&Cpu, &[E]) -> Result<Batch<Cpu>> + Send + Sync>;
-type PredFn<M, O> = Box<dyn Fn(&StepCtx<Cpu>, &M, &Batch<Cpu>) -> Result<Vec<O>> + Send + Sync>;
+type ModelFn<M, B> = Box<dyn Fn(&B) -> Result<M> + Send + Sync>;
+type CollateFn<E, B> = Box<dyn Fn(&B, &[E]) -> Result<Batch<B>> + Send + Sync>;
+type PredFn<M, O, B> = Box<dyn Fn(&StepCtx<B>, &M, &Batch<B>) -> Result<Vec<O>> + Send + Sync>;
 type OutputFn<O> = Box<dyn Fn(usize, &O) -> Result<()> + Send + Sync>;
 
-/// An inference pipeline. The last batch is padded with copies of its last example (so
-/// every batch has the same shape) and the padding's outputs are dropped.
-pub struct Predictor<M, E, O> {
-    model_fn: ModelFn<M>,
-    collate_fn: CollateFn<E>,
-    pred_fn: PredFn<M, O>,
+/// An inference pipeline on backend `B` (CPU ranks by default). The last batch is padded
+/// with copies of its last example (so every batch has the same shape) and the padding's
+/// outputs are dropped.
+pub struct Predictor<M, E, O, B: Backend = Cpu> {
+    model_fn: ModelFn<M, B>,
+    collate_fn: CollateFn<E, B>,
+    pred_fn: PredFn<M, O, B>,
     output_fn: Option<OutputFn<O>>,
     /// Examples per batch (split over `dp`).
     pub batch_size: usize,
 }
 
-impl<M: Module<Cpu>, E: Clone + Send + Sync, O: Send> Predictor<M, E, O> {
-    /// A predictor from the model constructor and the two functions. `pred_fn` returns one
-    /// output per example of the (whole) batch.
+impl<M: Module<Cpu>, E: Clone + Send + Sync, O: Send> Predictor<M, E, O, Cpu> {
+    /// A predictor on CPU ranks from the model constructor and the two functions. `pred_fn`
+    /// returns one output per example of the (whole) batch.
     pub fn new(
         model_fn: impl Fn(&Cpu) -> Result<M> + Send + Sync + 'static,
         collate_fn: impl Fn(&Cpu, &[E]) -> Result<Batch<Cpu>> + Send + Sync + 'static,
         pred_fn: impl Fn(&StepCtx<Cpu>, &M, &Batch<Cpu>) -> Result<Vec<O>> + Send + Sync + 'static,
+        batch_size: usize,
+    ) -> Self {
+        Predictor::for_backend(model_fn, collate_fn, pred_fn, batch_size)
+    }
+}
+
+impl<M: Module<B>, E: Clone + Send + Sync, O: Send, B: Backend> Predictor<M, E, O, B> {
+    /// [`Predictor::new`] on any backend: the functions take `B`'s devices, and
+    /// [`Predictor::predict`] runs on a [`Deployer<B>`] (which makes each rank's device).
+    pub fn for_backend(
+        model_fn: impl Fn(&B) -> Result<M> + Send + Sync + 'static,
+        collate_fn: impl Fn(&B, &[E]) -> Result<Batch<B>> + Send + Sync + 'static,
+        pred_fn: impl Fn(&StepCtx<B>, &M, &Batch<B>) -> Result<Vec<O>> + Send + Sync + 'static,
         batch_size: usize,
     ) -> Self {
         Predictor {
@@ -49,7 +63,7 @@ impl<M: Module<Cpu>, E: Clone + Send + Sync, O: Send> Predictor<M, E, O> {
     }
 
     /// Outputs for every example of `data`, in order, with the model laid out by `plan`.
-    pub fn predict(&self, dep: &Deployer, data: &dyn Dataset<E>, plan: &ShardPlan) -> Result<Vec<O>> {
+    pub fn predict(&self, dep: &Deployer<B>, data: &dyn Dataset<E>, plan: &ShardPlan) -> Result<Vec<O>> {
         let bs = self.batch_size;
         if bs == 0 || !bs.is_multiple_of(dep.mesh.dp) {
             return Err(Error::invalid(

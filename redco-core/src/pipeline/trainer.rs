@@ -16,7 +16,7 @@ use crate::dist::ShardPlan;
 use crate::nn::{Module, ModuleExt};
 use crate::ops::random::mix64;
 use crate::optim::{clip_grad_norm, global_grad_norm, AdamW, AdamWConfig, Decay, Optimizer, Schedule, Sgd};
-use crate::{DType, Error, GradStore, MeshAxis, Result, Tensor};
+use crate::{Backend, DType, Error, GradStore, MeshAxis, Result, Tensor};
 use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::time::Instant;
@@ -48,7 +48,7 @@ impl OptimizerConfig {
     fn zero1(&self) -> bool {
         matches!(self, OptimizerConfig::AdamW(c) if c.zero1)
     }
-    fn build(&self) -> Box<dyn Optimizer<Cpu>> {
+    fn build<B: Backend>(&self) -> Box<dyn Optimizer<B>> {
         match *self {
             OptimizerConfig::AdamW(c) => Box::new(AdamW::new(c)),
             OptimizerConfig::Sgd { momentum, weight_decay } => Box::new(Sgd::new(0.0, momentum, weight_decay)),
@@ -124,26 +124,29 @@ pub struct FitReport {
     pub plan: ShardPlan,
 }
 
-type ModelFn<M> = Box<dyn Fn(&Cpu) -> Result<M> + Send + Sync>;
-type EvalFn<M> = Box<dyn Fn(&StepCtx<Cpu>, &M, &Batch<Cpu>) -> Result<f64> + Send + Sync>;
+type ModelFn<M, B> = Box<dyn Fn(&B) -> Result<M> + Send + Sync>;
+type EvalFn<M, B> = Box<dyn Fn(&StepCtx<B>, &M, &Batch<B>) -> Result<f64> + Send + Sync>;
 
 /// Periodic evaluation: a metric averaged over held-out batches, logged, and the best
 /// checkpoint kept.
-struct Eval<M, E> {
+struct Eval<M, E, B: Backend> {
     data: Box<dyn Dataset<E> + Send>,
-    metric: EvalFn<M>,
+    metric: EvalFn<M, B>,
     every: u64,
     lower_is_better: bool,
 }
-type CollateFn<E> = Box<dyn Fn(&Cpu, &[E]) -> Result<Batch<Cpu>> + Send + Sync>;
-type LossFn<M> = Box<dyn Fn(&StepCtx<Cpu>, &M, &Batch<Cpu>) -> Result<Tensor<Cpu>> + Send + Sync>;
+type CollateFn<E, B> = Box<dyn Fn(&B, &[E]) -> Result<Batch<B>> + Send + Sync>;
+type LossFn<M, B> = Box<dyn Fn(&StepCtx<B>, &M, &Batch<B>) -> Result<Tensor<B>> + Send + Sync>;
 
-/// A training pipeline from three functions (and a model constructor, run on every rank).
-pub struct Trainer<M, E> {
-    model_fn: ModelFn<M>,
-    collate_fn: CollateFn<E>,
-    loss_fn: LossFn<M>,
-    eval: Option<Eval<M, E>>,
+/// A training pipeline from three functions (and a model constructor, run on every rank),
+/// on backend `B` (CPU ranks by default; the [`Deployer<B>`] makes each rank's device).
+/// Checkpoints, the export and the metrics go through host memory, so they are the same
+/// files on every backend.
+pub struct Trainer<M, E, B: Backend = Cpu> {
+    model_fn: ModelFn<M, B>,
+    collate_fn: CollateFn<E, B>,
+    loss_fn: LossFn<M, B>,
+    eval: Option<Eval<M, E, B>>,
     /// Options.
     pub config: TrainConfig,
 }
@@ -159,12 +162,25 @@ fn epoch_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
     v
 }
 
-impl<M: Module<Cpu> + Sync, E: Clone + Send + Sync> Trainer<M, E> {
-    /// A trainer from the model constructor and the three functions.
+impl<M: Module<Cpu> + Sync, E: Clone + Send + Sync> Trainer<M, E, Cpu> {
+    /// A trainer on CPU ranks from the model constructor and the three functions.
     pub fn new(
         model_fn: impl Fn(&Cpu) -> Result<M> + Send + Sync + 'static,
         collate_fn: impl Fn(&Cpu, &[E]) -> Result<Batch<Cpu>> + Send + Sync + 'static,
         loss_fn: impl Fn(&StepCtx<Cpu>, &M, &Batch<Cpu>) -> Result<Tensor<Cpu>> + Send + Sync + 'static,
+        config: TrainConfig,
+    ) -> Self {
+        Trainer::for_backend(model_fn, collate_fn, loss_fn, config)
+    }
+}
+
+impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
+    /// [`Trainer::new`] on any backend: the functions take `B`'s devices, and
+    /// [`Trainer::fit`] runs on a [`Deployer<B>`] (which makes each rank's device).
+    pub fn for_backend(
+        model_fn: impl Fn(&B) -> Result<M> + Send + Sync + 'static,
+        collate_fn: impl Fn(&B, &[E]) -> Result<Batch<B>> + Send + Sync + 'static,
+        loss_fn: impl Fn(&StepCtx<B>, &M, &Batch<B>) -> Result<Tensor<B>> + Send + Sync + 'static,
         config: TrainConfig,
     ) -> Self {
         Trainer {
@@ -183,7 +199,7 @@ impl<M: Module<Cpu> + Sync, E: Clone + Send + Sync> Trainer<M, E> {
     pub fn with_eval(
         mut self,
         data: impl Dataset<E> + Send + 'static,
-        metric: impl Fn(&StepCtx<Cpu>, &M, &Batch<Cpu>) -> Result<f64> + Send + Sync + 'static,
+        metric: impl Fn(&StepCtx<B>, &M, &Batch<B>) -> Result<f64> + Send + Sync + 'static,
         every: u64,
         lower_is_better: bool,
     ) -> Self {
@@ -194,9 +210,9 @@ impl<M: Module<Cpu> + Sync, E: Clone + Send + Sync> Trainer<M, E> {
     /// The mean eval metric of `model` (every rank calls it).
     fn evaluate(
         &self,
-        ev: &Eval<M, E>,
-        dep: &Deployer,
-        rk: &crate::dist::Rank<Cpu>,
+        ev: &Eval<M, E, B>,
+        dep: &Deployer<B>,
+        rk: &crate::dist::Rank<B>,
         model: &M,
         step: u64,
     ) -> Result<f64>
@@ -257,9 +273,13 @@ impl<M: Module<Cpu> + Sync, E: Clone + Send + Sync> Trainer<M, E> {
         Ok((out, first))
     }
 
-    /// The sharding plan for `dep`'s mesh, from one traced forward pass on one device.
-    pub fn plan(&self, dep: &Deployer, data: &dyn Dataset<E>) -> Result<ShardPlan> {
-        let b = Cpu::new(1);
+    /// The sharding plan for `dep`'s mesh, from one traced forward pass on one device (a
+    /// new one from the deployer, with one compute thread).
+    pub fn plan(&self, dep: &Deployer<B>, data: &dyn Dataset<E>) -> Result<ShardPlan> {
+        let b = dep.backend(0, 1)?;
+        if !b.supports(self.config.compute_dtype) {
+            return Err(Error::UnsupportedDType { op: "fit (compute dtype)", dtype: self.config.compute_dtype });
+        }
         let model = (self.model_fn)(&b)?;
         let (ex, _) = self.examples(data, dep.seed, 0, 0, &mut HashMap::new())?;
         let batch = (self.collate_fn)(&b, &ex)?;
@@ -270,7 +290,7 @@ impl<M: Module<Cpu> + Sync, E: Clone + Send + Sync> Trainer<M, E> {
 
     /// Trains on `data`; with `resume`, continues from the newest complete checkpoint in the
     /// workdir (if any).
-    pub fn fit(&self, dep: &Deployer, data: &dyn Dataset<E>, resume: bool) -> Result<FitReport> {
+    pub fn fit(&self, dep: &Deployer<B>, data: &dyn Dataset<E>, resume: bool) -> Result<FitReport> {
         let cfg = &self.config;
         if data.is_empty() {
             return Err(Error::invalid("fit", "the dataset is empty"));
@@ -295,7 +315,7 @@ impl<M: Module<Cpu> + Sync, E: Clone + Send + Sync> Trainer<M, E> {
             let mut opt = cfg.optimizer.build();
             // f32 master weights: the optimizer, checkpoints and the export use them; the
             // model computes with copies in the compute dtype.
-            let mut masters: BTreeMap<String, Tensor<Cpu>> = model.named_parameters().into_iter().collect();
+            let mut masters: BTreeMap<String, Tensor<B>> = model.named_parameters().into_iter().collect();
             let mut start = 0;
             let f16 = cfg.compute_dtype == DType::F16;
             let (mut scale, mut good) = (if f16 { cfg.loss_scale.0 } else { 1.0 }, 0u64);
@@ -310,7 +330,7 @@ impl<M: Module<Cpu> + Sync, E: Clone + Send + Sync> Trainer<M, E> {
                     good = g.parse().unwrap_or(0);
                 }
             }
-            let refresh = |model: &mut M, masters: &BTreeMap<String, Tensor<Cpu>>| -> Result<()> {
+            let refresh = |model: &mut M, masters: &BTreeMap<String, Tensor<B>>| -> Result<()> {
                 let mut err = None;
                 model.visit_mut("", &mut |name, p| match masters[name].cast(cfg.compute_dtype) {
                     Ok(t) => *p = t.detach().into_var(),
@@ -390,7 +410,7 @@ impl<M: Module<Cpu> + Sync, E: Clone + Send + Sync> Trainer<M, E> {
                     }
                 }
                 let mut grads = g32;
-                let params: Vec<Tensor<Cpu>> = masters.values().cloned().collect();
+                let params: Vec<Tensor<B>> = masters.values().cloned().collect();
                 if !cfg.optimizer.zero1() || dep.mesh.dp == 1 || cfg.clip_norm.is_some() {
                     sync_grads(&params, &mut grads, DEFAULT_BUCKET_BYTES)?;
                 }

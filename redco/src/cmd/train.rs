@@ -1,15 +1,16 @@
 //! `redco train`: a LLaMA (a Hugging Face directory or a built-in preset) trained on JSONL
-//! text or the bundled synthetic corpus, split over a DP x MP mesh of CPU ranks, through the
-//! three functions. The workdir ends up a Hugging Face model directory (config.json,
+//! text or the bundled synthetic corpus, split over a DP x MP mesh of ranks (CPU threads
+//! sharing the cores, or one wgpu device each with `--backend wgpu`), through the three
+//! functions. The workdir ends up a Hugging Face model directory (config.json,
 //! model.safetensors, tokenizer) beside metrics.jsonl, loss.png and checkpoints/.
 
 use super::common;
 use clap::Args;
-use redco_core::cpu::Cpu;
+use redco_core::dist::Mesh;
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
 use redco_core::pipeline::data::{Dataset, JsonlDataset};
 use redco_core::pipeline::{Batch, Deployer, OptimizerConfig, StepCtx, TrainConfig, Trainer};
-use redco_core::{DType, Error, Result, Tensor};
+use redco_core::{Backend, DType, Error, Result, Tensor};
 use redco_models::auto::AutoModel;
 use redco_models::generate::{generate, GenerationConfig, Sampling};
 use redco_models::hf::config::HfConfig;
@@ -38,7 +39,7 @@ pub struct TrainArgs {
     /// Mesh as DPxMP: data-parallel x tensor-parallel ranks (1x2 splits every layer in two).
     #[arg(long, default_value = "1x1")]
     pub mesh: String,
-    /// Compute backend: cpu (training on wgpu through the CLI is not implemented yet).
+    /// Compute backend: cpu, or wgpu (when built with the `wgpu` feature: one device per rank).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// Compute dtype: f32, or bf16 / f16 (with f32 master weights).
@@ -135,15 +136,52 @@ fn pack_jsonl(path: &Path, field: &str, tok: &Tokenizer, len: usize) -> Result<V
     Ok(seqs)
 }
 
-fn collate_fn(b: &Cpu, examples: &[Vec<i64>]) -> Result<Batch<Cpu>> {
+fn collate_fn<B: Backend>(b: &B, examples: &[Vec<i64>]) -> Result<Batch<B>> {
     let t = examples[0].len();
     let ids: Vec<i64> = examples.iter().flatten().copied().collect();
     Ok(Batch::from([("input_ids".into(), Tensor::from_vec(b, ids, [examples.len(), t])?)]))
 }
 
-fn loss_fn(_ctx: &StepCtx<Cpu>, model: &AutoModel<Cpu>, batch: &Batch<Cpu>) -> Result<Tensor<Cpu>> {
+fn loss_fn<B: Backend>(_ctx: &StepCtx<B>, model: &AutoModel<B>, batch: &Batch<B>) -> Result<Tensor<B>> {
     // next-token loss: the model shifts the labels internally, as transformers does
     model.loss(&batch["input_ids"], None, &batch["input_ids"])
+}
+
+/// The held-out loss of a batch.
+fn eval_fn<B: Backend>(_: &StepCtx<B>, model: &AutoModel<B>, batch: &Batch<B>) -> Result<f64> {
+    model.loss(&batch["input_ids"], None, &batch["input_ids"])?.replicate()?.to_scalar()
+}
+
+/// The model and how its training is evaluated, whatever the backend.
+struct Job {
+    /// The model's configuration.
+    cfg: HfConfig,
+    /// The checkpoint to fine-tune, or none for random weights from `seed`.
+    from: Option<PathBuf>,
+    /// The seed of the random weights.
+    seed: u64,
+    /// Held-out sequences, evaluated every `every` steps.
+    held_out: Vec<Vec<i64>>,
+    /// Evaluation (and checkpoint) interval.
+    every: u64,
+}
+
+impl Job {
+    /// The trainer on backend `B` (its model constructor runs on every rank; the plan then
+    /// keeps each rank's slice).
+    fn trainer<B: Backend>(&self, config: TrainConfig) -> Trainer<AutoModel<B>, Vec<i64>, B> {
+        let (cfg, seed, from) = (self.cfg.clone(), self.seed, self.from.clone());
+        let model_fn = move |b: &B| match &from {
+            Some(dir) => AutoModel::from_pretrained(b, dir, DType::F32, None),
+            None => AutoModel::new(b, &cfg, DType::F32, seed),
+        };
+        Trainer::for_backend(model_fn, collate_fn::<B>, loss_fn::<B>, config).with_eval(
+            self.held_out.clone(),
+            eval_fn::<B>,
+            self.every,
+            true,
+        )
+    }
 }
 
 fn err(e: Error) -> String {
@@ -152,15 +190,11 @@ fn err(e: Error) -> String {
 
 /// Runs `redco train`.
 pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
-    if common::backend(&a.backend)? != common::BackendKind::Cpu {
-        return Err(format!(
-            "redco train runs on the cpu backend only: training on {} through the CLI is not implemented yet (the \
-             trainer is CPU-only; generate and eval-dump take --backend {})",
-            a.backend, a.backend
-        ));
-    }
+    let kind = common::backend(&a.backend)?;
     let mesh = common::mesh(&a.mesh)?;
-    common::check_devices(mesh, a.threads, a.oversubscribe)?;
+    if kind == common::BackendKind::Cpu {
+        common::check_devices(mesh, a.threads, a.oversubscribe)?;
+    }
     let compute = common::dtype(&a.dtype)?;
     if a.seq_len < 2 {
         return Err("--seq-len must be at least 2".into());
@@ -233,30 +267,39 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
         ..Default::default()
     };
 
-    // the model constructor runs on every rank (the plan then keeps each rank's slice)
-    let (cfg2, seed, from) = (cfg.clone(), a.seed, a.model.clone());
-    let model_fn = move |b: &Cpu| match &from {
-        Some(dir) => AutoModel::from_pretrained(b, dir, DType::F32, None),
-        None => AutoModel::new(b, &cfg2, DType::F32, seed),
+    let job = Job {
+        cfg: cfg.clone(),
+        from: a.model.clone(),
+        seed: a.seed,
+        held_out: held_out.clone(),
+        every: a.checkpoint_every.max(1),
     };
-    let eval_fn = |_: &StepCtx<Cpu>, m: &AutoModel<Cpu>, b: &Batch<Cpu>| {
-        m.loss(&b["input_ids"], None, &b["input_ids"])?.replicate()?.to_scalar()
-    };
-    let every = a.checkpoint_every.max(1);
-    let trainer = Trainer::new(model_fn, collate_fn, loss_fn, config).with_eval(held_out.clone(), eval_fn, every, true);
-    let mut dep = Deployer::new(mesh, a.seed, &w).map_err(err)?;
-    dep.opts.threads_per_rank = Some(common::threads_per_rank(a.threads, mesh.size()));
     println!(
-        "training {} ({} layers, hidden {}, {} heads, vocab {}) on mesh {mesh} for {steps} steps of {} x {} tokens",
+        "training {} ({} layers, hidden {}, {} heads, vocab {}) on mesh {mesh} of {} ranks for {steps} steps of {} x \
+         {} tokens",
         a.preset.as_deref().unwrap_or("model"),
         cfg.layers,
         cfg.hidden,
         cfg.heads,
         cfg.vocab,
+        a.backend,
         a.batch_size,
         a.seq_len
     );
-    let report = trainer.fit(&dep, train.as_ref(), a.resume).map_err(err)?;
+    let report = match kind {
+        common::BackendKind::Cpu => {
+            let mut dep = Deployer::new(mesh, a.seed, &w).map_err(err)?;
+            dep.opts.threads_per_rank = Some(common::threads_per_rank(a.threads, mesh.size()));
+            job.trainer(config).fit(&dep, train.as_ref(), a.resume)
+        }
+        // one device per rank
+        #[cfg(feature = "wgpu")]
+        common::BackendKind::Wgpu => {
+            let dep = Deployer::with_backend(mesh, a.seed, &w, |_, _| redco_wgpu::Wgpu::new()).map_err(err)?;
+            job.trainer(config).fit(&dep, train.as_ref(), a.resume)
+        }
+    }
+    .map_err(err)?;
 
     // the workdir is now a Hugging Face model directory
     let cfg_text = serde_json::to_string_pretty(&cfg.raw).map_err(|e| e.to_string())?;
@@ -280,7 +323,8 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
     if let Some(e) = redco_core::pipeline::metrics::read_metrics(&w).map_err(err)?.iter().rev().find_map(|m| m.eval) {
         println!("held-out loss {e:.4}");
     }
-    sample(&w, &tok, &a, &held_out).map_err(err)?;
+    let threads = common::threads_per_rank(a.threads, 1);
+    common::on_backend!(kind, Mesh::single(), threads, |b| sample(b, &w, &tok, &a, &held_out)).map_err(err)?;
     println!("\nwrote:");
     for (p, what) in [
         ("metrics.jsonl", "metrics, one JSON line per step"),
@@ -293,10 +337,10 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// Prints a greedy continuation by the trained model (loaded back from the workdir).
-fn sample(w: &Path, tok: &Tokenizer, a: &TrainArgs, held_out: &[Vec<i64>]) -> Result<()> {
-    let b = Cpu::try_new(common::threads_per_rank(a.threads, 1))?;
-    let model = AutoModel::from_pretrained(&b, w, DType::F32, None)?;
+/// Prints a greedy continuation by the trained model (loaded back from the workdir onto
+/// device `b`).
+fn sample<B: Backend>(b: &B, w: &Path, tok: &Tokenizer, a: &TrainArgs, held_out: &[Vec<i64>]) -> Result<()> {
+    let model = AutoModel::from_pretrained(b, w, DType::F32, None)?;
     let ids: Vec<i64> = match &a.prompt {
         Some(p) => tok.encode(p, true)?.into_iter().map(i64::from).collect(),
         None => held_out.first().map(|s| s[..s.len().min(6)].to_vec()).unwrap_or_else(|| vec![1]),
@@ -310,7 +354,7 @@ fn sample(w: &Path, tok: &Tokenizer, a: &TrainArgs, held_out: &[Vec<i64>]) -> Re
         pad_token: tok.padding_id() as i64,
     };
     print!("\nsample: {} |", tok.decode(&prompt, true)?);
-    let g = generate(&model, &Tensor::from_vec(&b, ids, [1, n])?, None, &cfg, |_, t| {
+    let g = generate(&model, &Tensor::from_vec(b, ids, [1, n])?, None, &cfg, |_, t| {
         if let Ok(s) = tok.decode(&[t[0] as u32], true) {
             print!(" {s}");
             use std::io::Write;

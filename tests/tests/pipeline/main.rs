@@ -7,9 +7,11 @@ use redco_core::pipeline::data::{Dataset, JsonlDataset};
 use redco_core::pipeline::metrics::read_metrics;
 use redco_core::pipeline::synthetic::MarkovCorpus;
 use redco_core::pipeline::{Batch, Deployer, NanPolicy, OptimizerConfig, Predictor, StepCtx, TrainConfig, Trainer};
-use redco_core::{DType, Result, Tensor};
+use redco_core::{Backend, DType, Result, Tensor};
 use redco_tests::models::{Config, Lm};
 use std::path::{Path, PathBuf};
+
+mod wgpu;
 
 const CFG: Config = Config { vocab: 16, hidden: 32, layers: 1, heads: 4, kv_heads: 4, inter: 64, llama: true };
 
@@ -17,7 +19,7 @@ fn corpus() -> MarkovCorpus {
     MarkovCorpus::new(16, 12, 7)
 }
 
-fn collate(b: &Cpu, ex: &[Vec<i64>]) -> Result<Batch<Cpu>> {
+fn collate<B: Backend>(b: &B, ex: &[Vec<i64>]) -> Result<Batch<B>> {
     let t = ex[0].len();
     let ids: Vec<i64> = ex.iter().flatten().copied().collect();
     let labels: Vec<i64> = ex.iter().flat_map(|s| s[1..].iter().copied().chain([-100])).collect();
@@ -27,7 +29,7 @@ fn collate(b: &Cpu, ex: &[Vec<i64>]) -> Result<Batch<Cpu>> {
     ]))
 }
 
-fn loss(_: &StepCtx<Cpu>, m: &Lm<Cpu>, b: &Batch<Cpu>) -> Result<Tensor<Cpu>> {
+fn loss<B: Backend>(_: &StepCtx<B>, m: &Lm<B>, b: &Batch<B>) -> Result<Tensor<B>> {
     m.loss(&b["input_ids"], &b["labels"], None)
 }
 

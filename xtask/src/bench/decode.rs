@@ -12,7 +12,7 @@ use super::torch::TorchPeer;
 use crate::args::Args;
 use crate::machine;
 use redco_core::cpu::Cpu;
-use redco_core::{DType, Tensor};
+use redco_core::{Backend, DType, Tensor};
 use redco_models::generate::{generate, GenerationConfig, Sampling};
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;
@@ -35,7 +35,7 @@ fn model_config(layers: usize, context: usize) -> serde_json::Value {
 }
 
 /// Seconds for one `generate` of exactly `new` tokens.
-pub(super) fn redco_once(model: &Llama<Cpu>, ids: &Tensor<Cpu>, new: usize) -> Result<f64, String> {
+pub(super) fn redco_once<B: Backend>(model: &Llama<B>, ids: &Tensor<B>, new: usize) -> Result<f64, String> {
     let cfg = GenerationConfig { max_new_tokens: new, sampling: Sampling::Greedy, stop_tokens: vec![], pad_token: 0 };
     let t = Instant::now();
     let g = generate(model, ids, None, &cfg, |_, _| {}).map_err(|e| e.to_string())?;

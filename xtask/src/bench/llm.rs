@@ -18,42 +18,39 @@
 //! table shows medians over repetitions. A second table splits the training step into
 //! forward (with the loss), backward, gradient sync and optimizer update.
 //!
-//! For profiling, `xtask bench llm --child --mesh 1x1 --threads N --only train|forward|decode`
-//! runs one measure of one system alone (e.g. under `perf record`) and prints its JSON line.
+//! `--backend cpu,wgpu` adds the wgpu rows (`redco-wgpu-1x1`, ...: one wgpu device per rank;
+//! xtask's `wgpu` feature: `cargo run --release -p xtask --features wgpu -- bench ...`). Their
+//! peak RSS is host memory only (all of it on a CPU adapter such as lavapipe).
+//!
+//! For profiling, `xtask bench llm --child --backend cpu --mesh 1x1 --threads N --only
+//! train|forward|decode` runs one measure of one system alone (e.g. under `perf record`) and
+//! prints its JSON line.
 
-use super::decode::{redco_once, torch_once};
+use super::decode::torch_once;
+use super::llm_child::child;
 use super::stats::median;
 use super::torch::TorchPeer;
 use crate::args::Args;
 use crate::machine;
-use redco_core::cpu::Cpu;
-use redco_core::dist::data_parallel::{sync_grads, DEFAULT_BUCKET_BYTES};
-use redco_core::dist::trace::plan_from_trace;
-use redco_core::dist::{on_backend, spmd_cpu, Mesh, SpmdOptions};
-use redco_core::nn::ModuleExt;
-use redco_core::optim::{AdamW, AdamWConfig};
-use redco_core::{no_grad, DType, Error, MeshAxis, Tensor};
+use redco_core::dist::Mesh;
+use redco_core::optim::AdamWConfig;
+use redco_core::Error;
 use redco_models::hf::config::HfConfig;
-use redco_models::llama::Llama;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
 
 /// Sequences per training step and forward pass.
-const BATCH: usize = 4;
+pub(super) const BATCH: usize = 4;
 /// Tokens per sequence.
-const SEQ: usize = 256;
+pub(super) const SEQ: usize = 256;
 /// Decode prompt length.
-const PROMPT: usize = 16;
+pub(super) const PROMPT: usize = 16;
 /// AdamW as torch's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
-const ADAMW: AdamWConfig =
+pub(super) const ADAMW: AdamWConfig =
     AdamWConfig { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, zero1: false };
-/// Backends this build has, and the features the others would need.
-const BACKENDS: [(&str, Option<&str>); 4] =
-    [("cpu", None), ("wgpu", Some("wgpu")), ("cuda", Some("cuda")), ("tpu", Some("tpu"))];
 
 /// The bench config (the `llama-small` preset at vocab 8000), as redco reads it.
-fn hf_config() -> Result<(serde_json::Value, HfConfig), String> {
+pub(super) fn hf_config() -> Result<(serde_json::Value, HfConfig), String> {
     let v = redco_models::presets::config("llama-small", 8000).map_err(|e| e.to_string())?;
     let cfg = HfConfig::from_json(&v.to_string()).map_err(|e| e.to_string())?;
     Ok((v, cfg))
@@ -68,19 +65,6 @@ fn torch_config(preset: &serde_json::Value) -> serde_json::Value {
         }
     }
     v
-}
-
-/// Deterministic pseudo-random token ids in `0..vocab`.
-fn token_ids(n: usize, vocab: usize, seed: u64) -> Vec<i64> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % vocab as u64) as i64
-        })
-        .collect()
 }
 
 /// The parts of a training step: forward (with the loss), backward, gradient sync over
@@ -103,123 +87,8 @@ fn phase_medians(steps: &[[f64; 4]]) -> [f64; 4] {
     std::array::from_fn(|i| median(&steps.iter().map(|p| p[i]).collect::<Vec<_>>()))
 }
 
-/// `VmHWM` (this process's peak resident set) in bytes.
-fn peak_rss() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<u64>().ok())
-        .map_or(0, |kib| kib * 1024)
-}
-
-/// What a rank measured, in seconds per timed run.
-struct RankTimes {
-    train: Vec<f64>,
-    phases: Vec<[f64; 4]>,
-    fwd: Vec<f64>,
-    decode: Vec<f64>,
-    loss: f64,
-}
-
-/// The child: one repetition of one redco system on `mesh`, printed as one JSON line;
-/// `only` (`train`, `forward` or `decode`) runs one measure alone (for profiling).
-fn child(mesh: Mesh, threads_per_rank: usize, steps: usize, new: usize, only: Option<&str>) -> Result<(), String> {
-    if let Some(o) = only.filter(|o| !["train", "forward", "decode"].contains(o)) {
-        return Err(format!("--only {o}: expected train, forward or decode"));
-    }
-    let want = |m: &str| only.is_none_or(|o| o == m);
-    let (_, cfg) = hf_config()?;
-    let vocab = cfg.vocab;
-    let ids_host = token_ids(BATCH * SEQ, vocab, 1);
-    let prompt: Vec<i64> = (0..PROMPT as i64).map(|i| (i * 37 + 11) % vocab as i64).collect();
-    // the sharding plan, traced from a short forward pass on one device
-    let plan = if mesh.size() > 1 {
-        let b = Cpu::try_new(threads_per_rank * mesh.size()).map_err(|e| e.to_string())?;
-        let m = Llama::new(&b, &cfg, DType::F32, 0).map_err(|e| e.to_string())?;
-        let ids = Tensor::from_vec(&b, ids_host[..2 * 8].to_vec(), [2, 8]).map_err(|e| e.to_string())?;
-        let loss = m.loss(&ids, None, &ids).map_err(|e| e.to_string())?;
-        Some(plan_from_trace(&m.named_parameters(), &[&loss], mesh, false).map_err(|e| e.to_string())?)
-    } else {
-        None
-    };
-    let opts = SpmdOptions { threads_per_rank: Some(threads_per_rank), ..Default::default() };
-    let results = spmd_cpu(mesh, &opts, |rk| -> redco_core::Result<RankTimes> {
-        let b = &rk.backend;
-        let mut model = Llama::new(b, &cfg, DType::F32, 0)?;
-        if let Some(p) = &plan {
-            p.apply(&mut model)?;
-        }
-        let whole = Tensor::from_vec(b, ids_host.clone(), [BATCH, SEQ])?;
-        let ids = if mesh.dp > 1 { whole.shard_along(MeshAxis::Dp, 0)? } else { whole };
-        let mut opt = AdamW::new(ADAMW);
-        let mut out = RankTimes { train: vec![], phases: vec![], fwd: vec![], decode: vec![], loss: f64::NAN };
-        for i in (0..=steps).filter(|_| want("train")) {
-            let t = Instant::now();
-            let (model_ref, opt_ref, ids_ref) = (&mut model, &mut opt, &ids);
-            let (value, phases) = on_backend(b, move || -> redco_core::Result<(f64, [f64; 4])> {
-                let mut lap = Instant::now();
-                let mut split = || {
-                    let s = lap.elapsed().as_secs_f64();
-                    lap = Instant::now();
-                    s
-                };
-                let loss = model_ref.loss(ids_ref, None, ids_ref)?;
-                let value = loss.replicate()?.to_scalar()?;
-                let f = split();
-                let mut grads = loss.backward()?;
-                let bw = split();
-                let params: Vec<Tensor<Cpu>> = model_ref.named_parameters().into_iter().map(|(_, p)| p).collect();
-                sync_grads(&params, &mut grads, DEFAULT_BUCKET_BYTES)?;
-                let sync = split();
-                opt_ref.step(model_ref, &grads)?;
-                Ok((value, [f, bw, sync, split()]))
-            })?;
-            out.loss = value;
-            if i > 0 {
-                out.train.push(t.elapsed().as_secs_f64());
-                out.phases.push(phases);
-            }
-        }
-        if want("train") && !out.loss.is_finite() {
-            return Err(Error::invalid("bench llm", format!("the training loss is {}", out.loss)));
-        }
-        drop(opt);
-        for i in (0..=steps).filter(|_| want("forward")) {
-            let t = Instant::now();
-            let logits = no_grad(|| on_backend(b, || model.forward(&ids, None, None)))?;
-            if i > 0 {
-                out.fwd.push(t.elapsed().as_secs_f64());
-            }
-            if logits.shape().dims() != [BATCH, SEQ, vocab] {
-                return Err(Error::invalid("bench llm", format!("logits of shape {}", logits.shape())));
-            }
-        }
-        let p = Tensor::from_vec(b, prompt.clone(), [1, PROMPT])?;
-        for i in (0..=steps).filter(|_| want("decode")) {
-            let s = redco_once(&model, &p, new).map_err(|e| Error::invalid("bench llm decode", e))?;
-            if i > 0 {
-                out.decode.push(s);
-            }
-        }
-        Ok(out)
-    })
-    .map_err(|e| e.to_string())?;
-    let r = results.into_iter().next().ok_or("no rank results")?;
-    let out = serde_json::json!({
-        "train_s": r.train,
-        "phases_s": r.phases,
-        "fwd_s": r.fwd,
-        "decode_s": r.decode,
-        "loss": r.loss,
-        "peak_rss": peak_rss(),
-    });
-    println!("{out}");
-    Ok(())
-}
-
-/// Runs one repetition of one redco system in a child process.
-fn redco_rep(mesh: Mesh, threads_per_rank: usize, steps: usize, new: usize) -> Result<Rep, String> {
+/// Runs one repetition of one redco system (`backend` on `mesh`) in a child process.
+fn redco_rep(backend: &str, mesh: Mesh, threads_per_rank: usize, steps: usize, new: usize) -> Result<Rep, String> {
     // /proc/self/exe still runs this binary if a rebuild has replaced the file meanwhile
     let proc_exe = Path::new("/proc/self/exe");
     let exe = if proc_exe.exists() {
@@ -228,15 +97,16 @@ fn redco_rep(mesh: Mesh, threads_per_rank: usize, steps: usize, new: usize) -> R
         std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?
     };
     let out = Command::new(&exe)
-        .args(["bench", "llm", "--child", "--mesh", &mesh.to_string()])
+        .args(["bench", "llm", "--child", "--backend", backend, "--mesh", &mesh.to_string()])
         .args(["--threads", &threads_per_rank.to_string(), "--steps", &steps.to_string(), "--new", &new.to_string()])
         .output()
         .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
     if !out.status.success() {
-        return Err(format!("redco {mesh}: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        return Err(format!("redco {backend} {mesh}: {}", String::from_utf8_lossy(&out.stderr).trim()));
     }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .map_err(|e| format!("redco {mesh} child said `{}`: {e}", String::from_utf8_lossy(&out.stdout).trim()))?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!("redco {backend} {mesh} child said `{}`: {e}", String::from_utf8_lossy(&out.stdout).trim())
+    })?;
     let times =
         |k: &str| -> Vec<f64> { v[k].as_array().map_or(vec![], |a| a.iter().filter_map(|x| x.as_f64()).collect()) };
     Ok(Rep {
@@ -315,27 +185,6 @@ fn meshes(s: &str) -> Result<Vec<Mesh>, String> {
     s.split(',').filter(|m| !m.trim().is_empty()).map(|m| m.parse::<Mesh>().map_err(|e| e.to_string())).collect()
 }
 
-/// Checks `--backend` (comma-separated) against the backends compiled in.
-fn backends(s: &str) -> Result<Vec<String>, String> {
-    let mut out = Vec::new();
-    for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-        match BACKENDS.iter().find(|(n, _)| *n == name) {
-            Some((n, None)) => out.push(n.to_string()),
-            Some((n, Some(feature))) => {
-                return Err(format!(
-                    "backend `{n}` is not compiled into this xtask (enabled: cpu): benchmarking it needs a \
-                     `{feature}` feature of xtask wiring in that backend, which xtask does not have yet"
-                ))
-            }
-            None => return Err(format!("unknown backend `{name}` (known: cpu, wgpu, cuda, tpu; enabled: cpu)")),
-        }
-    }
-    if out.is_empty() {
-        return Err("--backend needs at least one backend (enabled: cpu)".into());
-    }
-    Ok(out)
-}
-
 /// Clock ticks of the whole machine (busy, all) and of this process tree.
 #[derive(Debug, Clone, Copy, Default)]
 struct CpuTicks {
@@ -393,7 +242,8 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let new = args.num("new", 64)?.max(1);
     if args.has("child") {
         let mesh: Mesh = args.get("mesh").unwrap_or("1x1").parse().map_err(|e: Error| e.to_string())?;
-        return child(mesh, args.num("threads", 1)?.max(1), steps, new, args.get("only"));
+        let backend = args.get("backend").unwrap_or("cpu");
+        return child(backend, mesh, args.num("threads", 1)?.max(1), steps, new, args.get("only"));
     }
     let threads = args.num("threads", machine::cores())?.max(1);
     let reps = args.num("reps", 3)?.max(1);
@@ -401,7 +251,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     if meshes.is_empty() {
         return Err("--mesh needs at least one mesh, e.g. 1x1,1x2,2x1".into());
     }
-    let backends = backends(args.get("backend").unwrap_or("cpu"))?;
+    let backends = super::backends::parse(args.get("backend").unwrap_or("cpu"))?;
     let png = PathBuf::from(args.get("png").unwrap_or("target/bench-llm.png"));
     let (preset, cfg) = hf_config()?;
     let tcfg = torch_config(&preset);
@@ -420,9 +270,9 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         }
         None => None,
     };
-    let systems: Vec<(String, Mesh)> =
-        backends.iter().flat_map(|b| meshes.iter().map(move |m| (format!("redco-{b}-{m}"), *m))).collect();
-    for (name, m) in &systems {
+    let systems: Vec<(String, &str, Mesh)> =
+        backends.iter().flat_map(|b| meshes.iter().map(move |m| (format!("redco-{b}-{m}"), b.as_str(), *m))).collect();
+    for (name, _, m) in &systems {
         if threads < m.size() {
             eprintln!("note: {name} has {} ranks for {threads} threads: 1 thread per rank, oversubscribed", m.size());
         }
@@ -433,8 +283,8 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let mut foreign = Vec::new();
     for rep in 0..reps {
         let t0 = cpu_ticks(peer_pid);
-        for (i, (name, mesh)) in systems.iter().enumerate() {
-            let r = redco_rep(*mesh, (threads / mesh.size()).max(1), steps, new)?;
+        for (i, (name, backend, mesh)) in systems.iter().enumerate() {
+            let r = redco_rep(backend, *mesh, (threads / mesh.size()).max(1), steps, new)?;
             eprintln!(
                 "rep {}/{reps} {name}: step {:.3} s, forward {:.3} s, generate {:.3} s",
                 rep + 1,
@@ -460,7 +310,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         foreign.push(share);
     }
     let busiest = foreign.iter().copied().fold(0.0, f64::max);
-    let mut rows: Vec<Row> = systems.iter().zip(&ours).map(|((n, _), r)| summarize(n.clone(), r, new)).collect();
+    let mut rows: Vec<Row> = systems.iter().zip(&ours).map(|((n, _, _), r)| summarize(n.clone(), r, new)).collect();
     let torch_row = torch.as_ref().map(|_| summarize("torch".into(), &theirs, new));
     let reference = torch_row.clone();
     rows.extend(torch_row);

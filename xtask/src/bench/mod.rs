@@ -1,9 +1,11 @@
 //! `cargo xtask bench [<what>]`: benchmarks that report ratios measured side by side; with no
 //! name (or flags only), the LLM benchmark (`llm`).
 
+mod backends;
 mod decode;
 mod gemm;
 mod llm;
+mod llm_child;
 mod load;
 mod peak;
 mod stats;

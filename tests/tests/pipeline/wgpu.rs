@@ -1,0 +1,80 @@
+//! The pipeline on wgpu ranks (one device per rank, made by the deployer): the `Trainer`
+//! gives the CPU backend's losses and resumes from its own checkpoints, the `Predictor`
+//! gives the CPU backend's outputs. Skipped without a wgpu adapter unless
+//! `REDCO_REQUIRE_WGPU=1`.
+
+use super::{collate, config, corpus, loss, read_model, trainer, workdir, CFG};
+use redco_core::cpu::Cpu;
+use redco_core::dist::heuristics::plan_by_names;
+use redco_core::dist::Mesh;
+use redco_core::optim::{Decay, Schedule};
+use redco_core::pipeline::{Batch, Deployer, Predictor, StepCtx, TrainConfig, Trainer};
+use redco_core::{Backend, DType, Result};
+use redco_tests::check::assert_close;
+use redco_tests::models::Lm;
+use redco_wgpu::Wgpu;
+
+/// `|wgpu - cpu| <= TOL * (1 + |cpu|)`.
+const TOL: f64 = 1e-4;
+
+/// A deployer on wgpu ranks, or `None` (a skip) without an adapter.
+fn on_wgpu(mesh: &str, seed: u64, name: &str) -> Option<Deployer<Wgpu>> {
+    redco_tests::wgpu()?;
+    let mesh: Mesh = mesh.parse().expect("mesh");
+    Some(Deployer::with_backend(mesh, seed, &workdir(name), |_, _| Wgpu::new()).expect("deployer"))
+}
+
+fn wgpu_trainer(cfg: TrainConfig) -> Trainer<Lm<Wgpu>, Vec<i64>, Wgpu> {
+    Trainer::for_backend(|b: &Wgpu| Lm::new(b, CFG, DType::F32, 1), collate, loss, cfg)
+}
+
+/// The mean next-token loss of each example.
+fn per_example<B: Backend>(_: &StepCtx<B>, m: &Lm<B>, b: &Batch<B>) -> Result<Vec<f64>> {
+    let per = m.forward(&b["input_ids"], None)?.cross_entropy_per_token(&b["labels"], -100)?;
+    let t = b["input_ids"].dims()[1];
+    Ok(per.replicate()?.to_vec_f64()?.chunks(t).map(|r| r.iter().sum::<f64>() / (t - 1) as f64).collect())
+}
+
+/// The model bytes of a workdir's export, as f32 values.
+fn model_values(dir: &std::path::Path) -> Vec<f64> {
+    read_model(dir)
+        .into_iter()
+        .flat_map(|(_, b)| b.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect::<Vec<_>>())
+        .collect()
+}
+
+#[test]
+fn the_trainer_on_wgpu_ranks_gives_the_cpu_losses_and_resumes_from_its_checkpoints() {
+    let (Some(whole), Some(split)) = (on_wgpu("1x2", 3, "wgpu-whole"), on_wgpu("1x2", 3, "wgpu-split")) else {
+        return;
+    };
+    let data = corpus().sequences(0, 256);
+    // one schedule for the whole and the split runs
+    let schedule = Schedule { peak: 3e-3, warmup: 1, total: 4, decay: Decay::Cosine };
+    let cfg = |steps| TrainConfig { schedule, checkpoint_every: Some(2), keep_last: 0, ..config(steps, 8, 1) };
+    let cpu_dep = Deployer::new(whole.mesh, 3, &workdir("wgpu-cpu")).expect("deployer");
+    let cpu = trainer(cfg(4)).fit(&cpu_dep, &data, false).expect("cpu fit");
+    let gpu = wgpu_trainer(cfg(4)).fit(&whole, &data, false).expect("wgpu fit");
+    assert_close(&gpu.losses, &cpu.losses, TOL, "losses on wgpu vs cpu");
+    assert_close(&model_values(&whole.workdir), &model_values(&cpu_dep.workdir), TOL, "trained weights");
+    // two steps, then two more from the step-2 checkpoint (downloaded, then uploaded back)
+    wgpu_trainer(cfg(2)).fit(&split, &data, false).expect("first half");
+    let resumed = wgpu_trainer(cfg(4)).fit(&split, &data, true).expect("resumed");
+    assert_eq!(resumed.start_step, 2);
+    assert_close(&resumed.losses, &gpu.losses[2..], TOL, "resumed losses");
+    assert_close(&model_values(&split.workdir), &model_values(&whole.workdir), TOL, "resumed weights");
+}
+
+#[test]
+fn the_predictor_on_wgpu_ranks_gives_the_cpu_outputs() {
+    let Some(gpu_dep) = on_wgpu("2x1", 2, "wgpu-predict") else { return };
+    let data = corpus().sequences(100, 10);
+    let plan = plan_by_names(&[], gpu_dep.mesh);
+    let cpu = Predictor::new(|b: &Cpu| Lm::new(b, CFG, DType::F32, 1), collate, per_example, 4);
+    let cpu_dep = Deployer::new(gpu_dep.mesh, 2, &workdir("wgpu-predict-cpu")).expect("deployer");
+    let want = cpu.predict(&cpu_dep, &data, &plan).expect("cpu predict");
+    let gpu = Predictor::for_backend(|b: &Wgpu| Lm::new(b, CFG, DType::F32, 1), collate, per_example, 4);
+    let got = gpu.predict(&gpu_dep, &data, &plan).expect("wgpu predict");
+    assert_eq!(got.len(), data.len());
+    assert_close(&got, &want, TOL, "per-example losses on wgpu vs cpu");
+}

@@ -1,0 +1,182 @@
+//! The child process of `cargo xtask bench llm` (`bench llm --child`): one repetition of
+//! one redco system (a backend and a mesh) on the bench LLaMA, printed as one JSON line:
+//! the seconds of each timed training step (and its phases), forward pass and `generate`,
+//! the last training loss and the process's peak resident set.
+
+use super::decode::redco_once;
+use super::llm::{hf_config, ADAMW, BATCH, PROMPT, SEQ};
+use redco_core::dist::data_parallel::{sync_grads, DEFAULT_BUCKET_BYTES};
+use redco_core::dist::trace::plan_from_trace;
+use redco_core::dist::{on_backend, spmd_cpu, Mesh, Rank, ShardPlan, SpmdOptions};
+use redco_core::nn::ModuleExt;
+use redco_core::optim::AdamW;
+use redco_core::{no_grad, Backend, DType, Error, MeshAxis, Tensor};
+use redco_models::hf::config::HfConfig;
+use redco_models::llama::Llama;
+use std::time::Instant;
+
+/// Deterministic pseudo-random token ids in `0..vocab`.
+fn token_ids(n: usize, vocab: usize, seed: u64) -> Vec<i64> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % vocab as u64) as i64
+        })
+        .collect()
+}
+
+/// `VmHWM` (this process's peak resident set) in bytes.
+fn peak_rss() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// What a rank measured, in seconds per timed run.
+struct RankTimes {
+    train: Vec<f64>,
+    phases: Vec<[f64; 4]>,
+    fwd: Vec<f64>,
+    decode: Vec<f64>,
+    loss: f64,
+}
+
+/// What every rank measures, the same on every backend.
+struct Job<'a> {
+    cfg: &'a HfConfig,
+    mesh: Mesh,
+    plan: Option<&'a ShardPlan>,
+    ids: &'a [i64],
+    prompt: &'a [i64],
+    steps: usize,
+    new: usize,
+    only: Option<&'a str>,
+}
+
+impl Job<'_> {
+    fn want(&self, measure: &str) -> bool {
+        self.only.is_none_or(|o| o == measure)
+    }
+
+    /// One rank's measures: a warm-up then `steps` timed runs of each.
+    fn measure<B: Backend>(&self, rk: &Rank<B>) -> redco_core::Result<RankTimes> {
+        let (b, steps, vocab) = (&rk.backend, self.steps, self.cfg.vocab);
+        let mut model = Llama::new(b, self.cfg, DType::F32, 0)?;
+        if let Some(p) = self.plan {
+            p.apply(&mut model)?;
+        }
+        let whole = Tensor::from_vec(b, self.ids.to_vec(), [BATCH, SEQ])?;
+        let ids = if self.mesh.dp > 1 { whole.shard_along(MeshAxis::Dp, 0)? } else { whole };
+        let mut opt = AdamW::new(ADAMW);
+        let mut out = RankTimes { train: vec![], phases: vec![], fwd: vec![], decode: vec![], loss: f64::NAN };
+        for i in (0..=steps).filter(|_| self.want("train")) {
+            let t = Instant::now();
+            let (model_ref, opt_ref, ids_ref) = (&mut model, &mut opt, &ids);
+            let (value, phases) = on_backend(b, move || -> redco_core::Result<(f64, [f64; 4])> {
+                let mut lap = Instant::now();
+                let mut split = || {
+                    let s = lap.elapsed().as_secs_f64();
+                    lap = Instant::now();
+                    s
+                };
+                let loss = model_ref.loss(ids_ref, None, ids_ref)?;
+                let value = loss.replicate()?.to_scalar()?;
+                let f = split();
+                let mut grads = loss.backward()?;
+                let bw = split();
+                let params: Vec<Tensor<B>> = model_ref.named_parameters().into_iter().map(|(_, p)| p).collect();
+                sync_grads(&params, &mut grads, DEFAULT_BUCKET_BYTES)?;
+                let sync = split();
+                opt_ref.step(model_ref, &grads)?;
+                // queued device work counts in the step
+                b.sync()?;
+                Ok((value, [f, bw, sync, split()]))
+            })?;
+            out.loss = value;
+            if i > 0 {
+                out.train.push(t.elapsed().as_secs_f64());
+                out.phases.push(phases);
+            }
+        }
+        if self.want("train") && !out.loss.is_finite() {
+            return Err(Error::invalid("bench llm", format!("the training loss is {}", out.loss)));
+        }
+        drop(opt);
+        for i in (0..=steps).filter(|_| self.want("forward")) {
+            let t = Instant::now();
+            let logits = no_grad(|| on_backend(b, || model.forward(&ids, None, None)))?;
+            b.sync()?;
+            if i > 0 {
+                out.fwd.push(t.elapsed().as_secs_f64());
+            }
+            if logits.shape().dims() != [BATCH, SEQ, vocab] {
+                return Err(Error::invalid("bench llm", format!("logits of shape {}", logits.shape())));
+            }
+        }
+        let p = Tensor::from_vec(b, self.prompt.to_vec(), [1, PROMPT])?;
+        for i in (0..=steps).filter(|_| self.want("decode")) {
+            let s = redco_once(&model, &p, self.new).map_err(|e| Error::invalid("bench llm decode", e))?;
+            if i > 0 {
+                out.decode.push(s);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The child: one repetition of one redco system (`backend` on `mesh`), printed as one JSON
+/// line; `only` (`train`, `forward` or `decode`) runs one measure alone (for profiling).
+pub fn child(
+    backend: &str,
+    mesh: Mesh,
+    threads_per_rank: usize,
+    steps: usize,
+    new: usize,
+    only: Option<&str>,
+) -> Result<(), String> {
+    if let Some(o) = only.filter(|o| !["train", "forward", "decode"].contains(o)) {
+        return Err(format!("--only {o}: expected train, forward or decode"));
+    }
+    let (_, cfg) = hf_config()?;
+    let vocab = cfg.vocab;
+    let ids = token_ids(BATCH * SEQ, vocab, 1);
+    let prompt: Vec<i64> = (0..PROMPT as i64).map(|i| (i * 37 + 11) % vocab as i64).collect();
+    // the sharding plan, traced from a short forward pass on one CPU device (the plan does
+    // not depend on the backend)
+    let plan = if mesh.size() > 1 {
+        let b = redco_core::cpu::Cpu::try_new(threads_per_rank * mesh.size()).map_err(|e| e.to_string())?;
+        let m = Llama::new(&b, &cfg, DType::F32, 0).map_err(|e| e.to_string())?;
+        let ids = Tensor::from_vec(&b, ids[..2 * 8].to_vec(), [2, 8]).map_err(|e| e.to_string())?;
+        let loss = m.loss(&ids, None, &ids).map_err(|e| e.to_string())?;
+        Some(plan_from_trace(&m.named_parameters(), &[&loss], mesh, false).map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
+    let job = Job { cfg: &cfg, mesh, plan: plan.as_ref(), ids: &ids, prompt: &prompt, steps, new, only };
+    let opts = SpmdOptions { threads_per_rank: Some(threads_per_rank), ..Default::default() };
+    let results = match backend {
+        "cpu" => spmd_cpu(mesh, &opts, |rk| job.measure(rk)),
+        // one device per rank
+        #[cfg(feature = "wgpu")]
+        "wgpu" => redco_core::dist::spmd(mesh, &opts, |_, _| redco_wgpu::Wgpu::new(), |rk| job.measure(rk)),
+        other => return Err(super::backends::parse(other).err().unwrap_or_else(|| format!("backend `{other}`"))),
+    }
+    .map_err(|e| e.to_string())?;
+    let r = results.into_iter().next().ok_or("no rank results")?;
+    let out = serde_json::json!({
+        "train_s": r.train,
+        "phases_s": r.phases,
+        "fwd_s": r.fwd,
+        "decode_s": r.decode,
+        "loss": r.loss,
+        "peak_rss": peak_rss(),
+    });
+    println!("{out}");
+    Ok(())
+}
