@@ -17,6 +17,8 @@ pub const MAX_M: usize = 8;
 pub const MAX_M_DOTS: usize = 16;
 /// Rows per register block in the dot-product kernel.
 const DOT_ROWS: usize = 4;
+/// How many rows of `Bt` ahead the dot-product path prefetches.
+const PREFETCH_AHEAD: usize = 8;
 /// Rows per register block in the row-major-B kernel.
 const ROWS: usize = 4;
 
@@ -177,6 +179,16 @@ unsafe fn dots_task(
             let mut p = 0;
             while p < k {
                 let mk = if p < kfull { 0xffff } else { tail };
+                if i0 == 0 {
+                    // Fetch the same line of the rows two groups ahead: each new group of
+                    // rows starts four fresh streams the hardware prefetcher has not seen.
+                    for q in 0..4 {
+                        if j + PREFETCH_AHEAD + q < j1 {
+                            let ahead = bp.wrapping_add((j + PREFETCH_AHEAD + q) * b.cs + p);
+                            _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+                        }
+                    }
+                }
                 // SAFETY: Bt(j + q, p..p+16) and A(i0 + r, p..p+16) in bounds under the mask.
                 let bv: [__m512; 4] = std::array::from_fn(|q| {
                     if q < cols {
