@@ -80,6 +80,13 @@ impl Wgpu {
     pub fn new() -> Result<Self> {
         Ok(Wgpu { ctx: Arc::new(Ctx::open()?) })
     }
+    /// [`Wgpu::new`] with packed f16 storage only when `allow_f16` (and the adapter offers
+    /// `SHADER_F16`), whatever `REDCO_WGPU_F16` says: `new_with_f16(false)` opens a device
+    /// that keeps f16 in f32 words (see [`Wgpu::has_f16`]), to test both layouts on one
+    /// machine.
+    pub fn new_with_f16(allow_f16: bool) -> Result<Self> {
+        Ok(Wgpu { ctx: Arc::new(Ctx::open_with(allow_f16)?) })
+    }
     /// Every adapter found, in the order [`Wgpu::new`] prefers them: discrete, integrated,
     /// virtual and other GPUs, then CPU adapters.
     pub fn adapters() -> Vec<wgpu::AdapterInfo> {
