@@ -3,7 +3,7 @@
 //! fused step.
 
 use crate::device::groups_1d;
-use crate::{check_same, store_fn, u32p, Wgpu, WgpuStorage};
+use crate::{check_same, u32p, Wgpu, WgpuStorage};
 use redco_core::ops::adamw::AdamStep;
 use redco_core::{Error, Result};
 
@@ -37,9 +37,9 @@ pub(crate) fn adamw(
         (h.eps as f32).to_bits(),
         ((1.0 - h.lr * h.weight_decay) as f32).to_bits(),
     ];
-    let store = store_fn(x.dtype);
-    let key = format!("adamw/{store}");
-    let src = || crate::tpl(include_str!("kernels/adamw.wgsl"), &[("$STORE", store)]);
+    let (store, xt) = (w.store(x.dtype), w.elem(x.dtype));
+    let key = format!("adamw/{xt}/{store}");
+    let src = || crate::tpl(include_str!("kernels/adamw.wgsl"), &[("$STORE", store), ("$XT", xt)]);
     w.launch_outs(&key, src, &[x, g, m, v], &[&xo, &mo, &vo], &params, groups_1d(n))?;
     Ok((xo, mo, vo))
 }

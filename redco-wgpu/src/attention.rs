@@ -3,7 +3,7 @@
 //! workgroup memory, grouped-query heads reading their shared kv head, the causal limit and
 //! a broadcast keep-mask applied by strides. No `[batch, heads, q, kv]` tensor exists.
 
-use crate::{check_same, store_fn, tpl, u32p, Wgpu, WgpuStorage};
+use crate::{check_same, tpl, u32p, Wgpu, WgpuStorage};
 use redco_core::ops::attention::AttentionSpec;
 use redco_core::{DType, Error, Result, Shape};
 
@@ -70,11 +70,15 @@ pub(crate) fn attention(
     };
     let rows = s.q_heads / s.kv_heads * s.q_len;
     let bq = rows.next_power_of_two().clamp(8, MAX_ROWS);
-    let store = store_fn(q.dtype);
-    let key = format!("attention/{d}/{bq}/{bk}/{store}");
+    let (store, xt) = (w.store(q.dtype), w.elem(q.dtype));
+    let key = format!("attention/{d}/{bq}/{bk}/{xt}/{store}");
     let (ds, bqs, bks) = (d.to_string(), bq.to_string(), bk.to_string());
-    let src =
-        || tpl(include_str!("kernels/attention.wgsl"), &[("$D", &ds), ("$BQ", &bqs), ("$BK", &bks), ("$STORE", store)]);
+    let src = || {
+        tpl(
+            include_str!("kernels/attention.wgsl"),
+            &[("$D", &ds), ("$BQ", &bqs), ("$BK", &bks), ("$STORE", store), ("$XT", xt)],
+        )
+    };
     let ms = mstrides.clone().unwrap_or_else(|| vec![0; 4]);
     let mut params = vec![
         u32p(s.q_heads, "query heads")?,

@@ -2,7 +2,7 @@
 //! segment of a workgroup, see `rows.rs`). Targets are checked on the host first: one
 //! outside the vocabulary (other than the ignore index) is an [`Error::IndexOutOfRange`].
 
-use crate::{rows, store_fn, u32p, Wgpu, WgpuStorage};
+use crate::{rows, u32p, Wgpu, WgpuStorage};
 use redco_core::{Error, Result, Shape};
 
 /// `logsumexp(row) - row[target]` for each row of `logits` (`[n, vocab]`), 0 where the
@@ -27,9 +27,9 @@ pub(crate) fn cross_entropy(
         return Ok(out);
     }
     let tpr = rows::threads_per_row(vocab);
-    let store = store_fn(logits.dtype);
-    let key = format!("cross_entropy/{tpr}/{store}");
-    let src = || rows::source(include_str!("kernels/cross_entropy.wgsl"), tpr, &[("$STORE", store)]);
+    let (store, xt) = (w.store(logits.dtype), w.elem(logits.dtype));
+    let key = format!("cross_entropy/{tpr}/{xt}/{store}");
+    let src = || rows::source(include_str!("kernels/cross_entropy.wgsl"), tpr, &[("$STORE", store), ("$XT", xt)]);
     // an ignore index beyond i32 matches the saturated device copy of such targets; the
     // kernel also treats every target outside the vocabulary as ignored (checked above)
     let ignore = ignore_index.clamp(i32::MIN as i64, i32::MAX as i64) as i32;

@@ -113,6 +113,8 @@ pub(crate) struct Ctx {
     pub(crate) queue: wgpu::Queue,
     pub(crate) info: wgpu::AdapterInfo,
     pub(crate) limits: wgpu::Limits,
+    /// Whether the device was opened with `SHADER_F16`: F16 storages then hold packed f16.
+    pub(crate) f16: bool,
     kernels: Mutex<HashMap<String, Arc<Kernel>>>,
     layouts: Mutex<HashMap<(usize, usize), Arc<wgpu::BindGroupLayout>>>,
     pool: Arc<Pool>,
@@ -123,8 +125,14 @@ pub(crate) struct Ctx {
 
 impl Ctx {
     /// Opens the adapter chosen by `REDCO_WGPU_ADAPTER` (a substring of the adapter name,
-    /// case-insensitive), else the first of [`adapters`] (a GPU when there is one).
+    /// case-insensitive), else the first of [`adapters`] (a GPU when there is one), with
+    /// packed f16 where the adapter offers it unless `REDCO_WGPU_F16=0`.
     pub(crate) fn open() -> Result<Ctx> {
+        Ctx::open_with(std::env::var("REDCO_WGPU_F16").map_or(true, |v| v.trim() != "0"))
+    }
+
+    /// [`Ctx::open`], with packed f16 only when `allow_f16` (and the adapter offers it).
+    pub(crate) fn open_with(allow_f16: bool) -> Result<Ctx> {
         let adapters = adapters();
         let wanted = std::env::var("REDCO_WGPU_ADAPTER").ok().filter(|s| !s.is_empty());
         let names: Vec<String> =
@@ -143,9 +151,11 @@ impl Ctx {
         };
         let info = adapter.get_info();
         let limits = adapter.limits();
+        // packed f16 storage where the adapter offers it, unless REDCO_WGPU_F16=0
+        let f16 = allow_f16 && adapter.features().contains(wgpu::Features::SHADER_F16);
         let desc = wgpu::DeviceDescriptor {
             label: Some("redco-wgpu"),
-            required_features: wgpu::Features::empty(),
+            required_features: if f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() },
             required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
@@ -173,6 +183,7 @@ impl Ctx {
             queue,
             info,
             limits,
+            f16,
             kernels: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
             pool: Arc::new(Pool::default()),
@@ -310,7 +321,11 @@ impl Ctx {
             return Ok(k.clone());
         }
         let layout = self.layout(n_in, n_out)?;
-        let src = format!("{}\n{}", include_str!("kernels/common.wgsl"), source());
+        // with SHADER_F16 every kernel enables f16 (the directive must come first) and gets
+        // the packed-f16 store `st_f16`
+        let (enable, f16_fns) =
+            if self.f16 { ("enable f16;\n", include_str!("kernels/common_f16.wgsl")) } else { ("", "") };
+        let src = format!("{enable}{}\n{f16_fns}\n{}", include_str!("kernels/common.wgsl"), source());
         let desc = wgpu::ShaderModuleDescriptor { label: Some(key), source: wgpu::ShaderSource::Wgsl(src.into()) };
         let module = if trusted {
             // SAFETY: only kernels whose every read is clamped into its operand (whose

@@ -3,7 +3,7 @@
 
 use crate::device::{err, groups_1d};
 use crate::layout::collapse;
-use crate::{store_fn, tpl, u32p, Dev, Wgpu, WgpuStorage};
+use crate::{tpl, u32p, Dev, Wgpu, WgpuStorage};
 use redco_core::backend::{BinaryOp, CmpOp, UnaryOp};
 use redco_core::{DType, Result, Shape};
 
@@ -22,8 +22,15 @@ pub(crate) fn full(w: &Wgpu, n: usize, value: f64, dtype: DType) -> Result<WgpuS
     };
     // allocate first: a size beyond the device's buffer limit is reported as such
     let out = w.alloc(n, dtype)?;
-    let n32 = u32p(n, "elements")?;
-    w.launch("fill", || include_str!("kernels/fill.wgsl").into(), &[], &out, &[n32, bits], groups_1d(n))?;
+    // packed f16: fill the words with two copies of the value
+    let (words, bits) = if w.packed(dtype) {
+        let h = half::f16::from_f64(value).to_bits() as u32;
+        (n.div_ceil(2), h | (h << 16))
+    } else {
+        (n, bits)
+    };
+    let n32 = u32p(words, "elements")?;
+    w.launch("fill", || include_str!("kernels/fill.wgsl").into(), &[], &out, &[n32, bits], groups_1d(words))?;
     Ok(out)
 }
 
@@ -74,9 +81,9 @@ fn unary_body(op: UnaryOp) -> (&'static str, &'static str, f64, f64) {
 /// A unary op on the first `n` elements of a float storage.
 pub(crate) fn unary(w: &Wgpu, op: UnaryOp, x: &WgpuStorage, n: usize) -> Result<WgpuStorage> {
     let (name, body, a, b) = unary_body(op);
-    let store = store_fn(x.dtype);
-    let key = format!("unary/{name}/{store}");
-    let src = || tpl(include_str!("kernels/unary.wgsl"), &[("$OP", body), ("$STORE", store)]);
+    let (store, xt) = (w.store(x.dtype), w.elem(x.dtype));
+    let key = format!("unary/{name}/{xt}/{store}");
+    let src = || tpl(include_str!("kernels/unary.wgsl"), &[("$OP", body), ("$STORE", store), ("$XT", xt)]);
     let params = [u32p(n, "elements")?, (a as f32).to_bits(), (b as f32).to_bits()];
     w.map_kernel(&key, src, &[x], n, x.dtype, &params)
 }
@@ -127,10 +134,14 @@ pub(crate) fn binary(
         BinaryOp::Max => "return max(x, z);",
         BinaryOp::Min => "return min(x, z);",
     };
-    let (ty, store) = (compute_ty(dt), store_fn(dt));
-    let key = format!("binary/{op:?}/{ty}/{store}");
-    let src =
-        || tpl(include_str!("kernels/binary.wgsl"), &[("$T", ty), ("$OUT", ty), ("$OP", body), ("$STORE", store)]);
+    let (ty, store, et) = (compute_ty(dt), w.store(dt), w.elem_as(dt, compute_ty(dt)));
+    let key = format!("binary/{op:?}/{ty}/{et}/{store}");
+    let src = || {
+        tpl(
+            include_str!("kernels/binary.wgsl"),
+            &[("$T", ty), ("$RT", ty), ("$IN", et), ("$OUT", et), ("$OP", body), ("$STORE", store)],
+        )
+    };
     let params = broadcast_params(&[a.1, b.1], out)?;
     w.map_kernel(&key, src, &[a.0, b.0], out.elem_count(), dt, &params)
 }
@@ -151,11 +162,15 @@ pub(crate) fn compare(
         CmpOp::Gt => ">",
         CmpOp::Ge => ">=",
     };
-    let ty = compute_ty(a.0.dtype);
+    let (ty, et) = (compute_ty(a.0.dtype), w.elem_as(a.0.dtype, compute_ty(a.0.dtype)));
     let body = format!("return select(0u, 1u, x {cmp} z);");
-    let key = format!("compare/{op:?}/{ty}");
-    let src =
-        || tpl(include_str!("kernels/binary.wgsl"), &[("$T", ty), ("$OUT", "u32"), ("$OP", &body), ("$STORE", "")]);
+    let key = format!("compare/{op:?}/{ty}/{et}");
+    let src = || {
+        tpl(
+            include_str!("kernels/binary.wgsl"),
+            &[("$T", ty), ("$RT", "u32"), ("$IN", et), ("$OUT", "u32"), ("$OP", &body), ("$STORE", "")],
+        )
+    };
     let params = broadcast_params(&[a.1, b.1], out)?;
     w.map_kernel(&key, src, &[a.0, b.0], out.elem_count(), DType::U8, &params)
 }
@@ -174,14 +189,15 @@ pub(crate) fn where_cond(
         let n = params[0];
         params = vec![n, 1, n, 1, 1, 1];
     }
-    let src = || include_str!("kernels/where.wgsl").to_string();
-    w.map_kernel("where", src, &[c.0, a.0, b.0], out.elem_count(), a.0.dtype, &params)
+    let e = w.bits(a.0.dtype);
+    let src = || tpl(include_str!("kernels/where.wgsl"), &[("$E", e)]);
+    w.map_kernel(&format!("where/{e}"), src, &[c.0, a.0, b.0], out.elem_count(), a.0.dtype, &params)
 }
 
 /// Converts the first `n` elements of `x` to `dtype`.
 pub(crate) fn cast(w: &Wgpu, x: &WgpuStorage, n: usize, dtype: DType) -> Result<WgpuStorage> {
     let (from, to) = (Dev::of(x.dtype), Dev::of(dtype));
-    let store = store_fn(dtype);
+    let store = w.store(dtype);
     let conv = match (from, to) {
         (Dev::F32, Dev::F32) | (Dev::I32, Dev::F32) | (Dev::U32, Dev::F32) => format!("return {store}(f32(v));"),
         (Dev::F32, Dev::I32) => "return select(i32(clamp(v, -2147483648.0, 2147483520.0)), 0, v != v);".to_string(),
@@ -190,8 +206,10 @@ pub(crate) fn cast(w: &Wgpu, x: &WgpuStorage, n: usize, dtype: DType) -> Result<
         (Dev::U32, Dev::I32) => "return i32(v);".to_string(),
         (Dev::I32, Dev::I32) | (Dev::U32, Dev::U32) => "return v;".to_string(),
     };
-    let key = format!("cast/{from:?}/{to:?}/{store}");
-    let src = || tpl(include_str!("kernels/cast.wgsl"), &[("$IN", from.wgsl()), ("$OUT", to.wgsl()), ("$CONV", &conv)]);
+    let (xt, yt) = (w.elem(x.dtype), w.elem(dtype));
+    let key = format!("cast/{from:?}/{to:?}/{xt}/{yt}/{store}");
+    let src =
+        || tpl(include_str!("kernels/cast.wgsl"), &[("$CT", from.wgsl()), ("$IN", xt), ("$OUT", yt), ("$CONV", &conv)]);
     let mut out = w.map_kernel(&key, src, &[x], n, dtype, &[u32p(n, "elements")?])?;
     if from == Dev::I32 && to == Dev::I32 && n == x.len {
         out.host_ids = x.host_ids.clone();

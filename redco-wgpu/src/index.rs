@@ -6,7 +6,7 @@
 //! The two adds need no atomics: each output element sums its own sources, so results are
 //! deterministic.
 
-use crate::{store_fn, tpl, u32p, Dev, Wgpu, WgpuStorage};
+use crate::{tpl, u32p, Dev, Wgpu, WgpuStorage};
 use redco_core::{Error, Result, Shape};
 use std::sync::Arc;
 
@@ -38,10 +38,15 @@ pub(crate) fn index_select(
     let (outer, size, inner) = shape.split_at_dim(dim);
     check(&host[..n_ids], size, "index_select")?;
     let n = outer * n_ids * inner;
-    let src =
-        || tpl(include_str!("kernels/index.wgsl"), &[("$MODE", "y[o] = x[(oo * size + u32(ids[j])) * inner + ii];")]);
+    let e = w.bits(x.dtype);
+    let src = || {
+        tpl(
+            include_str!("kernels/index.wgsl"),
+            &[("$MODE", "y[o] = x[(oo * size + u32(ids[j])) * inner + ii];"), ("$E", e)],
+        )
+    };
     let p = [u32p(n, "elements")?, u32p(inner, "inner")?, u32p(size, "size")?, u32p(n_ids, "ids")?];
-    w.map_kernel("index_select", src, &[x, ids], n, x.dtype, &p)
+    w.map_kernel(&format!("index_select/{e}"), src, &[x, ids], n, x.dtype, &p)
 }
 
 /// `out[.., i, ..] = x[.., idx[.., i, ..], ..]` along `dim`.
@@ -58,10 +63,15 @@ pub(crate) fn gather(
     check(&host, size, "gather")?;
     let k = idx_shape.dims()[dim];
     let n = idx_shape.elem_count();
-    let src =
-        || tpl(include_str!("kernels/index.wgsl"), &[("$MODE", "y[o] = x[(oo * size + u32(ids[o])) * inner + ii];")]);
+    let e = w.bits(x.dtype);
+    let src = || {
+        tpl(
+            include_str!("kernels/index.wgsl"),
+            &[("$MODE", "y[o] = x[(oo * size + u32(ids[o])) * inner + ii];"), ("$E", e)],
+        )
+    };
     let p = [u32p(n, "elements")?, u32p(inner, "inner")?, u32p(size, "size")?, u32p(k, "index size")?];
-    w.map_kernel("gather", src, &[x, idx], n, x.dtype, &p)
+    w.map_kernel(&format!("gather/{e}"), src, &[x, idx], n, x.dtype, &p)
 }
 
 /// `x` with the rows of `src` added at `ids` along `dim`.
@@ -100,9 +110,9 @@ pub(crate) fn index_add(
     }
     let offs = w.upload_words(&offs)?;
     let order = w.upload_words(&order)?;
-    let (ty, store) = (float_or_int(x), store_fn(x.dtype));
-    let key = format!("index_add/{ty}/{store}");
-    let srcf = || tpl(include_str!("kernels/index_add.wgsl"), &[("$T", ty), ("$STORE", store)]);
+    let (ty, store, xt) = (float_or_int(x), w.store(x.dtype), w.elem_as(x.dtype, float_or_int(x)));
+    let key = format!("index_add/{ty}/{xt}/{store}");
+    let srcf = || tpl(include_str!("kernels/index_add.wgsl"), &[("$T", ty), ("$XT", xt), ("$STORE", store)]);
     let n = x.len;
     let p = [u32p(n, "elements")?, u32p(inner, "inner")?, u32p(size, "size")?, u32p(k, "ids")?];
     w.map_kernel(&key, srcf, &[x, src, &offs, &order], n, x.dtype, &p)
@@ -122,9 +132,9 @@ pub(crate) fn scatter_add(
     let (_, size, inner) = shape.split_at_dim(dim);
     check(&host, size, "scatter_add")?;
     let k = idx_shape.dims()[dim];
-    let (ty, store) = (float_or_int(x), store_fn(x.dtype));
-    let key = format!("scatter_add/{ty}/{store}");
-    let srcf = || tpl(include_str!("kernels/scatter_add.wgsl"), &[("$T", ty), ("$STORE", store)]);
+    let (ty, store, xt) = (float_or_int(x), w.store(x.dtype), w.elem_as(x.dtype, float_or_int(x)));
+    let key = format!("scatter_add/{ty}/{xt}/{store}");
+    let srcf = || tpl(include_str!("kernels/scatter_add.wgsl"), &[("$T", ty), ("$XT", xt), ("$STORE", store)]);
     let n = x.len;
     let p = [u32p(n, "elements")?, u32p(inner, "inner")?, u32p(size, "size")?, u32p(k, "index size")?];
     w.map_kernel(&key, srcf, &[x, idx, src], n, x.dtype, &p)

@@ -1,8 +1,9 @@
-//! Layout kernels: permute, expand, narrow and cat, all one strided copy of 32-bit words
-//! (`kernels/copy.wgsl`), or a plain buffer copy when the region is contiguous.
+//! Layout kernels: permute, expand, narrow and cat, all one strided copy of elements (32-bit
+//! words, or packed f16) (`kernels/copy.wgsl`), or a plain buffer copy when the region is
+//! contiguous (and, for packed f16, 4-byte aligned).
 
 use crate::device::groups_1d;
-use crate::{u32p, Wgpu, WgpuStorage};
+use crate::{tpl, u32p, Wgpu, WgpuStorage};
 use redco_core::{Error, Result, Shape};
 
 /// Drops size-1 dims and merges neighbours that are contiguous in every stride set
@@ -58,8 +59,12 @@ fn strided_copy(
     let mut st = [src, dst];
     let dims = collapse(dims, &mut st);
     let [src, dst] = st;
-    if dims.len() <= 1 && src.iter().all(|&s| s == 1) && dst.iter().all(|&s| s == 1) {
-        return w.ctx.copy(x.buf.raw(), src_off as u64 * 4, out.buf.raw(), dst_off as u64 * 4, n as u64 * 4);
+    let eb = w.elem_bytes(x.dtype) as usize;
+    // buffer copies need offsets and sizes in multiples of 4 bytes
+    let aligned = [src_off, dst_off, n].iter().all(|&v| (v * eb).is_multiple_of(4));
+    if aligned && dims.len() <= 1 && src.iter().all(|&s| s == 1) && dst.iter().all(|&s| s == 1) {
+        let eb = eb as u64;
+        return w.ctx.copy(x.buf.raw(), src_off as u64 * eb, out.buf.raw(), dst_off as u64 * eb, n as u64 * eb);
     }
     let mut p = vec![u32p(n, "elements")?, dims.len() as u32, u32p(src_off, "offset")?, u32p(dst_off, "offset")?];
     for v in [&dims, &src, &dst] {
@@ -67,7 +72,8 @@ fn strided_copy(
             p.push(u32p(d, "stride")?);
         }
     }
-    w.launch("copy", || include_str!("kernels/copy.wgsl").into(), &[x], out, &p, groups_1d(n))
+    let e = w.bits(x.dtype);
+    w.launch(&format!("copy/{e}"), || tpl(include_str!("kernels/copy.wgsl"), &[("$E", e)]), &[x], out, &p, groups_1d(n))
 }
 
 /// Copies `x` with its dimensions permuted.

@@ -5,11 +5,17 @@
 //! `matmul.rs` + `kernels/matmul.wgsl`). It runs on Vulkan, Metal, DX12 and GL adapters,
 //! and in CI on Mesa's lavapipe (a software Vulkan device).
 //!
-//! - **Device types.** WGSL has 32-bit types only: f32 computes natively, f16 and bf16 are
-//!   stored as f32 on the device and rounded to their type on every store (the CPU backend
-//!   also computes them in f32), integer ids (`I64`, `I32`) live as i32 (an uploaded I64
-//!   beyond i32 is saturated on the device, but its host copy keeps it exact, so an
-//!   out-of-range id is still reported as such), `U8` masks as u32. `F64` is not supported.
+//! - **Device types.** Kernels compute floats in f32. Where the adapter offers
+//!   `wgpu::Features::SHADER_F16` ([`Wgpu::has_f16`]), the device is opened with it and f16
+//!   tensors are stored as packed 16-bit values (half the memory and bandwidth of f32;
+//!   buffers rounded up to 4 bytes): kernels get their element types by template
+//!   (`enable f16;`, `array<f16>` bindings), convert loads to f32 and round stores to f16
+//!   (nearest even, overflow to infinity). `REDCO_WGPU_F16=0` turns this off. Without it, f16
+//!   (and bf16 always) are stored as f32 words on the device and rounded to their type on
+//!   every store; both layouts give the same f16 results (the CPU backend also computes f16
+//!   and bf16 in f32). Integer ids (`I64`, `I32`) live as i32 (an uploaded I64 beyond i32 is
+//!   saturated on the device, but its host copy keeps it exact, so an out-of-range id is
+//!   still reported as such), `U8` masks as u32. `F64` is not supported.
 //! - **Queue.** Ops record compute passes into one pending command encoder, submitted
 //!   when the host needs data ([`Backend::download`], [`Backend::sync`]) or every 64
 //!   dispatches; nothing is read back until the host asks.
@@ -74,6 +80,13 @@ impl Wgpu {
     pub fn new() -> Result<Self> {
         Ok(Wgpu { ctx: Arc::new(Ctx::open()?) })
     }
+    /// [`Wgpu::new`] with packed f16 storage only when `allow_f16` (and the adapter offers
+    /// `SHADER_F16`), whatever `REDCO_WGPU_F16` says: `new_with_f16(false)` opens a device
+    /// that keeps f16 in f32 words (see [`Wgpu::has_f16`]), to test both layouts on one
+    /// machine.
+    pub fn new_with_f16(allow_f16: bool) -> Result<Self> {
+        Ok(Wgpu { ctx: Arc::new(Ctx::open_with(allow_f16)?) })
+    }
     /// Every adapter found, in the order [`Wgpu::new`] prefers them: discrete, integrated,
     /// virtual and other GPUs, then CPU adapters.
     pub fn adapters() -> Vec<wgpu::AdapterInfo> {
@@ -83,14 +96,69 @@ impl Wgpu {
     pub fn adapter_info(&self) -> wgpu::AdapterInfo {
         self.ctx.info.clone()
     }
+    /// True when this device stores f16 tensors as packed 16-bit values: the adapter offers
+    /// `wgpu::Features::SHADER_F16` and `REDCO_WGPU_F16=0` was not set when the device was
+    /// opened. Otherwise f16 tensors are held as f32 words rounded to f16 (as bf16 always is).
+    pub fn has_f16(&self) -> bool {
+        self.ctx.f16
+    }
     /// The largest storage buffer this device binds, in bytes.
     pub fn max_buffer_bytes(&self) -> u64 {
         self.ctx.limits.max_storage_buffer_binding_size.min(self.ctx.limits.max_buffer_size)
     }
 
+    /// True when storages of `dt` hold packed f16 on this device.
+    pub(crate) fn packed(&self, dt: DType) -> bool {
+        dt == DType::F16 && self.ctx.f16
+    }
+    /// The WGSL element type of a storage of `dt` (`f16` when packed, else that of
+    /// [`Dev::of`]).
+    pub(crate) fn elem(&self, dt: DType) -> &'static str {
+        if self.packed(dt) {
+            "f16"
+        } else {
+            Dev::of(dt).wgsl()
+        }
+    }
+    /// The WGSL element type of a storage of `dt` for a kernel that binds it as `ty` (its
+    /// compute type): `f16` when packed, else `ty`.
+    pub(crate) fn elem_as(&self, dt: DType, ty: &'static str) -> &'static str {
+        if self.packed(dt) {
+            "f16"
+        } else {
+            ty
+        }
+    }
+    /// The WGSL element type of a storage of `dt` for the kernels that copy bits without
+    /// looking at them (`f16` when packed, else `u32`).
+    pub(crate) fn bits(&self, dt: DType) -> &'static str {
+        if self.packed(dt) {
+            "f16"
+        } else {
+            "u32"
+        }
+    }
+    /// The WGSL function storing a computed value (f32 for floats, i32 for integers) into a
+    /// storage of `dt`: [`store_fn`], or `st_f16` (round, then convert) when packed.
+    pub(crate) fn store(&self, dt: DType) -> &'static str {
+        if self.packed(dt) {
+            "st_f16"
+        } else {
+            store_fn(dt)
+        }
+    }
+    /// Bytes per element of a storage of `dt` on this device.
+    pub(crate) fn elem_bytes(&self, dt: DType) -> u64 {
+        if self.packed(dt) {
+            2
+        } else {
+            4
+        }
+    }
+
     /// New uninitialised storage of `len` elements of `dtype`.
     pub(crate) fn alloc(&self, len: usize, dtype: DType) -> Result<WgpuStorage> {
-        let bytes = (len as u64).checked_mul(4).ok_or_else(|| {
+        let bytes = (len as u64).checked_mul(self.elem_bytes(dtype)).map(|b| b.div_ceil(4) * 4).ok_or_else(|| {
             err(format!("a tensor of {len} elements exceeds the device limit of {} bytes", self.max_buffer_bytes()))
         })?;
         let buf = self.ctx.alloc(bytes)?;
@@ -173,8 +241,8 @@ impl Wgpu {
     }
 }
 
-/// wgpu storage: a pooled device buffer of 32-bit words, its element count and logical
-/// dtype. Clones share the buffer; it returns to the pool when the last one drops.
+/// wgpu storage: a pooled device buffer (of 32-bit words, or packed f16 for F16 on a device
+/// with [`Wgpu::has_f16`]), its element count and logical dtype. Clones share the buffer; it returns to the pool when the last one drops.
 #[derive(Clone, Debug)]
 pub struct WgpuStorage {
     buf: Arc<DevBuf>,
@@ -291,6 +359,7 @@ impl Backend for Wgpu {
         let dtype = data.dtype();
         let (bytes, host_ids): (Vec<u8>, Option<Arc<Vec<i64>>>) = match data {
             HostData::F32(v) => (bytemuck::cast_slice(v).to_vec(), None),
+            HostData::F16(v) if self.ctx.f16 => (bytemuck::cast_slice(v).to_vec(), None),
             HostData::F16(_) | HostData::BF16(_) => (bytemuck::cast_slice(&data.to_f32_vec()).to_vec(), None),
             HostData::F64(_) => return Err(Error::UnsupportedDType { op: "wgpu upload", dtype }),
             HostData::I32(v) => {
@@ -315,7 +384,10 @@ impl Backend for Wgpu {
                 _ => HostData::I64(h.to_vec()),
             });
         }
-        let bytes = self.ctx.read(s.buf.raw(), s.len as u64 * 4)?;
+        let bytes = self.ctx.read(s.buf.raw(), s.len as u64 * self.elem_bytes(s.dtype))?;
+        if self.packed(s.dtype) {
+            return Ok(HostData::F16(bytemuck::pod_collect_to_vec(&bytes)));
+        }
         Ok(match Dev::of(s.dtype) {
             Dev::F32 => HostData::from_f32(bytemuck::pod_collect_to_vec(&bytes), s.dtype),
             Dev::I32 => {
@@ -570,6 +642,132 @@ pub(crate) fn test_device() -> Option<Wgpu> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// With `SHADER_F16`, an f16 tensor takes 2 bytes per element on the device (4 with
+    /// the f32-word layout, and always for bf16) and round-trips exactly.
+    #[test]
+    fn f16_storage_is_packed_when_the_adapter_has_shader_f16() {
+        let Some(w) = test_device() else { return };
+        let n = 1001;
+        let v: Vec<half::f16> = (0..n).map(|i| half::f16::from_f32(i as f32 * 0.37 - 150.0)).collect();
+        let x = w.upload(&HostData::F16(v.clone())).unwrap();
+        let y = w.alloc(n, DType::F16).unwrap();
+        let b = w.alloc(n, DType::BF16).unwrap();
+        println!("has_f16: {}, f16 buffer {} bytes for {n} elements", w.has_f16(), y.buf.raw().size());
+        let per_elem = if w.has_f16() { 2 } else { 4 };
+        assert_eq!(w.elem_bytes(DType::F16), per_elem);
+        assert_eq!(w.elem_bytes(DType::BF16), 4);
+        for s in [&x, &y] {
+            let size = s.buf.raw().size();
+            assert!(size >= n as u64 * per_elem && size < n as u64 * per_elem * 5 / 4 + 256, "{size}");
+        }
+        assert!(b.buf.raw().size() >= n as u64 * 4);
+        let wanted_f16 = std::env::var("REDCO_WGPU_F16").map_or(true, |v| v.trim() != "0");
+        let offered = device::adapters()
+            .iter()
+            .find(|a| a.get_info().name == w.ctx.info.name && a.get_info().backend == w.ctx.info.backend)
+            .is_some_and(|a| a.features().contains(wgpu::Features::SHADER_F16));
+        assert_eq!(w.has_f16(), wanted_f16 && offered);
+        assert_eq!(w.download(&x).unwrap(), HostData::F16(v));
+    }
+
+    /// Every op family on f16 gives bit-identical results with packed f16 and with the
+    /// f32-word layout (both compute in f32 and round to f16 on every store).
+    #[test]
+    fn f16_packed_and_f32_word_layouts_agree_bit_for_bit() {
+        let Some(packed) = test_device() else { return };
+        if !packed.has_f16() {
+            eprintln!("skipped: the device has no packed f16 (no SHADER_F16 or REDCO_WGPU_F16=0)");
+            return;
+        }
+        let words = Wgpu { ctx: Arc::new(Ctx::open_with(false).unwrap()) };
+        assert!(!words.has_f16());
+        let results = |w: &Wgpu| -> Vec<HostData> { f16_workload(w).unwrap() };
+        let (a, b) = (results(&packed), results(&words));
+        assert_eq!(a.len(), b.len());
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(x, y, "result {i} differs between the layouts");
+        }
+    }
+
+    fn f16_workload(w: &Wgpu) -> Result<Vec<HostData>> {
+        let h = |n: usize, s: f32| -> HostData {
+            HostData::F16((0..n).map(|i| half::f16::from_f32(((i * 37 % 23) as f32 / 7.0 - 1.5) * s)).collect())
+        };
+        let sh = |d: &[usize]| Shape::new(d.to_vec());
+        let x = w.upload(&h(7 * 12, 1.0))?; // [7, 12]
+        let y = w.upload(&h(12, 2.0))?; // [12]
+        let xs = sh(&[7, 12]);
+        let mut out = vec![
+            w.unary(UnaryOp::Exp, &x, 84)?,
+            w.unary(UnaryOp::GeluTanh, &x, 83)?,
+            w.binary(BinaryOp::Mul, (&x, &xs), (&y, &sh(&[12])), &xs)?,
+            w.compare(CmpOp::Gt, (&x, &xs), (&y, &sh(&[12])), &xs)?,
+        ];
+        out.push(w.where_cond((&out[3], &xs), (&x, &xs), (&y, &sh(&[12])), &xs)?);
+        out.push(w.full(5, 1.2345, DType::F16)?);
+        let f = w.cast(&x, 84, DType::F32)?;
+        out.push(w.cast(&w.unary(UnaryOp::Affine { mul: 1.001, add: 0.0 }, &f, 84)?, 84, DType::F16)?);
+        out.push(w.cast(&x, 84, DType::BF16)?);
+        out.push(w.cast(&out[7], 84, DType::F16)?);
+        out.push(w.cast(&x, 84, DType::I32)?);
+        out.push(w.cast(&out[9], 84, DType::F16)?);
+        out.push(f);
+        out.push(w.permute(&x, &xs, &[1, 0])?);
+        out.push(w.narrow(&x, &xs, 1, 3, 5)?);
+        out.push(w.narrow(&x, &xs, 0, 1, 3)?);
+        out.push(w.cat(&[(&x, &xs), (&y, &sh(&[1, 12]))], 0)?);
+        out.push(w.expand(&y, &sh(&[1, 12]), &xs)?);
+        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::ArgMax] {
+            out.push(w.reduce(op, &x, &xs, 1)?);
+            out.push(w.reduce(op, &x, &xs, 0)?);
+        }
+        let long = w.upload(&h(3 * 700, 0.5))?;
+        out.push(w.reduce(ReduceOp::Sum, &long, &sh(&[3, 700]), 1)?);
+        out.push(w.reduce(ReduceOp::Max, &long, &sh(&[3, 700]), 1)?);
+        let ids = w.upload(&HostData::I64(vec![3, 0, 3, 6]))?;
+        out.push(w.index_select(&x, &xs, 0, &ids, 4)?);
+        let src = w.upload(&h(4 * 12, 3.0))?;
+        out.push(w.index_add(&x, &xs, 0, &ids, &src)?);
+        let gi = w.upload(&HostData::I64((0..84).map(|i| (i * 5 % 12) as i64).collect()))?;
+        out.push(w.gather(&x, &xs, 1, &gi, &xs)?);
+        out.push(w.scatter_add(&x, &xs, 1, &gi, &xs, &x)?);
+        for (m, n, k) in [(7, 12, 12), (7, 5, 12), (8, 12, 4)] {
+            let spec =
+                MatmulSpec { batch: 1, m, n, k, trans_a: false, trans_b: true, a_batched: true, b_batched: true };
+            out.push(w.matmul(&x, &w.upload(&h(n * k, 0.5))?, &spec)?);
+            let spec = MatmulSpec { trans_b: false, ..spec };
+            out.push(w.matmul(&x, &w.upload(&h(n * k, 0.5))?, &spec)?);
+        }
+        out.push(w.softmax(&x, &xs)?);
+        out.push(w.log_softmax(&x, &xs)?);
+        out.push(w.layer_norm(&x, &xs, Some(&y), Some(&y), 1e-5)?);
+        out.push(w.rms_norm(&x, &xs, Some(&y), 1e-5)?);
+        let cs = w.upload(&h(7 * 3, 0.3))?;
+        out.push(w.rotary(&x, &xs, &cs, &cs, &sh(&[7, 3]), RotaryMode::HalfSplit)?);
+        out.push(w.rotary(&x, &xs, &cs, &cs, &sh(&[7, 3]), RotaryMode::Interleaved)?);
+        let t = w.upload(&HostData::I64(vec![1, 0, -100, 11, 5, 2, 3]))?;
+        out.push(w.cross_entropy(&x, &xs, &t, -100)?);
+        let step =
+            AdamStep { lr: 1e-2, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.1, bias1: 0.1, bias2: 0.001 };
+        let (p, m, v) = w.adamw(&x, &x, &x, &w.unary(UnaryOp::Abs, &x, 84)?, 84, &step)?;
+        out.extend([p, m, v]);
+        let q = w.upload(&h(2 * 3 * 8, 0.7))?;
+        let spec = AttentionSpec {
+            batch: 1,
+            q_heads: 2,
+            kv_heads: 1,
+            q_len: 3,
+            kv_len: 4,
+            head_dim: 8,
+            scale: 0.35,
+            causal: true,
+            mask_shape: None,
+        };
+        let kv = w.upload(&h(4 * 8, 0.9))?;
+        out.push(w.attention(&q, &kv, &kv, None, &spec)?);
+        out.iter().map(|s| w.download(s)).collect()
+    }
 
     /// A device that goes away (here destroyed) makes the next op and read-back return an
     /// error, promptly, instead of hanging or panicking.

@@ -14,7 +14,7 @@
 //! loads of a workgroup coalesced.
 
 use crate::device::err;
-use crate::{store_fn, tpl, u32p, Wgpu, WgpuStorage};
+use crate::{tpl, u32p, Wgpu, WgpuStorage};
 use redco_core::backend::MatmulSpec;
 use redco_core::{DType, Error, Result};
 
@@ -89,19 +89,21 @@ pub(crate) fn matmul_tiled(
     if k == 0 {
         return crate::elementwise::full(w, batch * m * n, 0.0, dt);
     }
-    let store = store_fn(dt);
+    let (store, xt) = (w.store(dt), w.elem(dt));
     // the aligned kernel loads rows of A (along k, or along m when transposed), rows of B
     // (along n, or along k when transposed) and stores rows of C as vec4
     if k.is_multiple_of(4) && n.is_multiple_of(4) && (!trans_a || m.is_multiple_of(4)) {
         let t = tiling.fit(m, n, trans_a);
-        let key = format!("matmul_tiled/{trans_a}/{trans_b}/{}x{}x{}/{store}", t.rows, t.quads, t.lanes);
+        let key = format!("matmul_tiled/{trans_a}/{trans_b}/{}x{}x{}/{xt}/{store}", t.rows, t.quads, t.lanes);
         let groups = ((n / 4).div_ceil(t.lanes * t.quads), m.div_ceil(t.rows));
-        return launch(w, a, b, out, spec, &key, || tiled_source(trans_a, trans_b, t, store), groups);
+        return launch(w, a, b, out, spec, &key, || tiled_source(trans_a, trans_b, t, xt, store), groups);
     }
     let aidx = if trans_a { "q * m + i" } else { "i * k + q" };
     let bidx = if trans_b { "j * k + q" } else { "q * n + j" };
-    let key = format!("matmul/{trans_a}/{trans_b}/{store}");
-    let src = || tpl(include_str!("kernels/matmul.wgsl"), &[("$AIDX", aidx), ("$BIDX", bidx), ("$STORE", store)]);
+    let key = format!("matmul/{trans_a}/{trans_b}/{xt}/{store}");
+    let src = || {
+        tpl(include_str!("kernels/matmul.wgsl"), &[("$AIDX", aidx), ("$BIDX", bidx), ("$STORE", store), ("$XT", xt)])
+    };
     launch(w, a, b, out, spec, &key, src, (n.div_ceil(TILE), m.div_ceil(TILE)))
 }
 
@@ -145,16 +147,16 @@ fn launch(
 /// costs nothing on SIMD-over-lanes devices (the components are separate registers).
 /// Params: m, n, k, a_batch_stride, b_batch_stride (in floats). Reads are clamped into the
 /// matrices, writes past the edges skipped.
-fn tiled_source(ta: bool, tb: bool, t: Tiling, store: &str) -> String {
+fn tiled_source(ta: bool, tb: bool, t: Tiling, xt: &str, store: &str) -> String {
     let Tiling { rows, quads, lanes } = t;
     let mut s = String::new();
     let mut l = |line: String| {
         s.push_str(&line);
         s.push('\n');
     };
-    l("@group(0) @binding(0) var<storage, read> a: array<vec4<f32>>;".into());
-    l("@group(0) @binding(1) var<storage, read> b: array<vec4<f32>>;".into());
-    l("@group(0) @binding(2) var<storage, read_write> c: array<vec4<f32>>;".into());
+    l(format!("@group(0) @binding(0) var<storage, read> a: array<vec4<{xt}>>;"));
+    l(format!("@group(0) @binding(1) var<storage, read> b: array<vec4<{xt}>>;"));
+    l(format!("@group(0) @binding(2) var<storage, read_write> c: array<vec4<{xt}>>;"));
     l("@group(0) @binding(3) var<storage, read> p: array<u32>;".into());
     l(format!("@compute @workgroup_size({lanes})"));
     l("fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {".into());
@@ -190,7 +192,7 @@ fn tiled_source(ta: bool, tb: bool, t: Tiling, store: &str) -> String {
     if ta {
         for u in 0..4 {
             for g in 0..rows / 4 {
-                l(format!("        let at{u}_{g} = a[ar{g} + (4u * q + {u}u) * m4];"));
+                l(format!("        let at{u}_{g} = vec4<f32>(a[ar{g} + (4u * q + {u}u) * m4]);"));
             }
         }
         for i in 0..rows {
@@ -199,20 +201,20 @@ fn tiled_source(ta: bool, tb: bool, t: Tiling, store: &str) -> String {
         }
     } else {
         for i in 0..rows {
-            l(format!("        let a{i} = a[ar{i} + q];"));
+            l(format!("        let a{i} = vec4<f32>(a[ar{i} + q]);"));
         }
     }
     for j in 0..quads {
         if tb {
             for u in 0..4 {
-                l(format!("        let bt{u}_{j} = b[br{j}_{u} + q];"));
+                l(format!("        let bt{u}_{j} = vec4<f32>(b[br{j}_{u} + q]);"));
             }
             for u in 0..4 {
                 l(format!("        let b{u}_{j} = vec4<f32>(bt0_{j}[{u}], bt1_{j}[{u}], bt2_{j}[{u}], bt3_{j}[{u}]);"));
             }
         } else {
             for u in 0..4 {
-                l(format!("        let b{u}_{j} = b[bb + (4u * q + {u}u) * n4 + cc{j}];"));
+                l(format!("        let b{u}_{j} = vec4<f32>(b[bb + (4u * q + {u}u) * n4 + cc{j}]);"));
             }
         }
     }
@@ -231,7 +233,7 @@ fn tiled_source(ta: bool, tb: bool, t: Tiling, store: &str) -> String {
             let val = if store == "keep" {
                 v
             } else {
-                format!("vec4<f32>({store}({v}.x), {store}({v}.y), {store}({v}.z), {store}({v}.w))")
+                format!("vec4<{xt}>({store}({v}.x), {store}({v}.y), {store}({v}.z), {store}({v}.w))")
             };
             l(format!("        if (c{j} < n4) {{ c[(wid.z * m + row0 + {i}u) * n4 + c{j}] = {val}; }}"));
         }

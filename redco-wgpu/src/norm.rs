@@ -1,7 +1,7 @@
 //! LayerNorm and RMSNorm over the last dimension (`kernels/norm.wgsl`, one row per segment
 //! of a workgroup, see `rows.rs`), statistics in f32 with a two-pass variance.
 
-use crate::{check_same, rows, store_fn, u32p, Wgpu, WgpuStorage};
+use crate::{check_same, rows, u32p, Wgpu, WgpuStorage};
 use redco_core::{Error, Result, Shape};
 
 /// LayerNorm (`center`) or RMSNorm of `x` over the last dim of `shape`, with the optional
@@ -29,19 +29,19 @@ pub(crate) fn norm(
     }
     let n_rows = x.len / d;
     let tpr = rows::threads_per_row(d);
-    let store = store_fn(x.dtype);
+    let (store, xt) = (w.store(x.dtype), w.elem(x.dtype));
     let affine = match (weight.is_some(), bias.is_some()) {
         (false, false) => "v",
-        (true, false) => "v * w[j]",
-        (false, true) => "v + b[j]",
-        (true, true) => "v * w[j] + b[j]",
+        (true, false) => "v * f32(w[j])",
+        (false, true) => "v + f32(b[j])",
+        (true, true) => "v * f32(w[j]) + f32(b[j])",
     };
-    let key = format!("norm/{center}/{}/{}/{tpr}/{store}", weight.is_some(), bias.is_some());
+    let key = format!("norm/{center}/{}/{}/{tpr}/{xt}/{store}", weight.is_some(), bias.is_some());
     let src = || {
         rows::source(
             include_str!("kernels/norm.wgsl"),
             tpr,
-            &[("$CENTER", if center { "true" } else { "false" }), ("$STORE", store), ("$AFFINE", affine)],
+            &[("$CENTER", if center { "true" } else { "false" }), ("$STORE", store), ("$AFFINE", affine), ("$XT", xt)],
         )
     };
     // absent parameters are bound to `x` (never read)

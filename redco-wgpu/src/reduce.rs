@@ -3,7 +3,7 @@
 
 use crate::device::err;
 use crate::elementwise;
-use crate::{store_fn, tpl, u32p, Dev, Wgpu, WgpuStorage};
+use crate::{tpl, u32p, Dev, Wgpu, WgpuStorage};
 use redco_core::backend::ReduceOp;
 use redco_core::{DType, Result, Shape};
 
@@ -30,13 +30,12 @@ pub(crate) fn reduce(w: &Wgpu, op: ReduceOp, x: &WgpuStorage, shape: &Shape, dim
         Dev::F32 => "f32",
         _ => "i32",
     };
-    let store = store_fn(x.dtype);
+    let (store, xt) = (w.store(x.dtype), w.elem_as(x.dtype, ty));
     let finish = match op {
-        ReduceOp::Sum => format!("{store}(acc)"),
-        ReduceOp::Max | ReduceOp::Min => "acc".to_string(),
+        ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min => format!("{store}(acc)"),
         ReduceOp::ArgMax => "i32(arg)".to_string(),
     };
-    let out_ty = if op == ReduceOp::ArgMax { "i32" } else { ty };
+    let out_ty = if op == ReduceOp::ArgMax { "i32" } else { xt };
     let step = match op {
         ReduceOp::Sum => "acc = acc + v;",
         ReduceOp::Max => "acc = max(acc, v);",
@@ -57,12 +56,13 @@ pub(crate) fn reduce(w: &Wgpu, op: ReduceOp, x: &WgpuStorage, shape: &Shape, dim
             }
         };
         let init = format!("{ty}(0)");
-        let key = format!("reduce_row/{op:?}/{ty}/{store}");
+        let key = format!("reduce_row/{op:?}/{ty}/{xt}/{store}");
         let src = || {
             tpl(
                 include_str!("kernels/reduce_row.wgsl"),
                 &[
                     ("$T", ty),
+                    ("$XT", xt),
                     ("$OUT", out_ty),
                     ("$INIT", &init),
                     ("$STEP", step),
@@ -77,9 +77,12 @@ pub(crate) fn reduce(w: &Wgpu, op: ReduceOp, x: &WgpuStorage, shape: &Shape, dim
         w.launch(&key, src, &[x], &out, &[u32p(rows, "rows")?, p_size], groups)?;
         return Ok(out);
     }
-    let key = format!("reduce/{op:?}/{ty}/{store}");
+    let key = format!("reduce/{op:?}/{ty}/{xt}/{store}");
     let src = || {
-        tpl(include_str!("kernels/reduce.wgsl"), &[("$T", ty), ("$OUT", out_ty), ("$STEP", step), ("$FINISH", &finish)])
+        tpl(
+            include_str!("kernels/reduce.wgsl"),
+            &[("$T", ty), ("$XT", xt), ("$OUT", out_ty), ("$STEP", step), ("$FINISH", &finish)],
+        )
     };
     let params = [u32p(n_out, "outputs")?, p_size, u32p(inner, "inner size")?];
     w.map_kernel(&key, src, &[x], n_out, out_dt, &params)

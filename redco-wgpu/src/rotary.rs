@@ -1,7 +1,7 @@
 //! Rotary position embedding, both conventions (`kernels/rotary.wgsl`: one invocation per
 //! output element, partial rotary dims and per-row tables).
 
-use crate::{check_same, store_fn, tpl, u32p, Wgpu, WgpuStorage};
+use crate::{check_same, tpl, u32p, Wgpu, WgpuStorage};
 use redco_core::backend::RotaryMode;
 use redco_core::{Error, Result, Shape};
 
@@ -36,14 +36,16 @@ pub(crate) fn rotary(
         return w.alloc(n, x.dtype);
     }
     let pair = match mode {
-        RotaryMode::HalfSplit => "let k = j % half; let first = j < half; let a = x[rd + k]; let b = x[rd + k + half];",
+        RotaryMode::HalfSplit => {
+            "let k = j % half; let first = j < half; let a = f32(x[rd + k]); let b = f32(x[rd + k + half]);"
+        }
         RotaryMode::Interleaved => {
-            "let k = j / 2u; let first = j % 2u == 0u; let a = x[rd + 2u * k]; let b = x[rd + 2u * k + 1u];"
+            "let k = j / 2u; let first = j % 2u == 0u; let a = f32(x[rd + 2u * k]); let b = f32(x[rd + 2u * k + 1u]);"
         }
     };
-    let store = store_fn(x.dtype);
-    let key = format!("rotary/{mode:?}/{store}");
-    let src = || tpl(include_str!("kernels/rotary.wgsl"), &[("$PAIR", pair), ("$STORE", store)]);
+    let (store, xt) = (w.store(x.dtype), w.elem(x.dtype));
+    let key = format!("rotary/{mode:?}/{xt}/{store}");
+    let src = || tpl(include_str!("kernels/rotary.wgsl"), &[("$PAIR", pair), ("$STORE", store), ("$XT", xt)]);
     let params = [
         u32p(n, "elements")?,
         u32p(d, "head dim")?,

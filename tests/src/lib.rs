@@ -47,9 +47,27 @@ pub fn wgpu() -> Option<redco_wgpu::Wgpu> {
     }
 }
 
+/// A second wgpu device, opened without packed f16 (f16 kept in f32 words), for running the
+/// wgpu tests on both f16 layouts; `None` (the tests skip) when [`wgpu`] is unavailable or
+/// has no packed f16 itself (the second run would repeat the first).
+pub fn wgpu_f32_words() -> Option<redco_wgpu::Wgpu> {
+    static DEV: std::sync::OnceLock<Option<redco_wgpu::Wgpu>> = std::sync::OnceLock::new();
+    DEV.get_or_init(|| {
+        let packed = wgpu()?;
+        if !packed.has_f16() {
+            return None;
+        }
+        let w = redco_wgpu::Wgpu::new_with_f16(false).expect("the wgpu adapter opened once already");
+        assert!(!w.has_f16());
+        Some(w)
+    })
+    .clone()
+}
+
 /// Instantiates each generic test `fn name<B: Backend>(b: &B)` once per enabled backend:
-/// `cpu::name`, `composite::name` and `wgpu::name` (skipped without a wgpu adapter; each
-/// later backend adds its line here).
+/// `cpu::name`, `composite::name`, `wgpu::name` (skipped without a wgpu adapter) and
+/// `wgpu_f32_words::name` (the same on a device keeping f16 in f32 words; skipped when the
+/// first has no packed f16); each later backend adds its line here.
 #[macro_export]
 macro_rules! conformance {
     ($($t:ident),* $(,)?) => {
@@ -61,6 +79,9 @@ macro_rules! conformance {
         }
         mod wgpu {
             $( #[test] fn $t() { if let Some(b) = $crate::wgpu() { super::$t(&b) } } )*
+        }
+        mod wgpu_f32_words {
+            $( #[test] fn $t() { if let Some(b) = $crate::wgpu_f32_words() { super::$t(&b) } } )*
         }
     };
 }

@@ -20,11 +20,11 @@ const BQ: u32 = $BQu;
 const BK: u32 = $BKu;
 const LOWEST: f32 = -3.40282347e38;
 
-@group(0) @binding(0) var<storage, read> q: array<f32>;
-@group(0) @binding(1) var<storage, read> k: array<f32>;
-@group(0) @binding(2) var<storage, read> v: array<f32>;
+@group(0) @binding(0) var<storage, read> q: array<$XT>;
+@group(0) @binding(1) var<storage, read> k: array<$XT>;
+@group(0) @binding(2) var<storage, read> v: array<$XT>;
 @group(0) @binding(3) var<storage, read> mask: array<u32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y: array<$XT>;
 @group(0) @binding(5) var<storage, read> p: array<u32>;
 
 var<workgroup> kt: array<f32, BK * D>;
@@ -69,7 +69,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         acc[e] = 0.0;
         qr[e] = 0.0;
         if (live) {
-            qr[e] = q[row + e];
+            qr[e] = f32(q[row + e]);
         }
     }
     var mx = LOWEST;
@@ -79,8 +79,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     for (var t0 = 0u; t0 < kv_end; t0 = t0 + BK) {
         let nk = min(BK, kv_len - t0);
         for (var e = lid.x; e < nk * D; e = e + BQ) {
-            kt[e] = k[kv0 + t0 * D + e];
-            vt[e] = v[kv0 + t0 * D + e];
+            kt[e] = f32(k[kv0 + t0 * D + e]);
+            vt[e] = f32(v[kv0 + t0 * D + e]);
         }
         workgroupBarrier();
         if (live) {
@@ -134,7 +134,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             for (var e = 0u; e < D; e = e + 1u) {
                 var s = 0.0;
                 for (var j = 0u; j < kv_len; j = j + 1u) {
-                    s = s + v[kv0 + j * D + e];
+                    s = s + f32(v[kv0 + j * D + e]);
                 }
                 y[row + e] = $STORE(s / f32(kv_len));
             }

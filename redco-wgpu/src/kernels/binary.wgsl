@@ -1,13 +1,13 @@
-// Broadcasting binary op and comparison: y[i] = $STORE(op(a[ia], b[ib])).
+// Broadcasting binary op and comparison: y[i] = $STORE(op($T(a[ia]), $T(b[ib]))).
 // Params: n, rank, dims[rank], a_strides[rank], b_strides[rank]; rank 0 means that both
 // operands are contiguous with the output's shape.
 
-@group(0) @binding(0) var<storage, read> a: array<$T>;
-@group(0) @binding(1) var<storage, read> b: array<$T>;
+@group(0) @binding(0) var<storage, read> a: array<$IN>;
+@group(0) @binding(1) var<storage, read> b: array<$IN>;
 @group(0) @binding(2) var<storage, read_write> y: array<$OUT>;
 @group(0) @binding(3) var<storage, read> p: array<u32>;
 
-fn op(x: $T, z: $T) -> $OUT {
+fn op(x: $T, z: $T) -> $RT {
     $OP
 }
 
@@ -34,5 +34,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             ib = ib + c * p[1u + 2u * rank + d];
         }
     }
-    y[i] = $STORE(op(a[ia], b[ib]));
+    y[i] = $STORE(op($T(a[ia]), $T(b[ib])));
 }

@@ -4,7 +4,7 @@
 @group(0) @binding(1) var<storage, read_write> y: array<$OUT>;
 @group(0) @binding(2) var<storage, read> p: array<u32>;
 
-fn conv(v: $IN) -> $OUT {
+fn conv(v: $CT) -> $OUT {
     $CONV
 }
 
@@ -15,5 +15,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (i >= p[0]) {
         return;
     }
-    y[i] = conv(x[i]);
+    y[i] = conv($CT(x[i]));
 }

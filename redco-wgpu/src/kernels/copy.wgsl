@@ -1,10 +1,10 @@
-// Strided copy of 32-bit words: for each multi-index c over dims,
+// Strided copy of elements ($E: u32 words, or packed f16): for each multi-index c over dims,
 // y[dst_off + c . dst_strides] = x[src_off + c . src_strides].
 // Params: n, rank, src_off, dst_off, dims[rank], src_strides[rank], dst_strides[rank].
 // Serves permute, expand, narrow and each part of cat.
 
-@group(0) @binding(0) var<storage, read> x: array<u32>;
-@group(0) @binding(1) var<storage, read_write> y: array<u32>;
+@group(0) @binding(0) var<storage, read> x: array<$E>;
+@group(0) @binding(1) var<storage, read_write> y: array<$E>;
 @group(0) @binding(2) var<storage, read> p: array<u32>;
 
 @compute @workgroup_size(256)

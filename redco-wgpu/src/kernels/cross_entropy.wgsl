@@ -3,9 +3,9 @@
 // every target other than the ignore index lies in 0..d, so a target outside it is the
 // ignore index (possibly saturated to i32). Params: rows, d, ignore index (i32 bits).
 
-@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<$XT>;
 @group(0) @binding(1) var<storage, read> t: array<i32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<$XT>;
 @group(0) @binding(3) var<storage, read> p: array<u32>;
 
 @compute @workgroup_size(256)
@@ -18,14 +18,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var mx = LOWEST;
     if (live) {
         for (var j = rl.y; j < d; j = j + TPR) {
-            mx = max(mx, x[base + j]);
+            mx = max(mx, f32(x[base + j]));
         }
     }
     mx = seg_max(lid.x, mx);
     var s = 0.0;
     if (live) {
         for (var j = rl.y; j < d; j = j + TPR) {
-            s = s + exp(x[base + j] - mx);
+            s = s + exp(f32(x[base + j]) - mx);
         }
     }
     s = seg_sum(lid.x, s);
@@ -34,7 +34,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if (tg == bitcast<i32>(p[2]) || tg < 0 || u32(tg) >= d) {
             y[rl.x] = 0.0;
         } else {
-            y[rl.x] = $STORE((log(s) + mx) - x[base + u32(tg)]);
+            y[rl.x] = $STORE((log(s) + mx) - f32(x[base + u32(tg)]));
         }
     }
 }

@@ -1,12 +1,12 @@
-// Index ops on 32-bit words. $MODE selects the kernel body:
+// Index ops on elements ($E: u32 words, or packed f16). $MODE selects the kernel body:
 // - select (index_select): inputs x, ids; out [outer, n_ids, inner];
 //   params: n_out, inner, size, n_ids.
 // - gather: inputs x, idx; out shaped like idx = [outer, n_idx, inner];
 //   params: n_out, inner, size, n_idx.
 
-@group(0) @binding(0) var<storage, read> x: array<u32>;
+@group(0) @binding(0) var<storage, read> x: array<$E>;
 @group(0) @binding(1) var<storage, read> ids: array<i32>;
-@group(0) @binding(2) var<storage, read_write> y: array<u32>;
+@group(0) @binding(2) var<storage, read_write> y: array<$E>;
 @group(0) @binding(3) var<storage, read> p: array<u32>;
 
 @compute @workgroup_size(256)

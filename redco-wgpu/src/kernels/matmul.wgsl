@@ -3,17 +3,17 @@
 // entry. Params: m, n, k, a_batch_stride, b_batch_stride.
 // $AIDX and $BIDX index the operands in their stored layout (transposed or not).
 
-@group(0) @binding(0) var<storage, read> a: array<f32>;
-@group(0) @binding(1) var<storage, read> b: array<f32>;
-@group(0) @binding(2) var<storage, read_write> c: array<f32>;
+@group(0) @binding(0) var<storage, read> a: array<$XT>;
+@group(0) @binding(1) var<storage, read> b: array<$XT>;
+@group(0) @binding(2) var<storage, read_write> c: array<$XT>;
 @group(0) @binding(3) var<storage, read> p: array<u32>;
 
 fn la(i: u32, q: u32, base: u32, m: u32, k: u32) -> f32 {
-    return a[base + $AIDX];
+    return f32(a[base + $AIDX]);
 }
 
 fn lb(q: u32, j: u32, base: u32, n: u32, k: u32) -> f32 {
-    return b[base + $BIDX];
+    return f32(b[base + $BIDX]);
 }
 
 @compute @workgroup_size(8, 8)

@@ -2,10 +2,10 @@
 // LayerNorm), the mean square of x - mean, then one write pass with the optional scale w and
 // shift b (inputs bound in any case; $AFFINE reads the present ones). Params: rows, d, eps.
 
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> w: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<$XT>;
+@group(0) @binding(1) var<storage, read> w: array<$XT>;
+@group(0) @binding(2) var<storage, read> b: array<$XT>;
+@group(0) @binding(3) var<storage, read_write> y: array<$XT>;
 @group(0) @binding(4) var<storage, read> p: array<u32>;
 
 const CENTER: bool = $CENTER;
@@ -23,7 +23,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var s = 0.0;
         if (live) {
             for (var j = rl.y; j < d; j = j + TPR) {
-                s = s + x[base + j];
+                s = s + f32(x[base + j]);
             }
         }
         mean = seg_sum(lid.x, s) / f32(d);
@@ -31,14 +31,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var q = 0.0;
     if (live) {
         for (var j = rl.y; j < d; j = j + TPR) {
-            let c = x[base + j] - mean;
+            let c = f32(x[base + j]) - mean;
             q = q + c * c;
         }
     }
     let rstd = 1.0 / sqrt(seg_sum(lid.x, q) / f32(d) + eps);
     if (live) {
         for (var j = rl.y; j < d; j = j + TPR) {
-            let v = (x[base + j] - mean) * rstd;
+            let v = (f32(x[base + j]) - mean) * rstd;
             y[base + j] = $STORE($AFFINE);
         }
     }

@@ -1,7 +1,7 @@
 // Reduction of contiguous rows ([rows, size], inner = 1): one workgroup per row, a strided
 // pass per invocation then a tree in workgroup memory. Params: rows, size.
 
-@group(0) @binding(0) var<storage, read> x: array<$T>;
+@group(0) @binding(0) var<storage, read> x: array<$XT>;
 @group(0) @binding(1) var<storage, read_write> y: array<$OUT>;
 @group(0) @binding(2) var<storage, read> p: array<u32>;
 
@@ -21,7 +21,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var started = false;
     if (live) {
         for (var s = t; s < size; s = s + WG) {
-            let v = x[base + s];
+            let v = $T(x[base + s]);
             if (!started) {
                 acc = v;
                 arg = s;

@@ -4,10 +4,10 @@
 // (r / per_batch) * seq + r % seq for per-row tables ([batch, seq, half], per_batch =
 // heads * seq). Params: n, d, seq, half, per_batch (0 for shared tables).
 
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> cs: array<f32>;
-@group(0) @binding(2) var<storage, read> sn: array<f32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<$XT>;
+@group(0) @binding(1) var<storage, read> cs: array<$XT>;
+@group(0) @binding(2) var<storage, read> sn: array<$XT>;
+@group(0) @binding(3) var<storage, read_write> y: array<$XT>;
 @group(0) @binding(4) var<storage, read> p: array<u32>;
 
 @compute @workgroup_size(256)
@@ -33,7 +33,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     let rd = r * d;
     $PAIR
-    let c = cs[t * half + k];
-    let s = sn[t * half + k];
+    let c = f32(cs[t * half + k]);
+    let s = f32(sn[t * half + k]);
     y[i] = $STORE(select(b * c + a * s, a * c - b * s, first));
 }

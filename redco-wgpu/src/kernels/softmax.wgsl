@@ -1,8 +1,8 @@
 // Softmax / log-softmax of contiguous rows [rows, d] (see rows.wgsl): the row maximum, the
 // sum of exp(x - max), then one write pass. Params: rows, d.
 
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<$XT>;
+@group(0) @binding(1) var<storage, read_write> y: array<$XT>;
 @group(0) @binding(2) var<storage, read> p: array<u32>;
 
 @compute @workgroup_size(256)
@@ -15,14 +15,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var mx = LOWEST;
     if (live) {
         for (var j = rl.y; j < d; j = j + TPR) {
-            mx = max(mx, x[base + j]);
+            mx = max(mx, f32(x[base + j]));
         }
     }
     mx = seg_max(lid.x, mx);
     var s = 0.0;
     if (live) {
         for (var j = rl.y; j < d; j = j + TPR) {
-            s = s + exp(x[base + j] - mx);
+            s = s + exp(f32(x[base + j]) - mx);
         }
     }
     s = seg_sum(lid.x, s);
@@ -30,7 +30,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let inv = 1.0 / s;
         let ls = log(s);
         for (var j = rl.y; j < d; j = j + TPR) {
-            let v = x[base + j];
+            let v = f32(x[base + j]);
             y[base + j] = $STORE($OUT);
         }
     }

@@ -1,7 +1,7 @@
 // Elementwise unary map on f32: y = $STORE(op(x)). Params: n, a, b (f32 bits).
 
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<$XT>;
+@group(0) @binding(1) var<storage, read_write> y: array<$XT>;
 @group(0) @binding(2) var<storage, read> p: array<u32>;
 
 const INV_SQRT2: f32 = 0.70710678118654752;
@@ -74,5 +74,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (i >= p[0]) {
         return;
     }
-    y[i] = $STORE(op(x[i], bitcast<f32>(p[1]), bitcast<f32>(p[2])));
+    y[i] = $STORE(op(f32(x[i]), bitcast<f32>(p[1]), bitcast<f32>(p[2])));
 }

@@ -1,10 +1,10 @@
-// Broadcasting select on 32-bit words: y[i] = c[ic] != 0 ? a[ia] : b[ib].
+// Broadcasting select on elements ($E: u32 words, or packed f16): y[i] = c[ic] != 0 ? a[ia] : b[ib].
 // Params: n, rank, dims[rank], c_strides[rank], a_strides[rank], b_strides[rank].
 
 @group(0) @binding(0) var<storage, read> c: array<u32>;
-@group(0) @binding(1) var<storage, read> a: array<u32>;
-@group(0) @binding(2) var<storage, read> b: array<u32>;
-@group(0) @binding(3) var<storage, read_write> y: array<u32>;
+@group(0) @binding(1) var<storage, read> a: array<$E>;
+@group(0) @binding(2) var<storage, read> b: array<$E>;
+@group(0) @binding(3) var<storage, read_write> y: array<$E>;
 @group(0) @binding(4) var<storage, read> p: array<u32>;
 
 @compute @workgroup_size(256)
