@@ -29,7 +29,7 @@ pub(crate) fn cross_entropy(
     let tpr = rows::threads_per_row(vocab);
     let (store, xt) = (w.store(logits.dtype), w.elem(logits.dtype));
     let key = format!("cross_entropy/{tpr}/{xt}/{store}");
-    let src = || rows::source(include_str!("kernels/cross_entropy.wgsl"), tpr, &[("$STORE", store), ("$XT", xt)]);
+    let src = || rows::source_lse(include_str!("kernels/cross_entropy.wgsl"), tpr, &[("$STORE", store), ("$XT", xt)]);
     // an ignore index beyond i32 matches the saturated device copy of such targets; the
     // kernel also treats every target outside the vocabulary as ignored (checked above)
     let ignore = ignore_index.clamp(i32::MIN as i64, i32::MAX as i64) as i32;

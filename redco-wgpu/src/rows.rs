@@ -22,6 +22,12 @@ pub(crate) fn source(body: &str, tpr: u32, subs: &[(&str, &str)]) -> String {
     format!("{prelude}\n{}", tpl(body, subs))
 }
 
+/// [`source`] for a body that also calls `row_max_sumexp` (`kernels/row_lse.wgsl`: the
+/// row maximum and sum of exponentials of its input `x`).
+pub(crate) fn source_lse(body: &str, tpr: u32, subs: &[(&str, &str)]) -> String {
+    format!("{}\n{}", source(body, tpr, subs), include_str!("kernels/row_lse.wgsl"))
+}
+
 /// The workgroups covering `rows` rows of `tpr` invocations each.
 pub(crate) fn groups(rows: usize, tpr: u32) -> Result<(u32, u32, u32)> {
     u32p(rows.saturating_mul(tpr as usize), "row invocations")?;

@@ -16,8 +16,9 @@ pub(crate) fn softmax(w: &Wgpu, x: &WgpuStorage, shape: &Shape, log: bool) -> Re
     let (store, xt) = (w.store(x.dtype), w.elem(x.dtype));
     let expr = if log { "v - mx - ls" } else { "exp(v - mx) * inv" };
     let key = format!("softmax/{log}/{tpr}/{xt}/{store}");
-    let src =
-        || rows::source(include_str!("kernels/softmax.wgsl"), tpr, &[("$STORE", store), ("$OUT", expr), ("$XT", xt)]);
+    let src = || {
+        rows::source_lse(include_str!("kernels/softmax.wgsl"), tpr, &[("$STORE", store), ("$OUT", expr), ("$XT", xt)])
+    };
     let params = [u32p(n_rows, "rows")?, u32p(d, "row length")?];
     w.launch(&key, src, &[x], &out, &params, rows::groups(n_rows, tpr)?)?;
     Ok(out)

@@ -55,17 +55,32 @@ pub fn composite_attention<B: Backend>(
     spec: &AttentionSpec,
 ) -> Result<B::Storage> {
     let _g = GradModeGuard::no_grad();
+    let (q, k, v, mask) = tensors_of(b, q, k, v, mask, spec);
+    Ok(attention_ops(&q, &k, &v, mask.as_ref(), spec)?.storage().clone())
+}
+
+/// The storages of one attention call as tensors of the shapes `spec` gives.
+pub(crate) fn tensors_of<B: Backend>(
+    b: &B,
+    q: &B::Storage,
+    k: &B::Storage,
+    v: &B::Storage,
+    mask: Option<&B::Storage>,
+    spec: &AttentionSpec,
+) -> AttentionInputs<B> {
     let dt = b.storage_dtype(q);
     let qs = [spec.batch, spec.q_heads, spec.q_len, spec.head_dim];
     let ks = [spec.batch, spec.kv_heads, spec.kv_len, spec.head_dim];
-    let q = Tensor::from_storage(b, q.clone(), qs, dt);
-    let k = Tensor::from_storage(b, k.clone(), ks, dt);
-    let v = Tensor::from_storage(b, v.clone(), ks, dt);
     let mask = match (mask, &spec.mask_shape) {
         (Some(m), Some(s)) => Some(Tensor::from_storage(b, m.clone(), s.clone(), DType::U8)),
         _ => None,
     };
-    Ok(attention_ops(&q, &k, &v, mask.as_ref(), spec)?.storage().clone())
+    (
+        Tensor::from_storage(b, q.clone(), qs, dt),
+        Tensor::from_storage(b, k.clone(), ks, dt),
+        Tensor::from_storage(b, v.clone(), ks, dt),
+        mask,
+    )
 }
 
 /// Repeats each key/value head `rep` times: `[b, h, t, d]` -> `[b, h * rep, t, d]`.

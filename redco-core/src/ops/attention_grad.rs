@@ -7,8 +7,8 @@
 //! query heads that share them.
 
 use crate::autograd::GradModeGuard;
-use crate::ops::attention::{attention_probs, repeat_kv, AttentionSpec};
-use crate::{Backend, DType, Result, Tensor};
+use crate::ops::attention::{attention_probs, repeat_kv, tensors_of, AttentionSpec};
+use crate::{Backend, Result, Tensor};
 
 /// Records `s` (the fused attention of the local `q`, `k`, `v` under `spec`) as an op whose
 /// backward is the backend's fused attention backward.
@@ -45,17 +45,8 @@ pub fn composite_attention_backward<B: Backend>(
     spec: &AttentionSpec,
 ) -> Result<(B::Storage, B::Storage, B::Storage)> {
     let _g = GradModeGuard::no_grad();
-    let dt = b.storage_dtype(q);
-    let qs = [spec.batch, spec.q_heads, spec.q_len, spec.head_dim];
-    let ks = [spec.batch, spec.kv_heads, spec.kv_len, spec.head_dim];
-    let q = Tensor::from_storage(b, q.clone(), qs, dt);
-    let k = Tensor::from_storage(b, k.clone(), ks, dt);
-    let v = Tensor::from_storage(b, v.clone(), ks, dt);
-    let g = Tensor::from_storage(b, dout.clone(), qs, dt);
-    let mask = match (mask, &spec.mask_shape) {
-        (Some(m), Some(s)) => Some(Tensor::from_storage(b, m.clone(), s.clone(), DType::U8)),
-        _ => None,
-    };
+    let (q, k, v, mask) = tensors_of(b, q, k, v, mask, spec);
+    let g = Tensor::from_storage(b, dout.clone(), q.shape().clone(), q.dtype());
     let rep = spec.q_heads / spec.kv_heads;
     let (kr, vr) = (repeat_kv(&k, rep)?, repeat_kv(&v, rep)?);
     let p = attention_probs(&q, &kr, mask.as_ref(), spec)?;

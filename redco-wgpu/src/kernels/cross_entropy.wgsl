@@ -1,4 +1,4 @@
-// Per-row cross-entropy of logits [rows, d] against i32 targets [rows] (see rows.wgsl):
+// Per-row cross-entropy of logits [rows, d] against i32 targets [rows] (see rows.wgsl and row_lse.wgsl):
 // max(x) + log(sum exp(x - max)) - x[target], 0 for an ignored row. The host checked that
 // every target other than the ignore index lies in 0..d, so a target outside it is the
 // ignore index (possibly saturated to i32). Params: rows, d, ignore index (i32 bits).
@@ -15,20 +15,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let d = p[1];
     let live = rl.x < p[0];
     let base = rl.x * d;
-    var mx = LOWEST;
-    if (live) {
-        for (var j = rl.y; j < d; j = j + TPR) {
-            mx = max(mx, f32(x[base + j]));
-        }
-    }
-    mx = seg_max(lid.x, mx);
-    var s = 0.0;
-    if (live) {
-        for (var j = rl.y; j < d; j = j + TPR) {
-            s = s + exp(f32(x[base + j]) - mx);
-        }
-    }
-    s = seg_sum(lid.x, s);
+    let ms = row_max_sumexp(lid.x, live, base, rl.y, d);
+    let mx = ms.x;
+    let s = ms.y;
     if (live && rl.y == 0u) {
         let tg = t[rl.x];
         if (tg == bitcast<i32>(p[2]) || tg < 0 || u32(tg) >= d) {

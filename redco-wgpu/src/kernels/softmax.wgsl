@@ -1,4 +1,4 @@
-// Softmax / log-softmax of contiguous rows [rows, d] (see rows.wgsl): the row maximum, the
+// Softmax / log-softmax of contiguous rows [rows, d] (see rows.wgsl and row_lse.wgsl): the row maximum, the
 // sum of exp(x - max), then one write pass. Params: rows, d.
 
 @group(0) @binding(0) var<storage, read> x: array<$XT>;
@@ -12,20 +12,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let d = p[1];
     let live = rl.x < p[0];
     let base = rl.x * d;
-    var mx = LOWEST;
-    if (live) {
-        for (var j = rl.y; j < d; j = j + TPR) {
-            mx = max(mx, f32(x[base + j]));
-        }
-    }
-    mx = seg_max(lid.x, mx);
-    var s = 0.0;
-    if (live) {
-        for (var j = rl.y; j < d; j = j + TPR) {
-            s = s + exp(f32(x[base + j]) - mx);
-        }
-    }
-    s = seg_sum(lid.x, s);
+    let ms = row_max_sumexp(lid.x, live, base, rl.y, d);
+    let mx = ms.x;
+    let s = ms.y;
     if (live) {
         let inv = 1.0 / s;
         let ls = log(s);
