@@ -3,7 +3,7 @@
 //! parallel. Targets equal to the ignore index give 0 (and a zero gradient row).
 
 use super::real::Real;
-use super::strided::run_rows;
+use super::strided::{filled, init_from, run_rows};
 use super::{floats, ids_of, Cpu, CpuStorage, Floats, Store};
 use crate::{Error, Result, Shape};
 
@@ -87,21 +87,24 @@ pub(crate) fn backward(
 
 fn backward_t<T: Real>(x: &[T], t: &[i64], v: usize, ignore: i64, g: &[T]) -> Vec<T> {
     let n = x.len();
-    let mut out = vec![T::zero(); n];
-    if n == 0 {
-        return out;
+    if n == 0 || v == 0 {
+        return vec![T::zero(); n];
     }
-    run_rows(&mut out, v, n, |r, o| {
-        if t[r] == ignore {
-            return;
-        }
-        let row = &x[r * v..(r + 1) * v];
-        let m = T::row_max(row);
-        o.copy_from_slice(row);
-        let w = g[r] / T::exp_shift_sum(o, m);
-        o.iter_mut().for_each(|p| *p = *p * w);
-        let ti = t[r] as usize;
-        o[ti] = o[ti] - g[r];
-    });
-    out
+    filled(n, |out| {
+        run_rows(out, v, n, |r, o| {
+            if t[r] == ignore {
+                o.iter_mut().for_each(|p| {
+                    p.write(T::zero());
+                });
+                return;
+            }
+            let row = &x[r * v..(r + 1) * v];
+            let m = T::row_max(row);
+            let o = init_from(o, row);
+            let w = g[r] / T::exp_shift_sum(o, m);
+            o.iter_mut().for_each(|p| *p = *p * w);
+            let ti = t[r] as usize;
+            o[ti] = o[ti] - g[r];
+        })
+    })
 }

@@ -2,29 +2,29 @@
 
 use super::float_kernel;
 use super::real::Real;
-use super::strided::run_rows;
+use super::strided::{filled, init_from, run_rows};
 use crate::{HostData, Result, Shape};
 
 fn softmax_t<T: Real>(x: &[T], d: usize, log: bool) -> Vec<T> {
     let n = x.len();
-    let mut o = vec![T::zero(); n];
     if n == 0 || d == 0 {
-        return o;
+        return vec![T::zero(); n];
     }
-    run_rows(&mut o, d, n, |r, out| {
-        let row = &x[r * d..(r + 1) * d];
-        let m = T::row_max(row);
-        out.copy_from_slice(row);
-        let s = T::exp_shift_sum(out, m);
-        if log {
-            let ls = s.ln();
-            out.iter_mut().zip(row).for_each(|(o, &v)| *o = v - m - ls);
-        } else {
-            let inv = T::one() / s;
-            out.iter_mut().for_each(|o| *o = *o * inv);
-        }
-    });
-    o
+    filled(n, |o| {
+        run_rows(o, d, n, |r, out| {
+            let row = &x[r * d..(r + 1) * d];
+            let m = T::row_max(row);
+            let out = init_from(out, row);
+            let s = T::exp_shift_sum(out, m);
+            if log {
+                let ls = s.ln();
+                out.iter_mut().zip(row).for_each(|(o, &v)| *o = v - m - ls);
+            } else {
+                let inv = T::one() / s;
+                out.iter_mut().for_each(|o| *o = *o * inv);
+            }
+        })
+    })
 }
 
 /// Softmax (or log-softmax) over the last dim of `x`.

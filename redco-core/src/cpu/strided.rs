@@ -157,6 +157,17 @@ where
     filled(n, |o| run_rows(o, l, n, row))
 }
 
+/// Initialises `o` with a copy of `src` (same length) and returns it as initialised.
+pub(crate) fn init_from<'a, T: Copy>(o: &'a mut [MaybeUninit<T>], src: &[T]) -> &'a mut [T] {
+    assert_eq!(o.len(), src.len(), "init_from: lengths differ");
+    o.iter_mut().zip(src).for_each(|(o, &v)| {
+        o.write(v);
+    });
+    // SAFETY: every element of `o` was written just above, and `MaybeUninit<T>` has the
+    // layout of `T`.
+    unsafe { &mut *(o as *mut [MaybeUninit<T>] as *mut [T]) }
+}
+
 /// A vector of `n` elements written by `fill`, which must write every one of them (the
 /// output is not zeroed first).
 pub(crate) fn filled<O>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<O>])) -> Vec<O> {
