@@ -1,6 +1,6 @@
 //! Reverse-mode autograd over [`Tensor`]: nodes, `no_grad` scopes and the gradient store.
 //!
-//! Each op that takes a tensor requiring gradients records a [`Node`]: its inputs and a
+//! Each op that takes a tensor requiring gradients records a `Node`: its inputs and a
 //! closure that maps the output gradient to the inputs' gradients, written with tensor ops
 //! (so it runs on every backend). [`Tensor::backward`] walks the graph in reverse
 //! topological order with gradient recording turned off.

@@ -147,9 +147,9 @@ pub struct MatmulSpec {
 /// The two rotary-embedding conventions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RotaryMode {
-    /// GPT-J: pairs (x[2i], x[2i+1]) rotate together.
+    /// GPT-J: pairs (`x[2i]`, `x[2i+1]`) rotate together.
     Interleaved,
-    /// LLaMA / GPT-NeoX: (x[i], x[i + d/2]) rotate together.
+    /// LLaMA / GPT-NeoX: (`x[i]`, `x[i + d/2]`) rotate together.
     HalfSplit,
 }
 

@@ -6,7 +6,7 @@
 //!   so the fused ops' composite defaults are tested too;
 //! - [`check`]: comparisons against f64 references and gradient checks by central finite
 //!   differences;
-//! - [`reference`]: naive f64 implementations of every op family;
+//! - [`reference`](mod@reference): naive f64 implementations of every op family;
 //! - [`strategies`]: proptest shapes (odd sizes, size 1, broadcasting).
 
 pub mod blocks;

@@ -4,9 +4,14 @@ use crate::args::Args;
 use std::process::Command;
 
 fn cargo(args: &[&str]) -> Result<(), String> {
+    cargo_env(args, &[])
+}
+
+fn cargo_env(args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
     eprintln!("xtask: cargo {}", args.join(" "));
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(args)
+        .envs(env.iter().copied())
         .status()
         .map_err(|e| format!("cannot run cargo: {e}"))?;
     if status.success() {
@@ -25,13 +30,15 @@ fn has_nextest() -> bool {
 /// xtask's (the wgpu rows of `bench llm`).
 const FEATURES: &str = "redco/wgpu,xtask/wgpu";
 
-/// Runs fmt, clippy, the tests (nextest when installed) and the doc tests.
+/// Runs fmt, clippy, the API docs with warnings as errors (broken links), the tests
+/// (nextest when installed) and the doc tests.
 pub fn run(argv: &[String]) -> Result<(), String> {
     let args = Args::parse(argv, &["no-lint"])?;
     args.only(&["no-lint"])?;
     if !args.has("no-lint") {
         cargo(&["fmt", "--all", "--check"])?;
         cargo(&["clippy", "--workspace", "--all-targets", "--features", FEATURES, "--", "-D", "warnings"])?;
+        cargo_env(&["doc", "--workspace", "--no-deps", "--features", FEATURES], &[("RUSTDOCFLAGS", "-D warnings")])?;
     }
     if has_nextest() {
         cargo(&["nextest", "run", "--workspace", "--features", FEATURES, "--no-fail-fast"])?;
