@@ -47,6 +47,11 @@ pub(crate) fn norm(
 ) -> Result<HostData> {
     let d = *shape.dims().last().unwrap_or(&1);
     let dt = x.dtype();
+    for (what, t) in [("weight", w), ("bias", b)] {
+        if let Some(t) = t.filter(|t| t.len() != d) {
+            return Err(Error::invalid("norm", format!("{what} of {} elements for rows of {d}", t.len())));
+        }
+    }
     let (fw, fb) = (w.map(floats), b.map(floats));
     Ok(match floats(x) {
         Floats::F32(v) => {
@@ -76,4 +81,20 @@ pub(crate) fn norm(
             f64::store(norm_t(&v, d, w, b, eps, center), dt)
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_weight_or_bias_of_the_wrong_length_is_an_error() {
+        let x = HostData::F32(vec![1.0; 6]);
+        let shape = Shape::new([2, 3]);
+        let short = HostData::F32(vec![1.0; 2]);
+        let ok = HostData::F32(vec![1.0; 3]);
+        assert!(norm(&x, &shape, Some(&short), None, 1e-5, false).is_err());
+        assert!(norm(&x, &shape, Some(&ok), Some(&short), 1e-5, true).is_err());
+        assert!(norm(&x, &shape, Some(&ok), Some(&ok), 1e-5, true).is_ok());
+    }
 }

@@ -67,8 +67,10 @@ fn map_avx512<T: Copy, O, F: Fn(T) -> O>(x: &[T], o: &mut [MaybeUninit<O>], f: &
     map_body(x, o, f)
 }
 
-/// Writes `o[i] = f(x[i])` for `i < x.len()` (`o` at least as long as `x`).
+/// Writes `o[i] = f(x[i])` for every `i < o.len()` (callers rely on all of `o` being
+/// written, so a shorter `x` panics).
 pub(crate) fn map_into<T: Copy, O, F: Fn(T) -> O>(x: &[T], o: &mut [MaybeUninit<O>], f: &F) {
+    assert!(x.len() >= o.len(), "map_into: {} inputs for {} outputs", x.len(), o.len());
     #[cfg(target_arch = "x86_64")]
     if avx512() {
         // SAFETY: the CPU has the features the copy was compiled for.
@@ -90,8 +92,10 @@ fn zip_avx512<T: Copy, U: Copy, O, F: Fn(T, U) -> O>(a: &[T], b: &[U], o: &mut [
     zip_body(a, b, o, f)
 }
 
-/// Writes `o[i] = f(a[i], b[i])` over the shortest of the three.
+/// Writes `o[i] = f(a[i], b[i])` for every `i < o.len()` (callers rely on all of `o` being
+/// written, so shorter inputs panic).
 pub(crate) fn zip_into<T: Copy, U: Copy, O, F: Fn(T, U) -> O>(a: &[T], b: &[U], o: &mut [O], f: &F) {
+    assert!(a.len() >= o.len() && b.len() >= o.len(), "zip_into: inputs shorter than the output");
     #[cfg(target_arch = "x86_64")]
     if avx512() {
         // SAFETY: the CPU has the features the copy was compiled for.
