@@ -107,6 +107,7 @@ fn matmul_f32_fast(a: &[f32], b: &[f32], spec: &MatmulSpec, threads: usize) -> R
     }
     let total = spec.batch * sc;
     let mut c: Vec<f32> = Vec::with_capacity(total);
+    super::malloc::advise_huge_pages(c.as_ptr() as *const u8, total * 4);
     if sc > 0 {
         let st = strides(spec);
         let a_of = |i: usize| sgemm::MatRef {

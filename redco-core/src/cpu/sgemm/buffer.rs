@@ -18,7 +18,9 @@ impl AlignedBuf {
     pub(crate) fn reserve(&mut self, len: usize) -> *mut f32 {
         let need = len.div_ceil(16).max(1);
         if self.lines.len() < need {
-            self.lines = vec![Line([0.0; 16]); need];
+            self.lines = Vec::with_capacity(need);
+            crate::cpu::malloc::advise_huge_pages(self.lines.as_ptr() as *const u8, need * 64);
+            self.lines.resize(need, Line([0.0; 16]));
         }
         self.lines.as_mut_ptr() as *mut f32
     }

@@ -10,7 +10,7 @@
 //!     for each MR panel of A in the M chunk (tasks start at staggered panels):
 //!       claim-and-pack the A panel if nobody has yet, else wait until it is ready
 //!       for each NR panel of the B block:                   (A panel in L1, B from L2)
-//!         prefetch the next C tile to L2; micro-kernel
+//!         micro-kernel (it prefetches its A stream and, near its end, its C tile)
 //! ```
 //! A panels are packed on demand by whichever task needs them first (an atomic state per
 //! panel), so packing overlaps with compute, the packer uses the panel while it is hot, and
@@ -25,7 +25,6 @@ use super::kernel_avx512::{kernel, TileDst, MR, NR};
 use super::pack::{pack_a_panel, pack_b_block};
 use super::MatRef;
 use rayon::prelude::*;
-use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Target depth of a K block (rounded so that all K blocks have similar size).
@@ -262,7 +261,6 @@ unsafe fn compute_task(
             }
             for idx in 0..len {
                 let ip = pm0 + (start + idx) % len;
-                let ipn = pm0 + (start + idx + 1) % len;
                 // SAFETY: panel (kb, ip) is inside the M block.
                 let ap = unsafe { ensure_a(ip, kb, kc, &blk, apack, flags, a) };
                 let i0 = blk.ic + ip * MR;
@@ -278,11 +276,6 @@ unsafe fn compute_task(
                         nr: (n - j0).min(NR),
                         load_c,
                     };
-                    // Prefetch the next C tile into L2 while this kernel runs.
-                    let (ni, nj) = if jp + 1 < pn1 { (i0, j0 + NR) } else { (blk.ic + ipn * MR, pn0 * NR) };
-                    if c.cs == 1 && (jp + 1 < pn1 || idx + 1 < len) {
-                        prefetch_tile_l2(c.ptr.get().wrapping_add(ni * c.rs + nj), c.rs, MR.min(m - ni));
-                    }
                     // SAFETY: packed panels hold kc steps; tile is owned by this task; the
                     // caller verified AVX-512F.
                     unsafe { kernel(kc, ap, bpack.add((jp - pn0) * NR * kc), dst) };
@@ -290,15 +283,4 @@ unsafe fn compute_task(
             }
         }
     });
-}
-
-/// Prefetches `rows` rows of an `NR`-wide C tile (row stride `rs`) into L2.
-fn prefetch_tile_l2(c: *const f32, rs: usize, rows: usize) {
-    for r in 0..rows {
-        let p = c.wrapping_add(r * rs) as *const i8;
-        for l in 0..NR / 16 {
-            // SAFETY: prefetch is only a hint and never faults; wrapping arithmetic has no UB.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * l)) };
-        }
-    }
 }

@@ -14,6 +14,9 @@ pub const NV: usize = 2;
 /// Columns of the micro-tile (vector dimension, from packed B).
 pub const NR: usize = 16 * NV;
 
+/// Iterations (of two k steps) between the end of the C prefetch window and the end of the loop.
+pub const C_TAIL: usize = 8;
+
 /// Where and how the micro-kernel writes its tile.
 #[derive(Clone, Copy)]
 pub struct TileDst {
@@ -41,23 +44,11 @@ fn mask16(n: usize) -> __mmask16 {
     }
 }
 
-/// Prefetches the rows of the destination tile into L1 (only when C is read back).
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn prefetch_c(dst: &TileDst) {
-    if dst.load_c {
-        for i in 0..dst.mr.min(MR) {
-            // Prefetch never faults; wrapping arithmetic keeps this free of UB.
-            let p = dst.c.wrapping_add(i * dst.rsc) as *const i8;
-            _mm_prefetch::<_MM_HINT_T0>(p);
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64));
-        }
-    }
-}
-
-/// The `MR x NR` micro-kernel (inline assembly: per k step 2 aligned B loads, 14 `vbroadcastss`
-/// from packed A, 28 FMAs into zmm0..zmm27; k unrolled x2; 64-byte aligned loop; no software
-/// prefetch: B streams from L2 via the hardware prefetchers, which measured faster in place).
+/// The `MR x NR` micro-kernel (inline assembly). Per k step: NV aligned B loads, MR
+/// `vbroadcastss` from packed A, MR * NV FMAs; k unrolled x2; the A stream is prefetched into
+/// L1 1024 bytes ahead; the C tile is prefetched for writing (`prefetchw`, one row per
+/// iteration) during a window that ends `C_TAIL` iterations before the last one, so its rows
+/// arrive just before the tile is stored, without a burst of outstanding misses.
 ///
 /// # Safety
 /// * CPU must support AVX-512F.
@@ -65,7 +56,6 @@ fn prefetch_c(dst: &TileDst) {
 /// * `dst` must describe a writable `dst.mr x dst.nr` region of C with no other live references.
 #[target_feature(enable = "avx512f")]
 pub unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, dst: TileDst) {
-    prefetch_c(&dst);
     let mut c0 = _mm512_setzero_ps();
     let mut c1 = _mm512_setzero_ps();
     let mut c2 = _mm512_setzero_ps();
@@ -94,18 +84,22 @@ pub unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, dst: TileDst) {
     let mut c25 = _mm512_setzero_ps();
     let mut c26 = _mm512_setzero_ps();
     let mut c27 = _mm512_setzero_ps();
-    // SAFETY: the loop reads exactly kc * MR floats from `a` and kc * NR floats from the
+    let iters = kc / 2;
+    let pf = iters.min(MR);
+    let tail = (iters - pf).min(C_TAIL);
+    let head = iters - pf - tail;
+    // SAFETY: the loops read exactly kc * MR floats from `a` and kc * NR floats from the
     // 64-byte aligned `b` (caller contract); prefetches never fault; all clobbered vector
     // registers are declared; no stack use.
     unsafe {
         std::arch::asm!(
-            "/* {r} */",
-            "test {n}, {n}",
+            "test {head}, {head}",
             "jz 3f",
             ".p2align 6",
             "2:",
             "vmovaps zmm28, zmmword ptr [{b} + 0]",
             "vmovaps zmm29, zmmword ptr [{b} + 64]",
+            "prefetcht0 byte ptr [{a} + 1024]",
             "vbroadcastss zmm30, dword ptr [{a} + 0]",
             "vfmadd231ps zmm0, zmm28, zmm30",
             "vfmadd231ps zmm1, zmm29, zmm30",
@@ -150,6 +144,7 @@ pub unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, dst: TileDst) {
             "vfmadd231ps zmm27, zmm29, zmm31",
             "vmovaps zmm28, zmmword ptr [{b} + 128]",
             "vmovaps zmm29, zmmword ptr [{b} + 192]",
+            "prefetcht0 byte ptr [{a} + 1088]",
             "vbroadcastss zmm30, dword ptr [{a} + 56]",
             "vfmadd231ps zmm0, zmm28, zmm30",
             "vfmadd231ps zmm1, zmm29, zmm30",
@@ -194,12 +189,213 @@ pub unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, dst: TileDst) {
             "vfmadd231ps zmm27, zmm29, zmm31",
             "add {a}, 112",
             "add {b}, 256",
-            "dec {n}",
+            "dec {head}",
             "jnz 2b",
             "3:",
-            "test {r}, {r}",
+            "test {pf}, {pf}",
             "jz 5f",
+            ".p2align 6",
             "4:",
+            "vmovaps zmm28, zmmword ptr [{b} + 0]",
+            "vmovaps zmm29, zmmword ptr [{b} + 64]",
+            "prefetcht0 byte ptr [{a} + 1024]",
+            "vbroadcastss zmm30, dword ptr [{a} + 0]",
+            "vfmadd231ps zmm0, zmm28, zmm30",
+            "vfmadd231ps zmm1, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 4]",
+            "vfmadd231ps zmm2, zmm28, zmm31",
+            "vfmadd231ps zmm3, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 8]",
+            "vfmadd231ps zmm4, zmm28, zmm30",
+            "vfmadd231ps zmm5, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 12]",
+            "vfmadd231ps zmm6, zmm28, zmm31",
+            "vfmadd231ps zmm7, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 16]",
+            "vfmadd231ps zmm8, zmm28, zmm30",
+            "vfmadd231ps zmm9, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 20]",
+            "vfmadd231ps zmm10, zmm28, zmm31",
+            "vfmadd231ps zmm11, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 24]",
+            "vfmadd231ps zmm12, zmm28, zmm30",
+            "vfmadd231ps zmm13, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 28]",
+            "vfmadd231ps zmm14, zmm28, zmm31",
+            "vfmadd231ps zmm15, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 32]",
+            "vfmadd231ps zmm16, zmm28, zmm30",
+            "vfmadd231ps zmm17, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 36]",
+            "vfmadd231ps zmm18, zmm28, zmm31",
+            "vfmadd231ps zmm19, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 40]",
+            "vfmadd231ps zmm20, zmm28, zmm30",
+            "vfmadd231ps zmm21, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 44]",
+            "vfmadd231ps zmm22, zmm28, zmm31",
+            "vfmadd231ps zmm23, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 48]",
+            "vfmadd231ps zmm24, zmm28, zmm30",
+            "vfmadd231ps zmm25, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 52]",
+            "vfmadd231ps zmm26, zmm28, zmm31",
+            "vfmadd231ps zmm27, zmm29, zmm31",
+            "vmovaps zmm28, zmmword ptr [{b} + 128]",
+            "vmovaps zmm29, zmmword ptr [{b} + 192]",
+            "prefetcht0 byte ptr [{a} + 1088]",
+            "vbroadcastss zmm30, dword ptr [{a} + 56]",
+            "vfmadd231ps zmm0, zmm28, zmm30",
+            "vfmadd231ps zmm1, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 60]",
+            "vfmadd231ps zmm2, zmm28, zmm31",
+            "vfmadd231ps zmm3, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 64]",
+            "vfmadd231ps zmm4, zmm28, zmm30",
+            "vfmadd231ps zmm5, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 68]",
+            "vfmadd231ps zmm6, zmm28, zmm31",
+            "vfmadd231ps zmm7, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 72]",
+            "vfmadd231ps zmm8, zmm28, zmm30",
+            "vfmadd231ps zmm9, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 76]",
+            "vfmadd231ps zmm10, zmm28, zmm31",
+            "vfmadd231ps zmm11, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 80]",
+            "vfmadd231ps zmm12, zmm28, zmm30",
+            "vfmadd231ps zmm13, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 84]",
+            "vfmadd231ps zmm14, zmm28, zmm31",
+            "vfmadd231ps zmm15, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 88]",
+            "vfmadd231ps zmm16, zmm28, zmm30",
+            "vfmadd231ps zmm17, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 92]",
+            "vfmadd231ps zmm18, zmm28, zmm31",
+            "vfmadd231ps zmm19, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 96]",
+            "vfmadd231ps zmm20, zmm28, zmm30",
+            "vfmadd231ps zmm21, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 100]",
+            "vfmadd231ps zmm22, zmm28, zmm31",
+            "vfmadd231ps zmm23, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 104]",
+            "vfmadd231ps zmm24, zmm28, zmm30",
+            "vfmadd231ps zmm25, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 108]",
+            "vfmadd231ps zmm26, zmm28, zmm31",
+            "vfmadd231ps zmm27, zmm29, zmm31",
+            "add {a}, 112",
+            "add {b}, 256",
+            "prefetchw byte ptr [{c} + 0]",
+            "prefetchw byte ptr [{c} + 64]",
+            "add {c}, {ldc}",
+            "dec {pf}",
+            "jnz 4b",
+            "5:",
+            "test {tail}, {tail}",
+            "jz 7f",
+            ".p2align 6",
+            "6:",
+            "vmovaps zmm28, zmmword ptr [{b} + 0]",
+            "vmovaps zmm29, zmmword ptr [{b} + 64]",
+            "prefetcht0 byte ptr [{a} + 1024]",
+            "vbroadcastss zmm30, dword ptr [{a} + 0]",
+            "vfmadd231ps zmm0, zmm28, zmm30",
+            "vfmadd231ps zmm1, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 4]",
+            "vfmadd231ps zmm2, zmm28, zmm31",
+            "vfmadd231ps zmm3, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 8]",
+            "vfmadd231ps zmm4, zmm28, zmm30",
+            "vfmadd231ps zmm5, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 12]",
+            "vfmadd231ps zmm6, zmm28, zmm31",
+            "vfmadd231ps zmm7, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 16]",
+            "vfmadd231ps zmm8, zmm28, zmm30",
+            "vfmadd231ps zmm9, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 20]",
+            "vfmadd231ps zmm10, zmm28, zmm31",
+            "vfmadd231ps zmm11, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 24]",
+            "vfmadd231ps zmm12, zmm28, zmm30",
+            "vfmadd231ps zmm13, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 28]",
+            "vfmadd231ps zmm14, zmm28, zmm31",
+            "vfmadd231ps zmm15, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 32]",
+            "vfmadd231ps zmm16, zmm28, zmm30",
+            "vfmadd231ps zmm17, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 36]",
+            "vfmadd231ps zmm18, zmm28, zmm31",
+            "vfmadd231ps zmm19, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 40]",
+            "vfmadd231ps zmm20, zmm28, zmm30",
+            "vfmadd231ps zmm21, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 44]",
+            "vfmadd231ps zmm22, zmm28, zmm31",
+            "vfmadd231ps zmm23, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 48]",
+            "vfmadd231ps zmm24, zmm28, zmm30",
+            "vfmadd231ps zmm25, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 52]",
+            "vfmadd231ps zmm26, zmm28, zmm31",
+            "vfmadd231ps zmm27, zmm29, zmm31",
+            "vmovaps zmm28, zmmword ptr [{b} + 128]",
+            "vmovaps zmm29, zmmword ptr [{b} + 192]",
+            "prefetcht0 byte ptr [{a} + 1088]",
+            "vbroadcastss zmm30, dword ptr [{a} + 56]",
+            "vfmadd231ps zmm0, zmm28, zmm30",
+            "vfmadd231ps zmm1, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 60]",
+            "vfmadd231ps zmm2, zmm28, zmm31",
+            "vfmadd231ps zmm3, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 64]",
+            "vfmadd231ps zmm4, zmm28, zmm30",
+            "vfmadd231ps zmm5, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 68]",
+            "vfmadd231ps zmm6, zmm28, zmm31",
+            "vfmadd231ps zmm7, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 72]",
+            "vfmadd231ps zmm8, zmm28, zmm30",
+            "vfmadd231ps zmm9, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 76]",
+            "vfmadd231ps zmm10, zmm28, zmm31",
+            "vfmadd231ps zmm11, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 80]",
+            "vfmadd231ps zmm12, zmm28, zmm30",
+            "vfmadd231ps zmm13, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 84]",
+            "vfmadd231ps zmm14, zmm28, zmm31",
+            "vfmadd231ps zmm15, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 88]",
+            "vfmadd231ps zmm16, zmm28, zmm30",
+            "vfmadd231ps zmm17, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 92]",
+            "vfmadd231ps zmm18, zmm28, zmm31",
+            "vfmadd231ps zmm19, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 96]",
+            "vfmadd231ps zmm20, zmm28, zmm30",
+            "vfmadd231ps zmm21, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 100]",
+            "vfmadd231ps zmm22, zmm28, zmm31",
+            "vfmadd231ps zmm23, zmm29, zmm31",
+            "vbroadcastss zmm30, dword ptr [{a} + 104]",
+            "vfmadd231ps zmm24, zmm28, zmm30",
+            "vfmadd231ps zmm25, zmm29, zmm30",
+            "vbroadcastss zmm31, dword ptr [{a} + 108]",
+            "vfmadd231ps zmm26, zmm28, zmm31",
+            "vfmadd231ps zmm27, zmm29, zmm31",
+            "add {a}, 112",
+            "add {b}, 256",
+            "dec {tail}",
+            "jnz 6b",
+            "7:",
+            "test {odd}, {odd}",
+            "jz 8f",
+            "9:",
             "vmovaps zmm28, zmmword ptr [{b} + 0]",
             "vmovaps zmm29, zmmword ptr [{b} + 64]",
             "vbroadcastss zmm30, dword ptr [{a} + 0]",
@@ -246,13 +442,17 @@ pub unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, dst: TileDst) {
             "vfmadd231ps zmm27, zmm29, zmm31",
             "add {a}, 56",
             "add {b}, 128",
-            "dec {r}",
-            "jnz 4b",
-            "5:",
+            "dec {odd}",
+            "jnz 9b",
+            "8:",
             a = inout(reg) a => _,
             b = inout(reg) b => _,
-            n = inout(reg) kc / 2 => _,
-            r = inout(reg) kc % 2 => _,
+            c = inout(reg) dst.c => _,
+            ldc = in(reg) dst.rsc * 4,
+            head = inout(reg) head => _,
+            pf = inout(reg) pf => _,
+            tail = inout(reg) tail => _,
+            odd = inout(reg) kc % 2 => _,
             inout("zmm0") c0,
             inout("zmm1") c1,
             inout("zmm2") c2,
