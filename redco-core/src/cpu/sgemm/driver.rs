@@ -7,7 +7,7 @@
 //!   by <= `threads` workers; each worker runs, for every K block pc (equal sizes <= KC),
 //!   each of its tasks:
 //!     pack B[pc.., block] into a per-thread buffer         (KC x NC, L2 resident)
-//!     for each MR panel of A in the M chunk (tasks start at staggered panels):
+//!     for each MR panel of A in the M chunk (workers start at staggered panels):
 //!       claim-and-pack the A panel if nobody has yet, else wait until it is ready
 //!       for each NR panel of the B block:                   (A panel in L1, B from L2)
 //!         micro-kernel (it prefetches its A stream and, near its end, its C tile)
@@ -153,12 +153,14 @@ fn gemm_strided(m: usize, n: usize, k: usize, a: Op, b: Op, c: Op, accumulate: b
             let blk = Block { ic, mp, kc_max, shape: (m, n, k) };
             let flags = &flags;
             let ntasks = mchunks * nblocks;
+            let workers = nt.min(ntasks);
             let task = |t: usize, kb: usize| {
                 let (mi, nb) = (t / nblocks, t % nblocks);
                 let pm = split(mp, mchunks, mi);
                 let pn = split(np, nblocks, nb);
-                // Stagger the starting A panel so concurrent tasks pack different panels.
-                let start = (pm.1 - pm.0) * nb / nblocks;
+                // Stagger the starting A panel by worker, so that the workers' first tasks of a
+                // K block pack equal shares of its panels (later tasks find them packed).
+                let start = (pm.1 - pm.0) * (t % workers) / workers;
                 // SAFETY: tasks write disjoint C tiles (disjoint M or N panel ranges) and each
                 // task's K blocks run in order on one worker; A panels are written once, by the
                 // task that claims them, before being published.
@@ -167,7 +169,6 @@ fn gemm_strided(m: usize, n: usize, k: usize, a: Op, b: Op, c: Op, accumulate: b
             // Static round-robin ownership of tasks (equal-sized, so balanced); K blocks
             // outermost on each worker so the packed A of one K block is the working set shared
             // by all concurrent tasks, and each task's K blocks run in order on one worker.
-            let workers = nt.min(ntasks);
             par_for(workers, |w| {
                 for kb in 0..kblocks {
                     for t in (w..ntasks).step_by(workers) {
