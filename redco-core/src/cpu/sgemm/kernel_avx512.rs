@@ -51,14 +51,16 @@ fn mask16(n: usize) -> __mmask16 {
 /// stay in L1 while the larger B panel streams through it). The C tile is prefetched for
 /// writing (`prefetchw`, one row per iteration) in a window that ends `C_TAIL` iterations
 /// before the last one, so its rows arrive just before the tile is stored, without the burst
-/// of outstanding misses that prefetching a whole tile at once costs.
+/// of outstanding misses that prefetching a whole tile at once costs. Outside that window, each
+/// iteration also prefetches `next + 8 * i` into L2: the driver points it at the A panel it
+/// multiplies after this one, a slice per call, so that panel comes from L2 instead of L3.
 ///
 /// # Safety
 /// * CPU must support AVX-512F.
 /// * `a` must be valid for `kc * MR` reads, `b` for `kc * NR` reads and 64-byte aligned.
 /// * `dst` must describe a writable `dst.mr x dst.nr` region of C with no other live references.
 #[target_feature(enable = "avx512f")]
-pub unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, dst: TileDst) {
+pub unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, dst: TileDst, next: *const f32) {
     let mut c0 = _mm512_setzero_ps();
     let mut c1 = _mm512_setzero_ps();
     let mut c2 = _mm512_setzero_ps();
@@ -192,6 +194,8 @@ pub unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, dst: TileDst) {
             "vfmadd231ps zmm27, zmm29, zmm31",
             "add {a}, 112",
             "add {b}, 256",
+            "prefetcht1 byte ptr [{next}]",
+            "add {next}, 8",
             "dec {head}",
             "jnz 2b",
             "3:",
@@ -451,6 +455,7 @@ pub unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, dst: TileDst) {
             a = inout(reg) a => _,
             b = inout(reg) b => _,
             c = inout(reg) dst.c => _,
+            next = inout(reg) next => _,
             ldc = in(reg) dst.rsc * 4,
             head = inout(reg) head => _,
             pf = inout(reg) pf => _,
