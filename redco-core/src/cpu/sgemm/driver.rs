@@ -265,11 +265,21 @@ unsafe fn compute_task(
                     bpack,
                 );
             }
+            // The kernel prefetches the task's next A panel into L2, a slice per B panel,
+            // unless the A of a K block stays in L2 anyway (then it walks the current panel).
+            let prefetch_next = len * MR * kc * 4 > L2_A_BYTES;
+            let slice = MR * kc / (pn1 - pn0);
             for idx in 0..len {
                 let ip = pm0 + (start + idx) % len;
-                let ipn = pm0 + (start + idx + 1) % len;
                 // SAFETY: panel (kb, ip) is inside the M block.
                 let ap = unsafe { ensure_a(ip, kb, kc, &blk, apack, flags, a) };
+                // The next panel may not be packed yet; prefetching it is still harmless.
+                let next_panel = if prefetch_next {
+                    let ipn = pm0 + (start + idx + 1) % len;
+                    apack.get().wrapping_add((kb * blk.mp + ipn) * MR * blk.kc_max) as *const f32
+                } else {
+                    ap
+                };
                 let i0 = blk.ic + ip * MR;
                 let mr = (m - i0).min(MR);
                 for jp in pn0..pn1 {
@@ -283,18 +293,9 @@ unsafe fn compute_task(
                         nr: (n - j0).min(NR),
                         load_c,
                     };
+                    let next = if prefetch_next { next_panel.wrapping_add((jp - pn0) * slice) } else { ap };
                     // SAFETY: packed panels hold kc steps; tile is owned by this task; the
-                    // caller verified AVX-512F.
-                    // The A panel after this one, a slice per B panel, for the kernel's L2
-                    // prefetches (it may not be packed yet; prefetching it is still harmless),
-                    // unless the A of a K block stays in L2 anyway (then the current panel).
-                    let next = if len * MR * kc * 4 > L2_A_BYTES {
-                        apack
-                            .get()
-                            .wrapping_add((kb * blk.mp + ipn) * MR * blk.kc_max + (jp - pn0) * MR * kc / (pn1 - pn0))
-                    } else {
-                        ap as *mut f32
-                    };
+                    // caller verified AVX-512F; `next` is only prefetched.
                     unsafe { kernel(kc, ap, bpack.add((jp - pn0) * NR * kc), dst, next) };
                 }
             }
