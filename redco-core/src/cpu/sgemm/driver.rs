@@ -10,8 +10,9 @@
 //!     for each MR panel of A in the M chunk (workers start at staggered panels):
 //!       claim-and-pack the A panel if nobody has yet, else wait until it is ready
 //!       for each NR panel of the B block:                   (A panel in L1, B from L2)
-//!         micro-kernel (it prefetches its A stream, a slice of the next A panel into L2,
-//!         and, near its end, its C tile)
+//!         micro-kernel (it prefetches its A and B streams into L1, a slice of the next A
+//!         panel -- or of its unpacked rows, if this task will pack it -- into L2, and, near
+//!         its end, its C tile)
 //! ```
 //! A panels are packed on demand by whichever task needs them first (an atomic state per
 //! panel), so packing overlaps with compute, the packer uses the panel while it is hot, and
@@ -22,7 +23,7 @@
 //! M is only split (and B then packed once per M chunk) when N has fewer panels than threads.
 
 use super::buffer::{with_buf, Slot};
-use super::kernel_avx512::{kernel, TileDst, MR, NR};
+use super::kernel_avx512::{kernel, Prefetch, TileDst, MR, NR};
 use super::pack::{pack_a_panel, pack_b_block};
 use super::MatRef;
 use rayon::prelude::*;
@@ -225,6 +226,17 @@ unsafe fn ensure_a(
     dst
 }
 
+/// Where the kernel should prefetch the unpacked source of A panel `ipn` of K block `kb`
+/// (first row, first column of the block) and how many rows: none unless A is row-major, the
+/// task has another panel and nobody has claimed that one yet.
+fn next_source(ipn: usize, kb: usize, blk: &Block, flags: &[AtomicU8], a: Op, len: usize) -> (*const f32, usize) {
+    let (m, _, _) = blk.shape;
+    let r0 = blk.ic + ipn * MR;
+    let src = a.ptr.get().wrapping_add(r0 * a.rs + kb * blk.kc_max) as *const f32;
+    let claimable = flags[kb * blk.mp + ipn].load(Ordering::Relaxed) == EMPTY;
+    (src, if a.cs == 1 && len > 1 && claimable { (m - r0).min(MR) } else { 0 })
+}
+
 /// One task for K block `kb`: packs the B block for N panels `pn0..pn1` and multiplies it
 /// with A panels `pm0..pm1` (visited cyclically from `pm0 + start`).
 ///
@@ -282,6 +294,10 @@ unsafe fn compute_task(
                 };
                 let i0 = blk.ic + ip * MR;
                 let mr = (m - i0).min(MR);
+                // If nobody has claimed the next panel yet, this task will probably pack it:
+                // its calls on this panel bring the unpacked source rows into L2 (two lines
+                // of each row per call, which covers the K block when it has >= kc / 32 B panels).
+                let (src, src_rows) = next_source(pm0 + (start + idx + 1) % len, kb, &blk, flags, a, len);
                 for jp in pn0..pn1 {
                     let j0 = jp * NR;
                     let dst = TileDst {
@@ -293,10 +309,16 @@ unsafe fn compute_task(
                         nr: (n - j0).min(NR),
                         load_c,
                     };
-                    let next = if prefetch_next { next_panel.wrapping_add((jp - pn0) * slice) } else { ap };
+                    let off = (jp - pn0) * 32;
+                    let pf = Prefetch {
+                        next: if prefetch_next { next_panel.wrapping_add((jp - pn0) * slice) } else { ap },
+                        src: src.wrapping_add(off),
+                        src_stride: a.rs,
+                        src_rows: if off < kc { src_rows } else { 0 },
+                    };
                     // SAFETY: packed panels hold kc steps; tile is owned by this task; the
-                    // caller verified AVX-512F; `next` is only prefetched.
-                    unsafe { kernel(kc, ap, bpack.add((jp - pn0) * NR * kc), dst, next) };
+                    // caller verified AVX-512F; `pf` addresses are only prefetched.
+                    unsafe { kernel(kc, ap, bpack.add((jp - pn0) * NR * kc), dst, pf) };
                 }
             }
         }
