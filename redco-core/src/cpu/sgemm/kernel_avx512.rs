@@ -70,10 +70,11 @@ fn mask16(n: usize) -> __mmask16 {
 /// unrolled x2. Both packed streams are prefetched into L1 ahead of use: A 1024 bytes
 /// ahead (the A panel does not stay in L1 while the larger B panel streams through it), B
 /// 2048 bytes ahead, one line per line consumed (B comes from L2 and would otherwise miss L1
-/// on every k step). The C tile is prefetched for writing (`prefetchw`, one row per iteration)
-/// in a window that ends `C_TAIL` iterations before the last one, so its rows arrive just
-/// before the tile is stored, without the burst of outstanding misses that prefetching a
-/// whole tile at once costs. Outside that window, the kernel also runs the L2 prefetches that
+/// on every k step). The C tile is prefetched for writing (`prefetchw`, one row per iteration,
+/// at the last byte of each of its vectors, which also brings in the third line of a row that
+/// starts mid line) in a window that ends `C_TAIL` iterations before the last one, so its
+/// rows arrive just before the tile is stored, without the burst of outstanding misses that
+/// prefetching a whole tile at once costs. Outside that window, the kernel also runs the L2 prefetches that
 /// the driver asks for in `pf` (see [`Prefetch`]), spread thinly over the iterations so that
 /// they never hold many of the core's line-fill buffers at once.
 ///
@@ -438,8 +439,8 @@ pub unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, dst: TileDst, pf: 
             "vfmadd231ps zmm27, zmm29, zmm31",
             "add {a}, 112",
             "add {b}, 256",
-            "prefetchw byte ptr [{c} + 0]",
-            "prefetchw byte ptr [{c} + 64]",
+            "prefetchw byte ptr [{c} + 63]",
+            "prefetchw byte ptr [{c} + 127]",
             "add {c}, {ldc}",
             "dec {win}",
             "jnz 4b",
