@@ -145,3 +145,55 @@ fn k_zero() {
     // m = 0 / n = 0: nothing happens.
     assert!(sgemm(0, 4, 3, MatRef { data: &a, rs: 3, cs: 1 }, MatRef { data: &b, rs: 4, cs: 1 }, &mut c, 4, false, 2));
 }
+
+/// C rows that start mid cache line (as in any `Vec` output; the kernel's C prefetch covers a
+/// third line then): every offset from a 64-byte boundary, row-major and transposed B,
+/// accumulate on and off, m = 1. Values against an f64 reference; everything around the C
+/// region stays untouched.
+#[test]
+fn misaligned_c_rows() {
+    let mut rng = Rng(5);
+    let shapes: [(usize, usize, usize); 4] = [(30, 77, 40), (1, 100, 33), (45, 32, 600), (29, 1100, 20)];
+    for &(m, n, k) in &shapes {
+        for off in 0..16 {
+            let tb = off % 2 == 1;
+            let acc = off % 3 == 0;
+            let ldc = if m == 1 { n } else { n.next_multiple_of(16) };
+            let a = rng.vec(m * k);
+            let (b_rs, b_cs) = if tb { (1, k) } else { (n, 1) };
+            let b = rng.vec(k * n);
+            let mut buf = rng.vec(m * ldc + 64);
+            let orig = buf.clone();
+            let base = (16 - (buf.as_ptr() as usize / 4) % 16) % 16 + off;
+            let len = (m - 1) * ldc + n;
+            let ok = sgemm(
+                m,
+                n,
+                k,
+                MatRef { data: &a, rs: k, cs: 1 },
+                MatRef { data: &b, rs: b_rs, cs: b_cs },
+                &mut buf[base..base + len],
+                ldc,
+                acc,
+                2,
+            );
+            assert!(ok);
+            for (idx, (&got, &was)) in buf.iter().zip(&orig).enumerate() {
+                let rel = idx.wrapping_sub(base);
+                let (i, j) = (rel / ldc, rel % ldc);
+                if idx < base || i >= m || j >= n {
+                    assert_eq!(got, was, "m={m} n={n} k={k} off={off}: element {idx} outside C changed");
+                    continue;
+                }
+                let (mut s, mut sa) = (if acc { was as f64 } else { 0.0 }, 0f64);
+                for p in 0..k {
+                    let x = a[i * k + p] as f64 * b[p * b_rs + j * b_cs] as f64;
+                    s += x;
+                    sa += x.abs();
+                }
+                let tol = 1e-5 * (sa + (was as f64).abs()).max(1.0);
+                assert!((got as f64 - s).abs() <= tol, "m={m} n={n} k={k} off={off} tb={tb} acc={acc} ({i},{j})");
+            }
+        }
+    }
+}
