@@ -74,9 +74,9 @@ fn mask16(n: usize) -> __mmask16 {
 /// at the last byte of each of its vectors, which also brings in the third line of a row that
 /// starts mid line) in a window that ends `C_TAIL` iterations before the last one, so its
 /// rows arrive just before the tile is stored, without the burst of outstanding misses that
-/// prefetching a whole tile at once costs. Outside that window, the kernel also runs the L2 prefetches that
-/// the driver asks for in `pf` (see [`Prefetch`]), spread thinly over the iterations so that
-/// they never hold many of the core's line-fill buffers at once.
+/// prefetching a whole tile at once costs. Outside that window, the kernel also runs the L2
+/// prefetches that the driver asks for in `pf` (see [`Prefetch`]), spread thinly over the
+/// iterations so that they never hold many of the core's line-fill buffers at once.
 ///
 /// # Safety
 /// * CPU must support AVX-512F.
