@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Regenerates the inline-assembly micro-kernel in `src/cpu/sgemm/kernel_avx512.rs`.
+"""Regenerates the inline-assembly micro-kernel, `src/cpu/sgemm/kernel_avx512/asm.rs`.
 
 Usage: python3 redco-core/tools/gen_sgemm_kernel.py [MR] [NV] [A_PREFETCH_BYTES] [UNROLL]
 [SRC_GAP] [B_PREFETCH_BYTES] (defaults: 14 2 1024 2 8 2048), then `cargo fmt`. The script
-rewrites the `kernel` function (from its doc comment to `store_tile`'s) and the `MR` / `NV` /
-`SRC_GAP` constants; everything else in the file is hand-written. The tile is MR rows
+writes `asm.rs` (the `kernel` function) whole and updates the `MR` / `NV` / `SRC_GAP`
+constants in `kernel_avx512.rs`; everything else there is hand-written. The tile is MR rows
 (broadcast from packed A) by 16 * NV columns (vectors of packed B);
 MR * NV + NV + 2 <= 32 zmm registers.
 """
@@ -21,6 +21,7 @@ BPF = int(sys.argv[6]) if len(sys.argv) > 6 else 2048
 NB = MR * NV
 assert NB + NV + 2 <= 32, "not enough zmm registers"
 PATH = os.path.join(os.path.dirname(__file__), "..", "src", "cpu", "sgemm", "kernel_avx512.rs")
+ASM_PATH = os.path.join(os.path.dirname(__file__), "..", "src", "cpu", "sgemm", "kernel_avx512", "asm.rs")
 
 
 def step(u, prefetch=True):
@@ -129,10 +130,16 @@ pub unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, dst: TileDst, pf: 
 
 '''
 
+HEADER = """//! The `MR x NR` micro-kernel itself: inline assembly written whole by
+//! `redco-core/tools/gen_sgemm_kernel.py` (edit the script, not this file, then `cargo fmt`).
+
+use super::{store_tile, Prefetch, TileDst, C_TAIL, MR, SRC_GAP};
+use std::arch::x86_64::*;
+
+"""
+open(ASM_PATH, "w").write(HEADER + FN.rstrip() + "\n")
+
 src = open(PATH).read()
-start = src.index("/// The `MR x NR` micro-kernel")
-end = src.index("/// Writes (or accumulates) the accumulator tile")
-src = src[:start] + FN + src[end:]
 src = re.sub(r"pub const MR: usize = \d+;", f"pub const MR: usize = {MR};", src)
 src = re.sub(r"pub const NV: usize = \d+;", f"pub const NV: usize = {NV};", src)
 src = re.sub(r"pub const SRC_GAP: usize = \d+;", f"pub const SRC_GAP: usize = {G};", src)
