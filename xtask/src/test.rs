@@ -1,4 +1,11 @@
 //! `cargo xtask test`: everything CI checks, in order, stopping at the first failure.
+//!
+//! Tests that need AVX-512F (every test under a module named `avx512`, such as
+//! `cpu::sgemm::tests::avx512::*`) are left out on a CPU without it, and named: xtask
+//! prints a line listing them and why, and nextest prints each as `SKIP`. Set
+//! `REDCO_ASSUME_NO_AVX512=1` to do the same on an AVX-512 machine; the variable reaches
+//! the tests, where it also turns the CPU backend's AVX-512 code paths off, so the run
+//! is the one an AVX2-only CPU gets.
 
 use crate::args::Args;
 use std::process::Command;
@@ -21,6 +28,21 @@ fn cargo_env(args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
     }
 }
 
+/// Runs cargo and returns its standard output (its standard error passes through).
+fn cargo_stdout(args: &[&str]) -> Result<String, String> {
+    eprintln!("xtask: cargo {}", args.join(" "));
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(args)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!("`cargo {}` failed ({})", args.join(" "), out.status))
+    }
+}
+
 fn has_nextest() -> bool {
     Command::new("cargo").args(["nextest", "--version"]).output().map(|o| o.status.success()).unwrap_or(false)
 }
@@ -29,6 +51,62 @@ fn has_nextest() -> bool {
 /// CLI tests run on lavapipe in CI; redco-wgpu itself is always built, by redco-tests) and
 /// xtask's (the wgpu rows of `bench llm`).
 const FEATURES: &str = "redco/wgpu,xtask/wgpu";
+
+/// Set to anything but empty or `0`, the tests run as on a CPU without AVX-512F (the
+/// AVX-512-only tests are skipped, and the CPU backend, which reads it too, takes its
+/// portable paths).
+const ASSUME_NO_AVX512: &str = "REDCO_ASSUME_NO_AVX512";
+
+/// The nextest filterset of the tests that need AVX-512F: those under an `avx512` module.
+const AVX512_TESTS: &str = "test(/::avx512::/)";
+
+/// Every test but those of [`AVX512_TESTS`].
+const NOT_AVX512_TESTS: &str = "not test(/::avx512::/)";
+
+/// The libtest `--skip` pattern (a substring of the name) of the same tests.
+const AVX512_SKIP: &str = "::avx512::";
+
+/// Why the AVX-512-only tests cannot run here, or `None` where they can.
+fn no_avx512_reason() -> Option<&'static str> {
+    if std::env::var_os(ASSUME_NO_AVX512).is_some_and(|v| !v.is_empty() && v != "0") {
+        return Some("REDCO_ASSUME_NO_AVX512 is set");
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        (!std::arch::is_x86_feature_detected!("avx512f")).then_some("this CPU lacks AVX-512F")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        Some("this CPU is not x86-64")
+    }
+}
+
+/// Lists the AVX-512-only tests (as `crate test::path` with nextest, `test::path` with
+/// libtest), building the test binaries as the run that follows will.
+fn avx512_tests(nextest: bool) -> Result<Vec<String>, String> {
+    if nextest {
+        let out = cargo_stdout(&[
+            "nextest",
+            "list",
+            "--workspace",
+            "--features",
+            FEATURES,
+            "-E",
+            AVX512_TESTS,
+            "--message-format",
+            "oneline",
+        ])?;
+        Ok(out.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect())
+    } else {
+        let out = cargo_stdout(&["test", "--workspace", "--features", FEATURES, "--tests", "--", "--list"])?;
+        Ok(out
+            .lines()
+            .filter_map(|l| l.strip_suffix(": test"))
+            .filter(|name| name.contains(AVX512_SKIP))
+            .map(String::from)
+            .collect())
+    }
+}
 
 /// Runs fmt, clippy, the API docs with warnings as errors (broken links), the tests
 /// (nextest when installed) and the doc tests.
@@ -40,10 +118,29 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         cargo(&["clippy", "--workspace", "--all-targets", "--features", FEATURES, "--", "-D", "warnings"])?;
         cargo_env(&["doc", "--workspace", "--no-deps", "--features", FEATURES], &[("RUSTDOCFLAGS", "-D warnings")])?;
     }
-    if has_nextest() {
-        cargo(&["nextest", "run", "--workspace", "--features", FEATURES, "--no-fail-fast"])?;
+    let nextest = has_nextest();
+    let skip = no_avx512_reason();
+    if let Some(why) = skip {
+        let names = avx512_tests(nextest)?;
+        eprintln!(
+            "xtask: skipping {} AVX-512-only tests ({why}; the CPU backend's dispatch tests cover the GEMM used \
+             instead): {}",
+            names.len(),
+            names.join(", ")
+        );
+    }
+    if nextest {
+        let mut args = vec!["nextest", "run", "--workspace", "--features", FEATURES, "--no-fail-fast"];
+        if skip.is_some() {
+            args.extend(["-E", NOT_AVX512_TESTS, "--status-level", "skip", "--final-status-level", "skip"]);
+        }
+        cargo(&args)?;
     } else {
-        cargo(&["test", "--workspace", "--features", FEATURES, "--no-fail-fast"])?;
+        let mut args = vec!["test", "--workspace", "--features", FEATURES, "--no-fail-fast"];
+        if skip.is_some() {
+            args.extend(["--", "--skip", AVX512_SKIP]);
+        }
+        cargo(&args)?;
     }
     cargo(&["test", "--workspace", "--doc"])?;
     eprintln!("xtask: all checks passed");

@@ -1,5 +1,6 @@
 //! CPU matmul: batched, with transpose flags folded into strides (no copies).
 //! f32 uses the AVX-512 GEMM when the CPU has it; everything else the `gemm` crate.
+//! [`F32Gemm`] lets tests run both f32 paths in one process.
 
 use super::real::Real;
 use super::{floats, sgemm, Floats, Store};
@@ -14,6 +15,25 @@ pub(crate) struct Strides {
     pub(crate) a_cs: usize,
     pub(crate) b_rs: usize,
     pub(crate) b_cs: usize,
+}
+
+/// Which GEMM an f32 product may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum F32Gemm {
+    /// The AVX-512 GEMM where it runs here ([`super::sgemm_enabled`]), else the `gemm` crate:
+    /// what the backend does.
+    Auto,
+    /// Always the `gemm` crate (the portable fallback), whatever the CPU: what the tests
+    /// use to check the fallback on an AVX-512 machine.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Portable,
+}
+
+impl F32Gemm {
+    /// True when this choice runs the AVX-512 GEMM on this machine.
+    pub(crate) fn fast(self) -> bool {
+        self == F32Gemm::Auto && super::sgemm_enabled()
+    }
 }
 
 fn strides(s: &MatmulSpec) -> Strides {
@@ -35,13 +55,38 @@ pub(crate) fn gemm_strided<T: Real + GemmElem>(
     st: Strides,
     threads: usize,
 ) {
-    let spec = MatmulSpec { batch: 1, m, n, k, trans_a: false, trans_b: false, a_batched: false, b_batched: false };
-    gemm_one(a, b, c, &spec, st, threads)
+    gemm_strided_with(m, n, k, a, b, c, st, threads, F32Gemm::Auto)
 }
 
-/// One GEMM `c = a * b` (c row-major m x n), on `threads` threads of the current pool.
-fn gemm_one<T: Real + GemmElem>(a: &[T], b: &[T], c: &mut [T], s: &MatmulSpec, st: Strides, threads: usize) {
-    if T::try_fast(a, b, c, s, st, threads) {
+/// [`gemm_strided`] with the f32 GEMM chosen by `path`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_strided_with<T: Real + GemmElem>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    st: Strides,
+    threads: usize,
+    path: F32Gemm,
+) {
+    let spec = MatmulSpec { batch: 1, m, n, k, trans_a: false, trans_b: false, a_batched: false, b_batched: false };
+    gemm_one(a, b, c, &spec, st, threads, path)
+}
+
+/// One GEMM `c = a * b` (c row-major m x n), on `threads` threads of the current pool; f32
+/// tries the fast GEMM first unless `path` is [`F32Gemm::Portable`].
+fn gemm_one<T: Real + GemmElem>(
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    s: &MatmulSpec,
+    st: Strides,
+    threads: usize,
+    path: F32Gemm,
+) {
+    if path == F32Gemm::Auto && T::try_fast(a, b, c, s, st, threads) {
         return;
     }
     let par = if threads > 1 && s.m * s.n * s.k >= 64 * 64 * 64 {
@@ -122,23 +167,31 @@ fn matmul_f32_fast(a: &[f32], b: &[f32], spec: &MatmulSpec, threads: usize) -> R
         };
         let out = &mut c.spare_capacity_mut()[..total];
         let small = sc * spec.k < 128 * 128 * 128;
+        let one = |i: usize, ci: &mut [std::mem::MaybeUninit<f32>], t: usize| {
+            let ok = sgemm::sgemm_uninit(spec.m, spec.n, spec.k, a_of(i), b_of(i), ci, spec.n, t);
+            assert!(ok, "matmul: the AVX-512 GEMM was chosen on a CPU without AVX-512F");
+        };
         if spec.batch > 1 && small && threads > 1 {
-            out.par_chunks_mut(sc).enumerate().for_each(|(i, ci)| {
-                sgemm::sgemm_uninit(spec.m, spec.n, spec.k, a_of(i), b_of(i), ci, spec.n, 1);
-            });
+            out.par_chunks_mut(sc).enumerate().for_each(|(i, ci)| one(i, ci, 1));
         } else {
             for (i, ci) in out.chunks_mut(sc).enumerate() {
-                sgemm::sgemm_uninit(spec.m, spec.n, spec.k, a_of(i), b_of(i), ci, spec.n, threads);
+                one(i, ci, threads);
             }
         }
     }
     // SAFETY: `sgemm_uninit` wrote every element of every `m x n` block (it returns false
-    // only without AVX-512, which `sgemm_enabled` ruled out), so all `total` are initialised.
+    // only without AVX-512, and then `one` panicked), so all `total` are initialised.
     unsafe { c.set_len(total) };
     Ok(c)
 }
 
-fn matmul_t<T: Real + GemmElem + Store>(a: &[T], b: &[T], spec: &MatmulSpec, threads: usize) -> Result<Vec<T>> {
+fn matmul_t<T: Real + GemmElem + Store>(
+    a: &[T],
+    b: &[T],
+    spec: &MatmulSpec,
+    threads: usize,
+    path: F32Gemm,
+) -> Result<Vec<T>> {
     let (sa, sb, sc) = (spec.m * spec.k, spec.k * spec.n, spec.m * spec.n);
     let need_a = if spec.a_batched { spec.batch * sa } else { sa };
     let need_b = if spec.b_batched { spec.batch * sb } else { sb };
@@ -157,10 +210,10 @@ fn matmul_t<T: Real + GemmElem + Store>(a: &[T], b: &[T], spec: &MatmulSpec, thr
     let b_of = |i: usize| if spec.b_batched { &b[i * sb..(i + 1) * sb] } else { b };
     let small = sc * spec.k < 128 * 128 * 128;
     if spec.batch > 1 && small && threads > 1 {
-        c.par_chunks_mut(sc).enumerate().for_each(|(i, ci)| gemm_one(a_of(i), b_of(i), ci, spec, st, 1));
+        c.par_chunks_mut(sc).enumerate().for_each(|(i, ci)| gemm_one(a_of(i), b_of(i), ci, spec, st, 1, path));
     } else {
         for (i, ci) in c.chunks_mut(sc).enumerate() {
-            gemm_one(a_of(i), b_of(i), ci, spec, st, threads);
+            gemm_one(a_of(i), b_of(i), ci, spec, st, threads, path);
         }
     }
     Ok(c)
@@ -168,15 +221,28 @@ fn matmul_t<T: Real + GemmElem + Store>(a: &[T], b: &[T], spec: &MatmulSpec, thr
 
 /// Batched matmul of two same-typed float buffers.
 pub(crate) fn matmul(a: &HostData, b: &HostData, spec: &MatmulSpec, dt: DType, threads: usize) -> Result<HostData> {
+    matmul_with(a, b, spec, dt, threads, F32Gemm::Auto)
+}
+
+/// [`matmul`] with the f32 GEMM chosen by `path`.
+pub(crate) fn matmul_with(
+    a: &HostData,
+    b: &HostData,
+    spec: &MatmulSpec,
+    dt: DType,
+    threads: usize,
+    path: F32Gemm,
+) -> Result<HostData> {
     if !dt.is_float() {
         return Err(Error::UnsupportedDType { op: "matmul", dtype: dt });
     }
     match (floats(a), floats(b)) {
-        (Floats::F32(x), Floats::F32(y)) if super::sgemm_enabled() => {
-            Ok(f32::store(matmul_f32_fast(&x, &y, spec, threads)?, dt))
-        }
-        (Floats::F32(x), Floats::F32(y)) => Ok(f32::store(matmul_t(&x, &y, spec, threads)?, dt)),
-        (Floats::F64(x), Floats::F64(y)) => Ok(f64::store(matmul_t(&x, &y, spec, threads)?, dt)),
+        (Floats::F32(x), Floats::F32(y)) if path.fast() => Ok(f32::store(matmul_f32_fast(&x, &y, spec, threads)?, dt)),
+        (Floats::F32(x), Floats::F32(y)) => Ok(f32::store(matmul_t(&x, &y, spec, threads, path)?, dt)),
+        (Floats::F64(x), Floats::F64(y)) => Ok(f64::store(matmul_t(&x, &y, spec, threads, path)?, dt)),
         _ => Err(Error::invalid("matmul", "operands have different dtypes")),
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -443,11 +443,36 @@ pub(crate) fn sgemm_hook(
     sgemm::sgemm(m, n, k, a, b, c, n, false, threads)
 }
 
-/// True when the AVX-512 GEMM runs here (`REDCO_NO_SGEMM=1` falls back to the `gemm`
-/// crate, for comparisons).
+/// True when the AVX-512 GEMM runs here: the CPU has AVX-512F (see [`avx512f`]) and
+/// `REDCO_NO_SGEMM` is unset (set, the backend falls back to the `gemm` crate, for
+/// comparisons). Read once per process; tests that want both paths in one process pass
+/// [`matmul::F32Gemm`] instead.
 pub(crate) fn sgemm_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("REDCO_NO_SGEMM").is_none() && sgemm::is_supported())
+}
+
+/// The environment variable that makes the CPU backend (and `cargo xtask test`) behave as
+/// on a CPU without AVX-512: set to anything but empty or `0`.
+pub(crate) const ASSUME_NO_AVX512: &str = "REDCO_ASSUME_NO_AVX512";
+
+/// True when the AVX-512F code paths (the sgemm kernels and the AVX-512 copies of the
+/// element loops) may run: the CPU has AVX-512F and [`ASSUME_NO_AVX512`] is not set, so
+/// an AVX-512 machine can run as an AVX2-only one would. Read once per process.
+#[inline]
+pub(crate) fn avx512f() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| {
+            let off = std::env::var_os(ASSUME_NO_AVX512).is_some_and(|v| !v.is_empty() && v != "0");
+            !off && std::arch::is_x86_feature_detected!("avx512f")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// `len` elements of `h` from flat offset `start`.

@@ -41,17 +41,10 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     }
 }
 
-/// True when the AVX-512 copies of the loops may run.
+/// True when the AVX-512 copies of the loops may run (see [`super::avx512f`]).
 #[inline]
 fn avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    super::avx512f()
 }
 
 #[inline(always)]

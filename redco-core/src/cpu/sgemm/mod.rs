@@ -36,15 +36,10 @@ pub struct MatRef<'a> {
 }
 
 /// Returns true when the running CPU supports the AVX-512F kernels used by [`sgemm`].
+/// `REDCO_ASSUME_NO_AVX512=1` (read once per process) makes it false on any CPU, so that
+/// an AVX-512 machine behaves as an AVX2-only one.
 pub fn is_supported() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    super::avx512f()
 }
 
 /// C (row-major, leading dimension ldc, m x n) = A (m x k) * B (k x n), or C += A*B when `accumulate`.
@@ -139,4 +134,4 @@ fn run(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -1,199 +1,22 @@
-//! Unit tests of the AVX-512 sgemm against a naive f64 reference: every size 1..70,
-//! every transpose layout, padded leading dims, accumulate on/off, 1..3 threads, k = 0,
-//! several M blocks.
+//! Unit tests of the sgemm. The kernel's own tests need AVX-512F and live in [`avx512`]
+//! (`cargo xtask test` skips them, naming them, on a CPU without it); the same sweeps
+//! through the backend's dispatching matmul, on whatever GEMM the CPU selects and on the
+//! portable fallback, are in `cpu::matmul::tests` and pass on every CPU.
 
-use super::{sgemm, MatRef};
+mod avx512;
 
-struct Rng(u64);
+/// A xorshift generator of values in [-1, 1), shared with the dispatch tests.
+pub(crate) struct Rng(pub(crate) u64);
 impl Rng {
-    fn next(&mut self) -> f32 {
+    /// The next value, in [-1, 1).
+    pub(crate) fn next(&mut self) -> f32 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
+    /// `n` values.
+    pub(crate) fn vec(&mut self, n: usize) -> Vec<f32> {
         (0..n).map(|_| self.next()).collect()
-    }
-}
-
-/// Checks one case; `ta`/`tb` select transposed storage, `pad` adds leading-dimension padding.
-#[allow(clippy::too_many_arguments)]
-fn check(m: usize, n: usize, k: usize, ta: bool, tb: bool, acc: bool, threads: usize, rng: &mut Rng) {
-    let pad = 3;
-    let (lda, a_rs, a_cs, a_len) = if ta {
-        let lda = m + pad;
-        (lda, 1, lda, lda * k.max(1))
-    } else {
-        let lda = k + pad;
-        (lda, lda, 1, lda * m.max(1))
-    };
-    let _ = lda;
-    let (b_rs, b_cs, b_len) = if tb {
-        let ldb = k + pad;
-        (1, ldb, ldb * n.max(1))
-    } else {
-        let ldb = n + pad;
-        (ldb, 1, ldb * k.max(1))
-    };
-    let a = rng.vec(a_len);
-    let b = rng.vec(b_len);
-    let ldc = n + 5;
-    let c0 = rng.vec(ldc * m.max(1));
-    let mut c = c0.clone();
-    let ok = sgemm(
-        m,
-        n,
-        k,
-        MatRef { data: &a, rs: a_rs, cs: a_cs },
-        MatRef { data: &b, rs: b_rs, cs: b_cs },
-        &mut c,
-        ldc,
-        acc,
-        threads,
-    );
-    assert!(ok);
-    for i in 0..m {
-        for j in 0..n {
-            let mut s = 0f64;
-            let mut sa = 0f64;
-            for p in 0..k {
-                let x = a[i * a_rs + p * a_cs] as f64 * b[p * b_rs + j * b_cs] as f64;
-                s += x;
-                sa += x.abs();
-            }
-            let base = if acc { c0[i * ldc + j] as f64 } else { 0.0 };
-            let want = base + s;
-            let got = c[i * ldc + j] as f64;
-            let tol = 1e-5 * (sa + base.abs()).max(1.0);
-            assert!(
-                (got - want).abs() <= tol,
-                "m={m} n={n} k={k} ta={ta} tb={tb} acc={acc} t={threads} at ({i},{j}): got {got} want {want}"
-            );
-        }
-        // Padding columns untouched.
-        for j in n..ldc {
-            if i * ldc + j < c.len() {
-                assert_eq!(c[i * ldc + j], c0[i * ldc + j], "padding clobbered");
-            }
-        }
-    }
-}
-
-#[test]
-fn small_all_sizes() {
-    let mut rng = Rng(0x1234_5678_9abc_def1);
-    for m in [1, 2, 3, 5, 8, 13, 14, 15, 29, 33, 70] {
-        for n in [1, 2, 7, 16, 17, 31, 32, 33, 65, 70] {
-            for k in [1, 2, 3, 16, 17, 70] {
-                let ta = (m + n + k) % 2 == 0;
-                let tb = (m * n + k) % 3 == 0;
-                let acc = (m + k) % 2 == 1;
-                check(m, n, k, ta, tb, acc, 2, &mut rng);
-            }
-        }
-    }
-}
-
-#[test]
-fn all_layouts() {
-    let mut rng = Rng(42);
-    for &(m, n, k) in &[(37, 45, 53), (1, 70, 33), (4, 100, 64), (70, 1, 20), (100, 3, 40), (8, 8, 1)] {
-        for ta in [false, true] {
-            for tb in [false, true] {
-                for acc in [false, true] {
-                    for threads in [1, 2, 3] {
-                        check(m, n, k, ta, tb, acc, threads, &mut rng);
-                    }
-                }
-            }
-        }
-    }
-}
-
-#[test]
-fn odd_sizes_1_to_70() {
-    let mut rng = Rng(7);
-    for s in 1..=70 {
-        check(s, s, s, false, false, s % 2 == 0, 2, &mut rng);
-        check(s, 71 - s, (s * 7) % 70 + 1, s % 3 == 0, s % 5 == 0, s % 2 == 1, 2, &mut rng);
-    }
-}
-
-#[test]
-fn multi_block() {
-    // Crosses KC, NC and (for m) several micro-panels and task splits.
-    let mut rng = Rng(99);
-    check(300, 600, 1100, false, false, false, 2, &mut rng);
-    check(301, 257, 530, true, true, true, 2, &mut rng);
-    check(5, 1000, 700, false, true, false, 2, &mut rng);
-    check(3000, 40, 100, false, false, true, 2, &mut rng);
-    // Packed A of all K blocks exceeds the A buffer bound: several M blocks.
-    check(2900, 70, 3000, false, false, true, 2, &mut rng);
-    check(2900, 70, 3000, true, false, false, 3, &mut rng);
-}
-
-#[test]
-fn k_zero() {
-    let a: Vec<f32> = vec![];
-    let b: Vec<f32> = vec![];
-    let mut c = vec![1.0f32; 12];
-    assert!(sgemm(3, 4, 0, MatRef { data: &a, rs: 0, cs: 1 }, MatRef { data: &b, rs: 4, cs: 1 }, &mut c, 4, true, 2));
-    assert!(c.iter().all(|&x| x == 1.0));
-    assert!(sgemm(3, 4, 0, MatRef { data: &a, rs: 0, cs: 1 }, MatRef { data: &b, rs: 4, cs: 1 }, &mut c, 4, false, 2));
-    assert!(c.iter().all(|&x| x == 0.0));
-    // m = 0 / n = 0: nothing happens.
-    assert!(sgemm(0, 4, 3, MatRef { data: &a, rs: 3, cs: 1 }, MatRef { data: &b, rs: 4, cs: 1 }, &mut c, 4, false, 2));
-}
-
-/// C rows that start mid cache line (as in any `Vec` output; the kernel's C prefetch covers a
-/// third line then): every offset from a 64-byte boundary, row-major and transposed B,
-/// accumulate on and off, m = 1. Values against an f64 reference; everything around the C
-/// region stays untouched.
-#[test]
-fn misaligned_c_rows() {
-    let mut rng = Rng(5);
-    let shapes: [(usize, usize, usize); 4] = [(30, 77, 40), (1, 100, 33), (45, 32, 600), (29, 1100, 20)];
-    for &(m, n, k) in &shapes {
-        for off in 0..16 {
-            let tb = off % 2 == 1;
-            let acc = off % 3 == 0;
-            let ldc = if m == 1 { n } else { n.next_multiple_of(16) };
-            let a = rng.vec(m * k);
-            let (b_rs, b_cs) = if tb { (1, k) } else { (n, 1) };
-            let b = rng.vec(k * n);
-            let mut buf = rng.vec(m * ldc + 64);
-            let orig = buf.clone();
-            let base = (16 - (buf.as_ptr() as usize / 4) % 16) % 16 + off;
-            let len = (m - 1) * ldc + n;
-            let ok = sgemm(
-                m,
-                n,
-                k,
-                MatRef { data: &a, rs: k, cs: 1 },
-                MatRef { data: &b, rs: b_rs, cs: b_cs },
-                &mut buf[base..base + len],
-                ldc,
-                acc,
-                2,
-            );
-            assert!(ok);
-            for (idx, (&got, &was)) in buf.iter().zip(&orig).enumerate() {
-                let rel = idx.wrapping_sub(base);
-                let (i, j) = (rel / ldc, rel % ldc);
-                if idx < base || i >= m || j >= n {
-                    assert_eq!(got, was, "m={m} n={n} k={k} off={off}: element {idx} outside C changed");
-                    continue;
-                }
-                let (mut s, mut sa) = (if acc { was as f64 } else { 0.0 }, 0f64);
-                for p in 0..k {
-                    let x = a[i * k + p] as f64 * b[p * b_rs + j * b_cs] as f64;
-                    s += x;
-                    sa += x.abs();
-                }
-                let tol = 1e-5 * (sa + (was as f64).abs()).max(1.0);
-                assert!((got as f64 - s).abs() <= tol, "m={m} n={n} k={k} off={off} tb={tb} acc={acc} ({i},{j})");
-            }
-        }
     }
 }
