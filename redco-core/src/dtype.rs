@@ -158,6 +158,37 @@ impl HostData {
             _ => HostData::from_f64(&self.to_f64_vec(), dtype),
         }
     }
+    /// The values as little-endian bytes (the in-memory layout on every supported host).
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            HostData::F32(v) => bytemuck::cast_slice(v),
+            HostData::F64(v) => bytemuck::cast_slice(v),
+            HostData::F16(v) => bytemuck::cast_slice(v),
+            HostData::BF16(v) => bytemuck::cast_slice(v),
+            HostData::I64(v) => bytemuck::cast_slice(v),
+            HostData::I32(v) => bytemuck::cast_slice(v),
+            HostData::U8(v) => v,
+        }
+    }
+    /// Values of `dtype` from their bytes ([`HostData::as_bytes`]); a length that is not a
+    /// whole number of elements is an error.
+    pub fn from_bytes(dtype: DType, bytes: &[u8]) -> crate::Result<HostData> {
+        if !bytes.len().is_multiple_of(dtype.size_in_bytes()) {
+            return Err(crate::Error::invalid(
+                "host data",
+                format!("{} bytes are not a whole number of {dtype:?} elements", bytes.len()),
+            ));
+        }
+        Ok(match dtype {
+            DType::F32 => HostData::F32(bytemuck::pod_collect_to_vec(bytes)),
+            DType::F64 => HostData::F64(bytemuck::pod_collect_to_vec(bytes)),
+            DType::F16 => HostData::F16(bytemuck::pod_collect_to_vec(bytes)),
+            DType::BF16 => HostData::BF16(bytemuck::pod_collect_to_vec(bytes)),
+            DType::I64 => HostData::I64(bytemuck::pod_collect_to_vec(bytes)),
+            DType::I32 => HostData::I32(bytemuck::pod_collect_to_vec(bytes)),
+            DType::U8 => HostData::U8(bytes.to_vec()),
+        })
+    }
 }
 
 /// Host element types that convert into [`HostData`].

@@ -5,7 +5,7 @@
 //! [`Shape`](crate::Shape), because it is tensor metadata.
 
 /// The two axes of a device mesh.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MeshAxis {
     /// The data-parallel axis: ranks hold different examples.
     Dp = 0,

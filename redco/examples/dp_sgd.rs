@@ -40,7 +40,7 @@ fn loss_fn(ctx: &StepCtx<Cpu>, m: &Lm<Cpu>, batch: &Batch<Cpu>) -> Result<Tensor
         let loss = m.loss(&ids.narrow(0, i, 1)?, &labels.narrow(0, i, 1)?, None)?;
         mean_loss += loss.replicate()?.to_scalar()? / n as f64;
         let g = loss.backward()?;
-        let scale = (CLIP / global_grad_norm(&tensors, &g)?.max(1e-12)).min(1.0);
+        let scale = (CLIP / global_grad_norm(None, &tensors, &g)?.max(1e-12)).min(1.0);
         for (k, p) in tensors.iter().enumerate() {
             let gi = no_grad(|| g.get(p).expect("every parameter has a gradient").scale(scale))?;
             private[k] = Some(match private[k].take() {

@@ -2,7 +2,8 @@
 //!
 //! Re-exports [`redco_core`] (tensors, autograd, `nn`, the CPU backend) and
 //! [`redco_models`]. Backends are picked with Cargo features: `cpu` (default) and `wgpu`
-//! (the portable GPU backend, as `redco::wgpu`); `cuda`, `tpu` and `mpi` arrive with their
+//! (the portable GPU backend, as `redco::wgpu`); `mpi` (ranks as
+//! processes, as `redco::mpi`); `cuda` and `tpu` arrive with their
 //! crates. The `redco` command-line program (train, generate, plan, eval-dump, convert, info)
 //! arrives with the pipeline.
 
@@ -13,3 +14,7 @@ pub use redco_models as models;
 /// The wgpu backend ([`redco_wgpu`]), with the `wgpu` feature.
 #[cfg(feature = "wgpu")]
 pub use redco_wgpu as wgpu;
+
+/// Ranks as processes over MPI ([`redco_mpi`]), with the `mpi` feature.
+#[cfg(feature = "mpi")]
+pub use redco_mpi as mpi;

@@ -39,6 +39,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(e) = cmd::launch::init() {
+        eprintln!("redco: error: {e}");
+        return ExitCode::from(2);
+    }
     let r = match cli.command {
         Command::Train(a) => cmd::train::run(*a),
         Command::Generate(a) => cmd::generate::run(a),
@@ -47,10 +51,19 @@ fn main() -> ExitCode {
         Command::EvalDump(a) => cmd::eval_dump::run(a),
         Command::Info => cmd::info::run(),
     };
+    let rank = cmd::launch::world();
     match r {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            cmd::launch::finish(true, 0);
+            ExitCode::SUCCESS
+        }
         Err(e) => {
-            eprintln!("redco: error: {e}");
+            if rank.size > 1 {
+                eprintln!("redco: error: rank {} on {}: {e}", rank.rank, rank.host);
+            } else {
+                eprintln!("redco: error: {e}");
+            }
+            cmd::launch::finish(false, 2);
             ExitCode::from(2)
         }
     }

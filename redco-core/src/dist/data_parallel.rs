@@ -1,7 +1,7 @@
 //! Data parallelism: gradients that are partial sums over the data-parallel axis are
 //! summed in flat buckets (few large all-reduces instead of one per parameter).
 
-use super::redistribute::comm;
+use super::Comm;
 use crate::{Backend, GradStore, MeshAxis, PartialOp, Placement, Result, Shape, Tensor};
 
 /// Default bucket size: 25 MB, as in PyTorch DDP.
@@ -9,9 +9,14 @@ pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
 
 /// Sums, over the data-parallel axis, every gradient of `params` that is a partial sum
 /// there, packing them into buckets of about `bucket_bytes`. Afterwards each gradient is
-/// replicated over `dp` (and keeps its model-parallel layout). A no-op outside SPMD runs or
-/// at dp = 1.
-pub fn sync_grads<B: Backend>(params: &[Tensor<B>], grads: &mut GradStore<B>, bucket_bytes: usize) -> Result<()> {
+/// replicated over `dp` (and keeps its model-parallel layout), over `comm`, the rank's
+/// communicator. A no-op when no gradient is partial (one device, or dp = 1).
+pub fn sync_grads<B: Backend>(
+    comm: Option<&Comm<B>>,
+    params: &[Tensor<B>],
+    grads: &mut GradStore<B>,
+    bucket_bytes: usize,
+) -> Result<()> {
     let partial = Placement::Partial(PartialOp::Sum);
     let todo: Vec<Tensor<B>> = params
         .iter()
@@ -20,7 +25,9 @@ pub fn sync_grads<B: Backend>(params: &[Tensor<B>], grads: &mut GradStore<B>, bu
     if todo.is_empty() {
         return Ok(());
     }
-    let c = comm::<B>("sync_grads")?;
+    let c = comm.ok_or_else(|| {
+        crate::Error::invalid("sync_grads", "gradients are partial over dp but no communicator was given")
+    })?;
     let mut bucket: Vec<Tensor<B>> = Vec::new();
     let mut bytes = 0;
     for p in todo {
@@ -28,11 +35,11 @@ pub fn sync_grads<B: Backend>(params: &[Tensor<B>], grads: &mut GradStore<B>, bu
         bytes += g.local_shape().elem_count() * g.dtype().size_in_bytes();
         bucket.push(p);
         if bytes >= bucket_bytes {
-            flush(&c, &mut bucket, grads)?;
+            flush(c, &mut bucket, grads)?;
             bytes = 0;
         }
     }
-    flush(&c, &mut bucket, grads)
+    flush(c, &mut bucket, grads)
 }
 
 /// All-reduces one bucket: the gradients' local storages flattened and concatenated.

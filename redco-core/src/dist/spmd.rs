@@ -2,8 +2,8 @@
 //! communicator installed as the thread's current one.
 
 use super::collective::{Collective, CollectiveKind, CommStats, ReduceKind};
+use super::factory::{CommFactory, Threads};
 use super::mesh::Mesh;
-use super::threads::{Hub, ThreadCollective};
 use crate::cpu::Cpu;
 use crate::{Backend, Error, MeshAxis, Result};
 use std::any::Any;
@@ -144,7 +144,8 @@ fn panic_message(p: &(dyn Any + Send)) -> String {
 /// Runs `f` once per rank of `mesh`, each on its own thread with its own backend (from
 /// `make_backend(rank, threads)`) and communicator; returns the ranks' results in rank
 /// order. If any rank errors or panics, the others' pending collectives fail at once and
-/// the error of the rank that failed first is returned.
+/// the error of the rank that failed first is returned. Every rank is a thread of this
+/// process ([`Threads`]); see [`spmd_with`] for other transports.
 pub fn spmd<B, R, M, F>(mesh: Mesh, opts: &SpmdOptions, make_backend: M, f: F) -> Result<Vec<R>>
 where
     B: Backend,
@@ -152,22 +153,47 @@ where
     M: Fn(usize, usize) -> Result<B> + Sync,
     F: Fn(&Rank<B>) -> Result<R> + Sync,
 {
-    let n = mesh.size();
+    spmd_with(&Threads::new(), mesh, opts, make_backend, f)
+}
+
+/// Compute threads for each of `local` ranks of this process when `local_size` processes
+/// share this host: the host's cores divided among all of them (at least 1).
+pub fn threads_per_rank(local: usize, local_size: usize) -> usize {
     let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
-    let threads = opts.threads_per_rank.unwrap_or((cores / n).max(1));
-    let hub = Hub::new(mesh, opts.timeout);
+    (cores / (local.max(1) * local_size.max(1))).max(1)
+}
+
+/// [`spmd`] over the ranks of `mesh` that `factory` places in this process (all of them
+/// for threads, one for a process per rank), with `factory`'s collectives; returns the
+/// local ranks' results in rank order.
+pub fn spmd_with<B, R, M, F>(
+    factory: &dyn CommFactory<B>,
+    mesh: Mesh,
+    opts: &SpmdOptions,
+    make_backend: M,
+    f: F,
+) -> Result<Vec<R>>
+where
+    B: Backend,
+    R: Send,
+    M: Fn(usize, usize) -> Result<B> + Sync,
+    F: Fn(&Rank<B>) -> Result<R> + Sync,
+{
+    let local = factory.local_ranks(mesh)?;
+    let threads = opts.threads_per_rank.unwrap_or_else(|| threads_per_rank(local.len(), factory.world().local_size));
+    let run = factory.open(mesh, opts.timeout)?;
     let results: Vec<Result<R>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..n)
-            .map(|rank| {
-                let (hub, make_backend, f, outer) = (hub.clone(), &make_backend, &f, &hub);
+        let handles: Vec<_> = local
+            .iter()
+            .map(|&rank| {
+                let (run, make_backend, f) = (run.clone(), &make_backend, &f);
+                let outer = run.clone();
                 std::thread::Builder::new()
                     .name(format!("redco-rank-{rank}"))
                     .spawn_scoped(s, move || {
                         let out = catch_unwind(AssertUnwindSafe(|| -> Result<R> {
                             let backend = make_backend(rank, threads)?;
-                            let coll: Arc<dyn Collective<B>> =
-                                Arc::new(ThreadCollective::new(hub.clone(), rank, backend.clone()));
-                            let comm = Comm::new(coll);
+                            let comm = Comm::new(run.collective(rank, &backend)?);
                             let _g = CommGuard::install(comm.clone());
                             f(&Rank { rank, mesh, backend, comm })
                         }));
@@ -176,7 +202,7 @@ where
                             Err(p) => Err(Error::RankFailed { rank, msg: format!("panicked: {}", panic_message(&*p)) }),
                         };
                         if let Err(e) = &out {
-                            hub.fail(format!("rank {rank} failed: {e}"));
+                            run.fail(format!("rank {rank} failed: {e}"));
                         }
                         out
                     })
@@ -192,10 +218,11 @@ where
             .map(|h| h.and_then(|h| h.join().unwrap_or_else(|_| Err(Error::invalid("spmd", "rank thread died")))))
             .collect()
     });
-    if let Some(first) = hub.failure() {
+    if let Some(first) = run.failure() {
         // Prefer the error of the rank that failed first over the others' "aborted".
         let rank = first.strip_prefix("rank ").and_then(|s| s.split(' ').next()).and_then(|r| r.parse().ok());
-        if let Some(Err(e)) = rank.and_then(|r: usize| results.into_iter().nth(r)) {
+        let at = rank.and_then(|r: usize| local.iter().position(|&l| l == r));
+        if let Some(Err(e)) = at.and_then(|i| results.into_iter().nth(i)) {
             return Err(e);
         }
         return Err(Error::RankFailed { rank: rank.unwrap_or(0), msg: first });

@@ -7,8 +7,9 @@
 //! hub as failed and wakes everyone, so the others return an error at once.
 
 use super::collective::{Collective, CollectiveKind, ReduceKind};
+use super::group::{GroupAxis, ProcessGroup};
+use super::host::{chunk, concat_all, reduce_all, reduce_range, split_range, SPLIT_REDUCE_MIN};
 use super::mesh::Mesh;
-use crate::cpu::{floats, Floats};
 use crate::{Backend, DType, Error, HostData, MeshAxis, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -23,9 +24,12 @@ struct Slot {
     taken: usize,
 }
 
+/// A group's slot: its [`ProcessGroup::id`].
+type GroupKey = (GroupAxis, usize);
+
 #[derive(Default)]
 struct HubState {
-    slots: HashMap<(u8, usize), Slot>,
+    slots: HashMap<GroupKey, Slot>,
     failed: Option<String>,
 }
 
@@ -69,7 +73,7 @@ impl Hub {
     fn exchange(
         &self,
         rank: usize,
-        key: (u8, usize),
+        key: GroupKey,
         idx: usize,
         n: usize,
         kind: CollectiveKind,
@@ -84,7 +88,7 @@ impl Hub {
     fn exchange_as(
         &self,
         rank: usize,
-        key: (u8, usize),
+        key: GroupKey,
         idx: usize,
         n: usize,
         (kind, len): (CollectiveKind, usize),
@@ -190,17 +194,20 @@ pub struct ThreadCollective<B: Backend> {
     hub: Arc<Hub>,
     rank: usize,
     backend: B,
+    /// This rank's groups along `dp` and `mp` and the mesh, made once.
+    groups: [ProcessGroup; 3],
 }
 
 impl<B: Backend> ThreadCollective<B> {
     /// The handle of `rank`, moving data with `backend`.
     pub fn new(hub: Arc<Hub>, rank: usize, backend: B) -> Self {
-        ThreadCollective { hub, rank, backend }
+        let groups = ProcessGroup::all_of(hub.mesh, rank);
+        ThreadCollective { hub, rank, backend, groups }
     }
 
-    fn group(&self, axis: MeshAxis) -> ((u8, usize), usize, usize) {
-        let m = self.hub.mesh;
-        ((axis as u8, m.group_along(self.rank, axis)), m.index_along(self.rank, axis), m.axis_size(axis))
+    fn group(&self, axis: MeshAxis) -> (GroupKey, usize, usize) {
+        let g = &self.groups[axis as usize];
+        (g.id(), g.key, g.size())
     }
 
     fn swap(&self, axis: MeshAxis, kind: CollectiveKind, x: &B::Storage) -> Result<(Vec<Arc<HostData>>, usize)> {
@@ -208,110 +215,6 @@ impl<B: Backend> ThreadCollective<B> {
         let data = self.backend.download_shared(x)?;
         Ok((self.hub.exchange(self.rank, key, idx, n, kind, data)?, idx))
     }
-}
-
-/// Elementwise reduction of the deposits in order.
-fn reduce_all(parts: &[Arc<HostData>], op: ReduceKind) -> HostData {
-    let dt = parts[0].dtype();
-    macro_rules! fold {
-        ($t:ty, $first:expr, $rest:expr) => {{
-            let mut acc: Vec<$t> = $first.to_vec();
-            for p in $rest {
-                match op {
-                    ReduceKind::Sum => acc.iter_mut().zip(p.iter()).for_each(|(a, b)| *a += *b),
-                    ReduceKind::Max => acc.iter_mut().zip(p.iter()).for_each(|(a, b)| *a = a.max(*b)),
-                }
-            }
-            acc
-        }};
-    }
-    let fl: Vec<Floats<'_>> = parts.iter().map(|p| floats(p)).collect();
-    match &fl[0] {
-        Floats::F32(first) => {
-            let rest = fl[1..].iter().map(|f| match f {
-                Floats::F32(v) => v.as_ref(),
-                Floats::F64(_) => unreachable!("deposits share a dtype"),
-            });
-            HostData::from_f32(fold!(f32, first, rest), dt)
-        }
-        Floats::F64(first) => {
-            let rest = fl[1..].iter().map(|f| match f {
-                Floats::F64(v) => v.as_ref(),
-                Floats::F32(_) => unreachable!("deposits share a dtype"),
-            });
-            HostData::from_f64(&fold!(f64, first, rest), dt)
-        }
-    }
-}
-
-/// Elementwise reduction of elements `a..b` of the deposits, in order.
-fn reduce_range(parts: &[Arc<HostData>], op: ReduceKind, a: usize, b: usize) -> HostData {
-    macro_rules! fold {
-        ($var:ident) => {{
-            let mut acc: Vec<_> = match &*parts[0] {
-                HostData::$var(v) => v[a..b].to_vec(),
-                _ => unreachable!("deposits share a dtype"),
-            };
-            for p in &parts[1..] {
-                let HostData::$var(v) = &**p else { unreachable!("deposits share a dtype") };
-                let v = &v[a..b];
-                match op {
-                    ReduceKind::Sum => acc.iter_mut().zip(v).for_each(|(x, y)| *x += *y),
-                    ReduceKind::Max => acc.iter_mut().zip(v).for_each(|(x, y)| *x = x.max(*y)),
-                }
-            }
-            HostData::$var(acc)
-        }};
-    }
-    match &*parts[0] {
-        HostData::F32(_) => fold!(F32),
-        HostData::F64(_) => fold!(F64),
-        _ => {
-            let slices: Vec<Arc<HostData>> =
-                parts.iter().map(|p| Arc::new(crate::cpu::narrow_flat(p, a, b - a))).collect();
-            reduce_all(&slices, op)
-        }
-    }
-}
-
-/// Flat concatenation of the deposits in order.
-fn concat_all(parts: &[Arc<HostData>]) -> HostData {
-    macro_rules! cat {
-        ($var:ident) => {{
-            let mut o = Vec::new();
-            for p in parts {
-                if let HostData::$var(v) = &**p {
-                    o.extend_from_slice(v);
-                }
-            }
-            HostData::$var(o)
-        }};
-    }
-    match &*parts[0] {
-        HostData::F32(_) => cat!(F32),
-        HostData::F64(_) => cat!(F64),
-        HostData::F16(_) => cat!(F16),
-        HostData::BF16(_) => cat!(BF16),
-        HostData::I64(_) => cat!(I64),
-        HostData::I32(_) => cat!(I32),
-        HostData::U8(_) => cat!(U8),
-    }
-}
-
-/// Below this many elements an all-reduce sums on every member in one rendezvous.
-const SPLIT_REDUCE_MIN: usize = 1 << 16;
-
-/// The `i`-th of `n` near-equal contiguous ranges of `len` items.
-fn split_range(len: usize, n: usize, i: usize) -> (usize, usize) {
-    let (base, rem) = (len / n, len % n);
-    let start = i * base + i.min(rem);
-    (start, start + base + usize::from(i < rem))
-}
-
-/// The `i`-th of `n` equal contiguous chunks.
-fn chunk(h: &HostData, i: usize, n: usize) -> HostData {
-    let len = h.len() / n;
-    crate::cpu::narrow_flat(h, i * len, len)
 }
 
 impl<B: Backend> Collective<B> for ThreadCollective<B> {
@@ -366,9 +269,15 @@ impl<B: Backend> Collective<B> for ThreadCollective<B> {
         self.backend.upload(p)
     }
     fn barrier(&self) -> Result<()> {
-        // Every rank of the mesh meets in one group keyed apart from the axis groups.
-        let n = self.hub.mesh.size();
-        self.hub.exchange(self.rank, (2, 0), self.rank, n, CollectiveKind::Barrier, Arc::new(HostData::U8(vec![])))?;
+        let g = &self.groups[2];
+        self.hub.exchange(
+            self.rank,
+            g.id(),
+            g.key,
+            g.size(),
+            CollectiveKind::Barrier,
+            Arc::new(HostData::U8(vec![])),
+        )?;
         Ok(())
     }
 }

@@ -3,7 +3,7 @@
 //! the parameter), which gives the same numbers as the replicated update.
 
 use super::{grad_of, local_view};
-use crate::dist::current_comm;
+use crate::dist::Comm;
 use crate::nn::Module;
 use crate::ops::adamw::AdamStep;
 use crate::{Backend, Error, GradStore, MeshAxis, PartialOp, Placement, Result, Shape, Tensor};
@@ -38,12 +38,21 @@ pub struct AdamW<B: Backend> {
     pub cfg: AdamWConfig,
     step: u64,
     state: BTreeMap<String, (Tensor<B>, Tensor<B>)>,
+    /// The rank's communicator, for ZeRO-1 (none: every update is local).
+    comm: Option<Comm<B>>,
 }
 
 impl<B: Backend> AdamW<B> {
     /// A fresh optimizer.
     pub fn new(cfg: AdamWConfig) -> Self {
-        AdamW { cfg, step: 0, state: BTreeMap::new() }
+        AdamW { cfg, step: 0, state: BTreeMap::new(), comm: None }
+    }
+
+    /// The same optimizer updating over `comm` (ZeRO-1 shards its moments over `comm`'s
+    /// data-parallel axis; without a communicator every update is local).
+    pub fn with_comm(mut self, comm: Option<Comm<B>>) -> Self {
+        self.comm = comm;
+        self
     }
 
     /// Steps taken so far.
@@ -73,7 +82,7 @@ impl<B: Backend> AdamW<B> {
         let c = self.cfg;
         let t = self.step as i32;
         let (bc1, bc2) = (1.0 - c.beta1.powi(t), 1.0 - c.beta2.powi(t));
-        let comm = current_comm::<B>();
+        let comm = self.comm.clone();
         let dp = comm.as_ref().map_or(1, |c| c.mesh().dp);
         let zero = c.zero1 && dp > 1;
         let state = &mut self.state;
@@ -148,6 +157,9 @@ impl<B: Backend> AdamW<B> {
 impl<B: Backend> super::Optimizer<B> for AdamW<B> {
     fn set_lr(&mut self, lr: f64) {
         self.cfg.lr = lr;
+    }
+    fn set_comm(&mut self, comm: Option<Comm<B>>) {
+        self.comm = comm;
     }
     fn update(&mut self, model: &mut dyn Module<B>, grads: &GradStore<B>) -> Result<()> {
         self.step(model, grads)

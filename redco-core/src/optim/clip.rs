@@ -1,13 +1,14 @@
 //! Clipping by the global gradient norm over every shard of every parameter.
 
-use crate::dist::{current_comm, ReduceKind};
+use crate::dist::{Comm, ReduceKind};
 use crate::{no_grad, Backend, DType, GradStore, HostData, MeshAxis, Placement, Result, Tensor};
 
 /// The global L2 norm of the gradients of `params`, counting each element once across the
 /// mesh: model-parallel shards add up (one scalar all-reduce), replicated gradients count
 /// once. Gradients must already be summed over the data-parallel axis. The squares are
-/// summed in f64 where the backend has it (else in f32).
-pub fn global_grad_norm<B: Backend>(params: &[Tensor<B>], grads: &GradStore<B>) -> Result<f64> {
+/// summed in f64 where the backend has it (else in f32). `comm` is the rank's communicator
+/// (none outside a mesh).
+pub fn global_grad_norm<B: Backend>(comm: Option<&Comm<B>>, params: &[Tensor<B>], grads: &GradStore<B>) -> Result<f64> {
     no_grad(|| {
         let (mut split, mut whole) = (0.0f64, 0.0f64);
         for p in params {
@@ -21,7 +22,7 @@ pub fn global_grad_norm<B: Backend>(params: &[Tensor<B>], grads: &GradStore<B>) 
                 whole += sq;
             }
         }
-        if let Some(c) = current_comm::<B>() {
+        if let Some(c) = comm {
             if c.mesh().mp > 1 {
                 let b = params.first().map(|p| p.backend().clone());
                 if let Some(b) = b {
@@ -42,8 +43,13 @@ pub fn global_grad_norm<B: Backend>(params: &[Tensor<B>], grads: &GradStore<B>) 
 
 /// Scales every gradient so that the global norm is at most `max_norm`; returns the norm
 /// before clipping. A non-finite norm is returned unchanged (the caller decides).
-pub fn clip_grad_norm<B: Backend>(params: &[Tensor<B>], grads: &mut GradStore<B>, max_norm: f64) -> Result<f64> {
-    let norm = global_grad_norm(params, grads)?;
+pub fn clip_grad_norm<B: Backend>(
+    comm: Option<&Comm<B>>,
+    params: &[Tensor<B>],
+    grads: &mut GradStore<B>,
+    max_norm: f64,
+) -> Result<f64> {
+    let norm = global_grad_norm(comm, params, grads)?;
     if norm.is_finite() && norm > max_norm && norm > 0.0 {
         let s = max_norm / norm;
         no_grad(|| -> Result<()> {

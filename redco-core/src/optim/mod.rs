@@ -21,6 +21,11 @@ use std::collections::BTreeMap;
 pub trait Optimizer<B: Backend> {
     /// Sets the learning rate of the next updates.
     fn set_lr(&mut self, lr: f64);
+    /// Hands the optimizer its rank's communicator (the trainer does, once), for updates
+    /// that communicate (ZeRO-1); without one every update is local. The default ignores it.
+    fn set_comm(&mut self, comm: Option<crate::dist::Comm<B>>) {
+        let _ = comm;
+    }
     /// One update of every parameter of `model` that has a gradient.
     fn update(&mut self, model: &mut dyn Module<B>, grads: &GradStore<B>) -> Result<()>;
     /// Updates done so far.

@@ -3,7 +3,7 @@
 //! crash mid-write leaves the previous checkpoint readable), pruned to the last N, and a
 //! consolidated export to one Hugging Face safetensors file.
 
-use crate::dist::{current_comm, Mesh};
+use crate::dist::{Comm, Mesh};
 use crate::nn::{Module, ModuleExt};
 use crate::optim::Optimizer;
 use crate::{Backend, DType, Error, HostData, Placement, Result, Shape, Tensor};
@@ -17,9 +17,13 @@ fn io(what: &str, p: &Path, e: std::io::Error) -> Error {
     Error::invalid("checkpoint", format!("{what} {}: {e}", p.display()))
 }
 
-/// Writes `bytes` to `path` atomically: a temporary sibling, fsync, rename.
+/// Writes `bytes` to `path` atomically: a temporary sibling (named for this process and
+/// call, so processes writing the same file never share one), fsync, rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("part");
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path.file_name().map_or_else(|| "file".into(), |f| f.to_string_lossy().to_string());
+    let tmp = path.with_file_name(format!(".{name}.{}-{n}.part", std::process::id()));
     let mut f = fs::File::create(&tmp).map_err(|e| io("cannot create", &tmp, e))?;
     f.write_all(bytes).map_err(|e| io("cannot write", &tmp, e))?;
     f.sync_all().map_err(|e| io("cannot sync", &tmp, e))?;
@@ -125,31 +129,34 @@ impl Checkpointer {
         Checkpointer { dir: workdir.join("checkpoints"), keep_last }
     }
 
-    fn step_dir(&self, step: u64) -> PathBuf {
+    /// The directory of the checkpoint of `step`.
+    pub fn step_dir(&self, step: u64) -> PathBuf {
         self.dir.join(format!("step-{step:08}"))
     }
 
     /// Saves this rank's shards of `model` and `opt` at `step`. Every rank of the run calls
-    /// it; rank 0 publishes the checkpoint once all have written.
+    /// it with its communicator `comm` (none on one device); rank 0 publishes the checkpoint
+    /// once all have written (the workdir must be shared by every rank's host).
     pub fn save<B: Backend, M: Module<B> + ?Sized>(
         &self,
+        comm: Option<&Comm<B>>,
         step: u64,
         model: &M,
         opt: &dyn Optimizer<B>,
     ) -> Result<PathBuf> {
-        self.save_with(step, model, opt, BTreeMap::new())
+        self.save_with(comm, step, model, opt, BTreeMap::new())
     }
 
     /// [`Checkpointer::save`] with extra run state recorded in the manifest.
     pub fn save_with<B: Backend, M: Module<B> + ?Sized>(
         &self,
+        comm: Option<&Comm<B>>,
         step: u64,
         model: &M,
         opt: &dyn Optimizer<B>,
         extra: BTreeMap<String, String>,
     ) -> Result<PathBuf> {
-        let comm = current_comm::<B>();
-        let (rank, mesh) = comm.as_ref().map_or((0, Mesh::single()), |c| (c.rank(), c.mesh()));
+        let (rank, mesh) = comm.map_or((0, Mesh::single()), |c| (c.rank(), c.mesh()));
         let tmp = self.dir.join(format!("step-{step:08}.tmp"));
         fs::create_dir_all(&tmp).map_err(|e| io("cannot create", &tmp, e))?;
         let mut tensors = Vec::new();
@@ -163,7 +170,7 @@ impl Checkpointer {
         }
         let meta = BTreeMap::from([("opt_steps".to_string(), opt.steps().to_string())]);
         write_atomic(&tmp.join(format!("rank-{rank}.safetensors")), &safetensors_bytes(&tensors, meta)?)?;
-        if let Some(c) = &comm {
+        if let Some(c) = comm {
             c.barrier()?;
         }
         let fin = self.step_dir(step);
@@ -178,7 +185,7 @@ impl Checkpointer {
             write_atomic(&self.dir.join("latest"), fin.file_name().unwrap_or_default().to_string_lossy().as_bytes())?;
             self.prune()?;
         }
-        if let Some(c) = &comm {
+        if let Some(c) = comm {
             c.barrier()?;
         }
         Ok(fin)
@@ -241,15 +248,16 @@ impl Checkpointer {
     }
 
     /// Restores this rank's shards from checkpoint `dir` into `model` and `opt` (laid out
-    /// by the same plan on the same mesh). Errors name the mesh or the tensors that differ.
+    /// by the same plan on the same mesh as `comm`'s). Errors name the mesh or the tensors
+    /// that differ.
     pub fn load<B: Backend, M: Module<B> + ?Sized>(
         &self,
+        comm: Option<&Comm<B>>,
         dir: &Path,
         model: &mut M,
         opt: &mut dyn Optimizer<B>,
     ) -> Result<u64> {
-        let comm = current_comm::<B>();
-        let (rank, mesh) = comm.as_ref().map_or((0, Mesh::single()), |c| (c.rank(), c.mesh()));
+        let (rank, mesh) = comm.map_or((0, Mesh::single()), |c| (c.rank(), c.mesh()));
         let mpath = dir.join("manifest.json");
         let manifest: Manifest = serde_json::from_slice(&fs::read(&mpath).map_err(|e| io("cannot read", &mpath, e))?)
             .map_err(|e| Error::invalid("checkpoint", format!("{}: {e}", mpath.display())))?;
@@ -361,14 +369,21 @@ fn st_metadata(bytes: &[u8]) -> Result<std::collections::HashMap<String, String>
 }
 
 /// Writes every parameter of `model`, whole, to one safetensors file (Hugging Face layout,
-/// parameter names as given by the module). Every rank calls it (the shards are gathered);
-/// rank 0 writes.
-pub fn export_safetensors<B: Backend, M: Module<B> + ?Sized>(model: &M, path: &Path) -> Result<()> {
-    let rank = current_comm::<B>().map_or(0, |c| c.rank());
+/// parameter names as given by the module). Every rank calls it with its communicator
+/// (none on one device): each tensor is gathered in turn and only rank 0 keeps it and
+/// writes, so the other ranks never hold more than one whole tensor.
+pub fn export_safetensors<B: Backend, M: Module<B> + ?Sized>(
+    comm: Option<&Comm<B>>,
+    model: &M,
+    path: &Path,
+) -> Result<()> {
+    let rank = comm.map_or(0, |c| c.rank());
     let mut tensors = Vec::new();
     for (name, p) in model.named_parameters() {
         let whole = p.replicate()?;
-        tensors.push((name, whole.to_host()?, whole.dims().to_vec()));
+        if rank == 0 {
+            tensors.push((name, whole.to_host()?, whole.dims().to_vec()));
+        }
     }
     if rank == 0 {
         write_atomic(path, &safetensors_bytes(&tensors, BTreeMap::from([("format".to_string(), "pt".to_string())]))?)?;

@@ -1,7 +1,7 @@
 //! The `Deployer`: where and how a pipeline runs.
 
 use crate::cpu::Cpu;
-use crate::dist::{spmd, Mesh, Rank, SpmdOptions};
+use crate::dist::{spmd_with, CommFactory, Mesh, Rank, SpmdOptions, Threads, World};
 use crate::ops::random::mix64;
 use crate::{Backend, Error, Result};
 use std::path::{Path, PathBuf};
@@ -23,6 +23,8 @@ pub struct Deployer<B: Backend = Cpu> {
     /// Timeouts and threads per rank.
     pub opts: SpmdOptions,
     make_backend: Arc<MakeBackend<B>>,
+    /// The transport: which ranks run here and how they talk (threads by default).
+    comm: Arc<dyn CommFactory<B>>,
     /// Process-wide setup run once before the rank threads start (the CPU backend's
     /// allocator settings, which the ranks' threads must share).
     before_ranks: Option<fn()>,
@@ -36,6 +38,7 @@ impl<B: Backend> Clone for Deployer<B> {
             workdir: self.workdir.clone(),
             opts: self.opts.clone(),
             make_backend: self.make_backend.clone(),
+            comm: self.comm.clone(),
             before_ranks: self.before_ranks,
         }
     }
@@ -49,6 +52,7 @@ impl<B: Backend> std::fmt::Debug for Deployer<B> {
             .field("workdir", &self.workdir)
             .field("opts", &self.opts)
             .field("backend", &std::any::type_name::<B>())
+            .field("transport", &self.comm.name())
             .finish()
     }
 }
@@ -83,8 +87,38 @@ impl<B: Backend> Deployer<B> {
             workdir: workdir.to_path_buf(),
             opts: SpmdOptions::default(),
             make_backend: Arc::new(make_backend),
+            comm: Arc::new(Threads::new()),
             before_ranks: None,
         })
+    }
+
+    /// The same deployer with its ranks made and connected by `comm` (e.g. one rank per
+    /// MPI process, from `redco-mpi`). The mesh must fit `comm`'s world.
+    pub fn with_comm(mut self, comm: Arc<dyn CommFactory<B>>) -> Result<Self> {
+        comm.local_ranks(self.mesh)?;
+        self.comm = comm;
+        Ok(self)
+    }
+
+    /// The transport.
+    pub fn comm(&self) -> &Arc<dyn CommFactory<B>> {
+        &self.comm
+    }
+
+    /// This process's place in the job.
+    pub fn world(&self) -> World {
+        self.comm.world()
+    }
+
+    /// Whether this process runs mesh rank 0 (the rank that logs, writes the manifest,
+    /// metrics and plots, and returns the report the user sees).
+    pub fn is_leader(&self) -> bool {
+        self.comm.local_ranks(self.mesh).map(|l| l.first() == Some(&0)).unwrap_or(false)
+    }
+
+    /// The ranks of the mesh this process runs.
+    pub fn local_ranks(&self) -> Result<Vec<usize>> {
+        self.comm.local_ranks(self.mesh)
     }
 
     /// A new device as rank `rank` with `threads` compute threads would get it (outside an
@@ -93,12 +127,14 @@ impl<B: Backend> Deployer<B> {
         (self.make_backend)(rank, threads)
     }
 
-    /// Runs `f` on every rank (one thread and one device each); results in rank order.
+    /// Runs `f` on every rank of this process (one thread and one device each); the local
+    /// ranks' results in rank order (every rank's with threads, this process's one with a
+    /// process per rank).
     pub fn run<R: Send>(&self, f: impl Fn(&Rank<B>) -> Result<R> + Sync) -> Result<Vec<R>> {
         if let Some(setup) = self.before_ranks {
             setup();
         }
-        spmd(self.mesh, &self.opts, |rank, threads| (self.make_backend)(rank, threads), f)
+        spmd_with(&*self.comm, self.mesh, &self.opts, |rank, threads| (self.make_backend)(rank, threads), f)
     }
 }
 

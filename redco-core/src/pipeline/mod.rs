@@ -2,6 +2,7 @@
 //! from `collate_fn`, `loss_fn` and the model, and a [`Predictor`] built from `collate_fn`
 //! and `pred_fn`; with checkpoints, metrics and data sources.
 
+pub mod agree;
 pub mod checkpoint;
 pub mod data;
 mod deployer;

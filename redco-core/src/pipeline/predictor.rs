@@ -63,6 +63,9 @@ impl<M: Module<B>, E: Clone + Send + Sync, O: Send, B: Backend> Predictor<M, E, 
     }
 
     /// Outputs for every example of `data`, in order, with the model laid out by `plan`.
+    /// Each rank reads and collates only its `dp` slice of every batch; `pred_fn` returns
+    /// the whole batch's outputs (gathering what it needs), so every rank, rank 0 included,
+    /// returns every output in input order.
     pub fn predict(&self, dep: &Deployer<B>, data: &dyn Dataset<E>, plan: &ShardPlan) -> Result<Vec<O>> {
         let bs = self.batch_size;
         if bs == 0 || !bs.is_multiple_of(dep.mesh.dp) {
@@ -76,16 +79,18 @@ impl<M: Module<B>, E: Clone + Send + Sync, O: Send, B: Backend> Predictor<M, E, 
             plan.apply(&mut model)?;
             let n = data.len();
             let mut out = Vec::with_capacity(n);
+            let (dp, d) = (dep.mesh.dp, rk.comm.index_along(MeshAxis::Dp));
+            let per = bs / dp;
             for (bi, start) in (0..n).step_by(bs).enumerate() {
-                let mut ex: Vec<E> = (start..(start + bs).min(n)).map(|i| data.get(i)).collect::<Result<_>>()?;
-                let real = ex.len();
-                while ex.len() < bs {
-                    ex.push(ex[real - 1].clone());
-                }
-                let whole = (self.collate_fn)(&rk.backend, &ex)?;
+                // this rank reads and collates only its slice of the batch (the last batch
+                // padded with copies of its last example)
+                let real = (n - start).min(bs);
+                let ex: Vec<E> = (start + d * per..start + (d + 1) * per)
+                    .map(|i| data.get(i.min(start + real - 1)))
+                    .collect::<Result<_>>()?;
                 let mut batch = Batch::new();
-                for (k, t) in whole {
-                    batch.insert(k, if dep.mesh.dp > 1 { t.shard_along(MeshAxis::Dp, 0)? } else { t });
+                for (k, t) in (self.collate_fn)(&rk.backend, &ex)? {
+                    batch.insert(k, super::agree::dp_shard(t, dp)?);
                 }
                 let ctx = StepCtx {
                     backend: &rk.backend,

@@ -5,17 +5,19 @@
 //! atomic checkpoint every N steps. The data order and every random draw derive from the
 //! seed and the step, so a resumed run continues exactly where the last checkpoint was.
 
+use super::agree::{check_shared_workdir, dp_shard, from_leader};
 use super::checkpoint::{export_safetensors, Checkpointer};
 use super::data::Dataset;
 use super::metrics::{MetricsLog, StepMetrics};
 use super::{Batch, Deployer, StepCtx};
 use crate::cpu::Cpu;
-use crate::dist::data_parallel::{sync_grads, DEFAULT_BUCKET_BYTES};
+use crate::dist::data_parallel::DEFAULT_BUCKET_BYTES;
+use crate::dist::grad_sync::{GradSync, SyncStrategy};
 use crate::dist::trace::plan_from_trace;
-use crate::dist::ShardPlan;
+use crate::dist::{CommStats, ShardPlan};
 use crate::nn::{Module, ModuleExt};
 use crate::ops::random::mix64;
-use crate::optim::{clip_grad_norm, global_grad_norm, AdamW, AdamWConfig, Decay, Optimizer, Schedule, Sgd};
+use crate::optim::{AdamW, AdamWConfig, Decay, Optimizer, Schedule, Sgd};
 use crate::{Backend, DType, Error, GradStore, MeshAxis, Result, Tensor};
 use std::collections::BTreeMap;
 use std::collections::HashMap;
@@ -122,6 +124,11 @@ pub struct FitReport {
     pub losses: Vec<f64>,
     /// The sharding plan used.
     pub plan: ShardPlan,
+    /// The mesh rank this report comes from (this process's first; rank 0's report is the
+    /// one to show).
+    pub rank: usize,
+    /// That rank's collective calls during the training steps.
+    pub comm: CommStats,
 }
 
 type ModelFn<M, B> = Box<dyn Fn(&B) -> Result<M> + Send + Sync>;
@@ -220,17 +227,20 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
         E: Clone,
     {
         let bs = self.config.batch_size;
+        let (dp, d) = (dep.mesh.dp, rk.comm.index_along(MeshAxis::Dp));
+        let per = bs / dp;
         let n = ev.data.len();
         let (mut sum, mut count) = (0.0, 0usize);
         for start in (0..n).step_by(bs) {
-            let mut ex: Vec<E> = (start..(start + bs).min(n)).map(|i| ev.data.get(i)).collect::<Result<_>>()?;
-            let real = ex.len();
-            while ex.len() < bs {
-                ex.push(ex[real - 1].clone());
-            }
+            // this rank reads and collates its slice of the batch only (the last batch
+            // padded with copies of its last example)
+            let real = (n - start).min(bs);
+            let ex: Vec<E> = (start + d * per..start + (d + 1) * per)
+                .map(|i| ev.data.get(i.min(start + real - 1)))
+                .collect::<Result<_>>()?;
             let mut batch = Batch::new();
             for (k, t) in (self.collate_fn)(&rk.backend, &ex)? {
-                batch.insert(k, if dep.mesh.dp > 1 { t.shard_along(MeshAxis::Dp, 0)? } else { t });
+                batch.insert(k, dp_shard(t, dp)?);
             }
             let ctx = StepCtx {
                 backend: &rk.backend,
@@ -248,20 +258,25 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
         Ok(sum / count.max(1) as f64)
     }
 
-    /// The examples of micro-batch `micro` of optimizer step `step`.
+    /// The examples of micro-batch `micro` of optimizer step `step` that data-parallel
+    /// position `d` of `dp` reads (its contiguous slice of the global batch), and the
+    /// position of the batch's first example in the shuffled stream.
+    #[allow(clippy::too_many_arguments)]
     fn examples(
         &self,
         data: &dyn Dataset<E>,
         seed: u64,
         step: u64,
         micro: usize,
+        (d, dp): (usize, usize),
         cache: &mut HashMap<u64, Vec<usize>>,
     ) -> Result<(Vec<E>, usize)> {
         let n = data.len();
         let bs = self.config.batch_size;
+        let per = bs / dp;
         let first = (step as usize * self.config.accumulate + micro) * bs;
-        let mut out = Vec::with_capacity(bs);
-        for p in first..first + bs {
+        let mut out = Vec::with_capacity(per);
+        for p in first + d * per..first + (d + 1) * per {
             let epoch = (p / n) as u64;
             let order = cache.entry(epoch).or_insert_with(|| epoch_order(n, seed, epoch));
             out.push(data.get(order[p % n])?);
@@ -274,14 +289,16 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
     }
 
     /// The sharding plan for `dep`'s mesh, from one traced forward pass on one device (a
-    /// new one from the deployer, with one compute thread).
+    /// new one from the deployer, as this process's first rank would get it, with one
+    /// compute thread). Every process derives the same plan.
     pub fn plan(&self, dep: &Deployer<B>, data: &dyn Dataset<E>) -> Result<ShardPlan> {
-        let b = dep.backend(0, 1)?;
+        let first = dep.local_ranks()?.first().copied().unwrap_or(0);
+        let b = dep.backend(first, 1)?;
         if !b.supports(self.config.compute_dtype) {
             return Err(Error::UnsupportedDType { op: "fit (compute dtype)", dtype: self.config.compute_dtype });
         }
         let model = (self.model_fn)(&b)?;
-        let (ex, _) = self.examples(data, dep.seed, 0, 0, &mut HashMap::new())?;
+        let (ex, _) = self.examples(data, dep.seed, 0, 0, (0, 1), &mut HashMap::new())?;
         let batch = (self.collate_fn)(&b, &ex)?;
         let ctx = StepCtx { backend: &b, rank: 0, mesh: dep.mesh, step: 0, micro: 0, train: false, seed: dep.seed };
         let loss = (self.loss_fn)(&ctx, &model, &batch)?;
@@ -309,10 +326,35 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
         tracing::info!(mesh = %dep.mesh, params = plan.params.len(), "sharding plan derived from the traced forward pass");
         let ckpt = Checkpointer::new(&dep.workdir, cfg.keep_last);
         let resume_from = if resume { ckpt.latest()? } else { None };
+        let host = dep.world().host;
         let results = dep.run(|rk| {
+            let comm = Some(&rk.comm);
+            check_shared_workdir(&rk.comm, &rk.backend, &dep.workdir, &host)?;
+            // rank 0 decides where to resume from (every rank must see that checkpoint)
+            let mine = resume_from.as_ref().map_or(-1.0, |(s, _)| *s as f64);
+            let chosen = from_leader(&rk.comm, &rk.backend, &[mine])?[0];
+            let resume_from = if chosen < 0.0 {
+                None
+            } else {
+                let step = chosen as u64;
+                let dir = ckpt.step_dir(step);
+                if !dir.join("manifest.json").exists() {
+                    return Err(Error::invalid(
+                        "resume",
+                        format!("rank 0 resumes from {} but rank {} on {host} cannot read it", dir.display(), rk.rank),
+                    ));
+                }
+                Some((step, dir))
+            };
             let mut model = (self.model_fn)(&rk.backend)?;
             plan.apply(&mut model)?;
             let mut opt = cfg.optimizer.build();
+            opt.set_comm(Some(rk.comm.clone()));
+            let strategy = if cfg.optimizer.zero1() { SyncStrategy::Zero1 } else { SyncStrategy::Buckets(DEFAULT_BUCKET_BYTES) };
+            let sync = GradSync::new(Some(rk.comm.clone()), strategy);
+            // the best eval so far, as rank 0 reads it
+            let best0 = ckpt.best().map_or(f64::NAN, |(_, v)| v);
+            let mut best = Some(from_leader(&rk.comm, &rk.backend, &[best0])?[0]).filter(|v| !v.is_nan());
             // f32 master weights: the optimizer, checkpoints and the export use them; the
             // model computes with copies in the compute dtype.
             let mut masters: BTreeMap<String, Tensor<B>> = model.named_parameters().into_iter().collect();
@@ -320,7 +362,7 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
             let f16 = cfg.compute_dtype == DType::F16;
             let (mut scale, mut good) = (if f16 { cfg.loss_scale.0 } else { 1.0 }, 0u64);
             if let Some((_, dir)) = &resume_from {
-                start = ckpt.load(dir, &mut masters, opt.as_mut())?;
+                start = ckpt.load(comm, dir, &mut masters, opt.as_mut())?;
                 if rk.rank == 0 {
                     tracing::info!(step = start, dir = %dir.display(), "resumed from checkpoint");
                 }
@@ -342,6 +384,8 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
             let mut log = if rk.rank == 0 { Some(MetricsLog::open(&dep.workdir, cfg.steps, cfg.log_every)?) } else { None };
             let mut losses = Vec::new();
             let mut cache = HashMap::new();
+            let (d, dp) = (rk.comm.index_along(MeshAxis::Dp), dep.mesh.dp);
+            rk.comm.reset_stats();
             for step in start..cfg.steps {
                 let t0 = Instant::now();
                 let lr = cfg.schedule.lr(step);
@@ -349,21 +393,19 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
                 let mut grads = GradStore::new();
                 let (mut loss_sum, mut tokens, mut bad) = (0.0, 0usize, None);
                 for micro in 0..cfg.accumulate {
-                    let (ex, first) = self.examples(data, dep.seed, step, micro, &mut cache)?;
-                    let whole = (self.collate_fn)(&rk.backend, &ex)
-                        .map_err(|e| Error::invalid("collate_fn", format!("step {step}, examples {first}..{}: {e}", first + ex.len())))?;
-                    if let Some(t) = cfg.tokens_key.as_ref().and_then(|k| whole.get(k)) {
-                        tokens += t.elem_count();
+                    // this rank reads and collates only its slice of the global batch
+                    let (ex, first) = self.examples(data, dep.seed, step, micro, (d, dp), &mut cache)?;
+                    let mine = first + d * ex.len();
+                    let local = (self.collate_fn)(&rk.backend, &ex)
+                        .map_err(|e| Error::invalid("collate_fn", format!("step {step}, examples {mine}..{}: {e}", mine + ex.len())))?;
+                    if let Some(t) = cfg.tokens_key.as_ref().and_then(|k| local.get(k)) {
+                        tokens += t.elem_count() * dp;
                     } else {
-                        tokens += ex.len();
+                        tokens += ex.len() * dp;
                     }
                     let mut batch = Batch::new();
-                    for (k, t) in whole {
-                        let t = if dep.mesh.dp > 1 {
-                            t.shard_along(MeshAxis::Dp, 0).map_err(|e| Error::invalid("fit", format!("batch entry `{k}`: {e}")))?
-                        } else {
-                            t
-                        };
+                    for (k, t) in local {
+                        let t = dp_shard(t, dp).map_err(|e| Error::invalid("fit", format!("batch entry `{k}`: {e}")))?;
                         batch.insert(k, t);
                     }
                     let ctx = StepCtx { backend: &rk.backend, rank: rk.rank, mesh: dep.mesh, step, micro, train: true, seed: dep.seed };
@@ -380,7 +422,7 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
                         Ok(value)
                     })?;
                     if !value.is_finite() {
-                        bad = Some((micro, first, first + ex.len(), value));
+                        bad = Some((micro, first, first + cfg.batch_size, value));
                         break;
                     }
                     loss_sum += value / cfg.accumulate as f64;
@@ -411,11 +453,9 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
                 }
                 let mut grads = g32;
                 let params: Vec<Tensor<B>> = masters.values().cloned().collect();
-                if !cfg.optimizer.zero1() || dep.mesh.dp == 1 || cfg.clip_norm.is_some() {
-                    sync_grads(&params, &mut grads, DEFAULT_BUCKET_BYTES)?;
-                }
+                sync.sync(&params, &mut grads, f16 || cfg.clip_norm.is_some())?;
                 if f16 {
-                    let n = global_grad_norm(&params, &grads)?;
+                    let n = sync.norm(&params, &grads)?;
                     if !n.is_finite() {
                         // overflow in f16: skip the update, halve the scale
                         scale = (scale / 2.0).max(1.0);
@@ -431,8 +471,8 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
                     }
                 }
                 let norm = match cfg.clip_norm {
-                    Some(c) => clip_grad_norm(&params, &mut grads, c)?,
-                    None if !cfg.optimizer.zero1() || dep.mesh.dp == 1 => global_grad_norm(&params, &grads)?,
+                    Some(c) => sync.clip(&params, &mut grads, c)?,
+                    None if sync.all_summed(dep.mesh) => sync.norm(&params, &grads)?,
                     None => f64::NAN,
                 };
                 opt.update(&mut masters, &grads)?;
@@ -441,24 +481,31 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
                 let dt = t0.elapsed().as_secs_f64();
                 let done = step + 1;
                 let eval = match &self.eval {
-                    Some(ev) if done.is_multiple_of(ev.every) || done == cfg.steps => Some(self.evaluate(ev, dep, rk, &model, step)?),
+                    Some(ev) if done.is_multiple_of(ev.every) || done == cfg.steps => {
+                        // rank 0's value decides (the ranks' values agree; this makes sure)
+                        let v = self.evaluate(ev, dep, rk, &model, step)?;
+                        Some(from_leader(&rk.comm, &rk.backend, &[v])?[0])
+                    }
                     _ => None,
                 };
                 if let Some(l) = log.as_mut() {
                     let m = StepMetrics { step: done, loss: loss_sum, lr, grad_norm: norm, tokens_per_s: tokens as f64 / dt, step_time_s: dt, eval };
                     l.log(&m, start)?;
                 }
-                let better = match (eval, &self.eval, ckpt.best()) {
-                    (Some(v), Some(ev), Some((_, b))) => if ev.lower_is_better { v < b } else { v > b },
+                let better = match (eval, &self.eval, best) {
+                    (Some(v), Some(ev), Some(b)) => if ev.lower_is_better { v < b } else { v > b },
                     (Some(_), Some(_), None) => true,
                     _ => false,
                 };
+                if better {
+                    best = eval;
+                }
                 let per_step = (cfg.batch_size * cfg.accumulate) as u64;
                 let n = data.len() as u64;
                 let epoch_end = cfg.checkpoint_at_epoch_end && (done * per_step) / n > (step * per_step) / n;
                 if better || epoch_end || cfg.checkpoint_every.is_some_and(|n| done.is_multiple_of(n)) || done == cfg.steps {
                     let extra = BTreeMap::from([("loss_scale".to_string(), scale.to_string()), ("good_steps".to_string(), good.to_string())]);
-                    let path = ckpt.save_with(done, &masters, opt.as_ref(), extra)?;
+                    let path = ckpt.save_with(comm, done, &masters, opt.as_ref(), extra)?;
                     if rk.rank == 0 {
                         tracing::info!(step = done, path = %path.display(), best = better, "checkpoint saved");
                     }
@@ -468,7 +515,8 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
                     }
                 }
             }
-            export_safetensors(&masters, &dep.workdir.join("model.safetensors"))?;
+            let stats = rk.comm.stats();
+            export_safetensors(comm, &masters, &dep.workdir.join("model.safetensors"))?;
             if rk.rank == 0 {
                 // the whole curve, across resumed runs: the last entry of every step
                 let mut by_step = BTreeMap::new();
@@ -478,9 +526,10 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
                 let curve: Vec<_> = by_step.into_values().collect();
                 super::plot::plot_png(&curve, &dep.workdir.join("loss.png"))?;
             }
-            Ok((start, losses))
+            Ok((start, losses, rk.rank, stats))
         })?;
-        let (start_step, losses) = results.into_iter().next().unwrap_or_default();
-        Ok(FitReport { start_step, losses, plan })
+        let (start_step, losses, rank, comm) =
+            results.into_iter().next().ok_or_else(|| Error::invalid("fit", "no rank ran in this process"))?;
+        Ok(FitReport { start_step, losses, plan, rank, comm })
     }
 }

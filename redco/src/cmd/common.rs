@@ -2,7 +2,7 @@
 //! split from its configuration.
 
 use redco_core::dist::heuristics::plan_by_names;
-use redco_core::dist::{spmd, Mesh, ShardPlan, SpmdOptions};
+use redco_core::dist::{spmd_with, Mesh, ShardPlan, SpmdOptions};
 use redco_core::DType;
 use redco_models::hf::config::HfConfig;
 
@@ -30,10 +30,12 @@ pub fn plan(cfg: &HfConfig, mesh: Mesh) -> Result<Option<ShardPlan>, String> {
     Ok(Some(plan_by_names(&shapes, mesh)))
 }
 
-/// Threads per rank when `total` threads are shared by `ranks` ranks.
-pub fn threads_per_rank(total: Option<usize>, ranks: usize) -> usize {
+/// Threads per rank when `total` threads (default: the host's cores) are shared by the
+/// `ranks` ranks of `mesh` that run on this host (every rank for thread ranks; the host's
+/// processes under a launcher).
+pub fn threads_per_rank(total: Option<usize>, mesh: Mesh) -> usize {
     let total = total.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    (total / ranks).max(1)
+    (total / super::launch::ranks_on_host(mesh)).max(1)
 }
 
 /// A compute backend compiled into this program.
@@ -68,8 +70,9 @@ pub fn backend(name: &str) -> Result<BackendKind, String> {
 }
 
 /// Runs `f` on each rank of `mesh` with a backend from `make(rank, threads)` and returns
-/// rank 0's result: on this thread, without a communicator, for one device; as an SPMD run
-/// (a thread per rank) otherwise.
+/// this process's first rank's result: on this thread, without a communicator, for one
+/// device; as an SPMD run otherwise (a thread per rank, or this process's rank under a
+/// launcher).
 pub fn on_mesh<B, R, M, F>(mesh: Mesh, threads: usize, make: M, f: F) -> redco_core::Result<R>
 where
     B: redco_core::Backend,
@@ -77,11 +80,12 @@ where
     M: Fn(usize, usize) -> redco_core::Result<B> + Sync,
     F: Fn(&B) -> redco_core::Result<R> + Sync,
 {
-    if mesh.size() == 1 {
+    if mesh.size() == 1 && !super::launch::is_multi_process() {
         return f(&make(0, threads)?);
     }
     let opts = SpmdOptions { threads_per_rank: Some(threads), ..SpmdOptions::default() };
-    spmd(mesh, &opts, make, |rk| f(&rk.backend)).map(|mut v| v.swap_remove(0))
+    let factory = super::launch::factory::<B>();
+    spmd_with(&*factory, mesh, &opts, make, |rk| f(&rk.backend)).map(|mut v| v.swap_remove(0))
 }
 
 /// Runs the generic per-rank function `$f` (called as `$f(&backend)`) over `$mesh` on the
@@ -112,11 +116,15 @@ pub(crate) use on_backend;
 /// unless `oversubscribe`.
 pub fn check_devices(mesh: Mesh, threads: Option<usize>, oversubscribe: bool) -> Result<(), String> {
     let cores = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    if mesh.size() > cores && !oversubscribe {
-        return Err(format!(
-            "mesh {mesh} needs {} devices but the cpu backend has {cores} (cores); use a smaller mesh or --oversubscribe",
-            mesh.size()
-        ));
+    let here = super::launch::ranks_on_host(mesh);
+    if here > cores && !oversubscribe {
+        let w = super::launch::world();
+        let whose = if w.size > 1 {
+            format!("{here} ranks run on host {}", w.host)
+        } else {
+            format!("mesh {mesh} needs {here} devices")
+        };
+        return Err(format!("{whose} but the cpu backend has {cores} (cores); use a smaller mesh or --oversubscribe"));
     }
     Ok(())
 }

@@ -84,9 +84,9 @@ fn to_redco(a: &ConvertArgs) -> Result<PathBuf> {
     let dirs = spmd_cpu(mesh, &opts, |rk| {
         let opt = Sgd::<Cpu>::new(0.0, 0.0, 0.0);
         if t5 {
-            ckpt.save(0, &T5::from_pretrained(&rk.backend, &a.input, dtype, Some(&plan))?, &opt)
+            ckpt.save(Some(&rk.comm), 0, &T5::from_pretrained(&rk.backend, &a.input, dtype, Some(&plan))?, &opt)
         } else {
-            ckpt.save(0, &AutoModel::from_pretrained(&rk.backend, &a.input, dtype, Some(&plan))?, &opt)
+            ckpt.save(Some(&rk.comm), 0, &AutoModel::from_pretrained(&rk.backend, &a.input, dtype, Some(&plan))?, &opt)
         }
     })?;
     Ok(dirs.into_iter().next().unwrap_or_default())
@@ -157,6 +157,9 @@ fn to_hf(a: &ConvertArgs) -> Result<PathBuf> {
 
 /// Runs `redco convert`.
 pub fn run(a: ConvertArgs) -> std::result::Result<(), String> {
+    if super::launch::is_multi_process() {
+        return Err("convert runs in one process (its ranks are threads); start it without mpirun".into());
+    }
     match a.to.as_str() {
         "redco" => {
             let d = to_redco(&a).map_err(|e| e.to_string())?;

@@ -164,12 +164,15 @@ pub fn run(a: EvalDumpArgs) -> std::result::Result<(), String> {
     let dtype = common::dtype(&a.dtype)?;
     let inputs = read_all(&a.inputs).map_err(|e| e.to_string())?;
     let kind = common::backend(&a.backend)?;
-    let threads = common::threads_per_rank(a.threads, mesh.size());
+    let threads = common::threads_per_rank(a.threads, mesh);
     let tensors =
         common::on_backend!(kind, mesh, threads, |b| dump(b, &a, &inputs, dtype)).map_err(|e| e.to_string())?;
     let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
     let bytes = safetensors_bytes(&tensors, meta).map_err(|e| e.to_string())?;
-    write_atomic(&a.out, &bytes).map_err(|e| e.to_string())?;
-    println!("wrote {} tensors to {}", tensors.len(), a.out.display());
+    // one writer: the process of rank 0
+    if super::launch::is_leader() {
+        write_atomic(&a.out, &bytes).map_err(|e| e.to_string())?;
+        println!("wrote {} tensors to {}", tensors.len(), a.out.display());
+    }
     Ok(())
 }

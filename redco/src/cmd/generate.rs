@@ -62,6 +62,9 @@ pub struct GenerateArgs {
     /// CPU threads in all (default: every core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Allow more ranks than cores on a host (slow; for trying meshes on a small machine).
+    #[arg(long)]
+    pub oversubscribe: bool,
 }
 
 fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<Vec<String>> {
@@ -149,7 +152,7 @@ pub fn run(a: GenerateArgs) -> std::result::Result<(), String> {
     let kind = common::backend(&a.backend)?;
     let mesh = common::mesh(&a.mesh)?;
     if kind == common::BackendKind::Cpu {
-        common::check_devices(mesh, a.threads, false)?;
+        common::check_devices(mesh, a.threads, a.oversubscribe)?;
     }
     let mut prompts = a.prompt.clone();
     if let Some(f) = &a.prompts_file {
@@ -159,11 +162,11 @@ pub fn run(a: GenerateArgs) -> std::result::Result<(), String> {
     if prompts.is_empty() {
         return Err("give a prompt: --prompt TEXT (repeatable) or --prompts-file FILE".into());
     }
-    let threads = common::threads_per_rank(a.threads, mesh.size());
+    let threads = common::threads_per_rank(a.threads, mesh);
     let outs = common::on_backend!(kind, mesh, threads, |b| run_rank(b, &a, &prompts)).map_err(|e| e.to_string())?;
     // one greedy/sampled prompt of a decoder-only model has been streamed already
     let streamed = prompts.len() == 1 && a.num_beams <= 1 && !common::is_t5(&a.model);
-    if !streamed {
+    if !streamed && super::launch::is_leader() {
         for (p, o) in prompts.iter().zip(outs) {
             println!("{p}{}{o}", if p.ends_with(' ') { "" } else { " " });
         }

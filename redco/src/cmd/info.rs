@@ -1,10 +1,16 @@
 //! `redco info`.
 
-/// Prints the backends compiled in and the CPU threads.
+/// Prints the backends and transports compiled in, this process's world and the CPU threads.
 pub fn run() -> Result<(), String> {
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     println!("redco {}", env!("CARGO_PKG_VERSION"));
     println!("backends: cpu (embedded){}", if cfg!(feature = "wgpu") { ", wgpu" } else { "" });
+    println!(
+        "transports: threads{}",
+        if cfg!(feature = "mpi") { ", mpi (ranks as processes under mpirun / srun)" } else { "" }
+    );
+    let w = super::launch::world();
+    println!("world: {w}");
     println!(
         "cpu: {threads} threads, AVX-512 GEMM {}",
         if redco_core::cpu::sgemm::is_supported() { "on" } else { "off (portable GEMM)" }

@@ -6,7 +6,6 @@
 
 use super::common;
 use clap::Args;
-use redco_core::dist::Mesh;
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
 use redco_core::pipeline::data::{Dataset, JsonlDataset};
 use redco_core::pipeline::{Batch, Deployer, OptimizerConfig, StepCtx, TrainConfig, Trainer};
@@ -99,6 +98,30 @@ pub struct TrainArgs {
     /// New tokens of that sample.
     #[arg(long, default_value_t = 24)]
     pub sample_tokens: usize,
+    /// Seconds a collective waits for the other ranks before the run fails (or, over
+    /// processes, the watchdog names the missing rank and aborts the job). Default 120.
+    #[arg(long)]
+    pub timeout: Option<f64>,
+    /// Also write each rank's collective calls during the training steps to this file
+    /// (`{rank}` in the name is replaced by the rank; JSON).
+    #[arg(long)]
+    pub comm_stats: Option<PathBuf>,
+}
+
+/// Writes the report's collective counts as JSON: `[{kind, axis, calls, bytes}]`.
+fn write_comm_stats(path: &Path, report: &redco_core::pipeline::FitReport) -> Result<()> {
+    let path = PathBuf::from(path.to_string_lossy().replace("{rank}", &report.rank.to_string()));
+    let rows: Vec<serde_json::Value> = report
+        .comm
+        .entries()
+        .into_iter()
+        .map(|(k, axis, c)| {
+            serde_json::json!({"kind": format!("{k:?}"), "axis": format!("{axis:?}"), "calls": c.calls, "bytes": c.bytes})
+        })
+        .collect();
+    let text = serde_json::to_string_pretty(&serde_json::json!({"rank": report.rank, "stats": rows}))
+        .map_err(|e| Error::invalid("comm-stats", e.to_string()))?;
+    redco_core::pipeline::checkpoint::write_atomic(&path, text.as_bytes())
 }
 
 /// Sequences of `seq_len + 1` tokens from the bundled corpus, generated on demand.
@@ -201,11 +224,14 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
     }
     std::fs::create_dir_all(&a.workdir).map_err(|e| format!("cannot create workdir {}: {e}", a.workdir.display()))?;
     let w = a.workdir.clone();
+    // under a launcher, rank 0's process prints and writes the run's files
+    let leader = super::launch::is_leader();
 
     // model configuration, tokenizer and data
     let synthetic = SyntheticText::new(64, a.seq_len, a.seed ^ 0x5157);
     let (cfg, tok_dir) = match (&a.preset, &a.model) {
         (Some(p), _) => {
+            // every process writes the same tokenizer (atomically) and reads it back
             if a.data.is_some() {
                 presets::write_byte_tokenizer(&w).map_err(err)?;
             } else {
@@ -274,32 +300,55 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
         held_out: held_out.clone(),
         every: a.checkpoint_every.max(1),
     };
-    println!(
-        "training {} ({} layers, hidden {}, {} heads, vocab {}) on mesh {mesh} of {} ranks for {steps} steps of {} x \
+    let world = super::launch::world();
+    let ranks = if world.size > 1 {
+        format!("{} ranks in {} processes", a.backend, world.size)
+    } else {
+        format!("{} ranks", a.backend)
+    };
+    if leader {
+        println!(
+        "training {} ({} layers, hidden {}, {} heads, vocab {}) on mesh {mesh} of {ranks} for {steps} steps of {} x \
          {} tokens",
         a.preset.as_deref().unwrap_or("model"),
         cfg.layers,
         cfg.hidden,
         cfg.heads,
         cfg.vocab,
-        a.backend,
         a.batch_size,
         a.seq_len
     );
+    }
     let report = match kind {
         common::BackendKind::Cpu => {
-            let mut dep = Deployer::new(mesh, a.seed, &w).map_err(err)?;
-            dep.opts.threads_per_rank = Some(common::threads_per_rank(a.threads, mesh.size()));
+            let mut dep =
+                Deployer::new(mesh, a.seed, &w).map_err(err)?.with_comm(super::launch::factory()).map_err(err)?;
+            dep.opts.threads_per_rank = Some(common::threads_per_rank(a.threads, mesh));
+            if let Some(t) = a.timeout {
+                dep.opts.timeout = std::time::Duration::from_secs_f64(t);
+            }
             job.trainer(config).fit(&dep, train.as_ref(), a.resume)
         }
         // one device per rank
         #[cfg(feature = "wgpu")]
         common::BackendKind::Wgpu => {
-            let dep = Deployer::with_backend(mesh, a.seed, &w, |_, _| redco_wgpu::Wgpu::new()).map_err(err)?;
+            let mut dep = Deployer::with_backend(mesh, a.seed, &w, |_, _| redco_wgpu::Wgpu::new())
+                .map_err(err)?
+                .with_comm(super::launch::factory())
+                .map_err(err)?;
+            if let Some(t) = a.timeout {
+                dep.opts.timeout = std::time::Duration::from_secs_f64(t);
+            }
             job.trainer(config).fit(&dep, train.as_ref(), a.resume)
         }
     }
     .map_err(err)?;
+    if let Some(path) = &a.comm_stats {
+        write_comm_stats(path, &report).map_err(err)?;
+    }
+    if !leader {
+        return Ok(());
+    }
 
     // the workdir is now a Hugging Face model directory
     let cfg_text = serde_json::to_string_pretty(&cfg.raw).map_err(|e| e.to_string())?;
@@ -323,8 +372,17 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
     if let Some(e) = redco_core::pipeline::metrics::read_metrics(&w).map_err(err)?.iter().rev().find_map(|m| m.eval) {
         println!("held-out loss {e:.4}");
     }
-    let threads = common::threads_per_rank(a.threads, 1);
-    common::on_backend!(kind, Mesh::single(), threads, |b| sample(b, &w, &tok, &a, &held_out)).map_err(err)?;
+    // the sample runs on this process alone
+    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = (threads / super::launch::world().local_size).max(1);
+    match kind {
+        common::BackendKind::Cpu => {
+            sample(&redco_core::cpu::Cpu::try_new(threads).map_err(err)?, &w, &tok, &a, &held_out)
+        }
+        #[cfg(feature = "wgpu")]
+        common::BackendKind::Wgpu => sample(&redco_wgpu::Wgpu::new().map_err(err)?, &w, &tok, &a, &held_out),
+    }
+    .map_err(err)?;
     println!("\nwrote:");
     for (p, what) in [
         ("metrics.jsonl", "metrics, one JSON line per step"),

@@ -52,7 +52,9 @@ fn train_steps(
     // eps 1e-6: the gradient of a key bias is zero in exact arithmetic (softmax ignores a
     // per-row constant), so with a tiny eps Adam would turn rounding noise into full steps
     // of either sign and no two summation orders could agree.
-    let mut opt = AdamW::new(AdamWConfig { lr: 1e-2, weight_decay: 0.01, eps: 1e-6, zero1, ..Default::default() });
+    let comm = redco_core::dist::current_comm::<Cpu>();
+    let mut opt = AdamW::new(AdamWConfig { lr: 1e-2, weight_decay: 0.01, eps: 1e-6, zero1, ..Default::default() })
+        .with_comm(comm.clone());
     let mut losses = Vec::new();
     for step in 0..steps {
         let [mut ids, mut labels, mut mask] = data(b, cfg.vocab, step)?;
@@ -65,7 +67,7 @@ fn train_steps(
         let mut grads = loss.backward()?;
         if !zero1 {
             let params: Vec<Tensor<Cpu>> = m.named_parameters().into_iter().map(|(_, t)| t).collect();
-            sync_grads(&params, &mut grads, DEFAULT_BUCKET_BYTES)?;
+            sync_grads(comm.as_ref(), &params, &mut grads, DEFAULT_BUCKET_BYTES)?;
         }
         opt.step(&mut m, &grads)?;
         losses.push(loss.replicate()?.to_scalar()?);
@@ -159,13 +161,13 @@ fn planner_predicts_the_measured_communication() {
                 labels.shard_along(MeshAxis::Dp, 0)?,
                 mask.shard_along(MeshAxis::Dp, 0)?,
             );
-            let mut opt = AdamW::new(AdamWConfig { zero1, ..Default::default() });
+            let mut opt = AdamW::new(AdamWConfig { zero1, ..Default::default() }).with_comm(Some(rk.comm.clone()));
             rk.comm.reset_stats();
             let loss = m.loss(&ids, &labels, Some(&mask))?;
             let mut grads = loss.backward()?;
             if !zero1 {
                 let params: Vec<Tensor<Cpu>> = m.named_parameters().into_iter().map(|(_, t)| t).collect();
-                sync_grads(&params, &mut grads, DEFAULT_BUCKET_BYTES)?;
+                sync_grads(Some(&rk.comm), &params, &mut grads, DEFAULT_BUCKET_BYTES)?;
             }
             opt.step(&mut m, &grads)?;
             Ok(rk.comm.stats())
@@ -194,9 +196,10 @@ fn global_grad_norm_counts_every_shard_once() {
         }
         let mut grads = m.loss(&ids, &labels, Some(&mask))?.backward()?;
         let params: Vec<Tensor<Cpu>> = m.named_parameters().into_iter().map(|(_, t)| t).collect();
-        sync_grads(&params, &mut grads, DEFAULT_BUCKET_BYTES)?;
-        let before = clip_grad_norm(&params, &mut grads, 0.5)?;
-        Ok((before, global_grad_norm(&params, &grads)?))
+        let comm = redco_core::dist::current_comm::<Cpu>();
+        sync_grads(comm.as_ref(), &params, &mut grads, DEFAULT_BUCKET_BYTES)?;
+        let before = clip_grad_norm(comm.as_ref(), &params, &mut grads, 0.5)?;
+        Ok((before, global_grad_norm(comm.as_ref(), &params, &grads)?))
     };
     let (want, _) = norm(&Cpu::new(2), None, 1).unwrap();
     let mesh: Mesh = "2x2".parse().unwrap();

@@ -73,11 +73,12 @@ impl Job<'_> {
         }
         let whole = Tensor::from_vec(b, self.ids.to_vec(), [BATCH, SEQ])?;
         let ids = if self.mesh.dp > 1 { whole.shard_along(MeshAxis::Dp, 0)? } else { whole };
-        let mut opt = AdamW::new(ADAMW);
+        let comm = redco_core::dist::current_comm::<B>();
+        let mut opt = AdamW::new(ADAMW).with_comm(comm.clone());
         let mut out = RankTimes { train: vec![], phases: vec![], fwd: vec![], decode: vec![], loss: f64::NAN };
         for i in (0..=steps).filter(|_| self.want("train")) {
             let t = Instant::now();
-            let (model_ref, opt_ref, ids_ref) = (&mut model, &mut opt, &ids);
+            let (model_ref, opt_ref, ids_ref, comm_ref) = (&mut model, &mut opt, &ids, &comm);
             let (value, phases) = on_backend(b, move || -> redco_core::Result<(f64, [f64; 4])> {
                 let mut lap = Instant::now();
                 let mut split = || {
@@ -91,7 +92,7 @@ impl Job<'_> {
                 let mut grads = loss.backward()?;
                 let bw = split();
                 let params: Vec<Tensor<B>> = model_ref.named_parameters().into_iter().map(|(_, p)| p).collect();
-                sync_grads(&params, &mut grads, DEFAULT_BUCKET_BYTES)?;
+                sync_grads(comm_ref.as_ref(), &params, &mut grads, DEFAULT_BUCKET_BYTES)?;
                 let sync = split();
                 opt_ref.step(model_ref, &grads)?;
                 // queued device work counts in the step

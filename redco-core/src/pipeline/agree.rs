@@ -1,0 +1,94 @@
+//! Decisions made once, by rank 0, and broadcast: so ranks that are processes on
+//! different hosts (each reading its own view of the files) never diverge. Also the check
+//! that every rank sees the same workdir.
+
+use crate::dist::Comm;
+use crate::{Backend, DType, Error, HostData, MeshAxis, Placement, Placements, Result, Shape, Tensor};
+use std::path::Path;
+
+/// Rank 0's `values`, on every rank of `comm`'s mesh (a broadcast along `mp`, then along
+/// `dp`). The values travel as the bits of f64s in i32 pairs, so they arrive exactly on
+/// every backend.
+pub fn from_leader<B: Backend>(comm: &Comm<B>, b: &B, values: &[f64]) -> Result<Vec<f64>> {
+    if comm.mesh().size() == 1 {
+        return Ok(values.to_vec());
+    }
+    let words: Vec<i32> = values
+        .iter()
+        .flat_map(|v| {
+            let bits = v.to_bits();
+            [bits as u32 as i32, (bits >> 32) as u32 as i32]
+        })
+        .collect();
+    let bytes = words.len() * 4;
+    let mut s = b.upload(&HostData::I32(words))?;
+    for axis in [MeshAxis::Mp, MeshAxis::Dp] {
+        if comm.mesh().axis_size(axis) > 1 {
+            s = comm.broadcast(axis, &s, 0, bytes)?;
+        }
+    }
+    let HostData::I32(w) = b.download(&s)?.cast(DType::I32) else { unreachable!("cast to i32") };
+    Ok(w.chunks_exact(2).map(|p| f64::from_bits(p[0] as u32 as u64 | ((p[1] as u32 as u64) << 32))).collect())
+}
+
+/// Every rank checks that it sees the workdir rank 0 sees: rank 0 writes a file with a
+/// fresh token, every rank reads it back. A rank on a host where the workdir is another
+/// directory (not a shared filesystem) gets an error naming the host and the path.
+pub fn check_shared_workdir<B: Backend>(comm: &Comm<B>, b: &B, workdir: &Path, host: &str) -> Result<()> {
+    if comm.mesh().size() == 1 {
+        return Ok(());
+    }
+    let path = workdir.join(".redco-shared-check");
+    let token = if comm.rank() == 0 {
+        let t = crate::ops::random::mix64(
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+                ^ (u64::from(std::process::id()) << 32),
+        ) >> 12; // exact in an f64
+        super::checkpoint::write_atomic(&path, t.to_string().as_bytes())?;
+        t as f64
+    } else {
+        0.0
+    };
+    let token = from_leader(comm, b, &[token])?[0] as u64;
+    let seen = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<u64>().ok());
+    let ok = seen == Some(token);
+    comm.barrier()?;
+    if comm.rank() == 0 {
+        let _ = std::fs::remove_file(&path);
+    }
+    if !ok {
+        return Err(Error::invalid(
+            "workdir",
+            format!(
+                "rank {} on host {host} does not see the workdir {} that rank 0 writes (it found {}): put the workdir on a filesystem every host shares",
+                comm.rank(),
+                workdir.display(),
+                seen.map_or("no check file".to_string(), |s| format!("another token {s}"))
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A rank's own slice of a batch entry split over `dp` (what `collate_fn` made from this
+/// rank's examples), as the `Shard(0)` piece of the global batch.
+pub fn dp_shard<B: Backend>(t: Tensor<B>, dp: usize) -> Result<Tensor<B>> {
+    if dp == 1 {
+        return Ok(t);
+    }
+    if t.placements() != Placements::REPLICATED || t.dims().is_empty() {
+        return Err(Error::invalid(
+            "fit",
+            format!(
+                "collate_fn must return plain tensors with a batch dimension, got {:?} {:?}",
+                t.dims(),
+                t.placements()
+            ),
+        ));
+    }
+    let local = t.shape().clone();
+    let mut dims = local.dims().to_vec();
+    dims[0] *= dp;
+    let placed = Placements::REPLICATED.with(MeshAxis::Dp, Placement::Shard(0));
+    Ok(Tensor::from_local(t.backend(), t.storage().clone(), Shape::new(dims), local, placed, t.dtype()))
+}

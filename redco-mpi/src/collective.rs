@@ -1,0 +1,256 @@
+//! The MPI `Collective`: any backend's buffers staged through host memory, summed in axis
+//! order exactly as the thread transport sums them (so a run over processes gives the
+//! same bits as the same run over threads).
+
+use crate::env::Mpi;
+use crate::watchdog::{diagnose, kind_name};
+use crate::wire::{lock, Group};
+use redco_core::dist::host::{reduce_all, split_range, SPLIT_REDUCE_MIN};
+use redco_core::dist::{Collective, CollectiveKind, Mesh, ReduceKind};
+use redco_core::{Backend, DType, Error, HostData, MeshAxis, Result};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One process's rank over MPI: its groups along `dp` and `mp` and the mesh.
+pub struct MpiCollective<B: Backend> {
+    mpi: Arc<Mpi>,
+    groups: Arc<[Group; 3]>,
+    backend: B,
+    timeout: Duration,
+}
+
+/// What each member says of a call before the data moves: (kind, sequence number, element
+/// count, dtype, root), so members that disagree get an error instead of MPI's undefined
+/// behaviour.
+const HEADER: usize = 5;
+
+fn dtype_code(d: DType) -> i64 {
+    [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64, DType::I32, DType::U8]
+        .iter()
+        .position(|&x| x == d)
+        .unwrap_or(99) as i64
+}
+
+fn dtype_of(c: i64) -> String {
+    [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64, DType::I32, DType::U8]
+        .get(c as usize)
+        .map_or(format!("dtype #{c}"), |d| format!("{d:?}"))
+}
+
+fn kind_of(c: i64) -> &'static str {
+    [
+        CollectiveKind::AllReduce,
+        CollectiveKind::AllGather,
+        CollectiveKind::ReduceScatter,
+        CollectiveKind::Broadcast,
+        CollectiveKind::Barrier,
+    ]
+    .get(c as usize)
+    .map_or("an unknown collective", |&k| kind_name(k))
+}
+
+impl<B: Backend> MpiCollective<B> {
+    pub(crate) fn new(mpi: Arc<Mpi>, groups: Arc<[Group; 3]>, backend: B, timeout: Duration) -> Self {
+        MpiCollective { mpi, groups, backend, timeout }
+    }
+
+    fn group(&self, axis: MeshAxis) -> &Group {
+        &self.groups[axis as usize]
+    }
+
+    /// Runs one collective on `g`: the agreement check, then `body` with the deadline and
+    /// the watchdog. Holds the process's MPI lock throughout.
+    fn call<R>(
+        &self,
+        g: &Group,
+        kind: CollectiveKind,
+        data: Option<&HostData>,
+        root: usize,
+        body: impl FnOnce(Instant, crate::wire::OnTimeout<'_>) -> Result<R>,
+    ) -> Result<R> {
+        let _l = lock();
+        let progress = self.mpi.progress().clone();
+        let seq = progress.enter(kind, g.info.axis);
+        let start = Instant::now();
+        let deadline = start + self.timeout;
+        let me = self.mpi.world().rank;
+        let timeout = self.timeout;
+        let mpi = self.mpi.clone();
+        let info = g.info.clone();
+        let on_timeout = move || -> std::convert::Infallible {
+            let why = diagnose(&**mpi.tcp_store(), me, &info, kind, seq);
+            let msg = format!(
+                "watchdog: rank {me}: {} #{seq} over {} (ranks {:?}) did not complete within {:.1}s: {why}; aborting the job",
+                kind_name(kind),
+                info.axis,
+                info.members,
+                timeout.as_secs_f64()
+            );
+            eprintln!("redco: error: {msg}");
+            tracing::error!("{msg}");
+            mpi.abort(3)
+        };
+        let n = g.info.size();
+        let out = if n == 1 {
+            body(deadline, &on_timeout)
+        } else {
+            let (len, dt) = data.map_or((0, 0), |d| (d.len() as i64, dtype_code(d.dtype())));
+            let mine = [kind as i64, seq as i64, len, dt, root as i64];
+            let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let all = g.all_gather(&bytes, deadline, &on_timeout);
+            let theirs: Vec<[i64; HEADER]> = all
+                .chunks_exact(8 * HEADER)
+                .map(|c| std::array::from_fn(|i| i64::from_le_bytes(c[8 * i..8 * i + 8].try_into().expect("8 bytes"))))
+                .collect();
+            if let Some((k, h)) = theirs.iter().enumerate().find(|(_, h)| **h != mine) {
+                progress.leave();
+                return Err(Error::Collective {
+                    op: kind_name(kind),
+                    rank: me,
+                    msg: format!(
+                        "ranks disagree over {}: this rank (call #{seq}) has {} on {} {} elements (root {root}), rank {} (call #{}) has {} on {} {} elements (root {})",
+                        g.info.axis,
+                        kind_name(kind),
+                        len,
+                        dtype_of(dt),
+                        g.info.members[k],
+                        h[1],
+                        kind_of(h[0]),
+                        h[2],
+                        dtype_of(h[3]),
+                        h[4]
+                    ),
+                });
+            }
+            body(deadline, &on_timeout)
+        };
+        progress.leave();
+        if start.elapsed() > self.timeout / 2 {
+            tracing::warn!(
+                "redco-mpi: {} over {} took {:.1}s (timeout {:.1}s)",
+                kind_name(kind),
+                g.info.axis,
+                start.elapsed().as_secs_f64(),
+                self.timeout.as_secs_f64()
+            );
+        }
+        out
+    }
+
+    fn parts(bytes: &[u8], n: usize, dt: DType) -> Result<Vec<Arc<HostData>>> {
+        let each = bytes.len() / n;
+        bytes.chunks_exact(each.max(1)).take(n).map(|c| HostData::from_bytes(dt, c).map(Arc::new)).collect()
+    }
+}
+
+impl<B: Backend> Collective<B> for MpiCollective<B> {
+    fn mesh(&self) -> Mesh {
+        let (dp, mp) = (self.groups[0].info.size(), self.groups[1].info.size());
+        Mesh { dp, mp }
+    }
+    fn rank(&self) -> usize {
+        self.mpi.world().rank
+    }
+    fn all_reduce(&self, axis: MeshAxis, x: &B::Storage, op: ReduceKind) -> Result<B::Storage> {
+        let h = self.backend.download(x)?;
+        let g = self.group(axis);
+        let n = g.info.size();
+        let dt = h.dtype();
+        let len = h.len();
+        let out = self.call(g, CollectiveKind::AllReduce, Some(&h), 0, |deadline, on_timeout| {
+            if n == 1 {
+                return Ok(h.clone());
+            }
+            if len < SPLIT_REDUCE_MIN || len < n {
+                // every member sums every buffer, in axis order
+                let all = g.all_gather(h.as_bytes(), deadline, on_timeout);
+                return Ok(reduce_all(&Self::parts(&all, n, dt)?, op));
+            }
+            // reduce-scatter then all-gather: member i sums range i of every buffer (in
+            // axis order), then every member gathers the sums; ranges padded to one size
+            let es = dt.size_in_bytes();
+            let ranges: Vec<(usize, usize)> = (0..n).map(|i| split_range(len, n, i)).collect();
+            let block = ranges.iter().map(|(a, b)| b - a).max().unwrap_or(0) * es;
+            let src = h.as_bytes();
+            let mut send = vec![0u8; block * n];
+            for (i, (a, b)) in ranges.iter().enumerate() {
+                send[i * block..i * block + (b - a) * es].copy_from_slice(&src[a * es..b * es]);
+            }
+            let got = g.all_to_all(&send, block, deadline, on_timeout);
+            let (a, b) = ranges[g.info.key];
+            let mine: Vec<Arc<HostData>> = (0..n)
+                .map(|r| HostData::from_bytes(dt, &got[r * block..r * block + (b - a) * es]).map(Arc::new))
+                .collect::<Result<_>>()?;
+            let sum = reduce_all(&mine, op);
+            let mut padded = sum.as_bytes().to_vec();
+            padded.resize(block, 0);
+            let all = g.all_gather(&padded, deadline, on_timeout);
+            let mut out = Vec::with_capacity(len * es);
+            for (i, (a, b)) in ranges.iter().enumerate() {
+                out.extend_from_slice(&all[i * block..i * block + (b - a) * es]);
+            }
+            HostData::from_bytes(dt, &out)
+        })?;
+        self.backend.upload_owned(out)
+    }
+    fn all_gather(&self, axis: MeshAxis, x: &B::Storage) -> Result<B::Storage> {
+        let h = self.backend.download(x)?;
+        let g = self.group(axis);
+        let out = self.call(g, CollectiveKind::AllGather, Some(&h), 0, |deadline, on_timeout| {
+            if g.info.size() == 1 {
+                return Ok(h.clone());
+            }
+            HostData::from_bytes(h.dtype(), &g.all_gather(h.as_bytes(), deadline, on_timeout))
+        })?;
+        self.backend.upload_owned(out)
+    }
+    fn reduce_scatter(&self, axis: MeshAxis, x: &B::Storage) -> Result<B::Storage> {
+        let h = self.backend.download(x)?;
+        let g = self.group(axis);
+        let n = g.info.size();
+        if !h.len().is_multiple_of(n) {
+            return Err(Error::Collective {
+                op: "reduce_scatter",
+                rank: self.rank(),
+                msg: format!("{} elements do not split into {n} equal chunks", h.len()),
+            });
+        }
+        let out = self.call(g, CollectiveKind::ReduceScatter, Some(&h), 0, |deadline, on_timeout| {
+            if n == 1 {
+                return Ok(reduce_all(&[Arc::new(h.clone())], ReduceKind::Sum));
+            }
+            let block = h.as_bytes().len() / n;
+            let got = g.all_to_all(h.as_bytes(), block, deadline, on_timeout);
+            Ok(reduce_all(&Self::parts(&got, n, h.dtype())?, ReduceKind::Sum))
+        })?;
+        self.backend.upload_owned(out)
+    }
+    fn broadcast(&self, axis: MeshAxis, x: &B::Storage, root: usize) -> Result<B::Storage> {
+        let h = self.backend.download(x)?;
+        let g = self.group(axis);
+        if root >= g.info.size() {
+            return Err(Error::Collective {
+                op: "broadcast",
+                rank: self.rank(),
+                msg: format!("root {root} is outside a group of {}", g.info.size()),
+            });
+        }
+        let out = self.call(g, CollectiveKind::Broadcast, Some(&h), root, |deadline, on_timeout| {
+            let mut buf = h.as_bytes().to_vec();
+            if g.info.size() > 1 {
+                g.broadcast(&mut buf, root, deadline, on_timeout);
+            }
+            HostData::from_bytes(h.dtype(), &buf)
+        })?;
+        self.backend.upload_owned(out)
+    }
+    fn barrier(&self) -> Result<()> {
+        let g = &self.groups[2];
+        self.call(g, CollectiveKind::Barrier, None, 0, |deadline, on_timeout| {
+            if g.info.size() > 1 {
+                g.barrier(deadline, on_timeout);
+            }
+            Ok(())
+        })
+    }
+}
