@@ -23,8 +23,10 @@
 //! is named (from the heartbeats every process posts to the bootstrap store) and the job
 //! is aborted with `MPI_Abort` instead of hanging.
 
+pub mod check;
 mod collective;
 mod env;
+pub mod launch;
 mod watchdog;
 mod wire;
 

@@ -132,7 +132,7 @@ pub(crate) fn diagnose(store: &dyn Store, me: usize, group: &ProcessGroup, kind:
     let now = now_ms();
     let mut found = Vec::new();
     for &m in group.members.iter().filter(|&&m| m != me) {
-        let Ok(bytes) = store.get(&key(m), Duration::from_secs(2)) else {
+        let Ok(bytes) = store.get(&key(m), Duration::from_secs(1)) else {
             found.push(format!("rank {m} never posted a heartbeat (it did not start, or its host is unreachable)"));
             continue;
         };
@@ -165,5 +165,55 @@ pub(crate) fn diagnose(store: &dyn Store, me: usize, group: &ProcessGroup, kind:
         "every member entered it; the transport itself is stuck".to_string()
     } else {
         found.join("; ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redco_core::dist::store::MemStore;
+    use redco_core::dist::Mesh;
+    use redco_core::MeshAxis;
+
+    fn post(store: &MemStore, p: &Progress, age_ms: u64) {
+        let mut text = p.encode();
+        // rewrite the time field to make the heartbeat `age_ms` old
+        let cut = text.rfind(' ').unwrap();
+        text.truncate(cut);
+        text.push_str(&format!(" {}", now_ms() - age_ms));
+        store.set(&key(p.rank), text.as_bytes()).unwrap();
+    }
+
+    #[test]
+    fn the_member_behind_and_the_silent_member_are_named() {
+        let store = MemStore::new();
+        let mesh = Mesh::new(1, 4).unwrap();
+        let g = ProcessGroup::along(mesh, 0, MeshAxis::Mp);
+        let axis = GroupAxis::Axis(MeshAxis::Mp);
+        // rank 1 is in the same call, rank 2 is one call behind (computing), rank 3 is silent
+        let ps: Vec<Progress> = (0..4).map(Progress::new).collect();
+        for (r, p) in ps.iter().enumerate() {
+            let calls = if r == 2 { 4 } else { 5 };
+            for _ in 0..calls {
+                p.enter(CollectiveKind::AllReduce, axis);
+            }
+            if r == 2 {
+                p.leave();
+            }
+        }
+        post(&store, &ps[1], 100);
+        post(&store, &ps[2], 100);
+        post(&store, &ps[3], 9_000);
+        let why = diagnose(&store, 0, &g, CollectiveKind::AllReduce, 5);
+        assert!(!why.contains("rank 1"), "{why}");
+        assert!(
+            why.contains("rank 2 never entered this all_reduce (it has made 4 calls over mp; it is computing"),
+            "{why}"
+        );
+        assert!(why.contains("rank 3 is not responding (last heartbeat 9.0s ago"), "{why}");
+        // a member that never posted
+        let fresh = MemStore::new();
+        let why = diagnose(&fresh, 0, &g, CollectiveKind::Barrier, 1);
+        assert!(why.contains("rank 1 never posted a heartbeat"), "{why}");
     }
 }
