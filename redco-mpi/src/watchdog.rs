@@ -13,8 +13,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How often a process posts its heartbeat.
 const PERIOD: Duration = Duration::from_millis(500);
-/// A heartbeat older than this means the process is gone or frozen.
-const STALE: Duration = Duration::from_secs(5);
+/// A heartbeat older than this (five periods) means the process is gone or frozen.
+const STALE: Duration = Duration::from_millis(2500);
 
 fn slot(axis: GroupAxis) -> usize {
     match axis {
@@ -152,7 +152,11 @@ pub(crate) fn diagnose(store: &dyn Store, me: usize, group: &ProcessGroup, kind:
             _ => "it is computing, outside any collective".to_string(),
         };
         if age > STALE.as_secs_f64() {
-            found.push(format!("rank {m} is not responding (last heartbeat {age:.1}s ago; {doing})"));
+            found.push(format!(
+                "rank {m} is not responding (last heartbeat {age:.1}s ago, when it had made {theirs} calls over {} and {})",
+                axis_name(g),
+                doing.replacen("it is", "was", 1)
+            ));
         } else if theirs < seq {
             found.push(format!(
                 "rank {m} never entered this {} (it has made {theirs} calls over {}; {doing})",

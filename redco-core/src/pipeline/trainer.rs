@@ -127,8 +127,9 @@ pub struct FitReport {
     /// The mesh rank this report comes from (this process's first; rank 0's report is the
     /// one to show).
     pub rank: usize,
-    /// That rank's collective calls during the training steps.
-    pub comm: CommStats,
+    /// The collective calls of each rank run in this process during the training steps,
+    /// by mesh rank (every rank with thread ranks, this process's one over processes).
+    pub comm: BTreeMap<usize, CommStats>,
 }
 
 type ModelFn<M, B> = Box<dyn Fn(&B) -> Result<M> + Send + Sync>;
@@ -528,7 +529,8 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
             }
             Ok((start, losses, rk.rank, stats))
         })?;
-        let (start_step, losses, rank, comm) =
+        let comm: BTreeMap<usize, CommStats> = results.iter().map(|(_, _, r, c)| (*r, c.clone())).collect();
+        let (start_step, losses, rank, _) =
             results.into_iter().next().ok_or_else(|| Error::invalid("fit", "no rank ran in this process"))?;
         Ok(FitReport { start_step, losses, plan, rank, comm })
     }

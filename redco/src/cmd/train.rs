@@ -102,26 +102,29 @@ pub struct TrainArgs {
     /// processes, the watchdog names the missing rank and aborts the job). Default 120.
     #[arg(long)]
     pub timeout: Option<f64>,
-    /// Also write each rank's collective calls during the training steps to this file
-    /// (`{rank}` in the name is replaced by the rank; JSON).
+    /// Also write each rank's collective calls during the training steps, as JSON, to this
+    /// path with `{rank}` replaced by the rank (e.g. `comm-{rank}.json`).
     #[arg(long)]
     pub comm_stats: Option<PathBuf>,
 }
 
-/// Writes the report's collective counts as JSON: `[{kind, axis, calls, bytes}]`.
+/// Writes each local rank's collective counts as JSON, `{rank, stats: [{kind, axis, calls,
+/// bytes}]}`, one file per rank (`{rank}` in `path` replaced by it).
 fn write_comm_stats(path: &Path, report: &redco_core::pipeline::FitReport) -> Result<()> {
-    let path = PathBuf::from(path.to_string_lossy().replace("{rank}", &report.rank.to_string()));
-    let rows: Vec<serde_json::Value> = report
-        .comm
-        .entries()
-        .into_iter()
-        .map(|(k, axis, c)| {
-            serde_json::json!({"kind": format!("{k:?}"), "axis": format!("{axis:?}"), "calls": c.calls, "bytes": c.bytes})
-        })
-        .collect();
-    let text = serde_json::to_string_pretty(&serde_json::json!({"rank": report.rank, "stats": rows}))
-        .map_err(|e| Error::invalid("comm-stats", e.to_string()))?;
-    redco_core::pipeline::checkpoint::write_atomic(&path, text.as_bytes())
+    for (rank, stats) in &report.comm {
+        let file = PathBuf::from(path.to_string_lossy().replace("{rank}", &rank.to_string()));
+        let rows: Vec<serde_json::Value> = stats
+            .entries()
+            .into_iter()
+            .map(|(k, axis, c)| {
+                serde_json::json!({"kind": format!("{k:?}"), "axis": format!("{axis:?}"), "calls": c.calls, "bytes": c.bytes})
+            })
+            .collect();
+        let text = serde_json::to_string_pretty(&serde_json::json!({"rank": rank, "stats": rows}))
+            .map_err(|e| Error::invalid("comm-stats", e.to_string()))?;
+        redco_core::pipeline::checkpoint::write_atomic(&file, text.as_bytes())?;
+    }
+    Ok(())
 }
 
 /// Sequences of `seq_len + 1` tokens from the bundled corpus, generated on demand.

@@ -1,0 +1,250 @@
+//! The `redco` program with ranks as processes (the `mpi` feature) under `mpirun
+//! --oversubscribe --mca btl tcp,self` (TCP between ranks: the path between hosts):
+//! training at 2x2 equals the thread run (every step's loss, the final weights, each
+//! rank's collective counts); eval-dump matches transformers for every model at 1x2 and
+//! 2x2; a killed rank ends the job within the timeout and names it, and resuming ends
+//! with the weights of an uninterrupted run; a stopped rank is named by the watchdog;
+//! a mesh that does not fit the world is refused.
+
+#![cfg(feature = "mpi")]
+
+mod common;
+
+use common::{compare_dump, fixture_named};
+use redco_mpi::launch::{Job, Mpirun};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_redco"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("redco-cli-mpi-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn mpirun(np: usize) -> Mpirun {
+    let m = Mpirun::new(np);
+    assert!(
+        m.available(),
+        "mpirun is not installed: apt-get install openmpi-bin libopenmpi-dev (cargo xtask test does)"
+    );
+    m
+}
+
+/// `redco` on thread ranks in this process's environment (no launcher variables).
+fn redco_threads(args: &[&str]) -> (i32, String, String) {
+    let mut c = Command::new(exe());
+    c.args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("OMPI_") || k.starts_with("PMIX_") || k.starts_with("PMI_") {
+            c.env_remove(k);
+        }
+    }
+    let o = c.output().unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into(),
+        String::from_utf8_lossy(&o.stderr).into(),
+    )
+}
+
+fn train_args<'a>(workdir: &'a str, steps: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        "train",
+        "--preset",
+        "llama-tiny",
+        "--mesh",
+        "2x2",
+        "--steps",
+        steps,
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "16",
+        "--checkpoint-every",
+        "4",
+        "--oversubscribe",
+        "--sample-tokens",
+        "2",
+        "--workdir",
+        workdir,
+    ];
+    v.extend_from_slice(extra);
+    v
+}
+
+/// (step, loss) of every metrics line.
+fn losses(workdir: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(workdir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn training_at_2x2_over_processes_equals_the_thread_run() {
+    let d = scratch("train");
+    let (tw, pw) = (d.join("threads"), d.join("procs"));
+    let (ts, ps) = (tw.to_str().unwrap(), pw.to_str().unwrap());
+    let tstats = format!("{ts}/comm-{{rank}}.json");
+    let pstats = format!("{ps}/comm-{{rank}}.json");
+    let (code, _, err) = redco_threads(&train_args(ts, "6", &["--comm-stats", &tstats]));
+    assert_eq!(code, 0, "{err}");
+    let r =
+        mpirun(4).run(&exe(), &train_args(ps, "6", &["--comm-stats", &pstats]), &d, Duration::from_secs(300)).unwrap();
+    assert_eq!(r.code, Some(0), "{}\n{}", r.stdout, r.stderr);
+    // rank 0 alone prints the run
+    assert_eq!(r.stdout.matches("training llama-tiny").count(), 1, "{}", r.stdout);
+    assert!(r.stdout.contains("in 4 processes"), "{}", r.stdout);
+    let (lt, lp) = (losses(&tw), losses(&pw));
+    assert_eq!(lt.len(), 6);
+    assert_eq!(lt.len(), lp.len());
+    for ((s, a), (_, b)) in lt.iter().zip(&lp) {
+        assert!((a - b).abs() <= 1e-5 * a.abs(), "step {s}: loss {a} on threads, {b} over processes");
+    }
+    let bytes = |w: &Path| std::fs::read(w.join("model.safetensors")).unwrap();
+    assert!(bytes(&tw) == bytes(&pw), "the final weights differ");
+    for rank in 0..4 {
+        let read = |w: &Path| std::fs::read_to_string(w.join(format!("comm-{rank}.json"))).unwrap();
+        let (a, b) = (read(&tw), read(&pw));
+        assert!(a.contains("AllReduce") && a.contains("Dp") && a.contains("Mp"), "{a}");
+        assert_eq!(a, b, "rank {rank}'s collective calls");
+    }
+}
+
+#[test]
+fn eval_dump_over_processes_matches_transformers_at_1x2_and_2x2() {
+    let d = scratch("parity");
+    for name in ["llama-tiny", "gptj-tiny", "opt-tiny", "t5-tiny"] {
+        for (np, mesh) in [(2, "1x2"), (4, "2x2")] {
+            let f = fixture_named(name);
+            let inputs = f.join("inputs.safetensors");
+            let out = d.join(format!("{name}-{mesh}.safetensors"));
+            let args = [
+                "eval-dump",
+                "--model",
+                f.to_str().unwrap(),
+                "--inputs",
+                inputs.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--mesh",
+                mesh,
+            ];
+            let r = mpirun(np).run(&exe(), &args, &d.join(format!("{name}-{mesh}")), Duration::from_secs(300)).unwrap();
+            assert_eq!(r.code, Some(0), "{name} at {mesh}:\n{}\n{}", r.stdout, r.stderr);
+            assert_eq!(r.stdout.matches("wrote ").count(), 1, "rank 0 alone writes --out: {}", r.stdout);
+            compare_dump(name, &out);
+        }
+    }
+}
+
+fn wait_for(what: &str, deadline: Duration, mut ok: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !ok() {
+        assert!(t.elapsed() < deadline, "{what} did not happen within {deadline:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn latest_step(w: &Path) -> u64 {
+    std::fs::read_to_string(w.join("checkpoints/latest"))
+        .ok()
+        .and_then(|s| s.trim().strip_prefix("step-").and_then(|n| n.parse().ok()))
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_killed_rank_ends_the_job_and_resuming_over_processes_is_exact() {
+    let d = scratch("kill");
+    let (kw, uw) = (d.join("killed"), d.join("whole"));
+    let (ks, us) = (kw.to_str().unwrap(), uw.to_str().unwrap());
+    let job = mpirun(4).spawn(&exe(), &train_args(ks, "16", &["--timeout", "20"]), &d.join("first")).unwrap();
+    // mid-run: after the first checkpoint, before the end
+    wait_for("the first checkpoint", Duration::from_secs(240), || latest_step(&kw) >= 4);
+    let victim = job.rank_pid(1).expect("rank 1's process");
+    Job::signal(victim, "KILL").unwrap();
+    let killed_at = Instant::now();
+    let r = job.wait(Duration::from_secs(120)).unwrap();
+    let took = killed_at.elapsed();
+    assert!(!r.timed_out && r.code != Some(0), "the job went on: {:?}\n{}", r.code, r.stderr);
+    assert!(took < Duration::from_secs(20), "the job took {took:?} to end (timeout 20 s)");
+    assert!(r.stderr.contains("rank 1"), "the dead rank is named:\n{}", r.stderr);
+    let done = latest_step(&kw);
+    assert!(done < 16, "the run was killed mid-way (last checkpoint {done})");
+    // resume over processes; then the same run uninterrupted, on threads
+    let r = mpirun(4)
+        .run(&exe(), &train_args(ks, "16", &["--resume"]), &d.join("resume"), Duration::from_secs(300))
+        .unwrap();
+    assert_eq!(r.code, Some(0), "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains(&format!("over steps {}..16", done + 1)), "{}", r.stdout);
+    let (code, _, err) = redco_threads(&train_args(us, "16", &[]));
+    assert_eq!(code, 0, "{err}");
+    let bytes = |w: &Path| std::fs::read(w.join("model.safetensors")).unwrap();
+    assert!(bytes(&kw) == bytes(&uw), "resumed weights differ from the uninterrupted run's");
+}
+
+#[test]
+fn a_stopped_rank_is_named_by_the_watchdog_and_the_job_ends() {
+    let d = scratch("stop");
+    let w = d.join("w");
+    let job =
+        mpirun(4).spawn(&exe(), &train_args(w.to_str().unwrap(), "400", &["--timeout", "4"]), &d.join("run")).unwrap();
+    wait_for("the first step", Duration::from_secs(240), || {
+        std::fs::read_to_string(w.join("metrics.jsonl")).is_ok_and(|t| t.lines().count() >= 2)
+    });
+    let pids = job.rank_pids();
+    let victim = job.rank_pid(3).expect("rank 3's process");
+    Job::signal(victim, "STOP").unwrap();
+    let stopped_at = Instant::now();
+    let r = job.wait(Duration::from_secs(120)).unwrap();
+    let took = stopped_at.elapsed();
+    for p in pids {
+        let _ = Job::signal(p, "KILL");
+    }
+    assert!(!r.timed_out && r.code != Some(0), "{:?}\n{}", r.code, r.stderr);
+    assert!(took < Duration::from_secs(30), "the job took {took:?} to end (timeout 4 s)");
+    assert!(r.stderr.contains("watchdog") && r.stderr.contains("rank 3 is not responding"), "{}", r.stderr);
+}
+
+#[test]
+fn a_mesh_that_does_not_fit_the_world_is_refused() {
+    let d = scratch("misfit");
+    let w = d.join("w");
+    let r = mpirun(2).run(&exe(), &train_args(w.to_str().unwrap(), "2", &[]), &d, Duration::from_secs(60)).unwrap();
+    assert_ne!(r.code, Some(0));
+    assert!(r.stderr.contains("mesh 2x2 has 4 ranks but the job has 2 processes"), "{}", r.stderr);
+}
+
+#[test]
+fn generate_over_processes_prints_once_what_threads_print() {
+    let d = scratch("generate");
+    let f = fixture_named("llama-tiny");
+    let args = [
+        "generate",
+        "--model",
+        f.to_str().unwrap(),
+        "--mesh",
+        "1x2",
+        "--prompt",
+        "hello",
+        "--prompt",
+        "a b",
+        "--max-new-tokens",
+        "5",
+    ];
+    let (code, want, err) = redco_threads(&args);
+    assert_eq!(code, 0, "{err}");
+    let r = mpirun(2).run(&exe(), &args, &d, Duration::from_secs(120)).unwrap();
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(r.stdout, want);
+}
