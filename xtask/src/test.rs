@@ -47,10 +47,62 @@ fn has_nextest() -> bool {
     Command::new("cargo").args(["nextest", "--version"]).output().map(|o| o.status.success()).unwrap_or(false)
 }
 
-/// Optional backends compiled into the checks and tests: the facade's `wgpu` feature (its
-/// CLI tests run on lavapipe in CI; redco-wgpu itself is always built, by redco-tests) and
-/// xtask's (the wgpu rows of `bench llm`).
-const FEATURES: &str = "redco/wgpu,xtask/wgpu";
+/// Optional backends and transports compiled into the checks and tests: the facade's
+/// `wgpu` feature (its CLI tests run on lavapipe in CI; redco-wgpu itself is always built,
+/// by redco-tests), its `mpi` feature (the CLI over processes; redco-mpi is a workspace
+/// member) and xtask's (the wgpu rows of `bench llm`, the process rows).
+const FEATURES: &str = "redco/wgpu,redco/mpi,xtask/wgpu,xtask/mpi";
+
+/// The Debian packages the suite needs beyond the Rust toolchain: Open MPI (redco-mpi and
+/// the multi-process tests), libclang (rsmpi's bindgen) and Mesa's Vulkan drivers (the
+/// wgpu suite on lavapipe).
+const PACKAGES: [&str; 4] = ["libopenmpi-dev", "openmpi-bin", "libclang-dev", "mesa-vulkan-drivers"];
+
+fn installed(pkg: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", pkg])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// Installs the missing [`PACKAGES`] with apt-get when this is root on Debian/Ubuntu, or
+/// stops at once with the command to run; a machine without dpkg must provide MPI (mpicc,
+/// mpirun), libclang and a Vulkan driver itself.
+fn setup() -> Result<(), String> {
+    let has_dpkg = Command::new("dpkg-query").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !has_dpkg {
+        let mpi = Command::new("mpirun").arg("--version").output().is_ok_and(|o| o.status.success());
+        if !mpi {
+            return Err("the tests need MPI (mpicc, mpirun), libclang and a Vulkan driver; install Open MPI or MPICH \
+                        with its development files, libclang and Mesa's Vulkan drivers, then run again"
+                .into());
+        }
+        return Ok(());
+    }
+    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let cmd = format!("apt-get update && apt-get install -y {}", missing.join(" "));
+    if !is_root() {
+        return Err(format!("the tests need {}: run `sudo sh -c '{cmd}'`, then run again", missing.join(", ")));
+    }
+    eprintln!("xtask: installing {}", missing.join(" "));
+    let ok = Command::new("sh")
+        .args(["-c", &format!("apt-get update -qq && apt-get install -y -qq {}", missing.join(" "))])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("installing {} failed; run `{cmd}` by hand, then run again", missing.join(", ")))
+    }
+}
 
 /// Set to anything but empty or `0`, the tests run as on a CPU without AVX-512F (the
 /// AVX-512-only tests are skipped, and the CPU backend, which reads it too, takes its
@@ -113,6 +165,12 @@ fn avx512_tests(nextest: bool) -> Result<Vec<String>, String> {
 pub fn run(argv: &[String]) -> Result<(), String> {
     let args = Args::parse(argv, &["no-lint"])?;
     args.only(&["no-lint"])?;
+    setup()?;
+    if is_root() {
+        // Open MPI refuses to start as root without these (the multi-process tests)
+        std::env::set_var("OMPI_ALLOW_RUN_AS_ROOT", "1");
+        std::env::set_var("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    }
     if !args.has("no-lint") {
         cargo(&["fmt", "--all", "--check"])?;
         cargo(&["clippy", "--workspace", "--all-targets", "--features", FEATURES, "--", "-D", "warnings"])?;

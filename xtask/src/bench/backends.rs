@@ -1,10 +1,13 @@
 //! The backends a benchmark can run on: those compiled into this xtask (`cpu` always,
-//! `wgpu` with the `wgpu` feature), and the feature each of the others would need.
+//! `wgpu` with the `wgpu` feature, `cpu-mpi`: CPU ranks as MPI processes, with the `mpi`
+//! feature), and the feature each of the others would need.
 
 /// Every backend name, and the xtask feature it needs (`None`: compiled in).
-const BACKENDS: [(&str, Option<&str>); 4] = [
+const BACKENDS: [(&str, Option<&str>); 5] = [
     ("cpu", None),
     ("wgpu", if cfg!(feature = "wgpu") { None } else { Some("wgpu") }),
+    // CPU ranks as MPI processes (under mpirun, TCP between them), beside the thread ranks
+    ("cpu-mpi", if cfg!(feature = "mpi") { None } else { Some("mpi") }),
     ("cuda", Some("cuda")),
     ("tpu", Some("tpu")),
 ];
@@ -20,10 +23,10 @@ pub fn parse(s: &str) -> Result<Vec<String>, String> {
     for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
         match BACKENDS.iter().find(|(n, _)| *n == name) {
             Some((n, None)) => out.push(n.to_string()),
-            Some((n, Some("wgpu"))) => {
+            Some((n, Some(f @ ("wgpu" | "mpi")))) => {
                 return Err(format!(
                     "backend `{n}` is not compiled into this xtask (enabled: {}): run `cargo run --release -p xtask \
-                     --features wgpu -- bench ...` to benchmark it",
+                     --features {f} -- bench ...` to benchmark it",
                     enabled()
                 ))
             }
@@ -35,7 +38,10 @@ pub fn parse(s: &str) -> Result<Vec<String>, String> {
                 ))
             }
             None => {
-                return Err(format!("unknown backend `{name}` (known: cpu, wgpu, cuda, tpu; enabled: {})", enabled()))
+                return Err(format!(
+                    "unknown backend `{name}` (known: cpu, cpu-mpi, wgpu, cuda, tpu; enabled: {})",
+                    enabled()
+                ))
             }
         }
     }

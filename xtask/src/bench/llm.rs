@@ -18,6 +18,10 @@
 //! table shows medians over repetitions. A second table splits the training step into
 //! forward (with the loss), backward, gradient sync and optimizer update.
 //!
+//! `--backend cpu,cpu-mpi` adds rows of CPU ranks as MPI processes (`redco-cpu-mpi-1x2`,
+//! ...: one process per rank under `mpirun --mca btl tcp,self`, peak RSS summed over the
+//! ranks; xtask's `mpi` feature), measured in the same run as the thread ranks.
+//!
 //! `--backend cpu,wgpu` adds the wgpu rows (`redco-wgpu-1x1`, ...: one wgpu device per rank;
 //! xtask's `wgpu` feature: `cargo run --release -p xtask --features wgpu -- bench ...`). Their
 //! peak RSS is host memory only (all of it on a CPU adapter such as lavapipe).
@@ -96,17 +100,22 @@ fn redco_rep(backend: &str, mesh: Mesh, threads_per_rank: usize, steps: usize, n
     } else {
         std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?
     };
-    let out = Command::new(&exe)
-        .args(["bench", "llm", "--child", "--backend", backend, "--mesh", &mesh.to_string()])
-        .args(["--threads", &threads_per_rank.to_string(), "--steps", &steps.to_string(), "--new", &new.to_string()])
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
-    if !out.status.success() {
-        return Err(format!("redco {backend} {mesh}: {}", String::from_utf8_lossy(&out.stderr).trim()));
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
-        format!("redco {backend} {mesh} child said `{}`: {e}", String::from_utf8_lossy(&out.stdout).trim())
-    })?;
+    let (m, t, s, n) = (mesh.to_string(), threads_per_rank.to_string(), steps.to_string(), new.to_string());
+    let child =
+        ["bench", "llm", "--child", "--backend", backend, "--mesh", &m, "--threads", &t, "--steps", &s, "--new", &n];
+    let stdout = if backend == "cpu-mpi" {
+        // one process per rank, under mpirun (rank 0 prints); mpirun needs the real path
+        let real = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+        super::mpi::run_under_mpirun(&real, &child, mesh.size())?
+    } else {
+        let out = Command::new(&exe).args(child).output().map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+        if !out.status.success() {
+            return Err(format!("redco {backend} {mesh}: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let v: serde_json::Value = serde_json::from_str(stdout.trim())
+        .map_err(|e| format!("redco {backend} {mesh} child said `{}`: {e}", stdout.trim()))?;
     let times =
         |k: &str| -> Vec<f64> { v[k].as_array().map_or(vec![], |a| a.iter().filter_map(|x| x.as_f64()).collect()) };
     Ok(Rep {

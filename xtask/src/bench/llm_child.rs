@@ -161,22 +161,45 @@ pub fn child(
     };
     let job = Job { cfg: &cfg, mesh, plan: plan.as_ref(), ids: &ids, prompt: &prompt, steps, new, only };
     let opts = SpmdOptions { threads_per_rank: Some(threads_per_rank), ..Default::default() };
+    let with_rss = |r: RankTimes| (r, peak_rss() as f64);
     let results = match backend {
-        "cpu" => spmd_cpu(mesh, &opts, |rk| job.measure(rk)),
+        "cpu" => spmd_cpu(mesh, &opts, |rk| job.measure(rk).map(with_rss)),
         // one device per rank
         #[cfg(feature = "wgpu")]
-        "wgpu" => redco_core::dist::spmd(mesh, &opts, |_, _| redco_wgpu::Wgpu::new(), |rk| job.measure(rk)),
+        "wgpu" => {
+            redco_core::dist::spmd(mesh, &opts, |_, _| redco_wgpu::Wgpu::new(), |rk| job.measure(rk).map(with_rss))
+        }
+        // one process per rank: the peak RSS is the sum over the processes
+        #[cfg(feature = "mpi")]
+        "cpu-mpi" => {
+            let mpi = redco_mpi::Mpi::init().map_err(|e| e.to_string())?;
+            let f: &dyn redco_core::dist::CommFactory<redco_core::cpu::Cpu> = &*mpi;
+            let r = redco_core::dist::spmd_with(
+                f,
+                mesh,
+                &opts,
+                |_, t| redco_core::cpu::Cpu::try_new(t),
+                |rk| {
+                    let times = job.measure(rk)?;
+                    Ok((times, super::mpi::sum_over_mesh(rk, peak_rss() as f64)?))
+                },
+            );
+            if mpi.world().rank != 0 {
+                return r.map(|_| ()).map_err(|e| e.to_string());
+            }
+            r
+        }
         other => return Err(super::backends::parse(other).err().unwrap_or_else(|| format!("backend `{other}`"))),
     }
     .map_err(|e| e.to_string())?;
-    let r = results.into_iter().next().ok_or("no rank results")?;
+    let (r, rss) = results.into_iter().next().ok_or("no rank results")?;
     let out = serde_json::json!({
         "train_s": r.train,
         "phases_s": r.phases,
         "fwd_s": r.fwd,
         "decode_s": r.decode,
         "loss": r.loss,
-        "peak_rss": peak_rss(),
+        "peak_rss": rss,
     });
     println!("{out}");
     Ok(())

@@ -4,7 +4,9 @@
 //!
 //! The parent writes a random checkpoint, then runs `bench load --child` once per rank. A
 //! child is one rank of a `1 x mp` mesh whose peers live elsewhere: loading needs no
-//! communication, so its communicator refuses any.
+//! communication, so its communicator refuses any. With `--mpi` (xtask's `mpi` feature)
+//! the ranks run together instead, one MPI process each (`mpirun -np mp`), with the MPI
+//! communicator.
 
 use crate::args::Args;
 use redco_core::cpu::Cpu;
@@ -108,11 +110,49 @@ fn child(dir: &Path, rank: usize, mp: usize) -> std::result::Result<(), String> 
     Ok(())
 }
 
+/// One rank of a `1 x mp` mesh whose ranks are MPI processes (`mpirun -np mp`), loading
+/// its slice with the MPI communicator installed; prints its JSON line with its rank. The
+/// baseline is taken after MPI starts (MPI's own memory is not the model's).
+#[cfg(feature = "mpi")]
+fn child_mpi(dir: &Path, mp: usize) -> std::result::Result<(), String> {
+    use redco_core::dist::{spmd_with, CommFactory, SpmdOptions};
+    let mpi = redco_mpi::Mpi::init().map_err(|e| e.to_string())?;
+    let (base, _) = memory();
+    let cfg = HfConfig::from_dir(dir).map_err(|e| e.to_string())?;
+    let mesh = Mesh::new(1, mp).map_err(|e| e.to_string())?;
+    let plan = plan_by_names(&cfg.param_shapes().map_err(|e| e.to_string())?, mesh);
+    let f: &dyn CommFactory<Cpu> = &*mpi;
+    let opts = SpmdOptions { threads_per_rank: Some(1), ..Default::default() };
+    spmd_with(
+        f,
+        mesh,
+        &opts,
+        |_, t| Cpu::try_new(t),
+        |rk| {
+            let m = Llama::from_pretrained_split(&rk.backend, dir, DType::F32, Some(&plan))?;
+            let (peak, rss) = memory();
+            let local: usize = m.named_parameters().iter().map(|(_, p)| p.local_shape().elem_count() * 4).sum();
+            println!("{{\"rank\":{},\"base\":{base},\"peak\":{peak},\"rss\":{rss},\"local\":{local}}}", rk.rank);
+            rk.comm.barrier()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn child_mpi(_: &Path, _: usize) -> std::result::Result<(), String> {
+    Err("--mpi needs xtask's `mpi` feature: cargo run --release -p xtask --features mpi -- bench load --mpi".into())
+}
+
 /// Runs `bench load`.
 pub fn run(argv: &[String]) -> std::result::Result<(), String> {
-    let a = Args::parse(argv, &[])?;
+    let a = Args::parse(argv, &["mpi"])?;
     if let Some(dir) = a.get("child") {
         return child(Path::new(dir), a.num("rank", 0)?, a.num("mp", 1)?);
+    }
+    if let Some(dir) = a.get("child-mpi") {
+        return child_mpi(Path::new(dir), a.num("mp", 1)?);
     }
     let mp = a.num("mp", 4)?;
     let (hidden, layers, inter, vocab) =
@@ -144,6 +184,34 @@ pub fn run(argv: &[String]) -> std::result::Result<(), String> {
     let runs: Vec<(String, usize, usize)> = std::iter::once(("whole".to_string(), 0, 1))
         .chain((0..mp).map(|r| (format!("rank {r}/{mp}"), r, mp)))
         .collect();
+    let row = |label: &str, v: &serde_json::Value, m: usize| {
+        let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+        let grown = f("peak") - f("base");
+        let bound = model_bytes as f64 / m as f64 + largest as f64;
+        println!(
+            "{label:<10} {:>14.1} {:>16.1} {:>14.1} {:>17.2}x",
+            mb(f("local")),
+            mb(grown),
+            mb(f("peak")),
+            grown / bound
+        );
+    };
+    if a.has("mpi") {
+        // the ranks together, one MPI process each, the communicator real
+        let d = dir.to_str().unwrap_or(".");
+        let mps = mp.to_string();
+        let out = super::mpi::run_under_mpirun(&exe, &["bench", "load", "--child-mpi", d, "--mp", &mps], mp)?;
+        let mut lines: Vec<serde_json::Value> =
+            out.lines().filter_map(|l| serde_json::from_str(l.trim()).ok()).collect();
+        lines.sort_by_key(|v| v["rank"].as_u64());
+        if lines.len() != mp {
+            return Err(format!("expected {mp} ranks' lines from mpirun, got:\n{out}"));
+        }
+        for v in &lines {
+            row(&format!("mpi {}/{mp}", v["rank"]), v, mp);
+        }
+        return Ok(());
+    }
     for (label, rank, m) in runs {
         let out = Command::new(&exe)
             .args([
@@ -162,16 +230,7 @@ pub fn run(argv: &[String]) -> std::result::Result<(), String> {
             return Err(format!("{label}: {}", String::from_utf8_lossy(&out.stderr)));
         }
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
-        let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
-        let grown = f("peak") - f("base");
-        let bound = model_bytes as f64 / m as f64 + largest as f64;
-        println!(
-            "{label:<10} {:>14.1} {:>16.1} {:>14.1} {:>17.2}x",
-            mb(f("local")),
-            mb(grown),
-            mb(f("peak")),
-            grown / bound
-        );
+        row(&label, &v, m);
     }
     Ok(())
 }

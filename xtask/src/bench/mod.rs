@@ -7,6 +7,7 @@ mod gemm;
 mod llm;
 mod llm_child;
 mod load;
+mod mpi;
 mod peak;
 mod stats;
 mod torch;
