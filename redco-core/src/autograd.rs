@@ -153,6 +153,20 @@ impl<B: Backend> Tensor<B> {
     /// Like [`Tensor::backward`], adding into `store`: calling it for several micro-batches
     /// accumulates their gradients.
     pub fn backward_into(&self, store: &mut GradStore<B>) -> Result<()> {
+        self.backward_into_with(store, &mut |_, _| Ok(()))
+    }
+
+    /// [`Tensor::backward_into`], calling `on_ready(variable, store)` as soon as a
+    /// variable's gradient is complete in `store` (every consumer of the variable has been
+    /// differentiated: reverse topological order reaches a tensor after all its
+    /// consumers). The order of the calls is the same on every rank running the same
+    /// model: data-parallel gradient buckets start their all-reduce from here while the
+    /// rest of the backward pass runs.
+    pub fn backward_into_with(
+        &self,
+        store: &mut GradStore<B>,
+        on_ready: &mut dyn FnMut(&Tensor<B>, &GradStore<B>) -> Result<()>,
+    ) -> Result<()> {
         if !self.requires_grad() {
             return Err(Error::invalid(
                 "backward",
@@ -168,6 +182,7 @@ impl<B: Backend> Tensor<B> {
             let g = deliver(t, g)?;
             if t.is_var() {
                 store.accumulate(t.id(), g.clone())?;
+                on_ready(t, store)?;
             }
             let Some(node) = &t.0.node else { continue };
             let grads = (node.backward)(&g)?;

@@ -4,18 +4,28 @@
 
 use crate::env::Mpi;
 use crate::watchdog::{diagnose, kind_name};
-use crate::wire::{lock, Group};
+use crate::wire::Group;
 use redco_core::dist::host::{reduce_all, split_range, SPLIT_REDUCE_MIN};
-use redco_core::dist::{Collective, CollectiveKind, Mesh, ReduceKind};
+use redco_core::dist::{Collective, CollectiveKind, Mesh, Pending, ReduceKind};
 use redco_core::{Backend, DType, Error, HostData, MeshAxis, Result};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// One process's rank over MPI: its groups along `dp` and `mp` and the mesh.
+/// One process's rank over MPI: its groups along `dp` and `mp` and the mesh. Started
+/// all-reduces ([`Collective::all_reduce_async`]) run on the rank's worker thread, in the
+/// order they were started, while the rank computes.
 pub struct MpiCollective<B: Backend> {
+    inner: Arc<Inner>,
+    backend: B,
+    worker: Mutex<Option<mpsc::Sender<Job>>>,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// What the rank and its worker share.
+struct Inner {
     mpi: Arc<Mpi>,
     groups: Arc<[Group; 3]>,
-    backend: B,
     timeout: Duration,
 }
 
@@ -51,9 +61,48 @@ fn kind_of(c: i64) -> &'static str {
 
 impl<B: Backend> MpiCollective<B> {
     pub(crate) fn new(mpi: Arc<Mpi>, groups: Arc<[Group; 3]>, backend: B, timeout: Duration) -> Self {
-        MpiCollective { mpi, groups, backend, timeout }
+        MpiCollective { inner: Arc::new(Inner { mpi, groups, timeout }), backend, worker: Mutex::new(None) }
     }
 
+    fn group(&self, axis: MeshAxis) -> &Group {
+        &self.inner.groups[axis as usize]
+    }
+
+    fn call<R>(
+        &self,
+        g: &Group,
+        kind: CollectiveKind,
+        data: Option<&HostData>,
+        root: usize,
+        body: impl FnOnce(Instant, crate::wire::OnTimeout<'_>) -> Result<R>,
+    ) -> Result<R> {
+        self.inner.call(g, kind, data, root, body)
+    }
+
+    /// Runs `job` on the rank's worker thread (started on first use).
+    fn on_worker(&self, job: Job) -> Result<()> {
+        let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
+        if w.is_none() {
+            let (tx, rx) = mpsc::channel::<Job>();
+            std::thread::Builder::new()
+                .name("redco-mpi-worker".into())
+                .spawn(move || {
+                    // ends when the collective (the sender) is dropped
+                    for job in rx {
+                        job();
+                    }
+                })
+                .map_err(|e| Error::invalid("mpi", format!("cannot start the collective worker thread: {e}")))?;
+            *w = Some(tx);
+        }
+        w.as_ref()
+            .expect("started above")
+            .send(job)
+            .map_err(|_| Error::invalid("mpi", "the collective worker thread is gone"))
+    }
+}
+
+impl Inner {
     fn group(&self, axis: MeshAxis) -> &Group {
         &self.groups[axis as usize]
     }
@@ -68,7 +117,6 @@ impl<B: Backend> MpiCollective<B> {
         root: usize,
         body: impl FnOnce(Instant, crate::wire::OnTimeout<'_>) -> Result<R>,
     ) -> Result<R> {
-        let _l = lock();
         let progress = self.mpi.progress().clone();
         let seq = progress.enter(kind, g.info.axis);
         let start = Instant::now();
@@ -137,34 +185,20 @@ impl<B: Backend> MpiCollective<B> {
         out
     }
 
-    fn parts(bytes: &[u8], n: usize, dt: DType) -> Result<Vec<Arc<HostData>>> {
-        let each = bytes.len() / n;
-        bytes.chunks_exact(each.max(1)).take(n).map(|c| HostData::from_bytes(dt, c).map(Arc::new)).collect()
-    }
-}
-
-impl<B: Backend> Collective<B> for MpiCollective<B> {
-    fn mesh(&self) -> Mesh {
-        let (dp, mp) = (self.groups[0].info.size(), self.groups[1].info.size());
-        Mesh { dp, mp }
-    }
-    fn rank(&self) -> usize {
-        self.mpi.world().rank
-    }
-    fn all_reduce(&self, axis: MeshAxis, x: &B::Storage, op: ReduceKind) -> Result<B::Storage> {
-        let h = self.backend.download(x)?;
+    /// All-reduce of host data over `axis` (the rank's thread or its worker).
+    fn all_reduce(&self, axis: MeshAxis, h: HostData, op: ReduceKind) -> Result<HostData> {
         let g = self.group(axis);
         let n = g.info.size();
         let dt = h.dtype();
         let len = h.len();
-        let out = self.call(g, CollectiveKind::AllReduce, Some(&h), 0, |deadline, on_timeout| {
+        self.call(g, CollectiveKind::AllReduce, Some(&h), 0, |deadline, on_timeout| {
             if n == 1 {
                 return Ok(h.clone());
             }
             if len < SPLIT_REDUCE_MIN || len < n {
                 // every member sums every buffer, in axis order
                 let all = g.all_gather(h.as_bytes(), deadline, on_timeout);
-                return Ok(reduce_all(&Self::parts(&all, n, dt)?, op));
+                return Ok(reduce_all(&parts(&all, n, dt)?, op));
             }
             // reduce-scatter then all-gather: member i sums range i of every buffer (in
             // axis order), then every member gathers the sums; ranges padded to one size
@@ -190,8 +224,40 @@ impl<B: Backend> Collective<B> for MpiCollective<B> {
                 out.extend_from_slice(&all[i * block..i * block + (b - a) * es]);
             }
             HostData::from_bytes(dt, &out)
-        })?;
-        self.backend.upload_owned(out)
+        })
+    }
+}
+
+/// The `n` equal parts of `bytes`, as `dt` values.
+fn parts(bytes: &[u8], n: usize, dt: DType) -> Result<Vec<Arc<HostData>>> {
+    let each = bytes.len() / n;
+    bytes.chunks_exact(each.max(1)).take(n).map(|c| HostData::from_bytes(dt, c).map(Arc::new)).collect()
+}
+
+impl<B: Backend> Collective<B> for MpiCollective<B> {
+    fn mesh(&self) -> Mesh {
+        let (dp, mp) = (self.inner.groups[0].info.size(), self.inner.groups[1].info.size());
+        Mesh { dp, mp }
+    }
+    fn rank(&self) -> usize {
+        self.inner.mpi.world().rank
+    }
+    fn all_reduce(&self, axis: MeshAxis, x: &B::Storage, op: ReduceKind) -> Result<B::Storage> {
+        let h = self.backend.download(x)?;
+        self.backend.upload_owned(self.inner.all_reduce(axis, h, op)?)
+    }
+    fn all_reduce_async(&self, axis: MeshAxis, x: &B::Storage, op: ReduceKind) -> Result<Pending<B::Storage>> {
+        let h = self.backend.download(x)?;
+        let (tx, rx) = mpsc::channel();
+        let inner = self.inner.clone();
+        self.on_worker(Box::new(move || {
+            let _ = tx.send(inner.all_reduce(axis, h, op));
+        }))?;
+        let b = self.backend.clone();
+        Ok(Pending::later(move || {
+            let h = rx.recv().map_err(|_| Error::invalid("mpi", "the collective worker thread stopped"))??;
+            b.upload_owned(h)
+        }))
     }
     fn all_gather(&self, axis: MeshAxis, x: &B::Storage) -> Result<B::Storage> {
         let h = self.backend.download(x)?;
@@ -221,7 +287,7 @@ impl<B: Backend> Collective<B> for MpiCollective<B> {
             }
             let block = h.as_bytes().len() / n;
             let got = g.all_to_all(h.as_bytes(), block, deadline, on_timeout);
-            Ok(reduce_all(&Self::parts(&got, n, h.dtype())?, ReduceKind::Sum))
+            Ok(reduce_all(&parts(&got, n, h.dtype())?, ReduceKind::Sum))
         })?;
         self.backend.upload_owned(out)
     }
@@ -245,7 +311,7 @@ impl<B: Backend> Collective<B> for MpiCollective<B> {
         self.backend.upload_owned(out)
     }
     fn barrier(&self) -> Result<()> {
-        let g = &self.groups[2];
+        let g = &self.inner.groups[2];
         self.call(g, CollectiveKind::Barrier, None, 0, |deadline, on_timeout| {
             if g.info.size() > 1 {
                 g.barrier(deadline, on_timeout);

@@ -88,6 +88,8 @@ impl Mpi {
     /// Ends the whole job now (`MPI_Abort` with `code`): every process exits, mpirun
     /// with `code`. For a failure the other ranks cannot learn of through a collective.
     pub fn abort(&self, code: i32) -> ! {
+        // no other thread of this process is inside MPI while this holds the lock
+        let _l = crate::wire::lock();
         self.comm.0.abort(code)
     }
 

@@ -9,7 +9,9 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Serialises every call into MPI in this process (MPI runs with `MPI_THREAD_SERIALIZED`:
-/// a rank's collectives may come from its backend's compute threads).
+/// a rank's collectives come from its backend's compute threads and from its worker for
+/// started all-reduces). Held for one MPI call at a time, never across a wait, so two
+/// collectives in flight on different groups both make progress.
 static MPI_LOCK: Mutex<()> = Mutex::new(());
 
 /// Holds [`MPI_LOCK`].
@@ -54,7 +56,11 @@ fn wait<'a, D: ?Sized, S: mpi::request::Scope<'a>>(
 ) -> Result<(), (TimedOut, mpi::request::Request<'a, D, S>)> {
     let mut spins = 0u32;
     loop {
-        match req.test() {
+        let tested = {
+            let _l = lock();
+            req.test()
+        };
+        match tested {
             Ok(_) => return Ok(()),
             Err(r) => req = r,
         }
@@ -102,7 +108,10 @@ impl Group {
         let piece = chunk_bytes();
         if len <= piece {
             mpi::request::scope(|sc| {
-                let req = self.comm.immediate_all_gather_into(sc, send, &mut out[..]);
+                let req = {
+                    let _l = lock();
+                    self.comm.immediate_all_gather_into(sc, send, &mut out[..])
+                };
                 finish(req, deadline, on_timeout);
             });
             return out;
@@ -114,7 +123,10 @@ impl Group {
             let w = b - a;
             let recv = &mut buf[..w * n];
             mpi::request::scope(|sc| {
-                let req = self.comm.immediate_all_gather_into(sc, &send[a..b], &mut *recv);
+                let req = {
+                    let _l = lock();
+                    self.comm.immediate_all_gather_into(sc, &send[a..b], &mut *recv)
+                };
                 finish(req, deadline, on_timeout);
             });
             for r in 0..n {
@@ -140,7 +152,10 @@ impl Group {
         let piece = chunk_bytes();
         if block <= piece {
             mpi::request::scope(|sc| {
-                let req = self.comm.immediate_all_to_all_into(sc, send, &mut out[..]);
+                let req = {
+                    let _l = lock();
+                    self.comm.immediate_all_to_all_into(sc, send, &mut out[..])
+                };
                 finish(req, deadline, on_timeout);
             });
             return out;
@@ -155,7 +170,10 @@ impl Group {
             }
             let (s, rv) = (&sbuf[..w * n], &mut rbuf[..w * n]);
             mpi::request::scope(|sc| {
-                let req = self.comm.immediate_all_to_all_into(sc, s, &mut *rv);
+                let req = {
+                    let _l = lock();
+                    self.comm.immediate_all_to_all_into(sc, s, &mut *rv)
+                };
                 finish(req, deadline, on_timeout);
             });
             for r in 0..n {
@@ -172,7 +190,10 @@ impl Group {
         let root = self.comm.process_at_rank(root as i32);
         for part in buf.chunks_mut(piece) {
             mpi::request::scope(|sc| {
-                let req = root.immediate_broadcast_into(sc, part);
+                let req = {
+                    let _l = lock();
+                    root.immediate_broadcast_into(sc, part)
+                };
                 finish(req, deadline, on_timeout);
             });
         }
@@ -180,7 +201,10 @@ impl Group {
 
     /// Waits until every member arrives.
     pub(crate) fn barrier(&self, deadline: Instant, on_timeout: OnTimeout<'_>) {
-        let req = self.comm.immediate_barrier();
+        let req = {
+            let _l = lock();
+            self.comm.immediate_barrier()
+        };
         finish(req, deadline, on_timeout);
     }
 }

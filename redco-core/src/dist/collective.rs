@@ -35,6 +35,28 @@ pub enum CollectiveKind {
     Barrier,
 }
 
+/// A collective started with [`Collective::all_reduce_async`]: [`Pending::wait`] gives its
+/// result.
+pub struct Pending<T>(Box<dyn FnOnce() -> Result<T> + Send>);
+
+impl<T> Pending<T> {
+    /// A result that is already there.
+    pub fn ready(v: Result<T>) -> Self
+    where
+        T: Send + 'static,
+    {
+        Pending(Box::new(move || v))
+    }
+    /// A result that `f` will produce (e.g. by waiting on a transport's worker).
+    pub fn later(f: impl FnOnce() -> Result<T> + Send + 'static) -> Self {
+        Pending(Box::new(f))
+    }
+    /// Waits for the result.
+    pub fn wait(self) -> Result<T> {
+        (self.0)()
+    }
+}
+
 /// A communicator for one rank of a mesh, over backend storage.
 pub trait Collective<B: Backend>: Send + Sync {
     /// The mesh.
@@ -52,6 +74,13 @@ pub trait Collective<B: Backend>: Send + Sync {
     fn broadcast(&self, axis: MeshAxis, x: &B::Storage, root: usize) -> Result<B::Storage>;
     /// Waits until every rank of the mesh arrives.
     fn barrier(&self) -> Result<()>;
+    /// Starts [`Collective::all_reduce`] and returns at once where the transport can move
+    /// the data while the caller computes (the data-parallel gradient buckets of a
+    /// backward pass); the default runs it now. Calls on one axis complete in the order
+    /// they were started, and every member must start them in the same order.
+    fn all_reduce_async(&self, axis: MeshAxis, x: &B::Storage, op: ReduceKind) -> Result<Pending<B::Storage>> {
+        Ok(Pending::ready(self.all_reduce(axis, x, op)))
+    }
 }
 
 /// Calls and bytes of one (kind, axis).

@@ -47,23 +47,113 @@ fn flush<B: Backend>(c: &super::Comm<B>, bucket: &mut Vec<Tensor<B>>, grads: &mu
     if bucket.is_empty() {
         return Ok(());
     }
-    let gs: Vec<Tensor<B>> = bucket.iter().map(|p| grads.get(p).expect("in bucket").clone()).collect();
-    let b = gs[0].backend().clone();
-    // group by dtype would be needed for mixed buckets; gradients share the params' dtype
-    let dt = gs[0].dtype();
-    let sizes: Vec<usize> = gs.iter().map(|g| g.local_shape().elem_count()).collect();
+    let pairs: Vec<(Tensor<B>, Tensor<B>)> =
+        bucket.iter().map(|p| (p.clone(), grads.get(p).expect("in bucket").clone())).collect();
+    bucket.clear();
+    start_bucket(c, pairs)?.land(grads)
+}
+
+/// A bucket whose all-reduce has started: its (parameter, gradient) pairs and the pending
+/// sum of their flattened, concatenated local storages.
+struct InFlight<B: Backend> {
+    pairs: Vec<(Tensor<B>, Tensor<B>)>,
+    sizes: Vec<usize>,
+    sum: super::Pending<B::Storage>,
+}
+
+fn start_bucket<B: Backend>(c: &super::Comm<B>, pairs: Vec<(Tensor<B>, Tensor<B>)>) -> Result<InFlight<B>> {
+    let b = pairs[0].1.backend().clone();
+    // gradients share the parameters' dtype
+    let dt = pairs[0].1.dtype();
+    let sizes: Vec<usize> = pairs.iter().map(|(_, g)| g.local_shape().elem_count()).collect();
     let total: usize = sizes.iter().sum();
     let flat_shapes: Vec<Shape> = sizes.iter().map(|&n| Shape::new([n])).collect();
-    let parts: Vec<(&B::Storage, &Shape)> = gs.iter().zip(&flat_shapes).map(|(g, s)| (g.storage(), s)).collect();
-    let flat = if parts.len() == 1 { gs[0].storage().clone() } else { b.cat(&parts, 0)? };
-    let summed = c.all_reduce(MeshAxis::Dp, &flat, super::ReduceKind::Sum, total * dt.size_in_bytes())?;
-    let mut off = 0;
-    for (p, (g, n)) in bucket.iter().zip(gs.iter().zip(&sizes)) {
-        let s = b.narrow(&summed, &Shape::new([total]), 0, off, *n)?;
-        off += n;
-        let placed = g.placements().with(MeshAxis::Dp, Placement::Replicate);
-        grads.insert(p, Tensor::from_local(&b, s, g.shape().clone(), g.local_shape().clone(), placed, dt));
+    let parts: Vec<(&B::Storage, &Shape)> =
+        pairs.iter().zip(&flat_shapes).map(|((_, g), s)| (g.storage(), s)).collect();
+    let flat = if parts.len() == 1 { pairs[0].1.storage().clone() } else { b.cat(&parts, 0)? };
+    let sum = c.all_reduce_async(MeshAxis::Dp, &flat, super::ReduceKind::Sum, total * dt.size_in_bytes())?;
+    Ok(InFlight { pairs, sizes, sum })
+}
+
+impl<B: Backend> InFlight<B> {
+    /// Waits for the sum and stores each gradient's slice of it, replicated over `dp`.
+    fn land(self, grads: &mut GradStore<B>) -> Result<()> {
+        let summed = self.sum.wait()?;
+        let total: usize = self.sizes.iter().sum();
+        let mut off = 0;
+        for ((p, g), n) in self.pairs.iter().zip(&self.sizes) {
+            let b = g.backend();
+            let s = b.narrow(&summed, &Shape::new([total]), 0, off, *n)?;
+            off += n;
+            let placed = g.placements().with(MeshAxis::Dp, Placement::Replicate);
+            grads.insert(p, Tensor::from_local(b, s, g.shape().clone(), g.local_shape().clone(), placed, g.dtype()));
+        }
+        Ok(())
     }
-    bucket.clear();
-    Ok(())
+}
+
+/// Data-parallel gradient buckets that start their all-reduce during the backward pass:
+/// hand [`OverlappedBuckets::ready`] to
+/// [`backward_into_with`](crate::Tensor::backward_into_with), then call
+/// [`OverlappedBuckets::finish`]. Gradients join a bucket as they become complete (the
+/// same order on every rank); a full bucket starts at once, so the transport moves it
+/// while the rest of backward computes. The sums are the same bits as [`sync_grads`]'s.
+pub struct OverlappedBuckets<B: Backend> {
+    comm: Comm<B>,
+    bucket_bytes: usize,
+    wanted: std::collections::HashSet<crate::TensorId>,
+    open: Vec<(Tensor<B>, Tensor<B>)>,
+    open_bytes: usize,
+    inflight: Vec<InFlight<B>>,
+}
+
+impl<B: Backend> OverlappedBuckets<B> {
+    /// Buckets of about `bucket_bytes` for the gradients of `params`, over `comm`.
+    pub fn new(comm: Comm<B>, params: &[Tensor<B>], bucket_bytes: usize) -> Self {
+        OverlappedBuckets {
+            comm,
+            bucket_bytes,
+            wanted: params.iter().map(Tensor::id).collect(),
+            open: Vec::new(),
+            open_bytes: 0,
+            inflight: Vec::new(),
+        }
+    }
+
+    /// `p`'s gradient in `grads` is complete: it joins the open bucket (when it is a
+    /// partial sum over `dp`), which starts when full.
+    pub fn ready(&mut self, p: &Tensor<B>, grads: &GradStore<B>) -> Result<()> {
+        if !self.wanted.contains(&p.id()) {
+            return Ok(());
+        }
+        let Some(g) = grads.get(p).filter(|g| g.placements().get(MeshAxis::Dp) == Placement::Partial(PartialOp::Sum))
+        else {
+            return Ok(());
+        };
+        self.open_bytes += g.local_shape().elem_count() * g.dtype().size_in_bytes();
+        self.open.push((p.clone(), g.clone()));
+        if self.open_bytes >= self.bucket_bytes {
+            self.start()?;
+        }
+        Ok(())
+    }
+
+    fn start(&mut self) -> Result<()> {
+        if !self.open.is_empty() {
+            let pairs = std::mem::take(&mut self.open);
+            self.inflight.push(start_bucket(&self.comm, pairs)?);
+        }
+        self.open_bytes = 0;
+        Ok(())
+    }
+
+    /// Starts the last bucket, waits for every bucket in order and stores the summed
+    /// gradients (replicated over `dp`) in `grads`.
+    pub fn finish(mut self, grads: &mut GradStore<B>) -> Result<()> {
+        self.start()?;
+        for b in self.inflight {
+            b.land(grads)?;
+        }
+        Ok(())
+    }
 }

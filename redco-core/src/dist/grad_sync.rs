@@ -3,7 +3,7 @@
 //! optimizer), and the global norm over every shard. It is handed the rank's communicator;
 //! nothing here looks one up.
 
-use super::data_parallel::sync_grads;
+use super::data_parallel::{sync_grads, OverlappedBuckets};
 use super::{Comm, Mesh};
 use crate::optim::{clip_grad_norm, global_grad_norm};
 use crate::{Backend, GradStore, Result, Tensor};
@@ -51,6 +51,18 @@ impl<B: Backend> GradSync<B> {
                 sync_grads(self.comm(), params, grads, super::data_parallel::DEFAULT_BUCKET_BYTES)
             }
             SyncStrategy::Zero1 => Ok(()),
+        }
+    }
+
+    /// Buckets that sum the gradients of `params` during the backward pass (see
+    /// [`OverlappedBuckets`]), when this strategy sums in buckets and there is a `dp` axis
+    /// to sum over; otherwise `None` (sum afterwards with [`GradSync::sync`]).
+    pub fn overlap(&self, params: &[Tensor<B>]) -> Option<OverlappedBuckets<B>> {
+        match (self.strategy, &self.comm) {
+            (SyncStrategy::Buckets(bytes), Some(c)) if c.mesh().dp > 1 => {
+                Some(OverlappedBuckets::new(c.clone(), params, bytes))
+            }
+            _ => None,
         }
     }
 

@@ -24,7 +24,7 @@ pub mod threads;
 pub mod trace;
 pub mod world;
 
-pub use collective::{Collective, CollectiveKind, CommCount, CommStats, ReduceKind};
+pub use collective::{Collective, CollectiveKind, CommCount, CommStats, Pending, ReduceKind};
 pub use factory::{CommFactory, RunComms, Threads};
 pub use group::{GroupAxis, ProcessGroup};
 pub use mesh::Mesh;

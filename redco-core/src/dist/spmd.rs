@@ -57,6 +57,17 @@ impl<B: Backend> Comm<B> {
         self.count(CollectiveKind::AllReduce, axis, bytes);
         self.coll.all_reduce(axis, x, op)
     }
+    /// Counted [`Collective::all_reduce_async`]; `bytes` is the buffer size.
+    pub fn all_reduce_async(
+        &self,
+        axis: MeshAxis,
+        x: &B::Storage,
+        op: ReduceKind,
+        bytes: usize,
+    ) -> Result<super::collective::Pending<B::Storage>> {
+        self.count(CollectiveKind::AllReduce, axis, bytes);
+        self.coll.all_reduce_async(axis, x, op)
+    }
     /// Counted [`Collective::all_gather`]; `bytes` is the gathered size.
     pub fn all_gather(&self, axis: MeshAxis, x: &B::Storage, bytes: usize) -> Result<B::Storage> {
         self.count(CollectiveKind::AllGather, axis, bytes);

@@ -92,3 +92,45 @@ pub fn dp_shard<B: Backend>(t: Tensor<B>, dp: usize) -> Result<Tensor<B>> {
     let placed = Placements::REPLICATED.with(MeshAxis::Dp, Placement::Shard(0));
     Ok(Tensor::from_local(t.backend(), t.storage().clone(), Shape::new(dims), local, placed, t.dtype()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dist::{spmd_cpu, Mesh, SpmdOptions};
+
+    #[test]
+    fn rank_zeros_values_reach_every_rank_exactly() {
+        let mesh = Mesh::new(2, 2).unwrap();
+        let got = spmd_cpu(mesh, &SpmdOptions::default(), |rk| {
+            // each rank offers its own values; rank 0's win, bit for bit
+            let mine = [rk.rank as f64 + 0.1, f64::NAN, -1.0 / 3.0 * (rk.rank + 1) as f64];
+            from_leader(&rk.comm, &rk.backend, &mine)
+        })
+        .unwrap();
+        for v in got {
+            assert_eq!(v[0].to_bits(), 0.1f64.to_bits());
+            assert!(v[1].is_nan());
+            assert_eq!(v[2].to_bits(), (-1.0f64 / 3.0).to_bits());
+        }
+    }
+
+    #[test]
+    fn a_workdir_that_is_not_shared_is_named() {
+        // rank 1 "on another host": its workdir path points at a different directory
+        let base = std::env::temp_dir().join(format!("redco-shared-check-{}", std::process::id()));
+        let dirs = [base.join("a"), base.join("b")];
+        for d in &dirs {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let mesh = Mesh::new(1, 2).unwrap();
+        let r = spmd_cpu(mesh, &SpmdOptions::default(), |rk| {
+            check_shared_workdir(&rk.comm, &rk.backend, &dirs[rk.rank], &format!("host{}", rk.rank))
+        });
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains("rank 1 on host host1 does not see the workdir"), "{e}");
+        // the same directory everywhere passes
+        spmd_cpu(mesh, &SpmdOptions::default(), |rk| check_shared_workdir(&rk.comm, &rk.backend, &dirs[0], "h"))
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&base);
+    }
+}

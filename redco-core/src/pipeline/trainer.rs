@@ -413,12 +413,28 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
                     // forward and backward on the backend's own threads: one hand-off per
                     // micro-batch instead of one per op
                     let loss_fn = &self.loss_fn;
-                    let (model_ref, grads_ref) = (&model, &mut grads);
+                    let (model_ref, grads_ref, sync_ref) = (&model, &mut grads, &sync);
+                    // the last micro-batch of an f32 step sums its dp gradients in buckets
+                    // that start during backward (the sum is the masters' gradient as is)
+                    let overlap = micro + 1 == cfg.accumulate && cfg.compute_dtype == DType::F32 && scale == 1.0;
                     let value = crate::dist::on_backend(&rk.backend, || -> Result<f64> {
                         let loss = loss_fn(&ctx, model_ref, &batch)?;
                         let value = loss.replicate()?.to_scalar()?;
                         if value.is_finite() {
-                            loss.scale(scale / cfg.accumulate as f64)?.backward_into(grads_ref)?;
+                            let scaled = loss.scale(scale / cfg.accumulate as f64)?;
+                            let buckets = if overlap {
+                                let params: Vec<Tensor<B>> = model_ref.named_parameters().into_iter().map(|(_, p)| p).collect();
+                                sync_ref.overlap(&params)
+                            } else {
+                                None
+                            };
+                            match buckets {
+                                Some(mut buckets) => {
+                                    scaled.backward_into_with(grads_ref, &mut |p, g| buckets.ready(p, g))?;
+                                    buckets.finish(grads_ref)?;
+                                }
+                                None => scaled.backward_into(grads_ref)?,
+                            }
                         }
                         Ok(value)
                     })?;

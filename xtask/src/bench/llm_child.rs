@@ -5,7 +5,7 @@
 
 use super::decode::redco_once;
 use super::llm::{hf_config, ADAMW, BATCH, PROMPT, SEQ};
-use redco_core::dist::data_parallel::{sync_grads, DEFAULT_BUCKET_BYTES};
+use redco_core::dist::data_parallel::{sync_grads, OverlappedBuckets, DEFAULT_BUCKET_BYTES};
 use redco_core::dist::trace::plan_from_trace;
 use redco_core::dist::{on_backend, spmd_cpu, Mesh, Rank, ShardPlan, SpmdOptions};
 use redco_core::nn::ModuleExt;
@@ -89,10 +89,23 @@ impl Job<'_> {
                 let loss = model_ref.loss(ids_ref, None, ids_ref)?;
                 let value = loss.replicate()?.to_scalar()?;
                 let f = split();
-                let mut grads = loss.backward()?;
-                let bw = split();
+                // dp gradient buckets start their all-reduce during backward (as the
+                // Trainer's); "grad sync" is the wait for them after backward
                 let params: Vec<Tensor<B>> = model_ref.named_parameters().into_iter().map(|(_, p)| p).collect();
-                sync_grads(comm_ref.as_ref(), &params, &mut grads, DEFAULT_BUCKET_BYTES)?;
+                let mut grads = redco_core::GradStore::new();
+                let mut buckets = comm_ref
+                    .clone()
+                    .filter(|c| c.mesh().dp > 1)
+                    .map(|c| OverlappedBuckets::new(c, &params, DEFAULT_BUCKET_BYTES));
+                match buckets.as_mut() {
+                    Some(bk) => loss.backward_into_with(&mut grads, &mut |p, g| bk.ready(p, g))?,
+                    None => loss.backward_into(&mut grads)?,
+                }
+                let bw = split();
+                match buckets {
+                    Some(bk) => bk.finish(&mut grads)?,
+                    None => sync_grads(comm_ref.as_ref(), &params, &mut grads, DEFAULT_BUCKET_BYTES)?,
+                }
                 let sync = split();
                 opt_ref.step(model_ref, &grads)?;
                 // queued device work counts in the step
