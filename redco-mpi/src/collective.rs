@@ -68,17 +68,6 @@ impl<B: Backend> MpiCollective<B> {
         &self.inner.groups[axis as usize]
     }
 
-    fn call<R>(
-        &self,
-        g: &Group,
-        kind: CollectiveKind,
-        data: Option<&HostData>,
-        root: usize,
-        body: impl FnOnce(Instant, crate::wire::OnTimeout<'_>) -> Result<R>,
-    ) -> Result<R> {
-        self.inner.call(g, kind, data, root, body)
-    }
-
     /// Runs `job` on the rank's worker thread (started on first use).
     fn on_worker(&self, job: Job) -> Result<()> {
         let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
@@ -262,7 +251,7 @@ impl<B: Backend> Collective<B> for MpiCollective<B> {
     fn all_gather(&self, axis: MeshAxis, x: &B::Storage) -> Result<B::Storage> {
         let h = self.backend.download(x)?;
         let g = self.group(axis);
-        let out = self.call(g, CollectiveKind::AllGather, Some(&h), 0, |deadline, on_timeout| {
+        let out = self.inner.call(g, CollectiveKind::AllGather, Some(&h), 0, |deadline, on_timeout| {
             if g.info.size() == 1 {
                 return Ok(h.clone());
             }
@@ -281,7 +270,7 @@ impl<B: Backend> Collective<B> for MpiCollective<B> {
                 msg: format!("{} elements do not split into {n} equal chunks", h.len()),
             });
         }
-        let out = self.call(g, CollectiveKind::ReduceScatter, Some(&h), 0, |deadline, on_timeout| {
+        let out = self.inner.call(g, CollectiveKind::ReduceScatter, Some(&h), 0, |deadline, on_timeout| {
             if n == 1 {
                 return Ok(reduce_all(&[Arc::new(h.clone())], ReduceKind::Sum));
             }
@@ -301,7 +290,7 @@ impl<B: Backend> Collective<B> for MpiCollective<B> {
                 msg: format!("root {root} is outside a group of {}", g.info.size()),
             });
         }
-        let out = self.call(g, CollectiveKind::Broadcast, Some(&h), root, |deadline, on_timeout| {
+        let out = self.inner.call(g, CollectiveKind::Broadcast, Some(&h), root, |deadline, on_timeout| {
             let mut buf = h.as_bytes().to_vec();
             if g.info.size() > 1 {
                 g.broadcast(&mut buf, root, deadline, on_timeout);
@@ -312,7 +301,7 @@ impl<B: Backend> Collective<B> for MpiCollective<B> {
     }
     fn barrier(&self) -> Result<()> {
         let g = &self.inner.groups[2];
-        self.call(g, CollectiveKind::Barrier, None, 0, |deadline, on_timeout| {
+        self.inner.call(g, CollectiveKind::Barrier, None, 0, |deadline, on_timeout| {
             if g.info.size() > 1 {
                 g.barrier(deadline, on_timeout);
             }

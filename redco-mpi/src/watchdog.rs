@@ -81,13 +81,7 @@ fn now_ms() -> u64 {
 }
 
 pub(crate) fn kind_name(k: CollectiveKind) -> &'static str {
-    match k {
-        CollectiveKind::AllReduce => "all_reduce",
-        CollectiveKind::AllGather => "all_gather",
-        CollectiveKind::ReduceScatter => "reduce_scatter",
-        CollectiveKind::Broadcast => "broadcast",
-        CollectiveKind::Barrier => "barrier",
-    }
+    k.name()
 }
 
 fn key(rank: usize) -> String {

@@ -35,6 +35,19 @@ pub enum CollectiveKind {
     Barrier,
 }
 
+impl CollectiveKind {
+    /// The call's name as errors and logs spell it (`all_reduce`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            CollectiveKind::AllReduce => "all_reduce",
+            CollectiveKind::AllGather => "all_gather",
+            CollectiveKind::ReduceScatter => "reduce_scatter",
+            CollectiveKind::Broadcast => "broadcast",
+            CollectiveKind::Barrier => "barrier",
+        }
+    }
+}
+
 /// A collective started with [`Collective::all_reduce_async`]: [`Pending::wait`] gives its
 /// result.
 pub struct Pending<T>(Box<dyn FnOnce() -> Result<T> + Send>);

@@ -180,13 +180,7 @@ impl Hub {
 }
 
 fn kind_name(k: CollectiveKind) -> &'static str {
-    match k {
-        CollectiveKind::AllReduce => "all_reduce",
-        CollectiveKind::AllGather => "all_gather",
-        CollectiveKind::ReduceScatter => "reduce_scatter",
-        CollectiveKind::Broadcast => "broadcast",
-        CollectiveKind::Barrier => "barrier",
-    }
+    k.name()
 }
 
 /// One rank's handle on a [`Hub`], over any backend (buffers travel through host memory).

@@ -98,6 +98,10 @@ pub struct TrainArgs {
     /// New tokens of that sample.
     #[arg(long, default_value_t = 24)]
     pub sample_tokens: usize,
+    /// Start each data-parallel gradient bucket's all-reduce during backward (helps where a
+    /// core is free for communication; see `TrainConfig::overlap_grad_sync`).
+    #[arg(long)]
+    pub overlap_grad_sync: bool,
     /// Seconds a collective waits for the other ranks before the run fails (or, over
     /// processes, the watchdog names the missing rank and aborts the job). Default 120.
     #[arg(long)]
@@ -293,6 +297,7 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
         checkpoint_every: Some(a.checkpoint_every),
         compute_dtype: compute,
         tokens_key: Some("input_ids".into()),
+        overlap_grad_sync: a.overlap_grad_sync,
         ..Default::default()
     };
 

@@ -222,3 +222,43 @@ fn schedules_warm_up_and_decay() {
     assert_close(&[c.lr(9), c.lr(14)], &[0.5, 0.0], 1e-12, "cosine half-way and end");
     assert_eq!(Schedule { decay: Decay::Constant, ..s }.lr(100), 1.0);
 }
+
+/// Buckets that start during backward (`OverlappedBuckets`, small so there are many) sum
+/// the same bits as `sync_grads` after backward, at 2x2.
+#[test]
+fn overlapped_buckets_sum_the_same_bits_as_sync_grads() {
+    use redco_core::dist::data_parallel::OverlappedBuckets;
+    use redco_core::{GradStore, Placement};
+    let mesh: Mesh = "2x2".parse().unwrap();
+    let plan = crate::rules::traced(LLAMA, mesh, false, true).unwrap();
+    spmd_cpu(mesh, &SpmdOptions::default(), |rk| {
+        let mut m = Lm::new(&rk.backend, LLAMA, DType::F32, 5)?;
+        plan.apply(&mut m)?;
+        let [ids, labels, mask] = data(&rk.backend, LLAMA.vocab, 0)?;
+        let (ids, labels, mask) = (
+            ids.shard_along(MeshAxis::Dp, 0)?,
+            labels.shard_along(MeshAxis::Dp, 0)?,
+            mask.shard_along(MeshAxis::Dp, 0)?,
+        );
+        let params: Vec<Tensor<Cpu>> = m.named_parameters().into_iter().map(|(_, t)| t).collect();
+        let loss = m.loss(&ids, &labels, Some(&mask))?;
+        let mut after = loss.backward()?;
+        sync_grads(Some(&rk.comm), &params, &mut after, 4096)?;
+        rk.comm.reset_stats();
+        let mut during = GradStore::new();
+        let mut buckets = OverlappedBuckets::new(rk.comm.clone(), &params, 4096);
+        loss.backward_into_with(&mut during, &mut |p, g| buckets.ready(p, g))?;
+        buckets.finish(&mut during)?;
+        let calls = rk.comm.stats().get(CollectiveKind::AllReduce, MeshAxis::Dp).calls;
+        assert!(calls > 3, "{calls} buckets");
+        for p in &params {
+            let (a, b) = (after.get(p).unwrap(), during.get(p).unwrap());
+            assert_eq!(b.placements().get(MeshAxis::Dp), Placement::Replicate);
+            assert_eq!(a.placements(), b.placements());
+            let bits = |t: &Tensor<Cpu>| t.local_to_host().unwrap().as_bytes().to_vec();
+            assert!(bits(a) == bits(b), "a gradient differs");
+        }
+        Ok(())
+    })
+    .unwrap();
+}

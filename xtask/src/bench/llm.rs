@@ -18,6 +18,9 @@
 //! table shows medians over repetitions. A second table splits the training step into
 //! forward (with the loss), backward, gradient sync and optimizer update.
 //!
+//! `--overlap` starts the data-parallel gradient buckets' all-reduces during backward (as
+//! `TrainConfig::overlap_grad_sync`); "grad sync" is then the wait after backward.
+//!
 //! `--backend cpu,cpu-mpi` adds rows of CPU ranks as MPI processes (`redco-cpu-mpi-1x2`,
 //! ...: one process per rank under `mpirun --mca btl tcp,self`, peak RSS summed over the
 //! ranks; xtask's `mpi` feature), measured in the same run as the thread ranks.
@@ -92,7 +95,12 @@ fn phase_medians(steps: &[[f64; 4]]) -> [f64; 4] {
 }
 
 /// Runs one repetition of one redco system (`backend` on `mesh`) in a child process.
-fn redco_rep(backend: &str, mesh: Mesh, threads_per_rank: usize, steps: usize, new: usize) -> Result<Rep, String> {
+fn redco_rep(
+    backend: &str,
+    mesh: Mesh,
+    threads_per_rank: usize,
+    (steps, new, overlap): (usize, usize, bool),
+) -> Result<Rep, String> {
     // /proc/self/exe still runs this binary if a rebuild has replaced the file meanwhile
     let proc_exe = Path::new("/proc/self/exe");
     let exe = if proc_exe.exists() {
@@ -101,14 +109,30 @@ fn redco_rep(backend: &str, mesh: Mesh, threads_per_rank: usize, steps: usize, n
         std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?
     };
     let (m, t, s, n) = (mesh.to_string(), threads_per_rank.to_string(), steps.to_string(), new.to_string());
-    let child =
-        ["bench", "llm", "--child", "--backend", backend, "--mesh", &m, "--threads", &t, "--steps", &s, "--new", &n];
+    let mut child = vec![
+        "bench",
+        "llm",
+        "--child",
+        "--backend",
+        backend,
+        "--mesh",
+        &m,
+        "--threads",
+        &t,
+        "--steps",
+        &s,
+        "--new",
+        &n,
+    ];
+    if overlap {
+        child.push("--overlap");
+    }
     let stdout = if backend == "cpu-mpi" {
         // one process per rank, under mpirun (rank 0 prints); mpirun needs the real path
         let real = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
         super::mpi::run_under_mpirun(&real, &child, mesh.size())?
     } else {
-        let out = Command::new(&exe).args(child).output().map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+        let out = Command::new(&exe).args(&child).output().map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
         if !out.status.success() {
             return Err(format!("redco {backend} {mesh}: {}", String::from_utf8_lossy(&out.stderr).trim()));
         }
@@ -245,14 +269,17 @@ fn ratio(x: f64, y: Option<f64>) -> String {
 
 /// Runs the benchmark (or, with `--child`, one repetition of one redco system).
 pub fn run(argv: &[String]) -> Result<(), String> {
-    let args = Args::parse(argv, &["child"])?;
-    args.only(&["child", "mesh", "reps", "steps", "torch", "json", "png", "threads", "backend", "new", "only"])?;
+    let args = Args::parse(argv, &["child", "overlap"])?;
+    args.only(&[
+        "child", "mesh", "reps", "steps", "torch", "json", "png", "threads", "backend", "new", "only", "overlap",
+    ])?;
+    let overlap = args.has("overlap");
     let steps = args.num("steps", 3)?.max(1);
     let new = args.num("new", 64)?.max(1);
     if args.has("child") {
         let mesh: Mesh = args.get("mesh").unwrap_or("1x1").parse().map_err(|e: Error| e.to_string())?;
         let backend = args.get("backend").unwrap_or("cpu");
-        return child(backend, mesh, args.num("threads", 1)?.max(1), steps, new, args.get("only"));
+        return child(backend, mesh, args.num("threads", 1)?.max(1), steps, new, args.get("only"), overlap);
     }
     let threads = args.num("threads", machine::cores())?.max(1);
     let reps = args.num("reps", 3)?.max(1);
@@ -293,7 +320,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     for rep in 0..reps {
         let t0 = cpu_ticks(peer_pid);
         for (i, (name, backend, mesh)) in systems.iter().enumerate() {
-            let r = redco_rep(backend, *mesh, (threads / mesh.size()).max(1), steps, new)?;
+            let r = redco_rep(backend, *mesh, (threads / mesh.size()).max(1), (steps, new, overlap))?;
             eprintln!(
                 "rep {}/{reps} {name}: step {:.3} s, forward {:.3} s, generate {:.3} s",
                 rep + 1,

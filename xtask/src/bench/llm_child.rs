@@ -57,6 +57,7 @@ struct Job<'a> {
     steps: usize,
     new: usize,
     only: Option<&'a str>,
+    overlap: bool,
 }
 
 impl Job<'_> {
@@ -89,13 +90,13 @@ impl Job<'_> {
                 let loss = model_ref.loss(ids_ref, None, ids_ref)?;
                 let value = loss.replicate()?.to_scalar()?;
                 let f = split();
-                // dp gradient buckets start their all-reduce during backward (as the
-                // Trainer's); "grad sync" is the wait for them after backward
+                // with --overlap, dp gradient buckets start their all-reduce during
+                // backward and "grad sync" is the wait for them after it
                 let params: Vec<Tensor<B>> = model_ref.named_parameters().into_iter().map(|(_, p)| p).collect();
                 let mut grads = redco_core::GradStore::new();
                 let mut buckets = comm_ref
                     .clone()
-                    .filter(|c| c.mesh().dp > 1)
+                    .filter(|c| self.overlap && c.mesh().dp > 1)
                     .map(|c| OverlappedBuckets::new(c, &params, DEFAULT_BUCKET_BYTES));
                 match buckets.as_mut() {
                     Some(bk) => loss.backward_into_with(&mut grads, &mut |p, g| bk.ready(p, g))?,
@@ -153,6 +154,7 @@ pub fn child(
     steps: usize,
     new: usize,
     only: Option<&str>,
+    overlap: bool,
 ) -> Result<(), String> {
     if let Some(o) = only.filter(|o| !["train", "forward", "decode"].contains(o)) {
         return Err(format!("--only {o}: expected train, forward or decode"));
@@ -172,7 +174,7 @@ pub fn child(
     } else {
         None
     };
-    let job = Job { cfg: &cfg, mesh, plan: plan.as_ref(), ids: &ids, prompt: &prompt, steps, new, only };
+    let job = Job { cfg: &cfg, mesh, plan: plan.as_ref(), ids: &ids, prompt: &prompt, steps, new, only, overlap };
     let opts = SpmdOptions { threads_per_rank: Some(threads_per_rank), ..Default::default() };
     let with_rss = |r: RankTimes| (r, peak_rss() as f64);
     let results = match backend {
