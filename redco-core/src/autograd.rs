@@ -141,6 +141,9 @@ impl<B: Backend> GradStore<B> {
     }
 }
 
+/// What [`Tensor::backward_into_with`] calls with each variable whose gradient is complete.
+pub type OnGradReady<'a, B> = dyn FnMut(&Tensor<B>, &GradStore<B>) -> Result<()> + 'a;
+
 impl<B: Backend> Tensor<B> {
     /// Gradients of this tensor (seeded with ones) with respect to every variable it
     /// depends on.
@@ -165,7 +168,7 @@ impl<B: Backend> Tensor<B> {
     pub fn backward_into_with(
         &self,
         store: &mut GradStore<B>,
-        on_ready: &mut dyn FnMut(&Tensor<B>, &GradStore<B>) -> Result<()>,
+        on_ready: &mut OnGradReady<'_, B>,
     ) -> Result<()> {
         if !self.requires_grad() {
             return Err(Error::invalid(
