@@ -165,11 +165,7 @@ impl<B: Backend> Tensor<B> {
     /// consumers). The order of the calls is the same on every rank running the same
     /// model: data-parallel gradient buckets start their all-reduce from here while the
     /// rest of the backward pass runs.
-    pub fn backward_into_with(
-        &self,
-        store: &mut GradStore<B>,
-        on_ready: &mut OnGradReady<'_, B>,
-    ) -> Result<()> {
+    pub fn backward_into_with(&self, store: &mut GradStore<B>, on_ready: &mut OnGradReady<'_, B>) -> Result<()> {
         if !self.requires_grad() {
             return Err(Error::invalid(
                 "backward",
