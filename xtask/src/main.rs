@@ -2,7 +2,7 @@
 //!
 //! - `cargo xtask test`: the whole suite with its checks (fmt, clippy, tests, doc tests);
 //! - `cargo xtask bench [llm] [--mesh 1x1,1x2,2x1] [--reps N] [--steps N] [--threads N]
-//!   [--backend cpu,wgpu] [--torch PYTHON] [--json FILE] [--png FILE]`: the bench LLaMA's training,
+//!   [--backend cpu,cpu-mpi,wgpu] [--overlap] [--torch PYTHON] [--json FILE] [--png FILE]`: the bench LLaMA's training,
 //!   forward and decode tokens/s and peak memory per backend and mesh and, optionally,
 //!   transformers + torch measured in the same run;
 //! - `cargo xtask bench gemm [--threads N] [--reps N] [--torch PYTHON] [--json FILE]`:
@@ -49,8 +49,8 @@ const USAGE: &str = "usage: cargo xtask <task>
 
 tasks:
   test [--no-lint]                 fmt check, clippy -D warnings, the whole test suite
-  bench [llm] [--mesh 1x1,1x2,2x1] [--reps N] [--steps N] [--threads N] [--backend cpu,wgpu]
-        [--torch PYTHON] [--json FILE] [--png FILE]
+  bench [llm] [--mesh 1x1,1x2,2x1] [--reps N] [--steps N] [--threads N]
+        [--backend cpu,cpu-mpi,wgpu] [--overlap] [--torch PYTHON] [--json FILE] [--png FILE]
                                    LLaMA (hidden 512, 6 layers) training, forward and decode
                                    tok/s and peak RSS per backend and mesh (wgpu: xtask's
                                    `wgpu` feature) and transformers + torch,
@@ -60,7 +60,7 @@ tasks:
                                    f32 GEMM GFLOP/s vs the measured FMA peak (and torch)
   bench decode [--prompt N] [--new N] [--reps N] [--threads N] [--torch PYTHON] [--json FILE]
                                    batch-1 LLaMA decode tok/s with the KV cache (and transformers)
-  bench load [--mp N] [--hidden N] [--layers N] [--inter N] [--vocab N]
+  bench load [--mp N] [--mpi] [--hidden N] [--layers N] [--inter N] [--vocab N]
                                    peak resident memory of each rank loading its checkpoint slice
   fixtures [--python PY]           regenerate tests/fixtures with transformers (not in CI)
   gpu-check wgpu [--allow-cpu-adapter]
