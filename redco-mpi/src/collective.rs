@@ -17,7 +17,19 @@ use std::time::{Duration, Instant};
 pub struct MpiCollective<B: Backend> {
     inner: Arc<Inner>,
     backend: B,
-    worker: Mutex<Option<mpsc::Sender<Job>>>,
+    worker: Mutex<Option<(mpsc::Sender<Job>, std::thread::JoinHandle<()>)>>,
+}
+
+impl<B: Backend> Drop for MpiCollective<B> {
+    fn drop(&mut self) {
+        // the worker ends with its channel; joined here so that its share of the
+        // communicators (and of MPI) is gone before the caller finalises MPI
+        let w = self.worker.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some((tx, handle)) = w {
+            drop(tx);
+            let _ = handle.join();
+        }
+    }
 }
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -73,7 +85,7 @@ impl<B: Backend> MpiCollective<B> {
         let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
         if w.is_none() {
             let (tx, rx) = mpsc::channel::<Job>();
-            std::thread::Builder::new()
+            let handle = std::thread::Builder::new()
                 .name("redco-mpi-worker".into())
                 .spawn(move || {
                     // ends when the collective (the sender) is dropped
@@ -82,10 +94,11 @@ impl<B: Backend> MpiCollective<B> {
                     }
                 })
                 .map_err(|e| Error::invalid("mpi", format!("cannot start the collective worker thread: {e}")))?;
-            *w = Some(tx);
+            *w = Some((tx, handle));
         }
         w.as_ref()
             .expect("started above")
+            .0
             .send(job)
             .map_err(|_| Error::invalid("mpi", "the collective worker thread is gone"))
     }

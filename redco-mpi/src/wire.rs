@@ -5,6 +5,7 @@
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use redco_core::dist::ProcessGroup;
+use std::mem::ManuallyDrop;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -35,8 +36,17 @@ pub(crate) fn chunk_bytes() -> usize {
 
 /// One mesh-axis group's communicator.
 pub(crate) struct Group {
-    pub(crate) comm: SimpleCommunicator,
+    /// Freed under [`MPI_LOCK`] when the group drops.
+    pub(crate) comm: ManuallyDrop<SimpleCommunicator>,
     pub(crate) info: ProcessGroup,
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        let _l = lock();
+        // SAFETY: dropped once, here; the field is never used again
+        unsafe { ManuallyDrop::drop(&mut self.comm) }
+    }
 }
 
 // SAFETY: an MPI communicator is a handle usable from any thread under
@@ -97,7 +107,7 @@ fn finish<'a, D: ?Sized, S: mpi::request::Scope<'a>>(
 impl Group {
     /// Wraps the communicator of `info`.
     pub(crate) fn new(comm: SimpleCommunicator, info: ProcessGroup) -> Self {
-        Group { comm, info }
+        Group { comm: ManuallyDrop::new(comm), info }
     }
 
     /// Every member's `send` (all of one length), concatenated in key order.

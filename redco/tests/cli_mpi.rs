@@ -119,6 +119,15 @@ fn training_at_2x2_over_processes_equals_the_thread_run() {
         assert!(a.contains("AllReduce") && a.contains("Dp") && a.contains("Mp"), "{a}");
         assert_eq!(a, b, "rank {rank}'s collective calls");
     }
+    // gradient buckets started during backward (on each process's MPI worker thread) give
+    // the same bits
+    let ow = d.join("overlap");
+    let os = ow.to_str().unwrap();
+    let r =
+        mpirun(4).run(&exe(), &train_args(os, "6", &["--overlap-grad-sync"]), &d, Duration::from_secs(300)).unwrap();
+    assert_eq!(r.code, Some(0), "{}\n{}", r.stdout, r.stderr);
+    assert_eq!(losses(&ow), lp, "losses with --overlap-grad-sync");
+    assert!(bytes(&ow) == bytes(&tw), "the final weights differ with --overlap-grad-sync");
 }
 
 #[test]
