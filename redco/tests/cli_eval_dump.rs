@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{compare_dump, fixture_named};
+use common::{compare_dump, eval_dump_args, fixture_named};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -25,19 +25,8 @@ fn eval_dump_at_1x2_matches_transformers() {
 
 fn dump_and_compare(name: &str) {
     let out = std::env::temp_dir().join(format!("redco-eval-dump-{name}-{}.safetensors", std::process::id()));
-    let (f, o) = (fixture_named(name), out.to_str().unwrap().to_string());
-    let inputs = f.join("inputs.safetensors");
-    let (code, err) = redco(&[
-        "eval-dump",
-        "--model",
-        f.to_str().unwrap(),
-        "--inputs",
-        inputs.to_str().unwrap(),
-        "--out",
-        &o,
-        "--mesh",
-        "1x2",
-    ]);
+    let args = eval_dump_args(name, &out, &["--mesh", "1x2"]);
+    let (code, err) = redco(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(code, 0, "{name}: {err}");
     compare_dump(name, &out);
 }

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{compare_dump, fixture_named};
+use common::{compare_dump, eval_dump_args, fixture_named};
 use redco_mpi::launch::{Job, Mpirun};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -135,20 +135,9 @@ fn eval_dump_over_processes_matches_transformers_at_1x2_and_2x2() {
     let d = scratch("parity");
     for name in ["llama-tiny", "gptj-tiny", "opt-tiny", "t5-tiny"] {
         for (np, mesh) in [(2, "1x2"), (4, "2x2")] {
-            let f = fixture_named(name);
-            let inputs = f.join("inputs.safetensors");
             let out = d.join(format!("{name}-{mesh}.safetensors"));
-            let args = [
-                "eval-dump",
-                "--model",
-                f.to_str().unwrap(),
-                "--inputs",
-                inputs.to_str().unwrap(),
-                "--out",
-                out.to_str().unwrap(),
-                "--mesh",
-                mesh,
-            ];
+            let owned = eval_dump_args(name, &out, &["--mesh", mesh]);
+            let args: Vec<&str> = owned.iter().map(String::as_str).collect();
             let r = mpirun(np).run(&exe(), &args, &d.join(format!("{name}-{mesh}")), Duration::from_secs(300)).unwrap();
             assert_eq!(r.code, Some(0), "{name} at {mesh}:\n{}\n{}", r.stdout, r.stderr);
             assert_eq!(r.stdout.matches("wrote ").count(), 1, "rank 0 alone writes --out: {}", r.stdout);

@@ -38,20 +38,9 @@ fn eval_dump_on_wgpu_matches_transformers() {
     if !have_wgpu() {
         return;
     }
-    let f = fixture();
     let out = std::env::temp_dir().join(format!("redco-eval-dump-wgpu-{}.safetensors", std::process::id()));
-    let inputs = f.join("inputs.safetensors");
-    let (code, _, err) = redco(&[
-        "eval-dump",
-        "--model",
-        f.to_str().unwrap(),
-        "--inputs",
-        inputs.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--backend",
-        "wgpu",
-    ]);
+    let args = common::eval_dump_args("llama-tiny", &out, &["--backend", "wgpu"]);
+    let (code, _, err) = redco(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(code, 0, "{err}");
     common::compare_dump("llama-tiny", &out);
     let _ = std::fs::remove_file(&out);

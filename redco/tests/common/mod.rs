@@ -11,6 +11,22 @@ pub fn fixture_named(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)
 }
 
+/// The arguments of `redco eval-dump` on fixture `name`, writing `out`, then `extra`.
+pub fn eval_dump_args(name: &str, out: &Path, extra: &[&str]) -> Vec<String> {
+    let f = fixture_named(name);
+    let mut v: Vec<String> = vec![
+        "eval-dump".into(),
+        "--model".into(),
+        f.to_string_lossy().into(),
+        "--inputs".into(),
+        f.join("inputs.safetensors").to_string_lossy().into(),
+        "--out".into(),
+        out.to_string_lossy().into(),
+    ];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
 fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
     let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum();
     let den: f64 = b.iter().map(|y| y * y).sum();

@@ -33,6 +33,12 @@ fn data(b: &Cpu, vocab: usize, step: usize) -> Result<[Tensor<Cpu>; 3]> {
     ])
 }
 
+/// [`data`] with every tensor split over `dp` along the batch.
+fn dp_data(b: &Cpu, vocab: usize, step: usize) -> Result<[Tensor<Cpu>; 3]> {
+    let [ids, labels, mask] = data(b, vocab, step)?;
+    Ok([ids.shard_along(MeshAxis::Dp, 0)?, labels.shard_along(MeshAxis::Dp, 0)?, mask.shard_along(MeshAxis::Dp, 0)?])
+}
+
 fn train(b: &Cpu, cfg: Config, plan: Option<&ShardPlan>, dp: usize, zero1: bool) -> Result<Trained> {
     train_steps(b, cfg, plan, dp, zero1, 2)
 }
@@ -155,12 +161,7 @@ fn planner_predicts_the_measured_communication() {
         let measured = spmd_cpu(mesh, &SpmdOptions::default(), |rk| {
             let mut m = Lm::new(&rk.backend, LLAMA, DType::F32, 5)?;
             plan.apply(&mut m)?;
-            let [ids, labels, mask] = data(&rk.backend, LLAMA.vocab, 0)?;
-            let (ids, labels, mask) = (
-                ids.shard_along(MeshAxis::Dp, 0)?,
-                labels.shard_along(MeshAxis::Dp, 0)?,
-                mask.shard_along(MeshAxis::Dp, 0)?,
-            );
+            let [ids, labels, mask] = dp_data(&rk.backend, LLAMA.vocab, 0)?;
             let mut opt = AdamW::new(AdamWConfig { zero1, ..Default::default() }).with_comm(Some(rk.comm.clone()));
             rk.comm.reset_stats();
             let loss = m.loss(&ids, &labels, Some(&mask))?;
@@ -234,12 +235,7 @@ fn overlapped_buckets_sum_the_same_bits_as_sync_grads() {
     spmd_cpu(mesh, &SpmdOptions::default(), |rk| {
         let mut m = Lm::new(&rk.backend, LLAMA, DType::F32, 5)?;
         plan.apply(&mut m)?;
-        let [ids, labels, mask] = data(&rk.backend, LLAMA.vocab, 0)?;
-        let (ids, labels, mask) = (
-            ids.shard_along(MeshAxis::Dp, 0)?,
-            labels.shard_along(MeshAxis::Dp, 0)?,
-            mask.shard_along(MeshAxis::Dp, 0)?,
-        );
+        let [ids, labels, mask] = dp_data(&rk.backend, LLAMA.vocab, 0)?;
         let params: Vec<Tensor<Cpu>> = m.named_parameters().into_iter().map(|(_, t)| t).collect();
         let loss = m.loss(&ids, &labels, Some(&mask))?;
         let mut after = loss.backward()?;
