@@ -64,6 +64,20 @@ pub fn wgpu_f32_words() -> Option<redco_wgpu::Wgpu> {
     .clone()
 }
 
+/// The PJRT backend under test: device 0 of one client of the plugin named by
+/// `REDCO_PJRT_PLUGIN` (with 4 devices on the CPU plugin), opened once per process.
+///
+/// Panics, naming what is missing, when no plugin is given or it does not load: these
+/// tests never pass without running (`cargo xtask test` fetches the CPU plugin, or leaves
+/// them out by name where it cannot).
+pub fn pjrt() -> redco_tpu::Pjrt {
+    static DEV: std::sync::OnceLock<Result<redco_tpu::Pjrt, String>> = std::sync::OnceLock::new();
+    match DEV.get_or_init(|| redco_tpu::Pjrt::from_env(4).map_err(|e| e.to_string())) {
+        Ok(p) => p.clone(),
+        Err(e) => panic!("the PJRT backend is unavailable: {e}"),
+    }
+}
+
 /// Instantiates each generic test `fn name<B: Backend>(b: &B)` once per enabled backend:
 /// `cpu::name`, `composite::name`, `wgpu::name` (skipped without a wgpu adapter) and
 /// `wgpu_f32_words::name` (the same on a device keeping f16 in f32 words; skipped when the
@@ -79,6 +93,9 @@ macro_rules! conformance {
         }
         mod wgpu {
             $( #[test] fn $t() { if let Some(b) = $crate::wgpu() { super::$t(&b) } } )*
+        }
+        mod pjrt {
+            $( #[test] fn $t() { super::$t(&$crate::pjrt()) } )*
         }
         mod wgpu_f32_words {
             $( #[test] fn $t() { if let Some(b) = $crate::wgpu_f32_words() { super::$t(&b) } } )*

@@ -1,0 +1,296 @@
+//! StableHLO text: a builder for one `func.func @main` in MLIR's generic op syntax (stable
+//! across StableHLO versions), the element types, and constants.
+//!
+//! Values are SSA names with a static tensor type. Every op is written
+//! `%v = "stablehlo.op"(%a, %b) {attrs} : (types) -> type`; ops with a region (reduce,
+//! scatter) carry their body inline.
+
+use redco_core::DType;
+use std::fmt::Write;
+
+/// A StableHLO element type: redco's dtypes plus the predicate `i1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Et {
+    /// f32
+    F32,
+    /// f64
+    F64,
+    /// f16
+    F16,
+    /// bf16
+    BF16,
+    /// i64
+    I64,
+    /// i32
+    I32,
+    /// ui8 (redco's `U8` masks)
+    U8,
+    /// i1 (comparison results)
+    Pred,
+}
+
+impl Et {
+    /// The element type of a redco dtype.
+    pub fn of(d: DType) -> Et {
+        match d {
+            DType::F32 => Et::F32,
+            DType::F64 => Et::F64,
+            DType::F16 => Et::F16,
+            DType::BF16 => Et::BF16,
+            DType::I64 => Et::I64,
+            DType::I32 => Et::I32,
+            DType::U8 => Et::U8,
+        }
+    }
+
+    /// The redco dtype (predicates are stored as `U8`).
+    pub fn dtype(self) -> DType {
+        match self {
+            Et::F32 => DType::F32,
+            Et::F64 => DType::F64,
+            Et::F16 => DType::F16,
+            Et::BF16 => DType::BF16,
+            Et::I64 => DType::I64,
+            Et::I32 => DType::I32,
+            Et::U8 | Et::Pred => DType::U8,
+        }
+    }
+
+    /// The MLIR spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Et::F32 => "f32",
+            Et::F64 => "f64",
+            Et::F16 => "f16",
+            Et::BF16 => "bf16",
+            Et::I64 => "i64",
+            Et::I32 => "i32",
+            Et::U8 => "ui8",
+            Et::Pred => "i1",
+        }
+    }
+
+    /// True for the float types.
+    pub fn is_float(self) -> bool {
+        matches!(self, Et::F32 | Et::F64 | Et::F16 | Et::BF16)
+    }
+
+    /// The type floats of this type are computed in: f32 for the 16-bit floats (as the CPU
+    /// backend computes them), else itself.
+    pub fn compute(self) -> Et {
+        match self {
+            Et::F16 | Et::BF16 => Et::F32,
+            e => e,
+        }
+    }
+
+    /// The comparison type of `stablehlo.compare`.
+    pub fn compare_type(self) -> &'static str {
+        match self {
+            Et::F32 | Et::F64 | Et::F16 | Et::BF16 => "FLOAT",
+            Et::I64 | Et::I32 => "SIGNED",
+            Et::U8 | Et::Pred => "UNSIGNED",
+        }
+    }
+}
+
+/// A static tensor type.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Ty {
+    /// Dimensions (empty for a scalar).
+    pub dims: Vec<usize>,
+    /// Element type.
+    pub et: Et,
+}
+
+impl Ty {
+    /// A tensor type.
+    pub fn new(dims: &[usize], et: Et) -> Ty {
+        Ty { dims: dims.to_vec(), et }
+    }
+
+    /// A scalar type.
+    pub fn scalar(et: Et) -> Ty {
+        Ty { dims: Vec::new(), et }
+    }
+
+    /// The same dims with another element type.
+    pub fn with(&self, et: Et) -> Ty {
+        Ty { dims: self.dims.clone(), et }
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    /// True when the type holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The rank.
+    pub fn rank(&self) -> usize {
+        self.dims.len()
+    }
+}
+
+impl std::fmt::Display for Ty {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("tensor<")?;
+        for d in &self.dims {
+            write!(f, "{d}x")?;
+        }
+        write!(f, "{}>", self.et.name())
+    }
+}
+
+/// An SSA value of the function being built.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Val {
+    /// The SSA name without `%`.
+    pub name: String,
+    /// Its type.
+    pub ty: Ty,
+}
+
+/// `array<i64: ...>`.
+pub fn i64_array(v: &[usize]) -> String {
+    let items: Vec<String> = v.iter().map(|x| x.to_string()).collect();
+    if items.is_empty() {
+        "array<i64>".into()
+    } else {
+        format!("array<i64: {}>", items.join(", "))
+    }
+}
+
+/// `[a, b, ...]` (dimension lists inside `#stablehlo` attributes).
+pub fn list(v: &[usize]) -> String {
+    let items: Vec<String> = v.iter().map(|x| x.to_string()).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// An MLIR literal of `v` in element type `et` (hex bit patterns for the non-finite floats).
+pub fn literal(v: f64, et: Et) -> String {
+    match et {
+        Et::F32 | Et::F16 | Et::BF16 if !v.is_finite() => format!("0x{:08X}", (v as f32).to_bits()),
+        Et::F64 if !v.is_finite() => format!("0x{:016X}", v.to_bits()),
+        Et::F32 | Et::F16 | Et::BF16 => format!("{:.9e}", v as f32),
+        Et::F64 => format!("{v:.17e}"),
+        Et::Pred => (if v != 0.0 { "true" } else { "false" }).into(),
+        _ => format!("{}", v as i64),
+    }
+}
+
+/// One function `@main` under construction.
+#[derive(Debug, Default, Clone)]
+pub struct Func {
+    params: Vec<Ty>,
+    body: String,
+    next: usize,
+}
+
+impl Func {
+    /// An empty function.
+    pub fn new() -> Func {
+        Func::default()
+    }
+
+    /// Adds a parameter of type `ty`.
+    pub fn param(&mut self, ty: Ty) -> Val {
+        let v = Val { name: format!("arg{}", self.params.len()), ty: ty.clone() };
+        self.params.push(ty);
+        v
+    }
+
+    /// The parameter types so far.
+    pub fn params(&self) -> &[Ty] {
+        &self.params
+    }
+
+    fn fresh(&mut self) -> String {
+        self.next += 1;
+        format!("v{}", self.next)
+    }
+
+    /// Emits `"stablehlo.<op>"(operands) {attrs} : (operand types) -> out`.
+    pub fn op(&mut self, op: &str, operands: &[&Val], attrs: &str, out: Ty) -> Val {
+        self.op_with_region(op, operands, "", attrs, out)
+    }
+
+    /// Like [`Func::op`] with a region (`region` is the text between the parentheses of
+    /// `({ ... })`, including the braces).
+    pub fn op_with_region(&mut self, op: &str, operands: &[&Val], region: &str, attrs: &str, out: Ty) -> Val {
+        let name = self.fresh();
+        let args: Vec<String> = operands.iter().map(|v| format!("%{}", v.name)).collect();
+        let tys: Vec<String> = operands.iter().map(|v| v.ty.to_string()).collect();
+        let _ = write!(self.body, "    %{name} = \"{}\"({})", qualified(op), args.join(", "));
+        if !region.is_empty() {
+            let _ = write!(self.body, " ({region})");
+        }
+        if !attrs.is_empty() {
+            let _ = write!(self.body, " {{{attrs}}}");
+        }
+        let _ = writeln!(self.body, " : ({}) -> {out}", tys.join(", "));
+        Val { name, ty: out }
+    }
+
+    /// Emits an op with several results (`%v:n = ...`), returning each.
+    pub fn op_multi(&mut self, op: &str, operands: &[&Val], region: &str, attrs: &str, outs: &[Ty]) -> Vec<Val> {
+        let name = self.fresh();
+        let args: Vec<String> = operands.iter().map(|v| format!("%{}", v.name)).collect();
+        let tys: Vec<String> = operands.iter().map(|v| v.ty.to_string()).collect();
+        let out_tys: Vec<String> = outs.iter().map(|t| t.to_string()).collect();
+        let _ = write!(self.body, "    %{name}:{} = \"{}\"({})", outs.len(), qualified(op), args.join(", "));
+        if !region.is_empty() {
+            let _ = write!(self.body, " ({region})");
+        }
+        if !attrs.is_empty() {
+            let _ = write!(self.body, " {{{attrs}}}");
+        }
+        let _ = writeln!(self.body, " : ({}) -> ({})", tys.join(", "), out_tys.join(", "));
+        outs.iter().enumerate().map(|(i, t)| Val { name: format!("{name}#{i}"), ty: t.clone() }).collect()
+    }
+
+    /// A constant of type `ty` with every element `v`.
+    pub fn constant(&mut self, v: f64, ty: Ty) -> Val {
+        let attr = format!("value = dense<{}> : {ty}", literal(v, ty.et));
+        self.op("constant", &[], &attr, ty)
+    }
+
+    /// The module text returning `outs`.
+    pub fn module(&self, outs: &[&Val]) -> String {
+        let params: Vec<String> = self.params.iter().enumerate().map(|(i, t)| format!("%arg{i}: {t}")).collect();
+        let out_tys: Vec<String> = outs.iter().map(|v| v.ty.to_string()).collect();
+        let out_names: Vec<String> = outs.iter().map(|v| format!("%{}", v.name)).collect();
+        format!(
+            "module @redco {{\n  func.func public @main({}) -> ({}) {{\n{}    \"func.return\"({}) : ({}) -> ()\n  }}\n}}\n",
+            params.join(", "),
+            out_tys.join(", "),
+            self.body,
+            out_names.join(", "),
+            out_tys.join(", ")
+        )
+    }
+}
+
+/// `op` with its dialect: `stablehlo.` unless it names one (`chlo.erf`).
+fn qualified(op: &str) -> String {
+    if op.contains('.') {
+        op.to_string()
+    } else {
+        format!("stablehlo.{op}")
+    }
+}
+
+/// The body of a two-argument scalar region computing `op` (for reduce and scatter):
+/// `({ ^bb0(%a: T, %b: T): %r = op(%a, %b); return %r })`.
+pub fn binary_region(op: &str, et: Et) -> String {
+    let t = Ty::scalar(et);
+    format!(
+        "{{\n    ^bb0(%ra: {t}, %rb: {t}):\n      %rr = \"stablehlo.{op}\"(%ra, %rb) : ({t}, {t}) -> {t}\n      \"stablehlo.return\"(%rr) : ({t}) -> ()\n    }}"
+    )
+}
+
+mod ops;
+mod unary;

@@ -1,0 +1,28 @@
+//! The PJRT runtime against a real plugin (`REDCO_PJRT_PLUGIN`).
+
+use redco_core::HostData;
+use redco_tpu::{Api, Client, CompileOptions, OptionValue};
+
+fn client(devices: i64) -> Client {
+    let api = Api::from_env().expect("set REDCO_PJRT_PLUGIN to a PJRT plugin");
+    Client::new(api, &[("cpu_device_count".into(), OptionValue::Int(devices))]).unwrap()
+}
+
+#[test]
+fn add_runs_on_every_device() {
+    let c = client(2);
+    assert_eq!(c.devices().len(), 2, "{c:?}");
+    let text = r#"
+func.func @main(%a: tensor<3xf32>, %b: tensor<3xf32>) -> tensor<3xf32> {
+  %0 = stablehlo.add %a, %b : tensor<3xf32>
+  return %0 : tensor<3xf32>
+}"#;
+    let exe = c.compile(text.as_bytes(), &CompileOptions::portable(), "add").unwrap();
+    for d in 0..2 {
+        let a = c.upload(d, &HostData::F32(vec![1.0, 2.0, 3.0]), &[3]).unwrap();
+        let b = c.upload(d, &HostData::F32(vec![10.0, 20.0, 30.0]), &[3]).unwrap();
+        let out = exe.execute(d, &[&a, &b]).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].download().unwrap(), HostData::F32(vec![11.0, 22.0, 33.0]));
+    }
+}
