@@ -3,9 +3,9 @@
 //! Re-exports [`redco_core`] (tensors, autograd, `nn`, the CPU backend) and
 //! [`redco_models`]. Backends are picked with Cargo features: `cpu` (default) and `wgpu`
 //! (the portable GPU backend, as `redco::wgpu`); `mpi` (ranks as
-//! processes, as `redco::mpi`); `cuda` and `tpu` arrive with their
-//! crates. The `redco` command-line program (train, generate, plan, eval-dump, convert, info)
-//! arrives with the pipeline.
+//! processes, as `redco::mpi`); `tpu` (the PJRT backend: TPUs, and GPUs and CPUs through
+//! XLA's plugins, as `redco::tpu`); `cuda` arrives with its crate. The `redco`
+//! command-line program (train, generate, plan, eval-dump, convert, info) is built on it.
 
 pub use redco_core as core;
 pub use redco_core::*;
@@ -18,3 +18,7 @@ pub use redco_wgpu as wgpu;
 /// Ranks as processes over MPI ([`redco_mpi`]), with the `mpi` feature.
 #[cfg(feature = "mpi")]
 pub use redco_mpi as mpi;
+
+/// The PJRT backend ([`redco_tpu`]), with the `tpu` feature.
+#[cfg(feature = "tpu")]
+pub use redco_tpu as tpu;

@@ -11,6 +11,11 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The PJRT plugin for `--backend pjrt` (a shared library: libtpu.so, the XLA CPU or
+    /// CUDA plugin); default: REDCO_PJRT_PLUGIN.
+    #[cfg(feature = "tpu")]
+    #[arg(long, global = true, value_name = "PATH")]
+    pjrt_plugin: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -39,6 +44,8 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    #[cfg(feature = "tpu")]
+    cmd::pjrt::set_plugin(cli.pjrt_plugin.clone());
     if let Err(e) = cmd::launch::init() {
         eprintln!("redco: error: {e}");
         return ExitCode::from(2);

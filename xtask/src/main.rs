@@ -19,6 +19,7 @@ mod bench;
 mod fixtures;
 mod gpu_check;
 mod machine;
+mod pjrt;
 mod test;
 
 use std::process::ExitCode;

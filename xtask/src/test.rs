@@ -51,7 +51,7 @@ fn has_nextest() -> bool {
 /// `wgpu` feature (its CLI tests run on lavapipe in CI; redco-wgpu itself is always built,
 /// by redco-tests), its `mpi` feature (the CLI over processes; redco-mpi is a workspace
 /// member) and xtask's (the wgpu rows of `bench llm`, the process rows).
-const FEATURES: &str = "redco/wgpu,redco/mpi,xtask/wgpu,xtask/mpi";
+const FEATURES: &str = "redco/wgpu,redco/mpi,redco/tpu,xtask/wgpu,xtask/mpi,xtask/tpu";
 
 /// The Debian packages the suite needs beyond the Rust toolchain: Open MPI (redco-mpi and
 /// the multi-process tests), libclang (rsmpi's bindgen) and Mesa's Vulkan drivers (the
@@ -166,6 +166,8 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let args = Args::parse(argv, &["no-lint"])?;
     args.only(&["no-lint"])?;
     setup()?;
+    let plugin = crate::pjrt::ensure_plugin()?;
+    eprintln!("xtask: PJRT tests use {}", plugin.display());
     if is_root() {
         // Open MPI refuses to start as root without these (the multi-process tests)
         std::env::set_var("OMPI_ALLOW_RUN_AS_ROOT", "1");

@@ -71,10 +71,18 @@ pub enum BackendKind {
     /// The wgpu backend (the `wgpu` feature): one device per rank.
     #[cfg(feature = "wgpu")]
     Wgpu,
+    /// The PJRT backend (the `tpu` feature): one device of the plugin's client per rank.
+    #[cfg(feature = "tpu")]
+    Pjrt,
 }
 
 /// The backends compiled into this program, for messages.
-const AVAILABLE: &str = if cfg!(feature = "wgpu") { "cpu, wgpu" } else { "cpu" };
+const AVAILABLE: &str = match (cfg!(feature = "wgpu"), cfg!(feature = "tpu")) {
+    (true, true) => "cpu, wgpu, pjrt",
+    (true, false) => "cpu, wgpu",
+    (false, true) => "cpu, pjrt",
+    (false, false) => "cpu",
+};
 
 /// The backend `name`, if it is compiled into this program.
 pub fn backend(name: &str) -> Result<BackendKind, String> {
@@ -86,7 +94,13 @@ pub fn backend(name: &str) -> Result<BackendKind, String> {
         "wgpu" => Err(format!(
             "backend `wgpu` is not compiled into this redco (build with `--features wgpu`); available: {AVAILABLE}"
         )),
-        "cuda" | "tpu" => Err(format!(
+        #[cfg(feature = "tpu")]
+        "pjrt" | "tpu" => Ok(BackendKind::Pjrt),
+        #[cfg(not(feature = "tpu"))]
+        "pjrt" | "tpu" => Err(format!(
+            "backend `{name}` is not compiled into this redco (build with `--features tpu`); available: {AVAILABLE}"
+        )),
+        "cuda" => Err(format!(
             "backend `{name}` is not compiled into this redco (build with `--features {name}` once its crate \
              lands); available: {AVAILABLE}"
         )),
@@ -131,6 +145,13 @@ macro_rules! on_backend {
                 $threads,
                 |_, _| redco_wgpu::Wgpu::new(),
                 |b: &redco_wgpu::Wgpu| $f(b),
+            ),
+            #[cfg(feature = "tpu")]
+            $crate::cmd::common::BackendKind::Pjrt => $crate::cmd::common::on_mesh(
+                $mesh,
+                $threads,
+                |rank, _| $crate::cmd::pjrt::backend(rank, $mesh.size()),
+                |b: &redco_tpu::Pjrt| $f(b),
             ),
         }
     };

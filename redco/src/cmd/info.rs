@@ -4,7 +4,11 @@
 pub fn run() -> Result<(), String> {
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     println!("redco {}", env!("CARGO_PKG_VERSION"));
-    println!("backends: cpu (embedded){}", if cfg!(feature = "wgpu") { ", wgpu" } else { "" });
+    println!(
+        "backends: cpu (embedded){}{}",
+        if cfg!(feature = "wgpu") { ", wgpu" } else { "" },
+        if cfg!(feature = "tpu") { ", pjrt" } else { "" }
+    );
     println!(
         "transports: threads{}",
         if cfg!(feature = "mpi") { ", mpi (ranks as processes under mpirun / srun)" } else { "" }
@@ -17,6 +21,8 @@ pub fn run() -> Result<(), String> {
     );
     #[cfg(feature = "wgpu")]
     wgpu_adapters();
+    #[cfg(feature = "tpu")]
+    super::pjrt::describe();
     Ok(())
 }
 

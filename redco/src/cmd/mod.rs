@@ -6,5 +6,7 @@ pub mod eval_dump;
 pub mod generate;
 pub mod info;
 pub mod launch;
+#[cfg(feature = "tpu")]
+pub mod pjrt;
 pub mod plan;
 pub mod train;

@@ -38,7 +38,7 @@ pub struct TrainArgs {
     /// Mesh as DPxMP: data-parallel x tensor-parallel ranks (1x2 splits every layer in two).
     #[arg(long, default_value = "1x1")]
     pub mesh: String,
-    /// Compute backend: cpu, or wgpu (when built with the `wgpu` feature: one device per rank).
+    /// Compute backend: cpu, wgpu (the `wgpu` feature) or pjrt (the `tpu` feature); one device per rank.
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// Compute dtype: f32, or bf16 / f16 (with f32 master weights).
@@ -349,6 +349,19 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
             }
             job.trainer(config).fit(&dep, train.as_ref(), a.resume)
         }
+        // one device of the plugin's client per rank
+        #[cfg(feature = "tpu")]
+        common::BackendKind::Pjrt => {
+            let size = mesh.size();
+            let mut dep = Deployer::with_backend(mesh, a.seed, &w, move |rank, _| super::pjrt::backend(rank, size))
+                .map_err(err)?
+                .with_comm(super::launch::factory())
+                .map_err(err)?;
+            if let Some(t) = a.timeout {
+                dep.opts.timeout = std::time::Duration::from_secs_f64(t);
+            }
+            job.trainer(config).fit(&dep, train.as_ref(), a.resume)
+        }
     }
     .map_err(err)?;
     if let Some(path) = &a.comm_stats {
@@ -389,6 +402,8 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
         }
         #[cfg(feature = "wgpu")]
         common::BackendKind::Wgpu => sample(&redco_wgpu::Wgpu::new().map_err(err)?, &w, &tok, &a, &held_out),
+        #[cfg(feature = "tpu")]
+        common::BackendKind::Pjrt => sample(&super::pjrt::backend(0, 1).map_err(err)?, &w, &tok, &a, &held_out),
     }
     .map_err(err)?;
     println!("\nwrote:");

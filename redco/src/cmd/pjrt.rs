@@ -1,0 +1,57 @@
+//! The PJRT backend in the CLI (the `tpu` feature): the plugin from `--pjrt-plugin` or
+//! `REDCO_PJRT_PLUGIN`, one client per process, one device per rank.
+
+use redco_tpu::{Api, Pjrt};
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
+
+static PLUGIN: OnceLock<PathBuf> = OnceLock::new();
+
+/// Records `--pjrt-plugin` (it wins over `REDCO_PJRT_PLUGIN`).
+pub fn set_plugin(path: Option<PathBuf>) {
+    if let Some(p) = path {
+        let _ = PLUGIN.set(p);
+    }
+}
+
+fn api() -> redco_core::Result<&'static Api> {
+    match PLUGIN.get() {
+        Some(p) => Api::load(p),
+        None => Api::from_env(),
+    }
+}
+
+/// The backend of `rank` on a process-wide client with at least `devices` devices (the CPU
+/// plugin is asked for that many); ranks take the devices in order.
+pub fn backend(rank: usize, devices: usize) -> redco_core::Result<Pjrt> {
+    static BASE: Mutex<Option<Pjrt>> = Mutex::new(None);
+    let mut base = BASE.lock().unwrap_or_else(|p| p.into_inner());
+    let fits = base.as_ref().is_some_and(|b| b.client().devices().len() >= devices);
+    if !fits {
+        *base = Some(Pjrt::open(api()?, devices)?);
+    }
+    let b = base.as_ref().expect("opened above");
+    b.on_device(rank % b.client().devices().len())
+}
+
+/// Prints the plugin and its devices for `redco info`.
+pub fn describe() {
+    match api().and_then(|api| Pjrt::open(api, 1).map(|b| (api, b))) {
+        Err(e) => println!("pjrt: {e}"),
+        Ok((api, b)) => {
+            let c = b.client();
+            println!(
+                "pjrt: {} (PJRT C API {}.{}), platform {}, {} device(s)",
+                api.path().display(),
+                api.version().0,
+                api.version().1,
+                c.platform(),
+                c.devices().len()
+            );
+            for d in c.devices() {
+                let mem = d.memory_bytes.map_or("memory unknown".to_string(), |m| format!("{:.1} GiB", m as f64 / (1u64 << 30) as f64));
+                println!("pjrt device {}: id {}, {}, {mem}", d.index, d.id, d.kind);
+            }
+        }
+    }
+}
