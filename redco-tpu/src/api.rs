@@ -62,8 +62,36 @@ pub fn check_version(path: &Path, major: i32, minor: i32, table_size: usize, nee
 
 /// Bytes of the function table up to and including the last entry point redco calls.
 fn needed_table_size() -> usize {
-    std::mem::offset_of!(ffi::PJRT_Api, PJRT_Client_AddressableMemories)
-        + std::mem::size_of::<ffi::PJRT_Client_AddressableMemories>()
+    macro_rules! end_of {
+        ($($f:ident),*) => {
+            [$(std::mem::offset_of!(ffi::PJRT_Api, $f) + std::mem::size_of::<ffi::$f>()),*].into_iter().max().unwrap_or(0)
+        };
+    }
+    end_of!(
+        PJRT_Error_Destroy,
+        PJRT_Error_Message,
+        PJRT_Error_GetCode,
+        PJRT_Event_Await,
+        PJRT_Event_Destroy,
+        PJRT_Client_Create,
+        PJRT_Client_Destroy,
+        PJRT_Client_PlatformName,
+        PJRT_Client_AddressableDevices,
+        PJRT_Client_Compile,
+        PJRT_Client_BufferFromHostBuffer,
+        PJRT_Device_GetDescription,
+        PJRT_DeviceDescription_Id,
+        PJRT_DeviceDescription_Kind,
+        PJRT_LoadedExecutable_Destroy,
+        PJRT_LoadedExecutable_GetExecutable,
+        PJRT_LoadedExecutable_Execute,
+        PJRT_Executable_Destroy,
+        PJRT_Executable_NumOutputs,
+        PJRT_Buffer_Destroy,
+        PJRT_Buffer_ElementType,
+        PJRT_Buffer_Dimensions,
+        PJRT_Buffer_ToHostBuffer
+    )
 }
 
 impl Api {

@@ -137,6 +137,8 @@ impl Pjrt {
         let vals: Vec<TVal> =
             inputs.iter().map(|s| t.input(Input::Storage((*s).clone()), s.len(), Et::of(s.dtype()))).collect();
         let outs = f(&t, &vals)?;
+        let bytes: usize = outs.iter().map(|o| o.0.ty.len() * o.0.ty.et.dtype().size_in_bytes()).sum();
+        self.ctx.client.check_fits(self.ctx.client.device(self.device)?, bytes, what)?;
         let refs: Vec<&TVal> = outs.iter().collect();
         let (text, bound) = t.finish(&refs);
         let exe = self.program(&text, what)?;
