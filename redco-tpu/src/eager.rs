@@ -29,7 +29,7 @@ pub(crate) struct Ctx {
     pub(crate) client: Client,
     programs: Mutex<HashMap<String, Arc<Executable>>>,
     compiled: AtomicU64,
-    executed: AtomicU64,
+    pub(crate) executed: AtomicU64,
     compile_us: AtomicU64,
 }
 
@@ -114,7 +114,7 @@ impl Pjrt {
     }
 
     /// The compiled program of `text`, from the cache or compiled now.
-    pub(crate) fn program(&self, text: &str, what: &str) -> Result<Arc<Executable>> {
+    pub fn program(&self, text: &str, what: &str) -> Result<Arc<Executable>> {
         if let Some(p) = self.ctx.programs.lock().unwrap_or_else(|p| p.into_inner()).get(text) {
             return Ok(p.clone());
         }
@@ -140,7 +140,7 @@ impl Pjrt {
         let bytes: usize = outs.iter().map(|o| o.0.ty.len() * o.0.ty.et.dtype().size_in_bytes()).sum();
         self.ctx.client.check_fits(self.ctx.client.device(self.device)?, bytes, what)?;
         let refs: Vec<&TVal> = outs.iter().collect();
-        let (text, bound) = t.finish(&refs);
+        let (text, bound) = t.finish(&refs, &[]);
         let exe = self.program(&text, what)?;
         self.execute(&exe, &bound)
     }
@@ -160,11 +160,14 @@ impl Pjrt {
         }
     }
 
-    fn execute(&self, exe: &Executable, bound: &[Input]) -> Result<Vec<PjrtStorage>> {
+    pub(crate) fn execute(&self, exe: &Executable, bound: &[Input]) -> Result<Vec<PjrtStorage>> {
         let mut owned = Vec::new();
         for b in bound {
             match b {
                 Input::Storage(_) => {}
+                Input::Arg(i) => {
+                    return Err(pjrt_error("execute", format!("argument {i} of a compiled step is unbound")))
+                }
                 Input::Host(h) => owned.push(self.ctx.client.upload(self.device, h, &[h.len()])?),
                 Input::Scalar(v, et) => owned.push(self.ctx.client.upload(self.device, &scalar(*v, *et), &[])?),
             }
@@ -230,7 +233,7 @@ fn is_cpu_plugin(api: &Api) -> bool {
 }
 
 /// A one-element host buffer of `v` in `et`.
-fn scalar(v: f64, et: Et) -> HostData {
+pub(crate) fn scalar(v: f64, et: Et) -> HostData {
     match et {
         Et::F64 => HostData::F64(vec![v]),
         Et::F16 => HostData::F16(vec![half::f16::from_f64(v)]),

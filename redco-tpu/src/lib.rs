@@ -28,6 +28,7 @@ mod executable;
 pub mod ffi;
 pub mod hlo;
 mod proto;
+mod step;
 mod storage;
 pub mod trace;
 
@@ -37,5 +38,6 @@ pub use client::{Client, Device, OptionValue};
 pub use eager::{Pjrt, ProgramStats};
 pub use executable::Executable;
 pub use proto::CompileOptions;
+pub use step::CompiledTrainStep;
 pub use storage::PjrtStorage;
 pub use trace::Tracer;

@@ -32,6 +32,8 @@ pub(crate) enum Input {
     Host(Arc<HostData>),
     /// A runtime scalar of this element type.
     Scalar(f64, Et),
+    /// Argument `i` of a compiled step, bound at each replay.
+    Arg(usize),
 }
 
 #[derive(Debug, Default)]
@@ -68,11 +70,13 @@ impl Tracer {
         TVal(st.func.param(ty))
     }
 
-    /// The module returning `outs`, and the inputs of its parameters in order.
-    pub(crate) fn finish(&self, outs: &[&TVal]) -> (String, Vec<Input>) {
+    /// The module returning `outs`, and the inputs of its (used) parameters in order;
+    /// `donated` maps parameters (by input index) to the outputs reusing their buffers.
+    pub(crate) fn finish(&self, outs: &[&TVal], donated: &[(usize, usize)]) -> (String, Vec<Input>) {
         let st = self.st();
         let vals: Vec<&Val> = outs.iter().map(|v| &v.0).collect();
-        (st.func.module(&vals), st.inputs.clone())
+        let (text, kept) = st.func.module(&vals, donated);
+        (text, kept.into_iter().map(|i| st.inputs[i].clone()).collect())
     }
 
     /// Runs `f` on the program (with scalar inputs available), returning a flat result.
@@ -133,6 +137,9 @@ impl Backend for Tracer {
         Ok(self.input(Input::Host(Arc::new(data)), n, et))
     }
     fn download(&self, _s: &TVal) -> Result<HostData> {
+        if std::env::var_os("REDCO_TRACE_DEBUG").is_some() {
+            eprintln!("host read while tracing:\n{}", std::backtrace::Backtrace::force_capture());
+        }
         Err(Error::Backend { backend: TRACE.into(), msg: "a host read cannot happen inside a compiled program".into() })
     }
     fn storage_dtype(&self, s: &TVal) -> DType {

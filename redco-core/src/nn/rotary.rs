@@ -29,11 +29,21 @@ impl RotaryEmbedding {
 
     /// `(cos, sin)` for integer `positions` of shape `[seq]` or `[batch, seq]`: tables of
     /// shape `[.., seq, rot_dim / 2]`, computed in f64 and stored in `dtype`.
+    ///
+    /// On a backend with f64 the tables are computed there from the positions (no host
+    /// read, so a traced step stays one program; the CPU backend's f64 `cos`/`sin` give the
+    /// bits the host would); a backend without f64 (wgpu) reads the positions back.
     pub fn tables<B: Backend>(&self, positions: &Tensor<B>, dtype: DType) -> Result<(Tensor<B>, Tensor<B>)> {
         positions.expect_int("RotaryEmbedding (positions)")?;
-        let pos = positions.to_vec_i64()?;
         let half = self.rot_dim / 2;
         let inv: Vec<f64> = (0..half).map(|i| self.theta.powf(-(2.0 * i as f64) / self.rot_dim as f64)).collect();
+        let b = positions.backend();
+        if b.supports(DType::F64) {
+            let inv = Tensor::from_host(b, &HostData::F64(inv), [half])?;
+            let angles = positions.cast(DType::F64)?.unsqueeze(-1)?.mul(&inv)?;
+            return Ok((angles.cos()?.cast(dtype)?, angles.sin()?.cast(dtype)?));
+        }
+        let pos = positions.to_vec_i64()?;
         let mut c = Vec::with_capacity(pos.len() * half);
         let mut s = Vec::with_capacity(pos.len() * half);
         for &p in &pos {
@@ -45,7 +55,6 @@ impl RotaryEmbedding {
         }
         let mut shape = positions.dims().to_vec();
         shape.push(half);
-        let b = positions.backend();
         Ok((
             Tensor::from_host(b, &HostData::from_f64(&c, dtype), shape.clone())?,
             Tensor::from_host(b, &HostData::from_f64(&s, dtype), shape)?,

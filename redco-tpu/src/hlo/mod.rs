@@ -258,19 +258,46 @@ impl Func {
         self.op("constant", &[], &attr, ty)
     }
 
-    /// The module text returning `outs`.
-    pub fn module(&self, outs: &[&Val]) -> String {
-        let params: Vec<String> = self.params.iter().enumerate().map(|(i, t)| format!("%arg{i}: {t}")).collect();
+    /// The module text returning `outs`, with only the parameters the body or the outputs
+    /// use (the others are dropped), and the indices of the kept parameters. `donated`
+    /// maps a parameter to the output that may reuse its buffer (`tf.aliasing_output`).
+    pub fn module(&self, outs: &[&Val], donated: &[(usize, usize)]) -> (String, Vec<usize>) {
+        let mut used = vec![false; self.params.len()];
+        let mut mark = |text: &str| {
+            let mut rest = text;
+            while let Some(i) = rest.find("%arg") {
+                rest = &rest[i + 4..];
+                let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+                if let Ok(k) = digits.parse::<usize>() {
+                    if k < used.len() {
+                        used[k] = true;
+                    }
+                }
+            }
+        };
+        mark(&self.body);
+        for o in outs {
+            mark(&format!("%{} ", o.name));
+        }
+        let kept: Vec<usize> = (0..self.params.len()).filter(|&i| used[i]).collect();
+        let params: Vec<String> = kept
+            .iter()
+            .map(|&i| match donated.iter().find(|(p, _)| *p == i) {
+                Some((_, o)) => format!("%arg{i}: {} {{tf.aliasing_output = {o} : i32}}", self.params[i]),
+                None => format!("%arg{i}: {}", self.params[i]),
+            })
+            .collect();
         let out_tys: Vec<String> = outs.iter().map(|v| v.ty.to_string()).collect();
         let out_names: Vec<String> = outs.iter().map(|v| format!("%{}", v.name)).collect();
-        format!(
+        let text = format!(
             "module @redco {{\n  func.func public @main({}) -> ({}) {{\n{}    \"func.return\"({}) : ({}) -> ()\n  }}\n}}\n",
             params.join(", "),
             out_tys.join(", "),
             self.body,
             out_names.join(", "),
             out_tys.join(", ")
-        )
+        );
+        (text, kept)
     }
 }
 
