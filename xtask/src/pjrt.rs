@@ -57,12 +57,7 @@ fn fetch(dir: &Path) -> Result<(), String> {
          open(sys.argv[2], 'wb').write(z.read(n))\n"
     );
     let out = dir.join(PLUGIN);
-    let ok = Command::new("python3")
-        .args(["-c", &script])
-        .arg(&wheels)
-        .arg(&out)
-        .status()
-        .is_ok_and(|s| s.success());
+    let ok = Command::new("python3").args(["-c", &script]).arg(&wheels).arg(&out).status().is_ok_and(|s| s.success());
     if ok && out.is_file() {
         Ok(())
     } else {

@@ -1,15 +1,18 @@
 //! The backends a benchmark can run on: those compiled into this xtask (`cpu` always,
 //! `wgpu` with the `wgpu` feature, `cpu-mpi`: CPU ranks as MPI processes, with the `mpi`
-//! feature), and the feature each of the others would need.
+//! feature, `pjrt-eager` and `pjrt` (compiled steps) with the `tpu` feature), and the
+//! feature each of the others would need.
 
 /// Every backend name, and the xtask feature it needs (`None`: compiled in).
-const BACKENDS: [(&str, Option<&str>); 5] = [
+const BACKENDS: [(&str, Option<&str>); 6] = [
     ("cpu", None),
     ("wgpu", if cfg!(feature = "wgpu") { None } else { Some("wgpu") }),
     // CPU ranks as MPI processes (under mpirun, TCP between them), beside the thread ranks
     ("cpu-mpi", if cfg!(feature = "mpi") { None } else { Some("mpi") }),
     ("cuda", Some("cuda")),
-    ("tpu", Some("tpu")),
+    // PJRT (the plugin of REDCO_PJRT_PLUGIN): op by op, and the compiled training step
+    ("pjrt-eager", if cfg!(feature = "tpu") { None } else { Some("tpu") }),
+    ("pjrt", if cfg!(feature = "tpu") { None } else { Some("tpu") }),
 ];
 
 /// The backends compiled in, for messages (`cpu` or `cpu, wgpu`).
@@ -23,7 +26,7 @@ pub fn parse(s: &str) -> Result<Vec<String>, String> {
     for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
         match BACKENDS.iter().find(|(n, _)| *n == name) {
             Some((n, None)) => out.push(n.to_string()),
-            Some((n, Some(f @ ("wgpu" | "mpi")))) => {
+            Some((n, Some(f @ ("wgpu" | "mpi" | "tpu")))) => {
                 return Err(format!(
                     "backend `{n}` is not compiled into this xtask (enabled: {}): run `cargo run --release -p xtask \
                      --features {f} -- bench ...` to benchmark it",
@@ -39,7 +42,7 @@ pub fn parse(s: &str) -> Result<Vec<String>, String> {
             }
             None => {
                 return Err(format!(
-                    "unknown backend `{name}` (known: cpu, cpu-mpi, wgpu, cuda, tpu; enabled: {})",
+                    "unknown backend `{name}` (known: cpu, cpu-mpi, wgpu, cuda, pjrt-eager, pjrt; enabled: {})",
                     enabled()
                 ))
             }

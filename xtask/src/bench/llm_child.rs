@@ -16,7 +16,7 @@ use redco_models::llama::Llama;
 use std::time::Instant;
 
 /// Deterministic pseudo-random token ids in `0..vocab`.
-fn token_ids(n: usize, vocab: usize, seed: u64) -> Vec<i64> {
+pub(super) fn token_ids(n: usize, vocab: usize, seed: u64) -> Vec<i64> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
         .map(|_| {
@@ -39,12 +39,12 @@ fn peak_rss() -> u64 {
 }
 
 /// What a rank measured, in seconds per timed run.
-struct RankTimes {
-    train: Vec<f64>,
-    phases: Vec<[f64; 4]>,
-    fwd: Vec<f64>,
-    decode: Vec<f64>,
-    loss: f64,
+pub(super) struct RankTimes {
+    pub(super) train: Vec<f64>,
+    pub(super) phases: Vec<[f64; 4]>,
+    pub(super) fwd: Vec<f64>,
+    pub(super) decode: Vec<f64>,
+    pub(super) loss: f64,
 }
 
 /// What every rank measures, the same on every backend.
@@ -203,6 +203,22 @@ pub fn child(
                 return r.map(|_| ()).map_err(|e| e.to_string());
             }
             r
+        }
+        // one device of one PJRT client per rank, every op its own program
+        #[cfg(feature = "tpu")]
+        "pjrt-eager" => {
+            let base = redco_tpu::Pjrt::from_env(mesh.size()).map_err(|e| e.to_string())?;
+            redco_core::dist::spmd(mesh, &opts, |rank, _| base.on_device(rank), |rk| job.measure(rk).map(with_rss))
+        }
+        // the training step compiled into one program (mesh 1x1); forward and decode eager
+        #[cfg(feature = "tpu")]
+        "pjrt" => {
+            if mesh.size() != 1 {
+                return Err(format!("redco-pjrt-{mesh}: compiled steps run at mesh 1x1 (use pjrt-eager for meshes)"));
+            }
+            let b = redco_tpu::Pjrt::from_env(1).map_err(|e| e.to_string())?;
+            let r = super::llm_pjrt::measure_compiled(&b, &cfg, &ids, steps, only)?;
+            Ok(vec![with_rss(r)])
         }
         other => return Err(super::backends::parse(other).err().unwrap_or_else(|| format!("backend `{other}`"))),
     }

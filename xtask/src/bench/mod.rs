@@ -6,6 +6,8 @@ mod decode;
 mod gemm;
 mod llm;
 mod llm_child;
+#[cfg(feature = "tpu")]
+mod llm_pjrt;
 mod load;
 mod mpi;
 mod peak;
