@@ -113,16 +113,23 @@ impl Pjrt {
         }
     }
 
-    /// The compiled program of `text`, from the cache or compiled now.
+    /// The compiled one-device program of `text`, from the cache or compiled now.
     pub fn program(&self, text: &str, what: &str) -> Result<Arc<Executable>> {
-        if let Some(p) = self.ctx.programs.lock().unwrap_or_else(|p| p.into_inner()).get(text) {
+        self.program_with(text, what, &CompileOptions::portable())
+    }
+
+    /// The program of `text` compiled with `options` (cached per text and options).
+    pub fn program_with(&self, text: &str, what: &str, options: &CompileOptions) -> Result<Arc<Executable>> {
+        let portable = *options == CompileOptions::portable();
+        let key = if portable { text.to_string() } else { format!("{options:?}\n{text}") };
+        if let Some(p) = self.ctx.programs.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return Ok(p.clone());
         }
         let t0 = std::time::Instant::now();
-        let exe = Arc::new(self.ctx.client.compile(text.as_bytes(), &CompileOptions::portable(), what)?);
+        let exe = Arc::new(self.ctx.client.compile(text.as_bytes(), options, what)?);
         self.ctx.compile_us.fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
         self.ctx.compiled.fetch_add(1, Ordering::Relaxed);
-        self.ctx.programs.lock().unwrap_or_else(|p| p.into_inner()).insert(text.to_string(), exe.clone());
+        self.ctx.programs.lock().unwrap_or_else(|p| p.into_inner()).insert(key, exe.clone());
         Ok(exe)
     }
 

@@ -79,6 +79,12 @@ impl Tracer {
         (text, kept.into_iter().map(|i| st.inputs[i].clone()).collect())
     }
 
+    /// The sum of `x` over the replicas of each group in `groups` (replica ids): the
+    /// program's own `stablehlo.all_reduce`, for steps compiled over several devices.
+    pub fn all_reduce_sum(&self, x: &TVal, groups: &[Vec<usize>]) -> TVal {
+        self.emit(|f, _| f.all_reduce_sum(&x.0, groups))
+    }
+
     /// Runs `f` on the program (with scalar inputs available), returning a flat result.
     fn emit(&self, f: impl FnOnce(&mut Func, &mut dyn FnMut(&mut Func, f64, Et) -> Val) -> Val) -> TVal {
         let mut st = self.st();

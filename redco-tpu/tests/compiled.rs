@@ -101,3 +101,41 @@ fn a_batch_of_another_shape_is_refused() {
     let e = step.step(&[&y]).unwrap_err().to_string();
     assert!(e.contains("differs from the one the step was compiled for"), "{e}");
 }
+
+#[test]
+fn the_step_over_two_devices_equals_one_device_and_its_collectives_are_the_programs_own() {
+    let b = Pjrt::from_env(2).expect("set REDCO_PJRT_PLUGIN to a PJRT plugin");
+    let cfg = config();
+    let run = |dp: usize| {
+        let model = Llama::new(&b, &cfg, DType::F32, 7).unwrap();
+        let x = Tensor::from_vec(&b, ids(cfg.vocab), [2, 12]).unwrap();
+        let mut step = CompiledTrainStep::data_parallel(
+            &b,
+            dp,
+            &model,
+            CFG,
+            &[&x],
+            |t| Llama::new(t, &cfg, DType::F32, 7),
+            |m, bt| m.loss(&bt[0], None, &bt[0]),
+        )
+        .unwrap();
+        if std::env::var_os("DUMP").is_some() {
+            std::fs::write(format!("/tmp/step-dp{dp}.mlir"), step.program()).unwrap();
+        }
+        let losses: Vec<f64> = (0..STEPS).map(|_| step.step(&[&x]).unwrap().to_scalar().unwrap()).collect();
+        let mut model = model;
+        step.load_into(&mut model).unwrap();
+        (losses, params(&model), step.all_reduces(), step.names().len())
+    };
+    let (l1, p1, ar1, _) = run(1);
+    let (l2, p2, ar2, n) = run(2);
+    // one all-reduce per parameter gradient and one for the loss; none on one device
+    assert_eq!((ar1, ar2), (0, n + 1));
+    for (a, w) in l2.iter().zip(&l1) {
+        assert!((a - w).abs() <= 1e-5 * w.abs(), "dp 2 {l2:?} dp 1 {l1:?}");
+    }
+    for (g, w) in p2.iter().zip(&p1) {
+        let e = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(e <= 1e-4, "parameters differ by {e}");
+    }
+}

@@ -203,11 +203,13 @@ struct Row {
 
 fn summarize(system: String, reps: &[Rep], new: usize) -> Row {
     let m = |f: fn(&Rep) -> f64| median(&reps.iter().map(f).collect::<Vec<_>>());
+    // a measure a system does not take (no timed runs) is NaN, printed as `-`
+    let rate = |n: usize, t: f64| if t > 0.0 { n as f64 / t } else { f64::NAN };
     Row {
         system,
-        train: (BATCH * SEQ) as f64 / m(|r| r.train),
-        fwd: (BATCH * SEQ) as f64 / m(|r| r.fwd),
-        decode: new as f64 / m(|r| r.decode),
+        train: rate(BATCH * SEQ, m(|r| r.train)),
+        fwd: rate(BATCH * SEQ, m(|r| r.fwd)),
+        decode: rate(new, m(|r| r.decode)),
         rss_mib: reps.iter().map(|r| r.peak_rss).fold(f64::NAN, f64::max) / (1024.0 * 1024.0),
         phases: phase_medians(&reps.iter().map(|r| r.phases).collect::<Vec<_>>()),
     }
@@ -378,11 +380,11 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let refv = |f: fn(&Row) -> f64| reference.as_ref().map(f);
     for r in &rows {
         println!(
-            "{:<16} {:>11.1} {:>11.1} {:>11.1} {:>13.0} {:>9} {:>9} {:>9} {:>9}",
+            "{:<16} {:>11} {:>11} {:>11} {:>13.0} {:>9} {:>9} {:>9} {:>9}",
             r.system,
-            r.train,
-            r.fwd,
-            r.decode,
+            tok_s(r.train),
+            tok_s(r.fwd),
+            tok_s(r.decode),
             r.rss_mib,
             ratio(r.train, refv(|t| t.train)),
             ratio(r.fwd, refv(|t| t.fwd)),
@@ -431,9 +433,18 @@ pub fn run(argv: &[String]) -> Result<(), String> {
 }
 
 /// The PNG bar chart: one group per measure, one bar per system.
+/// A rate with one decimal, or `-` for a measure not taken.
+fn tok_s(x: f64) -> String {
+    if x.is_nan() {
+        "-".into()
+    } else {
+        format!("{x:.1}")
+    }
+}
+
 fn chart(rows: &[Row], threads: usize, describe: &str, path: &Path) -> Result<(), String> {
     let group = |name: &str, f: fn(&Row) -> f64| -> (String, Vec<(String, f64)>) {
-        (name.to_string(), rows.iter().map(|r| (r.system.clone(), f(r))).collect())
+        (name.to_string(), rows.iter().map(|r| (r.system.clone(), if f(r).is_nan() { 0.0 } else { f(r) })).collect())
     };
     let groups = [
         group("train tok/s", |r| r.train),
