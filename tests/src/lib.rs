@@ -1,7 +1,7 @@
 //! Shared helpers of the redco-rs cross-crate tests.
 //!
-//! - [`conformance!`]: instantiates generic test functions `fn t<B: Backend>(b: &B)` for
-//!   every enabled backend (one module per backend);
+//! - [`suite`](mod@suite) and [`suite!`]: the backend conformance suite, which a backend
+//!   crate instantiates on its own device with one line;
 //! - [`composite::Composite`]: a decorator backend that forwards only the primitive ops,
 //!   so the fused ops' composite defaults are tested too;
 //! - [`check`]: comparisons against f64 references and gradient checks by central finite
@@ -15,6 +15,7 @@ pub mod composite;
 pub mod models;
 pub mod reference;
 pub mod strategies;
+pub mod suite;
 
 use redco_core::cpu::Cpu;
 
@@ -62,43 +63,4 @@ pub fn wgpu_f32_words() -> Option<redco_wgpu::Wgpu> {
         Some(w)
     })
     .clone()
-}
-
-/// The PJRT backend under test: device 0 of one client of the plugin named by
-/// `REDCO_PJRT_PLUGIN` (with 4 devices on the CPU plugin), opened once per process.
-///
-/// Panics, naming what is missing, when no plugin is given or it does not load: these
-/// tests never pass without running (`cargo xtask test` fetches the CPU plugin, or leaves
-/// them out by name where it cannot).
-pub fn pjrt() -> redco_tpu::Pjrt {
-    static DEV: std::sync::OnceLock<Result<redco_tpu::Pjrt, String>> = std::sync::OnceLock::new();
-    match DEV.get_or_init(|| redco_tpu::Pjrt::from_env(4).map_err(|e| e.to_string())) {
-        Ok(p) => p.clone(),
-        Err(e) => panic!("the PJRT backend is unavailable: {e}"),
-    }
-}
-
-/// Instantiates each generic test `fn name<B: Backend>(b: &B)` once per enabled backend:
-/// `cpu::name`, `composite::name`, `wgpu::name` (skipped without a wgpu adapter) and
-/// `wgpu_f32_words::name` (the same on a device keeping f16 in f32 words; skipped when the
-/// first has no packed f16); each later backend adds its line here.
-#[macro_export]
-macro_rules! conformance {
-    ($($t:ident),* $(,)?) => {
-        mod cpu {
-            $( #[test] fn $t() { super::$t(&$crate::cpu()) } )*
-        }
-        mod composite {
-            $( #[test] fn $t() { super::$t(&$crate::composite_cpu()) } )*
-        }
-        mod wgpu {
-            $( #[test] fn $t() { if let Some(b) = $crate::wgpu() { super::$t(&b) } } )*
-        }
-        mod pjrt {
-            $( #[test] fn $t() { super::$t(&$crate::pjrt()) } )*
-        }
-        mod wgpu_f32_words {
-            $( #[test] fn $t() { if let Some(b) = $crate::wgpu_f32_words() { super::$t(&b) } } )*
-        }
-    };
 }

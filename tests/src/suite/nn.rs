@@ -1,13 +1,13 @@
 //! nn layers against f64 references, their gradients with respect to inputs and
 //! parameters, and the Module API (Hugging Face names, counting, state dicts).
 
+use crate::check::{assert_close, check_dtype, grad_check, ids, tensor, tol, values};
+use crate::reference as r;
 use redco_core::nn::{
     self, join, Activation, Dropout, Embedding, GatedMlp, LayerNorm, Linear, Mlp, Module, ModuleExt, RmsNorm,
     RotaryEmbedding,
 };
 use redco_core::{Backend, DType, Error, Result, RotaryMode, Shape, Tensor};
-use redco_tests::check::{assert_close, check_dtype, grad_check, ids, tensor, tol, values};
-use redco_tests::reference as r;
 use std::collections::BTreeMap;
 
 /// `x [rows, in] @ w^T + b` in f64.
@@ -645,18 +645,3 @@ pub fn load_state_dict_errors<B: Backend>(b: &B) {
     m.load_state_dict(&extra, false).unwrap();
     assert_eq!(m.state_dict()["lm_head.weight"].to_vec_f64().unwrap(), good["lm_head.weight"].to_vec_f64().unwrap());
 }
-
-redco_tests::conformance!(
-    linear_layer,
-    embedding_layer,
-    norm_layers,
-    rotary_layer,
-    activations,
-    mlp_layers,
-    dropout_layer,
-    sdpa,
-    cross_entropy_loss,
-    module_names_and_counts,
-    state_dict_round_trip,
-    load_state_dict_errors,
-);

@@ -1,10 +1,10 @@
 //! Reduce family: sum, mean, max, min and argmax along a dimension (keepdim, negative
 //! dims), the whole-tensor reductions, and `sum_to` (the adjoint of broadcasting).
 
+use crate::check::{assert_close, check_dtype, grad_check, tensor, tol, values};
+use crate::{reference as r, strategies as st};
 use proptest::prelude::*;
 use redco_core::{Backend, DType, Error, Result, Shape, Tensor};
-use redco_tests::check::{assert_close, check_dtype, grad_check, tensor, tol, values};
-use redco_tests::{reference as r, strategies as st};
 
 type ReduceCase<B> = (&'static str, fn(&Tensor<B>, isize, bool) -> Result<Tensor<B>>, fn(&[f64]) -> f64);
 
@@ -166,12 +166,3 @@ pub fn reduce_errors<B: Backend>(b: &B) {
     let ids = Tensor::from_vec(b, vec![1i64, 2, 3, 4], [2, 2]).unwrap();
     assert!(matches!(ids.max(0, false), Err(Error::UnsupportedDType { .. })));
 }
-
-redco_tests::conformance!(
-    reduce_values,
-    reduce_half,
-    argmax_values,
-    reduce_grads,
-    sum_to_values_and_grads,
-    reduce_errors
-);

@@ -1,9 +1,9 @@
 //! Norm family: LayerNorm (optional weight and bias) and RMSNorm (optional weight) over the
 //! last dimension.
 
+use crate::check::{assert_close, check_dtype, grad_check, tensor, tol, values};
+use crate::{reference as r, strategies as st};
 use redco_core::{Backend, DType, Error, Shape, Tensor};
-use redco_tests::check::{assert_close, check_dtype, grad_check, tensor, tol, values};
-use redco_tests::{reference as r, strategies as st};
 
 const EPS: f64 = 1e-5;
 
@@ -165,5 +165,3 @@ pub fn norm_errors<B: Backend>(b: &B) {
     let i = x.cast(DType::I64).unwrap();
     assert!(matches!(i.rms_norm(None, EPS), Err(Error::UnsupportedDType { .. })));
 }
-
-redco_tests::conformance!(layer_norm_values, rms_norm_values, norm_edge_cases, norm_long_rows, norm_grads, norm_errors);

@@ -1,10 +1,10 @@
 //! Attention family: scaled-dot-product attention with causal and padding masks,
 //! grouped-query heads and KV-cache offsets.
 
+use crate::check::{assert_close, check_dtype, grad_check, tensor, tol, values};
+use crate::reference as r;
 use redco_core::ops::attention::{causal_mask, mask_fill};
 use redco_core::{no_grad, Backend, DType, Error, HostData, Shape, Tensor};
-use redco_tests::check::{assert_close, check_dtype, grad_check, tensor, tol, values};
-use redco_tests::reference as r;
 
 /// One attention case: sizes `(batch, q_heads, kv_heads, q_len, kv_len, head_dim)`,
 /// causal, and the padding keep-mask `[batch * kv_len]` if any.
@@ -268,12 +268,3 @@ pub fn attention_errors<B: Backend>(b: &B) {
         Err(Error::DTypeMismatch { .. })
     ));
 }
-
-redco_tests::conformance!(
-    attention_values,
-    attention_fully_masked,
-    attention_masks_and_half,
-    attention_long,
-    attention_grads,
-    attention_errors
-);

@@ -1,8 +1,8 @@
 //! Elementwise family: unary maps, broadcasting binary ops, comparisons, where, casts.
 
+use crate::check::{assert_close, check_dtype, grad_check, tensor, tol, values};
+use crate::{reference as r, strategies as st};
 use redco_core::{Backend, CmpOp, DType, Error, Result, Shape, Tensor};
-use redco_tests::check::{assert_close, check_dtype, grad_check, tensor, tol, values};
-use redco_tests::{reference as r, strategies as st};
 
 type UnaryCase<B> = (&'static str, fn(&Tensor<B>) -> Result<Tensor<B>>, fn(f64) -> f64, (f64, f64));
 
@@ -194,14 +194,3 @@ pub fn elementwise_errors<B: Backend>(b: &B) {
     assert!(matches!(i.exp(), Err(Error::UnsupportedDType { .. })));
     assert!(a.add(&c).unwrap_err().to_string().contains("[2, 3]"), "the message names the shapes");
 }
-
-redco_tests::conformance!(
-    unary_values,
-    unary_grads,
-    binary_broadcast_values,
-    binary_grads,
-    compare_and_where,
-    casts,
-    half_precision_compute,
-    elementwise_errors,
-);

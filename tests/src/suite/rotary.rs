@@ -1,10 +1,10 @@
 //! Rotary family: both conventions (GPT-J interleaved pairs, LLaMA half split), full and
 //! partial rotary dims, shared and per-row positions.
 
+use crate::check::{assert_close, check_dtype, grad_check, ids, tensor, tol, values};
+use crate::reference as r;
 use redco_core::nn::RotaryEmbedding;
 use redco_core::{Backend, DType, Error, RotaryMode, Shape, Tensor};
-use redco_tests::check::{assert_close, check_dtype, grad_check, ids, tensor, tol, values};
-use redco_tests::reference as r;
 
 const MODES: [RotaryMode; 2] = [RotaryMode::Interleaved, RotaryMode::HalfSplit];
 
@@ -162,5 +162,3 @@ pub fn rotary_errors<B: Backend>(b: &B) {
     let v = Tensor::from_vec(b, vec![1i64; 8], [8]).unwrap();
     assert!(v.rotary(&c, &s, mode).is_err(), "integer x");
 }
-
-redco_tests::conformance!(rotary_values, rotary_per_row_positions, rotary_half, rotary_grads, rotary_errors);

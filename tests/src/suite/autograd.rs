@@ -1,8 +1,8 @@
 //! Autograd: gradient accumulation over shared inputs and across calls, no_grad, detach,
 //! and deep graphs.
 
+use crate::check::{assert_close, check_dtype, grad_check, tensor, tol, values};
 use redco_core::{no_grad, Backend, Error, GradStore, Shape};
-use redco_tests::check::{assert_close, check_dtype, grad_check, tensor, tol, values};
 
 /// A diamond graph (x feeds two branches that meet again) sums both branches' gradients.
 pub fn diamond_accumulates<B: Backend>(b: &B) {
@@ -130,11 +130,3 @@ pub fn deep_chain<B: Backend>(b: &B) {
         std::panic::resume_unwind(e);
     }
 }
-
-redco_tests::conformance!(
-    diamond_accumulates,
-    backward_into_accumulates,
-    no_grad_and_non_grad_errors,
-    detach_stops_gradients,
-    deep_chain,
-);

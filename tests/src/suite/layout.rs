@@ -1,9 +1,9 @@
 //! Layout family: reshape, permute, transpose, narrow, cat, expand, unsqueeze, squeeze.
 
+use crate::check::{check_dtype, grad_check, tensor, values};
+use crate::{reference as r, strategies as st};
 use proptest::prelude::*;
 use redco_core::{Backend, DType, Error, Shape, Tensor};
-use redco_tests::check::{check_dtype, grad_check, tensor, values};
-use redco_tests::{reference as r, strategies as st};
 
 /// A shape and a permutation of its dims.
 fn perm_case() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
@@ -253,14 +253,3 @@ pub fn layout_errors<B: Backend>(b: &B) {
     assert!(matches!(t.unsqueeze(4), Err(Error::DimOutOfRange { .. })));
     assert!(matches!(t.unsqueeze(-5), Err(Error::DimOutOfRange { .. })));
 }
-
-redco_tests::conformance!(
-    reshape_values_and_grads,
-    permute_values,
-    permute_grads,
-    narrow_values_and_grads,
-    cat_values_and_grads,
-    expand_values_and_grads,
-    squeeze_unsqueeze,
-    layout_errors,
-);

@@ -1,8 +1,8 @@
 //! Random family: counter-based uniform draws and seeded inverted dropout.
 
+use crate::check::{assert_close, check_dtype, tensor, tol, values};
 use redco_core::ops::random::uniform_at;
 use redco_core::{Backend, DType, Error, Shape, Tensor};
-use redco_tests::check::{assert_close, check_dtype, tensor, tol, values};
 
 /// Uniform draws are in `[0, 1)` and equal the counter-based reference element by element
 /// (so every backend draws the same numbers for a seed).
@@ -89,5 +89,3 @@ pub fn dropout_errors<B: Backend>(b: &B) {
     let i = Tensor::from_vec(b, vec![1i64, 2], [2]).unwrap();
     assert!(matches!(i.dropout(0.5, 0), Err(Error::UnsupportedDType { .. })));
 }
-
-redco_tests::conformance!(rand_uniform_values, dropout_values, dropout_keep_rate, dropout_grads, dropout_errors);

@@ -1,10 +1,10 @@
 //! Matmul family: batched matmul with transpose flags, shared rank-2 operands, broadcast
 //! batch dims, GEMM edge blocks, half precision, gradients and errors.
 
+use crate::check::{assert_close, check_dtype, grad_check, tensor, tol, values};
+use crate::{reference as r, strategies as st};
 use proptest::prelude::*;
 use redco_core::{Backend, DType, Error, Shape, Tensor};
-use redco_tests::check::{assert_close, check_dtype, grad_check, tensor, tol, values};
-use redco_tests::{reference as r, strategies as st};
 
 const COMBOS: [(bool, bool); 4] = [(false, false), (false, true), (true, false), (true, true)];
 
@@ -158,5 +158,3 @@ pub fn matmul_errors<B: Backend>(b: &B) {
     assert!(matches!(i.matmul(&i.transpose(0, 1).unwrap()), Err(Error::UnsupportedDType { .. })));
     assert!(a.matmul(&c).unwrap_err().to_string().contains("k=3"), "the message names the inner dims");
 }
-
-redco_tests::conformance!(matmul_values, matmul_large_odd, matmul_half, matmul_grads, matmul_errors);

@@ -1,9 +1,9 @@
 //! Index family: index_select (embedding lookup), index_add, gather, scatter_add.
 
+use crate::check::{assert_close, check_dtype, grad_check, ids, tensor, tol, values};
+use crate::{reference as r, strategies as st};
 use proptest::prelude::*;
 use redco_core::{Backend, DType, Error, Shape, Tensor};
-use redco_tests::check::{assert_close, check_dtype, grad_check, ids, tensor, tol, values};
-use redco_tests::{reference as r, strategies as st};
 
 /// `n` pseudo-random ids in `0..size` (repeats likely).
 fn rand_ids(n: usize, size: usize, seed: u64) -> Vec<i64> {
@@ -207,5 +207,3 @@ pub fn index_errors<B: Backend>(b: &B) {
     ));
     assert!(matches!(x.index_select(&ids(b, &[0], [1]), 2), Err(Error::DimOutOfRange { .. })));
 }
-
-redco_tests::conformance!(index_select_values, index_add_values, gather_scatter_values, index_grads, index_errors);

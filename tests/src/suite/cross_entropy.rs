@@ -1,8 +1,8 @@
 //! Cross-entropy family: per-token and mean cross-entropy with an ignore index.
 
+use crate::check::{assert_close, check_dtype, grad_check, ids, tensor, tol, values};
+use crate::{reference as r, strategies as st};
 use redco_core::{Backend, DType, Error, Shape, Tensor};
-use redco_tests::check::{assert_close, check_dtype, grad_check, ids, tensor, tol, values};
-use redco_tests::{reference as r, strategies as st};
 
 const IGNORE: i64 = -100;
 
@@ -151,12 +151,3 @@ pub fn cross_entropy_errors<B: Backend>(b: &B) {
         "integer logits"
     );
 }
-
-redco_tests::conformance!(
-    cross_entropy_values,
-    cross_entropy_large_and_half,
-    cross_entropy_long_rows,
-    cross_entropy_all_ignored,
-    cross_entropy_grads,
-    cross_entropy_errors,
-);

@@ -1,9 +1,9 @@
 //! Softmax family: softmax and log-softmax along any dim, stable for large magnitudes.
 
+use crate::check::{assert_close, check_dtype, grad_check, tensor, tol, values};
+use crate::{reference as r, strategies as st};
 use proptest::prelude::*;
 use redco_core::{Backend, DType, Error, Result, Shape, Tensor};
-use redco_tests::check::{assert_close, check_dtype, grad_check, tensor, tol, values};
-use redco_tests::{reference as r, strategies as st};
 
 type SoftmaxCase<B> = (&'static str, fn(&Tensor<B>, isize) -> Result<Tensor<B>>, fn(&[f64]) -> Vec<f64>);
 
@@ -146,12 +146,3 @@ pub fn softmax_errors<B: Backend>(b: &B) {
         assert!(matches!(op(&i, 0), Err(Error::UnsupportedDType { .. })), "{name}");
     }
 }
-
-redco_tests::conformance!(
-    softmax_values,
-    softmax_large_magnitude,
-    softmax_half,
-    softmax_long_rows,
-    softmax_grads,
-    softmax_errors
-);
