@@ -3,7 +3,7 @@
 //! `LlamaForCausalLM`: RMSNorm, rotary embedding (half-split, configurable theta), grouped-
 //! query attention, gated SiLU MLP, optional attention and MLP biases, tied or untied head.
 
-use crate::generate::{CausalLm, KvCache};
+use crate::generate::{CausalLm, FixedKvCache, KvCache};
 use crate::hf::checkpoint::Checkpoint;
 use crate::hf::config::HfConfig;
 use crate::params::{CheckpointSource, ParamSource, RandomInit};
@@ -171,7 +171,7 @@ impl<B: Backend> Llama<B> {
         if ids.rank() != 2 {
             return Err(Error::invalid("llama", format!("input ids must be [batch, seq], got {}", ids.shape())));
         }
-        let (bs, t) = (ids.dims()[0], ids.dims()[1]);
+        let t = ids.dims()[1];
         let past = cache.as_ref().map_or(0, |k| k.len());
         if let Some(ctx) = c.max_positions {
             if past + t > ctx {
@@ -181,7 +181,6 @@ impl<B: Backend> Llama<B> {
                 ));
             }
         }
-        let hd = c.head_dim;
         let default_pos;
         let pos = match positions {
             Some(p) => p,
@@ -190,6 +189,51 @@ impl<B: Backend> Llama<B> {
                 &default_pos
             }
         };
+        self.layers_at(ids, pos, &mut |i, q, k, v| {
+            let (k, v) = match cache.as_deref_mut() {
+                Some(cache) => cache.append(i, k, v)?,
+                None => (k, v),
+            };
+            nn::scaled_dot_product_attention(&q, &k, &v, mask, true, None)
+        })
+    }
+
+    /// The final hidden states of `ids` (`[batch, t]`) following the positions written in
+    /// a fixed-capacity `cache`, whose new keys and values are written and length advanced.
+    /// `mask`, if any, is `[batch, capacity]` (the padding of the prompt). Nothing is read
+    /// from the host: the step a compiled backend records for every token.
+    pub fn hidden_states_fixed(
+        &self,
+        ids: &Tensor<B>,
+        mask: Option<&Tensor<B>>,
+        cache: &mut FixedKvCache<B>,
+    ) -> Result<Tensor<B>> {
+        if ids.rank() != 2 {
+            return Err(Error::invalid("llama", format!("input ids must be [batch, seq], got {}", ids.shape())));
+        }
+        let t = ids.dims()[1];
+        let pos = cache.positions(t)?;
+        let keep = cache.keep_mask(t, mask)?;
+        let scale = 1.0 / (self.cfg.head_dim as f64).sqrt();
+        let h = self.layers_at(ids, &pos, &mut |i, q, k, v| {
+            let (k, v) = cache.write(i, k, v)?;
+            q.attention(&k, &v, Some(&keep), false, scale)
+        })?;
+        cache.advance(t)?;
+        Ok(h)
+    }
+
+    /// The decoder layers over `ids` at `pos`; `attend(layer, q, k, v)` is each layer's
+    /// attention (with its cache).
+    fn layers_at(
+        &self,
+        ids: &Tensor<B>,
+        pos: &Tensor<B>,
+        attend: &mut dyn FnMut(usize, Tensor<B>, Tensor<B>, Tensor<B>) -> Result<Tensor<B>>,
+    ) -> Result<Tensor<B>> {
+        let c = &self.cfg;
+        let hd = c.head_dim;
+        let (bs, t) = (ids.dims()[0], ids.dims()[1]);
         let rope = RotaryEmbedding::new(hd, c.rope_theta, RotaryMode::HalfSplit)?;
         let (cos, sin) = rope.tables(pos, self.embed_tokens.weight.dtype())?;
         let mut h = self.embed_tokens.forward(ids)?;
@@ -199,11 +243,7 @@ impl<B: Backend> Llama<B> {
             let q = split(l.q_proj.forward(&x)?, c.heads)?.rotary(&cos, &sin, RotaryMode::HalfSplit)?;
             let k = split(l.k_proj.forward(&x)?, c.kv_heads)?.rotary(&cos, &sin, RotaryMode::HalfSplit)?;
             let v = split(l.v_proj.forward(&x)?, c.kv_heads)?;
-            let (k, v) = match cache.as_deref_mut() {
-                Some(cache) => cache.append(i, k, v)?,
-                None => (k, v),
-            };
-            let a = nn::scaled_dot_product_attention(&q, &k, &v, mask, true, None)?;
+            let a = attend(i, q, k, v)?;
             h = h.add(&l.o_proj.forward(&a.transpose(1, 2)?.reshape([bs, t, c.heads * hd])?)?)?;
             h = h.add(&l.mlp.forward(&l.post_attention_layernorm.forward(&h)?)?)?;
         }

@@ -6,10 +6,12 @@
 
 mod beam;
 mod cache;
+mod fixed_cache;
 mod sampling;
 
 pub use beam::{beam_search, BeamConfig};
 pub use cache::KvCache;
+pub use fixed_cache::FixedKvCache;
 pub use sampling::{argmax, Sampling};
 
 use redco_core::dist::on_backend;

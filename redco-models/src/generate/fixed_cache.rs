@@ -1,0 +1,136 @@
+//! A key/value cache of fixed capacity whose length lives on the device: every decode step
+//! has the same shapes and reads nothing from the host, so a compiled backend (PJRT) can
+//! record one step and replay it for every token.
+//!
+//! Per layer the keys and values are `[batch, kv_heads, capacity, head_dim]`; the number of
+//! positions written so far is an `I64` tensor of shape `[1]`. New positions are written
+//! with a select (no host offset), and attention sees only the written positions through a
+//! keep mask built from that length. Writing past the capacity is not detected on the
+//! device (the positions beyond it are dropped): size the cache for prompt + new tokens.
+
+use redco_core::backend::CmpOp;
+use redco_core::{Backend, DType, Error, Result, Tensor};
+
+/// Keys, values and the written length, of fixed shapes.
+pub struct FixedKvCache<B: Backend> {
+    layers: Vec<(Tensor<B>, Tensor<B>)>,
+    len: Tensor<B>,
+    capacity: usize,
+}
+
+impl<B: Backend> FixedKvCache<B> {
+    /// An empty cache: zeros for `layers` layers of `[batch, kv_heads, capacity, head_dim]`.
+    pub fn zeros(b: &B, layers: usize, shape: [usize; 4], dtype: DType) -> Result<Self> {
+        let kv = (0..layers)
+            .map(|_| Ok((Tensor::zeros(b, shape, dtype)?, Tensor::zeros(b, shape, dtype)?)))
+            .collect::<Result<Vec<_>>>()?;
+        FixedKvCache::from_parts(kv, Tensor::from_vec(b, vec![0i64], [1])?)
+    }
+
+    /// A cache from its tensors (all `[batch, kv_heads, capacity, head_dim]`) and its length
+    /// (`I64`, shape `[1]`).
+    pub fn from_parts(layers: Vec<(Tensor<B>, Tensor<B>)>, len: Tensor<B>) -> Result<Self> {
+        let capacity = layers.first().map_or(0, |(k, _)| k.dims().get(2).copied().unwrap_or(0));
+        if let Some((k, _)) =
+            layers.iter().find(|(k, v)| k.rank() != 4 || k.shape() != v.shape() || k.dims()[2] != capacity)
+        {
+            return Err(Error::invalid(
+                "fixed_kv_cache",
+                format!("keys and values must share [batch, kv_heads, {capacity}, head_dim], got {}", k.shape()),
+            ));
+        }
+        if len.dtype() != DType::I64 || len.dims() != [1] {
+            return Err(Error::invalid(
+                "fixed_kv_cache",
+                format!("the length must be I64 of shape [1], got {:?} {}", len.dtype(), len.shape()),
+            ));
+        }
+        Ok(FixedKvCache { layers, len, capacity })
+    }
+
+    /// The tensors and the length.
+    pub fn into_parts(self) -> (Vec<(Tensor<B>, Tensor<B>)>, Tensor<B>) {
+        (self.layers, self.len)
+    }
+
+    /// Positions the cache holds.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The written length (`I64`, `[1]`, on the device).
+    pub fn len(&self) -> &Tensor<B> {
+        &self.len
+    }
+
+    /// The positions of `t` new tokens: `len, len + 1, ..`, shape `[t]`.
+    pub fn positions(&self, t: usize) -> Result<Tensor<B>> {
+        Tensor::arange(self.len.backend(), t)?.add(&self.len)
+    }
+
+    /// The keep mask of `t` new queries over the capacity, `[batch or 1, 1, t, capacity]`:
+    /// query `i` sees the written positions up to its own (`j <= len + i`), and, with a
+    /// `[batch, capacity]` padding `mask`, only the kept ones.
+    pub fn keep_mask(&self, t: usize, mask: Option<&Tensor<B>>) -> Result<Tensor<B>> {
+        let b = self.len.backend();
+        let q = self.positions(t)?.reshape([t, 1])?;
+        let j = Tensor::arange(b, self.capacity)?.reshape([1, self.capacity])?;
+        let keep = j.compare(&q, CmpOp::Le)?.reshape([1, 1, t, self.capacity])?;
+        match mask {
+            None => Ok(keep),
+            Some(m) => {
+                if m.rank() != 2 || m.dims()[1] != self.capacity {
+                    return Err(Error::invalid(
+                        "fixed_kv_cache",
+                        format!("the padding mask must be [batch, {}], got {}", self.capacity, m.shape()),
+                    ));
+                }
+                let m = m.compare_scalar(0.0, CmpOp::Ne)?.reshape([m.dims()[0], 1, 1, self.capacity])?;
+                keep.mul(&m)
+            }
+        }
+    }
+
+    /// Writes `k`, `v` (`[batch, kv_heads, t, head_dim]`) at positions `len..len + t` of
+    /// layer `layer` and returns the layer's whole keys and values.
+    pub fn write(&mut self, layer: usize, k: Tensor<B>, v: Tensor<B>) -> Result<(Tensor<B>, Tensor<B>)> {
+        let n = self.layers.len();
+        let cap = self.capacity;
+        let len = self.len.clone();
+        let (ck, cv) = self
+            .layers
+            .get_mut(layer)
+            .ok_or_else(|| Error::invalid("fixed_kv_cache", format!("layer {layer} out of range for {n} layers")))?;
+        if k.rank() != 4 || k.dims()[..2] != ck.dims()[..2] || k.dims()[3] != ck.dims()[3] {
+            return Err(Error::invalid(
+                "fixed_kv_cache",
+                format!("new keys {} do not fit the cache {}", k.shape(), ck.shape()),
+            ));
+        }
+        let t = k.dims()[2];
+        let full = ck.shape().clone();
+        let b = len.backend();
+        // offset of each cache position from the write start; inside = 0 <= rel < t
+        let rel = Tensor::arange(b, cap)?.sub(&len)?;
+        let inside = rel.compare_scalar(0.0, CmpOp::Ge)?.mul(&rel.compare_scalar(t as f64, CmpOp::Lt)?)?;
+        let place = |new: &Tensor<B>| -> Result<Tensor<B>> {
+            if t == 1 {
+                return new.expand(full.clone());
+            }
+            let zero = Tensor::zeros(b, [cap], DType::I64)?;
+            let idx = inside.where_cond(&rel, &zero)?.reshape([1, 1, cap, 1])?.expand(full.clone())?;
+            new.gather(&idx, 2)
+        };
+        let keep = inside.reshape([1, 1, cap, 1])?;
+        *ck = keep.where_cond(&place(&k)?, ck)?;
+        *cv = keep.where_cond(&place(&v)?, cv)?;
+        Ok((ck.clone(), cv.clone()))
+    }
+
+    /// Counts `t` more written positions (after every layer wrote them).
+    pub fn advance(&mut self, t: usize) -> Result<()> {
+        let step = Tensor::from_vec(self.len.backend(), vec![t as i64], [1])?;
+        self.len = self.len.add(&step)?;
+        Ok(())
+    }
+}
