@@ -27,7 +27,8 @@ fn plugin() -> String {
 fn eval_dump_matches(name: &str) {
     plugin();
     for mesh in ["1x1", "1x2"] {
-        let out = std::env::temp_dir().join(format!("redco-eval-dump-pjrt-{name}-{mesh}-{}.safetensors", std::process::id()));
+        let out =
+            std::env::temp_dir().join(format!("redco-eval-dump-pjrt-{name}-{mesh}-{}.safetensors", std::process::id()));
         let args = common::eval_dump_args(name, &out, &["--backend", "pjrt", "--mesh", mesh]);
         let (code, _, err) = redco(&args.iter().map(String::as_str).collect::<Vec<_>>());
         assert_eq!(code, 0, "{name} at {mesh}: {err}");
@@ -102,8 +103,26 @@ fn train_on_pjrt_at_1x2_matches_the_cpu_losses() {
     };
     let train = |backend: &str, w: &std::path::Path| {
         let args = [
-            "train", "--preset", "llama-tiny", "--mesh", "1x2", "--batch-size", "8", "--seq-len", "16", "--lr", "1e-2",
-            "--sample-tokens", "4", "--threads", "2", "--steps", "4", "--backend", backend, "--workdir",
+            "train",
+            "--preset",
+            "llama-tiny",
+            "--mesh",
+            "1x2",
+            "--batch-size",
+            "8",
+            "--seq-len",
+            "16",
+            "--lr",
+            "1e-2",
+            "--sample-tokens",
+            "4",
+            "--threads",
+            "2",
+            "--steps",
+            "4",
+            "--backend",
+            backend,
+            "--workdir",
             w.to_str().unwrap(),
         ];
         let (code, out, err) = redco(&args);

@@ -6,38 +6,56 @@ use crate::{no_grad, Backend, DType, GradStore, HostData, MeshAxis, Placement, R
 /// The global L2 norm of the gradients of `params`, counting each element once across the
 /// mesh: model-parallel shards add up (one scalar all-reduce), replicated gradients count
 /// once. Gradients must already be summed over the data-parallel axis. The squares are
-/// summed in f64 where the backend has it (else in f32). `comm` is the rank's communicator
+/// summed in f64 on the device where the backend has f64, with one host read at the end
+/// (else each parameter's f32 sum is read and added in f64). `comm` is the rank's communicator
 /// (none outside a mesh).
 pub fn global_grad_norm<B: Backend>(comm: Option<&Comm<B>>, params: &[Tensor<B>], grads: &GradStore<B>) -> Result<f64> {
+    let Some(b) = params.first().map(|p| p.backend().clone()) else { return Ok(0.0) };
+    if b.supports(DType::F64) {
+        return device_grad_norm(&b, comm, params, grads);
+    }
     no_grad(|| {
         let (mut split, mut whole) = (0.0f64, 0.0f64);
         for p in params {
             let Some(g) = grads.get(p) else { continue };
             let local = Tensor::from_storage(g.backend(), g.storage().clone(), g.local_shape().clone(), g.dtype());
-            let acc = if g.backend().supports(DType::F64) { DType::F64 } else { DType::F32 };
-            let sq = local.cast(acc)?.square()?.sum_all()?.to_scalar()?;
+            let sq = local.cast(DType::F32)?.square()?.sum_all()?.to_scalar()?;
             if matches!(g.placements().get(MeshAxis::Mp), Placement::Shard(_)) {
                 split += sq;
             } else {
                 whole += sq;
             }
         }
-        if let Some(c) = comm {
-            if c.mesh().mp > 1 {
-                let b = params.first().map(|p| p.backend().clone());
-                if let Some(b) = b {
-                    let (host, bytes) = if b.supports(DType::F64) {
-                        (HostData::F64(vec![split]), 8)
-                    } else {
-                        (HostData::F32(vec![split as f32]), 4)
-                    };
-                    let s = b.upload(&host)?;
-                    let r = c.all_reduce(MeshAxis::Mp, &s, ReduceKind::Sum, bytes)?;
-                    split = b.download(&r)?.to_f64_vec()[0];
-                }
-            }
+        if let Some(c) = comm.filter(|c| c.mesh().mp > 1) {
+            let s = b.upload(&HostData::F32(vec![split as f32]))?;
+            let r = c.all_reduce(MeshAxis::Mp, &s, ReduceKind::Sum, 4)?;
+            split = b.download(&r)?.to_f64_vec()[0];
         }
         Ok((split + whole).sqrt())
+    })
+}
+
+/// [`global_grad_norm`] on a backend with f64: the squares are summed on the device (in
+/// the order the host would, so the bits are the same) and read once, at the end.
+fn device_grad_norm<B: Backend>(b: &B, comm: Option<&Comm<B>>, params: &[Tensor<B>], grads: &GradStore<B>) -> Result<f64> {
+    no_grad(|| {
+        let zero = || Tensor::zeros(b, [], DType::F64);
+        let (mut split, mut whole) = (zero()?, zero()?);
+        for p in params {
+            let Some(g) = grads.get(p) else { continue };
+            let local = Tensor::from_storage(g.backend(), g.storage().clone(), g.local_shape().clone(), g.dtype());
+            let sq = local.cast(DType::F64)?.square()?.sum_all()?;
+            if matches!(g.placements().get(MeshAxis::Mp), Placement::Shard(_)) {
+                split = split.add(&sq)?;
+            } else {
+                whole = whole.add(&sq)?;
+            }
+        }
+        if let Some(c) = comm.filter(|c| c.mesh().mp > 1) {
+            let r = c.all_reduce(MeshAxis::Mp, split.storage(), ReduceKind::Sum, 8)?;
+            split = Tensor::from_storage(b, r, split.shape().clone(), DType::F64);
+        }
+        split.add(&whole)?.sqrt()?.to_scalar()
     })
 }
 

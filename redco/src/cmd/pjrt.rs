@@ -49,7 +49,9 @@ pub fn describe() {
                 c.devices().len()
             );
             for d in c.devices() {
-                let mem = d.memory_bytes.map_or("memory unknown".to_string(), |m| format!("{:.1} GiB", m as f64 / (1u64 << 30) as f64));
+                let mem = d
+                    .memory_bytes
+                    .map_or("memory unknown".to_string(), |m| format!("{:.1} GiB", m as f64 / (1u64 << 30) as f64));
                 println!("pjrt device {}: id {}, {}, {mem}", d.index, d.id, d.kind);
             }
         }
