@@ -430,8 +430,11 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
                         && scale == 1.0;
                     let value = crate::dist::on_backend(&rk.backend, || -> Result<f64> {
                         let loss = loss_fn(&ctx, model_ref, &batch)?;
-                        let value = loss.replicate()?.to_scalar()?;
-                        if value.is_finite() {
+                        let replicated = loss.replicate()?;
+                        // backward is queued before the loss is read (a device backend
+                        // does not stall on the read); a non-finite loss discards the
+                        // gradients below
+                        {
                             let scaled = loss.scale(scale / cfg.accumulate as f64)?;
                             let buckets = if overlap {
                                 let params: Vec<Tensor<B>> = model_ref.named_parameters().into_iter().map(|(_, p)| p).collect();
@@ -447,7 +450,7 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
                                 None => scaled.backward_into(grads_ref)?,
                             }
                         }
-                        Ok(value)
+                        replicated.to_scalar()
                     })?;
                     if !value.is_finite() {
                         bad = Some((micro, first, first + cfg.batch_size, value));
