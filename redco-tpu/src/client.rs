@@ -72,6 +72,8 @@ pub(crate) struct ClientInner {
     pub(crate) raw: *mut ffi::PJRT_Client,
     pub(crate) platform: String,
     pub(crate) devices: Vec<Device>,
+    /// The key-value store the client's callbacks reach (dropped after the client).
+    _kv: Option<Box<crate::kv::KvStore>>,
 }
 
 // SAFETY: a PJRT client is thread-safe; the raw handle is destroyed once, on drop.
@@ -103,14 +105,28 @@ impl Client {
     /// Creates a client of `api` with the named create `options` (e.g. the CPU plugin's
     /// `cpu_device_count`).
     pub fn new(api: &'static Api, options: &[(String, OptionValue)]) -> Result<Client> {
+        Client::with_store(api, options, None)
+    }
+
+    /// Like [`Client::new`], with the plugin's key-value callbacks backed by `kv` (for
+    /// multi-process clients: pass `node_id` and `num_nodes` in `options`, as jax does).
+    pub fn with_store(
+        api: &'static Api,
+        options: &[(String, OptionValue)],
+        kv: Option<crate::kv::KvStore>,
+    ) -> Result<Client> {
+        let kv = kv.map(Box::new);
         let named: Vec<ffi::PJRT_NamedValue> = options.iter().map(|(k, v)| named_value(k, v)).collect();
         let mut a = ffi::PJRT_Client_Create_Args::new();
         a.create_options = named.as_ptr();
         a.num_options = named.len();
+        if let Some(kv) = &kv {
+            kv.install(&mut a);
+        }
         pjrt!(api, PJRT_Client_Create, &mut a)
             .map_err(|e| pjrt_error("creating a client", format!("{e} (options {options:?})")))?;
         drop(named);
-        let mut inner = ClientInner { api, raw: a.client, platform: String::new(), devices: Vec::new() };
+        let mut inner = ClientInner { api, raw: a.client, platform: String::new(), devices: Vec::new(), _kv: kv };
         inner.platform = platform_name(&inner)?;
         inner.devices = devices(&inner)?;
         if inner.devices.is_empty() {

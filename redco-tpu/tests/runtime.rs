@@ -26,3 +26,15 @@ func.func @main(%a: tensor<3xf32>, %b: tensor<3xf32>) -> tensor<3xf32> {
         assert_eq!(out[0].download().unwrap(), HostData::F32(vec![11.0, 22.0, 33.0]));
     }
 }
+
+#[test]
+fn a_client_with_key_value_callbacks_backed_by_the_bootstrap_store() {
+    let api = Api::from_env().expect("set REDCO_PJRT_PLUGIN to a PJRT plugin");
+    let store: std::sync::Arc<dyn redco_core::dist::Store> =
+        std::sync::Arc::new(redco_core::dist::store::MemStore::new());
+    let kv = redco_tpu::KvStore::new(store, "pjrt/");
+    let c = Client::with_store(api, &[("cpu_device_count".into(), OptionValue::Int(1))], Some(kv)).unwrap();
+    assert_eq!(c.devices().len(), 1);
+    let b = c.upload(0, &HostData::I64(vec![7, 8]), &[2]).unwrap();
+    assert_eq!(b.download().unwrap(), HostData::I64(vec![7, 8]));
+}
