@@ -10,6 +10,9 @@ use crate::params::{CheckpointSource, ParamSource, RandomInit};
 use redco_core::nn::{self, Activation, Embedding, GatedMlp, Init, Linear, RmsNorm, RotaryEmbedding};
 use redco_core::{Backend, DType, Error, Result, RotaryMode, Shape, Tensor};
 
+/// A layer's attention given its index, queries, keys and values (with its cache).
+type Attend<'a, B> = dyn FnMut(usize, Tensor<B>, Tensor<B>, Tensor<B>) -> Result<Tensor<B>> + 'a;
+
 /// One decoder layer.
 pub struct LlamaLayer<B: Backend> {
     input_layernorm: RmsNorm<B>,
@@ -225,12 +228,7 @@ impl<B: Backend> Llama<B> {
 
     /// The decoder layers over `ids` at `pos`; `attend(layer, q, k, v)` is each layer's
     /// attention (with its cache).
-    fn layers_at(
-        &self,
-        ids: &Tensor<B>,
-        pos: &Tensor<B>,
-        attend: &mut dyn FnMut(usize, Tensor<B>, Tensor<B>, Tensor<B>) -> Result<Tensor<B>>,
-    ) -> Result<Tensor<B>> {
+    fn layers_at(&self, ids: &Tensor<B>, pos: &Tensor<B>, attend: &mut Attend<'_, B>) -> Result<Tensor<B>> {
         let c = &self.cfg;
         let hd = c.head_dim;
         let (bs, t) = (ids.dims()[0], ids.dims()[1]);

@@ -3,22 +3,26 @@
 use redco_core::HostData;
 use redco_tpu::{Api, Client, CompileOptions, OptionValue};
 
+/// A client with `devices` devices on the CPU plugin (other plugins have what they have).
 fn client(devices: i64) -> Client {
     let api = Api::from_env().expect("set REDCO_PJRT_PLUGIN to a PJRT plugin");
-    Client::new(api, &[("cpu_device_count".into(), OptionValue::Int(devices))]).unwrap()
+    let cpu = api.path().to_string_lossy().contains("cpu");
+    let opts = if cpu { vec![("cpu_device_count".to_string(), OptionValue::Int(devices))] } else { vec![] };
+    Client::new(api, &opts).unwrap()
 }
 
 #[test]
 fn add_runs_on_every_device() {
     let c = client(2);
-    assert_eq!(c.devices().len(), 2, "{c:?}");
+    let n = c.devices().len().min(2);
+    assert!(c.platform() != "cpu" || n == 2, "{c:?}");
     let text = r#"
 func.func @main(%a: tensor<3xf32>, %b: tensor<3xf32>) -> tensor<3xf32> {
   %0 = stablehlo.add %a, %b : tensor<3xf32>
   return %0 : tensor<3xf32>
 }"#;
     let exe = c.compile(text.as_bytes(), &CompileOptions::portable(), "add").unwrap();
-    for d in 0..2 {
+    for d in 0..n {
         let a = c.upload(d, &HostData::F32(vec![1.0, 2.0, 3.0]), &[3]).unwrap();
         let b = c.upload(d, &HostData::F32(vec![10.0, 20.0, 30.0]), &[3]).unwrap();
         let out = exe.execute(d, &[&a, &b]).unwrap();

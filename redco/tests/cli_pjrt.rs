@@ -24,9 +24,17 @@ fn plugin() -> String {
         .expect("REDCO_PJRT_PLUGIN must name a PJRT plugin (cargo xtask test fetches the XLA CPU plugin)")
 }
 
+/// The meshes of the eval-dump tests: `REDCO_PJRT_MESHES` (comma-separated; `cargo xtask
+/// gpu-check pjrt` sets 1x1 on a one-GPU machine), else 1x1 and 1x2.
+fn meshes() -> Vec<String> {
+    let v = std::env::var("REDCO_PJRT_MESHES").unwrap_or_else(|_| "1x1,1x2".into());
+    v.split(',').map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect()
+}
+
 fn eval_dump_matches(name: &str) {
     plugin();
-    for mesh in ["1x1", "1x2"] {
+    for mesh in meshes() {
+        let mesh = mesh.as_str();
         let out =
             std::env::temp_dir().join(format!("redco-eval-dump-pjrt-{name}-{mesh}-{}.safetensors", std::process::id()));
         let args = common::eval_dump_args(name, &out, &["--backend", "pjrt", "--mesh", mesh]);

@@ -23,7 +23,7 @@ struct Adapter {
 
 /// Runs `cargo args` with `envs`, echoing its stdout as it comes when `echo`; returns its
 /// success and its stdout.
-fn cargo(args: &[&str], envs: &[(&str, &str)], echo: bool) -> Result<(bool, String), String> {
+pub(crate) fn cargo(args: &[&str], envs: &[(&str, &str)], echo: bool) -> Result<(bool, String), String> {
     eprintln!("xtask: cargo {}", args.join(" "));
     let mut child = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(args)
@@ -68,7 +68,7 @@ fn adapters() -> Result<Vec<Adapter>, String> {
 }
 
 /// `passed` and `failed` summed over every `test result:` line of libtest's output.
-fn counts(out: &str) -> (u64, u64) {
+pub(crate) fn counts(out: &str) -> (u64, u64) {
     let (mut passed, mut failed) = (0, 0);
     for line in out.lines() {
         let Some((_, rest)) = line.strip_prefix("test result: ").and_then(|r| r.split_once(". ")) else { continue };
@@ -146,10 +146,17 @@ fn training_bench(envs: &[(&str, &str)]) -> Result<(String, String, bool), Strin
 pub fn run(argv: &[String]) -> Result<(), String> {
     let (backend, rest) = match argv.split_first() {
         Some((b, rest)) if !b.starts_with("--") => (b.as_str(), rest),
-        _ => return Err("usage: cargo xtask gpu-check wgpu [--allow-cpu-adapter]".into()),
+        _ => {
+            return Err(
+                "usage: cargo xtask gpu-check wgpu [--allow-cpu-adapter] | pjrt [--plugin PATH] [--allow-cpu]".into()
+            )
+        }
     };
+    if backend == "pjrt" {
+        return crate::gpu_check_pjrt::run(rest);
+    }
     if backend != "wgpu" {
-        return Err(format!("gpu-check: unknown backend `{backend}` (available: wgpu)"));
+        return Err(format!("gpu-check: unknown backend `{backend}` (available: wgpu, pjrt)"));
     }
     let args = Args::parse(rest, &["allow-cpu-adapter"])?;
     args.only(&["allow-cpu-adapter"])?;

@@ -12,12 +12,15 @@
 //!   [--json FILE]`: batch-1 LLaMA decode tokens/s with the KV cache and, optionally,
 //!   transformers' `generate` measured in the same run;
 //! - `cargo xtask fixtures [--python PY]`: the transformers reference fixtures.
-//! - `cargo xtask gpu-check wgpu [--allow-cpu-adapter]`: the wgpu checks on a real GPU.
+//! - `cargo xtask gpu-check wgpu [--allow-cpu-adapter]`: the wgpu checks on a real GPU;
+//!   `cargo xtask gpu-check pjrt [--plugin PATH] [--allow-cpu]`: the PJRT checks with the
+//!   CUDA plugin.
 
 mod args;
 mod bench;
 mod fixtures;
 mod gpu_check;
+mod gpu_check_pjrt;
 mod machine;
 mod pjrt;
 mod test;
@@ -64,7 +67,7 @@ tasks:
   bench load [--mp N] [--mpi] [--hidden N] [--layers N] [--inter N] [--vocab N]
                                    peak resident memory of each rank loading its checkpoint slice
   fixtures [--python PY]           regenerate tests/fixtures with transformers (not in CI)
-  gpu-check wgpu [--allow-cpu-adapter]
+  gpu-check wgpu [--allow-cpu-adapter] | pjrt [--plugin PATH] [--allow-cpu]
                                    on a machine with a GPU: its wgpu adapter, the conformance
                                    suite, redco-wgpu's tests, the LLaMA check and matmul
                                    GFLOP/s on it, then a table (fails without a GPU adapter)";

@@ -37,7 +37,12 @@ pub fn global_grad_norm<B: Backend>(comm: Option<&Comm<B>>, params: &[Tensor<B>]
 
 /// [`global_grad_norm`] on a backend with f64: the squares are summed on the device (in
 /// the order the host would, so the bits are the same) and read once, at the end.
-fn device_grad_norm<B: Backend>(b: &B, comm: Option<&Comm<B>>, params: &[Tensor<B>], grads: &GradStore<B>) -> Result<f64> {
+fn device_grad_norm<B: Backend>(
+    b: &B,
+    comm: Option<&Comm<B>>,
+    params: &[Tensor<B>],
+    grads: &GradStore<B>,
+) -> Result<f64> {
     no_grad(|| {
         let zero = || Tensor::zeros(b, [], DType::F64);
         let (mut split, mut whole) = (zero()?, zero()?);

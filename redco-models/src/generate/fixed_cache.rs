@@ -11,9 +11,12 @@
 use redco_core::backend::CmpOp;
 use redco_core::{Backend, DType, Error, Result, Tensor};
 
+/// The keys and values of one layer.
+pub type LayerKv<B> = (Tensor<B>, Tensor<B>);
+
 /// Keys, values and the written length, of fixed shapes.
 pub struct FixedKvCache<B: Backend> {
-    layers: Vec<(Tensor<B>, Tensor<B>)>,
+    layers: Vec<LayerKv<B>>,
     len: Tensor<B>,
     capacity: usize,
 }
@@ -29,7 +32,7 @@ impl<B: Backend> FixedKvCache<B> {
 
     /// A cache from its tensors (all `[batch, kv_heads, capacity, head_dim]`) and its length
     /// (`I64`, shape `[1]`).
-    pub fn from_parts(layers: Vec<(Tensor<B>, Tensor<B>)>, len: Tensor<B>) -> Result<Self> {
+    pub fn from_parts(layers: Vec<LayerKv<B>>, len: Tensor<B>) -> Result<Self> {
         let capacity = layers.first().map_or(0, |(k, _)| k.dims().get(2).copied().unwrap_or(0));
         if let Some((k, _)) =
             layers.iter().find(|(k, v)| k.rank() != 4 || k.shape() != v.shape() || k.dims()[2] != capacity)
@@ -49,7 +52,7 @@ impl<B: Backend> FixedKvCache<B> {
     }
 
     /// The tensors and the length.
-    pub fn into_parts(self) -> (Vec<(Tensor<B>, Tensor<B>)>, Tensor<B>) {
+    pub fn into_parts(self) -> (Vec<LayerKv<B>>, Tensor<B>) {
         (self.layers, self.len)
     }
 

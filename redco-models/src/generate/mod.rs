@@ -11,7 +11,7 @@ mod sampling;
 
 pub use beam::{beam_search, BeamConfig};
 pub use cache::KvCache;
-pub use fixed_cache::FixedKvCache;
+pub use fixed_cache::{FixedKvCache, LayerKv};
 pub use sampling::{argmax, Sampling};
 
 use redco_core::dist::on_backend;

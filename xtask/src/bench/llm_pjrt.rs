@@ -77,8 +77,13 @@ fn logits(
 /// Seconds of `steps` timed compiled generates of `new` tokens (after a warm-up).
 fn decode(b: &Pjrt, cfg: &HfConfig, prompt: &[i64], steps: usize, new: usize) -> redco_core::Result<Vec<f64>> {
     let model = Llama::new(b, cfg, DType::F32, 0)?;
-    let shape =
-        CacheShape { layers: cfg.layers, batch: 1, kv_heads: cfg.kv_heads, capacity: PROMPT + new, head_dim: cfg.head_dim };
+    let shape = CacheShape {
+        layers: cfg.layers,
+        batch: 1,
+        kv_heads: cfg.kv_heads,
+        capacity: PROMPT + new,
+        head_dim: cfg.head_dim,
+    };
     let t0 = Instant::now();
     let dec = CompiledDecode::new(b, &model, shape, PROMPT, |t| Llama::new(t, cfg, DType::F32, 0), logits)?;
     eprintln!("redco-pjrt: the decoder traced and compiled in {:.2} s", t0.elapsed().as_secs_f64());

@@ -1,0 +1,165 @@
+//! `cargo xtask gpu-check pjrt [--plugin PATH] [--allow-cpu]`: the PJRT backend on a machine
+//! with a GPU. Takes the plugin from `--plugin`, `REDCO_PJRT_PLUGIN`, or fetches XLA's CUDA
+//! plugin (`pip download --no-deps jax-cuda13-pjrt`; the CUDA libraries it loads must be
+//! installed), shows the devices (`redco info`), refuses a CPU platform unless
+//! `--allow-cpu`, then runs with that plugin: the conformance suite, the runtime and
+//! bad-input tests, the compiled training step and compiled decoding against the CPU
+//! backend, the CLI parity tests (eval-dump against the transformers fixtures of LLaMA,
+//! GPT-J, OPT and T5; mesh 1x2 only with two devices), and the bench LLaMA (`bench llm
+//! --backend cpu,pjrt-eager,pjrt`, one short repetition); prints a table at the end.
+
+use crate::args::Args;
+use crate::gpu_check::{cargo, counts};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The CUDA plugin's wheel and file.
+const CUDA_WHEEL: &str = "jax-cuda13-pjrt";
+const CUDA_PLUGIN: &str = "xla_cuda_plugin.so";
+
+fn fetch_cuda_plugin() -> Result<PathBuf, String> {
+    let dir = Path::new("target").join("pjrt-cuda");
+    let out = dir.join(CUDA_PLUGIN);
+    if out.is_file() {
+        return std::fs::canonicalize(&out).map_err(|e| e.to_string());
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    eprintln!("xtask: fetching the CUDA PJRT plugin (pip download --no-deps {CUDA_WHEEL})");
+    let ok = Command::new("python3")
+        .args(["-m", "pip", "download", "--no-deps", "--quiet", "-d"])
+        .arg(&dir)
+        .arg(CUDA_WHEEL)
+        .status()
+        .is_ok_and(|s| s.success());
+    let script = format!(
+        "import glob, zipfile, sys\nw = sorted(glob.glob(sys.argv[1] + '/*.whl'))[-1]\nz = zipfile.ZipFile(w)\n\
+         n = [m for m in z.namelist() if m.endswith('{CUDA_PLUGIN}')][0]\nopen(sys.argv[2], 'wb').write(z.read(n))\n"
+    );
+    let unpacked =
+        ok && Command::new("python3").args(["-c", &script]).arg(&dir).arg(&out).status().is_ok_and(|s| s.success());
+    if !unpacked {
+        return Err(format!(
+            "fetching {CUDA_WHEEL} failed: pass --plugin PATH (or set REDCO_PJRT_PLUGIN) to a PJRT plugin's shared library"
+        ));
+    }
+    std::fs::canonicalize(&out).map_err(|e| e.to_string())
+}
+
+/// The platform and device count `redco info` reports for the plugin.
+fn devices(envs: &[(&str, &str)]) -> Result<(String, usize), String> {
+    let (ok, out) = cargo(&["run", "--release", "-q", "-p", "redco", "--features", "tpu", "--", "info"], envs, true)?;
+    let line = out.lines().find(|l| l.starts_with("pjrt: ")).unwrap_or_default().to_string();
+    let platform = line.split("platform ").nth(1).and_then(|r| r.split(',').next()).unwrap_or("").trim().to_string();
+    let n = line
+        .rsplit(", ")
+        .next()
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|x| x.parse::<usize>().ok())
+        .unwrap_or(0);
+    if !ok || n == 0 {
+        return Err(format!("the PJRT plugin opened no device: {line}"));
+    }
+    Ok((platform, n))
+}
+
+/// Runs the task.
+pub fn run(argv: &[String]) -> Result<(), String> {
+    let args = Args::parse(argv, &["allow-cpu"])?;
+    args.only(&["plugin", "allow-cpu"])?;
+    let plugin = match args
+        .get("plugin")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("REDCO_PJRT_PLUGIN").map(PathBuf::from))
+    {
+        Some(p) if p.is_file() => std::fs::canonicalize(&p).map_err(|e| e.to_string())?,
+        Some(p) => return Err(format!("the PJRT plugin {} is not a file", p.display())),
+        None => fetch_cuda_plugin()?,
+    };
+    let plugin_s = plugin.to_string_lossy().into_owned();
+    let (platform, n) = devices(&[("REDCO_PJRT_PLUGIN", &plugin_s)])?;
+    if platform.eq_ignore_ascii_case("cpu") && !args.has("allow-cpu") {
+        return Err(format!(
+            "gpu-check pjrt needs a GPU or TPU plugin: {plugin_s} is a CPU plugin (pass --allow-cpu to run anyway)"
+        ));
+    }
+    let meshes = if n >= 2 { "1x1,1x2" } else { "1x1" };
+    let envs = [("REDCO_PJRT_PLUGIN", plugin_s.as_str()), ("REDCO_PJRT_MESHES", meshes)];
+    let mut rows: Vec<(String, String, bool)> = Vec::new();
+    let mut tests = |what: &str, args: &[&str]| -> Result<(), String> {
+        let (ok, out) = cargo(args, &envs, true)?;
+        let (p, f) = counts(&out);
+        rows.push((what.into(), format!("{p} passed, {f} failed"), ok && p > 0 && f == 0));
+        Ok(())
+    };
+    tests("conformance suite on pjrt", &["test", "--release", "-p", "redco-tpu", "--test", "conformance"])?;
+    tests("runtime and bad input", &["test", "--release", "-p", "redco-tpu", "--test", "runtime", "--test", "errors"])?;
+    tests(
+        "compiled training step = eager = cpu",
+        &["test", "--release", "-p", "redco-tpu", "--test", "compiled", "--", "equals_the_eager", "another_shape"],
+    )?;
+    tests("compiled decoding = cpu tokens", &["test", "--release", "-p", "redco-tpu", "--test", "decode"])?;
+    tests(
+        &format!("CLI eval-dump parity ({meshes}), generate, train"),
+        &["test", "--release", "-p", "redco", "--features", "tpu", "--test", "cli_pjrt", "--", "eval_dump", "generate"],
+    )?;
+    let json = std::env::temp_dir().join(format!("redco-gpu-check-pjrt-{}.json", std::process::id()));
+    let json_s = json.to_string_lossy().into_owned();
+    let bench = [
+        "run",
+        "--release",
+        "-q",
+        "-p",
+        "xtask",
+        "--features",
+        "tpu",
+        "--",
+        "bench",
+        "llm",
+        "--backend",
+        "cpu,pjrt-eager,pjrt",
+        "--mesh",
+        "1x1",
+        "--steps",
+        "1",
+        "--reps",
+        "1",
+        "--new",
+        "16",
+        "--json",
+        &json_s,
+    ];
+    let (ok, _) = cargo(&bench, &envs, true)?;
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap_or_default()).unwrap_or_default();
+    let _ = std::fs::remove_file(&json);
+    let rate = |system: &str, key: &str| -> String {
+        v["rows"]
+            .as_array()
+            .and_then(|rs| rs.iter().find(|r| r["system"] == system))
+            .and_then(|r| r[key].as_f64())
+            .map_or("-".into(), |x| format!("{x:.0}"))
+    };
+    for (key, what) in [("train_tok_s", "training tok/s"), ("decode_tok_s", "decode tok/s")] {
+        rows.push((
+            format!("bench LLaMA 512x6 {what}"),
+            format!(
+                "compiled {}, eager {}, cpu {}",
+                rate("redco-pjrt-1x1", key),
+                rate("redco-pjrt-eager-1x1", key),
+                rate("redco-cpu-1x1", key)
+            ),
+            ok,
+        ));
+    }
+    println!("\ngpu-check pjrt with {plugin_s} ({platform}, {n} device(s))");
+    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+    for (what, result, ok) in &rows {
+        println!("  {what:<width$}  {}  {result}", if *ok { "ok  " } else { "FAIL" });
+    }
+    let failed: Vec<&str> = rows.iter().filter(|r| !r.2).map(|r| r.0.as_str()).collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("gpu-check pjrt failed: {}", failed.join(", ")))
+    }
+}
