@@ -75,19 +75,6 @@ fn zeros(dtype: DType, n: usize) -> HostData {
     }
 }
 
-/// The bytes of host data (native endianness, which PJRT expects).
-fn host_bytes(data: &HostData) -> &[u8] {
-    match data {
-        HostData::F32(v) => bytemuck::cast_slice(v),
-        HostData::F64(v) => bytemuck::cast_slice(v),
-        HostData::F16(v) => bytemuck::cast_slice(v),
-        HostData::BF16(v) => bytemuck::cast_slice(v),
-        HostData::I64(v) => bytemuck::cast_slice(v),
-        HostData::I32(v) => bytemuck::cast_slice(v),
-        HostData::U8(v) => v,
-    }
-}
-
 impl Client {
     /// Checks that `bytes` more fit on `device`, naming both sizes when they do not.
     pub(crate) fn check_fits(&self, device: &Device, bytes: usize, what: &str) -> Result<()> {
@@ -116,7 +103,7 @@ impl Client {
                 format!("shape {dims:?} needs {n} elements, the data has {}", data.len()),
             ));
         }
-        let bytes = host_bytes(data);
+        let bytes = data.as_bytes();
         self.check_fits(dev, bytes.len(), "upload")?;
         let dims_i64: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
         let mut a = ffi::PJRT_Client_BufferFromHostBuffer_Args::new();

@@ -209,15 +209,22 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     }
     rows.push(training_bench(&envs)?);
 
-    println!("\ngpu-check wgpu on {} ({}, {}, driver {})", used.name, used.api, used.kind, used.driver);
+    let title = format!("gpu-check wgpu on {} ({}, {}, driver {})", used.name, used.api, used.kind, used.driver);
+    report("wgpu", &title, &rows)
+}
+
+/// Prints the table of `rows` (what, result, ok) under `title`; an error names the failed
+/// rows.
+pub(crate) fn report(backend: &str, title: &str, rows: &[(String, String, bool)]) -> Result<(), String> {
+    println!("\n{title}");
     let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
-    for (what, result, ok) in &rows {
+    for (what, result, ok) in rows {
         println!("  {what:<width$}  {}  {result}", if *ok { "ok  " } else { "FAIL" });
     }
     let failed: Vec<&str> = rows.iter().filter(|r| !r.2).map(|r| r.0.as_str()).collect();
     if failed.is_empty() {
         Ok(())
     } else {
-        Err(format!("gpu-check wgpu failed: {}", failed.join(", ")))
+        Err(format!("gpu-check {backend} failed: {}", failed.join(", ")))
     }
 }

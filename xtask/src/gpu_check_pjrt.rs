@@ -9,7 +9,7 @@
 //! --backend cpu,pjrt-eager,pjrt`, one short repetition); prints a table at the end.
 
 use crate::args::Args;
-use crate::gpu_check::{cargo, counts};
+use crate::gpu_check::{cargo, counts, report};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -99,7 +99,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     )?;
     tests("compiled decoding = cpu tokens", &["test", "--release", "-p", "redco-tpu", "--test", "decode"])?;
     tests(
-        &format!("CLI eval-dump parity ({meshes}), generate, train"),
+        &format!("CLI eval-dump parity ({meshes}), generate"),
         &["test", "--release", "-p", "redco", "--features", "tpu", "--test", "cli_pjrt", "--", "eval_dump", "generate"],
     )?;
     let json = std::env::temp_dir().join(format!("redco-gpu-check-pjrt-{}.json", std::process::id()));
@@ -151,15 +151,5 @@ pub fn run(argv: &[String]) -> Result<(), String> {
             ok,
         ));
     }
-    println!("\ngpu-check pjrt with {plugin_s} ({platform}, {n} device(s))");
-    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
-    for (what, result, ok) in &rows {
-        println!("  {what:<width$}  {}  {result}", if *ok { "ok  " } else { "FAIL" });
-    }
-    let failed: Vec<&str> = rows.iter().filter(|r| !r.2).map(|r| r.0.as_str()).collect();
-    if failed.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("gpu-check pjrt failed: {}", failed.join(", ")))
-    }
+    report("pjrt", &format!("gpu-check pjrt with {plugin_s} ({platform}, {n} device(s))"), &rows)
 }
