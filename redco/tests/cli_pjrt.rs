@@ -1,7 +1,7 @@
 //! `--backend pjrt` in the CLI (with the `tpu` feature), on the plugin of
 //! `REDCO_PJRT_PLUGIN` (`cargo xtask test` fetches XLA's CPU plugin): `eval-dump` matches
-//! the transformers fixtures of LLaMA, GPT-J, OPT and T5 at meshes 1x1 and 1x2 (two
-//! devices of one client), `generate` gives the CPU backend's text, `info` lists the
+//! the transformers fixtures of LLaMA, GPT-J, OPT and T5 at meshes 1x1, 1x2 and 2x2 (as
+//! many devices of one client), `generate` gives the CPU backend's text, `info` lists the
 //! devices, `train` runs at 1x2, and a missing plugin is a clear error.
 #![cfg(feature = "tpu")]
 
@@ -25,9 +25,10 @@ fn plugin() -> String {
 }
 
 /// The meshes of the eval-dump tests: `REDCO_PJRT_MESHES` (comma-separated; `cargo xtask
-/// gpu-check pjrt` sets 1x1 on a one-GPU machine), else 1x1 and 1x2.
+/// gpu-check pjrt` sets 1x1 on a one-GPU machine), else 1x1, 1x2 and 2x2 (four devices
+/// of the CPU plugin).
 fn meshes() -> Vec<String> {
-    let v = std::env::var("REDCO_PJRT_MESHES").unwrap_or_else(|_| "1x1,1x2".into());
+    let v = std::env::var("REDCO_PJRT_MESHES").unwrap_or_else(|_| "1x1,1x2,2x2".into());
     v.split(',').map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect()
 }
 

@@ -5,7 +5,7 @@
 //! `--allow-cpu`, then runs with that plugin: the conformance suite, the runtime and
 //! bad-input tests, the compiled training step and compiled decoding against the CPU
 //! backend, the CLI parity tests (eval-dump against the transformers fixtures of LLaMA,
-//! GPT-J, OPT and T5; mesh 1x2 only with two devices), and the bench LLaMA (`bench llm
+//! GPT-J, OPT and T5; meshes 1x2 and 2x2 where the devices suffice), and the bench LLaMA (`bench llm
 //! --backend cpu,pjrt-eager,pjrt`, one short repetition); prints a table at the end.
 
 use crate::args::Args;
@@ -82,7 +82,11 @@ pub fn run(argv: &[String]) -> Result<(), String> {
             "gpu-check pjrt needs a GPU or TPU plugin: {plugin_s} is a CPU plugin (pass --allow-cpu to run anyway)"
         ));
     }
-    let meshes = if n >= 2 { "1x1,1x2" } else { "1x1" };
+    let meshes = match n {
+        0 | 1 => "1x1",
+        2 | 3 => "1x1,1x2",
+        _ => "1x1,1x2,2x2",
+    };
     let envs = [("REDCO_PJRT_PLUGIN", plugin_s.as_str()), ("REDCO_PJRT_MESHES", meshes)];
     let mut rows: Vec<(String, String, bool)> = Vec::new();
     let mut tests = |what: &str, args: &[&str]| -> Result<(), String> {
