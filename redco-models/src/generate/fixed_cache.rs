@@ -137,3 +137,38 @@ impl<B: Backend> FixedKvCache<B> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generate::KvCache;
+    use crate::hf::config::HfConfig;
+    use crate::llama::Llama;
+    use redco_core::cpu::Cpu;
+
+    /// Prompt then two single tokens through a fixed cache of 12 positions give the logits
+    /// of the growing cache, on the CPU backend; padding masks narrow what is seen.
+    #[test]
+    fn a_fixed_cache_gives_the_growing_caches_logits() {
+        let b = Cpu::new(2);
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/llama-tiny");
+        let cfg = HfConfig::from_dir(&dir).unwrap();
+        let m = Llama::new(&b, &cfg, DType::F32, 5).unwrap();
+        let mut grow = KvCache::new(cfg.layers);
+        let mut fixed = FixedKvCache::zeros(&b, cfg.layers, [2, cfg.kv_heads, 12, cfg.head_dim], DType::F32).unwrap();
+        let steps: [Vec<i64>; 3] = [vec![3, 9, 4, 1, 7, 2, 8, 6], vec![5, 11], vec![13, 2]];
+        for (i, ids) in steps.iter().enumerate() {
+            let t = ids.len() / 2;
+            let x = Tensor::from_vec(&b, ids.clone(), [2, t]).unwrap();
+            let want = m.head(&m.hidden_states(&x, None, None, Some(&mut grow)).unwrap()).unwrap();
+            let got = m.head(&m.hidden_states_fixed(&x, None, &mut fixed).unwrap()).unwrap();
+            let (w, g) = (want.to_host().unwrap().to_f64_vec(), got.to_host().unwrap().to_f64_vec());
+            let e = w.iter().zip(&g).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(e < 1e-5, "step {i}: logits differ by {e}");
+        }
+        assert_eq!(fixed.len().to_host().unwrap().to_f64_vec(), [6.0]);
+        // a padding mask of the wrong width is refused
+        let bad = Tensor::from_vec(&b, vec![1u8; 2 * 5], [2, 5]).unwrap();
+        assert!(fixed.keep_mask(1, Some(&bad)).unwrap_err().to_string().contains("[batch, 12]"));
+    }
+}
