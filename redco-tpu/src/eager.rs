@@ -120,15 +120,17 @@ impl Pjrt {
 
     /// The program of `text` compiled with `options` (cached per text and options).
     pub fn program_with(&self, text: &str, what: &str, options: &CompileOptions) -> Result<Arc<Executable>> {
-        let portable = *options == CompileOptions::portable();
-        let key = if portable { text.to_string() } else { format!("{options:?}\n{text}") };
-        if let Some(p) = self.ctx.programs.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        // one-device programs (every eager op) are looked up by their text, without a copy
+        let key = (*options != CompileOptions::portable()).then(|| format!("{options:?}\n{text}"));
+        let lookup = key.as_deref().unwrap_or(text);
+        if let Some(p) = self.ctx.programs.lock().unwrap_or_else(|p| p.into_inner()).get(lookup) {
             return Ok(p.clone());
         }
         let t0 = std::time::Instant::now();
         let exe = Arc::new(self.ctx.client.compile(text.as_bytes(), options, what)?);
         self.ctx.compile_us.fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
         self.ctx.compiled.fetch_add(1, Ordering::Relaxed);
+        let key = key.unwrap_or_else(|| text.to_string());
         self.ctx.programs.lock().unwrap_or_else(|p| p.into_inner()).insert(key, exe.clone());
         Ok(exe)
     }
@@ -168,23 +170,22 @@ impl Pjrt {
     }
 
     pub(crate) fn execute(&self, exe: &Executable, bound: &[Input]) -> Result<Vec<PjrtStorage>> {
-        let mut owned = Vec::new();
-        for b in bound {
-            match b {
-                Input::Storage(_) => {}
-                Input::Arg(i) => {
-                    return Err(pjrt_error("execute", format!("argument {i} of a compiled step is unbound")))
-                }
-                Input::Host(h) => owned.push(self.ctx.client.upload(self.device, h, &[h.len()])?),
-                Input::Scalar(v, et) => owned.push(self.ctx.client.upload(self.device, &scalar(*v, *et), &[])?),
-            }
-        }
-        let mut it = owned.iter();
-        let args: Vec<&crate::Buffer> = bound
+        // host data and scalars are uploaded per run; storages are passed as they are
+        let owned: Vec<Option<crate::Buffer>> = bound
             .iter()
             .map(|b| match b {
-                Input::Storage(s) => &*s.buf,
-                _ => it.next().expect("one owned buffer per host input"),
+                Input::Storage(_) => Ok(None),
+                Input::Arg(i) => Err(pjrt_error("execute", format!("argument {i} of a compiled step is unbound"))),
+                Input::Host(h) => self.ctx.client.upload(self.device, h, &[h.len()]).map(Some),
+                Input::Scalar(v, et) => self.ctx.client.upload(self.device, &scalar(*v, *et), &[]).map(Some),
+            })
+            .collect::<Result<_>>()?;
+        let args: Vec<&crate::Buffer> = bound
+            .iter()
+            .zip(&owned)
+            .filter_map(|(b, o)| match (b, o) {
+                (Input::Storage(s), _) => Some(&*s.buf),
+                (_, o) => o.as_ref(),
             })
             .collect();
         let outs = exe.execute(self.device, &args)?;

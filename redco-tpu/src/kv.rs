@@ -56,7 +56,9 @@ unsafe extern "C" fn free_value(p: *mut std::ffi::c_char) {
     // SAFETY: `p` came from `give`: 8 bytes of length precede it in one boxed slice.
     unsafe {
         let base = (p as *mut u8).sub(8);
-        let len = u64::from_ne_bytes(std::slice::from_raw_parts(base, 8).try_into().expect("8 bytes")) as usize;
+        let mut n = [0u8; 8];
+        n.copy_from_slice(std::slice::from_raw_parts(base, 8));
+        let len = u64::from_ne_bytes(n) as usize;
         drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(base, 8 + len)));
     }
 }

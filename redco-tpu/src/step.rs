@@ -284,7 +284,7 @@ impl CompiledTrainStep {
                 ));
             }
             let mut it = out.into_iter().map(|buf| PjrtStorage { buf: Arc::new(buf), host: None });
-            let l = it.next().expect("checked above");
+            let Some(l) = it.next() else { return Err(pjrt_error("compiled step", "the program returned no loss")) };
             loss.get_or_insert(l);
             rep.params = it.by_ref().take(p).collect();
             rep.m = it.by_ref().take(p).collect();

@@ -7,7 +7,8 @@
 //! clamp bound) become scalar program inputs, not constants, so one compiled program
 //! serves every value; host data uploaded while tracing becomes an input too. A host read
 //! ([`Backend::download`]) cannot happen inside a program: it is an error, which callers
-//! treat as "run this op by op instead".
+//! treat as "run this op by op instead". `REDCO_TRACE_DEBUG=1` prints the backtrace of each
+//! such read (to find what keeps a step from compiling).
 
 use crate::hlo::{Et, Func, Ty, Val};
 use crate::storage::PjrtStorage;

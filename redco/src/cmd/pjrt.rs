@@ -26,12 +26,15 @@ fn api() -> redco_core::Result<&'static Api> {
 pub fn backend(rank: usize, devices: usize) -> redco_core::Result<Pjrt> {
     static BASE: Mutex<Option<Pjrt>> = Mutex::new(None);
     let mut base = BASE.lock().unwrap_or_else(|p| p.into_inner());
-    let fits = base.as_ref().is_some_and(|b| b.client().devices().len() >= devices);
-    if !fits {
-        *base = Some(Pjrt::open(api()?, devices)?);
+    match base.as_ref() {
+        Some(b) if b.client().devices().len() >= devices => b.on_device(rank % b.client().devices().len()),
+        _ => {
+            let b = Pjrt::open(api()?, devices)?;
+            let r = b.on_device(rank % b.client().devices().len());
+            *base = Some(b);
+            r
+        }
     }
-    let b = base.as_ref().expect("opened above");
-    b.on_device(rank % b.client().devices().len())
 }
 
 /// Prints the plugin and its devices for `redco info`.
