@@ -266,6 +266,18 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         idx_shape: &Shape,
         src: &Self::Storage,
     ) -> Result<Self::Storage>;
+    /// Checks that the integer ids in `ids` lie in `0..size`, or returns
+    /// [`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange) naming `op`: for lookups
+    /// whose kernel sees only ids already made safe (the vocabulary-parallel embedding).
+    /// The default reads the ids back; a tracing backend, which cannot stop a program in
+    /// the middle, records the bound and checks the program's inputs before each run.
+    fn check_ids(&self, ids: &Self::Storage, size: usize, op: &'static str) -> Result<()> {
+        let raw = self.download(ids)?.to_i64_vec()?;
+        match raw.iter().find(|&&i| i < 0 || i as u64 >= size as u64) {
+            Some(&bad) => Err(crate::Error::IndexOutOfRange { op, index: bad, size }),
+            None => Ok(()),
+        }
+    }
     /// `n` uniform values in `[0, 1)` from a counter-based generator keyed by `seed`:
     /// element `i` depends only on `(seed, i)`, so every backend draws the same numbers.
     fn rand_uniform(&self, n: usize, seed: u64, dtype: DType) -> Result<Self::Storage> {

@@ -7,7 +7,7 @@
 //! others return an error instead of hanging.
 
 use super::mesh::Mesh;
-use crate::{Backend, MeshAxis, Result};
+use crate::{Backend, HostData, MeshAxis, Result};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -93,6 +93,13 @@ pub trait Collective<B: Backend>: Send + Sync {
     /// they were started, and every member must start them in the same order.
     fn all_reduce_async(&self, axis: MeshAxis, x: &B::Storage, op: ReduceKind) -> Result<Pending<B::Storage>> {
         Ok(Pending::ready(self.all_reduce(axis, x, op)))
+    }
+    /// This rank's position along `axis` as a one-element `I64` storage of `b`: the value
+    /// every rank-dependent offset is computed from on the device, so that one program
+    /// serves every rank (a compiled SPMD step derives it from the device's replica id).
+    /// The default uploads the host's index.
+    fn axis_index(&self, b: &B, axis: MeshAxis) -> Result<B::Storage> {
+        b.upload(&HostData::I64(vec![self.mesh().index_along(self.rank(), axis) as i64]))
     }
 }
 

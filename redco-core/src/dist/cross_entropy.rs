@@ -3,6 +3,7 @@
 //! (max, sum of exponentials, target logit) give the loss; the logits are never gathered,
 //! and the backward pass is local. A batch split passes through.
 
+use super::axis_index::{axis_offset, index_dtype};
 use super::redistribute::comm;
 use super::ReduceKind;
 use crate::autograd::GradModeGuard;
@@ -35,10 +36,6 @@ pub(crate) fn cross_entropy_sharded<B: Backend>(
     let c = vocab_axis.map(|_| comm::<B>("cross_entropy")).transpose()?;
     let b = x.backend().clone();
     let (n, vl) = (x.local_shape().dims()[0], x.local_shape().dims()[1]);
-    let lo = match (vocab_axis, &c) {
-        (Some(a), Some(c)) => (c.index_along(a) * vl) as f64,
-        _ => 0.0,
-    };
     let bytes = n * x.dtype().size_in_bytes();
     let reduce = |s: &Tensor<B>, kind: ReduceKind| -> Result<Tensor<B>> {
         match (vocab_axis, &c) {
@@ -56,9 +53,13 @@ pub(crate) fn cross_entropy_sharded<B: Backend>(
     let lse = sum.log()?.add(&m)?; // [n, 1]
                                    // the target's logit, from the rank whose slice holds it
     let valid = tv.compare_scalar(ignore as f64, CmpOp::Ne)?;
-    // index arithmetic in f64 where the backend has it, else f32 (exact for ids below 2^24)
-    let fd = if b.supports(DType::F64) { DType::F64 } else { DType::F32 };
-    let tf = tv.cast(fd)?.add_scalar(-lo)?;
+    // index arithmetic in f64 where the backend has it, else f32 (exact for ids below
+    // 2^24); the start of this rank's vocabulary slice is computed on the device
+    let fd = index_dtype(&b);
+    let tf = match (vocab_axis, &c) {
+        (Some(a), Some(c)) => tv.cast(fd)?.sub(&axis_offset(c, &b, a, vl)?)?,
+        _ => tv.cast(fd)?,
+    };
     let mine = tf.compare_scalar(0.0, CmpOp::Ge)?.cast(fd)?.mul(&tf.compare_scalar(vl as f64, CmpOp::Lt)?.cast(fd)?)?;
     let mine = mine.mul(&valid.cast(fd)?)?; // [n] 0/1
     let local_idx = tf.mul(&mine)?.cast(DType::I64)?.unsqueeze(-1)?;

@@ -2,9 +2,11 @@
 //! vocabulary; tokens outside it read zeros, and the partial rows are summed by the first
 //! op that needs them whole) and lookups whose ids are split (data parallel).
 
+use super::axis_index::axis_offset;
 use super::redistribute::comm;
+use crate::backend::CmpOp;
 use crate::placement::without_partial;
-use crate::{Backend, Error, HostData, MeshAxis, PartialOp, Placement, Placements, Result, Shape, Tensor};
+use crate::{Backend, DType, MeshAxis, PartialOp, Placement, Placements, Result, Shape, Tensor};
 
 /// `x.index_select(ids, d)` when `x` or `ids` is sharded.
 pub(crate) fn index_select_sharded<B: Backend>(x: &Tensor<B>, ids: &Tensor<B>, d: usize) -> Result<Tensor<B>> {
@@ -45,31 +47,32 @@ pub(crate) fn index_select_sharded<B: Backend>(x: &Tensor<B>, ids: &Tensor<B>, d
     let b = x.backend().clone();
     let n = ids.local_shape().elem_count();
     let vocab = x.dims()[d];
-    let raw = ids.local_to_host()?.to_i64_vec()?;
-    if let Some(&bad) = raw.iter().find(|&&i| i < 0 || i as usize >= vocab) {
-        return Err(Error::IndexOutOfRange { op: "index_select", index: bad, size: vocab });
-    }
-    let (lo, rows) = match vocab_axis {
+    // The ids are checked against the whole vocabulary; on the vocabulary axis each rank
+    // then looks up the ids inside its own rows, the others read row 0 and are masked out.
+    // The mask and the shifted ids are computed on the device from the rank's index.
+    b.check_ids(ids.storage(), vocab, "index_select")?;
+    let (safe_s, mask_s) = match vocab_axis {
         Some(a) => {
             let c = comm::<B>("index_select")?;
             let rows = x.local_shape().dims()[0];
-            (c.index_along(a) * rows, rows)
+            let _ng = crate::GradModeGuard::no_grad();
+            let lo = axis_offset(&c, &b, a, rows)?;
+            let raw = Tensor::from_storage(&b, ids.storage().clone(), [n], ids.dtype());
+            let tf = raw.cast(lo.dtype())?.sub(&lo)?;
+            let ge = tf.compare_scalar(0.0, CmpOp::Ge)?.cast(lo.dtype())?;
+            let hit = ge.mul(&tf.compare_scalar(rows as f64, CmpOp::Lt)?.cast(lo.dtype())?)?;
+            let safe = tf.mul(&hit)?.cast(DType::I64)?;
+            (safe.storage().clone(), Some(hit.cast(x.dtype())?.storage().clone()))
         }
-        None => (0, vocab),
+        None => (ids.storage().clone(), None),
     };
-    let hit: Vec<bool> = raw.iter().map(|&i| (i as usize) >= lo && (i as usize) < lo + rows).collect();
-    let safe: Vec<i64> = raw.iter().zip(&hit).map(|(&i, &h)| if h { i - lo as i64 } else { 0 }).collect();
-    let mask: Vec<f64> = hit.iter().map(|&h| h as u8 as f64).collect();
-    let safe_s = b.upload(&HostData::I64(safe))?;
-    let mask_s = b.upload(&HostData::from_f64(&mask, x.dtype()))?;
     let looked = b.index_select(x.storage(), x.local_shape(), d, &safe_s, n)?;
     let inner: usize = x.local_shape().dims()[d + 1..].iter().product();
     let outer: usize = x.local_shape().dims()[..d].iter().product();
     let flat = Shape::new([outer, n, inner]);
-    let masked = if vocab_axis.is_some() {
-        b.binary(crate::BinaryOp::Mul, (&looked, &flat), (&mask_s, &Shape::new([n, 1])), &flat)?
-    } else {
-        looked
+    let masked = match &mask_s {
+        Some(m) => b.binary(crate::BinaryOp::Mul, (&looked, &flat), (m, &Shape::new([n, 1])), &flat)?,
+        None => looked,
     };
     let (xl, xp, dt) = (x.local_shape().clone(), x.placements(), x.dtype());
     let ids_split: Vec<MeshAxis> = [MeshAxis::Dp, MeshAxis::Mp]
@@ -80,7 +83,10 @@ pub(crate) fn index_select_sharded<B: Backend>(x: &Tensor<B>, ids: &Tensor<B>, d
     let bc = b.clone();
     Ok(Tensor::from_op_placed(&b, masked, out_s, Shape::new(local), placed, dt, "index_select", &[&x], move |g| {
         let g = g.redistribute(without_partial(placed_c))?;
-        let gl = bc.binary(crate::BinaryOp::Mul, (g.storage(), &flat), (&mask_s, &Shape::new([n, 1])), &flat)?;
+        let gl = match &mask_s {
+            Some(m) => bc.binary(crate::BinaryOp::Mul, (g.storage(), &flat), (m, &Shape::new([n, 1])), &flat)?,
+            None => g.storage().clone(),
+        };
         let zeros = bc.full(xl.elem_count(), 0.0, dt)?;
         let s = bc.index_add(&zeros, &xl, d, &safe_s, &gl)?;
         // Rows looked up by split ids add up across those ranks.

@@ -4,6 +4,7 @@
 //! This module sits above [`Tensor`](crate::Tensor): tensors only carry their
 //! [`Placements`](crate::Placements); moving data between placements happens here.
 
+pub(crate) mod axis_index;
 pub mod collective;
 pub(crate) mod cross_entropy;
 pub mod data_parallel;

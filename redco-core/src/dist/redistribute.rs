@@ -2,6 +2,7 @@
 //! as a differentiable op whose backward is the conjugate move (all-reduce <-> identity,
 //! all-gather <-> reduce-scatter or slice).
 
+use super::axis_index::{on_first_only, own_chunk};
 use super::spmd::{current_comm, Comm};
 use super::ReduceKind;
 use crate::placement::{local_shape, without_partial};
@@ -40,7 +41,6 @@ fn step<B: Backend>(b: &B, c: &Comm<B>, x: Local<B>, axis: MeshAxis, to: Placeme
         return Ok(x);
     }
     let k = c.mesh().axis_size(axis);
-    let i = c.index_along(axis);
     let bytes = |shape: &Shape, s: &B::Storage| shape.elem_count() * b.storage_dtype(s).size_in_bytes();
     let with = |x: &Local<B>, s: B::Storage, local: Shape| Local { s, local, p: x.p.with(axis, to) };
     match (from, to) {
@@ -72,16 +72,15 @@ fn step<B: Backend>(b: &B, c: &Comm<B>, x: Local<B>, axis: MeshAxis, to: Placeme
             let s = c.reduce_scatter(axis, &arranged, bytes(&x.local, &x.s))?;
             Ok(with(&x, s, x.local.with_dim(d, n / k)))
         }
+        // the rank's own chunk and the first member's seed come from its index on the
+        // device, so a traced step is the same program on every rank
         (Placement::Replicate, Placement::Shard(d)) => {
+            let s = own_chunk(c, b, &x.s, &x.local, d, axis)?;
             let n = x.local.dims()[d];
-            if !n.is_multiple_of(k) {
-                return Err(Error::invalid("shard", format!("dim {d} of {} does not split {k} ways", x.local)));
-            }
-            let s = b.narrow(&x.s, &x.local, d, i * (n / k), n / k)?;
             Ok(with(&x, s, x.local.with_dim(d, n / k)))
         }
         (Placement::Replicate, Placement::Partial(PartialOp::Sum)) => {
-            let s = if i == 0 { x.s.clone() } else { b.full(x.local.elem_count(), 0.0, b.storage_dtype(&x.s))? };
+            let s = on_first_only(c, b, &x.s, x.local.elem_count(), b.storage_dtype(&x.s), axis)?;
             Ok(with(&x, s, x.local.clone()))
         }
         // Everything else goes through Replicate.

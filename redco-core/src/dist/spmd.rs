@@ -41,6 +41,11 @@ impl<B: Backend> Comm<B> {
     pub fn index_along(&self, axis: MeshAxis) -> usize {
         self.mesh().index_along(self.rank(), axis)
     }
+    /// This rank's position along `axis` as a one-element `I64` device value
+    /// ([`Collective::axis_index`]); not a collective, so not counted.
+    pub fn axis_index(&self, b: &B, axis: MeshAxis) -> Result<B::Storage> {
+        self.coll.axis_index(b, axis)
+    }
     /// The calls made so far.
     pub fn stats(&self) -> CommStats {
         self.stats.lock().unwrap_or_else(|p| p.into_inner()).clone()

@@ -3,6 +3,7 @@
 //! the parameter), which gives the same numbers as the replicated update.
 
 use super::{grad_of, local_view};
+use crate::dist::axis_index::own_chunk;
 use crate::dist::Comm;
 use crate::nn::Module;
 use crate::ops::adamw::AdamStep;
@@ -138,14 +139,18 @@ impl<B: Backend> AdamW<B> {
                     Tensor::cat(&[&v, &Tensor::zeros(b, [padded - n], t.dtype())?], 0)
                 }
             };
-            let me = cm.index_along(MeshAxis::Dp);
+            // this rank's slice, from its index on the device
+            let own = |t: &Tensor<B>| -> Result<Tensor<B>> {
+                let s = own_chunk(cm, b, flat(t)?.storage(), &Shape::new([padded]), 0, MeshAxis::Dp)?;
+                Ok(Tensor::from_storage(b, s, [per], t.dtype()))
+            };
             let gslice = if g.placements().get(MeshAxis::Dp) == Placement::Partial(PartialOp::Sum) {
                 let s = cm.reduce_scatter(MeshAxis::Dp, flat(g)?.storage(), padded * g.dtype().size_in_bytes())?;
                 Tensor::from_storage(b, s, [per], g.dtype())
             } else {
-                flat(g)?.narrow(0, me * per, per)?
+                own(g)?
             };
-            let xslice = flat(p)?.narrow(0, me * per, per)?;
+            let xslice = own(p)?;
             moments(state, name, &xslice)?;
             let nx = update(&xslice, &gslice, state.get_mut(name).expect("inserted above"))?;
             let full = cm.all_gather(MeshAxis::Dp, nx.storage(), padded * p.dtype().size_in_bytes())?;
