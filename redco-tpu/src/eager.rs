@@ -246,7 +246,7 @@ pub(crate) fn scalar(v: f64, et: Et) -> HostData {
         Et::F64 => HostData::F64(vec![v]),
         Et::F16 => HostData::F16(vec![half::f16::from_f64(v)]),
         Et::BF16 => HostData::BF16(vec![half::bf16::from_f64(v)]),
-        Et::I64 => HostData::I64(vec![v as i64]),
+        Et::I64 | Et::U32 => HostData::I64(vec![v as i64]),
         Et::I32 => HostData::I32(vec![v as i32]),
         Et::U8 | Et::Pred => HostData::U8(vec![v as u8]),
         Et::F32 => HostData::F32(vec![v as f32]),

@@ -6,23 +6,32 @@
 //! value with the new state. The learning rate, the bias corrections of the step count and
 //! the decay factor are runtime inputs (0-d tensors), so one program serves every step;
 //! data the trace uploaded (rotary tables, masks: they depend only on the shapes) is
-//! uploaded once and bound at every replay.
+//! uploaded once and bound at every replay. Ids the model looks up in a batch tensor are
+//! checked on the host against the table they index before each replay.
 //!
-//! Over `dp` devices of one client the step is one replicated program: each device takes
-//! its slice of the batch, and the gradients and the loss are averaged by the program's
-//! own `stablehlo.all_reduce` (one per parameter, which XLA may combine and overlap), so
-//! the host neither moves nor sums anything between the devices.
+//! Over a `dp x mp` mesh of the client's devices the step is one SPMD program, replicated
+//! on every device: it is traced with a [`TracedCollective`] installed, so the sharded ops
+//! of the model (Megatron's column and row pairs, the vocabulary-parallel embedding and
+//! cross-entropy) emit the program's own collectives over the `mp` groups, and every
+//! rank-dependent offset comes from the replica id. Each device holds its shard of the
+//! parameters (from the [`ShardPlan`]) and takes its data-parallel slice of the batch; the
+//! gradients and the loss are averaged over the `dp` groups by the program's own
+//! `stablehlo.all_reduce`, so the host neither moves nor sums anything between devices.
 
 use crate::api::pjrt_error;
+use crate::collective::TracedCollective;
 use crate::eager::Pjrt;
 use crate::executable::Executable;
 use crate::hlo::Et;
 use crate::proto::CompileOptions;
 use crate::storage::PjrtStorage;
 use crate::trace::{Input, TVal, Tracer};
+use redco_core::cpu::Cpu;
+use redco_core::dist::{Comm, CommGuard, CommStats, Mesh, ReduceKind, ShardPlan};
 use redco_core::nn::{Module, ModuleExt};
 use redco_core::optim::AdamWConfig;
-use redco_core::{DType, HostData, Result, Shape, Tensor};
+use redco_core::placement::local_shape;
+use redco_core::{DType, HostData, MeshAxis, Placement, Placements, Result, Shape, Tensor};
 use std::sync::Arc;
 
 /// What a program parameter of a compiled step is bound to at each replay.
@@ -44,14 +53,20 @@ struct Replica {
     v: Vec<PjrtStorage>,
 }
 
-/// A training step of one model compiled into one PJRT program, on one device or
-/// replicated over `dp` devices (data parallelism).
+/// A training step of one model compiled into one PJRT program, on one device or as one
+/// SPMD program over a `dp x mp` mesh of devices (data and tensor parallelism).
 pub struct CompiledTrainStep {
     exe: Arc<Executable>,
+    /// One per mesh rank, in rank order.
     replicas: Vec<Replica>,
+    mesh: Mesh,
     text: String,
     names: Vec<String>,
     shapes: Vec<Shape>,
+    placements: Vec<Placements>,
+    /// `(argument, size)`: batch ids looked up in a table of `size` rows.
+    checks: Vec<(usize, usize)>,
+    stats: CommStats,
     batch: Vec<(Shape, DType)>,
     cfg: AdamWConfig,
     step: u64,
@@ -96,7 +111,30 @@ impl CompiledTrainStep {
         M: Module<Pjrt>,
         MT: Module<Tracer>,
     {
-        let dp = dp.max(1);
+        let plan = ShardPlan { mesh: Mesh::new(dp.max(1), 1)?, params: Default::default() };
+        CompiledTrainStep::on_mesh(b, &plan, model, cfg, batch, build, loss)
+    }
+
+    /// Like [`CompiledTrainStep::new`], as one SPMD program over devices
+    /// `0..dp * mp` of `b`'s client for the mesh of `plan`: device `r` is mesh rank `r`
+    /// and holds its shard of every parameter as `plan` places it (`model` holds the whole
+    /// values); every batch tensor is split along its first dimension over `dp` (which must
+    /// divide it) and replicated over `mp`.
+    pub fn on_mesh<M, MT>(
+        b: &Pjrt,
+        plan: &ShardPlan,
+        model: &M,
+        cfg: AdamWConfig,
+        batch: &[&Tensor<Pjrt>],
+        build: impl FnOnce(&Tracer) -> Result<MT>,
+        loss: impl FnOnce(&MT, &[Tensor<Tracer>]) -> Result<Tensor<Tracer>>,
+    ) -> Result<CompiledTrainStep>
+    where
+        M: Module<Pjrt>,
+        MT: Module<Tracer>,
+    {
+        let mesh = plan.mesh;
+        let (dp, sizes) = (mesh.dp, [mesh.dp, mesh.mp]);
         if let Some(x) = batch.iter().find(|x| x.rank() == 0 || x.dims()[0] % dp != 0) {
             return Err(pjrt_error(
                 "compiled step",
@@ -106,24 +144,50 @@ impl CompiledTrainStep {
                 ),
             ));
         }
-        let devices: Vec<Pjrt> = (0..dp).map(|r| b.on_device(r)).collect::<Result<_>>()?;
+        let have = b.client().devices().len();
+        if mesh.size() > have {
+            return Err(pjrt_error(
+                "compiled step",
+                format!("mesh {mesh} needs {} devices but the client has {have}", mesh.size()),
+            ));
+        }
+        let devices: Vec<Pjrt> = (0..mesh.size()).map(|r| b.on_device(r)).collect::<Result<_>>()?;
         let named = model.named_parameters();
         let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
         let shapes: Vec<Shape> = named.iter().map(|(_, p)| p.shape().clone()).collect();
         let dtypes: Vec<DType> = named.iter().map(|(_, p)| p.dtype()).collect();
         if let Some((n, _)) = named.iter().find(|(_, p)| p.is_sharded()) {
-            return Err(pjrt_error("compiled step", format!("`{n}` is sharded: compiled steps run at mesh 1x1")));
+            return Err(pjrt_error(
+                "compiled step",
+                format!("`{n}` is already sharded: pass the whole model and the plan that splits it"),
+            ));
         }
+        let placements: Vec<Placements> = names.iter().map(|n| plan.placements(n)).collect();
+        let locals: Vec<Shape> = shapes
+            .iter()
+            .zip(&placements)
+            .zip(&names)
+            .map(|((s, p), n)| {
+                local_shape(s, *p, sizes).map_err(|e| pjrt_error("compiled step", format!("`{n}`: {e}")))
+            })
+            .collect::<Result<_>>()?;
         let p = named.len();
         let t = Tracer::new();
+        let comm = Comm::new(Arc::new(TracedCollective::new(&t, mesh)));
+        let _installed = CommGuard::install(comm.clone());
         let arg = |i: usize, n: usize, d: DType| t.input(Input::Arg(i), n, Et::of(d));
         let tv = |val: TVal, s: &Shape, d: DType| Tensor::from_storage(&t, val, s.clone(), d);
-        let xs: Vec<Tensor<Tracer>> =
-            (0..p).map(|i| tv(arg(i, shapes[i].elem_count(), dtypes[i]), &shapes[i], dtypes[i]).into_var()).collect();
+        // each rank's shard of every parameter, placed as planned
+        let xs: Vec<Tensor<Tracer>> = (0..p)
+            .map(|i| {
+                let v = arg(i, locals[i].elem_count(), dtypes[i]);
+                Tensor::from_local(&t, v, shapes[i].clone(), locals[i].clone(), placements[i], dtypes[i]).into_var()
+            })
+            .collect();
         let ms: Vec<Tensor<Tracer>> =
-            (0..p).map(|i| tv(arg(p + i, shapes[i].elem_count(), dtypes[i]), &shapes[i], dtypes[i])).collect();
+            (0..p).map(|i| tv(arg(p + i, locals[i].elem_count(), dtypes[i]), &locals[i], dtypes[i])).collect();
         let vs: Vec<Tensor<Tracer>> =
-            (0..p).map(|i| tv(arg(2 * p + i, shapes[i].elem_count(), dtypes[i]), &shapes[i], dtypes[i])).collect();
+            (0..p).map(|i| tv(arg(2 * p + i, locals[i].elem_count(), dtypes[i]), &locals[i], dtypes[i])).collect();
         let batch_meta: Vec<(Shape, DType)> = batch.iter().map(|x| (x.shape().clone(), x.dtype())).collect();
         // each replica's slice of the batch
         let bt: Vec<Tensor<Tracer>> = batch_meta
@@ -154,22 +218,25 @@ impl CompiledTrainStep {
         let l = loss(&mt, &bt)?;
         let grads = l.backward()?;
         let (lr, ib1, ib2, decay) = (&sc[0], &sc[1], &sc[2], &sc[3]);
-        let group = vec![(0..dp).collect::<Vec<usize>>()];
-        // the mean over the replicas, by the program's own all-reduce
+        // the mean over the data-parallel replicas, by the program's own all-reduce
         let mean = |x: &Tensor<Tracer>| -> Result<Tensor<Tracer>> {
             if dp == 1 {
                 return Ok(x.clone());
             }
-            let s = t.all_reduce_sum(x.storage(), &group);
+            let bytes = x.elem_count() * x.dtype().size_in_bytes();
+            let s = comm.all_reduce(MeshAxis::Dp, x.storage(), ReduceKind::Sum, bytes)?;
             Tensor::from_storage(&t, s, x.shape().clone(), x.dtype()).scale(1.0 / dp as f64)
         };
-        let mut outs = vec![redco_core::no_grad(|| mean(&l.detach()))?];
+        let local =
+            |x: &Tensor<Tracer>| Tensor::from_storage(&t, x.storage().clone(), x.local_shape().clone(), x.dtype());
+        let lv = redco_core::no_grad(|| l.detach().replicate())?;
+        let mut outs = vec![redco_core::no_grad(|| mean(&local(&lv)))?];
         let (mut nx, mut nm, mut nv) = (Vec::new(), Vec::new(), Vec::new());
         redco_core::no_grad(|| -> Result<()> {
             for i in 0..p {
-                let x = xs[i].detach();
+                let x = local(&xs[i].detach());
                 let g = match grads.get(&xs[i]) {
-                    Some(g) => mean(&g.cast(x.dtype())?)?,
+                    Some(g) => mean(&local(&g.redistribute(placements[i])?).cast(x.dtype())?)?,
                     None => x.zeros_like()?,
                 };
                 let m = ms[i].scale(cfg.beta1)?.add(&g.scale(1.0 - cfg.beta1)?)?;
@@ -182,6 +249,7 @@ impl CompiledTrainStep {
             }
             Ok(())
         })?;
+        drop(_installed);
         outs.extend(nx);
         outs.extend(nm);
         outs.extend(nv);
@@ -190,7 +258,8 @@ impl CompiledTrainStep {
         // parameters and moments (inputs 0..3p) give their buffers to outputs 1..=3p
         let donated: Vec<(usize, usize)> = (0..3 * p).map(|i| (i, i + 1)).collect();
         let (text, inputs) = t.finish(&refs, &donated);
-        let options = if dp == 1 {
+        let checks = t.arg_checks();
+        let options = if mesh.size() == 1 {
             CompileOptions::portable()
         } else {
             CompileOptions::replicated(
@@ -198,11 +267,12 @@ impl CompiledTrainStep {
             )
         };
         let exe = b.program_with(&text, "train step", &options)?;
-        // each device: its copy of the parameters, zero moments, the trace's uploads
+        // each device: its shard of the parameters, zero moments, the trace's uploads
         let host_params: Vec<HostData> = named.iter().map(|(_, x)| x.to_host()).collect::<Result<_>>()?;
         let replicas = devices
             .into_iter()
-            .map(|d| {
+            .enumerate()
+            .map(|(r, d)| {
                 let bindings = inputs
                     .iter()
                     .map(|inp| match inp {
@@ -212,14 +282,29 @@ impl CompiledTrainStep {
                         Input::Scalar(x, et) => Ok(Binding::Fixed(d.store(crate::eager::scalar(*x, *et))?)),
                     })
                     .collect::<Result<Vec<_>>>()?;
-                let params = host_params.iter().map(|h| d.store(h.clone())).collect::<Result<Vec<_>>>()?;
-                let zeros = |i: usize| d.full_storage(shapes[i].elem_count(), dtypes[i]);
+                let params = (0..p)
+                    .map(|i| d.store(shard_of(&host_params[i], &shapes[i], placements[i], mesh, r)?))
+                    .collect::<Result<Vec<_>>>()?;
+                let zeros = |i: usize| d.full_storage(locals[i].elem_count(), dtypes[i]);
                 let m = (0..p).map(zeros).collect::<Result<Vec<_>>>()?;
                 let v = (0..p).map(zeros).collect::<Result<Vec<_>>>()?;
                 Ok(Replica { b: d, bindings, params, m, v })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(CompiledTrainStep { exe, replicas, text, names, shapes, batch: batch_meta, cfg, step: 0 })
+        Ok(CompiledTrainStep {
+            exe,
+            replicas,
+            mesh,
+            text,
+            names,
+            shapes,
+            placements,
+            checks,
+            stats: comm.stats(),
+            batch: batch_meta,
+            cfg,
+            step: 0,
+        })
     }
 
     /// Runs one step on `batch` and returns the loss (still on the device).
@@ -231,27 +316,36 @@ impl CompiledTrainStep {
                 format!("the batch {got:?} differs from the one the step was compiled for {:?}", self.batch),
             ));
         }
-        self.step += 1;
         let c = self.cfg;
-        let t = self.step as i32;
+        let t = (self.step + 1) as i32;
         let (bc1, bc2) = (1.0 - c.beta1.powi(t), 1.0 - c.beta2.powi(t));
         let scalars = [c.lr, 1.0 / bc1, 1.0 / bc2, 1.0 - c.lr * c.weight_decay];
-        let dp = self.replicas.len();
-        // each replica's slice of the batch and the runtime scalars, on its device
+        let (dp, p) = (self.mesh.dp, self.names.len());
         let host: Vec<HostData> = batch.iter().map(|x| x.to_host()).collect::<Result<_>>()?;
-        let mut extra: Vec<Vec<PjrtStorage>> = Vec::with_capacity(dp);
+        // ids are checked here: inside the program an out-of-range id cannot stop it
+        for &(arg, size) in &self.checks {
+            if let Some(h) = arg.checked_sub(3 * p).and_then(|j| host.get(j)) {
+                let ids = h.to_i64_vec()?;
+                if let Some(&bad) = ids.iter().find(|&&i| i < 0 || i as u64 >= size as u64) {
+                    return Err(redco_core::Error::IndexOutOfRange { op: "compiled step", index: bad, size });
+                }
+            }
+        }
+        self.step += 1;
+        // each replica's slice of the batch and the runtime scalars, on its device
+        let mut extra: Vec<Vec<PjrtStorage>> = Vec::with_capacity(self.replicas.len());
         for (r, rep) in self.replicas.iter().enumerate() {
+            let d = self.mesh.index_along(r, MeshAxis::Dp);
             let mut v = Vec::new();
             for (h, (s, _)) in host.iter().zip(&self.batch) {
                 let per = s.elem_count() / dp;
-                v.push(rep.b.store(slice(h, r * per, per))?);
+                v.push(rep.b.store(slice(h, d * per, per))?);
             }
             for &x in &scalars {
                 v.push(rep.b.store(HostData::F32(vec![x as f32]))?);
             }
             extra.push(v);
         }
-        let p = self.names.len();
         let lists: Vec<Vec<&crate::Buffer>> = self
             .replicas
             .iter()
@@ -267,7 +361,7 @@ impl CompiledTrainStep {
                     .collect()
             })
             .collect();
-        let outs = if dp == 1 {
+        let outs = if self.replicas.len() == 1 {
             vec![self.exe.execute(self.replicas[0].b.device, &lists[0])?]
         } else {
             self.exe.execute_replicated(&lists)?
@@ -294,18 +388,57 @@ impl CompiledTrainStep {
         Ok(Tensor::from_storage(&b0, loss, Shape::new([]), DType::F32))
     }
 
-    /// Writes the current parameters into `model` (the one the step was made from).
+    /// Writes the current parameters into `model` (the one the step was made from), the
+    /// shards of a split parameter put back together.
     pub fn load_into<M: Module<Pjrt>>(&self, model: &mut M) -> Result<()> {
+        let whole = (0..self.names.len()).map(|i| self.parameter(i)).collect::<Result<Vec<_>>>()?;
+        let b = &self.replicas[0].b;
         let mut idx = 0;
-        let rep = &self.replicas[0];
-        let (b, params, shapes) = (&rep.b, &rep.params, &self.shapes);
+        let mut err = None;
         model.visit_mut("", &mut |_, x| {
-            if let Some(s) = params.get(idx) {
-                *x = Tensor::from_storage(b, s.clone(), shapes[idx].clone(), x.dtype()).into_var();
+            if let Some(h) = whole.get(idx) {
+                match Tensor::from_host(b, h, self.shapes[idx].clone()) {
+                    Ok(t) => *x = t.into_var(),
+                    Err(e) => err = err.take().or(Some(e)),
+                }
             }
             idx += 1;
         });
-        Ok(())
+        err.map_or(Ok(()), Err)
+    }
+
+    /// The whole value of parameter `i` on the host: replica 0's, or the concatenation of
+    /// the shards held along the `mp` axis.
+    fn parameter(&self, i: usize) -> Result<HostData> {
+        let Placement::Shard(d) = self.placements[i].get(MeshAxis::Mp) else {
+            return self.replicas[0].params[i].buf.download();
+        };
+        let cpu = Cpu::new(1);
+        let local = local_shape(&self.shapes[i], self.placements[i], [self.mesh.dp, self.mesh.mp])?;
+        let parts = (0..self.mesh.mp)
+            .map(|m| {
+                let h = self.replicas[self.mesh.rank_of(0, m)].params[i].buf.download()?;
+                Tensor::from_host(&cpu, &h, local.clone())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Tensor::cat(&parts.iter().collect::<Vec<_>>(), d as isize)?.to_host()
+    }
+
+    /// The mesh the step runs on.
+    pub fn mesh(&self) -> Mesh {
+        self.mesh
+    }
+
+    /// The collectives the trace called, by kind and mesh axis (each one is an op of the
+    /// program: see [`CompiledTrainStep::ops`]).
+    pub fn comm_stats(&self) -> &CommStats {
+        &self.stats
+    }
+
+    /// The number of `stablehlo.<name>` ops in the step's program (`all_reduce`,
+    /// `all_gather`, `reduce_scatter`, ...).
+    pub fn ops(&self, name: &str) -> usize {
+        self.text.matches(&format!("\"stablehlo.{name}\"")).count()
     }
 
     /// The parameter names, in the order of the program's arguments.
@@ -315,12 +448,26 @@ impl CompiledTrainStep {
 
     /// The number of `stablehlo.all_reduce` ops in the step's program.
     pub fn all_reduces(&self) -> usize {
-        self.text.matches("\"stablehlo.all_reduce\"").count()
+        self.ops("all_reduce")
     }
 
     /// The StableHLO text of the step.
     pub fn program(&self) -> &str {
         &self.text
+    }
+}
+
+/// Rank `r`'s shard of a parameter of global `shape` (whole values `h`) laid out as `p`
+/// on `mesh`.
+fn shard_of(h: &HostData, shape: &Shape, p: Placements, mesh: Mesh, r: usize) -> Result<HostData> {
+    match p.get(MeshAxis::Mp) {
+        Placement::Shard(d) => {
+            let cpu = Cpu::new(1);
+            let len = shape.dims()[d] / mesh.mp;
+            let whole = Tensor::from_host(&cpu, h, shape.clone())?;
+            whole.narrow(d as isize, mesh.index_along(r, MeshAxis::Mp) * len, len)?.to_host()
+        }
+        _ => Ok(h.clone()),
     }
 }
 

@@ -41,6 +41,8 @@ pub(crate) enum Input {
 struct State {
     func: Func,
     inputs: Vec<Input>,
+    /// Ids the program looks up, as (parameter, bound): checked on the host before a run.
+    checks: Vec<(usize, usize)>,
 }
 
 /// A symbolic value of the program being traced (flat, `[n]`).
@@ -86,10 +88,35 @@ impl Tracer {
         self.emit(|f, _| f.all_reduce_sum(&x.0, groups))
     }
 
+    /// Records that the ids in `ids` must lie in `0..size`, where they are a parameter of
+    /// the program (ids computed inside it, such as a decoded token, are in range by
+    /// construction; XLA would clamp them).
+    fn check(&self, ids: &TVal, size: usize) {
+        if let Some(k) = ids.0.name.strip_prefix("arg").and_then(|d| d.parse::<usize>().ok()) {
+            let mut st = self.st();
+            if !st.checks.contains(&(k, size)) {
+                st.checks.push((k, size));
+            }
+        }
+    }
+
+    /// The id bounds on step arguments: `(argument, size)` for every lookup whose ids are
+    /// argument `argument` of a compiled step ([`Input::Arg`]).
+    pub(crate) fn arg_checks(&self) -> Vec<(usize, usize)> {
+        let st = self.st();
+        st.checks
+            .iter()
+            .filter_map(|&(k, size)| match st.inputs.get(k) {
+                Some(Input::Arg(j)) => Some((*j, size)),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Runs `f` on the program (with scalar inputs available), returning a flat result.
-    fn emit(&self, f: impl FnOnce(&mut Func, &mut dyn FnMut(&mut Func, f64, Et) -> Val) -> Val) -> TVal {
+    pub(crate) fn emit(&self, f: impl FnOnce(&mut Func, &mut dyn FnMut(&mut Func, f64, Et) -> Val) -> Val) -> TVal {
         let mut st = self.st();
-        let State { func, inputs } = &mut *st;
+        let State { func, inputs, .. } = &mut *st;
         let mut scalar = |fun: &mut Func, v: f64, et: Et| {
             inputs.push(Input::Scalar(v, et));
             fun.param(Ty::scalar(et))
@@ -258,9 +285,15 @@ impl Backend for Tracer {
             f.concat(&refs, dim)
         }))
     }
+    fn check_ids(&self, ids: &TVal, size: usize, op: &'static str) -> Result<()> {
+        int_ids(op, ids)?;
+        self.check(ids, size);
+        Ok(())
+    }
     fn index_select(&self, x: &TVal, shape: &Shape, dim: usize, ids: &TVal, _n_ids: usize) -> Result<TVal> {
         int_ids("index_select", ids)?;
         let (o, s, i) = around(shape, dim);
+        self.check(ids, s);
         Ok(self.emit(|f, _| f.take(&x.0, &ids.0, o, s, i)))
     }
     fn index_add(&self, x: &TVal, shape: &Shape, dim: usize, ids: &TVal, src: &TVal) -> Result<TVal> {

@@ -1,10 +1,13 @@
 //! The compiled training step against the eager PJRT backend and the CPU backend on a tiny
-//! LLaMA: 10 AdamW steps, the same losses (1e-5 relative) and parameters (1e-4).
+//! LLaMA: 10 AdamW steps, the same losses (1e-5 relative) and parameters (1e-4); over
+//! meshes of several devices (data and tensor parallel) the same as on one.
 
 use redco_core::cpu::Cpu;
+use redco_core::dist::trace::plan_from_trace;
+use redco_core::dist::{CollectiveKind, Mesh, ShardPlan};
 use redco_core::nn::ModuleExt;
 use redco_core::optim::{AdamW, AdamWConfig};
-use redco_core::{Backend, DType, Tensor};
+use redco_core::{Backend, DType, MeshAxis, Placement, Tensor};
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;
 use redco_tpu::{CompiledTrainStep, Pjrt};
@@ -137,5 +140,99 @@ fn the_step_over_two_devices_equals_one_device_and_its_collectives_are_the_progr
     for (g, w) in p2.iter().zip(&p1) {
         let e = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
         assert!(e <= 1e-4, "parameters differ by {e}");
+    }
+}
+
+/// Losses, final parameters and the step of `STEPS` compiled steps on the mesh of `plan`.
+fn on_mesh(b: &Pjrt, plan: &ShardPlan) -> (Vec<f64>, Vec<Vec<f64>>, CompiledTrainStep) {
+    let cfg = config();
+    let mut model = Llama::new(b, &cfg, DType::F32, 7).unwrap();
+    let x = Tensor::from_vec(b, ids(cfg.vocab), [2, 12]).unwrap();
+    let mut step = CompiledTrainStep::on_mesh(
+        b,
+        plan,
+        &model,
+        CFG,
+        &[&x],
+        |t| Llama::new(t, &cfg, DType::F32, 7),
+        |m, bt| m.loss(&bt[0], None, &bt[0]),
+    )
+    .unwrap();
+    let losses: Vec<f64> = (0..STEPS).map(|_| step.step(&[&x]).unwrap().to_scalar().unwrap()).collect();
+    step.load_into(&mut model).unwrap();
+    (losses, params(&model), step)
+}
+
+/// The plan the Trainer derives for `mesh`: the two rules on the traced loss.
+fn plan(mesh: Mesh) -> ShardPlan {
+    let cpu = Cpu::new(1);
+    let cfg = config();
+    let m = Llama::new(&cpu, &cfg, DType::F32, 7).unwrap();
+    let x = Tensor::from_vec(&cpu, ids(cfg.vocab), [2, 12]).unwrap();
+    let loss = m.loss(&x, None, &x).unwrap();
+    plan_from_trace(&m.named_parameters(), &[&loss], mesh, false).unwrap()
+}
+
+#[test]
+fn the_step_on_1x2_and_2x2_equals_1x1_with_megatron_collectives_in_its_program() {
+    let b = Pjrt::from_env(4).expect("set REDCO_PJRT_PLUGIN to a PJRT plugin");
+    let cfg = config();
+    let (l1, p1, _) = on_mesh(&b, &plan(Mesh::single()));
+    for mesh in ["1x2", "2x2"] {
+        let mesh: Mesh = mesh.parse().unwrap();
+        let plan = plan(mesh);
+        assert!(plan.params.values().any(|p| p.placement != Placement::Replicate), "{plan}");
+        let (l, p, step) = on_mesh(&b, &plan);
+        for (a, w) in l.iter().zip(&l1) {
+            assert!((a - w).abs() <= 1e-5 * w.abs(), "{mesh}: {l:?} 1x1: {l1:?}");
+        }
+        for (i, (g, w)) in p.iter().zip(&p1).enumerate() {
+            let e = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(e <= 1e-4, "{mesh}: parameter {} differs by {e}", step.names()[i]);
+        }
+        // Megatron's count over mp: forward, one all-reduce after the embedding and after
+        // each attention and MLP block; backward, one per norm input; three in the
+        // vocabulary-parallel cross-entropy. Over dp: one per parameter and the loss.
+        let s = step.comm_stats();
+        let l = cfg.layers as u64;
+        let mp = s.get(CollectiveKind::AllReduce, MeshAxis::Mp).calls;
+        let dp = s.get(CollectiveKind::AllReduce, MeshAxis::Dp).calls;
+        assert_eq!(mp, (2 * l + 1) * 2 + 3, "{mesh}:\n{s}");
+        let want_dp = if mesh.dp > 1 { step.names().len() as u64 + 1 } else { 0 };
+        assert_eq!(dp, want_dp, "{mesh}:\n{s}");
+        // every one is the program's own op, and nothing else moves data
+        assert_eq!(step.ops("all_reduce") as u64, mp + dp, "{mesh}");
+        assert_eq!((step.ops("all_gather"), step.ops("reduce_scatter")), (0, 0), "{mesh}");
+        assert_eq!(s.total_calls(), mp + dp, "{mesh}:\n{s}");
+        assert!(step.ops("replica_id") > 0, "{mesh}: rank offsets come from the replica id");
+    }
+}
+
+#[test]
+fn an_id_outside_the_vocabulary_is_refused_before_the_step_runs() {
+    let b = Pjrt::from_env(2).expect("set REDCO_PJRT_PLUGIN to a PJRT plugin");
+    let cfg = config();
+    for mesh in [Mesh::single(), "1x2".parse().unwrap()] {
+        let model = Llama::new(&b, &cfg, DType::F32, 7).unwrap();
+        let x = Tensor::from_vec(&b, ids(cfg.vocab), [2, 12]).unwrap();
+        let mut step = CompiledTrainStep::on_mesh(
+            &b,
+            &plan(mesh),
+            &model,
+            CFG,
+            &[&x],
+            |t| Llama::new(t, &cfg, DType::F32, 7),
+            |m, bt| m.loss(&bt[0], None, &bt[0]),
+        )
+        .unwrap();
+        let mut bad = ids(cfg.vocab);
+        bad[5] = cfg.vocab as i64;
+        let y = Tensor::from_vec(&b, bad, [2, 12]).unwrap();
+        let e = step.step(&[&y]).unwrap_err().to_string();
+        assert!(e.contains(&format!("index {} out of range", cfg.vocab)), "{mesh}: {e}");
+        // the refused batch changed nothing: the next good step is the first step
+        let first = step.step(&[&x]).unwrap().to_scalar().unwrap();
+        let (l1, _, _) = on_mesh(&b, &plan(mesh));
+        assert!((first - l1[0]).abs() <= 1e-6 * l1[0].abs(), "{mesh}: {first} vs {}", l1[0]);
     }
 }

@@ -27,6 +27,8 @@ pub enum Et {
     U8,
     /// i1 (comparison results)
     Pred,
+    /// ui32 (replica ids; converted before anything stores them)
+    U32,
 }
 
 impl Et {
@@ -53,6 +55,8 @@ impl Et {
             Et::I64 => DType::I64,
             Et::I32 => DType::I32,
             Et::U8 | Et::Pred => DType::U8,
+            // never stored: a replica id is converted to i64 where it is read
+            Et::U32 => DType::I64,
         }
     }
 
@@ -67,6 +71,7 @@ impl Et {
             Et::I32 => "i32",
             Et::U8 => "ui8",
             Et::Pred => "i1",
+            Et::U32 => "ui32",
         }
     }
 
@@ -89,7 +94,7 @@ impl Et {
         match self {
             Et::F32 | Et::F64 | Et::F16 | Et::BF16 => "FLOAT",
             Et::I64 | Et::I32 => "SIGNED",
-            Et::U8 | Et::Pred => "UNSIGNED",
+            Et::U8 | Et::Pred | Et::U32 => "UNSIGNED",
         }
     }
 }
@@ -319,5 +324,6 @@ pub fn binary_region(op: &str, et: Et) -> String {
     )
 }
 
+mod collectives;
 mod ops;
 mod unary;

@@ -327,16 +327,7 @@ impl Func {
     }
 }
 
-impl Func {
-    /// `stablehlo.all_reduce` summing `v` over the replicas of each group.
-    pub fn all_reduce_sum(&mut self, v: &Val, groups: &[Vec<usize>]) -> Val {
-        let width = groups.first().map_or(0, |g| g.len());
-        let rows: Vec<String> = groups.iter().map(|g| list(g)).collect();
-        let attr = format!("replica_groups = dense<[{}]> : tensor<{}x{width}xi64>", rows.join(", "), groups.len());
-        let region = binary_region("add", v.ty.et);
-        self.op_with_region("all_reduce", &[v], &region, &attr, v.ty.clone())
-    }
-}
+impl Func {}
 
 /// The smallest (`min`) or largest value of an integer type, as f64.
 fn int_limit(et: Et, largest: bool) -> f64 {
