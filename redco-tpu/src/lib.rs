@@ -44,6 +44,6 @@ pub use eager::{Pjrt, ProgramStats};
 pub use executable::Executable;
 pub use kv::KvStore;
 pub use proto::CompileOptions;
-pub use step::CompiledTrainStep;
+pub use step::{CompiledTrainStep, StepInputs, StepReport};
 pub use storage::PjrtStorage;
 pub use trace::Tracer;

@@ -72,8 +72,36 @@ pub struct CompiledTrainStep {
     step: u64,
 }
 
-/// The number of runtime scalars: learning rate, 1 / bias1, 1 / bias2, 1 - lr * wd.
-const SCALARS: usize = 4;
+/// The number of runtime scalars: learning rate, 1 / bias1, 1 / bias2, 1 - lr * wd, the
+/// loss scale and the clipping norm.
+const SCALARS: usize = 6;
+
+/// The outputs before the new state: one `[loss, gradient norm, finite]` vector.
+const HEAD: usize = 1;
+
+/// What a step runs with: the runtime inputs of the program.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepInputs {
+    /// The learning rate of this step.
+    pub lr: f64,
+    /// The loss is multiplied by this before backward and the gradients divided by it (for
+    /// half-precision training; 1 for f32).
+    pub loss_scale: f64,
+    /// Clip the global gradient norm to this value (`None`: no clipping).
+    pub clip_norm: Option<f64>,
+}
+
+/// What a step gives back, read from the device once, at its end.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepReport {
+    /// The mean loss over the mesh.
+    pub loss: f64,
+    /// The global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// False when a gradient was not finite: the step then changed nothing (parameters,
+    /// moments and the step count are as before).
+    pub finite: bool,
+}
 
 impl CompiledTrainStep {
     /// Traces one step of `model` (on `b`) with AdamW `cfg` on one device: `build` makes
@@ -216,8 +244,9 @@ impl CompiledTrainStep {
             return Err(pjrt_error("compiled step", format!("the traced model has {idx} parameters, the model {p}")));
         }
         let l = loss(&mt, &bt)?;
-        let grads = l.backward()?;
-        let (lr, ib1, ib2, decay) = (&sc[0], &sc[1], &sc[2], &sc[3]);
+        let (lr, ib1, ib2, decay, scale, clip) = (&sc[0], &sc[1], &sc[2], &sc[3], &sc[4], &sc[5]);
+        // backward of the loss times the runtime loss scale
+        let grads = l.mul(scale)?.backward()?;
         // the mean over the data-parallel replicas, by the program's own all-reduce
         let mean = |x: &Tensor<Tracer>| -> Result<Tensor<Tracer>> {
             if dp == 1 {
@@ -230,22 +259,53 @@ impl CompiledTrainStep {
         let local =
             |x: &Tensor<Tracer>| Tensor::from_storage(&t, x.storage().clone(), x.local_shape().clone(), x.dtype());
         let lv = redco_core::no_grad(|| l.detach().replicate())?;
-        let mut outs = vec![redco_core::no_grad(|| mean(&local(&lv)))?];
+        let mean_loss = redco_core::no_grad(|| mean(&local(&lv)))?;
+        let mut outs = Vec::with_capacity(HEAD + 3 * p);
         let (mut nx, mut nm, mut nv) = (Vec::new(), Vec::new(), Vec::new());
         redco_core::no_grad(|| -> Result<()> {
+            // each parameter's gradient: unscaled, averaged over dp, as its local shard
+            let mut gs = Vec::with_capacity(p);
             for i in 0..p {
                 let x = local(&xs[i].detach());
-                let g = match grads.get(&xs[i]) {
-                    Some(g) => mean(&local(&g.redistribute(placements[i])?).cast(x.dtype())?)?,
+                gs.push(match grads.get(&xs[i]) {
+                    Some(g) => mean(&local(&g.redistribute(placements[i])?).cast(x.dtype())?.div(scale)?)?,
                     None => x.zeros_like()?,
-                };
+                });
+            }
+            // the global norm (split shards add up over mp, one scalar all-reduce, as in
+            // Megatron), the clip factor, and whether the step is finite
+            let zero = || Tensor::zeros(&t, [], DType::F32);
+            let (mut split, mut whole) = (zero()?, zero()?);
+            for (g, pl) in gs.iter().zip(&placements) {
+                let sq = g.cast(DType::F32)?.square()?.sum_all()?;
+                if matches!(pl.get(MeshAxis::Mp), Placement::Shard(_)) {
+                    split = split.add(&sq)?;
+                } else {
+                    whole = whole.add(&sq)?;
+                }
+            }
+            if mesh.mp > 1 && placements.iter().any(|pl| matches!(pl.get(MeshAxis::Mp), Placement::Shard(_))) {
+                let r = comm.all_reduce(MeshAxis::Mp, split.storage(), ReduceKind::Sum, 4)?;
+                split = Tensor::from_storage(&t, r, Shape::new([]), DType::F32);
+            }
+            let norm = split.add(&whole)?.sqrt()?;
+            let finite = norm.sub(&norm)?.compare_scalar(0.0, redco_core::backend::CmpOp::Eq)?;
+            let factor = clip.div(&norm)?.minimum(&Tensor::ones(&t, [], DType::F32)?)?;
+            // [loss, norm, finite]: one read at the end of the step
+            let one = |x: &Tensor<Tracer>| x.cast(DType::F32)?.reshape([1]);
+            outs.push(Tensor::cat(&[&one(&mean_loss)?, &one(&norm)?, &one(&finite)?], 0)?);
+            for i in 0..p {
+                let x = local(&xs[i].detach());
+                let g = gs[i].mul(&factor.cast(x.dtype())?)?;
                 let m = ms[i].scale(cfg.beta1)?.add(&g.scale(1.0 - cfg.beta1)?)?;
                 let v = vs[i].scale(cfg.beta2)?.add(&g.square()?.scale(1.0 - cfg.beta2)?)?;
                 let denom = v.mul(ib2)?.sqrt()?.add_scalar(cfg.eps)?;
                 let upd = m.mul(ib1)?.div(&denom)?;
-                nx.push(x.mul(decay)?.sub(&upd.mul(lr)?)?);
-                nm.push(m);
-                nv.push(v);
+                let new_x = x.mul(decay)?.sub(&upd.mul(lr)?)?;
+                // a step whose gradients are not finite changes nothing
+                nx.push(finite.where_cond(&new_x, &x)?);
+                nm.push(finite.where_cond(&m, &ms[i])?);
+                nv.push(finite.where_cond(&v, &vs[i])?);
             }
             Ok(())
         })?;
@@ -256,7 +316,7 @@ impl CompiledTrainStep {
         let vals: Vec<TVal> = outs.iter().map(|o| o.storage().clone()).collect();
         let refs: Vec<&TVal> = vals.iter().collect();
         // parameters and moments (inputs 0..3p) give their buffers to outputs 1..=3p
-        let donated: Vec<(usize, usize)> = (0..3 * p).map(|i| (i, i + 1)).collect();
+        let donated: Vec<(usize, usize)> = (0..3 * p).map(|i| (i, i + HEAD)).collect();
         let (text, inputs) = t.finish(&refs, &donated);
         let checks = t.arg_checks();
         let options = if mesh.size() == 1 {
@@ -307,8 +367,17 @@ impl CompiledTrainStep {
         })
     }
 
-    /// Runs one step on `batch` and returns the loss (still on the device).
-    pub fn step(&mut self, batch: &[&Tensor<Pjrt>]) -> Result<Tensor<Pjrt>> {
+    /// Runs one step on `batch` with the configuration's learning rate, no loss scaling
+    /// and no clipping.
+    pub fn step(&mut self, batch: &[&Tensor<Pjrt>]) -> Result<StepReport> {
+        let inputs = StepInputs { lr: self.cfg.lr, loss_scale: 1.0, clip_norm: None };
+        self.step_with(batch, &inputs)
+    }
+
+    /// Runs one step on `batch` with `inputs` (all runtime inputs: nothing is compiled
+    /// again). A step whose gradients are not finite changes nothing and says so in its
+    /// report.
+    pub fn step_with(&mut self, batch: &[&Tensor<Pjrt>], inputs: &StepInputs) -> Result<StepReport> {
         let got: Vec<(Shape, DType)> = batch.iter().map(|x| (x.shape().clone(), x.dtype())).collect();
         if got != self.batch {
             return Err(pjrt_error(
@@ -316,10 +385,19 @@ impl CompiledTrainStep {
                 format!("the batch {got:?} differs from the one the step was compiled for {:?}", self.batch),
             ));
         }
+        if !(inputs.loss_scale.is_finite() && inputs.loss_scale > 0.0)
+            || inputs.clip_norm.is_some_and(|c| c.is_nan() || c <= 0.0)
+        {
+            return Err(pjrt_error(
+                "compiled step",
+                format!("the loss scale must be positive and finite and the clipping norm positive: {inputs:?}"),
+            ));
+        }
         let c = self.cfg;
         let t = (self.step + 1) as i32;
         let (bc1, bc2) = (1.0 - c.beta1.powi(t), 1.0 - c.beta2.powi(t));
-        let scalars = [c.lr, 1.0 / bc1, 1.0 / bc2, 1.0 - c.lr * c.weight_decay];
+        let clip = inputs.clip_norm.unwrap_or(f64::INFINITY);
+        let scalars = [inputs.lr, 1.0 / bc1, 1.0 / bc2, 1.0 - inputs.lr * c.weight_decay, inputs.loss_scale, clip];
         let (dp, p) = (self.mesh.dp, self.names.len());
         let host: Vec<HostData> = batch.iter().map(|x| x.to_host()).collect::<Result<_>>()?;
         // ids are checked here: inside the program an out-of-range id cannot stop it
@@ -331,7 +409,6 @@ impl CompiledTrainStep {
                 }
             }
         }
-        self.step += 1;
         // each replica's slice of the batch and the runtime scalars, on its device
         let mut extra: Vec<Vec<PjrtStorage>> = Vec::with_capacity(self.replicas.len());
         for (r, rep) in self.replicas.iter().enumerate() {
@@ -367,25 +444,37 @@ impl CompiledTrainStep {
             self.exe.execute_replicated(&lists)?
         };
         drop(lists);
-        let b0 = self.replicas[0].b.clone();
-        b0.ctx.executed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut loss = None;
+        self.replicas[0].b.ctx.executed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut head = None;
         for (rep, out) in self.replicas.iter_mut().zip(outs) {
-            if out.len() != 1 + 3 * p {
+            if out.len() != HEAD + 3 * p {
                 return Err(pjrt_error(
                     "compiled step",
-                    format!("the program returned {} outputs, not {}", out.len(), 1 + 3 * p),
+                    format!("the program returned {} outputs, not {}", out.len(), HEAD + 3 * p),
                 ));
             }
             let mut it = out.into_iter().map(|buf| PjrtStorage { buf: Arc::new(buf), host: None });
-            let Some(l) = it.next() else { return Err(pjrt_error("compiled step", "the program returned no loss")) };
-            loss.get_or_insert(l);
+            let Some(h) = it.next() else { return Err(pjrt_error("compiled step", "the program returned no loss")) };
+            head.get_or_insert(h);
             rep.params = it.by_ref().take(p).collect();
             rep.m = it.by_ref().take(p).collect();
             rep.v = it.collect();
         }
-        let loss = loss.ok_or_else(|| pjrt_error("compiled step", "no replica"))?;
-        Ok(Tensor::from_storage(&b0, loss, Shape::new([]), DType::F32))
+        // the one host read of the step
+        let head = head.ok_or_else(|| pjrt_error("compiled step", "no replica"))?.buf.download()?.to_f64_vec();
+        let [loss, grad_norm, finite] = head[..] else {
+            return Err(pjrt_error("compiled step", format!("the step's report has {} values, not 3", head.len())));
+        };
+        let finite = finite != 0.0;
+        if finite {
+            self.step += 1;
+        }
+        Ok(StepReport { loss, grad_norm, finite })
+    }
+
+    /// The optimizer steps taken (finite ones: a skipped step does not count).
+    pub fn steps(&self) -> u64 {
+        self.step
     }
 
     /// Writes the current parameters into `model` (the one the step was made from), the

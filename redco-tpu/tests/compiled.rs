@@ -6,11 +6,11 @@ use redco_core::cpu::Cpu;
 use redco_core::dist::trace::plan_from_trace;
 use redco_core::dist::{CollectiveKind, Mesh, ShardPlan};
 use redco_core::nn::ModuleExt;
-use redco_core::optim::{AdamW, AdamWConfig};
+use redco_core::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use redco_core::{Backend, DType, MeshAxis, Placement, Tensor};
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;
-use redco_tpu::{CompiledTrainStep, Pjrt};
+use redco_tpu::{CompiledTrainStep, Pjrt, StepInputs};
 
 const STEPS: usize = 10;
 const CFG: AdamWConfig = AdamWConfig { lr: 1e-2, beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.01, zero1: false };
@@ -65,7 +65,7 @@ fn the_compiled_step_equals_the_eager_and_cpu_steps() {
     let before = b.stats();
     let mut losses = Vec::new();
     for _ in 0..STEPS {
-        losses.push(step.step(&[&x]).unwrap().to_scalar().unwrap());
+        losses.push(step.step(&[&x]).unwrap().loss);
     }
     let after = b.stats();
     // one program for the whole step, compiled when the step was made, replayed STEPS times
@@ -125,7 +125,7 @@ fn the_step_over_two_devices_equals_one_device_and_its_collectives_are_the_progr
         if std::env::var_os("DUMP").is_some() {
             std::fs::write(format!("/tmp/step-dp{dp}.mlir"), step.program()).unwrap();
         }
-        let losses: Vec<f64> = (0..STEPS).map(|_| step.step(&[&x]).unwrap().to_scalar().unwrap()).collect();
+        let losses: Vec<f64> = (0..STEPS).map(|_| step.step(&[&x]).unwrap().loss).collect();
         let mut model = model;
         step.load_into(&mut model).unwrap();
         (losses, params(&model), step.all_reduces(), step.names().len())
@@ -158,7 +158,7 @@ fn on_mesh(b: &Pjrt, plan: &ShardPlan) -> (Vec<f64>, Vec<Vec<f64>>, CompiledTrai
         |m, bt| m.loss(&bt[0], None, &bt[0]),
     )
     .unwrap();
-    let losses: Vec<f64> = (0..STEPS).map(|_| step.step(&[&x]).unwrap().to_scalar().unwrap()).collect();
+    let losses: Vec<f64> = (0..STEPS).map(|_| step.step(&[&x]).unwrap().loss).collect();
     step.load_into(&mut model).unwrap();
     (losses, params(&model), step)
 }
@@ -193,11 +193,12 @@ fn the_step_on_1x2_and_2x2_equals_1x1_with_megatron_collectives_in_its_program()
         // Megatron's count over mp: forward, one all-reduce after the embedding and after
         // each attention and MLP block; backward, one per norm input; three in the
         // vocabulary-parallel cross-entropy. Over dp: one per parameter and the loss.
+        // And one scalar over mp for the gradient norm's split shards.
         let s = step.comm_stats();
         let l = cfg.layers as u64;
         let mp = s.get(CollectiveKind::AllReduce, MeshAxis::Mp).calls;
         let dp = s.get(CollectiveKind::AllReduce, MeshAxis::Dp).calls;
-        assert_eq!(mp, (2 * l + 1) * 2 + 3, "{mesh}:\n{s}");
+        assert_eq!(mp, (2 * l + 1) * 2 + 3 + 1, "{mesh}:\n{s}");
         let want_dp = if mesh.dp > 1 { step.names().len() as u64 + 1 } else { 0 };
         assert_eq!(dp, want_dp, "{mesh}:\n{s}");
         // every one is the program's own op, and nothing else moves data
@@ -231,8 +232,101 @@ fn an_id_outside_the_vocabulary_is_refused_before_the_step_runs() {
         let e = step.step(&[&y]).unwrap_err().to_string();
         assert!(e.contains(&format!("index {} out of range", cfg.vocab)), "{mesh}: {e}");
         // the refused batch changed nothing: the next good step is the first step
-        let first = step.step(&[&x]).unwrap().to_scalar().unwrap();
+        let first = step.step(&[&x]).unwrap().loss;
         let (l1, _, _) = on_mesh(&b, &plan(mesh));
         assert!((first - l1[0]).abs() <= 1e-6 * l1[0].abs(), "{mesh}: {first} vs {}", l1[0]);
     }
+}
+
+const CLIP: f64 = 0.05;
+const SCALE: f64 = 1024.0;
+
+/// Losses, gradient norms and final parameters of `STEPS` CPU steps clipped to `CLIP`.
+fn clipped_cpu() -> (Vec<f64>, Vec<f64>, Vec<Vec<f64>>) {
+    let b = Cpu::new(2);
+    let cfg = config();
+    let mut model = Llama::new(&b, &cfg, DType::F32, 7).unwrap();
+    let x = Tensor::from_vec(&b, ids(cfg.vocab), [2, 12]).unwrap();
+    let mut opt = AdamW::new(CFG);
+    let (mut losses, mut norms) = (Vec::new(), Vec::new());
+    for _ in 0..STEPS {
+        let loss = model.loss(&x, None, &x).unwrap();
+        losses.push(loss.to_scalar().unwrap());
+        let mut g = loss.backward().unwrap();
+        let ps: Vec<Tensor<Cpu>> = model.named_parameters().into_iter().map(|(_, p)| p).collect();
+        norms.push(clip_grad_norm(None, &ps, &mut g, CLIP).unwrap());
+        opt.step(&mut model, &g).unwrap();
+    }
+    (losses, norms, params(&model))
+}
+
+#[test]
+fn clipping_and_a_loss_scale_are_runtime_inputs_and_give_the_cpu_update() {
+    let b = Pjrt::from_env(2).expect("set REDCO_PJRT_PLUGIN to a PJRT plugin");
+    let cfg = config();
+    let (want_l, want_n, want_p) = clipped_cpu();
+    assert!(want_n.iter().all(|&n| n > CLIP), "the test must clip: {want_n:?}");
+    for mesh in [Mesh::single(), "1x2".parse().unwrap()] {
+        let mut model = Llama::new(&b, &cfg, DType::F32, 7).unwrap();
+        let x = Tensor::from_vec(&b, ids(cfg.vocab), [2, 12]).unwrap();
+        let mut step = CompiledTrainStep::on_mesh(
+            &b,
+            &plan(mesh),
+            &model,
+            CFG,
+            &[&x],
+            |t| Llama::new(t, &cfg, DType::F32, 7),
+            |m, bt| m.loss(&bt[0], None, &bt[0]),
+        )
+        .unwrap();
+        let inputs = StepInputs { lr: CFG.lr, loss_scale: SCALE, clip_norm: Some(CLIP) };
+        let before = b.stats().compiled;
+        let reports: Vec<_> = (0..STEPS).map(|_| step.step_with(&[&x], &inputs).unwrap()).collect();
+        assert_eq!(b.stats().compiled, before, "{mesh}: new runtime inputs compile nothing");
+        for (r, (l, n)) in reports.iter().zip(want_l.iter().zip(&want_n)) {
+            assert!(r.finite, "{mesh}: {r:?}");
+            assert!((r.loss - l).abs() <= 1e-5 * l.abs(), "{mesh}: loss {} cpu {l}", r.loss);
+            assert!((r.grad_norm - n).abs() <= 1e-4 * n, "{mesh}: norm {} cpu {n}", r.grad_norm);
+        }
+        step.load_into(&mut model).unwrap();
+        for (i, (g, w)) in params(&model).iter().zip(&want_p).enumerate() {
+            let e = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(e <= 1e-4, "{mesh}: parameter {} differs by {e}", step.names()[i]);
+        }
+    }
+}
+
+#[test]
+fn a_step_with_overflowing_gradients_changes_nothing_and_says_so() {
+    let b = pjrt();
+    let cfg = config();
+    let mut model = Llama::new(&b, &cfg, DType::F32, 7).unwrap();
+    let x = Tensor::from_vec(&b, ids(cfg.vocab), [2, 12]).unwrap();
+    let start = params(&model);
+    let mut step = CompiledTrainStep::new(
+        &b,
+        &model,
+        CFG,
+        &[&x],
+        |t| Llama::new(t, &cfg, DType::F32, 7),
+        |m, bt| m.loss(&bt[0], None, &bt[0]),
+    )
+    .unwrap();
+    // scaled, the embedding's gradient (about 1.2 x the scale) overflows f32
+    let huge = StepInputs { lr: CFG.lr, loss_scale: 3e38, clip_norm: None };
+    let r = step.step_with(&[&x], &huge).unwrap();
+    assert!(!r.finite && !r.grad_norm.is_finite() && r.loss.is_finite(), "{r:?}");
+    assert_eq!(step.steps(), 0);
+    step.load_into(&mut model).unwrap();
+    assert_eq!(params(&model), start, "a skipped step must leave the parameters as they were");
+    // the next step is the first step
+    let (want, _) = eager(&Cpu::new(2));
+    let first = step.step(&[&x]).unwrap();
+    assert!(first.finite && (first.loss - want[0]).abs() <= 1e-5 * want[0], "{first:?} vs {}", want[0]);
+    let second = step.step(&[&x]).unwrap();
+    assert!((second.loss - want[1]).abs() <= 1e-5 * want[1], "{second:?} vs {}", want[1]);
+    assert_eq!(step.steps(), 2);
+    let bad = StepInputs { lr: CFG.lr, loss_scale: 0.0, clip_norm: None };
+    let e = step.step_with(&[&x], &bad).unwrap_err().to_string();
+    assert!(e.contains("loss scale must be positive"), "{e}");
 }

@@ -210,14 +210,11 @@ pub fn child(
             let base = redco_tpu::Pjrt::from_env(mesh.size()).map_err(|e| e.to_string())?;
             redco_core::dist::spmd(mesh, &opts, |rank, _| base.on_device(rank), |rk| job.measure(rk).map(with_rss))
         }
-        // the training step compiled into one program over dp devices
+        // the training step compiled into one SPMD program over the mesh's devices
         #[cfg(feature = "tpu")]
         "pjrt" => {
-            if mesh.mp != 1 {
-                return Err(format!("redco-pjrt-{mesh}: compiled steps split over dp only (use pjrt-eager for mp)"));
-            }
-            let b = redco_tpu::Pjrt::from_env(mesh.dp).map_err(|e| e.to_string())?;
-            let r = super::llm_pjrt::measure_compiled(&b, mesh.dp, &cfg, (&ids, &prompt), (steps, new), only)?;
+            let b = redco_tpu::Pjrt::from_env(mesh.size()).map_err(|e| e.to_string())?;
+            let r = super::llm_pjrt::measure_compiled(&b, mesh, &cfg, (&ids, &prompt), (steps, new), only)?;
             Ok(vec![with_rss(r)])
         }
         other => return Err(super::backends::parse(other).err().unwrap_or_else(|| format!("backend `{other}`"))),

@@ -1,12 +1,17 @@
 //! The `redco-pjrt-<mesh>` rows of `bench llm`: the bench LLaMA's training step compiled
-//! into one PJRT program ([`redco_tpu::CompiledTrainStep`], replicated over the mesh's dp
-//! devices with in-program all-reduces), timed with the host read of the loss at the end
+//! into one PJRT program ([`redco_tpu::CompiledTrainStep`]: one SPMD program over the
+//! mesh's devices, split by the plan the Trainer derives, its collectives the program's
+//! own), timed with the host read of the loss at the end
 //! of each step, as the eager rows are; and greedy decoding with a compiled prompt step and
 //! token step ([`redco_tpu::CompiledDecode`], on one device). The forward pass alone is not
 //! compiled (its column is `-`).
 
 use super::llm::{ADAMW, BATCH, PROMPT, SEQ};
 use super::llm_child::RankTimes;
+use redco_core::cpu::Cpu;
+use redco_core::dist::trace::plan_from_trace;
+use redco_core::dist::{Mesh, ShardPlan};
+use redco_core::nn::ModuleExt;
 use redco_core::{DType, Error, Tensor};
 use redco_models::generate::FixedKvCache;
 use redco_models::hf::config::HfConfig;
@@ -18,7 +23,7 @@ use std::time::Instant;
 /// compiled greedy generates of `new` tokens.
 pub fn measure_compiled(
     b: &Pjrt,
-    dp: usize,
+    mesh: Mesh,
     cfg: &HfConfig,
     (ids, prompt): (&[i64], &[i64]),
     (steps, new): (usize, usize),
@@ -35,9 +40,10 @@ pub fn measure_compiled(
     let model = Llama::new(b, cfg, DType::F32, 0).map_err(e)?;
     let x = Tensor::from_vec(b, ids.to_vec(), [BATCH, SEQ]).map_err(e)?;
     let t0 = Instant::now();
-    let mut step = CompiledTrainStep::data_parallel(
+    let plan = plan(mesh, cfg, ids).map_err(e)?;
+    let mut step = CompiledTrainStep::on_mesh(
         b,
-        dp,
+        &plan,
         &model,
         ADAMW,
         &[&x],
@@ -48,7 +54,7 @@ pub fn measure_compiled(
     eprintln!("redco-pjrt: the step traced and compiled in {:.2} s", t0.elapsed().as_secs_f64());
     for i in 0..=steps {
         let t = Instant::now();
-        out.loss = step.step(&[&x]).and_then(|l| l.to_scalar()).map_err(e)?;
+        out.loss = step.step(&[&x]).map(|r| r.loss).map_err(e)?;
         if i > 0 {
             let s = t.elapsed().as_secs_f64();
             out.train.push(s);
@@ -59,6 +65,15 @@ pub fn measure_compiled(
         return Err(format!("the compiled training loss is {}", out.loss));
     }
     Ok(out)
+}
+
+/// The plan the Trainer derives for `mesh`: the two rules on the bench model's traced loss.
+fn plan(mesh: Mesh, cfg: &HfConfig, ids: &[i64]) -> redco_core::Result<ShardPlan> {
+    let cpu = Cpu::new(1);
+    let m = Llama::new(&cpu, cfg, DType::F32, 0)?;
+    let x = Tensor::from_vec(&cpu, ids.to_vec(), [BATCH, SEQ])?;
+    let loss = m.loss(&x, None, &x)?;
+    plan_from_trace(&m.named_parameters(), &[&loss], mesh, false)
 }
 
 /// The bench decoder's logits over a fixed cache (the traced step of [`CompiledDecode`]).
