@@ -4,6 +4,7 @@
 
 pub mod agree;
 pub mod checkpoint;
+pub mod compiled;
 pub mod data;
 mod deployer;
 pub mod metrics;

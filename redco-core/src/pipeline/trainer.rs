@@ -7,6 +7,7 @@
 
 use super::agree::{check_shared_workdir, dp_shard, from_leader};
 use super::checkpoint::{export_safetensors, Checkpointer};
+use super::compiled::{pull_state, push_state, CompiledStep, StepCompiler, StepInputs};
 use super::data::Dataset;
 use super::metrics::{MetricsLog, StepMetrics};
 use super::{Batch, Deployer, StepCtx};
@@ -21,6 +22,7 @@ use crate::optim::{AdamW, AdamWConfig, Decay, Optimizer, Schedule, Sgd};
 use crate::{Backend, DType, Error, GradStore, MeshAxis, Result, Tensor};
 use std::collections::BTreeMap;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// What to do with a non-finite loss.
@@ -162,6 +164,7 @@ pub struct Trainer<M, E, B: Backend = Cpu> {
     collate_fn: CollateFn<E, B>,
     loss_fn: LossFn<M, B>,
     eval: Option<Eval<M, E, B>>,
+    compiler: Option<Arc<dyn StepCompiler<M, B>>>,
     /// Options.
     pub config: TrainConfig,
 }
@@ -203,6 +206,7 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
             collate_fn: Box::new(collate_fn),
             loss_fn: Box::new(loss_fn),
             eval: None,
+            compiler: None,
             config,
         }
     }
@@ -220,6 +224,49 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
     ) -> Self {
         self.eval = Some(Eval { data: Box::new(data), metric: Box::new(metric), every: every.max(1), lower_is_better });
         self
+    }
+
+    /// Runs every optimizer step as one compiled program per rank ([`StepCompiler`]): the
+    /// forward pass, the loss, backward, the gradient sync, clipping and AdamW, with the
+    /// learning rate, the loss scale and the clipping norm as runtime inputs. It needs
+    /// AdamW without ZeRO-1, f32 compute and one micro-batch per step ([`Trainer::fit`]
+    /// says so otherwise); `loss_fn` is then what `compiler` traces, once.
+    pub fn with_compiled_step(mut self, compiler: Arc<dyn StepCompiler<M, B>>) -> Self {
+        self.compiler = Some(compiler);
+        self
+    }
+
+    /// The compiled step for `plan`, made once before the ranks start.
+    fn compile_step(
+        &self,
+        compiler: &dyn StepCompiler<M, B>,
+        dep: &Deployer<B>,
+        data: &dyn Dataset<E>,
+        plan: &ShardPlan,
+    ) -> Result<Arc<dyn CompiledStep<B>>> {
+        let cfg = &self.config;
+        let adamw = match cfg.optimizer {
+            OptimizerConfig::AdamW(c) if !c.zero1 => c,
+            _ => return Err(Error::invalid("fit (compiled step)", "a compiled step runs AdamW without ZeRO-1")),
+        };
+        if cfg.compute_dtype != DType::F32 || cfg.accumulate != 1 {
+            return Err(Error::invalid(
+                "fit (compiled step)",
+                format!(
+                    "a compiled step runs f32 compute with one micro-batch per step (got {:?}, {} micro-batches)",
+                    cfg.compute_dtype, cfg.accumulate
+                ),
+            ));
+        }
+        let first = dep.local_ranks()?.first().copied().unwrap_or(0);
+        let b = dep.backend(first, 1)?;
+        let model = (self.model_fn)(&b)?;
+        let (ex, _) = self.examples(data, dep.seed, 0, 0, (0, dep.mesh.dp), &mut HashMap::new())?;
+        let batch = (self.collate_fn)(&b, &ex)?;
+        let t0 = Instant::now();
+        let step = compiler.compile(&model, plan, &batch, &adamw)?;
+        tracing::info!(seconds = t0.elapsed().as_secs_f64(), "training step traced and compiled");
+        Ok(step)
     }
 
     /// The mean eval metric of `model` (every rank calls it).
@@ -332,6 +379,10 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
         }
         let plan = self.plan(dep, data)?;
         tracing::info!(mesh = %dep.mesh, params = plan.params.len(), "sharding plan derived from the traced forward pass");
+        let compiled = match &self.compiler {
+            Some(c) => Some(self.compile_step(c.as_ref(), dep, data, &plan)?),
+            None => None,
+        };
         let ckpt = Checkpointer::new(&dep.workdir, cfg.keep_last);
         let resume_from = if resume { ckpt.latest()? } else { None };
         let host = dep.world().host;
@@ -389,6 +440,9 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
                 err.map_or(Ok(()), Err)
             };
             refresh(&mut model, &masters)?;
+            if let Some(cs) = &compiled {
+                push_state(cs.as_ref(), rk.rank, &masters, opt.as_ref())?;
+            }
             let mut log = if rk.rank == 0 { Some(MetricsLog::open(&dep.workdir, cfg.steps, cfg.log_every)?) } else { None };
             let mut losses = Vec::new();
             let mut cache = HashMap::new();
@@ -398,6 +452,40 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
                 let t0 = Instant::now();
                 let lr = cfg.schedule.lr(step);
                 opt.set_lr(lr);
+                let (loss_sum, tokens, norm) = if let Some(cs) = &compiled {
+                    // this rank's slice of the batch through the compiled step
+                    let (ex, first) = self.examples(data, dep.seed, step, 0, (d, dp), &mut cache)?;
+                    let mine = first + d * ex.len();
+                    let local = (self.collate_fn)(&rk.backend, &ex)
+                        .map_err(|e| Error::invalid("collate_fn", format!("step {step}, examples {mine}..{}: {e}", mine + ex.len())))?;
+                    let tokens = cfg.tokens_key.as_ref().and_then(|k| local.get(k)).map_or(ex.len(), |t| t.elem_count()) * dp;
+                    let inputs = StepInputs { lr, loss_scale: 1.0, clip_norm: cfg.clip_norm };
+                    let r = cs.step(rk.rank, &local, &inputs)?;
+                    if !r.loss.is_finite() {
+                        // the step changed nothing (its gradients were not finite either)
+                        match cfg.nan {
+                            NanPolicy::Error => {
+                                return Err(Error::invalid(
+                                    "fit",
+                                    format!("loss is {} at step {step} (examples {first}..{} of the shuffled order); the last checkpoint is intact", r.loss, first + cfg.batch_size),
+                                ))
+                            }
+                            NanPolicy::Skip => {
+                                if rk.rank == 0 {
+                                    tracing::warn!(step, loss = r.loss, "skipping a step with a non-finite loss");
+                                }
+                                continue;
+                            }
+                        }
+                    }
+                    if !r.finite {
+                        if rk.rank == 0 {
+                            tracing::warn!(step, grad_norm = r.grad_norm, "non-finite gradients; the step was skipped");
+                        }
+                        continue;
+                    }
+                    (r.loss, tokens, r.grad_norm)
+                } else {
                 let mut grads = GradStore::new();
                 let (mut loss_sum, mut tokens, mut bad) = (0.0, 0usize, None);
                 for micro in 0..cfg.accumulate {
@@ -508,9 +596,23 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
                 };
                 opt.update(&mut masters, &grads)?;
                 refresh(&mut model, &masters)?;
+                (loss_sum, tokens, norm)
+                };
                 losses.push(loss_sum);
                 let dt = t0.elapsed().as_secs_f64();
                 let done = step + 1;
+                if let Some(cs) = &compiled {
+                    // the compiled step's state back into the masters, the optimizer and the
+                    // model where something below reads them
+                    let per_step = (cfg.batch_size * cfg.accumulate) as u64;
+                    let n = data.len() as u64;
+                    let ends_epoch = cfg.checkpoint_at_epoch_end && (done * per_step) / n > (step * per_step) / n;
+                    let evals = self.eval.as_ref().is_some_and(|ev| done.is_multiple_of(ev.every));
+                    if evals || ends_epoch || cfg.checkpoint_every.is_some_and(|n| done.is_multiple_of(n)) || done == cfg.steps {
+                        pull_state(cs.as_ref(), rk.rank, &mut masters, opt.as_mut())?;
+                        refresh(&mut model, &masters)?;
+                    }
+                }
                 let eval = match &self.eval {
                     Some(ev) if done.is_multiple_of(ev.every) || done == cfg.steps => {
                         // rank 0's value decides (the ranks' values agree; this makes sure)

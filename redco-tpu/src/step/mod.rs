@@ -34,6 +34,8 @@ use redco_core::placement::local_shape;
 use redco_core::{DType, HostData, MeshAxis, Placement, Placements, Result, Shape, Tensor};
 use std::sync::Arc;
 
+mod run;
+
 /// What a program parameter of a compiled step is bound to at each replay.
 enum Binding {
     /// Step argument `i`: parameters, then first moments, second moments, the batch, and
@@ -64,6 +66,9 @@ pub struct CompiledTrainStep {
     names: Vec<String>,
     shapes: Vec<Shape>,
     placements: Vec<Placements>,
+    /// Each parameter's local shape and dtype.
+    locals: Vec<Shape>,
+    dtypes: Vec<DType>,
     /// `(argument, size)`: batch ids looked up in a table of `size` rows.
     checks: Vec<(usize, usize)>,
     stats: CommStats,
@@ -78,30 +83,6 @@ const SCALARS: usize = 6;
 
 /// The outputs before the new state: one `[loss, gradient norm, finite]` vector.
 const HEAD: usize = 1;
-
-/// What a step runs with: the runtime inputs of the program.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StepInputs {
-    /// The learning rate of this step.
-    pub lr: f64,
-    /// The loss is multiplied by this before backward and the gradients divided by it (for
-    /// half-precision training; 1 for f32).
-    pub loss_scale: f64,
-    /// Clip the global gradient norm to this value (`None`: no clipping).
-    pub clip_norm: Option<f64>,
-}
-
-/// What a step gives back, read from the device once, at its end.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StepReport {
-    /// The mean loss over the mesh.
-    pub loss: f64,
-    /// The global gradient norm before clipping.
-    pub grad_norm: f64,
-    /// False when a gradient was not finite: the step then changed nothing (parameters,
-    /// moments and the step count are as before).
-    pub finite: bool,
-}
 
 impl CompiledTrainStep {
     /// Traces one step of `model` (on `b`) with AdamW `cfg` on one device: `build` makes
@@ -161,15 +142,30 @@ impl CompiledTrainStep {
         M: Module<Pjrt>,
         MT: Module<Tracer>,
     {
+        let meta: Vec<(Shape, DType)> = batch.iter().map(|x| (x.shape().clone(), x.dtype())).collect();
+        CompiledTrainStep::on_mesh_for(b, plan, model, cfg, &meta, build, loss)
+    }
+
+    /// [`CompiledTrainStep::on_mesh`] for whole batches of these shapes and dtypes.
+    pub fn on_mesh_for<M, MT>(
+        b: &Pjrt,
+        plan: &ShardPlan,
+        model: &M,
+        cfg: AdamWConfig,
+        batch: &[(Shape, DType)],
+        build: impl FnOnce(&Tracer) -> Result<MT>,
+        loss: impl FnOnce(&MT, &[Tensor<Tracer>]) -> Result<Tensor<Tracer>>,
+    ) -> Result<CompiledTrainStep>
+    where
+        M: Module<Pjrt>,
+        MT: Module<Tracer>,
+    {
         let mesh = plan.mesh;
         let (dp, sizes) = (mesh.dp, [mesh.dp, mesh.mp]);
-        if let Some(x) = batch.iter().find(|x| x.rank() == 0 || x.dims()[0] % dp != 0) {
+        if let Some((x, _)) = batch.iter().find(|(x, _)| x.rank() == 0 || x.dims()[0] % dp != 0) {
             return Err(pjrt_error(
                 "compiled step",
-                format!(
-                    "a batch tensor of shape {} does not split over dp = {dp} along its first dimension",
-                    x.shape()
-                ),
+                format!("a batch tensor of shape {x} does not split over dp = {dp} along its first dimension"),
             ));
         }
         let have = b.client().devices().len();
@@ -216,7 +212,7 @@ impl CompiledTrainStep {
             (0..p).map(|i| tv(arg(p + i, locals[i].elem_count(), dtypes[i]), &locals[i], dtypes[i])).collect();
         let vs: Vec<Tensor<Tracer>> =
             (0..p).map(|i| tv(arg(2 * p + i, locals[i].elem_count(), dtypes[i]), &locals[i], dtypes[i])).collect();
-        let batch_meta: Vec<(Shape, DType)> = batch.iter().map(|x| (x.shape().clone(), x.dtype())).collect();
+        let batch_meta: Vec<(Shape, DType)> = batch.to_vec();
         // each replica's slice of the batch
         let bt: Vec<Tensor<Tracer>> = batch_meta
             .iter()
@@ -359,122 +355,14 @@ impl CompiledTrainStep {
             names,
             shapes,
             placements,
+            locals,
+            dtypes,
             checks,
             stats: comm.stats(),
             batch: batch_meta,
             cfg,
             step: 0,
         })
-    }
-
-    /// Runs one step on `batch` with the configuration's learning rate, no loss scaling
-    /// and no clipping.
-    pub fn step(&mut self, batch: &[&Tensor<Pjrt>]) -> Result<StepReport> {
-        let inputs = StepInputs { lr: self.cfg.lr, loss_scale: 1.0, clip_norm: None };
-        self.step_with(batch, &inputs)
-    }
-
-    /// Runs one step on `batch` with `inputs` (all runtime inputs: nothing is compiled
-    /// again). A step whose gradients are not finite changes nothing and says so in its
-    /// report.
-    pub fn step_with(&mut self, batch: &[&Tensor<Pjrt>], inputs: &StepInputs) -> Result<StepReport> {
-        let got: Vec<(Shape, DType)> = batch.iter().map(|x| (x.shape().clone(), x.dtype())).collect();
-        if got != self.batch {
-            return Err(pjrt_error(
-                "compiled step",
-                format!("the batch {got:?} differs from the one the step was compiled for {:?}", self.batch),
-            ));
-        }
-        if !(inputs.loss_scale.is_finite() && inputs.loss_scale > 0.0)
-            || inputs.clip_norm.is_some_and(|c| c.is_nan() || c <= 0.0)
-        {
-            return Err(pjrt_error(
-                "compiled step",
-                format!("the loss scale must be positive and finite and the clipping norm positive: {inputs:?}"),
-            ));
-        }
-        let c = self.cfg;
-        let t = (self.step + 1) as i32;
-        let (bc1, bc2) = (1.0 - c.beta1.powi(t), 1.0 - c.beta2.powi(t));
-        let clip = inputs.clip_norm.unwrap_or(f64::INFINITY);
-        let scalars = [inputs.lr, 1.0 / bc1, 1.0 / bc2, 1.0 - inputs.lr * c.weight_decay, inputs.loss_scale, clip];
-        let (dp, p) = (self.mesh.dp, self.names.len());
-        let host: Vec<HostData> = batch.iter().map(|x| x.to_host()).collect::<Result<_>>()?;
-        // ids are checked here: inside the program an out-of-range id cannot stop it
-        for &(arg, size) in &self.checks {
-            if let Some(h) = arg.checked_sub(3 * p).and_then(|j| host.get(j)) {
-                let ids = h.to_i64_vec()?;
-                if let Some(&bad) = ids.iter().find(|&&i| i < 0 || i as u64 >= size as u64) {
-                    return Err(redco_core::Error::IndexOutOfRange { op: "compiled step", index: bad, size });
-                }
-            }
-        }
-        // each replica's slice of the batch and the runtime scalars, on its device
-        let mut extra: Vec<Vec<PjrtStorage>> = Vec::with_capacity(self.replicas.len());
-        for (r, rep) in self.replicas.iter().enumerate() {
-            let d = self.mesh.index_along(r, MeshAxis::Dp);
-            let mut v = Vec::new();
-            for (h, (s, _)) in host.iter().zip(&self.batch) {
-                let per = s.elem_count() / dp;
-                v.push(rep.b.store(slice(h, d * per, per))?);
-            }
-            for &x in &scalars {
-                v.push(rep.b.store(HostData::F32(vec![x as f32]))?);
-            }
-            extra.push(v);
-        }
-        let lists: Vec<Vec<&crate::Buffer>> = self
-            .replicas
-            .iter()
-            .zip(&extra)
-            .map(|(rep, ex)| {
-                let args: Vec<&PjrtStorage> = rep.params.iter().chain(&rep.m).chain(&rep.v).chain(ex).collect();
-                rep.bindings
-                    .iter()
-                    .map(|bd| match bd {
-                        Binding::Arg(i) => &*args[*i].buf,
-                        Binding::Fixed(s) => &*s.buf,
-                    })
-                    .collect()
-            })
-            .collect();
-        let outs = if self.replicas.len() == 1 {
-            vec![self.exe.execute(self.replicas[0].b.device, &lists[0])?]
-        } else {
-            self.exe.execute_replicated(&lists)?
-        };
-        drop(lists);
-        self.replicas[0].b.ctx.executed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut head = None;
-        for (rep, out) in self.replicas.iter_mut().zip(outs) {
-            if out.len() != HEAD + 3 * p {
-                return Err(pjrt_error(
-                    "compiled step",
-                    format!("the program returned {} outputs, not {}", out.len(), HEAD + 3 * p),
-                ));
-            }
-            let mut it = out.into_iter().map(|buf| PjrtStorage { buf: Arc::new(buf), host: None });
-            let Some(h) = it.next() else { return Err(pjrt_error("compiled step", "the program returned no loss")) };
-            head.get_or_insert(h);
-            rep.params = it.by_ref().take(p).collect();
-            rep.m = it.by_ref().take(p).collect();
-            rep.v = it.collect();
-        }
-        // the one host read of the step
-        let head = head.ok_or_else(|| pjrt_error("compiled step", "no replica"))?.buf.download()?.to_f64_vec();
-        let [loss, grad_norm, finite] = head[..] else {
-            return Err(pjrt_error("compiled step", format!("the step's report has {} values, not 3", head.len())));
-        };
-        let finite = finite != 0.0;
-        if finite {
-            self.step += 1;
-        }
-        Ok(StepReport { loss, grad_norm, finite })
-    }
-
-    /// The optimizer steps taken (finite ones: a skipped step does not count).
-    pub fn steps(&self) -> u64 {
-        self.step
     }
 
     /// Writes the current parameters into `model` (the one the step was made from), the
@@ -511,6 +399,21 @@ impl CompiledTrainStep {
             })
             .collect::<Result<Vec<_>>>()?;
         Tensor::cat(&parts.iter().collect::<Vec<_>>(), d as isize)?.to_host()
+    }
+
+    /// Each batch tensor's slice on one replica (its first dimension split over dp), in
+    /// the compiled order.
+    pub fn local_batch(&self) -> Vec<(Shape, DType)> {
+        self.batch
+            .iter()
+            .map(|(s, d)| {
+                let mut dims = s.dims().to_vec();
+                if let Some(n) = dims.first_mut() {
+                    *n /= self.mesh.dp;
+                }
+                (Shape::new(dims), *d)
+            })
+            .collect()
     }
 
     /// The mesh the step runs on.
@@ -557,20 +460,6 @@ fn shard_of(h: &HostData, shape: &Shape, p: Placements, mesh: Mesh, r: usize) ->
             whole.narrow(d as isize, mesh.index_along(r, MeshAxis::Mp) * len, len)?.to_host()
         }
         _ => Ok(h.clone()),
-    }
-}
-
-/// Elements `start..start + len` of `h`.
-fn slice(h: &HostData, start: usize, len: usize) -> HostData {
-    let r = start..start + len;
-    match h {
-        HostData::F32(v) => HostData::F32(v[r].to_vec()),
-        HostData::F64(v) => HostData::F64(v[r].to_vec()),
-        HostData::F16(v) => HostData::F16(v[r].to_vec()),
-        HostData::BF16(v) => HostData::BF16(v[r].to_vec()),
-        HostData::I64(v) => HostData::I64(v[r].to_vec()),
-        HostData::I32(v) => HostData::I32(v[r].to_vec()),
-        HostData::U8(v) => HostData::U8(v[r].to_vec()),
     }
 }
 
