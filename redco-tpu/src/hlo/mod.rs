@@ -191,8 +191,21 @@ pub fn literal(v: f64, et: Et) -> String {
 #[derive(Debug, Default, Clone)]
 pub struct Func {
     params: Vec<Ty>,
-    body: String,
+    body: Vec<Stmt>,
     next: usize,
+}
+
+/// One op of the body: the value it defines, the values it reads, its text.
+#[derive(Debug, Clone)]
+struct Stmt {
+    def: String,
+    uses: Vec<String>,
+    text: String,
+}
+
+/// The value a name belongs to (`v3` for the result `v3#1` of a multi-result op).
+fn base(name: &str) -> &str {
+    name.split('#').next().unwrap_or(name)
 }
 
 impl Func {
@@ -227,34 +240,34 @@ impl Func {
     /// `({ ... })`, including the braces).
     pub fn op_with_region(&mut self, op: &str, operands: &[&Val], region: &str, attrs: &str, out: Ty) -> Val {
         let name = self.fresh();
-        let args: Vec<String> = operands.iter().map(|v| format!("%{}", v.name)).collect();
-        let tys: Vec<String> = operands.iter().map(|v| v.ty.to_string()).collect();
-        let _ = write!(self.body, "    %{name} = \"{}\"({})", qualified(op), args.join(", "));
-        if !region.is_empty() {
-            let _ = write!(self.body, " ({region})");
-        }
-        if !attrs.is_empty() {
-            let _ = write!(self.body, " {{{attrs}}}");
-        }
-        let _ = writeln!(self.body, " : ({}) -> {out}", tys.join(", "));
+        self.push(&name, &format!("%{name}"), op, operands, region, attrs, &out.to_string());
         Val { name, ty: out }
     }
 
     /// Emits an op with several results (`%v:n = ...`), returning each.
     pub fn op_multi(&mut self, op: &str, operands: &[&Val], region: &str, attrs: &str, outs: &[Ty]) -> Vec<Val> {
         let name = self.fresh();
+        let out_tys: Vec<String> = outs.iter().map(|t| t.to_string()).collect();
+        let lhs = format!("%{name}:{}", outs.len());
+        self.push(&name, &lhs, op, operands, region, attrs, &format!("({})", out_tys.join(", ")));
+        outs.iter().enumerate().map(|(i, t)| Val { name: format!("{name}#{i}"), ty: t.clone() }).collect()
+    }
+
+    /// Appends `lhs = "op"(operands) (region) {attrs} : (types) -> out` defining `name`.
+    #[allow(clippy::too_many_arguments)]
+    fn push(&mut self, name: &str, lhs: &str, op: &str, operands: &[&Val], region: &str, attrs: &str, out: &str) {
         let args: Vec<String> = operands.iter().map(|v| format!("%{}", v.name)).collect();
         let tys: Vec<String> = operands.iter().map(|v| v.ty.to_string()).collect();
-        let out_tys: Vec<String> = outs.iter().map(|t| t.to_string()).collect();
-        let _ = write!(self.body, "    %{name}:{} = \"{}\"({})", outs.len(), qualified(op), args.join(", "));
+        let mut text = format!("    {lhs} = \"{}\"({})", qualified(op), args.join(", "));
         if !region.is_empty() {
-            let _ = write!(self.body, " ({region})");
+            let _ = write!(text, " ({region})");
         }
         if !attrs.is_empty() {
-            let _ = write!(self.body, " {{{attrs}}}");
+            let _ = write!(text, " {{{attrs}}}");
         }
-        let _ = writeln!(self.body, " : ({}) -> ({})", tys.join(", "), out_tys.join(", "));
-        outs.iter().enumerate().map(|(i, t)| Val { name: format!("{name}#{i}"), ty: t.clone() }).collect()
+        let _ = writeln!(text, " : ({}) -> {out}", tys.join(", "));
+        let uses = operands.iter().map(|v| base(&v.name).to_string()).collect();
+        self.body.push(Stmt { def: name.to_string(), uses, text });
     }
 
     /// A constant of type `ty` with every element `v`.
@@ -263,28 +276,21 @@ impl Func {
         self.op("constant", &[], &attr, ty)
     }
 
-    /// The module text returning `outs`, with only the parameters the body or the outputs
-    /// use (the others are dropped), and the indices of the kept parameters. `donated`
-    /// maps a parameter to the output that may reuse its buffer (`tf.aliasing_output`).
+    /// The module text returning `outs`, with only the ops they depend on and the
+    /// parameters those read (dead code, such as the initial values of parameters a step
+    /// replaces, is dropped with its inputs), and the indices of the kept parameters.
+    /// `donated` maps a parameter to the output that may reuse its buffer
+    /// (`tf.aliasing_output`).
     pub fn module(&self, outs: &[&Val], donated: &[(usize, usize)]) -> (String, Vec<usize>) {
-        let mut used = vec![false; self.params.len()];
-        let mut mark = |text: &str| {
-            let mut rest = text;
-            while let Some(i) = rest.find("%arg") {
-                rest = &rest[i + 4..];
-                let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
-                if let Ok(k) = digits.parse::<usize>() {
-                    if k < used.len() {
-                        used[k] = true;
-                    }
-                }
+        let mut live: std::collections::HashSet<&str> = outs.iter().map(|v| base(&v.name)).collect();
+        let mut keep = vec![false; self.body.len()];
+        for (i, st) in self.body.iter().enumerate().rev() {
+            if live.contains(st.def.as_str()) {
+                keep[i] = true;
+                live.extend(st.uses.iter().map(String::as_str));
             }
-        };
-        mark(&self.body);
-        for o in outs {
-            mark(&format!("%{} ", o.name));
         }
-        let kept: Vec<usize> = (0..self.params.len()).filter(|&i| used[i]).collect();
+        let kept: Vec<usize> = (0..self.params.len()).filter(|i| live.contains(format!("arg{i}").as_str())).collect();
         let params: Vec<String> = kept
             .iter()
             .map(|&i| match donated.iter().find(|(p, _)| *p == i) {
@@ -292,13 +298,14 @@ impl Func {
                 None => format!("%arg{i}: {}", self.params[i]),
             })
             .collect();
+        let body: String = self.body.iter().zip(&keep).filter(|(_, k)| **k).map(|(st, _)| st.text.as_str()).collect();
         let out_tys: Vec<String> = outs.iter().map(|v| v.ty.to_string()).collect();
         let out_names: Vec<String> = outs.iter().map(|v| format!("%{}", v.name)).collect();
         let text = format!(
             "module @redco {{\n  func.func public @main({}) -> ({}) {{\n{}    \"func.return\"({}) : ({}) -> ()\n  }}\n}}\n",
             params.join(", "),
             out_tys.join(", "),
-            self.body,
+            body,
             out_names.join(", "),
             out_tys.join(", ")
         );
