@@ -103,7 +103,7 @@ fn losses(workdir: &std::path::Path) -> Vec<f64> {
 }
 
 #[test]
-fn train_on_pjrt_at_1x2_matches_the_cpu_losses() {
+fn train_on_pjrt_at_1x2_compiled_matches_the_cpu_losses() {
     plugin();
     let dir = |b: &str| {
         let d = std::env::temp_dir().join(format!("redco-cli-train-pjrt-{b}-{}", std::process::id()));
@@ -141,6 +141,7 @@ fn train_on_pjrt_at_1x2_matches_the_cpu_losses() {
     let (p, c) = (dir("pjrt"), dir("cpu"));
     let out = train("pjrt", &p);
     assert!(p.join("model.safetensors").exists() && out.contains("sample:"), "{out}");
+    assert!(out.contains("the training step is compiled into one program"), "{out}");
     train("cpu", &c);
     let (lp, lc) = (losses(&p), losses(&c));
     assert_eq!(lp.len(), 4);

@@ -229,6 +229,17 @@ impl CompiledTrainStep {
             (0..SCALARS).map(|j| tv(arg(k + j, 1, DType::F32), &Shape::new([]), DType::F32)).collect();
 
         let mut mt = build(&t)?;
+        // the traced twin must be the same architecture, parameter by parameter
+        let twin = mt.named_parameters();
+        if let Some(((n, s), (tn, tp))) =
+            names.iter().zip(&shapes).zip(&twin).find(|((n, s), (tn, tp))| *n != tn || *s != tp.shape())
+        {
+            return Err(pjrt_error(
+                "compiled step",
+                format!("the traced model differs from the model: `{tn}` {} where the model has `{n}` {s}", tp.shape()),
+            ));
+        }
+        drop(twin);
         let mut idx = 0;
         mt.visit_mut("", &mut |_, x| {
             if let Some(new) = xs.get(idx) {

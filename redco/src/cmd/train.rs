@@ -41,6 +41,10 @@ pub struct TrainArgs {
     /// Compute backend: cpu, wgpu (the `wgpu` feature) or pjrt (the `tpu` feature); one device per rank.
     #[arg(long, default_value = "cpu")]
     pub backend: String,
+    /// pjrt: run every op as its own program instead of compiling the whole training step
+    /// into one (for debugging; bf16/f16, SGD and ZeRO-1 always run op by op).
+    #[arg(long)]
+    pub eager: bool,
     /// Compute dtype: f32, or bf16 / f16 (with f32 master weights).
     #[arg(long, default_value = "f32")]
     pub dtype: String,
@@ -173,7 +177,11 @@ fn collate_fn<B: Backend>(b: &B, examples: &[Vec<i64>]) -> Result<Batch<B>> {
 }
 
 fn loss_fn<B: Backend>(_ctx: &StepCtx<B>, model: &AutoModel<B>, batch: &Batch<B>) -> Result<Tensor<B>> {
-    // next-token loss: the model shifts the labels internally, as transformers does
+    lm_loss(model, batch)
+}
+
+/// The next-token loss: the model shifts the labels internally, as transformers does.
+fn lm_loss<B: Backend>(model: &AutoModel<B>, batch: &Batch<B>) -> Result<Tensor<B>> {
     model.loss(&batch["input_ids"], None, &batch["input_ids"])
 }
 
@@ -211,6 +219,44 @@ impl Job {
             self.every,
             true,
         )
+    }
+
+    /// The PJRT trainer: the whole step compiled into one program, unless `eager` or the
+    /// configuration needs op-by-op (said on the leader's output).
+    #[cfg(feature = "tpu")]
+    fn pjrt_trainer(
+        &self,
+        config: TrainConfig,
+        eager: bool,
+        timeout: std::time::Duration,
+        leader: bool,
+    ) -> Trainer<AutoModel<redco_tpu::Pjrt>, Vec<i64>, redco_tpu::Pjrt> {
+        use redco_tpu::Tracer;
+        let why = match config.optimizer {
+            _ if eager => Some("--eager"),
+            OptimizerConfig::Sgd { .. } => Some("compiled steps run AdamW"),
+            OptimizerConfig::AdamW(c) if c.zero1 => Some("compiled steps do not shard the optimizer state"),
+            _ if config.compute_dtype != DType::F32 => Some("compiled steps compute in f32"),
+            _ if config.accumulate != 1 => Some("compiled steps take one micro-batch per step"),
+            _ => None,
+        };
+        let trainer = self.trainer(config);
+        if let Some(why) = why {
+            if leader {
+                println!("pjrt: every op runs as its own program ({why})");
+            }
+            return trainer;
+        }
+        if leader {
+            println!("pjrt: the training step is compiled into one program");
+        }
+        let (cfg, seed) = (self.cfg.clone(), self.seed);
+        let compiler = redco_tpu::PjrtStepCompiler::new(
+            move |t: &Tracer| AutoModel::new(t, &cfg, DType::F32, seed),
+            |m: &AutoModel<Tracer>, b: &Batch<Tracer>| lm_loss(m, b),
+            timeout,
+        );
+        trainer.with_compiled_step(std::sync::Arc::new(compiler))
     }
 }
 
@@ -360,7 +406,7 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
             if let Some(t) = a.timeout {
                 dep.opts.timeout = std::time::Duration::from_secs_f64(t);
             }
-            job.trainer(config).fit(&dep, train.as_ref(), a.resume)
+            job.pjrt_trainer(config, a.eager, dep.opts.timeout, leader).fit(&dep, train.as_ref(), a.resume)
         }
     }
     .map_err(err)?;
