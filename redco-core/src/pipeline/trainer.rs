@@ -258,8 +258,18 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
                 ),
             ));
         }
-        let first = dep.local_ranks()?.first().copied().unwrap_or(0);
-        let b = dep.backend(first, 1)?;
+        let local = dep.local_ranks()?;
+        if local.len() != dep.mesh.size() {
+            return Err(Error::invalid(
+                "fit (compiled step)",
+                format!(
+                    "a compiled step drives every rank of the mesh from one process, but this process runs {} of its {} ranks",
+                    local.len(),
+                    dep.mesh.size()
+                ),
+            ));
+        }
+        let b = dep.backend(local[0], 1)?;
         let model = (self.model_fn)(&b)?;
         let (ex, _) = self.examples(data, dep.seed, 0, 0, (0, dep.mesh.dp), &mut HashMap::new())?;
         let batch = (self.collate_fn)(&b, &ex)?;

@@ -234,6 +234,9 @@ impl Job {
         use redco_tpu::Tracer;
         let why = match config.optimizer {
             _ if eager => Some("--eager"),
+            _ if super::launch::is_multi_process() => {
+                Some("ranks in several processes: a compiled step needs one client over every device")
+            }
             OptimizerConfig::Sgd { .. } => Some("compiled steps run AdamW"),
             OptimizerConfig::AdamW(c) if c.zero1 => Some("compiled steps do not shard the optimizer state"),
             _ if config.compute_dtype != DType::F32 => Some("compiled steps compute in f32"),
