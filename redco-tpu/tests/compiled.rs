@@ -43,6 +43,21 @@ fn params<B: Backend>(m: &Llama<B>) -> Vec<Vec<f64>> {
     m.named_parameters().iter().map(|(_, p)| p.to_host().unwrap().to_f64_vec()).collect()
 }
 
+/// The compiled step of the test LLaMA on the mesh of `plan`, for batches like `x`.
+fn compile(b: &Pjrt, plan: &ShardPlan, model: &Llama<Pjrt>, x: &Tensor<Pjrt>) -> CompiledTrainStep {
+    let cfg = config();
+    CompiledTrainStep::on_mesh(
+        b,
+        plan,
+        model,
+        CFG,
+        &[x],
+        |t| Llama::new(t, &cfg, DType::F32, 7),
+        |m, bt| m.loss(&bt[0], None, &bt[0]),
+    )
+    .unwrap()
+}
+
 fn pjrt() -> Pjrt {
     Pjrt::from_env(1).expect("set REDCO_PJRT_PLUGIN to a PJRT plugin")
 }
@@ -53,15 +68,7 @@ fn the_compiled_step_equals_the_eager_and_cpu_steps() {
     let cfg = config();
     let mut model = Llama::new(&b, &cfg, DType::F32, 7).unwrap();
     let x = Tensor::from_vec(&b, ids(cfg.vocab), [2, 12]).unwrap();
-    let mut step = CompiledTrainStep::new(
-        &b,
-        &model,
-        CFG,
-        &[&x],
-        |t| Llama::new(t, &cfg, DType::F32, 7),
-        |m, batch| m.loss(&batch[0], None, &batch[0]),
-    )
-    .unwrap();
+    let mut step = compile(&b, &ShardPlan { mesh: Mesh::single(), params: Default::default() }, &model, &x);
     let before = b.stats();
     let mut losses = Vec::new();
     for _ in 0..STEPS {
@@ -91,15 +98,7 @@ fn a_batch_of_another_shape_is_refused() {
     let cfg = config();
     let model = Llama::new(&b, &cfg, DType::F32, 7).unwrap();
     let x = Tensor::from_vec(&b, ids(cfg.vocab), [2, 12]).unwrap();
-    let mut step = CompiledTrainStep::new(
-        &b,
-        &model,
-        CFG,
-        &[&x],
-        |t| Llama::new(t, &cfg, DType::F32, 7),
-        |m, bt| m.loss(&bt[0], None, &bt[0]),
-    )
-    .unwrap();
+    let mut step = compile(&b, &ShardPlan { mesh: Mesh::single(), params: Default::default() }, &model, &x);
     let y = Tensor::from_vec(&b, ids(cfg.vocab), [4, 6]).unwrap();
     let e = step.step(&[&y]).unwrap_err().to_string();
     assert!(e.contains("differs from the one the step was compiled for"), "{e}");
@@ -148,16 +147,7 @@ fn on_mesh(b: &Pjrt, plan: &ShardPlan) -> (Vec<f64>, Vec<Vec<f64>>, CompiledTrai
     let cfg = config();
     let mut model = Llama::new(b, &cfg, DType::F32, 7).unwrap();
     let x = Tensor::from_vec(b, ids(cfg.vocab), [2, 12]).unwrap();
-    let mut step = CompiledTrainStep::on_mesh(
-        b,
-        plan,
-        &model,
-        CFG,
-        &[&x],
-        |t| Llama::new(t, &cfg, DType::F32, 7),
-        |m, bt| m.loss(&bt[0], None, &bt[0]),
-    )
-    .unwrap();
+    let mut step = compile(b, plan, &model, &x);
     let losses: Vec<f64> = (0..STEPS).map(|_| step.step(&[&x]).unwrap().loss).collect();
     step.load_into(&mut model).unwrap();
     (losses, params(&model), step)
@@ -216,16 +206,7 @@ fn an_id_outside_the_vocabulary_is_refused_before_the_step_runs() {
     for mesh in [Mesh::single(), "1x2".parse().unwrap()] {
         let model = Llama::new(&b, &cfg, DType::F32, 7).unwrap();
         let x = Tensor::from_vec(&b, ids(cfg.vocab), [2, 12]).unwrap();
-        let mut step = CompiledTrainStep::on_mesh(
-            &b,
-            &plan(mesh),
-            &model,
-            CFG,
-            &[&x],
-            |t| Llama::new(t, &cfg, DType::F32, 7),
-            |m, bt| m.loss(&bt[0], None, &bt[0]),
-        )
-        .unwrap();
+        let mut step = compile(&b, &plan(mesh), &model, &x);
         let mut bad = ids(cfg.vocab);
         bad[5] = cfg.vocab as i64;
         let y = Tensor::from_vec(&b, bad, [2, 12]).unwrap();
@@ -269,16 +250,7 @@ fn clipping_and_a_loss_scale_are_runtime_inputs_and_give_the_cpu_update() {
     for mesh in [Mesh::single(), "1x2".parse().unwrap()] {
         let mut model = Llama::new(&b, &cfg, DType::F32, 7).unwrap();
         let x = Tensor::from_vec(&b, ids(cfg.vocab), [2, 12]).unwrap();
-        let mut step = CompiledTrainStep::on_mesh(
-            &b,
-            &plan(mesh),
-            &model,
-            CFG,
-            &[&x],
-            |t| Llama::new(t, &cfg, DType::F32, 7),
-            |m, bt| m.loss(&bt[0], None, &bt[0]),
-        )
-        .unwrap();
+        let mut step = compile(&b, &plan(mesh), &model, &x);
         let inputs = StepInputs { lr: CFG.lr, loss_scale: SCALE, clip_norm: Some(CLIP) };
         let before = b.stats().compiled;
         let reports: Vec<_> = (0..STEPS).map(|_| step.step_with(&[&x], &inputs).unwrap()).collect();
@@ -303,15 +275,7 @@ fn a_step_with_overflowing_gradients_changes_nothing_and_says_so() {
     let mut model = Llama::new(&b, &cfg, DType::F32, 7).unwrap();
     let x = Tensor::from_vec(&b, ids(cfg.vocab), [2, 12]).unwrap();
     let start = params(&model);
-    let mut step = CompiledTrainStep::new(
-        &b,
-        &model,
-        CFG,
-        &[&x],
-        |t| Llama::new(t, &cfg, DType::F32, 7),
-        |m, bt| m.loss(&bt[0], None, &bt[0]),
-    )
-    .unwrap();
+    let mut step = compile(&b, &ShardPlan { mesh: Mesh::single(), params: Default::default() }, &model, &x);
     // scaled, the embedding's gradient (about 1.2 x the scale) overflows f32
     let huge = StepInputs { lr: CFG.lr, loss_scale: 3e38, clip_norm: None };
     let r = step.step_with(&[&x], &huge).unwrap();

@@ -66,23 +66,27 @@ fn cpu_fit(mesh: Mesh, steps: u64, dir: &Path) -> FitReport {
     t.fit(&dep, &data(), false).unwrap()
 }
 
-fn compiled_fit(base: &Pjrt, mesh: Mesh, steps: u64, dir: &Path, resume: bool) -> FitReport {
-    let (cfg, twin) = (config(), config());
-    let base = base.clone();
-    let dep = Deployer::with_backend(mesh, 3, dir, move |rank, _| base.on_device(rank)).unwrap();
+/// The Trainer on PJRT devices with the compiled step.
+fn pjrt_trainer(config: TrainConfig) -> Trainer<Llama<Pjrt>, Vec<i64>, Pjrt> {
+    let (cfg, twin) = (self::config(), self::config());
     let compiler = PjrtStepCompiler::new(
         move |t: &Tracer| Llama::new(t, &twin, DType::F32, 7),
         |m: &Llama<Tracer>, batch: &Batch<Tracer>| loss(m, batch),
         Duration::from_secs(60),
     );
-    let t = Trainer::for_backend(
+    Trainer::for_backend(
         move |b: &Pjrt| Llama::new(b, &cfg, DType::F32, 7),
         collate,
         |_, m, batch| loss(m, batch),
-        train_config(steps),
+        config,
     )
-    .with_compiled_step(Arc::new(compiler));
-    t.fit(&dep, &data(), resume).unwrap()
+    .with_compiled_step(Arc::new(compiler))
+}
+
+fn compiled_fit(base: &Pjrt, mesh: Mesh, steps: u64, dir: &Path, resume: bool) -> FitReport {
+    let base = base.clone();
+    let dep = Deployer::with_backend(mesh, 3, dir, move |rank, _| base.on_device(rank)).unwrap();
+    pjrt_trainer(train_config(steps)).fit(&dep, &data(), resume).unwrap()
 }
 
 fn weights(dir: &Path) -> Vec<(String, Vec<f32>)> {
@@ -142,21 +146,8 @@ fn the_trainer_with_the_compiled_step_equals_the_cpu_trainer_and_resumes() {
 #[test]
 fn a_configuration_the_compiled_step_cannot_run_is_refused_with_the_reason() {
     let base = Pjrt::from_env(1).expect("set REDCO_PJRT_PLUGIN to a PJRT plugin");
-    let (cfg, twin) = (config(), config());
-    let b = base.clone();
-    let dep = Deployer::with_backend(Mesh::single(), 3, &workdir("refused"), move |r, _| b.on_device(r)).unwrap();
-    let compiler = PjrtStepCompiler::new(
-        move |t: &Tracer| Llama::new(t, &twin, DType::F32, 7),
-        |m: &Llama<Tracer>, batch: &Batch<Tracer>| loss(m, batch),
-        Duration::from_secs(60),
-    );
-    let t = Trainer::for_backend(
-        move |b: &Pjrt| Llama::new(b, &cfg, DType::F32, 7),
-        collate,
-        |_, m, batch| loss(m, batch),
-        TrainConfig { accumulate: 2, ..train_config(2) },
-    )
-    .with_compiled_step(Arc::new(compiler));
+    let dep = Deployer::with_backend(Mesh::single(), 3, &workdir("refused"), move |r, _| base.on_device(r)).unwrap();
+    let t = pjrt_trainer(TrainConfig { accumulate: 2, ..train_config(2) });
     let e = t.fit(&dep, &data(), false).unwrap_err().to_string();
     assert!(e.contains("one micro-batch per step"), "{e}");
 }
