@@ -144,6 +144,15 @@ impl HostData {
             d => HostData::from_f64(&values.iter().map(|&x| x as f64).collect::<Vec<_>>(), d),
         }
     }
+    /// This data as `dtype`, without a copy when it already is.
+    pub fn into_dtype(self, dtype: DType) -> HostData {
+        if self.dtype() == dtype {
+            self
+        } else {
+            self.cast(dtype)
+        }
+    }
+
     /// Converts to another dtype.
     pub fn cast(&self, dtype: DType) -> HostData {
         if self.dtype() == dtype {

@@ -36,6 +36,19 @@ def _transformers_version():
 _models = {}
 
 
+def _pretrained(path, dtype):
+    """The LlamaForCausalLM saved in directory `path`, loaded once in `dtype` (f32, bf16, f16)."""
+    key = json.dumps([path, dtype])
+    if key not in _models:
+        import transformers
+
+        dt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+        _models[key] = transformers.LlamaForCausalLM.from_pretrained(
+            path, dtype=dt, attn_implementation="eager"
+        ).eval()
+    return _models[key]
+
+
 def _llama(cfg):
     """A randomly initialised LlamaForCausalLM for the config dict, built once per config."""
     key = json.dumps(cfg, sort_keys=True)
@@ -110,8 +123,12 @@ def forward(req):
 
 def decode(req):
     """Seconds per `model.generate` call (greedy, KV cache, exactly `new` new tokens), for
-    `warmup` untimed then `reps` timed calls."""
-    model = _llama(req["config"])
+    `warmup` untimed then `reps` timed calls; on the model saved in `model_dir` (in `dtype`)
+    when the request names one, else a random one of `config`."""
+    if req.get("model_dir"):
+        model = _pretrained(req["model_dir"], req.get("dtype", "f32"))
+    else:
+        model = _llama(req["config"])
     ids = torch.tensor([req["ids"]], dtype=torch.long)
     new, reps, warmup = req["new"], req["reps"], req.get("warmup", 0)
     times = []

@@ -97,15 +97,24 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     };
     tests("conformance suite on pjrt", &["test", "--release", "-p", "redco-tpu", "--test", "conformance"])?;
     tests("runtime and bad input", &["test", "--release", "-p", "redco-tpu", "--test", "runtime", "--test", "errors"])?;
-    tests(
-        "compiled training step = eager = cpu",
-        &["test", "--release", "-p", "redco-tpu", "--test", "compiled", "--", "equals_the_eager", "another_shape"],
-    )?;
+    // the tests of several devices run where the plugin has them
+    let mut compiled = vec!["test", "--release", "-p", "redco-tpu", "--test", "compiled", "--"];
+    compiled.extend(["equals_the_eager", "another_shape", "overflowing"]);
+    let mut trainer = vec!["test", "--release", "-p", "redco-tpu", "--test", "trainer", "--", "refused"];
+    let mut cli = vec!["test", "--release", "-p", "redco", "--features", "tpu", "--test", "cli_pjrt", "--"];
+    cli.extend(["eval_dump", "generate"]);
+    if n >= 2 {
+        compiled.extend(["two_devices", "clipping", "outside_the_vocabulary"]);
+        cli.push("train");
+    }
+    if n >= 4 {
+        compiled.push("1x2_and_2x2");
+        trainer.push("equals_the_cpu_trainer");
+    }
+    tests("compiled training step = eager = cpu (meshes the devices allow)", &compiled)?;
+    tests("Trainer with the compiled step = cpu Trainer", &trainer)?;
     tests("compiled decoding = cpu tokens", &["test", "--release", "-p", "redco-tpu", "--test", "decode"])?;
-    tests(
-        &format!("CLI eval-dump parity ({meshes}), generate"),
-        &["test", "--release", "-p", "redco", "--features", "tpu", "--test", "cli_pjrt", "--", "eval_dump", "generate"],
-    )?;
+    tests(&format!("CLI eval-dump parity ({meshes}), generate, train"), &cli)?;
     let json = std::env::temp_dir().join(format!("redco-gpu-check-pjrt-{}.json", std::process::id()));
     let json_s = json.to_string_lossy().into_owned();
     let bench = [

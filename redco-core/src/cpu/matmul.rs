@@ -2,6 +2,7 @@
 //! f32 uses the AVX-512 GEMM when the CPU has it; everything else the `gemm` crate.
 //! [`F32Gemm`] lets tests run both f32 paths in one process.
 
+use super::half_gemv::{self, Half};
 use super::real::Real;
 use super::{floats, sgemm, Floats, Store};
 use crate::backend::MatmulSpec;
@@ -219,6 +220,34 @@ fn matmul_t<T: Real + GemmElem + Store>(
     Ok(c)
 }
 
+/// A product of a few rows against one 16-bit weight (decoding), with the weight widened
+/// in registers ([`half_gemv`]) instead of converted to a new f32 buffer; `None` when the
+/// product is not of that kind.
+fn half_weight_product(a: &HostData, b: &HostData, spec: &MatmulSpec, threads: usize) -> Option<Vec<f32>> {
+    let (h, w): (Half, &[u16]) = match (a, b) {
+        (HostData::BF16(_), HostData::BF16(w)) => (Half::Bf16, bytemuck::cast_slice(w)),
+        (HostData::F16(_), HostData::F16(w)) => (Half::F16, bytemuck::cast_slice(w)),
+        _ => return None,
+    };
+    // every row of A (all batches) against the one weight
+    let rows = if spec.a_batched {
+        spec.batch * spec.m
+    } else if spec.batch == 1 {
+        spec.m
+    } else {
+        return None;
+    };
+    if spec.b_batched || spec.trans_a || rows > half_gemv::MAX_ROWS || spec.k == 0 {
+        return None;
+    }
+    let x = a.to_f32_vec();
+    if x.len() != rows * spec.k || w.len() != spec.k * spec.n {
+        return None;
+    }
+    let st = strides(spec);
+    Some(half_gemv::gemv(h, rows, spec.n, spec.k, &x, w, (st.b_rs, st.b_cs), threads))
+}
+
 /// Batched matmul of two same-typed float buffers.
 pub(crate) fn matmul(a: &HostData, b: &HostData, spec: &MatmulSpec, dt: DType, threads: usize) -> Result<HostData> {
     matmul_with(a, b, spec, dt, threads, F32Gemm::Auto)
@@ -235,6 +264,9 @@ pub(crate) fn matmul_with(
 ) -> Result<HostData> {
     if !dt.is_float() {
         return Err(Error::UnsupportedDType { op: "matmul", dtype: dt });
+    }
+    if let Some(c) = half_weight_product(a, b, spec, threads) {
+        return Ok(f32::store(c, dt));
     }
     match (floats(a), floats(b)) {
         (Floats::F32(x), Floats::F32(y)) if path.fast() => Ok(f32::store(matmul_f32_fast(&x, &y, spec, threads)?, dt)),

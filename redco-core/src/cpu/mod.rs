@@ -11,6 +11,7 @@ mod adamw;
 mod attention;
 mod cross_entropy;
 mod elementwise;
+mod half_gemv;
 mod index;
 mod layout;
 pub mod malloc;

@@ -118,8 +118,8 @@ impl Checkpoint {
         let mm = &self.maps[e.file];
         let bytes = &mm[e.start..e.end];
         let es = e.dtype.size_in_bytes();
-        let (shape, out) = if e.shape.rank() == 0 {
-            (e.shape.clone(), bytes.to_vec())
+        let (shape, parts) = if e.shape.rank() == 0 {
+            (e.shape.clone(), vec![bytes])
         } else {
             if dim >= e.shape.rank() || start + len > e.shape.dims()[dim] {
                 return Err(err(
@@ -128,31 +128,50 @@ impl Checkpoint {
                 ));
             }
             let (outer, n, inner) = e.shape.split_at_dim(dim);
-            let mut out = Vec::with_capacity(outer * len * inner * es);
-            for o in 0..outer {
-                let at = (o * n + start) * inner * es;
-                out.extend_from_slice(&bytes[at..at + len * inner * es]);
-            }
-            (e.shape.with_dim(dim, len), out)
+            let parts: Vec<&[u8]> = (0..outer)
+                .map(|o| {
+                    let at = (o * n + start) * inner * es;
+                    &bytes[at..at + len * inner * es]
+                })
+                .collect();
+            (e.shape.with_dim(dim, len), parts)
         };
+        let data = host_from_parts(e.dtype, &parts);
         // Give the pages back: the copy is what this rank keeps.
         // SAFETY: read-only private mapping; dropping its pages only means a later read
         // faults them in again from the file.
         unsafe {
             let _ = mm.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, e.start, e.end - e.start);
         }
-        Ok(HostTensor { data: host_from_bytes(e.dtype, &out), shape })
+        Ok(HostTensor { data, shape })
     }
 }
 
-fn host_from_bytes(dtype: DType, b: &[u8]) -> HostData {
+/// The values of `parts` (little-endian `dtype` bytes, in order) in one typed buffer: one
+/// copy out of the mapped file, into memory advised for huge pages (a weight is then
+/// streamed with few TLB misses).
+fn host_from_parts(dtype: DType, parts: &[&[u8]]) -> HostData {
+    fn collect<T: bytemuck::Pod>(parts: &[&[u8]]) -> Vec<T> {
+        let size = std::mem::size_of::<T>();
+        let bytes: usize = parts.iter().map(|p| p.len()).sum();
+        let mut v: Vec<T> = Vec::with_capacity(bytes / size);
+        redco_core::cpu::malloc::advise_huge_pages(v.as_ptr() as *const u8, bytes);
+        for p in parts {
+            match bytemuck::try_cast_slice::<u8, T>(p) {
+                Ok(s) => v.extend_from_slice(s),
+                // data not aligned for `T` in the file
+                Err(_) => v.extend(p.chunks_exact(size).map(bytemuck::pod_read_unaligned::<T>)),
+            }
+        }
+        v
+    }
     match dtype {
-        DType::F32 => HostData::F32(bytemuck::pod_collect_to_vec(b)),
-        DType::F64 => HostData::F64(bytemuck::pod_collect_to_vec(b)),
-        DType::F16 => HostData::F16(bytemuck::pod_collect_to_vec(b)),
-        DType::BF16 => HostData::BF16(bytemuck::pod_collect_to_vec(b)),
-        DType::I64 => HostData::I64(bytemuck::pod_collect_to_vec(b)),
-        DType::I32 => HostData::I32(bytemuck::pod_collect_to_vec(b)),
-        DType::U8 => HostData::U8(b.to_vec()),
+        DType::F32 => HostData::F32(collect(parts)),
+        DType::F64 => HostData::F64(collect(parts)),
+        DType::F16 => HostData::F16(collect(parts)),
+        DType::BF16 => HostData::BF16(collect(parts)),
+        DType::I64 => HostData::I64(collect(parts)),
+        DType::I32 => HostData::I32(collect(parts)),
+        DType::U8 => HostData::U8(collect(parts)),
     }
 }

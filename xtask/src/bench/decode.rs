@@ -6,6 +6,10 @@
 //! cost of one decode step is estimated as (time for `new` tokens - time for 1 token) / (new - 1):
 //! a 1-token generate is the prefill plus the first head projection. `--layers N` (default 6)
 //! changes the depth, to separate the per-layer cost from the head's.
+//!
+//! `--model DIR --dtype f32|bf16|f16` measures a saved LLaMA instead (both systems load the
+//! directory; e.g. a 1.1B one written in bf16 by transformers), and adds each system's load
+//! time (redco: `Llama::from_pretrained`; torch: `from_pretrained`, in its peer).
 
 use super::stats::median;
 use super::torch::TorchPeer;
@@ -48,7 +52,12 @@ pub(super) fn redco_once<B: Backend>(model: &Llama<B>, ids: &Tensor<B>, new: usi
 
 /// Seconds for one transformers `generate` of exactly `new` tokens.
 pub(super) fn torch_once(p: &mut TorchPeer, cfg: &serde_json::Value, ids: &[i64], new: usize) -> Result<f64, String> {
-    let v = p.ask(&serde_json::json!({"op": "decode", "config": cfg, "ids": ids, "new": new, "reps": 1}))?;
+    let mut req = serde_json::json!({"op": "decode", "config": cfg, "ids": ids, "new": new, "reps": 1});
+    if let Some(dir) = cfg.get("model_dir") {
+        req["model_dir"] = dir.clone();
+        req["dtype"] = cfg.get("dtype").cloned().unwrap_or("f32".into());
+    }
+    let v = p.ask(&req)?;
     v["times"].get(0).and_then(|x| x.as_f64()).ok_or_else(|| "torch peer: no times".to_string())
 }
 
@@ -71,19 +80,49 @@ impl Timings {
 /// Runs the benchmark.
 pub fn run(argv: &[String]) -> Result<(), String> {
     let args = Args::parse(argv, &[])?;
-    args.only(&["threads", "reps", "torch", "json", "prompt", "new", "layers"])?;
+    args.only(&["threads", "reps", "torch", "json", "prompt", "new", "layers", "model", "dtype"])?;
     let threads = args.num("threads", machine::cores())?;
     let reps = args.num("reps", 5)?.max(1);
     let prompt = args.num("prompt", 16)?.max(1);
     let new = args.num("new", 64)?.max(1);
     let layers = args.num("layers", 6)?;
     let context = (prompt + new).max(2048);
-    let cfg_json = model_config(layers, context);
-    let mut hf = cfg_json.clone();
-    hf["model_type"] = "llama".into();
-    let cfg = HfConfig::from_json(&hf.to_string()).map_err(|e| e.to_string())?;
+    let dtype = match args.get("dtype").unwrap_or("f32") {
+        "f32" => DType::F32,
+        "bf16" => DType::BF16,
+        "f16" => DType::F16,
+        d => return Err(format!("--dtype {d}: use f32, bf16 or f16")),
+    };
     let dev = Cpu::try_new(threads).map_err(|e| e.to_string())?;
-    let model = Llama::new(&dev, &cfg, DType::F32, 0).map_err(|e| e.to_string())?;
+    let (cfg, cfg_json, model, load_s) = match args.get("model") {
+        Some(dir) => {
+            let dir = std::path::Path::new(dir);
+            let cfg = HfConfig::from_dir(dir).map_err(|e| e.to_string())?;
+            let t = Instant::now();
+            let model = Llama::from_pretrained(&dev, dir, dtype).map_err(|e| e.to_string())?;
+            let load = t.elapsed().as_secs_f64();
+            let abs = std::fs::canonicalize(dir).map_err(|e| e.to_string())?;
+            let json = serde_json::json!({
+                "model_dir": abs.to_string_lossy(),
+                "dtype": args.get("dtype").unwrap_or("f32"),
+                "hidden_size": cfg.hidden,
+                "num_hidden_layers": cfg.layers,
+                "vocab_size": cfg.vocab,
+            });
+            (cfg, json, model, Some(load))
+        }
+        None => {
+            let cfg_json = model_config(layers, context);
+            let mut hf = cfg_json.clone();
+            hf["model_type"] = "llama".into();
+            let cfg = HfConfig::from_json(&hf.to_string()).map_err(|e| e.to_string())?;
+            let model = Llama::new(&dev, &cfg, dtype, 0).map_err(|e| e.to_string())?;
+            (cfg, cfg_json, model, None)
+        }
+    };
+    if let Some(s) = load_s {
+        eprintln!("redco: loaded {} in {s:.2} s", args.get("model").unwrap_or(""));
+    }
     let prompt_ids: Vec<i64> = (0..prompt as i64).map(|i| (i * 37 + 11) % cfg.vocab as i64).collect();
     let ids = Tensor::from_vec(&dev, prompt_ids.clone(), [1, prompt]).map_err(|e| e.to_string())?;
     eprintln!("machine: {} | threads: {threads}", machine::describe());
@@ -118,7 +157,21 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         results.push(("torch", theirs.summary(new)));
     }
     println!();
-    println!("LLaMA decode, f32, batch 1: hidden 512, {layers} layers, 8 heads (8 kv), intermediate 1408, vocab 8000");
+    match args.get("model") {
+        Some(dir) => println!(
+            "LLaMA decode of {dir}, {dtype:?}, batch 1: hidden {}, {} layers, {} heads ({} kv), intermediate {}, vocab {}; redco loaded it in {:.2} s",
+            cfg.hidden,
+            cfg.layers,
+            cfg.heads,
+            cfg.kv_heads,
+            cfg.intermediate,
+            cfg.vocab,
+            load_s.unwrap_or(f64::NAN)
+        ),
+        None => println!(
+            "LLaMA decode, {dtype:?}, batch 1: hidden 512, {layers} layers, 8 heads (8 kv), intermediate 1408, vocab 8000"
+        ),
+    }
     println!("prompt {prompt}, {new} new tokens, greedy, KV cache, {threads} threads, {}", machine::describe());
     println!("medians of {reps} interleaved repetitions");
     println!(

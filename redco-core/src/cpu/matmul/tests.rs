@@ -240,3 +240,34 @@ fn auto_picks_the_avx512_gemm_exactly_where_it_runs() {
     assert_eq!(F32Gemm::Auto.fast(), supported && std::env::var_os("REDCO_NO_SGEMM").is_none());
     assert!(!F32Gemm::Portable.fast());
 }
+
+/// Few rows against a bf16 or f16 weight (the decode path that widens the weight in
+/// registers) give the product of the widened operands, for both weight layouts and for
+/// batched rows against one weight; larger products still take the GEMM.
+#[test]
+fn half_weight_products_match_the_widened_f32_product() {
+    for dt in [DType::BF16, DType::F16] {
+        for &(batch, m, n, k, trans_b, a_batched) in &[
+            (1, 1, 70, 64, true, false),
+            (1, 3, 33, 130, false, false),
+            (2, 2, 40, 48, true, true),
+            (1, 20, 24, 16, true, false),
+        ] {
+            let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+            let rows = if a_batched { batch * m } else { m };
+            let a: Vec<f32> = (0..rows * k).map(|_| rng.next()).collect();
+            let w: Vec<f32> = (0..k * n).map(|_| rng.next()).collect();
+            let (ha, hw) = (HostData::from_f32(a, dt), HostData::from_f32(w, dt));
+            let spec = MatmulSpec { batch, m, n, k, trans_a: false, trans_b, a_batched, b_batched: false };
+            let got = matmul_with(&ha, &hw, &spec, dt, 2, F32Gemm::Auto).unwrap().to_f32_vec();
+            let (wa, ww) = (HostData::F32(ha.to_f32_vec()), HostData::F32(hw.to_f32_vec()));
+            let want = matmul_with(&wa, &ww, &spec, DType::F32, 2, F32Gemm::Portable).unwrap().to_f32_vec();
+            assert_eq!(got.len(), want.len());
+            for (g, r) in got.iter().zip(&want) {
+                // both rounded to the 16-bit type at the end
+                let r = HostData::from_f32(vec![*r], dt).to_f32_vec()[0];
+                assert!((g - r).abs() <= 1e-2 * (1.0 + r.abs()), "{dt:?} {batch}x{m}x{n}x{k} t{trans_b}: {g} vs {r}");
+            }
+        }
+    }
+}
