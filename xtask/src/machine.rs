@@ -10,7 +10,7 @@ pub fn describe() -> String {
                 .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
         })
         .unwrap_or_else(|| std::env::consts::ARCH.to_string());
-    format!("{model}, {} cores, {}", cores(), simd())
+    format!("{model}, {} cores, {} ({})", cores(), simd(), redco_core::cpu::kernel_families())
 }
 
 /// The number of cores this process may use.

@@ -56,6 +56,15 @@ fn isa(h: Half) -> Isa {
     Isa::Portable
 }
 
+/// The kernel family this machine runs for bf16 weights (`avx512`, `avx2`, `portable`).
+pub(crate) fn family() -> &'static str {
+    match isa(Half::Bf16) {
+        Isa::Avx512 => "avx512",
+        Isa::Avx2 => "avx2",
+        Isa::Portable => "portable",
+    }
+}
+
 /// `C (m x n, row-major) = A (m x k, row-major f32) * B`, `B` the 16-bit weight `w` with
 /// element `(p, j)` at `w[p * rs + j * cs]` (`rs == 1` or `cs == 1`), on `threads` threads.
 #[allow(clippy::too_many_arguments)]
@@ -96,11 +105,25 @@ pub(crate) fn gemv(
                     let j = (j0 + jj + u + ahead_rows).min(n - 1);
                     &w[j * cs..j * cs + k]
                 });
-                for i in 0..m {
+                let mut i = 0;
+                // four rows at a time where the registers allow it: each widened weight
+                // value then serves four rows
+                while isa == Isa::Avx512 && i + 4 <= m {
+                    let x: [&[f32]; 4] = std::array::from_fn(|r| &a[(i + r) * k..(i + r + 1) * k]);
+                    let d = dot4x4(isa, h, x, rows, if i == 0 { Some(ahead) } else { None });
+                    for (r, dr) in d.iter().enumerate() {
+                        for (u, v) in dr.iter().take(q).enumerate() {
+                            out[(jj + u) * m + i + r] = *v;
+                        }
+                    }
+                    i += 4;
+                }
+                while i < m {
                     let d = dot4(isa, h, &a[i * k..(i + 1) * k], rows, if i == 0 { Some(ahead) } else { None });
                     for (u, v) in d.iter().take(q).enumerate() {
                         out[(jj + u) * m + i] = *v;
                     }
+                    i += 1;
                 }
                 jj += q;
             }
@@ -156,6 +179,17 @@ fn dot4(isa: Isa, h: Half, a: &[f32], w: [&[u16]; 4], ahead: Option<[&[u16]; 4]>
     }
     let _ = (isa, ahead);
     w.map(|r| a.iter().zip(r).map(|(x, &b)| x * widen(h, b)).sum())
+}
+
+/// [`dot4`] for four rows `a[r]` at once: `[row][column]`. Only [`Isa::Avx512`] has the
+/// registers for it; other kernels run [`dot4`] per row.
+fn dot4x4(isa: Isa, h: Half, a: [&[f32]; 4], w: [&[u16]; 4], ahead: Option<[&[u16]; 4]>) -> [[f32; 4]; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: the feature was detected at run time; every row has `a[0].len()` values.
+        return unsafe { x86::dot4x4_512(h, a, w, ahead) };
+    }
+    [0, 1, 2, 3].map(|r| dot4(isa, h, a[r], w, if r == 0 { ahead } else { None }))
 }
 
 /// `out[j] += s * w[j]`.
@@ -231,6 +265,50 @@ mod x86 {
                 t += *pa.add(q) * widen(h, *pw[u].add(q));
             }
             out[u] = t;
+        }
+        out
+    }
+
+    /// [`super::dot4x4`] with AVX-512F: sixteen accumulators (four rows x four columns),
+    /// each widened weight vector used by four rows.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn dot4x4_512(
+        h: Half,
+        a: [&[f32]; 4],
+        w: [&[u16]; 4],
+        ahead: Option<[&[u16]; 4]>,
+    ) -> [[f32; 4]; 4] {
+        let n = a[0].len();
+        let pa = a.map(|r| r.as_ptr());
+        let pw = w.map(|r| r.as_ptr());
+        let mut acc = [[_mm512_setzero_ps(); 4]; 4];
+        let mut p = 0;
+        while p + 16 <= n {
+            if let Some(f) = ahead {
+                if p % 64 == 0 {
+                    for r in f {
+                        _mm_prefetch::<_MM_HINT_T0>(r.as_ptr().add(p) as *const i8);
+                    }
+                }
+            }
+            let wv = [0, 1, 2, 3].map(|u| load16(h, pw[u].add(p)));
+            for r in 0..4 {
+                let x = _mm512_loadu_ps(pa[r].add(p));
+                for u in 0..4 {
+                    acc[r][u] = _mm512_fmadd_ps(x, wv[u], acc[r][u]);
+                }
+            }
+            p += 16;
+        }
+        let mut out = [[0.0f32; 4]; 4];
+        for r in 0..4 {
+            for u in 0..4 {
+                let mut t = _mm512_reduce_add_ps(acc[r][u]);
+                for q in p..n {
+                    t += *pa[r].add(q) * widen(h, *pw[u].add(q));
+                }
+                out[r][u] = t;
+            }
         }
         out
     }
@@ -350,7 +428,7 @@ mod tests {
     fn every_kernel_and_layout_matches_the_f64_reference() {
         let isas = available();
         for h in [Half::Bf16, Half::F16] {
-            for &(m, n, k) in &[(1, 1, 1), (1, 37, 131), (3, 70, 64), (16, 9, 200), (2, 130, 17)] {
+            for &(m, n, k) in &[(1, 1, 1), (1, 37, 131), (3, 70, 64), (16, 9, 200), (5, 12, 48), (2, 130, 17)] {
                 let a: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
                 let w: Vec<u16> = (0..k * n).map(|i| bits(h, ((i * 53 % 97) as f32 - 48.0) / 31.0)).collect();
                 for layout in [(1, k), (n, 1)] {
@@ -367,6 +445,16 @@ mod tests {
                             (0..n).map(|j| (0..k).map(|p| w[p * layout.0 + j * layout.1]).collect()).collect();
                         for j in 0..n {
                             let four: [&[u16]; 4] = std::array::from_fn(|u| cols[(j + u) % n].as_slice());
+                            if m >= 4 {
+                                let x: [&[f32]; 4] = std::array::from_fn(|r| &a[r * k..(r + 1) * k]);
+                                let d = dot4x4(i, h, x, four, Some(four));
+                                for (r, dr) in d.iter().enumerate() {
+                                    for (u, v) in dr.iter().enumerate() {
+                                        let e = want[r * n + (j + u) % n];
+                                        assert!((*v as f64 - e).abs() <= 1e-4 * (1.0 + e.abs()), "{h:?} 4x4");
+                                    }
+                                }
+                            }
                             let d = dot4(i, h, &a[..k], four, Some(four));
                             for (u, v) in d.iter().enumerate() {
                                 let r = want[(j + u) % n];

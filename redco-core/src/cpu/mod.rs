@@ -444,6 +444,14 @@ pub(crate) fn sgemm_hook(
     sgemm::sgemm(m, n, k, a, b, c, n, false, threads)
 }
 
+/// The kernel families this machine runs, as benchmarks report them: the f32 GEMM
+/// (`avx512`: the generated AVX-512 kernel; `gemm-crate`: the portable one) and the
+/// products against 16-bit weights (`avx512`, `avx2` or `portable`).
+pub fn kernel_families() -> String {
+    let gemm = if sgemm_enabled() { "avx512" } else { "gemm-crate" };
+    format!("f32 GEMM {gemm}, 16-bit GEMV {}", half_gemv::family())
+}
+
 /// True when the AVX-512 GEMM runs here: the CPU has AVX-512F (see [`avx512f`]) and
 /// `REDCO_NO_SGEMM` is unset (set, the backend falls back to the `gemm` crate, for
 /// comparisons). Read once per process; tests that want both paths in one process pass
