@@ -133,6 +133,9 @@ impl Backend for Pjrt {
             t.cat(&pairs, dim)
         })
     }
+    fn check_ids(&self, ids: &S, size: usize, op: &'static str) -> Result<()> {
+        Pjrt::check_ids(self, ids, size, None, op)
+    }
     fn index_select(&self, x: &S, shape: &Shape, dim: usize, ids: &S, n_ids: usize) -> Result<S> {
         self.check_ids(ids, shape.dims()[dim], None, "index_select")?;
         self.one("index_select", &[x, ids], |t, v| t.index_select(&v[0], shape, dim, &v[1], n_ids))

@@ -14,7 +14,7 @@ use redco_core::nn::Module;
 use redco_core::optim::AdamWConfig;
 use redco_core::pipeline::compiled::{CompiledStep, StepCompiler, StepInputs, StepReport, StepState};
 use redco_core::pipeline::Batch;
-use redco_core::{DType, Error, HostData, Result, Shape, Tensor};
+use redco_core::{DType, Error, Result, Shape, Tensor};
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -108,9 +108,8 @@ fn run_round(g: &mut Round) {
     }
     let run = |g: &mut Round| -> Result<StepReport> {
         let inputs = inputs.ok_or_else(|| Error::invalid("compiled step", "no rank gave the step's inputs"))?;
-        for b in &batches {
-            let host: Vec<HostData> = b.iter().map(|s| s.host_or_download()).collect::<Result<_>>()?;
-            g.step.check_ids(&host)?;
+        for (r, b) in batches.iter().enumerate() {
+            g.step.check_replica_ids(r, b)?;
         }
         g.step.run(batches, &inputs)
     };

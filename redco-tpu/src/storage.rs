@@ -33,12 +33,4 @@ impl PjrtStorage {
     pub fn buffer(&self) -> &Buffer {
         &self.buf
     }
-
-    /// The host values: the kept copy of integer data, else read from the device.
-    pub fn host_or_download(&self) -> redco_core::Result<HostData> {
-        match &self.host {
-            Some(h) => Ok((**h).clone()),
-            None => self.buf.download(),
-        }
-    }
 }

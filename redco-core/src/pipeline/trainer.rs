@@ -353,6 +353,28 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
         Ok((out, first))
     }
 
+    /// This rank's collated slice of micro-batch `micro` of step `step`, the position of the
+    /// batch's first example in the shuffled stream, and the tokens of the whole batch (the
+    /// `tokens_key` entry's elements, else the examples, times `dp`).
+    #[allow(clippy::too_many_arguments)]
+    fn collated(
+        &self,
+        b: &B,
+        data: &dyn Dataset<E>,
+        seed: u64,
+        (step, micro): (u64, usize),
+        (d, dp): (usize, usize),
+        cache: &mut HashMap<u64, Vec<usize>>,
+    ) -> Result<(Batch<B>, usize, usize)> {
+        let (ex, first) = self.examples(data, seed, step, micro, (d, dp), cache)?;
+        let mine = first + d * ex.len();
+        let local = (self.collate_fn)(b, &ex).map_err(|e| {
+            Error::invalid("collate_fn", format!("step {step}, examples {mine}..{}: {e}", mine + ex.len()))
+        })?;
+        let tokens = self.config.tokens_key.as_ref().and_then(|k| local.get(k)).map_or(ex.len(), |t| t.elem_count());
+        Ok((local, first, tokens * dp))
+    }
+
     /// The sharding plan for `dep`'s mesh, from one traced forward pass on one device (a
     /// new one from the deployer, as this process's first rank would get it, with one
     /// compute thread). Every process derives the same plan.
@@ -464,11 +486,7 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
                 opt.set_lr(lr);
                 let (loss_sum, tokens, norm) = if let Some(cs) = &compiled {
                     // this rank's slice of the batch through the compiled step
-                    let (ex, first) = self.examples(data, dep.seed, step, 0, (d, dp), &mut cache)?;
-                    let mine = first + d * ex.len();
-                    let local = (self.collate_fn)(&rk.backend, &ex)
-                        .map_err(|e| Error::invalid("collate_fn", format!("step {step}, examples {mine}..{}: {e}", mine + ex.len())))?;
-                    let tokens = cfg.tokens_key.as_ref().and_then(|k| local.get(k)).map_or(ex.len(), |t| t.elem_count()) * dp;
+                    let (local, first, tokens) = self.collated(&rk.backend, data, dep.seed, (step, 0), (d, dp), &mut cache)?;
                     let inputs = StepInputs { lr, loss_scale: 1.0, clip_norm: cfg.clip_norm };
                     let r = cs.step(rk.rank, &local, &inputs)?;
                     if !r.loss.is_finite() {
@@ -500,15 +518,8 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
                 let (mut loss_sum, mut tokens, mut bad) = (0.0, 0usize, None);
                 for micro in 0..cfg.accumulate {
                     // this rank reads and collates only its slice of the global batch
-                    let (ex, first) = self.examples(data, dep.seed, step, micro, (d, dp), &mut cache)?;
-                    let mine = first + d * ex.len();
-                    let local = (self.collate_fn)(&rk.backend, &ex)
-                        .map_err(|e| Error::invalid("collate_fn", format!("step {step}, examples {mine}..{}: {e}", mine + ex.len())))?;
-                    if let Some(t) = cfg.tokens_key.as_ref().and_then(|k| local.get(k)) {
-                        tokens += t.elem_count() * dp;
-                    } else {
-                        tokens += ex.len() * dp;
-                    }
+                    let (local, first, n) = self.collated(&rk.backend, data, dep.seed, (step, micro), (d, dp), &mut cache)?;
+                    tokens += n;
                     let mut batch = Batch::new();
                     for (k, t) in local {
                         let t = dp_shard(t, dp).map_err(|e| Error::invalid("fit", format!("batch entry `{k}`: {e}")))?;

@@ -46,15 +46,26 @@ impl CompiledTrainStep {
     }
 
     /// Ids looked up in a table, checked on the host against its rows (inside the program
-    /// an out-of-range id cannot stop it); `batch` is one replica's slice or the whole.
+    /// an out-of-range id cannot stop it); `batch` is the whole batch.
     pub(crate) fn check_ids(&self, batch: &[HostData]) -> Result<()> {
+        self.check_with(batch.len(), |j| batch[j].to_i64_vec())
+    }
+
+    /// [`CompiledTrainStep::check_ids`] for replica `r`'s slice of the batch, read from the
+    /// kept host copy of its ids (only the entries that are looked up are read).
+    pub(crate) fn check_replica_ids(&self, r: usize, batch: &[PjrtStorage]) -> Result<()> {
+        let rep = self.replicas.get(r).ok_or_else(|| pjrt_error("compiled step", format!("no replica {r}")))?;
+        self.check_with(batch.len(), |j| rep.b.host_ids(&batch[j], "compiled step")?.to_i64_vec())
+    }
+
+    /// Checks the ids of batch entry `j` (from `ids(j)`, for `j < n`) against every bound
+    /// recorded for it.
+    fn check_with(&self, n: usize, ids: impl Fn(usize) -> Result<Vec<i64>>) -> Result<()> {
         let p = self.names.len();
         for &(arg, size) in &self.checks {
-            if let Some(h) = arg.checked_sub(3 * p).and_then(|j| batch.get(j)) {
-                let ids = h.to_i64_vec()?;
-                if let Some(&bad) = ids.iter().find(|&&i| i < 0 || i as u64 >= size as u64) {
-                    return Err(redco_core::Error::IndexOutOfRange { op: "compiled step", index: bad, size });
-                }
+            let Some(j) = arg.checked_sub(3 * p).filter(|&j| j < n) else { continue };
+            if let Some(&bad) = ids(j)?.iter().find(|&&i| i < 0 || i as u64 >= size as u64) {
+                return Err(redco_core::Error::IndexOutOfRange { op: "compiled step", index: bad, size });
             }
         }
         Ok(())
