@@ -1,44 +1,56 @@
 #!/usr/bin/env python3
-"""Regenerates the inline-assembly micro-kernel, `src/cpu/sgemm/kernel_avx512/asm.rs`.
+"""Regenerates an inline-assembly sgemm micro-kernel: `src/cpu/sgemm/kernel_<ISA>/asm.rs`.
 
-Usage: python3 redco-core/tools/gen_sgemm_kernel.py [MR] [NV] [A_PREFETCH_BYTES] [UNROLL]
-[SRC_GAP] [B_PREFETCH_BYTES] (defaults: 14 2 1024 2 8 2048), then `cargo fmt`. The script
-writes `asm.rs` (the `kernel` function) whole and updates the `MR` / `NV` / `SRC_GAP`
-constants in `kernel_avx512.rs`; everything else there is hand-written. The tile is MR rows
-(broadcast from packed A) by 16 * NV columns (vectors of packed B);
-MR * NV + NV + 2 <= 32 zmm registers.
+Usage: python3 redco-core/tools/gen_sgemm_kernel.py ISA [MR] [NV] [A_PREFETCH_BYTES] [UNROLL]
+[SRC_GAP] [B_PREFETCH_BYTES], then `cargo fmt`. ISA is `avx512` (32 zmm registers; defaults
+14 2 1024 2 8 2048) or `avx2` (AVX2 + FMA, 16 ymm registers; defaults 6 2 512 4 8 1024).
+The script writes `asm.rs` (the `kernel` function) whole and updates the `MR` / `NV` /
+`SRC_GAP` constants in `kernel_<ISA>.rs`; everything else there is hand-written. The tile is
+MR rows (broadcast from packed A) by LANES * NV columns (vectors of packed B);
+MR * NV + NV + 2 registers at most.
 """
 import os
 import re
 import sys
 
-MR = int(sys.argv[1]) if len(sys.argv) > 1 else 14
-NV = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-APF = int(sys.argv[3]) if len(sys.argv) > 3 else 1024
-U = int(sys.argv[4]) if len(sys.argv) > 4 else 2
-G = int(sys.argv[5]) if len(sys.argv) > 5 else 8
-BPF = int(sys.argv[6]) if len(sys.argv) > 6 else 2048
+ISAS = {
+    # isa: (register prefix, operand size, lanes, registers, target features, defaults)
+    "avx512": ("zmm", "zmmword", 16, 32, "avx512f", (14, 2, 1024, 2, 8, 2048), "_mm512_setzero_ps"),
+    "avx2": ("ymm", "ymmword", 8, 16, "avx2,fma", (6, 2, 512, 4, 8, 1024), "_mm256_setzero_ps"),
+}
+ISA = sys.argv[1] if len(sys.argv) > 1 else ""
+if ISA not in ISAS:
+    sys.exit(f"usage: {sys.argv[0]} avx512|avx2 [MR] [NV] [APF] [UNROLL] [SRC_GAP] [BPF]")
+REG, WORD, LANES, NREGS, FEATURES, DEFAULTS, ZERO = ISAS[ISA]
+args = [int(x) for x in sys.argv[2:]] + list(DEFAULTS[len(sys.argv) - 2:])
+MR, NV, APF, U, G, BPF = args
+VB = 4 * LANES  # bytes per vector
 NB = MR * NV
-assert NB + NV + 2 <= 32, "not enough zmm registers"
-PATH = os.path.join(os.path.dirname(__file__), "..", "src", "cpu", "sgemm", "kernel_avx512.rs")
-ASM_PATH = os.path.join(os.path.dirname(__file__), "..", "src", "cpu", "sgemm", "kernel_avx512", "asm.rs")
+assert NB + NV + 2 <= NREGS, f"not enough {REG} registers"
+HERE = os.path.dirname(__file__)
+PATH = os.path.join(HERE, "..", "src", "cpu", "sgemm", f"kernel_{ISA}.rs")
+ASM_PATH = os.path.join(HERE, "..", "src", "cpu", "sgemm", f"kernel_{ISA}", "asm.rs")
+
+
+def spread(lines, u):
+    """The lines (of `lines` consumed per unrolled iteration) whose prefetch goes in step u."""
+    return [line for line in range(lines) if (line * U) // lines == u]
 
 
 def step(u, prefetch=True):
     """One k step: NV B loads (and L1 prefetches BPF bytes ahead), MR broadcasts (alternating
     two registers), MR * NV FMAs."""
-    out = [f"vmovaps zmm{NB + v}, zmmword ptr [{{b}} + {u * NV * 64 + 64 * v}]" for v in range(NV)]
+    out = [f"vmovaps {REG}{NB + v}, {WORD} ptr [{{b}} + {u * NV * VB + VB * v}]" for v in range(NV)]
     if prefetch and BPF:
-        out += [f"prefetcht0 byte ptr [{{b}} + {BPF + u * NV * 64 + 64 * v}]" for v in range(NV)]
+        b_lines = max(1, (NV * VB * U + 63) // 64)  # B lines consumed per unrolled iteration
+        out += [f"prefetcht0 byte ptr [{{b}} + {BPF + 64 * line}]" for line in spread(b_lines, u)]
     if prefetch and APF:
-        lines = max(1, (MR * 4 * U + 63) // 64)  # A lines consumed per unrolled iteration
-        for line in range(lines):
-            if (line * U) // lines == u:
-                out.append(f"prefetcht0 byte ptr [{{a}} + {APF + 64 * line}]")
+        a_lines = max(1, (MR * 4 * U + 63) // 64)  # A lines consumed per unrolled iteration
+        out += [f"prefetcht0 byte ptr [{{a}} + {APF + 64 * line}]" for line in spread(a_lines, u)]
     for i in range(MR):
         r = NB + NV + (i % 2)
-        out.append(f"vbroadcastss zmm{r}, dword ptr [{{a}} + {u * MR * 4 + 4 * i}]")
-        out += [f"vfmadd231ps zmm{NV * i + v}, zmm{NB + v}, zmm{r}" for v in range(NV)]
+        out.append(f"vbroadcastss {REG}{r}, dword ptr [{{a}} + {u * MR * 4 + 4 * i}]")
+        out += [f"vfmadd231ps {REG}{NV * i + v}, {REG}{NB + v}, {REG}{r}" for v in range(NV)]
     return out
 
 
@@ -46,7 +58,7 @@ def body():
     out = []
     for u in range(U):
         out += step(u)
-    return out + [f"add {{a}}, {MR * 4 * U}", f"add {{b}}, {NV * 64 * U}"]
+    return out + [f"add {{a}}, {MR * 4 * U}", f"add {{b}}, {NV * VB * U}"]
 
 
 # The head loops also walk `next` (8 bytes per iteration) with L2 prefetches; the first one
@@ -59,26 +71,27 @@ asm += ["dec {sp}", "jnz 22b", "23:"]
 asm += ["test {head}, {head}", "jz 3f", ".p2align 6", "2:"] + body()
 asm += ["prefetcht1 byte ptr [{next}]", "add {next}, 8", "dec {head}", "jnz 2b", "3:"]
 asm += ["test {win}, {win}", "jz 5f", ".p2align 6", "4:"] + body()
-asm += [f"prefetchw byte ptr [{{c}} + {64 * v + 63}]" for v in range(NV)]
+asm += [f"prefetchw byte ptr [{{c}} + {VB * v + VB - 1}]" for v in range(NV)]
 asm += ["add {c}, {ldc}", "dec {win}", "jnz 4b", "5:"]
 asm += ["test {tail}, {tail}", "jz 7f", ".p2align 6", "6:"] + body() + ["dec {tail}", "jnz 6b", "7:"]
 asm += ["test {rem}, {rem}", "jz 8f", "9:"] + step(0, False)
-asm += [f"add {{a}}, {MR * 4}", f"add {{b}}, {NV * 64}", "dec {rem}", "jnz 9b", "8:"]
+asm += [f"add {{a}}, {MR * 4}", f"add {{b}}, {NV * VB}", "dec {rem}", "jnz 9b", "8:"]
 
-decl = "\n".join(f"    let mut c{i} = _mm512_setzero_ps();" for i in range(NB))
+decl = "\n".join(f"    let mut c{i} = {ZERO}();" for i in range(NB))
 asm_lines = ",\n".join(f'            "{line}"' for line in asm)
-ops = "\n".join(f'            inout("zmm{i}") c{i},' for i in range(NB))
-clob = "\n".join(f'            out("zmm{i}") _,' for i in range(NB, 32))
+ops = "\n".join(f'            inout("{REG}{i}") c{i},' for i in range(NB))
+clob = "\n".join(f'            out("{REG}{i}") _,' for i in range(NB, NREGS))
 rows = ",\n        ".join("[" + ", ".join(f"c{NV * i + v}" for v in range(NV)) + "]" for i in range(MR))
+WHO = {"avx512": "AVX-512F", "avx2": "AVX2 and FMA"}[ISA]
 
-FN = f'''/// The `MR x NR` micro-kernel (inline assembly, generated by `tools/gen_sgemm_kernel.py`).
+FN = f'''/// The `MR x NR` micro-kernel (inline assembly, generated by `tools/gen_sgemm_kernel.py {ISA}`).
 ///
 /// Per k step: NV aligned B loads, MR `vbroadcastss` from packed A and MR * NV FMAs, with k
 /// unrolled x{U}. Both packed streams are prefetched into L1 ahead of use: A {APF} bytes
 /// ahead (the A panel does not stay in L1 while the larger B panel streams through it), B
 /// {BPF} bytes ahead, one line per line consumed (B comes from L2 and would otherwise miss L1
 /// on every k step). The C tile is prefetched for writing (`prefetchw`, one row per iteration,
-/// at the last byte of each of its vectors, which also brings in the third line of a row that
+/// at the last byte of each of its vectors, which also brings in the extra line of a row that
 /// starts mid line) in a window that ends `C_TAIL` iterations before the last one, so its
 /// rows arrive just before the tile is stored, without the burst of outstanding misses that
 /// prefetching a whole tile at once costs. Outside that window, the kernel also runs the L2
@@ -86,10 +99,10 @@ FN = f'''/// The `MR x NR` micro-kernel (inline assembly, generated by `tools/ge
 /// iterations so that they never hold many of the core's line-fill buffers at once.
 ///
 /// # Safety
-/// * CPU must support AVX-512F.
-/// * `a` must be valid for `kc * MR` reads, `b` for `kc * NR` reads and 64-byte aligned.
+/// * CPU must support {WHO}.
+/// * `a` must be valid for `kc * MR` reads, `b` for `kc * NR` reads and {VB}-byte aligned.
 /// * `dst` must describe a writable `dst.mr x dst.nr` region of C with no other live references.
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "{FEATURES}")]
 pub unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, dst: TileDst, pf: Prefetch) {{
 {decl}
     let iters = kc / {U};
@@ -98,7 +111,7 @@ pub unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, dst: TileDst, pf: 
     let sp = pf.src_rows.min((iters - win - tail) / SRC_GAP);
     let head = iters - win - tail - sp * SRC_GAP;
     // SAFETY: the loops read exactly kc * MR floats from `a` and kc * NR floats from the
-    // 64-byte aligned `b` (caller contract); prefetches never fault; all clobbered vector
+    // aligned `b` (caller contract); prefetches never fault; all clobbered vector
     // registers are declared; no stack use.
     unsafe {{
         std::arch::asm!(
@@ -130,13 +143,15 @@ pub unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, dst: TileDst, pf: 
 
 '''
 
-HEADER = """//! The `MR x NR` micro-kernel itself: inline assembly written whole by
-//! `redco-core/tools/gen_sgemm_kernel.py` (edit the script, not this file, then `cargo fmt`).
+HEADER = f"""//! The `MR x NR` micro-kernel itself: inline assembly written whole by
+//! `redco-core/tools/gen_sgemm_kernel.py {ISA}` (edit the script, not this file, then `cargo fmt`).
 
-use super::{store_tile, Prefetch, TileDst, C_TAIL, MR, SRC_GAP};
+use super::{{store_tile, C_TAIL, MR, SRC_GAP}};
+use crate::cpu::sgemm::microkernel::{{Prefetch, TileDst}};
 use std::arch::x86_64::*;
 
 """
+os.makedirs(os.path.dirname(ASM_PATH), exist_ok=True)
 open(ASM_PATH, "w").write(HEADER + FN.rstrip() + "\n")
 
 src = open(PATH).read()

@@ -170,6 +170,7 @@ def main():
                     "threads": torch.get_num_threads(),
                     "mkl": torch.backends.mkl.is_available(),
                     "mkldnn": torch.backends.mkldnn.is_available(),
+                    "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                     "transformers": _transformers_version(),
                 }
             elif op == "gemm":

@@ -10,7 +10,19 @@ pub fn describe() -> String {
                 .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
         })
         .unwrap_or_else(|| std::env::consts::ARCH.to_string());
-    format!("{model}, {} cores, {} ({})", cores(), simd(), redco_core::cpu::kernel_families())
+    let held = if peer_isa_env().is_empty() { "" } else { ", run as AVX2-only (REDCO_ASSUME_NO_AVX512)" };
+    format!("{model}, {} cores, {}{held} ({})", cores(), simd(), redco_core::cpu::kernel_families())
+}
+
+/// The environment that holds a peer (torch, MKL) to AVX2 where the CPU backend runs as on
+/// an AVX2-only machine (`REDCO_ASSUME_NO_AVX512` set); empty otherwise.
+pub fn peer_isa_env() -> Vec<(&'static str, &'static str)> {
+    let no_avx512 = std::env::var_os("REDCO_ASSUME_NO_AVX512").is_some_and(|v| !v.is_empty() && v != "0");
+    if no_avx512 {
+        vec![("MKL_ENABLE_INSTRUCTIONS", "AVX2"), ("ATEN_CPU_CAPABILITY", "avx2"), ("ONEDNN_MAX_CPU_ISA", "AVX2")]
+    } else {
+        Vec::new()
+    }
 }
 
 /// The number of cores this process may use.

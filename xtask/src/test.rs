@@ -1,8 +1,9 @@
 //! `cargo xtask test`: everything CI checks, in order, stopping at the first failure.
 //!
 //! Tests that need AVX-512F (every test under a module named `avx512`, such as
-//! `cpu::sgemm::tests::avx512::*`) are left out on a CPU without it, and named: xtask
-//! prints a line listing them and why, and nextest prints each as `SKIP`. Set
+//! `cpu::sgemm::tests::sweeps::avx512::*`) are left out on a CPU without it, and named:
+//! xtask prints a line listing them and why, and nextest prints each as `SKIP`; on a CPU
+//! without AVX2 and FMA, the tests under `avx2` modules are left out too. Set
 //! `REDCO_ASSUME_NO_AVX512=1` to do the same on an AVX-512 machine; the variable reaches
 //! the tests, where it also turns the CPU backend's AVX-512 code paths off, so the run
 //! is the one an AVX2-only CPU gets.
@@ -109,33 +110,45 @@ fn setup() -> Result<(), String> {
 /// portable paths).
 const ASSUME_NO_AVX512: &str = "REDCO_ASSUME_NO_AVX512";
 
-/// The nextest filterset of the tests that need AVX-512F: those under an `avx512` module.
-const AVX512_TESTS: &str = "test(/::avx512::/)";
+/// Tests left out because this CPU cannot run their instruction set: why, the nextest
+/// filterset of those tests, and the libtest `--skip` patterns (substrings of the names).
+struct Skip {
+    why: &'static str,
+    filter: &'static str,
+    patterns: &'static [&'static str],
+}
 
-/// Every test but those of [`AVX512_TESTS`].
-const NOT_AVX512_TESTS: &str = "not test(/::avx512::/)";
-
-/// The libtest `--skip` pattern (a substring of the name) of the same tests.
-const AVX512_SKIP: &str = "::avx512::";
-
-/// Why the AVX-512-only tests cannot run here, or `None` where they can.
-fn no_avx512_reason() -> Option<&'static str> {
-    if std::env::var_os(ASSUME_NO_AVX512).is_some_and(|v| !v.is_empty() && v != "0") {
-        return Some("REDCO_ASSUME_NO_AVX512 is set");
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        (!std::arch::is_x86_feature_detected!("avx512f")).then_some("this CPU lacks AVX-512F")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        Some("this CPU is not x86-64")
+impl Skip {
+    /// The nextest filterset of every other test.
+    fn others(&self) -> String {
+        format!("not ({})", self.filter)
     }
 }
 
-/// Lists the AVX-512-only tests (as `crate test::path` with nextest, `test::path` with
+/// Why tests under `avx512` (and `avx2`) modules cannot run here, or `None` where they can.
+fn skipped_here() -> Option<Skip> {
+    let avx512 = Skip { why: "", filter: "test(/::avx512::/)", patterns: &["::avx512::"] };
+    let both = Skip { why: "", filter: "test(/::avx512::/) | test(/::avx2::/)", patterns: &["::avx512::", "::avx2::"] };
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !(std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")) {
+            return Some(Skip { why: "this CPU lacks AVX2 and FMA", ..both });
+        }
+        if std::env::var_os(ASSUME_NO_AVX512).is_some_and(|v| !v.is_empty() && v != "0") {
+            return Some(Skip { why: "REDCO_ASSUME_NO_AVX512 is set", ..avx512 });
+        }
+        (!std::arch::is_x86_feature_detected!("avx512f")).then_some(Skip { why: "this CPU lacks AVX-512F", ..avx512 })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = avx512;
+        Some(Skip { why: "this CPU is not x86-64", ..both })
+    }
+}
+
+/// Lists the tests `skip` leaves out (as `crate test::path` with nextest, `test::path` with
 /// libtest), building the test binaries as the run that follows will.
-fn avx512_tests(nextest: bool) -> Result<Vec<String>, String> {
+fn skipped_tests(nextest: bool, skip: &Skip) -> Result<Vec<String>, String> {
     if nextest {
         let out = cargo_stdout(&[
             "nextest",
@@ -144,7 +157,7 @@ fn avx512_tests(nextest: bool) -> Result<Vec<String>, String> {
             "--features",
             FEATURES,
             "-E",
-            AVX512_TESTS,
+            skip.filter,
             "--message-format",
             "oneline",
         ])?;
@@ -154,7 +167,7 @@ fn avx512_tests(nextest: bool) -> Result<Vec<String>, String> {
         Ok(out
             .lines()
             .filter_map(|l| l.strip_suffix(": test"))
-            .filter(|name| name.contains(AVX512_SKIP))
+            .filter(|name| skip.patterns.iter().any(|p| name.contains(p)))
             .map(String::from)
             .collect())
     }
@@ -179,26 +192,31 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         cargo_env(&["doc", "--workspace", "--no-deps", "--features", FEATURES], &[("RUSTDOCFLAGS", "-D warnings")])?;
     }
     let nextest = has_nextest();
-    let skip = no_avx512_reason();
-    if let Some(why) = skip {
-        let names = avx512_tests(nextest)?;
+    let skip = skipped_here();
+    if let Some(skip) = &skip {
+        let names = skipped_tests(nextest, skip)?;
         eprintln!(
-            "xtask: skipping {} AVX-512-only tests ({why}; the CPU backend's dispatch tests cover the GEMM used \
-             instead): {}",
+            "xtask: skipping {} tests of kernels this CPU cannot run ({}; the CPU backend's dispatch tests cover \
+             the GEMM used instead): {}",
             names.len(),
+            skip.why,
             names.join(", ")
         );
     }
+    let others = skip.as_ref().map(Skip::others);
     if nextest {
         let mut args = vec!["nextest", "run", "--workspace", "--features", FEATURES, "--no-fail-fast"];
-        if skip.is_some() {
-            args.extend(["-E", NOT_AVX512_TESTS, "--status-level", "skip", "--final-status-level", "skip"]);
+        if let Some(others) = &others {
+            args.extend(["-E", others, "--status-level", "skip", "--final-status-level", "skip"]);
         }
         cargo(&args)?;
     } else {
         let mut args = vec!["test", "--workspace", "--features", FEATURES, "--no-fail-fast"];
-        if skip.is_some() {
-            args.extend(["--", "--skip", AVX512_SKIP]);
+        if let Some(skip) = &skip {
+            args.push("--");
+            for p in skip.patterns {
+                args.extend(["--skip", p]);
+            }
         }
         cargo(&args)?;
     }

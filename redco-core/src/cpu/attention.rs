@@ -122,15 +122,21 @@ fn attend<T: Real + GemmElem>(q: &[T], k: &[T], v: &[T], keep: &Keep, s: &Attent
     if out.is_empty() || tk == 0 {
         return out;
     }
+    // each task in the CPU's widest vector copy (the GEMMs pick their own kernels)
     out.par_chunks_mut(tq * d).enumerate().for_each(|(bh, o)| {
-        let (bi, h) = (bh / s.q_heads, bh % s.q_heads);
-        let kvh = bi * s.kv_heads + h / rep;
-        let qs = &q[bh * tq * d..(bh + 1) * tq * d];
-        let ks = &k[kvh * tk * d..(kvh + 1) * tk * d];
-        let vs = &v[kvh * tk * d..(kvh + 1) * tk * d];
-        let mut p = vec![T::zero(); tq * tk];
-        probs(qs, ks, &mut p, (bi, h), keep, s);
-        gemm_strided(tq, d, tk, &p, vs, o, Strides { a_rs: tk, a_cs: 1, b_rs: d, b_cs: 1 }, 1);
+        super::simd::vectorized(
+            #[inline(always)]
+            || {
+                let (bi, h) = (bh / s.q_heads, bh % s.q_heads);
+                let kvh = bi * s.kv_heads + h / rep;
+                let qs = &q[bh * tq * d..(bh + 1) * tq * d];
+                let ks = &k[kvh * tk * d..(kvh + 1) * tk * d];
+                let vs = &v[kvh * tk * d..(kvh + 1) * tk * d];
+                let mut p = vec![T::zero(); tq * tk];
+                probs(qs, ks, &mut p, (bi, h), keep, s);
+                gemm_strided(tq, d, tk, &p, vs, o, Strides { a_rs: tk, a_cs: 1, b_rs: d, b_cs: 1 }, 1);
+            },
+        )
     });
     out
 }
@@ -151,34 +157,39 @@ fn attend_backward<T: Real + GemmElem>(q: &[T], k: &[T], v: &[T], g: &[T], keep:
     // one task per (batch, kv head): it owns that head's dk/dv and its query heads' dq
     dq.par_chunks_mut(rep * n_h).zip(dk.par_chunks_mut(tk * d).zip(dv.par_chunks_mut(tk * d))).enumerate().for_each(
         |(kvh, (dqg, (dkh, dvh)))| {
-            let bi = kvh / s.kv_heads;
-            let ks = &k[kvh * tk * d..(kvh + 1) * tk * d];
-            let vs = &v[kvh * tk * d..(kvh + 1) * tk * d];
-            let mut p = vec![T::zero(); tq * tk];
-            let mut dp = vec![T::zero(); tq * tk];
-            let mut tmp = vec![T::zero(); tk * d];
-            for (r, dqh) in dqg.chunks_mut(n_h).enumerate() {
-                let h = (kvh % s.kv_heads) * rep + r;
-                let bh = bi * s.q_heads + h;
-                let qs = &q[bh * n_h..(bh + 1) * n_h];
-                let gs = &g[bh * n_h..(bh + 1) * n_h];
-                probs(qs, ks, &mut p, (bi, h), keep, s);
-                // dv += p^T g
-                gemm_strided(tk, d, tq, &p, gs, &mut tmp, Strides { a_rs: 1, a_cs: tk, b_rs: d, b_cs: 1 }, 1);
-                dvh.iter_mut().zip(&tmp).for_each(|(a, &b)| *a = *a + b);
-                // dp = g v^T, then ds = p * (dp - rowsum(p * dp)) * scale in place of dp
-                gemm_strided(tq, tk, d, gs, vs, &mut dp, Strides { a_rs: d, a_cs: 1, b_rs: 1, b_cs: d }, 1);
-                for (pr, dr) in p.chunks(tk).zip(dp.chunks_mut(tk)) {
-                    let dot = pr.iter().zip(dr.iter()).fold(T::zero(), |acc, (&a, &b)| acc + a * b);
-                    for (x, &pv) in dr.iter_mut().zip(pr) {
-                        *x = pv * (*x - dot) * scale;
+            super::simd::vectorized(
+                #[inline(always)]
+                || {
+                    let bi = kvh / s.kv_heads;
+                    let ks = &k[kvh * tk * d..(kvh + 1) * tk * d];
+                    let vs = &v[kvh * tk * d..(kvh + 1) * tk * d];
+                    let mut p = vec![T::zero(); tq * tk];
+                    let mut dp = vec![T::zero(); tq * tk];
+                    let mut tmp = vec![T::zero(); tk * d];
+                    for (r, dqh) in dqg.chunks_mut(n_h).enumerate() {
+                        let h = (kvh % s.kv_heads) * rep + r;
+                        let bh = bi * s.q_heads + h;
+                        let qs = &q[bh * n_h..(bh + 1) * n_h];
+                        let gs = &g[bh * n_h..(bh + 1) * n_h];
+                        probs(qs, ks, &mut p, (bi, h), keep, s);
+                        // dv += p^T g
+                        gemm_strided(tk, d, tq, &p, gs, &mut tmp, Strides { a_rs: 1, a_cs: tk, b_rs: d, b_cs: 1 }, 1);
+                        dvh.iter_mut().zip(&tmp).for_each(|(a, &b)| *a = *a + b);
+                        // dp = g v^T, then ds = p * (dp - rowsum(p * dp)) * scale in place of dp
+                        gemm_strided(tq, tk, d, gs, vs, &mut dp, Strides { a_rs: d, a_cs: 1, b_rs: 1, b_cs: d }, 1);
+                        for (pr, dr) in p.chunks(tk).zip(dp.chunks_mut(tk)) {
+                            let dot = pr.iter().zip(dr.iter()).fold(T::zero(), |acc, (&a, &b)| acc + a * b);
+                            for (x, &pv) in dr.iter_mut().zip(pr) {
+                                *x = pv * (*x - dot) * scale;
+                            }
+                        }
+                        // dq = ds k ; dk += ds^T q
+                        gemm_strided(tq, d, tk, &dp, ks, dqh, Strides { a_rs: tk, a_cs: 1, b_rs: d, b_cs: 1 }, 1);
+                        gemm_strided(tk, d, tq, &dp, qs, &mut tmp, Strides { a_rs: 1, a_cs: tk, b_rs: d, b_cs: 1 }, 1);
+                        dkh.iter_mut().zip(&tmp).for_each(|(a, &b)| *a = *a + b);
                     }
-                }
-                // dq = ds k ; dk += ds^T q
-                gemm_strided(tq, d, tk, &dp, ks, dqh, Strides { a_rs: tk, a_cs: 1, b_rs: d, b_cs: 1 }, 1);
-                gemm_strided(tk, d, tq, &dp, qs, &mut tmp, Strides { a_rs: 1, a_cs: tk, b_rs: d, b_cs: 1 }, 1);
-                dkh.iter_mut().zip(&tmp).for_each(|(a, &b)| *a = *a + b);
-            }
+                },
+            )
         },
     );
     (dq, dk, dv)

@@ -47,22 +47,27 @@ fn forward_t<T: Real>(x: &[T], t: &[i64], v: usize, ignore: i64) -> Vec<T> {
     }
     // one output per row: chunk the (short) output so that each task covers many rows
     let per = (1usize << 14).div_ceil(v).max(1);
-    let work = |r0: usize, o: &mut [T]| {
-        let mut buf = vec![T::zero(); v];
-        for (k, o) in o.iter_mut().enumerate() {
-            let r = r0 + k;
-            if t[r] == ignore {
-                continue;
-            }
-            let row = &x[r * v..(r + 1) * v];
-            let m = T::row_max(row);
-            buf.copy_from_slice(row);
-            let lse = T::exp_shift_sum(&mut buf, m).ln() + m;
-            *o = lse - row[t[r] as usize];
-        }
-    };
     use rayon::prelude::*;
-    out.par_chunks_mut(per).enumerate().for_each(|(c, o)| work(c * per, o));
+    // each task in the CPU's widest vector copy
+    out.par_chunks_mut(per).enumerate().for_each(|(c, o)| {
+        super::simd::vectorized(
+            #[inline(always)]
+            || {
+                let mut buf = vec![T::zero(); v];
+                for (k, o) in o.iter_mut().enumerate() {
+                    let r = c * per + k;
+                    if t[r] == ignore {
+                        continue;
+                    }
+                    let row = &x[r * v..(r + 1) * v];
+                    let m = T::row_max(row);
+                    buf.copy_from_slice(row);
+                    let lse = T::exp_shift_sum(&mut buf, m).ln() + m;
+                    *o = lse - row[t[r] as usize];
+                }
+            },
+        )
+    });
     out
 }
 
@@ -91,20 +96,26 @@ fn backward_t<T: Real>(x: &[T], t: &[i64], v: usize, ignore: i64, g: &[T]) -> Ve
         return vec![T::zero(); n];
     }
     filled(n, |out| {
-        run_rows(out, v, n, |r, o| {
-            if t[r] == ignore {
-                o.iter_mut().for_each(|p| {
-                    p.write(T::zero());
-                });
-                return;
-            }
-            let row = &x[r * v..(r + 1) * v];
-            let m = T::row_max(row);
-            let o = init_from(o, row);
-            let w = g[r] / T::exp_shift_sum(o, m);
-            o.iter_mut().for_each(|p| *p = *p * w);
-            let ti = t[r] as usize;
-            o[ti] = o[ti] - g[r];
-        })
+        run_rows(
+            out,
+            v,
+            n,
+            #[inline(always)]
+            |r, o| {
+                if t[r] == ignore {
+                    o.iter_mut().for_each(|p| {
+                        p.write(T::zero());
+                    });
+                    return;
+                }
+                let row = &x[r * v..(r + 1) * v];
+                let m = T::row_max(row);
+                let o = init_from(o, row);
+                let w = g[r] / T::exp_shift_sum(o, m);
+                o.iter_mut().for_each(|p| *p = *p * w);
+                let ti = t[r] as usize;
+                o[ti] = o[ti] - g[r];
+            },
+        )
     })
 }

@@ -44,11 +44,11 @@ enum Isa {
 fn isa(h: Half) -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        if super::avx512f() {
             return Isa::Avx512;
         }
         let f16c = h == Half::Bf16 || std::arch::is_x86_feature_detected!("f16c");
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") && f16c {
+        if super::avx2_fma() && f16c {
             return Isa::Avx2;
         }
     }

@@ -1,5 +1,5 @@
 //! CPU matmul: batched, with transpose flags folded into strides (no copies).
-//! f32 uses the AVX-512 GEMM when the CPU has it; everything else the `gemm` crate.
+//! f32 uses the generated GEMM (AVX-512F or AVX2 + FMA) when the CPU has one; everything else the `gemm` crate.
 //! [`F32Gemm`] lets tests run both f32 paths in one process.
 
 use super::half_gemv::{self, Half};
@@ -21,17 +21,17 @@ pub(crate) struct Strides {
 /// Which GEMM an f32 product may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum F32Gemm {
-    /// The AVX-512 GEMM where it runs here ([`super::sgemm_enabled`]), else the `gemm` crate:
+    /// The generated GEMM (AVX-512 or AVX2) where it runs here ([`super::sgemm_enabled`]), else the `gemm` crate:
     /// what the backend does.
     Auto,
     /// Always the `gemm` crate (the portable fallback), whatever the CPU: what the tests
-    /// use to check the fallback on an AVX-512 machine.
+    /// use to check the fallback on a machine with a generated GEMM.
     #[cfg_attr(not(test), allow(dead_code))]
     Portable,
 }
 
 impl F32Gemm {
-    /// True when this choice runs the AVX-512 GEMM on this machine.
+    /// True when this choice runs a generated GEMM on this machine.
     pub(crate) fn fast(self) -> bool {
         self == F32Gemm::Auto && super::sgemm_enabled()
     }
@@ -140,7 +140,7 @@ impl GemmElem for f32 {
     }
 }
 
-/// f32 through the AVX-512 GEMM, writing a fresh output without zero-filling it first.
+/// f32 through the generated GEMM, writing a fresh output without zero-filling it first.
 fn matmul_f32_fast(a: &[f32], b: &[f32], spec: &MatmulSpec, threads: usize) -> Result<Vec<f32>> {
     let (sa, sb, sc) = (spec.m * spec.k, spec.k * spec.n, spec.m * spec.n);
     let need_a = if spec.a_batched { spec.batch * sa } else { sa };
@@ -170,7 +170,7 @@ fn matmul_f32_fast(a: &[f32], b: &[f32], spec: &MatmulSpec, threads: usize) -> R
         let small = sc * spec.k < 128 * 128 * 128;
         let one = |i: usize, ci: &mut [std::mem::MaybeUninit<f32>], t: usize| {
             let ok = sgemm::sgemm_uninit(spec.m, spec.n, spec.k, a_of(i), b_of(i), ci, spec.n, t);
-            assert!(ok, "matmul: the AVX-512 GEMM was chosen on a CPU without AVX-512F");
+            assert!(ok, "matmul: the generated GEMM was chosen on a CPU that cannot run it");
         };
         if spec.batch > 1 && small && threads > 1 {
             out.par_chunks_mut(sc).enumerate().for_each(|(i, ci)| one(i, ci, 1));
@@ -181,7 +181,7 @@ fn matmul_f32_fast(a: &[f32], b: &[f32], spec: &MatmulSpec, threads: usize) -> R
         }
     }
     // SAFETY: `sgemm_uninit` wrote every element of every `m x n` block (it returns false
-    // only without AVX-512, and then `one` panicked), so all `total` are initialised.
+    // only without a generated GEMM, and then `one` panicked), so all `total` are initialised.
     unsafe { c.set_len(total) };
     Ok(c)
 }

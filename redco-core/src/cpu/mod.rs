@@ -4,7 +4,7 @@
 //! f16 and bf16 are stored as such and computed in f32. Kernels are generic over the float
 //! type with the op chosen once per call (no per-element dispatch), and run on the
 //! backend's own rayon pool, whose size is set at construction so that several ranks can
-//! share the machine's cores. Matmul uses an AVX-512 GEMM where the CPU has it, the `gemm`
+//! share the machine's cores. Matmul uses a generated GEMM (AVX-512F, or AVX2 + FMA) where the CPU has one, the `gemm`
 //! crate elsewhere.
 
 mod adamw;
@@ -445,14 +445,34 @@ pub(crate) fn sgemm_hook(
 }
 
 /// The kernel families this machine runs, as benchmarks report them: the f32 GEMM
-/// (`avx512`: the generated AVX-512 kernel; `gemm-crate`: the portable one) and the
-/// products against 16-bit weights (`avx512`, `avx2` or `portable`).
+/// (`avx512` or `avx2`: the generated kernels; `gemm-crate`: the portable one), the element
+/// loops (`avx512`, `avx2` or `baseline`) and the products against 16-bit weights (`avx512`,
+/// `avx2` or `portable`).
 pub fn kernel_families() -> String {
-    let gemm = if sgemm_enabled() { "avx512" } else { "gemm-crate" };
-    format!("f32 GEMM {gemm}, 16-bit GEMV {}", half_gemv::family())
+    let gemm = match sgemm::Isa::detect() {
+        Some(isa) if sgemm_enabled() => isa.name(),
+        _ => "gemm-crate",
+    };
+    format!("f32 GEMM {gemm}, element loops {}, 16-bit GEMV {}", simd::family(), half_gemv::family())
 }
 
-/// True when the AVX-512 GEMM runs here: the CPU has AVX-512F (see [`avx512f`]) and
+/// True when AVX2 and FMA code paths (the AVX2 sgemm kernels and the AVX2 copies of the
+/// element loops) may run. Read once per process.
+#[inline]
+pub(crate) fn avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// True when one of the generated GEMMs runs here: the CPU has AVX-512F (see [`avx512f`]) or
+/// AVX2 with FMA, and
 /// `REDCO_NO_SGEMM` is unset (set, the backend falls back to the `gemm` crate, for
 /// comparisons). Read once per process; tests that want both paths in one process pass
 /// [`matmul::F32Gemm`] instead.

@@ -11,28 +11,34 @@ fn norm_t<T: Real>(x: &[T], d: usize, w: Option<&[T]>, b: Option<&[T]>, eps: f64
         return vec![T::zero(); n];
     }
     filled(n, |o| {
-        run_rows(o, d, n, |r, out| {
-            let row = &x[r * d..(r + 1) * d];
-            let mean = if center { T::moments(row, 0.0).0 / d as f64 } else { 0.0 };
-            let var = T::moments(row, mean).1 / d as f64;
-            let rstd = T::of(1.0 / (var + eps).sqrt());
-            let mean = T::of(mean);
-            let it = out.iter_mut().zip(row);
-            match (w, b) {
-                (Some(w), Some(b)) => it.zip(w.iter().zip(b)).for_each(|((o, &v), (&w, &b))| {
-                    o.write((v - mean) * rstd * w + b);
-                }),
-                (Some(w), None) => it.zip(w).for_each(|((o, &v), &w)| {
-                    o.write((v - mean) * rstd * w);
-                }),
-                (None, Some(b)) => it.zip(b).for_each(|((o, &v), &b)| {
-                    o.write((v - mean) * rstd + b);
-                }),
-                (None, None) => it.for_each(|(o, &v)| {
-                    o.write((v - mean) * rstd);
-                }),
-            }
-        })
+        run_rows(
+            o,
+            d,
+            n,
+            #[inline(always)]
+            |r, out| {
+                let row = &x[r * d..(r + 1) * d];
+                let mean = if center { T::moments(row, 0.0).0 / d as f64 } else { 0.0 };
+                let var = T::moments(row, mean).1 / d as f64;
+                let rstd = T::of(1.0 / (var + eps).sqrt());
+                let mean = T::of(mean);
+                let it = out.iter_mut().zip(row);
+                match (w, b) {
+                    (Some(w), Some(b)) => it.zip(w.iter().zip(b)).for_each(|((o, &v), (&w, &b))| {
+                        o.write((v - mean) * rstd * w + b);
+                    }),
+                    (Some(w), None) => it.zip(w).for_each(|((o, &v), &w)| {
+                        o.write((v - mean) * rstd * w);
+                    }),
+                    (None, Some(b)) => it.zip(b).for_each(|((o, &v), &b)| {
+                        o.write((v - mean) * rstd + b);
+                    }),
+                    (None, None) => it.for_each(|(o, &v)| {
+                        o.write((v - mean) * rstd);
+                    }),
+                }
+            },
+        )
     })
 }
 

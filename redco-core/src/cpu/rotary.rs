@@ -18,28 +18,34 @@ fn rotary_t<T: Real>(x: &[T], c: &[T], s: &[T], dims: &[usize], cs: &[usize], mo
     if d == 0 {
         return o;
     }
-    run_rows(&mut o, d, x.len() / d, |r, out| {
-        let row = &x[r * d..(r + 1) * d];
-        let t = r.checked_div(per_batch).map_or(r % seq, |b| b * seq + r % seq);
-        let (c, s) = (&c[t * half..(t + 1) * half], &s[t * half..(t + 1) * half]);
-        match mode {
-            RotaryMode::HalfSplit => {
-                for i in 0..half {
-                    let (a, b) = (row[i], row[i + half]);
-                    out[i] = a * c[i] - b * s[i];
-                    out[i + half] = b * c[i] + a * s[i];
+    run_rows(
+        &mut o,
+        d,
+        x.len() / d,
+        #[inline(always)]
+        |r, out| {
+            let row = &x[r * d..(r + 1) * d];
+            let t = r.checked_div(per_batch).map_or(r % seq, |b| b * seq + r % seq);
+            let (c, s) = (&c[t * half..(t + 1) * half], &s[t * half..(t + 1) * half]);
+            match mode {
+                RotaryMode::HalfSplit => {
+                    for i in 0..half {
+                        let (a, b) = (row[i], row[i + half]);
+                        out[i] = a * c[i] - b * s[i];
+                        out[i + half] = b * c[i] + a * s[i];
+                    }
+                }
+                RotaryMode::Interleaved => {
+                    for i in 0..half {
+                        let (a, b) = (row[2 * i], row[2 * i + 1]);
+                        out[2 * i] = a * c[i] - b * s[i];
+                        out[2 * i + 1] = b * c[i] + a * s[i];
+                    }
                 }
             }
-            RotaryMode::Interleaved => {
-                for i in 0..half {
-                    let (a, b) = (row[2 * i], row[2 * i + 1]);
-                    out[2 * i] = a * c[i] - b * s[i];
-                    out[2 * i + 1] = b * c[i] + a * s[i];
-                }
-            }
-        }
-        out[2 * half..].copy_from_slice(&row[2 * half..]);
-    });
+            out[2 * half..].copy_from_slice(&row[2 * half..]);
+        },
+    );
     o
 }
 

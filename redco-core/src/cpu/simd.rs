@@ -1,7 +1,7 @@
-//! Vectorisable CPU loops: a branch-free f32 `exp`, and element loops compiled twice
-//! (for the baseline target and for AVX-512) and picked at run time, so that a closure
-//! inlined into them runs 16 lanes wide on CPUs that have AVX-512 without building the
-//! whole crate for that target.
+//! Vectorisable CPU loops: a branch-free f32 `exp`, and element loops compiled three times
+//! (for the baseline target, for AVX2 + FMA and for AVX-512) and picked at run time, so that
+//! a closure inlined into them runs 8 or 16 lanes wide, with fused multiply-adds, on CPUs that
+//! have those without building the whole crate for that target.
 
 use std::mem::MaybeUninit;
 
@@ -47,6 +47,51 @@ fn avx512() -> bool {
     super::avx512f()
 }
 
+/// The copy of the element loops this CPU runs: `avx512`, `avx2` or `baseline`.
+pub(crate) fn family() -> &'static str {
+    if avx512() {
+        "avx512"
+    } else if super::avx2_fma() {
+        "avx2"
+    } else {
+        "baseline"
+    }
+}
+
+#[inline(always)]
+fn run_body<R, F: FnOnce() -> R>(f: F) -> R {
+    f()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx2,fma")]
+fn run_avx512<R, F: FnOnce() -> R>(f: F) -> R {
+    run_body(f)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn run_avx2<R, F: FnOnce() -> R>(f: F) -> R {
+    run_body(f)
+}
+
+/// Runs `f` in a copy compiled for the widest vectors this CPU has (see [`family`]), so that
+/// the loops of a fused kernel's body, inlined into it, run 8 or 16 lanes wide. Work that
+/// `f` hands to other threads (rayon) leaves the copy: call this inside each task.
+pub(crate) fn vectorized<R, F: FnOnce() -> R>(f: F) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU has the features the copy was compiled for.
+        return unsafe { run_avx512(f) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2_fma() {
+        // SAFETY: the CPU has the features the copy was compiled for.
+        return unsafe { run_avx2(f) };
+    }
+    run_body(f)
+}
+
 #[inline(always)]
 fn map_body<T: Copy, O, F: Fn(T) -> O>(x: &[T], o: &mut [MaybeUninit<O>], f: &F) {
     for (o, &v) in o.iter_mut().zip(x) {
@@ -60,6 +105,12 @@ fn map_avx512<T: Copy, O, F: Fn(T) -> O>(x: &[T], o: &mut [MaybeUninit<O>], f: &
     map_body(x, o, f)
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn map_avx2<T: Copy, O, F: Fn(T) -> O>(x: &[T], o: &mut [MaybeUninit<O>], f: &F) {
+    map_body(x, o, f)
+}
+
 /// Writes `o[i] = f(x[i])` for every `i < o.len()` (callers rely on all of `o` being
 /// written, so a shorter `x` panics).
 pub(crate) fn map_into<T: Copy, O, F: Fn(T) -> O>(x: &[T], o: &mut [MaybeUninit<O>], f: &F) {
@@ -68,6 +119,11 @@ pub(crate) fn map_into<T: Copy, O, F: Fn(T) -> O>(x: &[T], o: &mut [MaybeUninit<
     if avx512() {
         // SAFETY: the CPU has the features the copy was compiled for.
         return unsafe { map_avx512(x, o, f) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2_fma() {
+        // SAFETY: the CPU has the features the copy was compiled for.
+        return unsafe { map_avx2(x, o, f) };
     }
     map_body(x, o, f)
 }
@@ -85,6 +141,12 @@ fn zip_avx512<T: Copy, U: Copy, O, F: Fn(T, U) -> O>(a: &[T], b: &[U], o: &mut [
     zip_body(a, b, o, f)
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn zip_avx2<T: Copy, U: Copy, O, F: Fn(T, U) -> O>(a: &[T], b: &[U], o: &mut [O], f: &F) {
+    zip_body(a, b, o, f)
+}
+
 /// Writes `o[i] = f(a[i], b[i])` for every `i < o.len()` (callers rely on all of `o` being
 /// written, so shorter inputs panic).
 pub(crate) fn zip_into<T: Copy, U: Copy, O, F: Fn(T, U) -> O>(a: &[T], b: &[U], o: &mut [O], f: &F) {
@@ -93,6 +155,11 @@ pub(crate) fn zip_into<T: Copy, U: Copy, O, F: Fn(T, U) -> O>(a: &[T], b: &[U], 
     if avx512() {
         // SAFETY: the CPU has the features the copy was compiled for.
         return unsafe { zip_avx512(a, b, o, f) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2_fma() {
+        // SAFETY: the CPU has the features the copy was compiled for.
+        return unsafe { zip_avx2(a, b, o, f) };
     }
     zip_body(a, b, o, f)
 }
@@ -122,12 +189,23 @@ fn exp_sum_avx512(row: &mut [f32], m: f32) -> f32 {
     exp_sum_body(row, m)
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn exp_sum_avx2(row: &mut [f32], m: f32) -> f32 {
+    exp_sum_body(row, m)
+}
+
 /// Replaces each `x` of `row` with `e^(x - m)` and returns their sum.
 pub(crate) fn exp_shift_sum(row: &mut [f32], m: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if avx512() {
         // SAFETY: the CPU has the features the copy was compiled for.
         return unsafe { exp_sum_avx512(row, m) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2_fma() {
+        // SAFETY: the CPU has the features the copy was compiled for.
+        return unsafe { exp_sum_avx2(row, m) };
     }
     exp_sum_body(row, m)
 }
@@ -153,12 +231,23 @@ fn max_avx512(row: &[f32]) -> f32 {
     max_body(row)
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn max_avx2(row: &[f32]) -> f32 {
+    max_body(row)
+}
+
 /// The largest value of `row` (`-inf` when empty; NaNs are skipped).
 pub(crate) fn max(row: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if avx512() {
         // SAFETY: the CPU has the features the copy was compiled for.
         return unsafe { max_avx512(row) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2_fma() {
+        // SAFETY: the CPU has the features the copy was compiled for.
+        return unsafe { max_avx2(row) };
     }
     max_body(row)
 }
@@ -188,12 +277,23 @@ fn moments_avx512(row: &[f32], mean: f64) -> (f64, f64) {
     moments_body(row, mean)
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn moments_avx2(row: &[f32], mean: f64) -> (f64, f64) {
+    moments_body(row, mean)
+}
+
 /// `(sum(x - mean), sum((x - mean)^2))` over `row`, accumulated in f64.
 pub(crate) fn moments(row: &[f32], mean: f64) -> (f64, f64) {
     #[cfg(target_arch = "x86_64")]
     if avx512() {
         // SAFETY: the CPU has the features the copy was compiled for.
         return unsafe { moments_avx512(row, mean) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2_fma() {
+        // SAFETY: the CPU has the features the copy was compiled for.
+        return unsafe { moments_avx2(row, mean) };
     }
     moments_body(row, mean)
 }

@@ -11,19 +11,25 @@ fn softmax_t<T: Real>(x: &[T], d: usize, log: bool) -> Vec<T> {
         return vec![T::zero(); n];
     }
     filled(n, |o| {
-        run_rows(o, d, n, |r, out| {
-            let row = &x[r * d..(r + 1) * d];
-            let m = T::row_max(row);
-            let out = init_from(out, row);
-            let s = T::exp_shift_sum(out, m);
-            if log {
-                let ls = s.ln();
-                out.iter_mut().zip(row).for_each(|(o, &v)| *o = v - m - ls);
-            } else {
-                let inv = T::one() / s;
-                out.iter_mut().for_each(|o| *o = *o * inv);
-            }
-        })
+        run_rows(
+            o,
+            d,
+            n,
+            #[inline(always)]
+            |r, out| {
+                let row = &x[r * d..(r + 1) * d];
+                let m = T::row_max(row);
+                let out = init_from(out, row);
+                let s = T::exp_shift_sum(out, m);
+                if log {
+                    let ls = s.ln();
+                    out.iter_mut().zip(row).for_each(|(o, &v)| *o = v - m - ls);
+                } else {
+                    let inv = T::one() / s;
+                    out.iter_mut().for_each(|o| *o = *o * inv);
+                }
+            },
+        )
     })
 }
 

@@ -179,24 +179,36 @@ pub(crate) fn filled<O>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<O>])) -> V
     v
 }
 
-/// Calls `row(r, out_row)` for every row of length `l`, in parallel for large outputs.
+/// Calls `row(r, out_row)` for every row of length `l`, in parallel for large outputs. Each
+/// task runs its rows in the widest vector copy of the CPU ([`simd::vectorized`]), so the
+/// fused row kernels (norms, softmax, rotary, cross-entropy) run vectorised with it.
 pub(crate) fn run_rows<O: Send, F: Fn(usize, &mut [O]) + Sync>(o: &mut [O], l: usize, n: usize, row: F) {
     if n >= PAR_MIN {
         let rpc = rows_per_chunk(l);
         o.par_chunks_mut(l * rpc).enumerate().for_each(|(ci, chunk)| {
-            for (k, orow) in chunk.chunks_mut(l).enumerate() {
-                row(ci * rpc + k, orow);
-            }
+            simd::vectorized(
+                #[inline(always)]
+                || {
+                    for (k, orow) in chunk.chunks_mut(l).enumerate() {
+                        row(ci * rpc + k, orow);
+                    }
+                },
+            )
         });
     } else {
-        for (r, orow) in o.chunks_mut(l).enumerate() {
-            row(r, orow);
-        }
+        simd::vectorized(
+            #[inline(always)]
+            || {
+                for (r, orow) in o.chunks_mut(l).enumerate() {
+                    row(r, orow);
+                }
+            },
+        )
     }
 }
 
 /// `out[i] = f(x[i])`, in parallel for large inputs.
-/// The loop body is compiled for AVX-512 too (see [`simd`]), so `f` runs vectorised.
+/// The loop body is compiled for AVX2 and AVX-512 too (see [`simd`]), so `f` runs vectorised.
 pub(crate) fn map1<T: Copy + Sync, O: Copy + Send + Default, F: Fn(T) -> O + Sync>(x: &[T], f: F) -> Vec<O> {
     filled(x.len(), |out| {
         if x.len() >= PAR_MIN {

@@ -14,11 +14,14 @@ pub struct TorchPeer {
 }
 
 impl TorchPeer {
-    /// Starts `python python/torch_peer.py --threads N`.
+    /// Starts `python python/torch_peer.py --threads N`. Where the CPU backend runs as on an
+    /// AVX2-only machine (`REDCO_ASSUME_NO_AVX512`), torch is held to AVX2 too (MKL's and
+    /// ATen's own switches), so that the two sides of every ratio use the same vectors.
     pub fn start(python: &str, threads: usize) -> Result<Self, String> {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/torch_peer.py");
         let mut child = Command::new(python)
             .args([script, "--threads", &threads.to_string()])
+            .envs(crate::machine::peer_isa_env())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

@@ -226,18 +226,30 @@ fn misaligned_c_rows() {
     }
 }
 
-/// [`F32Gemm::Auto`] runs the AVX-512 GEMM exactly where the CPU has AVX-512F and neither
-/// `REDCO_ASSUME_NO_AVX512` nor `REDCO_NO_SGEMM` turns it off; `Portable` never does.
+/// [`F32Gemm::Auto`] runs the AVX-512 GEMM exactly where the CPU has AVX-512F and
+/// `REDCO_ASSUME_NO_AVX512` does not turn it off, else the AVX2 one where the CPU has AVX2
+/// and FMA, unless `REDCO_NO_SGEMM` is set; `Portable` never runs either.
 #[test]
-fn auto_picks_the_avx512_gemm_exactly_where_it_runs() {
+fn auto_picks_the_best_generated_gemm_exactly_where_it_runs() {
+    use crate::cpu::sgemm::Isa;
     let set = |v: &str| std::env::var_os(v).is_some_and(|x| !x.is_empty() && x != "0");
     #[cfg(target_arch = "x86_64")]
-    let cpu = std::arch::is_x86_feature_detected!("avx512f");
+    let (avx512, avx2) = (
+        std::arch::is_x86_feature_detected!("avx512f"),
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"),
+    );
     #[cfg(not(target_arch = "x86_64"))]
-    let cpu = false;
-    let supported = cpu && !set(crate::cpu::ASSUME_NO_AVX512);
-    assert_eq!(crate::cpu::sgemm::is_supported(), supported);
-    assert_eq!(F32Gemm::Auto.fast(), supported && std::env::var_os("REDCO_NO_SGEMM").is_none());
+    let (avx512, avx2) = (false, false);
+    let want = if avx512 && !set(crate::cpu::ASSUME_NO_AVX512) {
+        Some(Isa::Avx512)
+    } else if avx2 {
+        Some(Isa::Avx2)
+    } else {
+        None
+    };
+    assert_eq!(Isa::detect(), want);
+    assert_eq!(crate::cpu::sgemm::is_supported(), want.is_some());
+    assert_eq!(F32Gemm::Auto.fast(), want.is_some() && std::env::var_os("REDCO_NO_SGEMM").is_none());
     assert!(!F32Gemm::Portable.fast());
 }
 

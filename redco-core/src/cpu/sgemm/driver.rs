@@ -1,5 +1,7 @@
 //! Blocking loops and rayon parallelisation for the packed (large-problem) path.
 //!
+//! Generic over the micro-kernel [`Family`] (its tile `MR x NR` and its blocking `KC`, `NC`).
+//!
 //! Loop nest (per call):
 //! ```text
 //! for ic in M blocks of MC rows (A for all of K is packed once per M block, L3 resident):
@@ -23,20 +25,11 @@
 //! M is only split (and B then packed once per M chunk) when N has fewer panels than threads.
 
 use super::buffer::{with_buf, Slot};
-use super::kernel_avx512::{kernel, Prefetch, TileDst, MR, NR};
-use super::pack::{pack_a_panel, pack_b_block};
+use super::microkernel::{Family, Prefetch, TileDst};
 use super::MatRef;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-/// Target depth of a K block (rounded so that all K blocks have similar size).
-pub(crate) const KC: usize = 512;
-/// Maximum width of a per-task packed B block (`KC * NC * 4` bytes = 1 MiB, half of L2).
-pub(crate) const NC: usize = 512;
-/// Up to this size, a task's packed A of one K block mostly stays in L2 next to its B block,
-/// and the kernel does not prefetch the next A panel: measured, the prefetch gains 2-3% on
-/// 1024^3 and 2048^3 (2 and 4 MiB of A per K block) and costs 2% on 512^3 (1 MiB).
-const L2_A_BYTES: usize = 3 << 19;
 /// Upper bound on the packed A buffer (f32 elements, 32 MiB): bounds the M block height.
 const A_BUF_MAX: usize = 8 << 20;
 
@@ -74,9 +67,9 @@ fn split(len: usize, parts: usize, i: usize) -> (usize, usize) {
 }
 
 /// Packed GEMM entry point: `C = A*B` or `C += A*B`, C row-major with leading dimension `ldc`.
-/// Requires AVX-512F (checked by the caller), `m, n, k >= 1` and validated slice bounds.
+/// Requires the CPU features of `K` (checked by the caller), `m, n, k >= 1` and validated slice bounds.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm(
+pub(crate) fn gemm<K: Family>(
     m: usize,
     n: usize,
     k: usize,
@@ -92,13 +85,13 @@ pub(crate) fn gemm(
     let b_op = Op { ptr: SendPtr(b.data.as_ptr() as *mut f32), rs: b.rs, cs: b.cs };
     let c_op = Op { ptr: SendPtr(c), rs: ldc, cs: 1 };
     // Narrow N and tall M: compute C^T = B^T A^T so that the vector dimension is the long one.
-    if n < NR && m >= 2 * NR {
+    if n < K::NR && m >= 2 * K::NR {
         let at = Op { ptr: b_op.ptr, rs: b.cs, cs: b.rs };
         let bt = Op { ptr: a_op.ptr, rs: a.cs, cs: a.rs };
         let ct = Op { ptr: c_op.ptr, rs: 1, cs: ldc };
-        gemm_strided(n, m, k, at, bt, ct, accumulate, nt);
+        gemm_strided::<K>(n, m, k, at, bt, ct, accumulate, nt);
     } else {
-        gemm_strided(m, n, k, a_op, b_op, c_op, accumulate, nt);
+        gemm_strided::<K>(m, n, k, a_op, b_op, c_op, accumulate, nt);
     }
 }
 
@@ -133,24 +126,24 @@ struct Block {
 
 /// Core blocked GEMM on raw strided operands (C may have any strides).
 #[allow(clippy::too_many_arguments)]
-fn gemm_strided(m: usize, n: usize, k: usize, a: Op, b: Op, c: Op, accumulate: bool, nt: usize) {
-    let np = n.div_ceil(NR);
-    let kblocks = k.div_ceil(KC);
+fn gemm_strided<K: Family>(m: usize, n: usize, k: usize, a: Op, b: Op, c: Op, accumulate: bool, nt: usize) {
+    let np = n.div_ceil(K::NR);
+    let kblocks = k.div_ceil(K::KC);
     let kc_max = k.div_ceil(kblocks);
     // M block height: the whole packed A (all K blocks) of an M block stays in the buffer.
-    let mc = ((A_BUF_MAX / (kc_max * kblocks)).max(MR) / MR) * MR;
+    let mc = ((A_BUF_MAX / (kc_max * kblocks)).max(K::MR) / K::MR) * K::MR;
     let mc_max = m.min(mc);
-    // N blocks: at most NC wide, a multiple of the thread count (balanced split of panels).
-    let ncp_max = (NC / NR).max(1);
+    // N blocks: at most K::NC wide, a multiple of the thread count (balanced split of panels).
+    let ncp_max = (K::NC / K::NR).max(1);
     let nblocks = if nt > 1 { nt * np.div_ceil(nt * ncp_max) } else { np.div_ceil(ncp_max) }.min(np);
     with_buf(Slot::A, |abuf| {
-        let mp_max = mc_max.div_ceil(MR);
-        let apack = SendPtr(abuf.reserve(mp_max * MR * kc_max * kblocks));
+        let mp_max = mc_max.div_ceil(K::MR);
+        let apack = SendPtr(abuf.reserve(mp_max * K::MR * kc_max * kblocks));
         let flags: Vec<AtomicU8> = (0..mp_max * kblocks).map(|_| AtomicU8::new(EMPTY)).collect();
         let mut ic = 0;
         while ic < m {
             let mb = (m - ic).min(mc);
-            let mp = mb.div_ceil(MR);
+            let mp = mb.div_ceil(K::MR);
             if ic > 0 {
                 flags.iter().for_each(|f| f.store(EMPTY, Ordering::Relaxed));
             }
@@ -170,7 +163,7 @@ fn gemm_strided(m: usize, n: usize, k: usize, a: Op, b: Op, c: Op, accumulate: b
                 // SAFETY: tasks write disjoint C tiles (disjoint M or N panel ranges) and each
                 // task's K blocks run in order on one worker; A panels are written once, by the
                 // task that claims them, before being published.
-                unsafe { compute_task(pm, pn, kb, start, blk, apack, flags, a, b, c, accumulate) };
+                unsafe { compute_task::<K>(pm, pn, kb, start, blk, apack, flags, a, b, c, accumulate) };
             };
             // Static round-robin ownership of tasks (equal-sized, so balanced); K blocks
             // outermost on each worker so the packed A of one K block is the working set shared
@@ -191,9 +184,9 @@ fn gemm_strided(m: usize, n: usize, k: usize, a: Op, b: Op, c: Op, accumulate: b
 /// otherwise waits until the claiming task has published it. Returns its address.
 ///
 /// # Safety
-/// `apack` must hold `kblocks * mp` panels of `MR * kc_max` floats; `a` must cover the block.
+/// `apack` must hold `kblocks * mp` panels of `K::MR * kc_max` floats; `a` must cover the block.
 #[allow(clippy::too_many_arguments)]
-unsafe fn ensure_a(
+unsafe fn ensure_a<K: Family>(
     ip: usize,
     kb: usize,
     kc: usize,
@@ -204,16 +197,16 @@ unsafe fn ensure_a(
 ) -> *const f32 {
     let (m, _, _) = blk.shape;
     // SAFETY: panel (kb, ip) is inside the A buffer (caller contract).
-    let dst = unsafe { apack.get().add((kb * blk.mp + ip) * MR * blk.kc_max) };
+    let dst = unsafe { apack.get().add((kb * blk.mp + ip) * K::MR * blk.kc_max) };
     let f = &flags[kb * blk.mp + ip];
     if f.load(Ordering::Acquire) != READY {
         if f.compare_exchange(EMPTY, BUSY, Ordering::Acquire, Ordering::Acquire).is_ok() {
-            let r0 = blk.ic + ip * MR;
+            let r0 = blk.ic + ip * K::MR;
             let pc = kb * blk.kc_max;
             // SAFETY: A(r0.., pc..) with rows x kc elements is in bounds (validated by the
             // caller); only this task writes the claimed panel, nobody reads it before READY.
             unsafe {
-                pack_a_panel(kc, (m - r0).min(MR), a.ptr.get().add(r0 * a.rs + pc * a.cs), a.rs, a.cs, dst);
+                K::pack_a(kc, (m - r0).min(K::MR), a.ptr.get().add(r0 * a.rs + pc * a.cs), a.rs, a.cs, dst);
             }
             f.store(READY, Ordering::Release);
         } else {
@@ -229,12 +222,19 @@ unsafe fn ensure_a(
 /// Where the kernel should prefetch the unpacked source of A panel `ipn` of K block `kb`
 /// (first row, first column of the block) and how many rows: none unless A is row-major, the
 /// task has another panel and nobody has claimed that one yet.
-fn next_source(ipn: usize, kb: usize, blk: &Block, flags: &[AtomicU8], a: Op, len: usize) -> (*const f32, usize) {
+fn next_source<K: Family>(
+    ipn: usize,
+    kb: usize,
+    blk: &Block,
+    flags: &[AtomicU8],
+    a: Op,
+    len: usize,
+) -> (*const f32, usize) {
     let (m, _, _) = blk.shape;
-    let r0 = blk.ic + ipn * MR;
+    let r0 = blk.ic + ipn * K::MR;
     let src = a.ptr.get().wrapping_add(r0 * a.rs + kb * blk.kc_max) as *const f32;
     let claimable = flags[kb * blk.mp + ipn].load(Ordering::Relaxed) == EMPTY;
-    (src, if a.cs == 1 && len > 1 && claimable { (m - r0).min(MR) } else { 0 })
+    (src, if a.cs == 1 && len > 1 && claimable { (m - r0).min(K::MR) } else { 0 })
 }
 
 /// One task for K block `kb`: packs the B block for N panels `pn0..pn1` and multiplies it
@@ -244,7 +244,7 @@ fn next_source(ipn: usize, kb: usize, blk: &Block, flags: &[AtomicU8], a: Op, le
 /// Panel ranges must be in bounds; no other task may write the same C tiles concurrently;
 /// `apack`/`flags` must describe the M block `blk` (see [`ensure_a`]).
 #[allow(clippy::too_many_arguments)]
-unsafe fn compute_task(
+unsafe fn compute_task<K: Family>(
     (pm0, pm1): (usize, usize),
     (pn0, pn1): (usize, usize),
     kb: usize,
@@ -260,17 +260,17 @@ unsafe fn compute_task(
     let (m, n, k) = blk.shape;
     let len = pm1 - pm0;
     with_buf(Slot::B, |bbuf| {
-        let bpack = bbuf.reserve((pn1 - pn0) * NR * blk.kc_max);
-        let j0 = pn0 * NR;
+        let bpack = bbuf.reserve((pn1 - pn0) * K::NR * blk.kc_max);
+        let j0 = pn0 * K::NR;
         {
             let pc = kb * blk.kc_max;
             let kc = (k - pc).min(blk.kc_max);
             let load_c = accumulate || kb > 0;
             // SAFETY: B(pc.., j0..) kc x cols is in bounds; the buffer holds (pn1 - pn0) panels.
             unsafe {
-                pack_b_block(
+                K::pack_b(
                     kc,
-                    (n - j0).min((pn1 - pn0) * NR),
+                    (n - j0).min((pn1 - pn0) * K::NR),
                     b.ptr.get().add(pc * b.rs + j0 * b.cs),
                     b.rs,
                     b.cs,
@@ -279,34 +279,34 @@ unsafe fn compute_task(
             }
             // The kernel prefetches the task's next A panel into L2, a slice per B panel,
             // unless the A of a K block stays in L2 anyway (then it walks the current panel).
-            let prefetch_next = len * MR * kc * 4 > L2_A_BYTES;
-            let slice = MR * kc / (pn1 - pn0);
+            let prefetch_next = len * K::MR * kc * 4 > K::L2_A_BYTES;
+            let slice = K::MR * kc / (pn1 - pn0);
             for idx in 0..len {
                 let ip = pm0 + (start + idx) % len;
                 // SAFETY: panel (kb, ip) is inside the M block.
-                let ap = unsafe { ensure_a(ip, kb, kc, &blk, apack, flags, a) };
+                let ap = unsafe { ensure_a::<K>(ip, kb, kc, &blk, apack, flags, a) };
                 // The next panel may not be packed yet; prefetching it is still harmless.
                 let next_panel = if prefetch_next {
                     let ipn = pm0 + (start + idx + 1) % len;
-                    apack.get().wrapping_add((kb * blk.mp + ipn) * MR * blk.kc_max) as *const f32
+                    apack.get().wrapping_add((kb * blk.mp + ipn) * K::MR * blk.kc_max) as *const f32
                 } else {
                     ap
                 };
-                let i0 = blk.ic + ip * MR;
-                let mr = (m - i0).min(MR);
+                let i0 = blk.ic + ip * K::MR;
+                let mr = (m - i0).min(K::MR);
                 // If nobody has claimed the next panel yet, this task will probably pack it:
                 // its calls on this panel bring the unpacked source rows into L2 (two lines
                 // of each row per call, which covers the K block when it has >= kc / 32 B panels).
-                let (src, src_rows) = next_source(pm0 + (start + idx + 1) % len, kb, &blk, flags, a, len);
+                let (src, src_rows) = next_source::<K>(pm0 + (start + idx + 1) % len, kb, &blk, flags, a, len);
                 for jp in pn0..pn1 {
-                    let j0 = jp * NR;
+                    let j0 = jp * K::NR;
                     let dst = TileDst {
                         // SAFETY: (i0, j0) is inside C.
                         c: unsafe { c.ptr.get().add(i0 * c.rs + j0 * c.cs) },
                         rsc: c.rs,
                         csc: c.cs,
                         mr,
-                        nr: (n - j0).min(NR),
+                        nr: (n - j0).min(K::NR),
                         load_c,
                     };
                     let off = (jp - pn0) * 32;
@@ -317,8 +317,8 @@ unsafe fn compute_task(
                         src_rows: if off < kc { src_rows } else { 0 },
                     };
                     // SAFETY: packed panels hold kc steps; tile is owned by this task; the
-                    // caller verified AVX-512F; `pf` addresses are only prefetched.
-                    unsafe { kernel(kc, ap, bpack.add((jp - pn0) * NR * kc), dst, pf) };
+                    // caller verified the CPU features of K; `pf` addresses are only prefetched.
+                    unsafe { K::kernel(kc, ap, bpack.add((jp - pn0) * K::NR * kc), dst, pf) };
                 }
             }
         }

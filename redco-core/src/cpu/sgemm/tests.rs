@@ -1,9 +1,9 @@
-//! Unit tests of the sgemm. The kernel's own tests need AVX-512F and live in [`avx512`]
-//! (`cargo xtask test` skips them, naming them, on a CPU without it); the same sweeps
-//! through the backend's dispatching matmul, on whatever GEMM the CPU selects and on the
-//! portable fallback, are in `cpu::matmul::tests` and pass on every CPU.
+//! Unit tests of the sgemm. The kernels' own tests need their instruction sets and live in
+//! [`sweeps`] (`cargo xtask test` skips them, naming them, on a CPU without it); the same
+//! sweeps through the backend's dispatching matmul, on whatever GEMM the CPU selects and on
+//! the portable fallback, are in `cpu::matmul::tests` and pass on every CPU.
 
-mod avx512;
+mod sweeps;
 
 /// A xorshift generator of values in [-1, 1), shared with the dispatch tests.
 pub(crate) struct Rng(pub(crate) u64);

@@ -1,4 +1,5 @@
-//! Packing of strided A / B blocks into micro-panel layouts used by the micro-kernel.
+//! AVX-512F packing of strided A / B blocks into the micro-panel layouts of the AVX-512
+//! micro-kernel.
 //!
 //! * A micro-panel: `kc` steps of `MR` contiguous rows (`dst[p * MR + r] = A[r, p]`),
 //!   rows beyond the valid count are zero.

@@ -1,26 +1,37 @@
-//! The AVX-512 sgemm against a naive f64 reference: every size 1..70, every transpose
-//! layout, padded leading dims, accumulate on/off, 1..3 threads, k = 0, several M blocks.
+//! Each sgemm kernel family against a naive f64 reference: every size 1..70, every
+//! transpose layout, padded leading dims, accumulate on/off, 1..3 threads, k = 0, several M
+//! blocks, C rows that start mid cache line.
 //!
-//! These call the kernel itself, so they need AVX-512F: `cargo xtask test` leaves every test
-//! under a `::avx512::` module out where the CPU lacks it (or `REDCO_ASSUME_NO_AVX512` is
-//! set) and names them as skipped; run there anyway, each fails saying why.
+//! The sweeps are written once, for an [`Isa`]; the `avx512` and `avx2` modules below run
+//! them with one family each. They call the kernels themselves, so they need the family's
+//! instruction set: `cargo xtask test` leaves every test under an `::avx512::` module out
+//! where the CPU lacks AVX-512F (or `REDCO_ASSUME_NO_AVX512` is set), and the `::avx2::`
+//! ones where it lacks AVX2 or FMA, and names them as skipped; run there anyway, each fails
+//! saying why.
 
-use super::super::{is_supported, sgemm, MatRef};
+use super::super::{sgemm_with, Isa, MatRef};
 use super::Rng;
 
-/// Fails the calling test, saying why, when the AVX-512 kernel cannot run here.
-fn require_avx512() {
+/// Fails the calling test, saying why, when the family cannot run here.
+fn require(isa: Isa) {
     assert!(
-        is_supported(),
-        "this test checks the AVX-512 sgemm kernel, but this CPU lacks AVX-512F (or \
-         REDCO_ASSUME_NO_AVX512 is set); `cargo xtask test` skips the `::avx512::` tests \
-         there, and cpu::matmul::tests covers the GEMM the backend uses instead"
+        isa.runs_here(),
+        "this test checks the {} sgemm kernel, which this CPU cannot run (or \
+         REDCO_ASSUME_NO_AVX512 is set); `cargo xtask test` skips these tests there, and \
+         cpu::matmul::tests covers the GEMM the backend uses instead",
+        isa.name()
     );
+}
+
+/// `sgemm_with(isa, ..)`, failing the test when the family does not run.
+#[allow(clippy::too_many_arguments)]
+fn gemm(isa: Isa, m: usize, n: usize, k: usize, a: MatRef, b: MatRef, c: &mut [f32], ldc: usize, acc: bool, t: usize) {
+    assert!(sgemm_with(isa, m, n, k, a, b, c, ldc, acc, t), "the {} sgemm refused to run", isa.name());
 }
 
 /// Checks one case; `ta`/`tb` select transposed storage, `pad` adds leading-dimension padding.
 #[allow(clippy::too_many_arguments)]
-fn check(m: usize, n: usize, k: usize, ta: bool, tb: bool, acc: bool, threads: usize, rng: &mut Rng) {
+fn check(isa: Isa, m: usize, n: usize, k: usize, ta: bool, tb: bool, acc: bool, threads: usize, rng: &mut Rng) {
     let pad = 3;
     let (lda, a_rs, a_cs, a_len) = if ta {
         let lda = m + pad;
@@ -42,7 +53,8 @@ fn check(m: usize, n: usize, k: usize, ta: bool, tb: bool, acc: bool, threads: u
     let ldc = n + 5;
     let c0 = rng.vec(ldc * m.max(1));
     let mut c = c0.clone();
-    let ok = sgemm(
+    gemm(
+        isa,
         m,
         n,
         k,
@@ -53,7 +65,6 @@ fn check(m: usize, n: usize, k: usize, ta: bool, tb: bool, acc: bool, threads: u
         acc,
         threads,
     );
-    assert!(ok);
     for i in 0..m {
         for j in 0..n {
             let mut s = 0f64;
@@ -81,9 +92,8 @@ fn check(m: usize, n: usize, k: usize, ta: bool, tb: bool, acc: bool, threads: u
     }
 }
 
-#[test]
-fn small_all_sizes() {
-    require_avx512();
+pub(super) fn small_all_sizes(isa: Isa) {
+    require(isa);
     let mut rng = Rng(0x1234_5678_9abc_def1);
     for m in [1, 2, 3, 5, 8, 13, 14, 15, 29, 33, 70] {
         for n in [1, 2, 7, 16, 17, 31, 32, 33, 65, 70] {
@@ -91,22 +101,21 @@ fn small_all_sizes() {
                 let ta = (m + n + k) % 2 == 0;
                 let tb = (m * n + k) % 3 == 0;
                 let acc = (m + k) % 2 == 1;
-                check(m, n, k, ta, tb, acc, 2, &mut rng);
+                check(isa, m, n, k, ta, tb, acc, 2, &mut rng);
             }
         }
     }
 }
 
-#[test]
-fn all_layouts() {
-    require_avx512();
+pub(super) fn all_layouts(isa: Isa) {
+    require(isa);
     let mut rng = Rng(42);
     for &(m, n, k) in &[(37, 45, 53), (1, 70, 33), (4, 100, 64), (70, 1, 20), (100, 3, 40), (8, 8, 1)] {
         for ta in [false, true] {
             for tb in [false, true] {
                 for acc in [false, true] {
                     for threads in [1, 2, 3] {
-                        check(m, n, k, ta, tb, acc, threads, &mut rng);
+                        check(isa, m, n, k, ta, tb, acc, threads, &mut rng);
                     }
                 }
             }
@@ -114,51 +123,47 @@ fn all_layouts() {
     }
 }
 
-#[test]
-fn odd_sizes_1_to_70() {
-    require_avx512();
+pub(super) fn odd_sizes_1_to_70(isa: Isa) {
+    require(isa);
     let mut rng = Rng(7);
     for s in 1..=70 {
-        check(s, s, s, false, false, s % 2 == 0, 2, &mut rng);
-        check(s, 71 - s, (s * 7) % 70 + 1, s % 3 == 0, s % 5 == 0, s % 2 == 1, 2, &mut rng);
+        check(isa, s, s, s, false, false, s % 2 == 0, 2, &mut rng);
+        check(isa, s, 71 - s, (s * 7) % 70 + 1, s % 3 == 0, s % 5 == 0, s % 2 == 1, 2, &mut rng);
     }
 }
 
-#[test]
-fn multi_block() {
-    require_avx512();
+pub(super) fn multi_block(isa: Isa) {
+    require(isa);
     // Crosses KC, NC and (for m) several micro-panels and task splits.
     let mut rng = Rng(99);
-    check(300, 600, 1100, false, false, false, 2, &mut rng);
-    check(301, 257, 530, true, true, true, 2, &mut rng);
-    check(5, 1000, 700, false, true, false, 2, &mut rng);
-    check(3000, 40, 100, false, false, true, 2, &mut rng);
+    check(isa, 300, 600, 1100, false, false, false, 2, &mut rng);
+    check(isa, 301, 257, 530, true, true, true, 2, &mut rng);
+    check(isa, 5, 1000, 700, false, true, false, 2, &mut rng);
+    check(isa, 3000, 40, 100, false, false, true, 2, &mut rng);
     // Packed A of all K blocks exceeds the A buffer bound: several M blocks.
-    check(2900, 70, 3000, false, false, true, 2, &mut rng);
-    check(2900, 70, 3000, true, false, false, 3, &mut rng);
+    check(isa, 2900, 70, 3000, false, false, true, 2, &mut rng);
+    check(isa, 2900, 70, 3000, true, false, false, 3, &mut rng);
 }
 
-#[test]
-fn k_zero() {
-    require_avx512();
+pub(super) fn k_zero(isa: Isa) {
+    require(isa);
     let a: Vec<f32> = vec![];
     let b: Vec<f32> = vec![];
     let mut c = vec![1.0f32; 12];
-    assert!(sgemm(3, 4, 0, MatRef { data: &a, rs: 0, cs: 1 }, MatRef { data: &b, rs: 4, cs: 1 }, &mut c, 4, true, 2));
+    gemm(isa, 3, 4, 0, MatRef { data: &a, rs: 0, cs: 1 }, MatRef { data: &b, rs: 4, cs: 1 }, &mut c, 4, true, 2);
     assert!(c.iter().all(|&x| x == 1.0));
-    assert!(sgemm(3, 4, 0, MatRef { data: &a, rs: 0, cs: 1 }, MatRef { data: &b, rs: 4, cs: 1 }, &mut c, 4, false, 2));
+    gemm(isa, 3, 4, 0, MatRef { data: &a, rs: 0, cs: 1 }, MatRef { data: &b, rs: 4, cs: 1 }, &mut c, 4, false, 2);
     assert!(c.iter().all(|&x| x == 0.0));
     // m = 0 / n = 0: nothing happens.
-    assert!(sgemm(0, 4, 3, MatRef { data: &a, rs: 3, cs: 1 }, MatRef { data: &b, rs: 4, cs: 1 }, &mut c, 4, false, 2));
+    gemm(isa, 0, 4, 3, MatRef { data: &a, rs: 3, cs: 1 }, MatRef { data: &b, rs: 4, cs: 1 }, &mut c, 4, false, 2);
 }
 
 /// C rows that start mid cache line (as in any `Vec` output; the kernel's C prefetch covers a
 /// third line then): every offset from a 64-byte boundary, row-major and transposed B,
 /// accumulate on and off, m = 1. Values against an f64 reference; everything around the C
 /// region stays untouched.
-#[test]
-fn misaligned_c_rows() {
-    require_avx512();
+pub(super) fn misaligned_c_rows(isa: Isa) {
+    require(isa);
     let mut rng = Rng(5);
     let shapes: [(usize, usize, usize); 4] = [(30, 77, 40), (1, 100, 33), (45, 32, 600), (29, 1100, 20)];
     for &(m, n, k) in &shapes {
@@ -173,7 +178,8 @@ fn misaligned_c_rows() {
             let orig = buf.clone();
             let base = (16 - (buf.as_ptr() as usize / 4) % 16) % 16 + off;
             let len = (m - 1) * ldc + n;
-            let ok = sgemm(
+            gemm(
+                isa,
                 m,
                 n,
                 k,
@@ -184,7 +190,6 @@ fn misaligned_c_rows() {
                 acc,
                 2,
             );
-            assert!(ok);
             for (idx, (&got, &was)) in buf.iter().zip(&orig).enumerate() {
                 let rel = idx.wrapping_sub(base);
                 let (i, j) = (rel / ldc, rel % ldc);
@@ -204,3 +209,40 @@ fn misaligned_c_rows() {
         }
     }
 }
+
+/// One module of tests per family, each running every sweep above.
+macro_rules! family_tests {
+    ($module:ident, $isa:expr) => {
+        mod $module {
+            use super::Isa;
+
+            #[test]
+            fn small_all_sizes() {
+                super::small_all_sizes($isa)
+            }
+            #[test]
+            fn all_layouts() {
+                super::all_layouts($isa)
+            }
+            #[test]
+            fn odd_sizes_1_to_70() {
+                super::odd_sizes_1_to_70($isa)
+            }
+            #[test]
+            fn multi_block() {
+                super::multi_block($isa)
+            }
+            #[test]
+            fn k_zero() {
+                super::k_zero($isa)
+            }
+            #[test]
+            fn misaligned_c_rows() {
+                super::misaligned_c_rows($isa)
+            }
+        }
+    };
+}
+
+family_tests!(avx512, Isa::Avx512);
+family_tests!(avx2, Isa::Avx2);
