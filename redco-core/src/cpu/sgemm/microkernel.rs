@@ -1,5 +1,5 @@
 //! What a register-blocked micro-kernel computes and how the driver calls it: the tile's
-//! destination, the prefetches the driver asks for, and [`Family`], the kernel and packing
+//! destination, the prefetches the driver asks for, and `Family`, the kernel and packing
 //! routines of one instruction set that the blocked driver is generic over.
 
 /// The L2 prefetches a kernel call runs for the driver, on top of its own L1 prefetches.

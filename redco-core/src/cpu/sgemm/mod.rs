@@ -6,7 +6,7 @@
 //! * `B` is packed into `KC x NR` micro-panels per thread (`KC x NC` block, L2 resident),
 //! * an `MR x NR` register-blocked micro-kernel does the math: one generated kernel per
 //!   instruction set ([`kernel_avx512`]: 14 x 32 on 32 zmm registers, [`kernel_avx2`]: 6 x 16
-//!   on 16 ymm registers), each with its own packing and blocking ([`microkernel::Family`]),
+//!   on 16 ymm registers), each with its own packing and blocking (`microkernel::Family`),
 //!   picked at run time by the CPU's features ([`Isa::detect`]),
 //! * work is split over the `N` dimension (or `M` when `N` is narrow) with rayon.
 //!
@@ -45,7 +45,7 @@ pub enum Isa {
 
 impl Isa {
     /// The best family this CPU runs, if any: AVX-512F unless the CPU lacks it or
-    /// `REDCO_ASSUME_NO_AVX512` is set (see [`super::avx512f`]), else AVX2 with FMA.
+    /// `REDCO_ASSUME_NO_AVX512` is set (see `cpu::avx512f`), else AVX2 with FMA.
     /// Read once per process.
     pub fn detect() -> Option<Isa> {
         if super::avx512f() {

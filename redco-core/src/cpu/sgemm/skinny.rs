@@ -5,8 +5,8 @@
 //! * Column-major B (`rs == 1`, e.g. a `[n, k]` weight used as `B = W^T`) with row-major A:
 //!   dot products along `k`, 4 columns x a few rows of vector accumulators, reduced at the end.
 //!
-//! Work is split over `N` between threads; the tasks are per instruction set ([`avx512`],
-//! [`avx2`]).
+//! Work is split over `N` between threads; the tasks are per instruction set (`avx512`,
+//! `avx2`).
 
 use super::{Isa, MatRef};
 
