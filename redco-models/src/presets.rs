@@ -12,7 +12,7 @@ use std::path::Path;
 pub const SPECIALS: [&str; 3] = ["<unk>", "<s>", "</s>"];
 
 /// The preset names.
-pub const PRESETS: [&str; 2] = ["llama-tiny", "llama-small"];
+pub const PRESETS: [&str; 3] = ["llama-tiny", "llama-small", "llama-134m"];
 
 /// The `config.json` of preset `name` for a vocabulary of `vocab` tokens.
 pub fn config(name: &str, vocab: usize) -> Result<Value> {
@@ -21,6 +21,9 @@ pub fn config(name: &str, vocab: usize) -> Result<Value> {
         "llama-tiny" => (128, 4, 4, 2, 344),
         // the benchmark shape: hidden 512, 6 layers, 8 heads, intermediate 1408
         "llama-small" => (512, 6, 8, 8, 1408),
+        // a middle size (134M parameters at vocab 32000): hidden 768, 12 layers, 12 heads,
+        // intermediate 2048
+        "llama-134m" => (768, 12, 12, 12, 2048),
         other => {
             return Err(Error::invalid(
                 "preset",

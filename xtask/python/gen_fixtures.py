@@ -505,14 +505,38 @@ def t5_tokenizer(out):
         _tokenizer_expected(d, texts, [texts[0], "a cat", texts[3]])  # 9, 2 and 7 tokens + </s>
 
 
+def llama_1b(out):
+    """Not a fixture (2.2 GB, never committed): a randomly initialised 1.1B LLaMA in TinyLlama's
+    shape (hidden 2048, 22 layers, 32 heads, 4 kv heads, intermediate 5632, vocab 32000),
+    saved by transformers in bf16, for `cargo xtask bench real-size`."""
+    import transformers
+
+    d = os.path.join(out, "llama-1.1b")
+    torch.manual_seed(0)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        cfg = transformers.LlamaConfig(
+            hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+            num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048, rms_norm_eps=1e-5,
+            tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+        model = transformers.LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    model.config.torch_dtype = torch.bfloat16
+    model.save_pretrained(d, safe_serialization=True, max_shard_size="10GB")
+    print(f"wrote {d}")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", choices=["llama", "tokenizer", "gptj", "opt", "opt-350m", "t5",
-                                       "gptj-tokenizer", "opt-tokenizer", "t5-tokenizer"],
+                                       "gptj-tokenizer", "opt-tokenizer", "t5-tokenizer", "llama-1.1b"],
                     help="write one fixture only (opt: opt-tiny, opt-350m: opt-350m-shape, t5: t5-tiny and t5-v1_1-tiny)"
                     " or one tokenizer only (tokenizer: llama-tiny's, opt-tokenizer: opt-tiny's and"
-                    " opt-350m-shape's, t5-tokenizer: t5-tiny's and t5-v1_1-tiny's)")
+                    " opt-350m-shape's, t5-tokenizer: t5-tiny's and t5-v1_1-tiny's); llama-1.1b writes"
+                    " the benchmark model of `xtask bench real-size` (never part of the default set)")
     a = ap.parse_args()
     if a.only in (None, "llama"):
         llama(a.out)
@@ -532,3 +556,5 @@ if __name__ == "__main__":
         opt_tokenizer(a.out)
     if a.only in (None, "t5-tokenizer"):
         t5_tokenizer(a.out)
+    if a.only == "llama-1.1b":
+        llama_1b(a.out)

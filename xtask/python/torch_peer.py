@@ -177,6 +177,12 @@ def main():
                 out = gemm(req)
             elif op == "decode":
                 out = decode(req)
+            elif op == "load":
+                # `from_pretrained` of a saved model, timed (the first load: later requests
+                # on the same directory and dtype reuse the model)
+                t = time.perf_counter()
+                _pretrained(req["model_dir"], req.get("dtype", "f32"))
+                out = {"load_s": time.perf_counter() - t}
             elif op == "train":
                 out = train(req)
             elif op == "forward":

@@ -110,40 +110,53 @@ fn setup() -> Result<(), String> {
 /// portable paths).
 const ASSUME_NO_AVX512: &str = "REDCO_ASSUME_NO_AVX512";
 
-/// Tests left out because this CPU cannot run their instruction set: why, the nextest
-/// filterset of those tests, and the libtest `--skip` patterns (substrings of the names).
+/// Tests left out because this CPU cannot run their instruction set: why, and the module
+/// names (`avx512`, `avx2`) whose tests are left out.
 struct Skip {
-    why: &'static str,
-    filter: &'static str,
-    patterns: &'static [&'static str],
+    why: String,
+    modules: Vec<&'static str>,
 }
 
 impl Skip {
+    /// The nextest filterset of the skipped tests.
+    fn filter(&self) -> String {
+        self.modules.iter().map(|m| format!("test(/::{m}::/)")).collect::<Vec<_>>().join(" | ")
+    }
+
     /// The nextest filterset of every other test.
     fn others(&self) -> String {
-        format!("not ({})", self.filter)
+        format!("not ({})", self.filter())
+    }
+
+    /// The libtest `--skip` patterns (substrings of the names).
+    fn patterns(&self) -> Vec<String> {
+        self.modules.iter().map(|m| format!("::{m}::")).collect()
     }
 }
 
-/// Why tests under `avx512` (and `avx2`) modules cannot run here, or `None` where they can.
+/// Which kernel tests cannot run here, and why; `None` where all can.
 fn skipped_here() -> Option<Skip> {
-    let avx512 = Skip { why: "", filter: "test(/::avx512::/)", patterns: &["::avx512::"] };
-    let both = Skip { why: "", filter: "test(/::avx512::/) | test(/::avx2::/)", patterns: &["::avx512::", "::avx2::"] };
+    let mut modules = Vec::new();
+    let mut why = Vec::new();
     #[cfg(target_arch = "x86_64")]
     {
-        if !(std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")) {
-            return Some(Skip { why: "this CPU lacks AVX2 and FMA", ..both });
+        use std::arch::is_x86_feature_detected as has;
+        let assumed = std::env::var_os(ASSUME_NO_AVX512).is_some_and(|v| !v.is_empty() && v != "0");
+        if assumed || !has!("avx512f") {
+            modules.push("avx512");
+            why.push(if assumed { "REDCO_ASSUME_NO_AVX512 is set" } else { "this CPU lacks AVX-512F" });
         }
-        if std::env::var_os(ASSUME_NO_AVX512).is_some_and(|v| !v.is_empty() && v != "0") {
-            return Some(Skip { why: "REDCO_ASSUME_NO_AVX512 is set", ..avx512 });
+        if !(has!("avx2") && has!("fma")) {
+            modules.push("avx2");
+            why.push("this CPU lacks AVX2 and FMA");
         }
-        (!std::arch::is_x86_feature_detected!("avx512f")).then_some(Skip { why: "this CPU lacks AVX-512F", ..avx512 })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = avx512;
-        Some(Skip { why: "this CPU is not x86-64", ..both })
+        modules.extend(["avx512", "avx2"]);
+        why.push("this CPU is not x86-64");
     }
+    (!modules.is_empty()).then(|| Skip { why: why.join(", "), modules })
 }
 
 /// Lists the tests `skip` leaves out (as `crate test::path` with nextest, `test::path` with
@@ -157,7 +170,7 @@ fn skipped_tests(nextest: bool, skip: &Skip) -> Result<Vec<String>, String> {
             "--features",
             FEATURES,
             "-E",
-            skip.filter,
+            &skip.filter(),
             "--message-format",
             "oneline",
         ])?;
@@ -167,7 +180,7 @@ fn skipped_tests(nextest: bool, skip: &Skip) -> Result<Vec<String>, String> {
         Ok(out
             .lines()
             .filter_map(|l| l.strip_suffix(": test"))
-            .filter(|name| skip.patterns.iter().any(|p| name.contains(p)))
+            .filter(|name| skip.patterns().iter().any(|p| name.contains(p.as_str())))
             .map(String::from)
             .collect())
     }
@@ -204,6 +217,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         );
     }
     let others = skip.as_ref().map(Skip::others);
+    let patterns = skip.as_ref().map(Skip::patterns).unwrap_or_default();
     if nextest {
         let mut args = vec!["nextest", "run", "--workspace", "--features", FEATURES, "--no-fail-fast"];
         if let Some(others) = &others {
@@ -212,10 +226,10 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         cargo(&args)?;
     } else {
         let mut args = vec!["test", "--workspace", "--features", FEATURES, "--no-fail-fast"];
-        if let Some(skip) = &skip {
+        if !patterns.is_empty() {
             args.push("--");
-            for p in skip.patterns {
-                args.extend(["--skip", p]);
+            for p in &patterns {
+                args.extend(["--skip", p.as_str()]);
             }
         }
         cargo(&args)?;

@@ -9,7 +9,10 @@
 //!
 //! `--model DIR --dtype f32|bf16|f16` measures a saved LLaMA instead (both systems load the
 //! directory; e.g. a 1.1B one written in bf16 by transformers), and adds each system's load
-//! time (redco: `Llama::from_pretrained`; torch: `from_pretrained`, in its peer).
+//! time from the page cache (the files are read once before; redco: `Llama::from_pretrained`;
+//! torch: `from_pretrained`, in its peer), "load +
+//! first token" (the load and a 1-token generate) and peak resident set (this process's
+//! `VmHWM`; the peer's `ru_maxrss`).
 
 use super::stats::median;
 use super::torch::TorchPeer;
@@ -61,6 +64,20 @@ pub(super) fn torch_once(p: &mut TorchPeer, cfg: &serde_json::Value, ids: &[i64]
     v["times"].get(0).and_then(|x| x.as_f64()).ok_or_else(|| "torch peer: no times".to_string())
 }
 
+/// Reads every file of `dir` once, so that it sits in the page cache.
+fn warm_page_cache(dir: &std::path::Path) -> Result<(), String> {
+    use std::io::Read;
+    let mut buf = vec![0u8; 8 << 20];
+    for e in std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))? {
+        let path = e.map_err(|e| e.to_string())?.path();
+        if path.is_file() {
+            let mut f = std::fs::File::open(&path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+            while f.read(&mut buf).map_err(|e| format!("cannot read {}: {e}", path.display()))? > 0 {}
+        }
+    }
+    Ok(())
+}
+
 /// Timings of one system: full generates and 1-token generates.
 #[derive(Default)]
 struct Timings {
@@ -98,6 +115,9 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         Some(dir) => {
             let dir = std::path::Path::new(dir);
             let cfg = HfConfig::from_dir(dir).map_err(|e| e.to_string())?;
+            // both systems then read the checkpoint from the page cache (the first to load a
+            // cold file would otherwise pay the disk for both)
+            warm_page_cache(dir)?;
             let t = Instant::now();
             let model = Llama::from_pretrained(&dev, dir, dtype).map_err(|e| e.to_string())?;
             let load = t.elapsed().as_secs_f64();
@@ -134,6 +154,14 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         }
         None => None,
     };
+    // torch's load of the saved model, timed before anything else uses it
+    let torch_load_s = match (torch.as_mut(), cfg_json.get("model_dir")) {
+        (Some(p), Some(dir)) => {
+            let v = p.ask(&serde_json::json!({"op": "load", "model_dir": dir, "dtype": cfg_json["dtype"]}))?;
+            v["load_s"].as_f64()
+        }
+        _ => None,
+    };
     // warm-up: both systems, both lengths (torch also builds its model here)
     redco_once(&model, &ids, new)?;
     redco_once(&model, &ids, 1)?;
@@ -153,8 +181,13 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         eprintln!("rep {}/{reps} done", rep + 1);
     }
     let mut results = vec![("redco-cpu", ours.summary(new))];
-    if torch.is_some() {
+    let mut loads = vec![load_s];
+    let mut rss = vec![super::llm_child::peak_rss() as f64];
+    if let Some(p) = torch.as_mut() {
         results.push(("torch", theirs.summary(new)));
+        loads.push(torch_load_s);
+        let info = p.ask(&serde_json::json!({"op": "info"}))?;
+        rss.push(info["peak_rss_kib"].as_f64().unwrap_or(f64::NAN) * 1024.0);
     }
     println!();
     match args.get("model") {
@@ -175,19 +208,32 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     println!("prompt {prompt}, {new} new tokens, greedy, KV cache, {threads} threads, {}", machine::describe());
     println!("medians of {reps} interleaved repetitions");
     println!(
-        "{:>10} {:>10} {:>13} {:>15} {:>15} {:>13}",
-        "system", "tok/s", "generate ms", "1-token gen ms", "decode ms/tok", "decode tok/s"
+        "{:>10} {:>10} {:>13} {:>15} {:>15} {:>13} {:>8} {:>14} {:>13}",
+        "system",
+        "tok/s",
+        "generate ms",
+        "1-token gen ms",
+        "decode ms/tok",
+        "decode tok/s",
+        "load s",
+        "load+1st tok s",
+        "peak RSS MiB"
     );
     let mut rows = Vec::new();
-    for &(name, (tok_s, full, first, step)) in &results {
+    for (i, &(name, (tok_s, full, first, step))) in results.iter().enumerate() {
+        let load = loads[i];
+        let opt = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or("-".to_string(), f);
         println!(
-            "{:>10} {:>10.1} {:>13.2} {:>15.2} {:>15} {:>13}",
+            "{:>10} {:>10.1} {:>13.2} {:>15.2} {:>15} {:>13} {:>8} {:>14} {:>13.0}",
             name,
             tok_s,
             full * 1e3,
             first * 1e3,
-            step.map_or("-".into(), |s| format!("{:.3}", s * 1e3)),
-            step.map_or("-".into(), |s| format!("{:.1}", 1.0 / s)),
+            opt(step, &|s| format!("{:.3}", s * 1e3)),
+            opt(step, &|s| format!("{:.1}", 1.0 / s)),
+            opt(load, &|l| format!("{l:.2}")),
+            opt(load, &|l| format!("{:.2}", l + first)),
+            rss[i] / (1u64 << 20) as f64,
         );
         rows.push(serde_json::json!({
             "system": name,
@@ -195,6 +241,9 @@ pub fn run(argv: &[String]) -> Result<(), String> {
             "generate_s": full,
             "one_token_generate_s": first,
             "decode_s_per_token": step,
+            "load_s": load,
+            "load_and_first_token_s": load.map(|l| l + first),
+            "peak_rss_bytes": rss[i],
         }));
     }
     let ratio = (results.len() == 2).then(|| {

@@ -18,6 +18,10 @@
 //! table shows medians over repetitions. A second table splits the training step into
 //! forward (with the loss), backward, gradient sync and optimizer update.
 //!
+//! `--preset NAME --vocab N` measures another preset of `redco_models::presets` instead,
+//! e.g. `--preset llama-134m --vocab 32000` (hidden 768, 12 layers, 12 heads, intermediate
+//! 2048: 134M parameters), the same on both sides.
+//!
 //! `--overlap` starts the data-parallel gradient buckets' all-reduces during backward (as
 //! `TrainConfig::overlap_grad_sync`); "grad sync" is then the wait after backward.
 //!
@@ -56,9 +60,26 @@ pub(super) const PROMPT: usize = 16;
 pub(super) const ADAMW: AdamWConfig =
     AdamWConfig { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, zero1: false };
 
-/// The bench config (the `llama-small` preset at vocab 8000), as redco reads it.
-pub(super) fn hf_config() -> Result<(serde_json::Value, HfConfig), String> {
-    let v = redco_models::presets::config("llama-small", 8000).map_err(|e| e.to_string())?;
+/// The bench model: a preset (`--preset`, default `llama-small`) at a vocabulary
+/// (`--vocab`, default 8000), e.g. `--preset llama-134m --vocab 32000` for the middle size.
+#[derive(Clone, Copy)]
+pub(super) struct Shape<'a> {
+    /// The preset name (see `redco_models::presets`).
+    pub(super) preset: &'a str,
+    /// Its vocabulary size.
+    pub(super) vocab: usize,
+}
+
+impl<'a> Shape<'a> {
+    /// The shape that `--preset` and `--vocab` ask for.
+    pub(super) fn from_args(args: &'a Args) -> Result<Self, String> {
+        Ok(Shape { preset: args.get("preset").unwrap_or("llama-small"), vocab: args.num("vocab", 8000)? })
+    }
+}
+
+/// The bench config, as redco reads it.
+pub(super) fn hf_config(shape: Shape) -> Result<(serde_json::Value, HfConfig), String> {
+    let v = redco_models::presets::config(shape.preset, shape.vocab).map_err(|e| e.to_string())?;
     let cfg = HfConfig::from_json(&v.to_string()).map_err(|e| e.to_string())?;
     Ok((v, cfg))
 }
@@ -100,6 +121,7 @@ fn redco_rep(
     mesh: Mesh,
     threads_per_rank: usize,
     (steps, new, overlap): (usize, usize, bool),
+    shape: Shape,
 ) -> Result<Rep, String> {
     // /proc/self/exe still runs this binary if a rebuild has replaced the file meanwhile
     let proc_exe = Path::new("/proc/self/exe");
@@ -109,6 +131,7 @@ fn redco_rep(
         std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?
     };
     let (m, t, s, n) = (mesh.to_string(), threads_per_rank.to_string(), steps.to_string(), new.to_string());
+    let vocab = shape.vocab.to_string();
     let mut child = vec![
         "bench",
         "llm",
@@ -123,6 +146,10 @@ fn redco_rep(
         &s,
         "--new",
         &n,
+        "--preset",
+        shape.preset,
+        "--vocab",
+        &vocab,
     ];
     if overlap {
         child.push("--overlap");
@@ -274,14 +301,16 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let args = Args::parse(argv, &["child", "overlap"])?;
     args.only(&[
         "child", "mesh", "reps", "steps", "torch", "json", "png", "threads", "backend", "new", "only", "overlap",
+        "preset", "vocab",
     ])?;
+    let shape = Shape::from_args(&args)?;
     let overlap = args.has("overlap");
     let steps = args.num("steps", 3)?.max(1);
     let new = args.num("new", 64)?.max(1);
     if args.has("child") {
         let mesh: Mesh = args.get("mesh").unwrap_or("1x1").parse().map_err(|e: Error| e.to_string())?;
         let backend = args.get("backend").unwrap_or("cpu");
-        return child(backend, mesh, args.num("threads", 1)?.max(1), steps, new, args.get("only"), overlap);
+        return child(backend, mesh, args.num("threads", 1)?.max(1), (steps, new), args.get("only"), overlap, shape);
     }
     let threads = args.num("threads", machine::cores())?.max(1);
     let reps = args.num("reps", 3)?.max(1);
@@ -291,7 +320,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     }
     let backends = super::backends::parse(args.get("backend").unwrap_or("cpu"))?;
     let png = PathBuf::from(args.get("png").unwrap_or("target/bench-llm.png"));
-    let (preset, cfg) = hf_config()?;
+    let (preset, cfg) = hf_config(shape)?;
     let tcfg = torch_config(&preset);
     let describe = machine::describe();
     let model_line = format!(
@@ -322,7 +351,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     for rep in 0..reps {
         let t0 = cpu_ticks(peer_pid);
         for (i, (name, backend, mesh)) in systems.iter().enumerate() {
-            let r = redco_rep(backend, *mesh, (threads / mesh.size()).max(1), (steps, new, overlap))?;
+            let r = redco_rep(backend, *mesh, (threads / mesh.size()).max(1), (steps, new, overlap), shape)?;
             eprintln!(
                 "rep {}/{reps} {name}: step {:.3} s, forward {:.3} s, generate {:.3} s",
                 rep + 1,

@@ -4,7 +4,7 @@
 //! the last training loss and the process's peak resident set.
 
 use super::decode::redco_once;
-use super::llm::{hf_config, ADAMW, BATCH, PROMPT, SEQ};
+use super::llm::{hf_config, Shape, ADAMW, BATCH, PROMPT, SEQ};
 use redco_core::dist::data_parallel::{sync_grads, OverlappedBuckets, DEFAULT_BUCKET_BYTES};
 use redco_core::dist::trace::plan_from_trace;
 use redco_core::dist::{on_backend, spmd_cpu, Mesh, Rank, ShardPlan, SpmdOptions};
@@ -29,7 +29,7 @@ pub(super) fn token_ids(n: usize, vocab: usize, seed: u64) -> Vec<i64> {
 }
 
 /// `VmHWM` (this process's peak resident set) in bytes.
-fn peak_rss() -> u64 {
+pub(super) fn peak_rss() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     s.lines()
         .find(|l| l.starts_with("VmHWM:"))
@@ -151,15 +151,15 @@ pub fn child(
     backend: &str,
     mesh: Mesh,
     threads_per_rank: usize,
-    steps: usize,
-    new: usize,
+    (steps, new): (usize, usize),
     only: Option<&str>,
     overlap: bool,
+    shape: Shape,
 ) -> Result<(), String> {
     if let Some(o) = only.filter(|o| !["train", "forward", "decode"].contains(o)) {
         return Err(format!("--only {o}: expected train, forward or decode"));
     }
-    let (_, cfg) = hf_config()?;
+    let (_, cfg) = hf_config(shape)?;
     let vocab = cfg.vocab;
     let ids = token_ids(BATCH * SEQ, vocab, 1);
     let prompt: Vec<i64> = (0..PROMPT as i64).map(|i| (i * 37 + 11) % vocab as i64).collect();

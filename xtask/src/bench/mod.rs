@@ -11,6 +11,7 @@ mod llm_pjrt;
 mod load;
 mod mpi;
 mod peak;
+mod real_size;
 mod stats;
 mod torch;
 
@@ -21,8 +22,9 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         Some("decode") => decode::run(&argv[1..]),
         Some("load") => load::run(&argv[1..]),
         Some("llm") => llm::run(&argv[1..]),
+        Some("real-size") => real_size::run(&argv[1..]),
         Some(flag) if flag.starts_with("--") => llm::run(argv),
-        Some(other) => Err(format!("unknown benchmark `{other}` (available: llm, gemm, decode, load)")),
+        Some(other) => Err(format!("unknown benchmark `{other}` (available: llm, gemm, decode, load, real-size)")),
         None => llm::run(&[]),
     }
 }
