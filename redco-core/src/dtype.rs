@@ -109,8 +109,8 @@ impl HostData {
     pub fn to_f32_vec(&self) -> Vec<f32> {
         match self {
             HostData::F32(v) => v.clone(),
-            HostData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
-            HostData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            HostData::F16(v) => par_map(v, |x| x.to_f32()),
+            HostData::BF16(v) => par_map(v, |x| x.to_f32()),
             other => other.to_f64_vec().into_iter().map(|x| x as f32).collect(),
         }
     }
@@ -139,8 +139,8 @@ impl HostData {
     pub fn from_f32(values: Vec<f32>, dtype: DType) -> HostData {
         match dtype {
             DType::F32 => HostData::F32(values),
-            DType::F16 => HostData::F16(values.iter().map(|&x| f16::from_f32(x)).collect()),
-            DType::BF16 => HostData::BF16(values.iter().map(|&x| bf16::from_f32(x)).collect()),
+            DType::F16 => HostData::F16(par_map(&values, |&x| f16::from_f32(x))),
+            DType::BF16 => HostData::BF16(par_map(&values, |&x| bf16::from_f32(x))),
             d => HostData::from_f64(&values.iter().map(|&x| x as f64).collect::<Vec<_>>(), d),
         }
     }
@@ -225,3 +225,14 @@ element!(bf16, BF16);
 element!(i64, I64);
 element!(i32, I32);
 element!(u8, U8);
+
+/// `f` over `v`, on the current rayon pool's threads for large buffers (a checkpoint's
+/// tensors, converted while loading), in order.
+fn par_map<T: Sync, U: Send>(v: &[T], f: impl Fn(&T) -> U + Sync + Send) -> Vec<U> {
+    use rayon::prelude::*;
+    if v.len() < 1 << 16 {
+        v.iter().map(f).collect()
+    } else {
+        v.par_iter().with_min_len(1 << 14).map(f).collect()
+    }
+}

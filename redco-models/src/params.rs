@@ -112,14 +112,14 @@ impl<B: Backend> ParamSource<B> for CheckpointSource<'_, B> {
                     });
                 }
                 let i = c.index_along(MeshAxis::Mp);
-                let part = self.ckpt.read_slice(name, d, i * (n / k), n / k)?;
-                let s = self.b.upload_owned(part.data.into_dtype(self.dtype))?;
+                let part = self.ckpt.read_slice_as(name, d, i * (n / k), n / k, self.dtype)?;
+                let s = self.b.upload_owned(part.data)?;
                 Tensor::from_local(self.b, s, shape, part.shape, placements, self.dtype)
             }
             (Placement::Replicate, _) | (Placement::Shard(_), _) => {
                 // the file's buffer becomes the parameter where the dtypes agree
-                let all = self.ckpt.read(name)?;
-                Tensor::from_storage(self.b, self.b.upload_owned(all.data.into_dtype(self.dtype))?, shape, self.dtype)
+                let all = self.ckpt.read_as(name, self.dtype)?;
+                Tensor::from_storage(self.b, self.b.upload_owned(all.data)?, shape, self.dtype)
             }
             (Placement::Partial(_), _) => {
                 return Err(Error::invalid("load", format!("parameter `{name}` cannot be planned as a partial sum")))

@@ -7,6 +7,7 @@
 use super::safetensors::{files, HostTensor};
 use redco_core::{DType, Error, HostData, Result, Shape};
 use std::collections::BTreeMap;
+use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
 
 struct Entry {
@@ -104,15 +105,29 @@ impl Checkpoint {
     /// The whole tensor `name`.
     pub fn read(&self, name: &str) -> Result<HostTensor> {
         let e = self.entry(name)?;
+        self.read_as(name, e.dtype)
+    }
+
+    /// The whole tensor `name` as `dtype` (converted while it is copied out of the file).
+    pub fn read_as(&self, name: &str, dtype: DType) -> Result<HostTensor> {
+        let e = self.entry(name)?;
         if e.shape.rank() == 0 {
-            return self.read_slice(name, 0, 0, 0);
+            return self.read_slice_as(name, 0, 0, 0, dtype);
         }
-        self.read_slice(name, 0, 0, e.shape.dims()[0])
+        self.read_slice_as(name, 0, 0, e.shape.dims()[0], dtype)
     }
 
     /// Rows `start..start + len` of dimension `dim` of tensor `name` (everything of a
     /// scalar), copying only those bytes out of the mapped file.
     pub fn read_slice(&self, name: &str, dim: usize, start: usize, len: usize) -> Result<HostTensor> {
+        let e = self.entry(name)?;
+        self.read_slice_as(name, dim, start, len, e.dtype)
+    }
+
+    /// [`Self::read_slice`] as `dtype`: bf16 and f16 become f32 while they are copied out
+    /// of the file (one pass, over the rayon pool's threads); other conversions follow the
+    /// copy.
+    pub fn read_slice_as(&self, name: &str, dim: usize, start: usize, len: usize, dtype: DType) -> Result<HostTensor> {
         let e = self.entry(name)?;
         let p = &self.paths[e.file];
         let mm = &self.maps[e.file];
@@ -136,7 +151,7 @@ impl Checkpoint {
                 .collect();
             (e.shape.with_dim(dim, len), parts)
         };
-        let data = host_from_parts(e.dtype, &parts);
+        let data = host_from_parts(e.dtype, &parts, dtype);
         // Give the pages back: the copy is what this rank keeps.
         // SAFETY: read-only private mapping; dropping its pages only means a later read
         // faults them in again from the file.
@@ -147,25 +162,23 @@ impl Checkpoint {
     }
 }
 
-/// The values of `parts` (little-endian `dtype` bytes, in order) in one typed buffer: one
-/// copy out of the mapped file, into memory advised for huge pages (a weight is then
-/// streamed with few TLB misses).
-fn host_from_parts(dtype: DType, parts: &[&[u8]]) -> HostData {
-    fn collect<T: bytemuck::Pod>(parts: &[&[u8]]) -> Vec<T> {
-        let size = std::mem::size_of::<T>();
-        let bytes: usize = parts.iter().map(|p| p.len()).sum();
-        let mut v: Vec<T> = Vec::with_capacity(bytes / size);
-        redco_core::cpu::malloc::advise_huge_pages(v.as_ptr() as *const u8, bytes);
-        for p in parts {
-            match bytemuck::try_cast_slice::<u8, T>(p) {
-                Ok(s) => v.extend_from_slice(s),
-                // data not aligned for `T` in the file
-                Err(_) => v.extend(p.chunks_exact(size).map(bytemuck::pod_read_unaligned::<T>)),
-            }
+/// The values of `parts` (little-endian `dtype` bytes, in order) as `want` in one typed
+/// buffer: one copy (or conversion) out of the mapped file, into memory advised for huge
+/// pages (a weight is then streamed with few TLB misses), in chunks over the rayon pool's
+/// threads, so that the kernel's clearing of the fresh pages (most of a load's time) runs
+/// on every core.
+fn host_from_parts(dtype: DType, parts: &[&[u8]], want: DType) -> HostData {
+    let bits = |b: &[u8]| u16::from_le_bytes([b[0], b[1]]);
+    match (dtype, want) {
+        (DType::BF16, DType::F32) => {
+            return HostData::F32(convert(parts, 2, |b| half::bf16::from_bits(bits(b)).to_f32()))
         }
-        v
+        (DType::F16, DType::F32) => {
+            return HostData::F32(convert(parts, 2, |b| half::f16::from_bits(bits(b)).to_f32()))
+        }
+        _ => {}
     }
-    match dtype {
+    let data = match dtype {
         DType::F32 => HostData::F32(collect(parts)),
         DType::F64 => HostData::F64(collect(parts)),
         DType::F16 => HostData::F16(collect(parts)),
@@ -173,5 +186,57 @@ fn host_from_parts(dtype: DType, parts: &[&[u8]]) -> HostData {
         DType::I64 => HostData::I64(collect(parts)),
         DType::I32 => HostData::I32(collect(parts)),
         DType::U8 => HostData::U8(collect(parts)),
+    };
+    data.into_dtype(want)
+}
+
+/// Elements per copying task: large enough to amortise a task.
+const CHUNK: usize = 1 << 16;
+
+/// A fresh buffer for `total` values, advised for huge pages.
+fn fresh<T>(total: usize) -> Vec<T> {
+    let v: Vec<T> = Vec::with_capacity(total);
+    redco_core::cpu::malloc::advise_huge_pages(v.as_ptr() as *const u8, total * std::mem::size_of::<T>());
+    v
+}
+
+/// `parts` as values of `T` (the file's type).
+fn collect<T: bytemuck::Pod + Send + Sync>(parts: &[&[u8]]) -> Vec<T> {
+    let size = std::mem::size_of::<T>();
+    let fast = |d: &mut [MaybeUninit<T>], s: &[u8]| match bytemuck::try_cast_slice::<u8, T>(s) {
+        Ok(s) => d.iter_mut().zip(s).for_each(|(d, &x)| {
+            d.write(x);
+        }),
+        // data not aligned for `T` in the file
+        Err(_) => d.iter_mut().zip(s.chunks_exact(size)).for_each(|(d, b)| {
+            d.write(bytemuck::pod_read_unaligned::<T>(b));
+        }),
+    };
+    fill(parts, size, fast)
+}
+
+/// `parts` (values of `size` bytes) converted by `f`.
+fn convert<U: Send>(parts: &[&[u8]], size: usize, f: impl Fn(&[u8]) -> U + Sync) -> Vec<U> {
+    fill(parts, size, |d: &mut [MaybeUninit<U>], s: &[u8]| {
+        d.iter_mut().zip(s.chunks_exact(size)).for_each(|(d, b)| {
+            d.write(f(b));
+        })
+    })
+}
+
+/// A buffer of every value of `parts` (`size` bytes each), chunk by chunk in parallel, each
+/// chunk written whole by `write(destination, source bytes)`.
+fn fill<U: Send>(parts: &[&[u8]], size: usize, write: impl Fn(&mut [MaybeUninit<U>], &[u8]) + Sync) -> Vec<U> {
+    use rayon::prelude::*;
+    let total = parts.iter().map(|p| p.len() / size).sum();
+    let mut v = fresh::<U>(total);
+    let mut out = &mut v.spare_capacity_mut()[..total];
+    for p in parts {
+        let (dst, rest) = out.split_at_mut(p.len() / size);
+        out = rest;
+        dst.par_chunks_mut(CHUNK).zip(p.par_chunks(CHUNK * size)).for_each(|(d, s)| write(d, s));
     }
+    // SAFETY: the chunks of every part cover `total` elements, and `write` wrote each.
+    unsafe { v.set_len(total) };
+    v
 }

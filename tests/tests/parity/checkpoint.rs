@@ -124,15 +124,18 @@ fn checkpoints_convert_dtypes_on_load_both_ways() {
             assert!(got.iter().zip(want).all(|(g, w)| (g - w).abs() <= tol * w.abs() + 1e-6), "{n} as {dt:?}");
         }
     }
-    // a bf16 checkpoint (saved from a bf16 model) -> f32 parameters holding the same values
-    let m = Llama::from_pretrained(&b, &fixture(), DType::BF16).unwrap();
-    let out = tmp("bf16");
-    save_pretrained(&m, &m.cfg, &out, usize::MAX).unwrap();
-    let stored: Vec<_> = Checkpoint::open(&out).unwrap().tensors().map(|(_, _, d)| d).collect();
-    assert!(stored.iter().all(|d| *d == DType::BF16));
-    let back = Llama::from_pretrained(&b, &out, DType::F32).unwrap();
-    for ((n, p), (_, q)) in back.named_parameters().into_iter().zip(m.named_parameters()) {
-        assert_eq!(p.dtype(), DType::F32);
-        assert_eq!(p.to_vec_f64().unwrap(), q.to_vec_f64().unwrap(), "{n}");
+    // bf16 and f16 checkpoints (saved from such models) -> f32 parameters holding the same
+    // values (widened while they are copied out of the file)
+    for dt in [DType::BF16, DType::F16] {
+        let m = Llama::from_pretrained(&b, &fixture(), dt).unwrap();
+        let out = tmp(&format!("{dt:?}"));
+        save_pretrained(&m, &m.cfg, &out, usize::MAX).unwrap();
+        let stored: Vec<_> = Checkpoint::open(&out).unwrap().tensors().map(|(_, _, d)| d).collect();
+        assert!(stored.iter().all(|d| *d == dt));
+        let back = Llama::from_pretrained(&b, &out, DType::F32).unwrap();
+        for ((n, p), (_, q)) in back.named_parameters().into_iter().zip(m.named_parameters()) {
+            assert_eq!(p.dtype(), DType::F32);
+            assert_eq!(p.to_vec_f64().unwrap(), q.to_vec_f64().unwrap(), "{n} from {dt:?}");
+        }
     }
 }
