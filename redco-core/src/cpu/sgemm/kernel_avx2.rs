@@ -8,6 +8,7 @@
 //! 32-byte aligned). `NR = 8 * NV` (NV ymm vectors per row); `MR * NV` accumulators, NV
 //! registers for B and two for the broadcasts of A: all 16.
 
+use super::common::mask8;
 use super::microkernel::{Family, Prefetch, TileDst};
 use std::arch::x86_64::*;
 
@@ -26,14 +27,6 @@ pub const C_TAIL: usize = 4;
 
 /// Iterations (of four k steps) between two source-row prefetches (see [`Prefetch::src`]).
 pub const SRC_GAP: usize = 8;
-
-/// Lane mask with the low `n` (clamped to 0..=8) lanes set, for `maskload` / `maskstore`.
-#[target_feature(enable = "avx2")]
-#[inline]
-fn mask8(n: usize) -> __m256i {
-    let n = n.min(8) as i32;
-    _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
-}
 
 /// Writes (or accumulates) the accumulator tile into C, honouring partial tiles and strides.
 ///

@@ -7,6 +7,7 @@
 //! contiguous values) and a packed `B` micro-panel (`kc` steps of `NR` contiguous values,
 //! 64-byte aligned). `NR = 16 * NV` (NV zmm vectors per row); `MR * NV` accumulators.
 
+use super::common::mask16;
 use super::microkernel::{Family, Prefetch, TileDst};
 use std::arch::x86_64::*;
 
@@ -25,16 +26,6 @@ pub const C_TAIL: usize = 8;
 
 /// Iterations (of two k steps) between two source-row prefetches (see [`Prefetch::src`]).
 pub const SRC_GAP: usize = 8;
-
-/// Mask with the low `n` (clamped to 0..=16) bits set.
-#[inline(always)]
-fn mask16(n: usize) -> __mmask16 {
-    if n >= 16 {
-        0xffff
-    } else {
-        ((1u32 << n) - 1) as __mmask16
-    }
-}
 
 /// Writes (or accumulates) the accumulator tile into C, honouring partial tiles and strides.
 ///

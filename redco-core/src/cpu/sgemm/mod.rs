@@ -20,6 +20,8 @@
 #[cfg(target_arch = "x86_64")]
 mod buffer;
 #[cfg(target_arch = "x86_64")]
+mod common;
+#[cfg(target_arch = "x86_64")]
 mod driver;
 #[cfg(target_arch = "x86_64")]
 pub mod kernel_avx2;
@@ -111,11 +113,8 @@ pub fn sgemm(
     accumulate: bool,
     threads: usize,
 ) -> bool {
-    // SAFETY (of the cast): `[f32]` and `[MaybeUninit<f32>]` have the same layout, and the
-    // GEMM only stores initialised values into it.
-    let cu = unsafe { &mut *(c as *mut [f32] as *mut [std::mem::MaybeUninit<f32>]) };
     match Isa::detect() {
-        Some(isa) => run(isa, m, n, k, a, b, cu, ldc, accumulate, threads),
+        Some(isa) => sgemm_with(isa, m, n, k, a, b, c, ldc, accumulate, threads),
         None => false,
     }
 }
@@ -135,7 +134,8 @@ pub fn sgemm_with(
     accumulate: bool,
     threads: usize,
 ) -> bool {
-    // SAFETY: as in `sgemm`.
+    // SAFETY (of the cast): `[f32]` and `[MaybeUninit<f32>]` have the same layout, and the
+    // GEMM only stores initialised values into it.
     let cu = unsafe { &mut *(c as *mut [f32] as *mut [std::mem::MaybeUninit<f32>]) };
     isa.runs_here() && run(isa, m, n, k, a, b, cu, ldc, accumulate, threads)
 }

@@ -8,16 +8,9 @@
 //!
 //! The transposing cases (row-major A, column-major B) go through 8 x 8 register transposes.
 
+use super::common::{mask8, pack_a_strided, pack_b_strided};
 use super::kernel_avx2::{MR, NR};
 use std::arch::x86_64::*;
-
-/// Lane mask with the low `n` (clamped to 0..=8) lanes set.
-#[target_feature(enable = "avx2")]
-#[inline]
-fn mask8(n: usize) -> __m256i {
-    let n = n.min(8) as i32;
-    _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
-}
 
 /// Transposes 8 row vectors (lane q of `r[i]` is element (i, q)) into 8 column vectors
 /// (lane i of `out[q]` is element (i, q)).
@@ -89,12 +82,7 @@ pub(crate) unsafe fn pack_a_panel(kc: usize, rows: usize, src: *const f32, rs: u
                 p += w;
             }
         } else {
-            for p in 0..kc {
-                let d = dst.add(p * MR);
-                for r in 0..MR {
-                    *d.add(r) = if r < rows { *src.add(r * rs + p * cs) } else { 0.0 };
-                }
-            }
+            pack_a_strided(kc, MR, rows, src, rs, cs, dst);
         }
     }
 }
@@ -169,15 +157,7 @@ pub(crate) unsafe fn pack_b_block(kc: usize, cols: usize, src: *const f32, rs: u
                 }
             }
         } else {
-            for jp in 0..np {
-                let base = dst.add(jp * kc * NR);
-                let j0 = jp * NR;
-                for p in 0..kc {
-                    for j in 0..NR {
-                        *base.add(p * NR + j) = if j0 + j < cols { *src.add(p * rs + (j0 + j) * cs) } else { 0.0 };
-                    }
-                }
-            }
+            pack_b_strided(kc, NR, cols, src, rs, cs, dst);
         }
     }
 }

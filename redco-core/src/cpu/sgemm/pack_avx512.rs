@@ -6,18 +6,9 @@
 //! * B micro-panel: `kc` steps of `NR` contiguous columns (`dst[p * NR + j] = B[p, j]`),
 //!   columns beyond the valid count are zero. Panels of a block are stored back to back.
 
+use super::common::{mask16, pack_a_strided, pack_b_strided};
 use super::kernel_avx512::{MR, NR};
 use std::arch::x86_64::*;
-
-/// Mask with the low `n` (clamped to 0..=16) bits set.
-#[inline(always)]
-fn mask16(n: usize) -> __mmask16 {
-    if n >= 16 {
-        0xffff
-    } else {
-        ((1u32 << n) - 1) as __mmask16
-    }
-}
 
 /// Packs one `MR x kc` micro-panel of A (only `rows <= MR` valid rows) into `dst`.
 ///
@@ -56,12 +47,7 @@ pub(crate) unsafe fn pack_a_panel(kc: usize, rows: usize, src: *const f32, rs: u
                 p += w;
             }
         } else {
-            for p in 0..kc {
-                let d = dst.add(p * MR);
-                for r in 0..MR {
-                    *d.add(r) = if r < rows { *src.add(r * rs + p * cs) } else { 0.0 };
-                }
-            }
+            pack_a_strided(kc, MR, rows, src, rs, cs, dst);
         }
     }
 }
@@ -159,15 +145,7 @@ pub(crate) unsafe fn pack_b_block(kc: usize, cols: usize, src: *const f32, rs: u
                 }
             }
         } else {
-            for jp in 0..np {
-                let base = dst.add(jp * kc * NR);
-                let j0 = jp * NR;
-                for p in 0..kc {
-                    for j in 0..NR {
-                        *base.add(p * NR + j) = if j0 + j < cols { *src.add(p * rs + (j0 + j) * cs) } else { 0.0 };
-                    }
-                }
-            }
+            pack_b_strided(kc, NR, cols, src, rs, cs, dst);
         }
     }
 }

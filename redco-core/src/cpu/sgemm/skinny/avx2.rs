@@ -2,6 +2,7 @@
 //! columns (row-major B), 4 columns x 2 rows of ymm dot products (column-major B).
 
 use super::PREFETCH_AHEAD;
+use crate::cpu::sgemm::common::mask8;
 use crate::cpu::sgemm::MatRef;
 use std::arch::x86_64::*;
 
@@ -11,14 +12,6 @@ pub(super) const COLS: usize = 24;
 const ROWS: usize = 4;
 /// Rows per register block of the dot-product kernel (8 accumulators, 4 B vectors).
 const DOT_ROWS: usize = 2;
-
-/// Lane mask with the low `n` (clamped to 0..=8) lanes set.
-#[target_feature(enable = "avx2")]
-#[inline]
-fn mask8(n: usize) -> __m256i {
-    let n = n.min(8) as i32;
-    _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
-}
 
 /// Sum of the 8 lanes.
 #[target_feature(enable = "avx2")]

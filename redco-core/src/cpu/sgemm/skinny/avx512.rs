@@ -2,18 +2,9 @@
 //! (row-major B), 4 columns x up to 4 rows of zmm dot products (column-major B).
 
 use super::{DOT_ROWS, PREFETCH_AHEAD, ROWS};
+use crate::cpu::sgemm::common::mask16;
 use crate::cpu::sgemm::MatRef;
 use std::arch::x86_64::*;
-
-/// Mask with the low `n` (clamped to 0..=16) bits set.
-#[inline(always)]
-fn mask16(n: usize) -> __mmask16 {
-    if n >= 16 {
-        0xffff
-    } else {
-        ((1u32 << n) - 1) as __mmask16
-    }
-}
 
 /// Row-major B: columns `j0..j1`, all `m` rows.
 ///
