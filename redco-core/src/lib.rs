@@ -6,7 +6,7 @@
 //! - [`Tensor`]: a global shape, a dtype, a placement per mesh axis, and reverse-mode
 //!   autograd ([`Tensor::backward`], [`no_grad`]);
 //! - [`nn`]: layers and the [`nn::Module`] parameter tree with Hugging Face-style names;
-//! - [`cpu`]: the embedded default backend (multi-threaded, AVX-512 GEMM).
+//! - [`cpu`]: the embedded default backend (multi-threaded, AVX-512 and AVX2 GEMMs).
 //!
 //! ```
 //! use redco_core::{cpu::Cpu, DType, Tensor};

@@ -15,10 +15,7 @@ pub fn run() -> Result<(), String> {
     );
     let w = super::launch::world();
     println!("world: {w}");
-    println!(
-        "cpu: {threads} threads, AVX-512 GEMM {}",
-        if redco_core::cpu::sgemm::is_supported() { "on" } else { "off (portable GEMM)" }
-    );
+    println!("cpu: {threads} threads, kernels: {}", redco_core::cpu::kernel_families());
     #[cfg(feature = "wgpu")]
     wgpu_adapters();
     #[cfg(feature = "tpu")]

@@ -1,5 +1,5 @@
 //! The CPU backend's f32 matmul against a naive f64 reference, through its dispatch: the
-//! GEMM the CPU selects ([`F32Gemm::Auto`]: the AVX-512 GEMM where it runs, the `gemm` crate
+//! GEMM the CPU selects ([`F32Gemm::Auto`]: the generated GEMM where it runs, the `gemm` crate
 //! elsewhere) and, where those differ, the portable fallback too ([`F32Gemm::Portable`]), so
 //! both paths are tested on an AVX-512 machine and these pass on every CPU. The sweeps
 //! follow the AVX-512 kernel's own tests (`cpu::sgemm::tests::avx512`): small sizes, every
@@ -14,7 +14,7 @@ use crate::backend::MatmulSpec;
 use crate::cpu::sgemm::tests::Rng;
 use crate::{DType, HostData};
 
-/// The f32 paths to test here: both where the AVX-512 GEMM runs, else the fallback alone.
+/// The f32 paths to test here: both where a generated GEMM runs, else the fallback alone.
 fn paths() -> &'static [F32Gemm] {
     if F32Gemm::Auto.fast() {
         &[F32Gemm::Auto, F32Gemm::Portable]
@@ -187,7 +187,7 @@ fn odd_sizes_1_to_70() {
 
 #[test]
 fn multi_block() {
-    // Crosses the AVX-512 GEMM's KC, NC and M blocks and task splits, and the `gemm`
+    // Crosses the generated GEMMs' KC, NC and M blocks and task splits, and the `gemm`
     // crate's parallel path.
     let mut rng = Rng(99);
     check(300, 600, 1100, false, false, 2, &mut rng);
