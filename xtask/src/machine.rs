@@ -14,11 +14,19 @@ pub fn describe() -> String {
     format!("{model}, {} cores, {}{held} ({})", cores(), simd(), redco_core::cpu::kernel_families())
 }
 
+/// Set to anything but empty or `0`, the CPU backend (which reads it too), the benchmarks
+/// and `cargo xtask test` act as on a CPU without AVX-512F.
+pub const ASSUME_NO_AVX512: &str = "REDCO_ASSUME_NO_AVX512";
+
+/// Whether [`ASSUME_NO_AVX512`] is set.
+pub fn assumes_no_avx512() -> bool {
+    std::env::var_os(ASSUME_NO_AVX512).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
 /// The environment that holds a peer (torch, MKL) to AVX2 where the CPU backend runs as on
 /// an AVX2-only machine (`REDCO_ASSUME_NO_AVX512` set); empty otherwise.
 pub fn peer_isa_env() -> Vec<(&'static str, &'static str)> {
-    let no_avx512 = std::env::var_os("REDCO_ASSUME_NO_AVX512").is_some_and(|v| !v.is_empty() && v != "0");
-    if no_avx512 {
+    if assumes_no_avx512() {
         vec![("MKL_ENABLE_INSTRUCTIONS", "AVX2"), ("ATEN_CPU_CAPABILITY", "avx2"), ("ONEDNN_MAX_CPU_ISA", "AVX2")]
     } else {
         Vec::new()

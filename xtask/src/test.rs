@@ -105,11 +105,6 @@ fn setup() -> Result<(), String> {
     }
 }
 
-/// Set to anything but empty or `0`, the tests run as on a CPU without AVX-512F (the
-/// AVX-512-only tests are skipped, and the CPU backend, which reads it too, takes its
-/// portable paths).
-const ASSUME_NO_AVX512: &str = "REDCO_ASSUME_NO_AVX512";
-
 /// Tests left out because this CPU cannot run their instruction set: why, and the module
 /// names (`avx512`, `avx2`) whose tests are left out.
 struct Skip {
@@ -141,7 +136,7 @@ fn skipped_here() -> Option<Skip> {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
-        let assumed = std::env::var_os(ASSUME_NO_AVX512).is_some_and(|v| !v.is_empty() && v != "0");
+        let assumed = crate::machine::assumes_no_avx512();
         if assumed || !has!("avx512f") {
             modules.push("avx512");
             why.push(if assumed { "REDCO_ASSUME_NO_AVX512 is set" } else { "this CPU lacks AVX-512F" });

@@ -23,8 +23,7 @@ fn once(threads: usize, iters: u64) -> f64 {
 fn chain(iters: u64, seed: f32) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
-        let no_avx512 = std::env::var_os("REDCO_ASSUME_NO_AVX512").is_some_and(|v| !v.is_empty() && v != "0");
-        if !no_avx512 && is_x86_feature_detected!("avx512f") {
+        if !crate::machine::assumes_no_avx512() && is_x86_feature_detected!("avx512f") {
             // SAFETY: the feature was detected at run time.
             let (sink, flops) = unsafe { chain_avx512(iters, seed) };
             std::hint::black_box(sink);
