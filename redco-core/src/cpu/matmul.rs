@@ -1,7 +1,9 @@
 //! CPU matmul: batched, with transpose flags folded into strides (no copies).
 //! f32 uses the generated GEMM (AVX-512F or AVX2 + FMA) when the CPU has one; everything else the `gemm` crate.
-//! [`F32Gemm`] lets tests run both f32 paths in one process.
+//! bf16 products use the AMX GEMM ([`bgemm`]) where the CPU has AMX-BF16, f16 and bf16
+//! elsewhere widen to f32. [`F32Gemm`] lets tests run both f32 paths in one process.
 
+use super::bgemm;
 use super::half_gemv::{self, Half};
 use super::real::Real;
 use super::{floats, sgemm, Floats, Store};
@@ -248,6 +250,45 @@ fn half_weight_product(a: &HostData, b: &HostData, spec: &MatmulSpec, threads: u
     Some(half_gemv::gemv(h, rows, spec.n, spec.k, &x, w, (st.b_rs, st.b_cs), threads))
 }
 
+/// bf16 times bf16 through the AMX GEMM ([`bgemm`]), f32 out; `None` where AMX does not run.
+fn bf16_amx_product(a: &HostData, b: &HostData, spec: &MatmulSpec, threads: usize) -> Option<Result<Vec<f32>>> {
+    let (HostData::BF16(a), HostData::BF16(b)) = (a, b) else { return None };
+    if !bgemm::available() {
+        return None;
+    }
+    let (a, b): (&[u16], &[u16]) = (bytemuck::cast_slice(a), bytemuck::cast_slice(b));
+    let (sa, sb, sc) = (spec.m * spec.k, spec.k * spec.n, spec.m * spec.n);
+    let need_a = if spec.a_batched { spec.batch * sa } else { sa };
+    let need_b = if spec.b_batched { spec.batch * sb } else { sb };
+    if a.len() != need_a || b.len() != need_b {
+        return Some(Err(Error::invalid(
+            "matmul",
+            format!("operand sizes {} and {} do not match {:?}", a.len(), b.len(), spec),
+        )));
+    }
+    let total = spec.batch * sc;
+    let mut c: Vec<f32> = Vec::with_capacity(total);
+    super::malloc::advise_huge_pages(c.as_ptr() as *const u8, total * 4);
+    let st = strides(spec);
+    for (i, ci) in c.spare_capacity_mut()[..total].chunks_mut(sc.max(1)).enumerate().take(spec.batch) {
+        let ai = bgemm::HalfRef {
+            data: if spec.a_batched { &a[i * sa..(i + 1) * sa] } else { a },
+            rs: st.a_rs,
+            cs: st.a_cs,
+        };
+        let bi = bgemm::HalfRef {
+            data: if spec.b_batched { &b[i * sb..(i + 1) * sb] } else { b },
+            rs: st.b_rs,
+            cs: st.b_cs,
+        };
+        bgemm::bgemm_uninit(spec.m, spec.n, spec.k, ai, bi, ci, spec.n, threads);
+    }
+    // SAFETY: `bgemm_uninit` (available, checked above) wrote every element of each of the
+    // `batch` blocks of `m x n`, so all `total` are initialised.
+    unsafe { c.set_len(total) };
+    Some(Ok(c))
+}
+
 /// Batched matmul of two same-typed float buffers.
 pub(crate) fn matmul(a: &HostData, b: &HostData, spec: &MatmulSpec, dt: DType, threads: usize) -> Result<HostData> {
     matmul_with(a, b, spec, dt, threads, F32Gemm::Auto)
@@ -267,6 +308,11 @@ pub(crate) fn matmul_with(
     }
     if let Some(c) = half_weight_product(a, b, spec, threads) {
         return Ok(f32::store(c, dt));
+    }
+    if path == F32Gemm::Auto {
+        if let Some(c) = bf16_amx_product(a, b, spec, threads) {
+            return Ok(f32::store(c?, dt));
+        }
     }
     match (floats(a), floats(b)) {
         (Floats::F32(x), Floats::F32(y)) if path.fast() => Ok(f32::store(matmul_f32_fast(&x, &y, spec, threads)?, dt)),

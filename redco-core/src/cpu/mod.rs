@@ -9,6 +9,7 @@
 
 mod adamw;
 mod attention;
+mod bgemm;
 mod cross_entropy;
 mod elementwise;
 mod half_gemv;
@@ -21,7 +22,7 @@ pub mod real;
 mod reduce;
 mod rotary;
 pub mod sgemm;
-mod simd;
+pub(crate) mod simd;
 mod softmax;
 mod strided;
 
@@ -445,7 +446,8 @@ pub(crate) fn sgemm_hook(
 }
 
 /// The kernel families this machine runs, as benchmarks report them: the f32 GEMM
-/// (`avx512` or `avx2`: the generated kernels; `gemm-crate`: the portable one), the element
+/// (`avx512` or `avx2`: the generated kernels; `gemm-crate`: the portable one), the bf16 GEMM
+/// (`amx`, see [`amx_bf16`], or widened to f32), the element
 /// loops (`avx512`, `avx2` or `baseline`) and the products against 16-bit weights (`avx512`,
 /// `avx2` or `portable`).
 pub fn kernel_families() -> String {
@@ -453,7 +455,16 @@ pub fn kernel_families() -> String {
         Some(isa) if sgemm_enabled() => isa.name(),
         _ => "gemm-crate",
     };
-    format!("f32 GEMM {gemm}, element loops {}, 16-bit GEMV {}", simd::family(), half_gemv::family())
+    let bf16 = if amx_bf16() { "amx" } else { "widened to f32" };
+    format!("f32 GEMM {gemm}, bf16 GEMM {bf16}, element loops {}, 16-bit GEMV {}", simd::family(), half_gemv::family())
+}
+
+/// True when bf16 matrix products run on AMX tiles (`TDPBF16PS`, f32 accumulation): the CPU
+/// has AMX-BF16 (Sapphire Rapids and later Xeons), the OS grants this process the tile
+/// state, and neither `REDCO_NO_AMX` nor `REDCO_ASSUME_NO_AVX512` is set. Elsewhere bf16
+/// operands are widened to f32 for the f32 GEMM.
+pub fn amx_bf16() -> bool {
+    bgemm::available()
 }
 
 /// True when AVX2 and FMA code paths (the AVX2 sgemm kernels and the AVX2 copies of the

@@ -29,6 +29,8 @@ impl AlignedBuf {
 thread_local! {
     static POOL_A: Cell<Option<AlignedBuf>> = const { Cell::new(None) };
     static POOL_B: Cell<Option<AlignedBuf>> = const { Cell::new(None) };
+    static POOL_HALF_A: Cell<Option<AlignedBuf>> = const { Cell::new(None) };
+    static POOL_HALF_B: Cell<Option<AlignedBuf>> = const { Cell::new(None) };
 }
 
 /// Which thread-local slot a buffer is cached in.
@@ -38,6 +40,10 @@ pub(crate) enum Slot {
     A,
     /// Per-task packed-B block.
     B,
+    /// Per-task packed A rows of the bf16 GEMM (`cpu::bgemm`).
+    HalfA,
+    /// Shared packed B block of the bf16 GEMM.
+    HalfB,
 }
 
 /// Runs `f` with a thread-local cached buffer. The buffer is *taken out* of the slot for the
@@ -47,6 +53,8 @@ pub(crate) fn with_buf<R>(slot: Slot, f: impl FnOnce(&mut AlignedBuf) -> R) -> R
     let key = match slot {
         Slot::A => &POOL_A,
         Slot::B => &POOL_B,
+        Slot::HalfA => &POOL_HALF_A,
+        Slot::HalfB => &POOL_HALF_B,
     };
     let mut buf = key.with(|c| c.take()).unwrap_or_default();
     let r = f(&mut buf);

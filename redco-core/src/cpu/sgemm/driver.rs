@@ -35,7 +35,7 @@ const A_BUF_MAX: usize = 8 << 20;
 
 /// Raw pointer wrapper that may be shared across rayon tasks.
 #[derive(Clone, Copy)]
-struct SendPtr<T>(*mut T);
+pub(crate) struct SendPtr<T>(pub(crate) *mut T);
 // SAFETY: the driver guarantees that concurrent tasks only write disjoint regions through these
 // pointers and only read regions that are not written concurrently.
 unsafe impl<T> Send for SendPtr<T> {}
@@ -45,7 +45,7 @@ unsafe impl<T> Sync for SendPtr<T> {}
 impl<T> SendPtr<T> {
     /// The raw pointer (a method, so closures capture the whole `Send` wrapper).
     #[inline(always)]
-    fn get(self) -> *mut T {
+    pub(crate) fn get(self) -> *mut T {
         self.0
     }
 }
@@ -59,7 +59,7 @@ struct Op {
 }
 
 /// Splits `len` items into `parts` contiguous near-equal ranges; returns range `i`.
-fn split(len: usize, parts: usize, i: usize) -> (usize, usize) {
+pub(crate) fn split(len: usize, parts: usize, i: usize) -> (usize, usize) {
     let base = len / parts;
     let rem = len % parts;
     let start = i * base + i.min(rem);
@@ -96,7 +96,7 @@ pub(crate) fn gemm<K: Family>(
 }
 
 /// Runs `f(i)` for `i in 0..n`, in parallel on the current rayon pool when `n > 1`.
-fn par_for(n: usize, f: impl Fn(usize) + Sync + Send) {
+pub(crate) fn par_for(n: usize, f: impl Fn(usize) + Sync + Send) {
     if n <= 1 {
         (0..n).for_each(f);
     } else {

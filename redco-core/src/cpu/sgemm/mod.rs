@@ -18,11 +18,13 @@
 //! implementation.
 
 #[cfg(target_arch = "x86_64")]
-mod buffer;
+pub(crate) mod buffer;
 #[cfg(target_arch = "x86_64")]
 mod common;
 #[cfg(target_arch = "x86_64")]
 mod driver;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use driver::{par_for, split, SendPtr};
 #[cfg(target_arch = "x86_64")]
 pub mod kernel_avx2;
 #[cfg(target_arch = "x86_64")]
@@ -32,7 +34,7 @@ pub mod microkernel;
 #[cfg(target_arch = "x86_64")]
 mod pack_avx2;
 #[cfg(target_arch = "x86_64")]
-mod pack_avx512;
+pub(crate) mod pack_avx512;
 #[cfg(target_arch = "x86_64")]
 pub mod skinny;
 

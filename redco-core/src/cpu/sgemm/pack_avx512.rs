@@ -56,7 +56,7 @@ pub(crate) unsafe fn pack_a_panel(kc: usize, rows: usize, src: *const f32, rs: u
 /// (lane i of `out[q]` is element (i, q)).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn transpose16(r: &[__m512; 16]) -> [__m512; 16] {
+pub(crate) fn transpose16(r: &[__m512; 16]) -> [__m512; 16] {
     let mut a = [_mm512_setzero_ps(); 16];
     for i in 0..8 {
         a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
