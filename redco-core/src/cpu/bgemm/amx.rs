@@ -107,27 +107,51 @@ impl Tiles {
         Tiles(())
     }
 
-    /// `C[32 x 32] = A[32 x 32 kc] * B[32 kc x 32]` (f32 accumulation) for one block.
+    /// `C[32 x 32] (+)= A[32 x 32 kc] * B[32 kc x 32]` (f32 accumulation) for one block:
+    /// `C =` when `accumulate` is false, `C +=` (C read first) when true.
     ///
     /// `a` holds `kc` steps of two packed A tiles (rows 0..16 then 16..32, each 16 rows of 32
     /// bf16), `b` `kc` steps of two packed B tiles (columns 0..16 then 16..32, VNNI layout),
-    /// step after step; `c` receives the 32 x 32 f32 block, row `i` at `c + i * ldc_bytes`.
+    /// step after step; C's row `i` is at `c + i * ldc_bytes`.
     ///
     /// # Safety
-    /// `a` and `b` are readable for `kc * 2 * TILE` u16 each; `c` is writable for 32 rows of
-    /// 128 bytes at `ldc_bytes` apart; `kc >= 1`.
+    /// `a` and `b` are readable for `kc * 2 * TILE` u16 each; `c` is readable (when
+    /// `accumulate`) and writable for 32 rows of 128 bytes at `ldc_bytes` apart; `kc >= 1`.
     #[inline]
-    pub(super) unsafe fn kernel(&self, kc: usize, a: *const u16, b: *const u16, c: *mut f32, ldc_bytes: usize) {
+    pub(super) unsafe fn kernel(
+        &self,
+        kc: usize,
+        a: *const u16,
+        b: *const u16,
+        c: *mut f32,
+        ldc_bytes: usize,
+        accumulate: bool,
+    ) {
         debug_assert!(kc >= 1);
-        // SAFETY: the tiles are configured (`self` exists), and every load and store stays
-        // inside the ranges the caller guarantees: step s reads a[s * 1024 .. s * 1024 + 1024]
-        // and b likewise (2048 bytes each), the stores write 32 rows of 128 bytes of c.
+        // SAFETY: the tiles are configured (`self` exists); C's 32 rows of 128 bytes are
+        // readable when accumulating (caller).
+        unsafe {
+            let c2 = c.cast::<u8>().add(16 * ldc_bytes);
+            if accumulate {
+                asm!(
+                    "tileloadd tmm0, [{c} + {ldc}*1]",
+                    "tileloadd tmm1, [{c} + {ldc}*1 + 64]",
+                    "tileloadd tmm2, [{c2} + {ldc}*1]",
+                    "tileloadd tmm3, [{c2} + {ldc}*1 + 64]",
+                    c = in(reg) c,
+                    c2 = in(reg) c2,
+                    ldc = in(reg) ldc_bytes,
+                    options(nostack, readonly)
+                );
+            } else {
+                asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
+            }
+        }
+        // SAFETY: every load and store stays inside the ranges the caller guarantees: step s
+        // reads a[s * 1024 .. s * 1024 + 1024] and b likewise (2048 bytes each), the stores
+        // write 32 rows of 128 bytes of c.
         unsafe {
             asm!(
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tilezero tmm2",
-                "tilezero tmm3",
                 "2:",
                 "tileloadd tmm4, [{a} + {s}*1]",
                 "tileloadd tmm6, [{b} + {s}*1]",
