@@ -47,7 +47,7 @@ fn main() -> ExitCode {
     #[cfg(feature = "tpu")]
     cmd::pjrt::set_plugin(cli.pjrt_plugin.clone());
     if let Err(e) = cmd::launch::init() {
-        eprintln!("redco: error: {e}");
+        cmd::out::warn(format_args!("redco: error: {e}"));
         return ExitCode::from(2);
     }
     let r = match cli.command {
@@ -59,6 +59,8 @@ fn main() -> ExitCode {
         Command::Info => cmd::info::run(),
     };
     let rank = cmd::launch::world();
+    // the command's result, then whether its output reached stdout
+    let r = r.and_then(|()| cmd::out::finish().map_or(Ok(()), Err));
     match r {
         Ok(()) => {
             cmd::launch::finish(true, 0);
@@ -66,9 +68,9 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             if rank.size > 1 {
-                eprintln!("redco: error: rank {} on {}: {e}", rank.rank, rank.host);
+                cmd::out::warn(format_args!("redco: error: rank {} on {}: {e}", rank.rank, rank.host));
             } else {
-                eprintln!("redco: error: {e}");
+                cmd::out::warn(format_args!("redco: error: {e}"));
             }
             cmd::launch::finish(false, 2);
             ExitCode::from(2)

@@ -58,7 +58,10 @@ impl MetricsLog {
         if self.tty {
             let w = 30usize;
             let fill = (w as f64 * m.step as f64 / self.total.max(1) as f64) as usize;
-            eprint!(
+            // progress is for a human watching: a closed or failing stderr is not the run's
+            // failure, so its write errors are ignored
+            let _ = write!(
+                std::io::stderr(),
                 "\r[{}{}] {}/{} loss {:.4} lr {:.2e} {:.0} tok/s ETA {:.0}s   ",
                 "#".repeat(fill.min(w)),
                 " ".repeat(w - fill.min(w)),
@@ -70,12 +73,19 @@ impl MetricsLog {
                 eta
             );
             if m.step == self.total {
-                eprintln!();
+                let _ = writeln!(std::io::stderr());
             }
         } else if m.step.is_multiple_of(self.every) || m.step == self.total {
-            eprintln!(
+            let _ = writeln!(
+                std::io::stderr(),
                 "step {}/{} loss {:.4} lr {:.3e} grad_norm {:.3} {:.0} tok/s eta {:.0}s",
-                m.step, self.total, m.loss, m.lr, m.grad_norm, m.tokens_per_s, eta
+                m.step,
+                self.total,
+                m.loss,
+                m.lr,
+                m.grad_norm,
+                m.tokens_per_s,
+                eta
             );
         }
         Ok(())

@@ -7,6 +7,7 @@
 //! - `--to hf`: reassembles a redco checkpoint (a `step-*` directory, or a workdir's newest)
 //!   into `config.json` + safetensors that transformers loads.
 
+use super::check;
 use super::common;
 use clap::Args;
 use redco_core::cpu::Cpu;
@@ -44,7 +45,7 @@ pub struct ConvertArgs {
     #[arg(long, default_value = "f32")]
     pub dtype: String,
     /// Largest Hugging Face shard file in bytes (for --to hf).
-    #[arg(long, default_value_t = DEFAULT_SHARD_BYTES)]
+    #[arg(long, value_parser = check::count, default_value_t = DEFAULT_SHARD_BYTES)]
     pub max_shard_bytes: usize,
 }
 
@@ -164,7 +165,7 @@ pub fn run(a: ConvertArgs) -> std::result::Result<(), String> {
         "redco" => {
             let d = to_redco(&a).map_err(|e| e.to_string())?;
             copy_side_files(&a.input, &a.out)?;
-            println!("wrote the sharded checkpoint {} (mesh {})", d.display(), a.mesh);
+            crate::outln!("wrote the sharded checkpoint {} (mesh {})", d.display(), a.mesh);
         }
         "hf" => {
             let d = to_hf(&a).map_err(|e| e.to_string())?;
@@ -176,7 +177,7 @@ pub fn run(a: ConvertArgs) -> std::result::Result<(), String> {
                     }
                 }
             }
-            println!("wrote the Hugging Face model {}", d.display());
+            crate::outln!("wrote the Hugging Face model {}", d.display());
         }
         other => return Err(format!("--to must be `redco` or `hf`, not `{other}`")),
     }

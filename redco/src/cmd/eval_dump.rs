@@ -2,6 +2,7 @@
 //! `input_ids`, `attention_mask`, `labels` and `gen_input_ids` (+ `gen_attention_mask`) from a
 //! safetensors file and writes `logits`, `loss`, `grad.<parameter>` and `generated_ids`.
 
+use super::check;
 use super::common;
 use clap::Args;
 use redco_core::dist::current_comm;
@@ -44,7 +45,7 @@ pub struct EvalDumpArgs {
     #[arg(long, default_value = "f32")]
     pub dtype: String,
     /// CPU threads in all (shared by the ranks; default: every core).
-    #[arg(long)]
+    #[arg(long, value_parser = check::threads)]
     pub threads: Option<usize>,
 }
 
@@ -172,7 +173,7 @@ pub fn run(a: EvalDumpArgs) -> std::result::Result<(), String> {
     // one writer: the process of rank 0
     if super::launch::is_leader() {
         write_atomic(&a.out, &bytes).map_err(|e| e.to_string())?;
-        println!("wrote {} tensors to {}", tensors.len(), a.out.display());
+        crate::outln!("wrote {} tensors to {}", tensors.len(), a.out.display());
     }
     Ok(())
 }

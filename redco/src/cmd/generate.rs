@@ -2,6 +2,7 @@
 //! one prompt, batched (left-padded) for several; greedy or sampled, on one device or split
 //! over a mesh.
 
+use super::check;
 use super::common;
 use clap::Args;
 use redco_core::dist::current_comm;
@@ -32,20 +33,20 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 32)]
     pub max_new_tokens: usize,
     /// Sampling temperature; 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, value_parser = check::non_negative, default_value_t = 0.0)]
     pub temperature: f64,
     /// Sample only from the k most likely tokens.
-    #[arg(long)]
+    #[arg(long, value_parser = check::count)]
     pub top_k: Option<usize>,
     /// Sample only from the most likely tokens holding this much probability.
-    #[arg(long)]
+    #[arg(long, value_parser = check::fraction)]
     pub top_p: Option<f64>,
     /// Sampling seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Beam search with this many beams (length penalty 1, early stopping); 1 = greedy or
     /// sampled decoding.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, value_parser = check::beams, default_value_t = 1)]
     pub num_beams: usize,
     /// Also stop at these token ids (besides the model's end-of-sequence tokens).
     #[arg(long)]
@@ -60,7 +61,7 @@ pub struct GenerateArgs {
     #[arg(long, default_value = "f32")]
     pub dtype: String,
     /// CPU threads in all (default: every core).
-    #[arg(long)]
+    #[arg(long, value_parser = check::threads)]
     pub threads: Option<usize>,
     /// Allow more ranks than cores on a host (slow; for trying meshes on a small machine).
     #[arg(long)]
@@ -125,7 +126,7 @@ fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<V
     let base = tok.decode(&seq, true)?;
     let mut shown = base.len();
     if speak {
-        print!("{base}");
+        crate::out!("{base}");
         let _ = std::io::stdout().flush();
     }
     let g = generate(&model, &ids, Some(&mask), &gc, |_, t| {
@@ -135,14 +136,14 @@ fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<V
         seq.push(t[0] as u32);
         if let Ok(s) = tok.decode(&seq, true) {
             if s.len() > shown && s.is_char_boundary(shown) && !s.ends_with('\u{fffd}') {
-                print!("{}", &s[shown..]);
+                crate::out!("{}", &s[shown..]);
                 let _ = std::io::stdout().flush();
                 shown = s.len();
             }
         }
     })?;
     if speak {
-        println!();
+        crate::outln!();
     }
     decode(g.rows, batch.seq)
 }
@@ -168,7 +169,7 @@ pub fn run(a: GenerateArgs) -> std::result::Result<(), String> {
     let streamed = prompts.len() == 1 && a.num_beams <= 1 && !common::is_t5(&a.model);
     if !streamed && super::launch::is_leader() {
         for (p, o) in prompts.iter().zip(outs) {
-            println!("{p}{}{o}", if p.ends_with(' ') { "" } else { " " });
+            crate::outln!("{p}{}{o}", if p.ends_with(' ') { "" } else { " " });
         }
     }
     Ok(())

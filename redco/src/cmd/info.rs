@@ -3,19 +3,19 @@
 /// Prints the backends and transports compiled in, this process's world and the CPU threads.
 pub fn run() -> Result<(), String> {
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    println!("redco {}", env!("CARGO_PKG_VERSION"));
-    println!(
+    crate::outln!("redco {}", env!("CARGO_PKG_VERSION"));
+    crate::outln!(
         "backends: cpu (embedded){}{}",
         if cfg!(feature = "wgpu") { ", wgpu" } else { "" },
         if cfg!(feature = "tpu") { ", pjrt" } else { "" }
     );
-    println!(
+    crate::outln!(
         "transports: threads{}",
         if cfg!(feature = "mpi") { ", mpi (ranks as processes under mpirun / srun)" } else { "" }
     );
     let w = super::launch::world();
-    println!("world: {w}");
-    println!("cpu: {threads} threads, kernels: {}", redco_core::cpu::kernel_families());
+    crate::outln!("world: {w}");
+    crate::outln!("cpu: {threads} threads, kernels: {}", redco_core::cpu::kernel_families());
     #[cfg(feature = "wgpu")]
     wgpu_adapters();
     #[cfg(feature = "tpu")]
@@ -34,10 +34,10 @@ fn wgpu_adapters() {
         None => (!adapters.is_empty()).then_some(0),
     };
     if adapters.is_empty() {
-        println!("wgpu: no adapter found (on Linux install a Vulkan driver, e.g. mesa-vulkan-drivers)");
+        crate::outln!("wgpu: no adapter found (on Linux install a Vulkan driver, e.g. mesa-vulkan-drivers)");
     }
     for (i, a) in adapters.iter().enumerate() {
-        println!(
+        crate::outln!(
             "wgpu adapter {i}: {} ({:?}, {:?}, driver {}){}",
             a.name,
             a.backend,
@@ -47,6 +47,6 @@ fn wgpu_adapters() {
         );
     }
     if let (Some(w), None) = (&wanted, chosen) {
-        println!("wgpu: no adapter name contains REDCO_WGPU_ADAPTER={w:?}");
+        crate::outln!("wgpu: no adapter name contains REDCO_WGPU_ADAPTER={w:?}");
     }
 }

@@ -1,11 +1,13 @@
 //! One module per `redco` subcommand.
 
+pub mod check;
 pub mod common;
 pub mod convert;
 pub mod eval_dump;
 pub mod generate;
 pub mod info;
 pub mod launch;
+pub mod out;
 #[cfg(feature = "tpu")]
 pub mod pjrt;
 pub mod plan;

@@ -40,10 +40,10 @@ pub fn backend(rank: usize, devices: usize) -> redco_core::Result<Pjrt> {
 /// Prints the plugin and its devices for `redco info`.
 pub fn describe() {
     match api().and_then(|api| Pjrt::open(api, 1).map(|b| (api, b))) {
-        Err(e) => println!("pjrt: {e}"),
+        Err(e) => crate::outln!("pjrt: {e}"),
         Ok((api, b)) => {
             let c = b.client();
-            println!(
+            crate::outln!(
                 "pjrt: {} (PJRT C API {}.{}), platform {}, {} device(s)",
                 api.path().display(),
                 api.version().0,
@@ -55,7 +55,7 @@ pub fn describe() {
                 let mem = d
                     .memory_bytes
                     .map_or("memory unknown".to_string(), |m| format!("{:.1} GiB", m as f64 / (1u64 << 30) as f64));
-                println!("pjrt device {}: id {}, {}, {mem}", d.index, d.id, d.kind);
+                crate::outln!("pjrt device {}: id {}, {}, {mem}", d.index, d.id, d.kind);
             }
         }
     }

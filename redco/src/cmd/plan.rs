@@ -1,5 +1,6 @@
 //! `redco plan`: the sharding plan, communication and memory of a model on a mesh.
 
+use super::check;
 use clap::Args;
 use redco_core::dist::heuristics::plan_by_names;
 use redco_core::dist::planner::{human, smallest_mp, PlanReport, Workload};
@@ -18,10 +19,10 @@ pub struct PlanArgs {
     #[arg(long, default_value = "1x1")]
     pub mesh: String,
     /// Global batch size (split over DP).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, value_parser = check::count, default_value_t = 8)]
     pub batch: usize,
     /// Sequence length.
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, value_parser = check::count, default_value_t = 2048)]
     pub seq: usize,
     /// Parameter and activation dtype: f32, bf16 or f16.
     #[arg(long, default_value = "bf16")]
@@ -76,7 +77,7 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
         if a.strict {
             return Err(msg);
         }
-        eprintln!("redco: warning: {msg}; attention stays replicated");
+        crate::cmd::out::warn(format_args!("redco: warning: {msg}; attention stays replicated"));
     }
     let shapes = cfg.param_shapes().map_err(|e| e.to_string())?;
     let plan = plan_by_names(&shapes, mesh);
@@ -88,22 +89,26 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
         }
     }
     let work = Workload { batch: a.batch, seq: a.seq, dtype_bytes, zero1: a.zero1 };
-    println!(
+    crate::outln!(
         "{} ({} layers, hidden {}, {} heads, vocab {}) on mesh {mesh}; rules: name heuristics (config only)\n",
-        cfg.model_type, cfg.layers, cfg.hidden, cfg.heads, cfg.vocab
+        cfg.model_type,
+        cfg.layers,
+        cfg.hidden,
+        cfg.heads,
+        cfg.vocab
     );
-    print!("{}", PlanReport::new(plan, cfg.dims(), work));
+    crate::out!("{}", PlanReport::new(plan, cfg.dims(), work));
     if let Some(mem) = &a.device_memory {
         let bytes = parse_bytes(mem)?;
         let max_mp = cfg.heads.max(1);
         match smallest_mp(&cfg.dims(), &work, mesh.dp, max_mp, bytes, !a.inference, |m| plan_by_names(&shapes, m)) {
-            Some((mp, need)) => println!(
+            Some((mp, need)) => crate::outln!(
                 "\nsmallest mp that fits {} per device for {}: mp={mp} ({} per device)",
                 human(bytes),
                 if a.inference { "inference" } else { "training" },
                 human(need)
             ),
-            None => println!(
+            None => crate::outln!(
                 "\nno mp up to {max_mp} fits {} per device; add data-parallel ZeRO-1 or smaller batches",
                 human(bytes)
             ),

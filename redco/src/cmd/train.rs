@@ -4,6 +4,7 @@
 //! functions. The workdir ends up a Hugging Face model directory (config.json,
 //! model.safetensors, tokenizer) beside metrics.jsonl, loss.png and checkpoints/.
 
+use super::check;
 use super::common;
 use clap::Args;
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
@@ -49,22 +50,22 @@ pub struct TrainArgs {
     #[arg(long, default_value = "f32")]
     pub dtype: String,
     /// Optimizer steps (default 300, unless --epochs is given).
-    #[arg(long, conflicts_with = "epochs")]
+    #[arg(long, value_parser = check::count_u64, conflicts_with = "epochs")]
     pub steps: Option<u64>,
     /// Passes over the data (instead of --steps).
-    #[arg(long)]
+    #[arg(long, value_parser = check::positive)]
     pub epochs: Option<f64>,
     /// Sequences per optimizer step (split over DP).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, value_parser = check::count, default_value_t = 16)]
     pub batch_size: usize,
     /// Tokens per training sequence.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, value_parser = check::count, default_value_t = 64)]
     pub seq_len: usize,
     /// Optimizer: adamw or sgd (with momentum 0.9).
     #[arg(long, default_value = "adamw")]
     pub optimizer: String,
     /// Peak learning rate.
-    #[arg(long, default_value_t = 3e-3)]
+    #[arg(long, value_parser = check::positive, default_value_t = 3e-3)]
     pub lr: f64,
     /// Learning-rate schedule after warmup: cosine, linear or constant.
     #[arg(long, default_value = "cosine")]
@@ -73,13 +74,13 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 20)]
     pub warmup: u64,
     /// Decoupled weight decay.
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, value_parser = check::non_negative, default_value_t = 0.01)]
     pub weight_decay: f64,
     /// Clip the global gradient norm to this.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, value_parser = check::positive_or_inf, default_value_t = 1.0)]
     pub clip_norm: f64,
     /// Save a checkpoint every N steps (and at the end).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, value_parser = check::count_u64, default_value_t = 100)]
     pub checkpoint_every: u64,
     /// Where metrics, the loss plot, checkpoints and the trained model go.
     #[arg(long, default_value = "workdir")]
@@ -91,7 +92,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     /// CPU threads in all (shared by the ranks; default: every core).
-    #[arg(long)]
+    #[arg(long, value_parser = check::threads)]
     pub threads: Option<usize>,
     /// Allow more ranks than cores (slow; for trying meshes on a small machine).
     #[arg(long)]
@@ -108,7 +109,7 @@ pub struct TrainArgs {
     pub overlap_grad_sync: bool,
     /// Seconds a collective waits for the other ranks before the run fails (or, over
     /// processes, the watchdog names the missing rank and aborts the job). Default 120.
-    #[arg(long)]
+    #[arg(long, value_parser = check::positive)]
     pub timeout: Option<f64>,
     /// Also write each rank's collective calls during the training steps, as JSON, to this
     /// path with `{rank}` replaced by the rank (e.g. `comm-{rank}.json`).
@@ -246,12 +247,12 @@ impl Job {
         let trainer = self.trainer(config);
         if let Some(why) = why {
             if leader {
-                println!("pjrt: every op runs as its own program ({why})");
+                crate::outln!("pjrt: every op runs as its own program ({why})");
             }
             return trainer;
         }
         if leader {
-            println!("pjrt: the training step is compiled into one program");
+            crate::outln!("pjrt: the training step is compiled into one program");
         }
         let (cfg, seed) = (self.cfg.clone(), self.seed);
         let compiler = redco_tpu::PjrtStepCompiler::new(
@@ -364,7 +365,7 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
         format!("{} ranks", a.backend)
     };
     if leader {
-        println!(
+        crate::outln!(
         "training {} ({} layers, hidden {}, {} heads, vocab {}) on mesh {mesh} of {ranks} for {steps} steps of {} x \
          {} tokens",
         a.preset.as_deref().unwrap_or("model"),
@@ -432,15 +433,15 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
     }
     let first = report.losses.first().copied().unwrap_or(f64::NAN);
     let last = report.losses.last().copied().unwrap_or(f64::NAN);
-    println!("\nloss {first:.4} -> {last:.4} over steps {}..{steps}", report.start_step + 1);
+    crate::outln!("\nloss {first:.4} -> {last:.4} over steps {}..{steps}", report.start_step + 1);
     if a.data.is_none() {
-        println!(
+        crate::outln!(
             "(the bundled corpus has an entropy of {:.4} nats per token: the best a model can do)",
             synthetic.corpus.entropy()
         );
     }
     if let Some(e) = redco_core::pipeline::metrics::read_metrics(&w).map_err(err)?.iter().rev().find_map(|m| m.eval) {
-        println!("held-out loss {e:.4}");
+        crate::outln!("held-out loss {e:.4}");
     }
     // the sample runs on this process alone
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -455,14 +456,14 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
         common::BackendKind::Pjrt => sample(&super::pjrt::backend(0, 1).map_err(err)?, &w, &tok, &a, &held_out),
     }
     .map_err(err)?;
-    println!("\nwrote:");
+    crate::outln!("\nwrote:");
     for (p, what) in [
         ("metrics.jsonl", "metrics, one JSON line per step"),
         ("loss.png", "loss and learning-rate plot"),
         ("checkpoints", "sharded checkpoints (resume with --resume)"),
         ("model.safetensors", "trained weights, Hugging Face layout (with config.json, tokenizer.json)"),
     ] {
-        println!("  {:<40} {what}", w.join(p).display());
+        crate::outln!("  {:<40} {what}", w.join(p).display());
     }
     Ok(())
 }
@@ -483,15 +484,15 @@ fn sample<B: Backend>(b: &B, w: &Path, tok: &Tokenizer, a: &TrainArgs, held_out:
         stop_tokens: tok.eos_id().map(i64::from).into_iter().collect(),
         pad_token: tok.padding_id() as i64,
     };
-    print!("\nsample: {} |", tok.decode(&prompt, true)?);
+    crate::out!("\nsample: {} |", tok.decode(&prompt, true)?);
     let g = generate(&model, &Tensor::from_vec(b, ids, [1, n])?, None, &cfg, |_, t| {
         if let Ok(s) = tok.decode(&[t[0] as u32], true) {
-            print!(" {s}");
+            crate::out!(" {s}");
             use std::io::Write;
             let _ = std::io::stdout().flush();
         }
     })?;
-    println!();
+    crate::outln!();
     let _ = g;
     Ok(())
 }

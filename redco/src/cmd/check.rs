@@ -1,0 +1,116 @@
+//! Parsers that validate numeric flags when they are read: a bad value is an error naming
+//! the flag (clap adds `--flag`) and what it accepts, never a run with a negative learning
+//! rate, a NaN clip norm or a silent fallback.
+
+/// Threads per core that `--threads` may ask for at most.
+pub const THREADS_PER_CORE: usize = 16;
+
+fn float(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if v.is_nan() {
+        return Err("NaN is not a value".into());
+    }
+    Ok(v)
+}
+
+fn whole(s: &str) -> Result<u64, String> {
+    s.trim().parse().map_err(|_| format!("`{s}` is not a whole number of at least 0"))
+}
+
+/// A finite number above 0.
+pub fn positive(s: &str) -> Result<f64, String> {
+    let v = float(s)?;
+    if v > 0.0 && v.is_finite() {
+        Ok(v)
+    } else {
+        Err(format!("{v} must be above 0 and finite"))
+    }
+}
+
+/// A finite number of at least 0.
+pub fn non_negative(s: &str) -> Result<f64, String> {
+    let v = float(s)?;
+    if v >= 0.0 && v.is_finite() {
+        Ok(v)
+    } else {
+        Err(format!("{v} must be at least 0 and finite"))
+    }
+}
+
+/// A number above 0, `inf` allowed (a limit that is off).
+pub fn positive_or_inf(s: &str) -> Result<f64, String> {
+    let v = float(s)?;
+    if v > 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("{v} must be above 0 (inf turns the limit off)"))
+    }
+}
+
+/// A probability mass in (0, 1].
+pub fn fraction(s: &str) -> Result<f64, String> {
+    let v = float(s)?;
+    if v > 0.0 && v <= 1.0 {
+        Ok(v)
+    } else {
+        Err(format!("{v} must be above 0 and at most 1"))
+    }
+}
+
+/// A whole number of at least 1.
+pub fn count(s: &str) -> Result<usize, String> {
+    let v = whole(s)?;
+    match usize::try_from(v) {
+        Ok(v) if v >= 1 => Ok(v),
+        _ => Err(format!("{v} must be at least 1")),
+    }
+}
+
+/// A whole number of at least 1, as u64.
+pub fn count_u64(s: &str) -> Result<u64, String> {
+    count(s).map(|v| v as u64)
+}
+
+/// A thread count: at least 1 and at most [`THREADS_PER_CORE`] per core of this machine.
+pub fn threads(s: &str) -> Result<usize, String> {
+    let v = count(s)?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let most = cores * THREADS_PER_CORE;
+    if v > most {
+        return Err(format!("{v} threads on {cores} cores: at most {most} ({THREADS_PER_CORE} per core)"));
+    }
+    Ok(v)
+}
+
+/// Beams of beam search: at least 1, at most 1024 (each beam holds its own KV cache).
+pub fn beams(s: &str) -> Result<usize, String> {
+    let v = count(s)?;
+    if v > 1024 {
+        return Err(format!("{v} beams: at most 1024 (each beam holds a KV cache of its own)"));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_values_are_refused_and_good_ones_kept() {
+        for bad in ["-1", "0", "nan", "NaN", "inf", "x", ""] {
+            assert!(positive(bad).is_err(), "{bad}");
+        }
+        assert_eq!(positive("3e-4"), Ok(3e-4));
+        assert!(non_negative("-0.5").is_err() && non_negative("inf").is_err());
+        assert_eq!(non_negative("0"), Ok(0.0));
+        assert!(positive_or_inf("nan").is_err() && positive_or_inf("0").is_err());
+        assert_eq!(positive_or_inf("inf"), Ok(f64::INFINITY));
+        assert!(fraction("1.5").is_err() && fraction("0").is_err());
+        assert_eq!(fraction("1"), Ok(1.0));
+        assert!(count("0").is_err() && count("-3").is_err() && count("1.5").is_err());
+        assert_eq!(count("7"), Ok(7));
+        assert!(threads("100000").unwrap_err().contains("at most"));
+        assert_eq!(threads("1"), Ok(1));
+        assert!(beams("0").is_err() && beams("1000000").is_err());
+    }
+}
