@@ -3,6 +3,7 @@
 //! crash mid-write leaves the previous checkpoint readable), pruned to the last N, and a
 //! consolidated export to one Hugging Face safetensors file.
 
+use super::integrity::FileSum;
 use crate::dist::{Comm, Mesh};
 use crate::nn::{Module, ModuleExt};
 use crate::optim::Optimizer;
@@ -24,10 +25,17 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let name = path.file_name().map_or_else(|| "file".into(), |f| f.to_string_lossy().to_string());
     let tmp = path.with_file_name(format!(".{name}.{}-{n}.part", std::process::id()));
-    let mut f = fs::File::create(&tmp).map_err(|e| io("cannot create", &tmp, e))?;
-    f.write_all(bytes).map_err(|e| io("cannot write", &tmp, e))?;
-    f.sync_all().map_err(|e| io("cannot sync", &tmp, e))?;
-    fs::rename(&tmp, path).map_err(|e| io("cannot rename", &tmp, e))?;
+    let written = (|| {
+        let mut f = fs::File::create(&tmp).map_err(|e| io("cannot create", &tmp, e))?;
+        f.write_all(bytes).map_err(|e| io("cannot write", &tmp, e))?;
+        f.sync_all().map_err(|e| io("cannot sync", &tmp, e))?;
+        fs::rename(&tmp, path).map_err(|e| io("cannot rename", &tmp, e))
+    })();
+    if written.is_err() {
+        // a failed write (a full disk) leaves nothing behind
+        let _ = fs::remove_file(&tmp);
+    }
+    written?;
     sync_dir(path.parent().unwrap_or(Path::new(".")));
     Ok(())
 }
@@ -109,6 +117,46 @@ pub struct Manifest {
     /// Other run state to restore (e.g. the f16 loss scale).
     #[serde(default)]
     pub extra: BTreeMap<String, String>,
+    /// File name -> its length and digest, for every rank's file (empty in checkpoints of
+    /// redco before checksums: those load unverified, with a warning).
+    #[serde(default)]
+    pub files: BTreeMap<String, FileSum>,
+}
+
+impl Manifest {
+    /// Reads `<dir>/manifest.json`.
+    pub fn read(dir: &Path) -> Result<Manifest> {
+        let mpath = dir.join("manifest.json");
+        serde_json::from_slice(&fs::read(&mpath).map_err(|e| io("cannot read", &mpath, e))?)
+            .map_err(|e| Error::invalid("checkpoint", format!("{} is not a valid manifest: {e}", mpath.display())))
+    }
+
+    /// Checks `data`, the contents of the checkpoint file `name` in `dir`, against the
+    /// recorded sum: an error names the file when it differs or is not listed.
+    pub fn verify(&self, dir: &Path, name: &str, data: &[u8]) -> Result<()> {
+        self.verify_sum(dir, name, || Ok(FileSum::of(data)))
+    }
+
+    /// Checks the checkpoint file `name` in `dir` as it is on disk (read in pieces).
+    pub fn verify_file(&self, dir: &Path, name: &str) -> Result<()> {
+        let path = dir.join(name);
+        self.verify_sum(dir, name, || FileSum::of_file(&path))
+    }
+
+    fn verify_sum(&self, dir: &Path, name: &str, found: impl FnOnce() -> Result<FileSum>) -> Result<()> {
+        let path = dir.join(name);
+        if self.files.is_empty() {
+            tracing::warn!(file = %path.display(), "this checkpoint has no checksums (written by an older redco): loaded unverified");
+            return Ok(());
+        }
+        match self.files.get(name) {
+            Some(want) => want.check(&found()?, &path),
+            None => Err(Error::invalid(
+                "checkpoint",
+                format!("{} is not listed in {}'s manifest", path.display(), dir.display()),
+            )),
+        }
+    }
 }
 
 fn placement_str(p: Placement) -> String {
@@ -160,7 +208,8 @@ impl Checkpointer {
         let tmp = self.dir.join(format!("step-{step:08}.tmp"));
         fs::create_dir_all(&tmp).map_err(|e| io("cannot create", &tmp, e))?;
         let mut tensors = Vec::new();
-        let mut manifest = Manifest { step, mesh: mesh.to_string(), params: BTreeMap::new(), extra };
+        let mut manifest =
+            Manifest { step, mesh: mesh.to_string(), params: BTreeMap::new(), extra, files: BTreeMap::new() };
         for (name, p) in model.named_parameters() {
             tensors.push((format!("param/{name}"), p.local_to_host()?, p.local_shape().dims().to_vec()));
             manifest.params.insert(name, (p.dims().to_vec(), placement_str(p.placements().get(crate::MeshAxis::Mp))));
@@ -169,12 +218,25 @@ impl Checkpointer {
             tensors.push((format!("opt/{key}"), t.local_to_host()?, t.local_shape().dims().to_vec()));
         }
         let meta = BTreeMap::from([("opt_steps".to_string(), opt.steps().to_string())]);
-        write_atomic(&tmp.join(format!("rank-{rank}.safetensors")), &safetensors_bytes(&tensors, meta)?)?;
+        let bytes = safetensors_bytes(&tensors, meta)?;
+        drop(tensors);
+        // each rank records its file's sum beside it; rank 0 gathers them into the manifest
+        let sum = serde_json::to_vec(&FileSum::of(&bytes)).map_err(|e| Error::invalid("checkpoint", e.to_string()))?;
+        write_atomic(&tmp.join(format!("rank-{rank}.safetensors")), &bytes)?;
+        drop(bytes);
+        write_atomic(&tmp.join(format!("rank-{rank}.sum")), &sum)?;
         if let Some(c) = comm {
             c.barrier()?;
         }
         let fin = self.step_dir(step);
         if rank == 0 {
+            for r in 0..mesh.size() {
+                let sp = tmp.join(format!("rank-{r}.sum"));
+                let sum: FileSum = serde_json::from_slice(&fs::read(&sp).map_err(|e| io("cannot read", &sp, e))?)
+                    .map_err(|e| Error::invalid("checkpoint", format!("{}: {e}", sp.display())))?;
+                manifest.files.insert(format!("rank-{r}.safetensors"), sum);
+                fs::remove_file(&sp).map_err(|e| io("cannot remove", &sp, e))?;
+            }
             let m = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::invalid("checkpoint", e.to_string()))?;
             write_atomic(&tmp.join("manifest.json"), &m)?;
             if fin.exists() {
@@ -258,9 +320,7 @@ impl Checkpointer {
         opt: &mut dyn Optimizer<B>,
     ) -> Result<u64> {
         let (rank, mesh) = comm.map_or((0, Mesh::single()), |c| (c.rank(), c.mesh()));
-        let mpath = dir.join("manifest.json");
-        let manifest: Manifest = serde_json::from_slice(&fs::read(&mpath).map_err(|e| io("cannot read", &mpath, e))?)
-            .map_err(|e| Error::invalid("checkpoint", format!("{}: {e}", mpath.display())))?;
+        let manifest = Manifest::read(dir)?;
         if manifest.mesh != mesh.to_string() {
             return Err(Error::invalid(
                 "checkpoint",
@@ -295,8 +355,10 @@ impl Checkpointer {
                 format!("{} is from another model: {}", dir.display(), diffs.join("; ")),
             ));
         }
-        let fpath = dir.join(format!("rank-{rank}.safetensors"));
+        let fname = format!("rank-{rank}.safetensors");
+        let fpath = dir.join(&fname);
         let bytes = fs::read(&fpath).map_err(|e| io("cannot read", &fpath, e))?;
+        manifest.verify(dir, &fname, &bytes)?;
         let st = safetensors::SafeTensors::deserialize(&bytes)
             .map_err(|e| Error::invalid("checkpoint", format!("{}: {e}", fpath.display())))?;
         let get = |key: &str| -> Result<(HostData, Shape)> {
@@ -355,10 +417,7 @@ impl Checkpointer {
 
     /// The extra run state recorded in checkpoint `dir`.
     pub fn extra(&self, dir: &Path) -> Result<BTreeMap<String, String>> {
-        let mpath = dir.join("manifest.json");
-        let m: Manifest = serde_json::from_slice(&fs::read(&mpath).map_err(|e| io("cannot read", &mpath, e))?)
-            .map_err(|e| Error::invalid("checkpoint", format!("{}: {e}", mpath.display())))?;
-        Ok(m.extra)
+        Ok(Manifest::read(dir)?.extra)
     }
 }
 

@@ -7,15 +7,19 @@ pub mod checkpoint;
 pub mod compiled;
 pub mod data;
 mod deployer;
+pub mod integrity;
 pub mod metrics;
 pub mod plot;
 mod predictor;
 pub mod synthetic;
+mod train_config;
 mod trainer;
+pub mod workdir;
 
 pub use deployer::{Deployer, MakeBackend, StepCtx};
 pub use predictor::Predictor;
-pub use trainer::{FitReport, NanPolicy, OptimizerConfig, TrainConfig, Trainer};
+pub use train_config::{NanPolicy, OptimizerConfig, TrainConfig};
+pub use trainer::{FitReport, Trainer};
 
 use crate::Tensor;
 use std::collections::BTreeMap;

@@ -10,6 +10,8 @@ use super::checkpoint::{export_safetensors, Checkpointer};
 use super::compiled::{pull_state, push_state, CompiledStep, StepCompiler, StepInputs};
 use super::data::Dataset;
 use super::metrics::{MetricsLog, StepMetrics};
+use super::train_config::{NanPolicy, OptimizerConfig, TrainConfig};
+use super::workdir::{self, WorkdirLock};
 use super::{Batch, Deployer, StepCtx};
 use crate::cpu::Cpu;
 use crate::dist::data_parallel::DEFAULT_BUCKET_BYTES;
@@ -18,111 +20,11 @@ use crate::dist::trace::plan_from_trace;
 use crate::dist::{CommStats, ShardPlan};
 use crate::nn::{Module, ModuleExt};
 use crate::ops::random::mix64;
-use crate::optim::{AdamW, AdamWConfig, Decay, Optimizer, Schedule, Sgd};
 use crate::{Backend, DType, Error, GradStore, MeshAxis, Result, Tensor};
 use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// What to do with a non-finite loss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NanPolicy {
-    /// Stop with an error naming the step and the examples (the default).
-    Error,
-    /// Skip the optimizer step and go on.
-    Skip,
-}
-
-/// Which optimizer the trainer steps.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum OptimizerConfig {
-    /// AdamW (optionally with ZeRO-1).
-    AdamW(AdamWConfig),
-    /// SGD with momentum and decoupled weight decay.
-    Sgd {
-        /// Momentum (0 for plain SGD).
-        momentum: f64,
-        /// Decoupled weight decay.
-        weight_decay: f64,
-    },
-}
-
-impl OptimizerConfig {
-    fn zero1(&self) -> bool {
-        matches!(self, OptimizerConfig::AdamW(c) if c.zero1)
-    }
-    fn build<B: Backend>(&self) -> Box<dyn Optimizer<B>> {
-        match *self {
-            OptimizerConfig::AdamW(c) => Box::new(AdamW::new(c)),
-            OptimizerConfig::Sgd { momentum, weight_decay } => Box::new(Sgd::new(0.0, momentum, weight_decay)),
-        }
-    }
-}
-
-/// Training options.
-#[derive(Debug, Clone)]
-pub struct TrainConfig {
-    /// Examples per micro-batch (global: split over `dp`).
-    pub batch_size: usize,
-    /// Micro-batches per optimizer step.
-    pub accumulate: usize,
-    /// Optimizer steps.
-    pub steps: u64,
-    /// Learning rate per optimizer step.
-    pub schedule: Schedule,
-    /// The optimizer (its learning rate is replaced by the schedule's).
-    pub optimizer: OptimizerConfig,
-    /// Clip the global gradient norm to this value.
-    pub clip_norm: Option<f64>,
-    /// Checkpoint every N optimizer steps (and at the end).
-    pub checkpoint_every: Option<u64>,
-    /// Also checkpoint at the step where an epoch of the data ends.
-    pub checkpoint_at_epoch_end: bool,
-    /// Complete checkpoints to keep (0: all).
-    pub keep_last: usize,
-    /// Non-finite losses.
-    pub nan: NanPolicy,
-    /// Print a progress line every N steps (when not on a terminal).
-    pub log_every: u64,
-    /// The batch entry whose elements count as tokens for tokens/s.
-    pub tokens_key: Option<String>,
-    /// Compute dtype: `F32`, or `BF16`/`F16` for mixed precision (half-precision
-    /// parameters and activations, f32 master weights and optimizer state; f16 with
-    /// dynamic loss scaling).
-    pub compute_dtype: DType,
-    /// f16 only: initial loss scale, and the number of overflow-free steps after which it
-    /// doubles (it halves, and the step is skipped, when gradients overflow).
-    pub loss_scale: (f64, u64),
-    /// f32 data parallelism: start each gradient bucket's all-reduce during backward, as
-    /// soon as its gradients are complete, instead of after it (the same sums). It pays
-    /// where a core is free to move data while the others compute; on a host whose cores
-    /// all compute it costs more than it saves (measured on 2 cores over MPI: the step
-    /// 15% slower), so it is off by default.
-    pub overlap_grad_sync: bool,
-}
-
-impl Default for TrainConfig {
-    fn default() -> Self {
-        TrainConfig {
-            batch_size: 8,
-            accumulate: 1,
-            steps: 100,
-            schedule: Schedule { peak: 1e-3, warmup: 0, total: 100, decay: Decay::Constant },
-            optimizer: OptimizerConfig::AdamW(AdamWConfig::default()),
-            clip_norm: Some(1.0),
-            checkpoint_every: None,
-            checkpoint_at_epoch_end: true,
-            keep_last: 2,
-            nan: NanPolicy::Error,
-            log_every: 10,
-            tokens_key: Some("input_ids".into()),
-            compute_dtype: DType::F32,
-            loss_scale: (65536.0, 200),
-            overlap_grad_sync: false,
-        }
-    }
-}
 
 /// The result of [`Trainer::fit`].
 #[derive(Debug, Clone)]
@@ -416,7 +318,17 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
             None => None,
         };
         let ckpt = Checkpointer::new(&dep.workdir, cfg.keep_last);
-        let resume_from = if resume { ckpt.latest()? } else { None };
+        // the first process owns the workdir for the whole run
+        let leader = dep.world().rank == 0;
+        let _lock = if leader { Some(WorkdirLock::acquire(&dep.workdir)?) } else { None };
+        let resume_from = if resume { workdir::resume_target(&ckpt, cfg.resume_from.as_deref())? } else { None };
+        if leader {
+            match &resume_from {
+                None if !resume => workdir::prepare_fresh(&dep.workdir, &ckpt, cfg.overwrite)?,
+                None => workdir::truncate_metrics(&dep.workdir, 0)?,
+                Some(_) => workdir::remove_partial(&ckpt)?,
+            }
+        }
         let host = dep.world().host;
         let results = dep.run(|rk| {
             let comm = Some(&rk.comm);
@@ -452,12 +364,14 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
             let mut start = 0;
             let f16 = cfg.compute_dtype == DType::F16;
             let (mut scale, mut good) = (if f16 { cfg.loss_scale.0 } else { 1.0 }, 0u64);
-            if let Some((_, dir)) = &resume_from {
-                start = ckpt.load(comm, dir, &mut masters, opt.as_mut())?;
+            if let Some((step, dir)) = &resume_from {
+                let extra = ckpt.extra(dir)?;
+                workdir::check_identity(dir, &extra, &cfg.identity)?;
+                start = ckpt.load(comm, dir, &mut masters, opt.as_mut()).map_err(|e| workdir::with_older_hint(e, &ckpt, *step))?;
                 if rk.rank == 0 {
                     tracing::info!(step = start, dir = %dir.display(), "resumed from checkpoint");
+                    workdir::truncate_metrics(&dep.workdir, start)?;
                 }
-                let extra = ckpt.extra(dir)?;
                 if let (Some(s), Some(g)) = (extra.get("loss_scale"), extra.get("good_steps")) {
                     scale = s.parse().unwrap_or(scale);
                     good = g.parse().unwrap_or(0);
@@ -658,7 +572,8 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
                 let n = data.len() as u64;
                 let epoch_end = cfg.checkpoint_at_epoch_end && (done * per_step) / n > (step * per_step) / n;
                 if better || epoch_end || cfg.checkpoint_every.is_some_and(|n| done.is_multiple_of(n)) || done == cfg.steps {
-                    let extra = BTreeMap::from([("loss_scale".to_string(), scale.to_string()), ("good_steps".to_string(), good.to_string())]);
+                    let mut extra = BTreeMap::from([("loss_scale".to_string(), scale.to_string()), ("good_steps".to_string(), good.to_string())]);
+                    extra.extend(workdir::identity_entries(&cfg.identity));
                     let path = ckpt.save_with(comm, done, &masters, opt.as_ref(), extra)?;
                     if rk.rank == 0 {
                         tracing::info!(step = done, path = %path.display(), best = better, "checkpoint saved");

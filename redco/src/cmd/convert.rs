@@ -109,12 +109,7 @@ fn step_dir(input: &Path) -> Result<PathBuf> {
 fn to_hf(a: &ConvertArgs) -> Result<PathBuf> {
     let dtype = common::dtype(&a.dtype).map_err(|e| Error::invalid("convert", e))?;
     let dir = step_dir(&a.input)?;
-    let mpath = dir.join("manifest.json");
-    let manifest: Manifest = serde_json::from_slice(
-        &std::fs::read(&mpath)
-            .map_err(|e| Error::invalid("convert", format!("cannot read {}: {e}", mpath.display())))?,
-    )
-    .map_err(|e| Error::invalid("convert", format!("{}: {e}", mpath.display())))?;
+    let manifest = Manifest::read(&dir)?;
     let mesh: Mesh = manifest.mesh.parse()?;
     // the configuration lives in the workdir (two levels up from step-*) or beside the input
     let cfg_dir = [a.input.clone(), dir.join("../.."), dir.clone()]
@@ -124,7 +119,11 @@ fn to_hf(a: &ConvertArgs) -> Result<PathBuf> {
     let cfg = HfConfig::from_dir(&cfg_dir)?;
     // model-parallel slices live in the files of the ranks with data-parallel index 0
     let files: Vec<Checkpoint> = (0..mesh.mp)
-        .map(|i| Checkpoint::open(&dir.join(format!("rank-{}.safetensors", mesh.rank_of(0, i)))))
+        .map(|i| {
+            let name = format!("rank-{}.safetensors", mesh.rank_of(0, i));
+            manifest.verify_file(&dir, &name)?;
+            Checkpoint::open(&dir.join(name))
+        })
         .collect::<Result<_>>()?;
     let b = Cpu::try_new(1)?;
     let mut params = BTreeMap::new();

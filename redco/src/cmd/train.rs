@@ -8,7 +8,10 @@ use super::check;
 use super::common;
 use clap::Args;
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
+use redco_core::pipeline::checkpoint::Checkpointer;
 use redco_core::pipeline::data::{Dataset, JsonlDataset};
+use redco_core::pipeline::integrity::FileSum;
+use redco_core::pipeline::workdir::{self, WorkdirLock};
 use redco_core::pipeline::{Batch, Deployer, OptimizerConfig, StepCtx, TrainConfig, Trainer};
 use redco_core::{Backend, DType, Error, Result, Tensor};
 use redco_models::auto::AutoModel;
@@ -16,6 +19,7 @@ use redco_models::generate::{generate, GenerationConfig, Sampling};
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::tokenizer::Tokenizer;
 use redco_models::presets::{self, SyntheticText};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Arguments of `redco train`.
@@ -85,9 +89,19 @@ pub struct TrainArgs {
     /// Where metrics, the loss plot, checkpoints and the trained model go.
     #[arg(long, default_value = "workdir")]
     pub workdir: PathBuf,
-    /// Continue from the newest checkpoint in the workdir.
+    /// Continue from the newest checkpoint in the workdir (refused when it is corrupt, or
+    /// when the seed, data, model, dtype, sequence length or vocabulary differ from the run
+    /// that wrote it).
     #[arg(long)]
     pub resume: bool,
+    /// Continue from this checkpoint of the workdir (a `checkpoints/step-*` directory)
+    /// instead of the newest, e.g. an older one when the newest is corrupt.
+    #[arg(long, value_name = "DIR")]
+    pub resume_from: Option<PathBuf>,
+    /// Replace an earlier run in the workdir (its checkpoints and metrics); without it, a
+    /// run that does not resume refuses a workdir that holds one.
+    #[arg(long, conflicts_with_all = ["resume", "resume_from"])]
+    pub overwrite: bool,
     /// Random seed (weights, data order, dropout).
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -264,6 +278,52 @@ impl Job {
     }
 }
 
+/// What makes this run this run, checked when it is resumed: the seed (it also generates
+/// the bundled corpus), the data and its digest, the model, the dtype and the sequence
+/// length (the vocabulary is added once the tokenizer is read).
+fn run_identity(a: &TrainArgs) -> std::result::Result<BTreeMap<String, String>, String> {
+    let model = match (&a.preset, &a.model) {
+        (Some(p), _) => format!("preset {p}"),
+        (None, Some(m)) => m.canonicalize().unwrap_or_else(|_| m.clone()).display().to_string(),
+        (None, None) => String::new(),
+    };
+    let data = match &a.data {
+        Some(p) => {
+            let sum = FileSum::of_file(p).map_err(err)?;
+            format!("{} ({} bytes, xxh3 {})", p.display(), sum.bytes, sum.xxh3)
+        }
+        None => "the bundled synthetic corpus".into(),
+    };
+    Ok(BTreeMap::from([
+        ("seed".to_string(), a.seed.to_string()),
+        ("model".to_string(), model),
+        ("data".to_string(), data),
+        ("dtype".to_string(), a.dtype.clone()),
+        ("seq_len".to_string(), a.seq_len.to_string()),
+    ]))
+}
+
+/// Before anything is written into the workdir: a run that resumes must be the run that
+/// wrote the checkpoint (its identity, the vocabulary aside, which is checked by the
+/// trainer); one that does not must not replace an earlier run unless `--overwrite`.
+fn claim_workdir(
+    a: &TrainArgs,
+    w: &Path,
+    resume: bool,
+    identity: &BTreeMap<String, String>,
+) -> std::result::Result<(), String> {
+    let ckpt = Checkpointer::new(w, 0);
+    if !resume {
+        return workdir::prepare_fresh(w, &ckpt, a.overwrite).map_err(err);
+    }
+    if let Some((_, dir)) = workdir::resume_target(&ckpt, a.resume_from.as_deref()).map_err(err)? {
+        let mut recorded = ckpt.extra(&dir).map_err(err)?;
+        recorded.remove(&format!("{}vocab", workdir::IDENTITY_PREFIX));
+        workdir::check_identity(&dir, &recorded, identity).map_err(err)?;
+    }
+    Ok(())
+}
+
 fn err(e: Error) -> String {
     e.to_string()
 }
@@ -283,6 +343,14 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
     let w = a.workdir.clone();
     // under a launcher, rank 0's process prints and writes the run's files
     let leader = super::launch::is_leader();
+    let resume = a.resume || a.resume_from.is_some();
+    // the workdir is this run's from here on (the trainer shares this lock), and nothing in
+    // it is written before the run is known to be allowed there
+    let _lock = if leader { Some(WorkdirLock::acquire(&w).map_err(err)?) } else { None };
+    let mut identity = run_identity(&a)?;
+    if leader {
+        claim_workdir(&a, &w, resume, &identity)?;
+    }
 
     // model configuration, tokenizer and data
     let synthetic = SyntheticText::new(64, a.seq_len, a.seed ^ 0x5157);
@@ -305,6 +373,7 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
         return Err("redco train runs decoder-only models (LLaMA, GPT-J, OPT); T5 training is not supported by this command yet".into());
     }
     let tok = Tokenizer::from_dir(&tok_dir).map_err(err)?;
+    identity.insert("vocab".into(), tok.vocab_size().to_string());
     let (train, held_out): (Box<dyn Dataset<Vec<i64>> + Send>, Vec<Vec<i64>>) = match &a.data {
         Some(path) => {
             let mut seqs = pack_jsonl(path, &a.text_field, &tok, a.seq_len + 1).map_err(err)?;
@@ -348,6 +417,9 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
         compute_dtype: compute,
         tokens_key: Some("input_ids".into()),
         overlap_grad_sync: a.overlap_grad_sync,
+        resume_from: a.resume_from.clone(),
+        identity,
+        overwrite: a.overwrite,
         ..Default::default()
     };
 
@@ -385,7 +457,7 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
             if let Some(t) = a.timeout {
                 dep.opts.timeout = std::time::Duration::from_secs_f64(t);
             }
-            job.trainer(config).fit(&dep, train.as_ref(), a.resume)
+            job.trainer(config).fit(&dep, train.as_ref(), resume)
         }
         // one device per rank
         #[cfg(feature = "wgpu")]
@@ -397,7 +469,7 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
             if let Some(t) = a.timeout {
                 dep.opts.timeout = std::time::Duration::from_secs_f64(t);
             }
-            job.trainer(config).fit(&dep, train.as_ref(), a.resume)
+            job.trainer(config).fit(&dep, train.as_ref(), resume)
         }
         // one device of the plugin's client per rank
         #[cfg(feature = "tpu")]
@@ -410,7 +482,7 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
             if let Some(t) = a.timeout {
                 dep.opts.timeout = std::time::Duration::from_secs_f64(t);
             }
-            job.pjrt_trainer(config, a.eager, dep.opts.timeout, leader).fit(&dep, train.as_ref(), a.resume)
+            job.pjrt_trainer(config, a.eager, dep.opts.timeout, leader).fit(&dep, train.as_ref(), resume)
         }
     }
     .map_err(err)?;

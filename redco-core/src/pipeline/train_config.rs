@@ -1,0 +1,119 @@
+//! The [`Trainer`](super::Trainer)'s options: the optimizer, the schedule, checkpoints,
+//! mixed precision, and how a run relates to its workdir (resume, overwrite, identity).
+
+use crate::optim::{AdamW, AdamWConfig, Decay, Optimizer, Schedule, Sgd};
+use crate::{Backend, DType};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// What to do with a non-finite loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NanPolicy {
+    /// Stop with an error naming the step and the examples (the default).
+    Error,
+    /// Skip the optimizer step and go on.
+    Skip,
+}
+
+/// Which optimizer the trainer steps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OptimizerConfig {
+    /// AdamW (optionally with ZeRO-1).
+    AdamW(AdamWConfig),
+    /// SGD with momentum and decoupled weight decay.
+    Sgd {
+        /// Momentum (0 for plain SGD).
+        momentum: f64,
+        /// Decoupled weight decay.
+        weight_decay: f64,
+    },
+}
+
+impl OptimizerConfig {
+    pub(crate) fn zero1(&self) -> bool {
+        matches!(self, OptimizerConfig::AdamW(c) if c.zero1)
+    }
+    pub(crate) fn build<B: Backend>(&self) -> Box<dyn Optimizer<B>> {
+        match *self {
+            OptimizerConfig::AdamW(c) => Box::new(AdamW::new(c)),
+            OptimizerConfig::Sgd { momentum, weight_decay } => Box::new(Sgd::new(0.0, momentum, weight_decay)),
+        }
+    }
+}
+
+/// Training options.
+#[derive(Debug, Clone)]
+pub struct TrainConfig {
+    /// Examples per micro-batch (global: split over `dp`).
+    pub batch_size: usize,
+    /// Micro-batches per optimizer step.
+    pub accumulate: usize,
+    /// Optimizer steps.
+    pub steps: u64,
+    /// Learning rate per optimizer step.
+    pub schedule: Schedule,
+    /// The optimizer (its learning rate is replaced by the schedule's).
+    pub optimizer: OptimizerConfig,
+    /// Clip the global gradient norm to this value.
+    pub clip_norm: Option<f64>,
+    /// Checkpoint every N optimizer steps (and at the end).
+    pub checkpoint_every: Option<u64>,
+    /// Also checkpoint at the step where an epoch of the data ends.
+    pub checkpoint_at_epoch_end: bool,
+    /// Complete checkpoints to keep (0: all).
+    pub keep_last: usize,
+    /// Non-finite losses.
+    pub nan: NanPolicy,
+    /// Print a progress line every N steps (when not on a terminal).
+    pub log_every: u64,
+    /// The batch entry whose elements count as tokens for tokens/s.
+    pub tokens_key: Option<String>,
+    /// Compute dtype: `F32`, or `BF16`/`F16` for mixed precision (half-precision
+    /// parameters and activations, f32 master weights and optimizer state; f16 with
+    /// dynamic loss scaling).
+    pub compute_dtype: DType,
+    /// f16 only: initial loss scale, and the number of overflow-free steps after which it
+    /// doubles (it halves, and the step is skipped, when gradients overflow).
+    pub loss_scale: (f64, u64),
+    /// f32 data parallelism: start each gradient bucket's all-reduce during backward, as
+    /// soon as its gradients are complete, instead of after it (the same sums). It pays
+    /// where a core is free to move data while the others compute; on a host whose cores
+    /// all compute it costs more than it saves (measured on 2 cores over MPI: the step
+    /// 15% slower), so it is off by default.
+    pub overlap_grad_sync: bool,
+    /// With `fit(.., resume = true)`: resume from this checkpoint directory (a `step-*`
+    /// directory of the workdir) instead of the newest one, e.g. an older verified one when
+    /// the newest is refused as corrupt.
+    pub resume_from: Option<PathBuf>,
+    /// What makes this run this run (e.g. seed, data file and digest, model, dtype,
+    /// vocabulary): recorded in every checkpoint; resuming requires every key to match.
+    pub identity: BTreeMap<String, String>,
+    /// Whether a run that does not resume may replace an earlier run in its workdir (its
+    /// checkpoints and metrics); if false, such a run is refused.
+    pub overwrite: bool,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            batch_size: 8,
+            accumulate: 1,
+            steps: 100,
+            schedule: Schedule { peak: 1e-3, warmup: 0, total: 100, decay: Decay::Constant },
+            optimizer: OptimizerConfig::AdamW(AdamWConfig::default()),
+            clip_norm: Some(1.0),
+            checkpoint_every: None,
+            checkpoint_at_epoch_end: true,
+            keep_last: 2,
+            nan: NanPolicy::Error,
+            log_every: 10,
+            tokens_key: Some("input_ids".into()),
+            compute_dtype: DType::F32,
+            loss_scale: (65536.0, 200),
+            overlap_grad_sync: false,
+            resume_from: None,
+            identity: BTreeMap::new(),
+            overwrite: false,
+        }
+    }
+}
