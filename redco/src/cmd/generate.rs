@@ -17,6 +17,7 @@ use std::path::PathBuf;
 
 /// Arguments of `redco generate`.
 #[derive(Args)]
+#[command(allow_negative_numbers = true)]
 pub struct GenerateArgs {
     /// Hugging Face model directory (LLaMA, GPT-J or OPT: config.json, safetensors,
     /// tokenizer.json), e.g. a

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 
 /// Arguments of `redco train`.
 #[derive(Args)]
+#[command(allow_negative_numbers = true)]
 pub struct TrainArgs {
     /// Built-in model: llama-tiny (4 layers, hidden 128; minutes on two cores) or llama-small
     /// (6 layers, hidden 512). Starts from random weights.

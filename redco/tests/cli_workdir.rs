@@ -1,0 +1,152 @@
+//! A workdir as a careless user treats it, and the command line's bad values and closed
+//! outputs: every case ends with a clear message naming the culprit and exit code 2, or
+//! succeeds, and none panics or silently replaces data.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn redco(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_redco")).args(args).output().expect("run redco");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("redco-cli-workdir-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn train(w: &Path, extra: &[&str]) -> (i32, String, String) {
+    let mut a = vec!["train", "--preset", "llama-tiny", "--batch-size", "4", "--seq-len", "16", "--threads", "2"];
+    a.extend(["--workdir", s(w)]);
+    a.extend(extra);
+    redco(&a)
+}
+
+fn steps(w: &Path) -> Vec<u64> {
+    std::fs::read_to_string(w.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_workdir_keeps_its_run_refuses_strangers_and_corrupt_checkpoints() {
+    let w = tmp("own");
+    let (code, out, err) = train(&w, &["--steps", "6", "--checkpoint-every", "2"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let model = std::fs::read(w.join("model.safetensors")).unwrap();
+
+    // a second fresh run into it: refused, and the first run's files are untouched
+    let (code, _, err) = train(&w, &["--steps", "3"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("earlier run") && err.contains("--overwrite") && err.contains(s(&w)), "{err}");
+    assert_eq!(std::fs::read(w.join("model.safetensors")).unwrap(), model);
+    assert_eq!(steps(&w), (1..=6).collect::<Vec<_>>());
+
+    // while another process holds the workdir: refused, naming it
+    let lock = std::fs::File::options().read(true).write(true).open(w.join(".redco.lock")).unwrap();
+    lock.try_lock().unwrap();
+    let (code, _, err) = train(&w, &["--steps", "8", "--resume"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("in use"), "{err}");
+    drop(lock);
+
+    // resuming with another seed (it also generates the bundled corpus) or dtype: refused
+    for (flag, value, says) in [("--seed", "7", "seed was 42, is now 7"), ("--dtype", "bf16", "dtype was f32, is now bf16")] {
+        let (code, _, err) = train(&w, &["--steps", "8", "--resume", flag, value]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(says) && err.contains("step-00000006"), "{err}");
+    }
+
+    // one flipped bit in the newest shard: refused on resume and on convert, naming the file
+    let shard = w.join("checkpoints/step-00000006/rank-0.safetensors");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&shard, &bytes).unwrap();
+    let (code, _, err) = train(&w, &["--steps", "8", "--resume"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("rank-0.safetensors is corrupt") && err.contains("step-00000004"), "{err}");
+    let out_dir = tmp("own-hf");
+    let (code, _, err) = redco(&["convert", "--to", "hf", "--input", s(&w), "--out", s(&out_dir)]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("rank-0.safetensors is corrupt"), "{err}");
+    assert!(!out_dir.join("model.safetensors").exists());
+
+    // the user picks the older verified one: it resumes, and the metrics of the re-run
+    // steps appear once
+    let older = w.join("checkpoints/step-00000004");
+    let (code, out, err) = train(&w, &["--steps", "8", "--resume-from", s(&older)]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(steps(&w), (1..=8).collect::<Vec<_>>());
+    // and --overwrite replaces the run
+    let (code, out, err) = train(&w, &["--steps", "2", "--overwrite"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(steps(&w), vec![1, 2]);
+    let _ = std::fs::remove_dir_all(&w);
+}
+
+#[test]
+fn bad_numeric_flags_are_refused_naming_the_flag() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["train", "--lr=-1"], "--lr"),
+        (&["train", "--lr", "nan"], "--lr"),
+        (&["train", "--steps", "0"], "--steps"),
+        (&["train", "--epochs", "0"], "--epochs"),
+        (&["train", "--batch-size", "0"], "--batch-size"),
+        (&["train", "--seq-len", "0"], "--seq-len"),
+        (&["train", "--clip-norm", "nan"], "--clip-norm"),
+        (&["train", "--clip-norm", "-1"], "--clip-norm"),
+        (&["train", "--weight-decay=-0.1"], "--weight-decay"),
+        (&["train", "--checkpoint-every", "0"], "--checkpoint-every"),
+        (&["train", "--threads", "100000"], "--threads"),
+        (&["train", "--threads", "0"], "--threads"),
+        (&["train", "--timeout", "inf"], "--timeout"),
+        (&["generate", "--model", "m", "--temperature=-1"], "--temperature"),
+        (&["generate", "--model", "m", "--num-beams", "0"], "--num-beams"),
+        (&["generate", "--model", "m", "--num-beams", "1000000"], "--num-beams"),
+        (&["generate", "--model", "m", "--top-p", "1.5"], "--top-p"),
+        (&["generate", "--model", "m", "--top-k", "0"], "--top-k"),
+        (&["plan", "--model", "m", "--seq", "0"], "--seq"),
+        (&["plan", "--model", "m", "--batch", "0"], "--batch"),
+        (&["eval-dump", "--model", "m", "--threads", "0"], "--threads"),
+    ];
+    for (args, flag) in cases {
+        let (code, _, err) = redco(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(flag) && !err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn a_closed_or_full_stdout_is_not_a_panic() {
+    // stdout closed by its reader before anything is written: the command still succeeds
+    let mut child = Command::new(env!("CARGO_BIN_EXE_redco"))
+        .arg("info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    // a full disk: a one-line error and exit code 2
+    if let Ok(full) = std::fs::File::options().write(true).open("/dev/full") {
+        let out = Command::new(env!("CARGO_BIN_EXE_redco")).arg("info").stdout(full).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("cannot write to stdout") && !err.contains("panicked"), "{err}");
+    }
+}
