@@ -62,7 +62,9 @@ fn a_workdir_keeps_its_run_refuses_strangers_and_corrupt_checkpoints() {
     drop(lock);
 
     // resuming with another seed (it also generates the bundled corpus) or dtype: refused
-    for (flag, value, says) in [("--seed", "7", "seed was 42, is now 7"), ("--dtype", "bf16", "dtype was f32, is now bf16")] {
+    for (flag, value, says) in
+        [("--seed", "7", "seed was 42, is now 7"), ("--dtype", "bf16", "dtype was f32, is now bf16")]
+    {
         let (code, _, err) = train(&w, &["--steps", "8", "--resume", flag, value]);
         assert_eq!(code, 2, "{err}");
         assert!(err.contains(says) && err.contains("step-00000006"), "{err}");
@@ -149,4 +151,48 @@ fn a_closed_or_full_stdout_is_not_a_panic() {
         assert_eq!(out.status.code(), Some(2), "{err}");
         assert!(err.contains("cannot write to stdout") && !err.contains("panicked"), "{err}");
     }
+}
+
+#[test]
+fn absurd_sizes_and_wrong_types_are_refused_before_anything_is_allocated() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/llama-tiny");
+    let base: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("config.json")).unwrap()).unwrap();
+    let d = tmp("sizes");
+    std::fs::create_dir_all(&d).unwrap();
+    let cases: &[(&str, serde_json::Value, &str)] = &[
+        ("num_hidden_layers", serde_json::json!(1_000_000_000u64), "`num_hidden_layers` = 1000000000"),
+        ("vocab_size", serde_json::json!(1u64 << 40), "`vocab_size`"),
+        ("hidden_size", serde_json::json!("32"), "`hidden_size` is \"32\": expected a whole number"),
+        ("rms_norm_eps", serde_json::json!("x"), "`rms_norm_eps` is \"x\": expected a finite number"),
+        ("tie_word_embeddings", serde_json::json!(1), "`tie_word_embeddings` is 1: expected true or false"),
+        ("num_key_value_heads", serde_json::json!(3), "`num_key_value_heads` = 3"),
+        (
+            "rope_scaling",
+            serde_json::json!({"type": "yarn", "factor": 4.0}),
+            "`rope_scaling` of type `yarn` is not supported",
+        ),
+    ];
+    for (key, value, says) in cases {
+        let mut c = base.clone();
+        c[*key] = value.clone();
+        std::fs::write(d.join("config.json"), c.to_string()).unwrap();
+        let (code, _, err) = redco(&["plan", "--model", s(&d)]);
+        assert_eq!(code, 2, "{key}: {err}");
+        assert!(err.contains(says), "{key}: {err}");
+    }
+    let (code, _, err) = redco(&["plan", "--model", s(&fixture), "--seq", "1000000000"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--seq") && err.contains("context"), "{err}");
+    let w = tmp("sizes-train");
+    let t =
+        |flag: &str, v: &str| redco(&["train", "--preset", "llama-tiny", "--steps", "1", "--workdir", s(&w), flag, v]);
+    let (code, _, err) = t("--batch-size", "1000000000");
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--batch-size 1000000000") && err.contains("needs about"), "{err}");
+    let (code, _, err) = t("--seq-len", "1000000000");
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--seq-len 1000000000") && err.contains("context"), "{err}");
+    let _ = std::fs::remove_dir_all(&d);
+    let _ = std::fs::remove_dir_all(&w);
 }

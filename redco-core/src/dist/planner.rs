@@ -52,9 +52,9 @@ pub struct Memory {
 }
 
 impl Memory {
-    /// The sum.
+    /// The sum (at most `u64::MAX`: sizes that large are refused by whoever reports them).
     pub fn total(&self) -> u64 {
-        self.params + self.grads + self.optimizer + self.activations
+        self.params.saturating_add(self.grads).saturating_add(self.optimizer).saturating_add(self.activations)
     }
 }
 
@@ -162,8 +162,10 @@ pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero1: 
 pub fn infer_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> u64 {
     let head_dim = dims.hidden / dims.heads;
     let kv_local = (dims.kv_heads / plan.mesh.mp).max(1);
-    let cache = 2 * dims.layers * work.batch * work.seq * kv_local * head_dim * work.dtype_bytes;
-    plan.bytes_per_rank(work.dtype_bytes) as u64 + cache as u64
+    let cache = [dims.layers, work.batch, work.seq, kv_local, head_dim, work.dtype_bytes]
+        .iter()
+        .fold(2u128, |acc, &x| acc.saturating_mul(x as u128));
+    (plan.bytes_per_rank(work.dtype_bytes) as u128).saturating_add(cache).min(u64::MAX as u128) as u64
 }
 
 impl PlanReport {

@@ -1,6 +1,7 @@
 //! Reading Hugging Face `config.json`: the architecture and the sizes the planner needs,
 //! and the parameter names and shapes that transformers uses for it.
 
+use super::fields;
 use redco_core::dist::planner::ModelDims;
 use redco_core::{Error, Result, Shape};
 use serde_json::Value;
@@ -60,10 +61,6 @@ fn ids(v: Option<&Value>) -> Vec<i64> {
     }
 }
 
-fn get(v: &Value, keys: &[&str]) -> Option<u64> {
-    keys.iter().find_map(|k| v.get(*k).and_then(Value::as_u64))
-}
-
 impl HfConfig {
     /// Reads `<dir>/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
@@ -95,59 +92,92 @@ impl HfConfig {
     pub fn from_json(text: &str) -> Result<Self> {
         let v: Value =
             serde_json::from_str(text).map_err(|e| Error::invalid("config", format!("not valid JSON: {e}")))?;
-        let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("").to_string();
-        let need = |keys: &[&str]| {
-            get(&v, keys).map(|x| x as usize).ok_or_else(|| {
+        let model_type = fields::string(&v, &["model_type"])?.unwrap_or("").to_string();
+        let need = |keys: &[&str]| -> Result<usize> {
+            fields::uint(&v, keys)?.map(|x| x as usize).ok_or_else(|| {
                 Error::invalid("config", format!("model_type `{model_type}`: missing `{}`", keys.join("` or `")))
             })
         };
+        let opt = |keys: &[&str]| -> Result<Option<usize>> { Ok(fields::uint(&v, keys)?.map(|x| x as usize)) };
         let hidden = need(&["hidden_size", "n_embd", "d_model"])?;
         let heads = need(&["num_attention_heads", "n_head", "num_heads"])?;
         if heads == 0 || hidden == 0 {
             return Err(Error::invalid("config", "hidden size and heads must be positive"));
         }
-        let explicit_head_dim = get(&v, &["head_dim", "d_kv"]);
+        let explicit_head_dim = opt(&["head_dim", "d_kv"])?;
         if explicit_head_dim.is_none() && !hidden.is_multiple_of(heads) {
             return Err(Error::invalid(
                 "config",
                 format!("{heads} attention heads do not divide the hidden size {hidden} (and no `head_dim` is given)"),
             ));
         }
+        let kv_heads = opt(&["num_key_value_heads"])?.unwrap_or(heads);
+        if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+            return Err(Error::invalid(
+                "config",
+                format!("`num_key_value_heads` = {kv_heads} must be positive and divide the {heads} attention heads"),
+            ));
+        }
+        fields::plain_rope(&v)?;
         let cfg = HfConfig {
             hidden,
             layers: need(&["num_hidden_layers", "n_layer", "num_layers"])?,
             heads,
-            kv_heads: get(&v, &["num_key_value_heads"]).map_or(heads, |x| x as usize),
-            intermediate: get(&v, &["intermediate_size", "n_inner", "ffn_dim", "d_ff"])
-                .map_or(4 * hidden, |x| x as usize),
+            kv_heads,
+            intermediate: opt(&["intermediate_size", "n_inner", "ffn_dim", "d_ff"])?.unwrap_or(4 * hidden),
             vocab: need(&["vocab_size"])?,
-            head_dim: explicit_head_dim.map_or(hidden / heads, |x| x as usize),
-            tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(model_type != "llama"),
-            attention_bias: v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false),
-            mlp_bias: v.get("mlp_bias").and_then(Value::as_bool).unwrap_or(false),
-            rope_theta: v
-                .get("rope_theta")
-                .and_then(Value::as_f64)
-                .or_else(|| v.get("rope_parameters").and_then(|r| r.get("rope_theta")).and_then(Value::as_f64))
-                .unwrap_or(10000.0),
-            norm_eps: ["rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "layer_norm_epsilon"]
-                .iter()
-                .find_map(|k| v.get(*k).and_then(Value::as_f64))
-                .unwrap_or(1e-5),
-            hidden_act: ["hidden_act", "activation_function", "feed_forward_proj"]
-                .iter()
-                .find_map(|k| v.get(*k).and_then(Value::as_str))
+            head_dim: explicit_head_dim.unwrap_or(hidden / heads),
+            tie_word_embeddings: fields::boolean(&v, "tie_word_embeddings")?.unwrap_or(model_type != "llama"),
+            attention_bias: fields::boolean(&v, "attention_bias")?.unwrap_or(false),
+            mlp_bias: fields::boolean(&v, "mlp_bias")?.unwrap_or(false),
+            rope_theta: match fields::float(&v, &["rope_theta"])? {
+                Some(t) => t,
+                None => match v.get("rope_parameters").filter(|r| !r.is_null()) {
+                    Some(r) => fields::float(r, &["rope_theta"])?.unwrap_or(10000.0),
+                    None => 10000.0,
+                },
+            },
+            norm_eps: fields::float(&v, &["rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps"])?.unwrap_or(1e-5),
+            hidden_act: fields::string(&v, &["hidden_act", "activation_function", "feed_forward_proj"])?
                 .unwrap_or("silu")
                 .to_string(),
-            max_positions: get(&v, &["max_position_embeddings", "n_positions", "n_ctx"]).map(|x| x as usize),
+            max_positions: opt(&["max_position_embeddings", "n_positions", "n_ctx"])?,
             bos_token_id: v.get("bos_token_id").and_then(Value::as_i64),
             eos_token_ids: ids(v.get("eos_token_id")),
             pad_token_id: v.get("pad_token_id").and_then(Value::as_i64),
-            rotary_dim: get(&v, &["rotary_dim"]).map(|x| x as usize),
+            rotary_dim: opt(&["rotary_dim"])?,
             model_type,
             raw: v.clone(),
         };
+        cfg.check_sizes()?;
         Ok(cfg)
+    }
+
+    /// Refuses sizes beyond [`fields::LIMITS`] and more than [`fields::MAX_PARAMS`]
+    /// parameters in all, naming the field (before anything is sized from them).
+    fn check_sizes(&self) -> Result<()> {
+        fields::within("layers", "num_hidden_layers", self.layers)?;
+        fields::within("hidden size", "hidden_size", self.hidden)?;
+        fields::within("attention heads", "num_attention_heads", self.heads)?;
+        fields::within("intermediate size", "intermediate_size", self.intermediate)?;
+        fields::within("vocabulary", "vocab_size", self.vocab)?;
+        fields::within("head dim", "head_dim", self.head_dim)?;
+        if let Some(p) = self.max_positions {
+            fields::within("max positions", "max_position_embeddings", p)?;
+        }
+        let (h, l, v, f) = (self.hidden as u128, self.layers as u128, self.vocab as u128, self.intermediate as u128);
+        let attn = 2 * h * (self.heads * self.head_dim) as u128 + 2 * h * (self.kv_heads * self.head_dim) as u128;
+        let params = l * (attn + 3 * h * f) + 2 * v * h;
+        if params > fields::MAX_PARAMS {
+            return Err(Error::invalid(
+                "config",
+                format!(
+                    "these sizes describe about {params} parameters, beyond any model redco can hold (at most {})",
+                    fields::MAX_PARAMS
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The sizes the planner needs.

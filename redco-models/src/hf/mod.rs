@@ -3,6 +3,7 @@
 
 pub mod checkpoint;
 pub mod config;
+mod fields;
 pub mod safetensors;
 pub mod save;
 pub mod tokenizer;

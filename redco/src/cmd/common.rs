@@ -179,3 +179,39 @@ pub fn check_devices(mesh: Mesh, threads: Option<usize>, oversubscribe: bool) ->
 pub fn is_t5(dir: &std::path::Path) -> bool {
     HfConfig::from_dir(dir).is_ok_and(|c| c.model_type == "t5")
 }
+
+/// Bytes of memory this machine has available for a new run (Linux's `MemAvailable`), when
+/// known.
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}
+
+/// Refuses a training run whose estimated memory (f32 master weights, gradients, AdamW
+/// moments and activations: the planner's per-rank estimate, for this host's ranks) is
+/// beyond what the machine has available, before anything is allocated: a clear error
+/// instead of an aborted allocation of tens of gigabytes.
+pub fn check_training_fits(cfg: &HfConfig, mesh: Mesh, batch: usize, seq: usize, compute: DType) -> Result<(), String> {
+    use redco_core::dist::planner::{train_memory, Workload};
+    let (Ok(shapes), Some(avail)) = (cfg.param_shapes(), available_memory()) else { return Ok(()) };
+    let plan = plan_by_names(&shapes, mesh);
+    let dtype_bytes = if compute == DType::F32 { 4 } else { 2 };
+    let work = Workload { batch, seq, dtype_bytes, zero1: false };
+    let m = train_memory(&plan, &cfg.dims(), &work, false);
+    // master weights stay f32 whatever the compute dtype; every rank of a process shares
+    // this host's memory
+    let ranks = mesh.size() as u64 / super::launch::world().size.max(1) as u64;
+    let need = m.total().saturating_add(m.params / dtype_bytes as u64 * 4).saturating_mul(ranks.max(1));
+    if need > avail {
+        return Err(format!(
+            "training with --batch-size {batch} --seq-len {seq} on mesh {mesh} needs about {} of memory (parameters, \
+             gradients, optimizer state and activations), but this machine has {} available; lower --batch-size or \
+             --seq-len, or split the model over more ranks (see `redco plan`)",
+            redco_core::dist::planner::human(need),
+            redco_core::dist::planner::human(avail)
+        ));
+    }
+    Ok(())
+}

@@ -60,6 +60,10 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
     Ok((n * mul) as u64)
 }
 
+/// The most tokens per step (`--batch` x `--seq`) a plan is made for (2^40: beyond any
+/// training run, well inside the planner's arithmetic).
+const MAX_TOKENS: u128 = 1 << 40;
+
 /// Runs `redco plan`.
 pub fn run(a: PlanArgs) -> Result<(), String> {
     let cfg = HfConfig::from_dir(&a.model).map_err(|e| e.to_string())?;
@@ -71,6 +75,17 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
     };
     if !a.batch.is_multiple_of(mesh.dp) {
         return Err(format!("batch {} does not split over dp={}", a.batch, mesh.dp));
+    }
+    if let Some(ctx) = cfg.max_positions.filter(|c| a.seq > *c) {
+        return Err(format!("--seq {} exceeds the model's context of {ctx} tokens", a.seq));
+    }
+    if (a.batch as u128) * (a.seq as u128) > MAX_TOKENS {
+        return Err(format!(
+            "--batch {} x --seq {} is {} tokens per step: at most {MAX_TOKENS} are planned",
+            a.batch,
+            a.seq,
+            a.batch as u128 * a.seq as u128
+        ));
     }
     if cfg.heads % mesh.mp != 0 || cfg.kv_heads % mesh.mp != 0 {
         let msg = format!("{} heads ({} key/value) do not split over mp={}", cfg.heads, cfg.kv_heads, mesh.mp);

@@ -373,6 +373,12 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
     if cfg.model_type == "t5" {
         return Err("redco train runs decoder-only models (LLaMA, GPT-J, OPT); T5 training is not supported by this command yet".into());
     }
+    if let Some(ctx) = cfg.max_positions {
+        if a.seq_len + 1 > ctx {
+            return Err(format!("--seq-len {} exceeds the model's context of {ctx}", a.seq_len));
+        }
+    }
+    common::check_training_fits(&cfg, mesh, a.batch_size, a.seq_len, compute)?;
     let tok = Tokenizer::from_dir(&tok_dir).map_err(err)?;
     identity.insert("vocab".into(), tok.vocab_size().to_string());
     let (train, held_out): (Box<dyn Dataset<Vec<i64>> + Send>, Vec<Vec<i64>>) = match &a.data {
@@ -387,11 +393,6 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
             (Box::new(Synthetic(SyntheticText::new(64, a.seq_len, a.seed ^ 0x5157), 0, 1 << 20)), eval)
         }
     };
-    if let Some(ctx) = cfg.max_positions {
-        if a.seq_len + 1 > ctx {
-            return Err(format!("--seq-len {} exceeds the model's context of {ctx}", a.seq_len));
-        }
-    }
     let steps = match (a.steps, a.epochs) {
         (Some(s), _) => s,
         (None, Some(e)) => ((e * train.len() as f64) / a.batch_size as f64).ceil().max(1.0) as u64,
