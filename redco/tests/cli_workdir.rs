@@ -196,3 +196,25 @@ fn absurd_sizes_and_wrong_types_are_refused_before_anything_is_allocated() {
     let _ = std::fs::remove_dir_all(&d);
     let _ = std::fs::remove_dir_all(&w);
 }
+
+#[test]
+fn data_files_of_nothing_or_the_wrong_shape_are_named() {
+    let d = tmp("data");
+    std::fs::create_dir_all(&d).unwrap();
+    let cases: &[(&str, &str, &str)] = &[
+        ("empty.jsonl", "", "holds no JSON lines"),
+        ("blank.jsonl", "{\"text\": \"\"}\n{\"text\": \"   \"}\n", "every `text`"),
+        ("number.jsonl", "{\"text\": 5}\n", "record 1: `text` is a number"),
+        ("missing.jsonl", "{\"body\": \"hello\"}\n", "record 1: no field `text`"),
+        ("broken.jsonl", "{\"text\": \"a\"}\n{\"text\": \n", "line 2"),
+    ];
+    for (name, body, says) in cases {
+        let f = d.join(name);
+        std::fs::write(&f, body).unwrap();
+        let w = d.join(format!("w-{name}"));
+        let (code, _, err) = train(&w, &["--steps", "1", "--data", s(&f)]);
+        assert_eq!(code, 2, "{name}: {err}");
+        assert!(err.contains(says) && err.contains(name), "{name}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}

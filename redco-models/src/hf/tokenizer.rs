@@ -23,6 +23,9 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use tokenizers::{AddedToken, ModelWrapper, PaddingDirection};
 
+/// Texts longer than this many bytes are encoded in pieces by [`Tokenizer::encode_long`].
+pub const LONG_TEXT: usize = 64 << 10;
+
 /// The side a batch is padded on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PaddingSide {
@@ -255,6 +258,66 @@ impl Tokenizer {
             .map_err(|e| err(format!("{}: cannot encode {text:?}: {e}", self.source.display())))
     }
 
+    /// [`Tokenizer::encode`] for texts of any length: a text longer than [`LONG_TEXT`]
+    /// bytes is encoded in pieces cut at a whitespace, so the memory the tokenizer's
+    /// per-token bookkeeping takes (offsets, token strings: hundreds of bytes per token) is
+    /// bounded by a piece. Whether the whitespace begins the next piece (byte-level BPE:
+    /// `Ġword`) or is dropped (SentencePiece normalizers that prepend `▁` themselves) is
+    /// probed on this tokenizer; one that splits neither way the whole text does is given
+    /// the whole text at once. The special tokens go around the whole.
+    pub fn encode_long(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        if text.len() <= LONG_TEXT {
+            return self.encode(text, add_special_tokens);
+        }
+        let Some(keep_space) = self.piece_rule()? else { return self.encode(text, add_special_tokens) };
+        let mut out = Vec::new();
+        let mut rest = text;
+        while !rest.is_empty() {
+            let mut cut = rest.len().min(LONG_TEXT);
+            while !rest.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let mut skip = 0;
+            if cut < rest.len() {
+                match rest[..cut].rfind(' ').filter(|&w| w > 0) {
+                    Some(ws) => {
+                        cut = ws;
+                        skip = usize::from(!keep_space);
+                    }
+                    // no space to cut at: the rest at once
+                    None => cut = rest.len(),
+                }
+            }
+            out.extend(self.encode(&rest[..cut], false)?);
+            rest = &rest[cut + skip..];
+        }
+        if add_special_tokens {
+            // the specials the post-processor adds around an empty text, placed around the
+            // pieces (`<s>` before; T5's `</s>` after)
+            let around = self.encode("", true)?;
+            let lead = around.iter().take_while(|id| Some(**id) != self.eos_id()).count();
+            out.splice(0..0, around[..lead].iter().copied());
+            out.extend(&around[lead..]);
+        }
+        Ok(out)
+    }
+
+    /// How texts may be cut for [`Tokenizer::encode_long`]: `Some(true)` when a piece may
+    /// begin with the space before its first word, `Some(false)` when that space must be
+    /// dropped, `None` when neither gives the ids of the uncut text.
+    fn piece_rule(&self) -> Result<Option<bool>> {
+        let (a, b) = ("the quick brown fox", " jumps over the lazy dog");
+        let whole = self.encode(&format!("{a}{b}"), false)?;
+        let head = self.encode(a, false)?;
+        for keep in [true, false] {
+            let tail = self.encode(if keep { b } else { &b[1..] }, false)?;
+            if head.len() + tail.len() == whole.len() && whole.starts_with(&head) && whole.ends_with(&tail) {
+                return Ok(Some(keep));
+            }
+        }
+        Ok(None)
+    }
+
     /// The text of `ids`, without the special tokens when `skip_special_tokens`. Ids outside
     /// the vocabulary are skipped (as in transformers).
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
@@ -350,6 +413,33 @@ impl Tokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A text three pieces long encodes in pieces to the ids of the whole (the fixtures'
+    /// LLaMA and T5 tokenizers: SentencePiece BPE and Unigram, the second appending `</s>`).
+    #[test]
+    fn long_texts_encode_in_pieces_to_the_same_ids() {
+        let words = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dogs,", "and", "runs."];
+        let text: String =
+            (0..3 * LONG_TEXT / 5).map(|i| words[(i * 7 + i / 3) % words.len()]).collect::<Vec<_>>().join(" ");
+        assert!(text.len() > 2 * LONG_TEXT);
+        for fixture in ["llama-tiny", "t5-tiny"] {
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(fixture);
+            let tok = Tokenizer::from_dir(&dir).unwrap();
+            assert!(tok.piece_rule().unwrap().is_some(), "{fixture}: the text is cut, not encoded whole");
+            for special in [true, false] {
+                let (long, whole) = (tok.encode_long(&text, special).unwrap(), tok.encode(&text, special).unwrap());
+                let first = long.iter().zip(&whole).position(|(a, b)| a != b);
+                assert!(
+                    long.len() == whole.len() && first.is_none(),
+                    "{fixture} {special}: {} vs {} ids, first difference at {first:?}",
+                    long.len(),
+                    whole.len()
+                );
+            }
+            let short = "a short one";
+            assert_eq!(tok.encode_long(short, true).unwrap(), tok.encode(short, true).unwrap());
+        }
+    }
 
     #[test]
     fn clean_up_matches_transformers() {

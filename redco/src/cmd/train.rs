@@ -164,17 +164,61 @@ impl Dataset<Vec<i64>> for Synthetic {
 }
 
 /// Tokenises every text of a JSONL file (with `<s>`, then `</s>` after it), concatenates and
-/// cuts the stream into sequences of `len` tokens.
+/// cuts the stream into sequences of `len` tokens. Texts of any length are tokenised in
+/// pieces ([`Tokenizer::encode_long`]), so memory follows the token count, not the longest
+/// line's tokenizer bookkeeping; a field of the wrong type and a file of empty texts are
+/// errors, some empty texts a warning.
 fn pack_jsonl(path: &Path, field: &str, tok: &Tokenizer, len: usize) -> Result<Vec<Vec<i64>>> {
     let data = JsonlDataset::open(path)?;
+    if data.is_empty() {
+        return Err(Error::invalid("data", format!("{} holds no JSON lines", path.display())));
+    }
     let mut stream = Vec::new();
+    let mut empty = 0usize;
     for i in 0..data.len() {
         let v = data.get(i)?;
-        let text = v.get(field).and_then(|t| t.as_str()).ok_or_else(|| {
-            Error::invalid("data", format!("{} line {}: no string field `{field}`", path.display(), i + 1))
-        })?;
-        stream.extend(tok.encode(text, true)?.into_iter().map(i64::from));
+        let text = match v.get(field) {
+            Some(serde_json::Value::String(t)) => t,
+            Some(other) => {
+                let kind = match other {
+                    serde_json::Value::Null => "null",
+                    serde_json::Value::Bool(_) => "a boolean",
+                    serde_json::Value::Number(_) => "a number",
+                    serde_json::Value::Array(_) => "an array",
+                    _ => "an object",
+                };
+                return Err(Error::invalid(
+                    "data",
+                    format!(
+                        "{} record {}: `{field}` is {kind}, not a string (see --text-field)",
+                        path.display(),
+                        i + 1
+                    ),
+                ));
+            }
+            None => {
+                return Err(Error::invalid(
+                    "data",
+                    format!("{} record {}: no field `{field}` (see --text-field)", path.display(), i + 1),
+                ))
+            }
+        };
+        if text.trim().is_empty() {
+            empty += 1;
+            continue;
+        }
+        stream.extend(tok.encode_long(text, true)?.into_iter().map(i64::from));
         stream.extend(tok.eos_id().map(i64::from));
+    }
+    if empty == data.len() {
+        return Err(Error::invalid("data", format!("every `{field}` in {} is empty", path.display())));
+    }
+    if empty > 0 {
+        crate::cmd::out::warn(format_args!(
+            "redco: warning: {empty} of {} records of {} have an empty `{field}` and are skipped",
+            data.len(),
+            path.display()
+        ));
     }
     let seqs: Vec<Vec<i64>> = stream.chunks_exact(len).map(<[i64]>::to_vec).collect();
     if seqs.len() < 2 {
