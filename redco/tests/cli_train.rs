@@ -2,26 +2,13 @@
 //! whose outputs exist and whose loss falls, a model that generates and converts both ways,
 //! and one-line errors with exit code 2 for bad input.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-fn redco(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_redco")).args(args).output().expect("run redco");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
+use common::{redco, s};
+use std::path::PathBuf;
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("redco-cli-train-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
+    common::scratch_dir("train", name)
 }
 
 #[test]

@@ -2,26 +2,14 @@
 //! outputs: every case ends with a clear message naming the culprit and exit code 2, or
 //! succeeds, and none panics or silently replaces data.
 
+mod common;
+
+use common::{redco, s};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-fn redco(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_redco")).args(args).output().expect("run redco");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
-
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("redco-cli-workdir-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
+    common::scratch_dir("workdir", name)
 }
 
 fn train(w: &Path, extra: &[&str]) -> (i32, String, String) {
@@ -180,6 +168,18 @@ fn absurd_sizes_and_wrong_types_are_refused_before_anything_is_allocated() {
         let (code, _, err) = redco(&["plan", "--model", s(&d)]);
         assert_eq!(code, 2, "{key}: {err}");
         assert!(err.contains(says), "{key}: {err}");
+    }
+    // a sharded index may name only files of its own directory
+    std::fs::write(d.join("config.json"), base.to_string()).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(fixture.join(f), d.join(f)).unwrap();
+    }
+    for target in ["../../etc/passwd", "/etc/passwd", "sub/model.safetensors"] {
+        let index = serde_json::json!({"weight_map": {"model.embed_tokens.weight": target}});
+        std::fs::write(d.join("model.safetensors.index.json"), index.to_string()).unwrap();
+        let (code, _, err) = redco(&["generate", "--model", s(&d), "--prompt", "hi", "--max-new-tokens", "1"]);
+        assert_eq!(code, 2, "{target}: {err}");
+        assert!(err.contains(target) && err.contains("not a file of"), "{target}: {err}");
     }
     let (code, _, err) = redco(&["plan", "--model", s(&fixture), "--seq", "1000000000"]);
     assert_eq!(code, 2, "{err}");

@@ -156,6 +156,16 @@ impl HfConfig {
     /// Refuses sizes beyond [`fields::LIMITS`] and more than [`fields::MAX_PARAMS`]
     /// parameters in all, naming the field (before anything is sized from them).
     fn check_sizes(&self) -> Result<()> {
+        if self.vocab == 0 || self.layers == 0 || self.head_dim == 0 {
+            let field = if self.vocab == 0 {
+                "vocab_size"
+            } else if self.layers == 0 {
+                "num_hidden_layers"
+            } else {
+                "head_dim"
+            };
+            return Err(Error::invalid("config", format!("`{field}` is 0: a model needs at least one")));
+        }
         fields::within("layers", "num_hidden_layers", self.layers)?;
         fields::within("hidden size", "hidden_size", self.hidden)?;
         fields::within("attention heads", "num_attention_heads", self.heads)?;

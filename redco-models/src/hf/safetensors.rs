@@ -33,7 +33,17 @@ pub fn files(dir: &Path) -> Result<Vec<PathBuf>> {
     })?;
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| err(&index, e))?;
     let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| err(&index, "no weight_map"))?;
-    let mut names: Vec<String> = map.values().filter_map(|f| f.as_str().map(str::to_string)).collect();
+    let mut names = Vec::with_capacity(map.len());
+    for (tensor, f) in map {
+        let name = f.as_str().ok_or_else(|| err(&index, format!("`{tensor}` maps to {f}, not a file name")))?;
+        // a shard is a file of this directory: no absolute path, no `..`, no subdirectory
+        let plain = Path::new(name).components().count() == 1
+            && matches!(Path::new(name).components().next(), Some(std::path::Component::Normal(_)));
+        if !plain {
+            return Err(err(&index, format!("`{tensor}` maps to `{name}`, which is not a file of {}", dir.display())));
+        }
+        names.push(name.to_string());
+    }
     names.sort();
     names.dedup();
     Ok(names.into_iter().map(|n| dir.join(n)).collect())

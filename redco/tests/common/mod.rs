@@ -6,6 +6,29 @@
 use redco_models::hf::safetensors::read_all;
 use std::path::{Path, PathBuf};
 
+/// Runs the `redco` binary: exit code (-1 if killed), stdout, stderr.
+pub fn redco(args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_redco")).args(args).output().expect("run redco");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// An empty scratch directory path for test file `file`'s case `name` (removed if it
+/// exists; not created).
+pub fn scratch_dir(file: &str, name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("redco-cli-{file}-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// A path as `&str` (test paths are UTF-8).
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
 /// A committed transformers fixture directory.
 pub fn fixture_named(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)
