@@ -142,17 +142,21 @@ impl GemmElem for f32 {
     }
 }
 
+/// Ok when the operand buffers hold exactly the (batched or shared) matrices of `spec`.
+fn check_operands(a_len: usize, b_len: usize, spec: &MatmulSpec) -> Result<()> {
+    let (sa, sb) = (spec.m * spec.k, spec.k * spec.n);
+    let need_a = if spec.a_batched { spec.batch * sa } else { sa };
+    let need_b = if spec.b_batched { spec.batch * sb } else { sb };
+    if a_len != need_a || b_len != need_b {
+        return Err(Error::invalid("matmul", format!("operand sizes {a_len} and {b_len} do not match {spec:?}")));
+    }
+    Ok(())
+}
+
 /// f32 through the generated GEMM, writing a fresh output without zero-filling it first.
 fn matmul_f32_fast(a: &[f32], b: &[f32], spec: &MatmulSpec, threads: usize) -> Result<Vec<f32>> {
     let (sa, sb, sc) = (spec.m * spec.k, spec.k * spec.n, spec.m * spec.n);
-    let need_a = if spec.a_batched { spec.batch * sa } else { sa };
-    let need_b = if spec.b_batched { spec.batch * sb } else { sb };
-    if a.len() != need_a || b.len() != need_b {
-        return Err(Error::invalid(
-            "matmul",
-            format!("operand sizes {} and {} do not match {:?}", a.len(), b.len(), spec),
-        ));
-    }
+    check_operands(a.len(), b.len(), spec)?;
     let total = spec.batch * sc;
     let mut c: Vec<f32> = Vec::with_capacity(total);
     super::malloc::advise_huge_pages(c.as_ptr() as *const u8, total * 4);
@@ -196,14 +200,7 @@ fn matmul_t<T: Real + GemmElem + Store>(
     path: F32Gemm,
 ) -> Result<Vec<T>> {
     let (sa, sb, sc) = (spec.m * spec.k, spec.k * spec.n, spec.m * spec.n);
-    let need_a = if spec.a_batched { spec.batch * sa } else { sa };
-    let need_b = if spec.b_batched { spec.batch * sb } else { sb };
-    if a.len() != need_a || b.len() != need_b {
-        return Err(Error::invalid(
-            "matmul",
-            format!("operand sizes {} and {} do not match {:?}", a.len(), b.len(), spec),
-        ));
-    }
+    check_operands(a.len(), b.len(), spec)?;
     let mut c = vec![T::zero(); spec.batch * sc];
     if sc == 0 {
         return Ok(c);
@@ -264,13 +261,8 @@ fn bf16_amx_product(a: &HostData, b: &HostData, spec: &MatmulSpec, threads: usiz
     }
     let (a, b): (&[u16], &[u16]) = (bytemuck::cast_slice(a), bytemuck::cast_slice(b));
     let (sa, sb, sc) = (spec.m * spec.k, spec.k * spec.n, spec.m * spec.n);
-    let need_a = if spec.a_batched { spec.batch * sa } else { sa };
-    let need_b = if spec.b_batched { spec.batch * sb } else { sb };
-    if a.len() != need_a || b.len() != need_b {
-        return Some(Err(Error::invalid(
-            "matmul",
-            format!("operand sizes {} and {} do not match {:?}", a.len(), b.len(), spec),
-        )));
+    if let Err(e) = check_operands(a.len(), b.len(), spec) {
+        return Some(Err(e));
     }
     let total = spec.batch * sc;
     let mut c: Vec<f32> = Vec::with_capacity(total);
