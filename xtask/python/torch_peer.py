@@ -12,9 +12,10 @@ import torch
 
 def gemm(req):
     m, n, k, reps = req["m"], req["n"], req["k"], req["reps"]
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[req.get("dtype", "f32")]
     g = torch.Generator().manual_seed(0)
-    a = torch.rand((m, k), generator=g, dtype=torch.float32)
-    b = torch.rand((k, n), generator=g, dtype=torch.float32)
+    a = torch.rand((m, k), generator=g, dtype=torch.float32).to(dtype)
+    b = torch.rand((k, n), generator=g, dtype=torch.float32).to(dtype)
     torch.matmul(a, b)  # warm-up
     times = []
     for _ in range(reps):
@@ -49,8 +50,9 @@ def _pretrained(path, dtype):
     return _models[key]
 
 
-def _llama(cfg):
-    """A randomly initialised LlamaForCausalLM for the config dict, built once per config."""
+def _llama(cfg, dtype="f32"):
+    """A randomly initialised LlamaForCausalLM for the config dict, built once per config;
+    `dtype` "bf16" gives a bf16 copy of the same weights (for forward and decode)."""
     key = json.dumps(cfg, sort_keys=True)
     if key not in _models:
         import transformers
@@ -58,7 +60,14 @@ def _llama(cfg):
         torch.manual_seed(0)
         c = transformers.LlamaConfig(**cfg, attn_implementation="eager")
         _models[key] = transformers.LlamaForCausalLM(c).float().eval()
-    return _models[key]
+    if dtype == "f32":
+        return _models[key]
+    bkey = key + "|" + dtype
+    if bkey not in _models:
+        import copy
+
+        _models[bkey] = copy.deepcopy(_models[key]).to(torch.bfloat16).eval()
+    return _models[bkey]
 
 
 def _random_ids(cfg, batch, seq):
@@ -72,7 +81,8 @@ _optimizers = {}
 def train(req):
     """Seconds per training step (zero_grad, forward with labels = ids, backward,
     `torch.optim.AdamW.step`) for `warmup` untimed then `reps` timed steps on random ids
-    `[batch, seq]`."""
+    `[batch, seq]`; `dtype` "bf16" runs the forward under `torch.autocast` (bf16 compute,
+    f32 weights and optimizer)."""
     cfg = req["config"]
     model = _llama(cfg)
     key = json.dumps(cfg, sort_keys=True)
@@ -86,7 +96,8 @@ def train(req):
         for i in range(req.get("warmup", 1) + req["reps"]):
             t = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=req.get("dtype", "f32") == "bf16"):
+                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
             losses.append(loss.item())
             t1 = time.perf_counter()
             loss.backward()
@@ -107,7 +118,7 @@ def forward(req):
     """Seconds per forward pass (logits `[batch, seq, vocab]`, under inference_mode) for
     `warmup` untimed then `reps` timed passes on random ids `[batch, seq]`."""
     cfg = req["config"]
-    model = _llama(cfg)
+    model = _llama(cfg, req.get("dtype", "f32"))
     ids = _random_ids(cfg, req["batch"], req["seq"])
     times = []
     with torch.inference_mode():
@@ -128,7 +139,7 @@ def decode(req):
     if req.get("model_dir"):
         model = _pretrained(req["model_dir"], req.get("dtype", "f32"))
     else:
-        model = _llama(req["config"])
+        model = _llama(req["config"], req.get("dtype", "f32"))
     ids = torch.tensor([req["ids"]], dtype=torch.long)
     new, reps, warmup = req["new"], req["reps"], req.get("warmup", 0)
     times = []

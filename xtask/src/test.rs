@@ -4,7 +4,8 @@
 //! `cpu::sgemm::tests::sweeps::avx512::*`) are left out on a CPU without it, and named:
 //! xtask prints a line listing them and why, and nextest prints each as `SKIP`; on a CPU
 //! without AVX2 and FMA, the tests under `avx2` modules are left out too, and the `amx`
-//! ones (the AMX bf16 GEMM's) where `redco_core::cpu::amx_bf16` is false. Set
+//! ones (the AMX bf16 GEMM's) where `redco_core::cpu::amx_bf16` is false, the `dot` ones (the
+//! AVX512-BF16 GEMM's) where `redco_core::cpu::avx512_bf16` is false. Set
 //! `REDCO_ASSUME_NO_AVX512=1` to do the same on an AVX-512 machine; the variable reaches
 //! the tests, where it also turns the CPU backend's AVX-512 code paths off, so the run
 //! is the one an AVX2-only CPU gets.
@@ -150,10 +151,14 @@ fn skipped_here() -> Option<Skip> {
             modules.push("amx");
             why.push("the AMX bf16 GEMM does not run here (no AMX-BF16, or turned off)");
         }
+        if !redco_core::cpu::avx512_bf16() {
+            modules.push("dot");
+            why.push("the AVX512-BF16 GEMM does not run here (no AVX512-BF16)");
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        modules.extend(["avx512", "avx2", "amx"]);
+        modules.extend(["avx512", "avx2", "amx", "dot"]);
         why.push("this CPU is not x86-64");
     }
     (!modules.is_empty()).then(|| Skip { why: why.join(", "), modules })

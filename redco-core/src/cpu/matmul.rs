@@ -253,8 +253,9 @@ fn half_weight_product(a: &HostData, b: &HostData, spec: &MatmulSpec, threads: u
 /// there) from about 12; 16 rows: 4.5 ms against 3.4.
 const AMX_MIN_ROWS: usize = 9;
 
-/// bf16 times bf16 through the AMX GEMM ([`bgemm`]), f32 out; `None` where AMX does not run.
-fn bf16_amx_product(a: &HostData, b: &HostData, spec: &MatmulSpec, threads: usize) -> Option<Result<Vec<f32>>> {
+/// bf16 times bf16 through the packed bf16 GEMM ([`bgemm`]: AMX or AVX512-BF16), f32 out;
+/// `None` where neither runs.
+fn bf16_packed_product(a: &HostData, b: &HostData, spec: &MatmulSpec, threads: usize) -> Option<Result<Vec<f32>>> {
     let (HostData::BF16(a), HostData::BF16(b)) = (a, b) else { return None };
     if !bgemm::available() {
         return None;
@@ -307,7 +308,7 @@ pub(crate) fn matmul_with(
     // a few rows against a 16-bit weight stream the weight (bandwidth bound); from
     // AMX_MIN_ROWS rows on, AMX's packed GEMM is faster where it runs
     if path == F32Gemm::Auto && spec.m * spec.batch >= AMX_MIN_ROWS {
-        if let Some(c) = bf16_amx_product(a, b, spec, threads) {
+        if let Some(c) = bf16_packed_product(a, b, spec, threads) {
             return Ok(f32::store(c?, dt));
         }
     }
@@ -315,7 +316,7 @@ pub(crate) fn matmul_with(
         return Ok(f32::store(c, dt));
     }
     if path == F32Gemm::Auto {
-        if let Some(c) = bf16_amx_product(a, b, spec, threads) {
+        if let Some(c) = bf16_packed_product(a, b, spec, threads) {
             return Ok(f32::store(c?, dt));
         }
     }

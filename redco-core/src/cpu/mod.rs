@@ -447,7 +447,7 @@ pub(crate) fn sgemm_hook(
 
 /// The kernel families this machine runs, as benchmarks report them: the f32 GEMM
 /// (`avx512` or `avx2`: the generated kernels; `gemm-crate`: the portable one), the bf16 GEMM
-/// (`amx`, see [`amx_bf16`], or widened to f32), the element
+/// (`amx` or `avx512-bf16`, see [`bf16_gemm`], or widened to f32), the element
 /// loops (`avx512`, `avx2` or `baseline`) and the products against 16-bit weights (`avx512`,
 /// `avx2` or `portable`).
 pub fn kernel_families() -> String {
@@ -455,7 +455,7 @@ pub fn kernel_families() -> String {
         Some(isa) if sgemm_enabled() => isa.name(),
         _ => "gemm-crate",
     };
-    let bf16 = if amx_bf16() { "amx" } else { "widened to f32" };
+    let bf16 = bf16_gemm().unwrap_or("widened to f32");
     format!("f32 GEMM {gemm}, bf16 GEMM {bf16}, element loops {}, 16-bit GEMV {}", simd::family(), half_gemv::family())
 }
 
@@ -464,7 +464,21 @@ pub fn kernel_families() -> String {
 /// state, and neither `REDCO_NO_AMX` nor `REDCO_ASSUME_NO_AVX512` is set. Elsewhere bf16
 /// operands are widened to f32 for the f32 GEMM.
 pub fn amx_bf16() -> bool {
-    bgemm::available()
+    bgemm::Engine::Amx.runs() && bgemm::engine() == Some(bgemm::Engine::Amx)
+}
+
+/// True when this CPU and process can run the AVX512-BF16 bf16 GEMM (`VDPBF16PS`: AMD Zen 4
+/// and later, Intel Cooper Lake and Sapphire Rapids), whether or not it is the one chosen
+/// (AMX is preferred where it runs). False under `REDCO_ASSUME_NO_AVX512`.
+pub fn avx512_bf16() -> bool {
+    bgemm::Engine::Dot.runs()
+}
+
+/// The kernel bf16 x bf16 matrix products run on in this process: `amx` (see
+/// [`amx_bf16`]), `avx512-bf16` (where AMX does not run or `REDCO_NO_AMX` is set, and
+/// `REDCO_NO_BF16_DOT` is not), or `None`: the operands are widened to f32 for the f32 GEMM.
+pub fn bf16_gemm() -> Option<&'static str> {
+    bgemm::engine().map(bgemm::Engine::name)
 }
 
 /// True when AVX2 and FMA code paths (the AVX2 sgemm kernels and the AVX2 copies of the

@@ -54,8 +54,14 @@ pub(super) fn redco_once<B: Backend>(model: &Llama<B>, ids: &Tensor<B>, new: usi
 }
 
 /// Seconds for one transformers `generate` of exactly `new` tokens.
-pub(super) fn torch_once(p: &mut TorchPeer, cfg: &serde_json::Value, ids: &[i64], new: usize) -> Result<f64, String> {
-    let mut req = serde_json::json!({"op": "decode", "config": cfg, "ids": ids, "new": new, "reps": 1});
+pub(super) fn torch_once(
+    p: &mut TorchPeer,
+    cfg: &serde_json::Value,
+    ids: &[i64],
+    new: usize,
+    dtype: &str,
+) -> Result<f64, String> {
+    let mut req = serde_json::json!({"op": "decode", "config": cfg, "ids": ids, "new": new, "reps": 1, "dtype": dtype});
     if let Some(dir) = cfg.get("model_dir") {
         req["model_dir"] = dir.clone();
         req["dtype"] = cfg.get("dtype").cloned().unwrap_or("f32".into());
@@ -166,8 +172,8 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     redco_once(&model, &ids, new)?;
     redco_once(&model, &ids, 1)?;
     if let Some(p) = torch.as_mut() {
-        torch_once(p, &cfg_json, &prompt_ids, new)?;
-        torch_once(p, &cfg_json, &prompt_ids, 1)?;
+        torch_once(p, &cfg_json, &prompt_ids, new, "f32")?;
+        torch_once(p, &cfg_json, &prompt_ids, 1, "f32")?;
     }
     let (mut ours, mut theirs) = (Timings::default(), Timings::default());
     // Interleave: every repetition runs redco then torch, the full generate then the 1-token one.
@@ -175,8 +181,8 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         ours.full.push(redco_once(&model, &ids, new)?);
         ours.first.push(redco_once(&model, &ids, 1)?);
         if let Some(p) = torch.as_mut() {
-            theirs.full.push(torch_once(p, &cfg_json, &prompt_ids, new)?);
-            theirs.first.push(torch_once(p, &cfg_json, &prompt_ids, 1)?);
+            theirs.full.push(torch_once(p, &cfg_json, &prompt_ids, new, "f32")?);
+            theirs.first.push(torch_once(p, &cfg_json, &prompt_ids, 1, "f32")?);
         }
         eprintln!("rep {}/{reps} done", rep + 1);
     }

@@ -22,6 +22,12 @@
 //! e.g. `--preset llama-134m --vocab 32000` (hidden 768, 12 layers, 12 heads, intermediate
 //! 2048: 134M parameters), the same on both sides.
 //!
+//! `--dtype bf16` computes in bf16 on both sides: redco trains with f32 master weights
+//! (the `Trainer`'s mixed precision: the model's bf16 copies refreshed after each AdamW
+//! step on the masters, gradients cast to f32 before the sync) and runs forward and decode
+//! on the bf16 model; torch trains its f32 model under `torch.autocast("cpu",
+//! torch.bfloat16)` and runs forward and decode on a bf16 copy.
+//!
 //! `--overlap` starts the data-parallel gradient buckets' all-reduces during backward (as
 //! `TrainConfig::overlap_grad_sync`); "grad sync" is then the wait after backward.
 //!
@@ -68,12 +74,18 @@ pub(super) struct Shape<'a> {
     pub(super) preset: &'a str,
     /// Its vocabulary size.
     pub(super) vocab: usize,
+    /// The compute dtype: `f32` or `bf16`.
+    pub(super) dtype: &'a str,
 }
 
 impl<'a> Shape<'a> {
     /// The shape that `--preset` and `--vocab` ask for.
     pub(super) fn from_args(args: &'a Args) -> Result<Self, String> {
-        Ok(Shape { preset: args.get("preset").unwrap_or("llama-small"), vocab: args.num("vocab", 8000)? })
+        let dtype = args.get("dtype").unwrap_or("f32");
+        if !["f32", "bf16"].contains(&dtype) {
+            return Err(format!("--dtype {dtype}: use f32 or bf16"));
+        }
+        Ok(Shape { preset: args.get("preset").unwrap_or("llama-small"), vocab: args.num("vocab", 8000)?, dtype })
     }
 }
 
@@ -150,6 +162,8 @@ fn redco_rep(
         shape.preset,
         "--vocab",
         &vocab,
+        "--dtype",
+        shape.dtype,
     ];
     if overlap {
         child.push("--overlap");
@@ -196,15 +210,14 @@ fn torch_times(p: &mut TorchPeer, req: serde_json::Value) -> Result<(Vec<f64>, s
 }
 
 /// One repetition of transformers + torch.
-fn torch_rep(p: &mut TorchPeer, cfg: &serde_json::Value, steps: usize, new: usize) -> Result<Rep, String> {
-    let shape =
-        |op: &str| serde_json::json!({"op": op, "config": cfg, "batch": BATCH, "seq": SEQ, "reps": steps, "warmup": 1});
+fn torch_rep(p: &mut TorchPeer, cfg: &serde_json::Value, steps: usize, new: usize, dtype: &str) -> Result<Rep, String> {
+    let shape = |op: &str| serde_json::json!({"op": op, "config": cfg, "batch": BATCH, "seq": SEQ, "reps": steps, "warmup": 1, "dtype": dtype});
     let (train, answer) = torch_times(p, shape("train"))?;
     let (fwd, _) = torch_times(p, shape("forward"))?;
     let vocab = cfg["vocab_size"].as_u64().unwrap_or(8000) as i64;
     let prompt: Vec<i64> = (0..PROMPT as i64).map(|i| (i * 37 + 11) % vocab).collect();
-    torch_once(p, cfg, &prompt, new)?; // warm-up
-    let dec = (0..steps).map(|_| torch_once(p, cfg, &prompt, new)).collect::<Result<Vec<_>, _>>()?;
+    torch_once(p, cfg, &prompt, new, dtype)?; // warm-up
+    let dec = (0..steps).map(|_| torch_once(p, cfg, &prompt, new, dtype)).collect::<Result<Vec<_>, _>>()?;
     // the peer's peak so far (every answer carries it)
     let peak = p.ask(&serde_json::json!({"op": "info"}))?["peak_rss_kib"].as_f64().map_or(f64::NAN, |k| k * 1024.0);
     Ok(Rep {
@@ -301,7 +314,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let args = Args::parse(argv, &["child", "overlap"])?;
     args.only(&[
         "child", "mesh", "reps", "steps", "torch", "json", "png", "threads", "backend", "new", "only", "overlap",
-        "preset", "vocab",
+        "preset", "vocab", "dtype",
     ])?;
     let shape = Shape::from_args(&args)?;
     let overlap = args.has("overlap");
@@ -324,9 +337,15 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let tcfg = torch_config(&preset);
     let describe = machine::describe();
     let model_line = format!(
-        "LLaMA hidden {}, {} layers, {} heads ({} kv), intermediate {}, vocab {}, f32; train/forward batch {BATCH} x \
+        "LLaMA hidden {}, {} layers, {} heads ({} kv), intermediate {}, vocab {}, {}; train/forward batch {BATCH} x \
          seq {SEQ}, AdamW; decode batch 1, prompt {PROMPT}, {new} new tokens, KV cache",
-        cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads, cfg.intermediate, cfg.vocab
+        cfg.hidden,
+        cfg.layers,
+        cfg.heads,
+        cfg.kv_heads,
+        cfg.intermediate,
+        cfg.vocab,
+        if shape.dtype == "bf16" { "bf16 compute (f32 master weights in training)" } else { "f32" }
     );
     eprintln!("machine: {describe} | threads: {threads}");
     let mut torch = match args.get("torch") {
@@ -362,7 +381,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
             ours[i].push(r);
         }
         if let Some(p) = torch.as_mut() {
-            let r = torch_rep(p, &tcfg, steps, new)?;
+            let r = torch_rep(p, &tcfg, steps, new, shape.dtype)?;
             eprintln!(
                 "rep {}/{reps} torch: step {:.3} s, forward {:.3} s, generate {:.3} s",
                 rep + 1,

@@ -8,11 +8,13 @@ use super::llm::{hf_config, Shape, ADAMW, BATCH, PROMPT, SEQ};
 use redco_core::dist::data_parallel::{sync_grads, OverlappedBuckets, DEFAULT_BUCKET_BYTES};
 use redco_core::dist::trace::plan_from_trace;
 use redco_core::dist::{on_backend, spmd_cpu, Mesh, Rank, ShardPlan, SpmdOptions};
+use redco_core::nn::Module;
 use redco_core::nn::ModuleExt;
-use redco_core::optim::AdamW;
+use redco_core::optim::{AdamW, Optimizer};
 use redco_core::{no_grad, Backend, DType, Error, MeshAxis, Tensor};
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 /// Deterministic pseudo-random token ids in `0..vocab`.
@@ -58,6 +60,8 @@ struct Job<'a> {
     new: usize,
     only: Option<&'a str>,
     overlap: bool,
+    /// The compute dtype (F32, or BF16 with f32 master weights in training).
+    dtype: DType,
 }
 
 impl Job<'_> {
@@ -72,6 +76,22 @@ impl Job<'_> {
         if let Some(p) = self.plan {
             p.apply(&mut model)?;
         }
+        // f32 master weights (what AdamW updates) and the model's copies in the compute
+        // dtype, refreshed after each step, as the Trainer's mixed precision
+        let mixed = self.dtype != DType::F32;
+        let mut masters: BTreeMap<String, Tensor<B>> = model.named_parameters().into_iter().collect();
+        let dtype = self.dtype;
+        let refresh = |model: &mut Llama<B>, masters: &BTreeMap<String, Tensor<B>>| -> redco_core::Result<()> {
+            let mut err = None;
+            model.visit_mut("", &mut |name, p| match masters[name].cast(dtype) {
+                Ok(t) => *p = t.detach().into_var(),
+                Err(e) => err = Some(e),
+            });
+            err.map_or(Ok(()), Err)
+        };
+        if mixed {
+            refresh(&mut model, &masters)?;
+        }
         let whole = Tensor::from_vec(b, self.ids.to_vec(), [BATCH, SEQ])?;
         let ids = if self.mesh.dp > 1 { whole.shard_along(MeshAxis::Dp, 0)? } else { whole };
         let comm = redco_core::dist::current_comm::<B>();
@@ -80,6 +100,7 @@ impl Job<'_> {
         for i in (0..=steps).filter(|_| self.want("train")) {
             let t = Instant::now();
             let (model_ref, opt_ref, ids_ref, comm_ref) = (&mut model, &mut opt, &ids, &comm);
+            let (masters_ref, refresh_ref) = (&mut masters, &refresh);
             let (value, phases) = on_backend(b, move || -> redco_core::Result<(f64, [f64; 4])> {
                 let mut lap = Instant::now();
                 let mut split = || {
@@ -92,7 +113,7 @@ impl Job<'_> {
                 let f = split();
                 // with --overlap, dp gradient buckets start their all-reduce during
                 // backward and "grad sync" is the wait for them after it
-                let params: Vec<Tensor<B>> = model_ref.named_parameters().into_iter().map(|(_, p)| p).collect();
+                let mut params: Vec<Tensor<B>> = model_ref.named_parameters().into_iter().map(|(_, p)| p).collect();
                 let mut grads = redco_core::GradStore::new();
                 let mut buckets = comm_ref
                     .clone()
@@ -102,13 +123,29 @@ impl Job<'_> {
                     Some(bk) => loss.backward_into_with(&mut grads, &mut |p, g| bk.ready(p, g))?,
                     None => loss.backward_into(&mut grads)?,
                 }
+                if mixed {
+                    // gradients of the compute copies, as f32 gradients of the masters
+                    let mut g32 = redco_core::GradStore::new();
+                    for (name, p) in model_ref.named_parameters() {
+                        if let Some(g) = grads.get(&p) {
+                            g32.insert(&masters_ref[&name], g.cast(DType::F32)?);
+                        }
+                    }
+                    grads = g32;
+                    params = masters_ref.values().cloned().collect();
+                }
                 let bw = split();
                 match buckets {
                     Some(bk) => bk.finish(&mut grads)?,
                     None => sync_grads(comm_ref.as_ref(), &params, &mut grads, DEFAULT_BUCKET_BYTES)?,
                 }
                 let sync = split();
-                opt_ref.step(model_ref, &grads)?;
+                if mixed {
+                    opt_ref.update(masters_ref, &grads)?;
+                    refresh_ref(model_ref, masters_ref)?;
+                } else {
+                    opt_ref.step(model_ref, &grads)?;
+                }
                 // queued device work counts in the step
                 b.sync()?;
                 Ok((value, [f, bw, sync, split()]))
@@ -174,7 +211,15 @@ pub fn child(
     } else {
         None
     };
-    let job = Job { cfg: &cfg, mesh, plan: plan.as_ref(), ids: &ids, prompt: &prompt, steps, new, only, overlap };
+    let dtype = if shape.dtype == "bf16" { DType::BF16 } else { DType::F32 };
+    if dtype != DType::F32 && (overlap || backend.starts_with("pjrt")) {
+        return Err(format!(
+            "--dtype {}: measured without --overlap, on the cpu, cpu-mpi and wgpu backends",
+            shape.dtype
+        ));
+    }
+    let job =
+        Job { cfg: &cfg, mesh, plan: plan.as_ref(), ids: &ids, prompt: &prompt, steps, new, only, overlap, dtype };
     let opts = SpmdOptions { threads_per_rank: Some(threads_per_rank), ..Default::default() };
     let with_rss = |r: RankTimes| (r, peak_rss() as f64);
     let results = match backend {

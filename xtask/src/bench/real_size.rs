@@ -9,7 +9,8 @@
 //!   checkpoint's bytes (`bench decode --model`, one child process per dtype, so each peak is
 //!   its own);
 //! - the 134M LLaMA (`--preset llama-134m --vocab 32000` of `bench llm`: hidden 768, 12
-//!   layers, 12 heads, intermediate 2048) training tokens/s in f32, batch 4 x 256, AdamW.
+//!   layers, 12 heads, intermediate 2048) training tokens/s in f32 and in bf16 (f32 master
+//!   weights; torch under autocast), batch 4 x 256, AdamW.
 //!
 //! Flags: `--threads N`, `--reps N` (decode repetitions, default 3), `--new N` (new tokens,
 //! default 32), `--skip-train`, `--skip-decode`, `--json FILE`.
@@ -48,38 +49,18 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         }
         print_decode(&model, bytes, &decode);
     }
-    let mut train = None;
+    let mut train = serde_json::Map::new();
     if !args.has("skip-train") {
-        let json = out_dir.join("train-134m.json");
-        let j = json.to_string_lossy().into_owned();
-        let png = out_dir.join("train-134m.png").to_string_lossy().into_owned();
-        child(&[
-            "bench",
-            "llm",
-            "--preset",
-            "llama-134m",
-            "--vocab",
-            "32000",
-            "--mesh",
-            "1x1",
-            "--reps",
-            "2",
-            "--steps",
-            "2",
-            "--new",
-            "8",
-            "--torch",
-            py,
-            "--threads",
-            &threads,
-            "--json",
-            &j,
-            "--png",
-            &png,
-        ])?;
-        let v = read_json(&json)?;
-        print_train(&v);
-        train = Some(v);
+        for dtype in ["f32", "bf16"] {
+            let json = out_dir.join(format!("train-134m-{dtype}.json"));
+            let j = json.to_string_lossy().into_owned();
+            let png = out_dir.join(format!("train-134m-{dtype}.png")).to_string_lossy().into_owned();
+            let a = ["bench", "llm", "--preset", "llama-134m", "--vocab", "32000", "--mesh", "1x1", "--dtype", dtype];
+            let b = ["--reps", "2", "--steps", "2", "--new", "8", "--torch", py, "--threads", &threads];
+            child(&[&a[..], &b[..], &["--json", &j, "--png", &png]].concat())?;
+            train.insert(dtype.to_string(), read_json(&json)?);
+        }
+        print_train(&train);
     }
     if let Some(path) = args.get("json") {
         let out = serde_json::json!({
@@ -193,12 +174,17 @@ fn print_decode(model: &Path, bytes: u64, decode: &[(&str, serde_json::Value)]) 
     }
 }
 
-fn print_train(v: &serde_json::Value) {
-    let rate = |s: &str| row(v, s).and_then(|r| r["train_tok_s"].as_f64());
+fn print_train(runs: &serde_json::Map<String, serde_json::Value>) {
     println!();
-    println!("134M LLaMA (hidden 768, 12 layers, 12 heads, intermediate 2048, vocab 32000), f32, batch 4 x 256, AdamW");
-    match (rate("redco-cpu-1x1"), rate("torch")) {
-        (Some(r), Some(t)) => println!("training: redco {r:.1} tok/s, torch {t:.1} tok/s: {:.2}x", r / t),
-        (r, t) => println!("training: redco {r:?} tok/s, torch {t:?} tok/s"),
+    println!("134M LLaMA (hidden 768, 12 layers, 12 heads, intermediate 2048, vocab 32000), batch 4 x 256, AdamW");
+    let rate = |d: &str, s: &str| runs.get(d).and_then(|v| row(v, s)?["train_tok_s"].as_f64());
+    for dtype in ["f32", "bf16"] {
+        match (rate(dtype, "redco-cpu-1x1"), rate(dtype, "torch")) {
+            (Some(r), Some(t)) => println!("training {dtype}: redco {r:.1} tok/s, torch {t:.1} tok/s: {:.2}x", r / t),
+            (r, t) => println!("training {dtype}: redco {r:?} tok/s, torch {t:?} tok/s"),
+        }
+    }
+    if let (Some(b), Some(f)) = (rate("bf16", "redco-cpu-1x1"), rate("f32", "redco-cpu-1x1")) {
+        println!("redco bf16 training: {:.2}x its own f32", b / f);
     }
 }

@@ -56,8 +56,8 @@ impl TorchPeer {
     }
 
     /// Seconds per call of `torch.matmul` for each of `reps` timed calls.
-    pub fn gemm_times(&mut self, m: usize, n: usize, k: usize, reps: usize) -> Result<Vec<f64>, String> {
-        let v = self.ask(&serde_json::json!({"op": "gemm", "m": m, "n": n, "k": k, "reps": reps}))?;
+    pub fn gemm_times(&mut self, m: usize, n: usize, k: usize, reps: usize, dtype: &str) -> Result<Vec<f64>, String> {
+        let v = self.ask(&serde_json::json!({"op": "gemm", "m": m, "n": n, "k": k, "reps": reps, "dtype": dtype}))?;
         v["times"]
             .as_array()
             .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())

@@ -10,6 +10,7 @@
 //! two A tiles (`tmm4`, `tmm5`) and two B tiles (`tmm6`, `tmm7`) per 32 steps of k: four
 //! tile products per four tile loads, all eight tiles in use.
 
+use super::Micro;
 use std::arch::asm;
 use std::sync::OnceLock;
 
@@ -106,27 +107,11 @@ impl Tiles {
         unsafe { asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly)) };
         Tiles(())
     }
+}
 
-    /// `C[32 x 32] (+)= A[32 x 32 kc] * B[32 kc x 32]` (f32 accumulation) for one block:
-    /// `C =` when `accumulate` is false, `C +=` (C read first) when true.
-    ///
-    /// `a` holds `kc` steps of two packed A tiles (rows 0..16 then 16..32, each 16 rows of 32
-    /// bf16), `b` `kc` steps of two packed B tiles (columns 0..16 then 16..32, VNNI layout),
-    /// step after step; C's row `i` is at `c + i * ldc_bytes`.
-    ///
-    /// # Safety
-    /// `a` and `b` are readable for `kc * 2 * TILE` u16 each; `c` is readable (when
-    /// `accumulate`) and writable for 32 rows of 128 bytes at `ldc_bytes` apart; `kc >= 1`.
+impl Micro for Tiles {
     #[inline]
-    pub(super) unsafe fn kernel(
-        &self,
-        kc: usize,
-        a: *const u16,
-        b: *const u16,
-        c: *mut f32,
-        ldc_bytes: usize,
-        accumulate: bool,
-    ) {
+    unsafe fn kernel(&self, kc: usize, a: *const u16, b: *const u16, c: *mut f32, ldc_bytes: usize, accumulate: bool) {
         debug_assert!(kc >= 1);
         // SAFETY: the tiles are configured (`self` exists); C's 32 rows of 128 bytes are
         // readable when accumulating (caller).

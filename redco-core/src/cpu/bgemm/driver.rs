@@ -1,4 +1,4 @@
-//! Blocking and threading of the AMX bf16 GEMM.
+//! Blocking and threading of the bf16 GEMM (either engine).
 //!
 //! ```text
 //! for each block of NC columns (packed B of at most B_BYTES, shared):
@@ -13,8 +13,9 @@
 //! ```
 
 use super::amx::{Tiles, BLOCK, KSTEP, TILE};
+use super::dot::Dot;
 use super::pack::{pack_a, pack_b};
-use super::{HalfRef, A_BYTES, B_BYTES};
+use super::{Engine, HalfRef, Micro, A_BYTES, B_BYTES};
 use crate::cpu::sgemm::buffer::{with_buf, Slot};
 use crate::cpu::sgemm::{par_for, split, SendPtr};
 use std::mem::MaybeUninit;
@@ -32,9 +33,11 @@ const MAX_ROW_BLOCKS: usize = 8;
 #[repr(C, align(64))]
 struct Scratch([f32; BLOCK * BLOCK]);
 
-/// Runs the GEMM (see the module doc). `m, n, k >= 1`, bounds checked by the caller.
+/// Runs the GEMM (see the module doc) on `engine`. `m, n, k >= 1`, bounds checked by the
+/// caller, and the engine runs here ([`Engine::runs`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run(
+    engine: Engine,
     m: usize,
     n: usize,
     k: usize,
@@ -76,25 +79,13 @@ pub(super) fn run(
                         // SAFETY: block rb - rb0 of the reserved A buffer (this task's own).
                         unsafe { pack_a(a, m, k, rb * BLOCK, ap.add((rb - rb0) * panel)) };
                     }
-                    // SAFETY: AMX is ready (bgemm_uninit checked `available`).
-                    let tiles = unsafe { Tiles::configure() };
-                    for s0 in (0..steps).step_by(KC_STEPS) {
-                        let run = KC_STEPS.min(steps - s0);
-                        let off = s0 * 2 * TILE;
-                        for q in q0..q1 {
-                            let j0 = (p0 + q) * BLOCK;
-                            for rb in rb0..rb1 {
-                                let i0 = rb * BLOCK;
-                                // SAFETY: the packed panels hold all k steps; this task alone
-                                // writes the C block (i0, j0) (row and column ranges of tasks
-                                // are disjoint), inside m x n of C at stride ldc; blocks after
-                                // the first k block read what the earlier ones wrote.
-                                unsafe {
-                                    let ab = ap.add((rb - rb0) * panel + off);
-                                    let bb = bp.get().add(q * panel + off);
-                                    block(&tiles, run, ab, bb, cp.get(), ldc, (i0, j0), (m, n), s0 > 0);
-                                }
-                            }
+                    let blocks = Blocks { steps, panel, a: ap, b: bp.get(), c: cp.get(), ldc, m, n, p0 };
+                    // SAFETY: the engine runs here (bgemm_on checked `runs`); the task's rows
+                    // and panels are its own (disjoint from every other task's).
+                    unsafe {
+                        match engine {
+                            Engine::Amx => blocks.run(&Tiles::configure(), (rb0, rb1), (q0, q1)),
+                            Engine::Dot => blocks.run(&Dot::assume_ready(), (rb0, rb1), (q0, q1)),
                         }
                     }
                 });
@@ -103,17 +94,66 @@ pub(super) fn run(
     });
 }
 
+/// One task's view of the packed operands and of C.
+struct Blocks {
+    /// k steps (of 32) in all.
+    steps: usize,
+    /// u16 elements of one packed 32-row A block or 32-column B panel.
+    panel: usize,
+    /// The task's packed A blocks (its first row block first).
+    a: *const u16,
+    /// The column block's packed B panels (its first panel first).
+    b: *const u16,
+    /// C, row-major at stride `ldc`.
+    c: *mut f32,
+    ldc: usize,
+    m: usize,
+    n: usize,
+    /// The column block's first panel.
+    p0: usize,
+}
+
+impl Blocks {
+    /// The micro-kernel over row blocks `rb0..rb1` (packed from `a`) and the column block's
+    /// panels `q0..q1`, k block by k block.
+    ///
+    /// # Safety
+    /// `kern` may run here; `a` holds the packed row blocks `rb0..rb1`, `b` the packed
+    /// panels through `q1`, all k steps; no other thread writes these blocks of C, which is
+    /// writable inside `m x n`.
+    unsafe fn run<K: Micro>(&self, kern: &K, (rb0, rb1): (usize, usize), (q0, q1): (usize, usize)) {
+        for s0 in (0..self.steps).step_by(KC_STEPS) {
+            let run = KC_STEPS.min(self.steps - s0);
+            let off = s0 * 2 * TILE;
+            for q in q0..q1 {
+                let j0 = (self.p0 + q) * BLOCK;
+                for rb in rb0..rb1 {
+                    let i0 = rb * BLOCK;
+                    // SAFETY: the packed panels hold all k steps; this task alone writes
+                    // the C block (i0, j0), inside m x n of C at stride ldc; blocks after the
+                    // first k block read what the earlier ones wrote.
+                    unsafe {
+                        let ab = self.a.add((rb - rb0) * self.panel + off);
+                        let bb = self.b.add(q * self.panel + off);
+                        block(kern, run, ab, bb, self.c, self.ldc, (i0, j0), (self.m, self.n), s0 > 0);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// `steps` k steps of one 32 x 32 block of C at `(i0, j0)` (`C =`, or `C +=` when
 /// `accumulate`): straight in C when the block lies inside `m x n`, else through a scratch
 /// block of which only the part inside is read and written.
 ///
 /// # Safety
-/// As [`Tiles::kernel`] for `a` and `b`; `c` is writable (and, when `accumulate`, already
+/// As [`Micro::kernel`] for `a` and `b`; `c` is writable (and, when `accumulate`, already
 /// written) at every `(i, j)` inside `m x n` (row stride `ldc`), and no other thread writes
 /// the block.
 #[allow(clippy::too_many_arguments)]
-unsafe fn block(
-    tiles: &Tiles,
+unsafe fn block<K: Micro>(
+    kern: &K,
     steps: usize,
     a: *const u16,
     b: *const u16,
@@ -126,7 +166,7 @@ unsafe fn block(
     // SAFETY: see the function's contract.
     unsafe {
         if i0 + BLOCK <= m && j0 + BLOCK <= n {
-            tiles.kernel(steps, a, b, c.add(i0 * ldc + j0), ldc * 4, accumulate);
+            kern.kernel(steps, a, b, c.add(i0 * ldc + j0), ldc * 4, accumulate);
         } else {
             let mut s = Scratch([0.0; BLOCK * BLOCK]);
             let (rows, cols) = ((m - i0).min(BLOCK), (n - j0).min(BLOCK));
@@ -135,7 +175,7 @@ unsafe fn block(
                     std::ptr::copy_nonoverlapping(c.add((i0 + r) * ldc + j0), s.0.as_mut_ptr().add(r * BLOCK), cols);
                 }
             }
-            tiles.kernel(steps, a, b, s.0.as_mut_ptr(), BLOCK * 4, accumulate);
+            kern.kernel(steps, a, b, s.0.as_mut_ptr(), BLOCK * 4, accumulate);
             for r in 0..rows {
                 std::ptr::copy_nonoverlapping(s.0.as_ptr().add(r * BLOCK), c.add((i0 + r) * ldc + j0), cols);
             }

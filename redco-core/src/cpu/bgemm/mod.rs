@@ -1,5 +1,6 @@
-//! bf16 GEMM with f32 accumulation on Intel AMX tiles (`TDPBF16PS`), for CPUs that have
-//! AMX-BF16 (Sapphire Rapids and later Xeons).
+//! bf16 GEMM with f32 accumulation: on Intel AMX tiles (`TDPBF16PS`, Sapphire Rapids and
+//! later Xeons, [`amx`]) or, without AMX, with AVX512-BF16's `VDPBF16PS` (AMD Zen 4 and
+//! later, Intel Cooper Lake, [`dot`]). Both engines share the packing and the blocking.
 //!
 //! `C (f32, m x n) = A (bf16, m x k) * B (bf16, k x n)`, both operands given by element
 //! strides. Blocking, BLIS-style with AMX's shapes:
@@ -11,11 +12,13 @@
 //! * tasks split the rows, and the columns too when there are fewer row blocks than
 //!   threads.
 //!
-//! Entry point: [`bgemm_uninit`]; it returns false (touching nothing) where AMX cannot run,
-//! so the caller falls back to widening to f32.
+//! Entry point: [`bgemm_uninit`]; it returns false (touching nothing) where neither engine
+//! runs, so the caller falls back to widening to f32.
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
+#[cfg(target_arch = "x86_64")]
+mod dot;
 #[cfg(target_arch = "x86_64")]
 mod driver;
 #[cfg(target_arch = "x86_64")]
@@ -41,31 +44,92 @@ pub(crate) const B_BYTES: usize = 4 << 20;
 /// The most bytes of packed A per task.
 pub(crate) const A_BYTES: usize = 512 << 10;
 
-/// The environment variable that turns the AMX GEMM off (bf16 products then widen to f32
-/// and run the f32 GEMM): set to anything but empty or `0`.
+/// The environment variable that turns the AMX GEMM off (bf16 products then use the
+/// AVX512-BF16 engine where the CPU has it, else widen to f32 and run the f32 GEMM): set
+/// to anything but empty or `0`.
 pub(crate) const NO_AMX: &str = "REDCO_NO_AMX";
 
-/// True when the AMX bf16 GEMM runs in this process: the CPU has AMX-BF16, the operating
-/// system grants the tile state, and neither [`NO_AMX`] nor `REDCO_ASSUME_NO_AVX512` is
-/// set (no CPU without AVX-512 has AMX). Read once per process.
-pub(crate) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *ON.get_or_init(|| {
-            let off = std::env::var_os(NO_AMX).is_some_and(|v| !v.is_empty() && v != "0");
-            !off && crate::cpu::avx512f() && amx::ready()
-        })
+/// The environment variable that turns the AVX512-BF16 engine off (set to anything but
+/// empty or `0`).
+pub(crate) const NO_BF16_DOT: &str = "REDCO_NO_BF16_DOT";
+
+/// The kernels of the bf16 GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Engine {
+    /// AMX tiles, 32 x 32 of C per 4 `TDPBF16PS`.
+    Amx,
+    /// AVX512-BF16 `VDPBF16PS` on zmm registers.
+    Dot,
+}
+
+impl Engine {
+    /// The name benchmarks and `redco info` report.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Engine::Amx => "amx",
+            Engine::Dot => "avx512-bf16",
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+
+    /// True when this CPU and process can run the engine (whether or not it is chosen).
+    pub(crate) fn runs(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            match self {
+                Engine::Amx => crate::cpu::avx512f() && amx::ready(),
+                Engine::Dot => dot::ready(),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
     }
 }
 
+/// A micro-kernel over the packed operands.
+pub(crate) trait Micro {
+    /// `C[32 x 32] (+)= A[32 x 32 kc] * B[32 kc x 32]` (f32 accumulation) for one block:
+    /// `C =` when `accumulate` is false, `C +=` (C read first) when true.
+    ///
+    /// `a` holds `kc` steps of two packed A tiles (rows 0..16 then 16..32, each 16 rows of
+    /// 32 bf16), `b` `kc` steps of two packed B tiles (columns 0..16 then 16..32, VNNI
+    /// layout), step after step; C's row `i` is at `c + i * ldc_bytes`.
+    ///
+    /// # Safety
+    /// `a` and `b` are readable for `kc * 2 * TILE` u16 each; `c` is readable (when
+    /// `accumulate`) and writable for 32 rows of 128 bytes at `ldc_bytes` apart; `kc >= 1`.
+    unsafe fn kernel(&self, kc: usize, a: *const u16, b: *const u16, c: *mut f32, ldc_bytes: usize, accumulate: bool);
+}
+
+fn turned_off(var: &str) -> bool {
+    std::env::var_os(var).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The engine bf16 products use in this process: AMX where it runs and [`NO_AMX`] is not
+/// set, else AVX512-BF16 where it runs and [`NO_BF16_DOT`] is not set, else none. Neither
+/// runs under `REDCO_ASSUME_NO_AVX512`. Read once per process.
+pub(crate) fn engine() -> Option<Engine> {
+    static ON: std::sync::OnceLock<Option<Engine>> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        if !turned_off(NO_AMX) && Engine::Amx.runs() {
+            Some(Engine::Amx)
+        } else if !turned_off(NO_BF16_DOT) && Engine::Dot.runs() {
+            Some(Engine::Dot)
+        } else {
+            None
+        }
+    })
+}
+
+/// True when bf16 products run on one of the engines ([`engine`]).
+pub(crate) fn available() -> bool {
+    engine().is_some()
+}
+
 /// `C = A * B` with `C` row-major `m x n` at row stride `ldc`, every element of its
-/// `m x n` part written, on `threads` threads of the current rayon pool. Returns false
-/// (nothing written) when [`available`] is false.
+/// `m x n` part written, on `threads` threads of the current rayon pool, by the process's
+/// [`engine`]. Returns false (nothing written) when there is none.
 ///
 /// # Panics
 /// If the operand slices are too short for their strides, or `c` for `m` rows of `ldc`.
@@ -80,7 +144,29 @@ pub(crate) fn bgemm_uninit(
     ldc: usize,
     threads: usize,
 ) -> bool {
-    if !available() {
+    match engine() {
+        Some(e) => bgemm_on(e, m, n, k, a, b, c, ldc, threads),
+        None => false,
+    }
+}
+
+/// [`bgemm_uninit`] on the given engine; false (nothing written) where it cannot run.
+///
+/// # Panics
+/// As [`bgemm_uninit`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn bgemm_on(
+    engine: Engine,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: HalfRef,
+    b: HalfRef,
+    c: &mut [MaybeUninit<f32>],
+    ldc: usize,
+    threads: usize,
+) -> bool {
+    if !engine.runs() {
         return false;
     }
     check(m, n, k, &a, &b, c.len(), ldc);
@@ -94,9 +180,9 @@ pub(crate) fn bgemm_uninit(
         return true;
     }
     #[cfg(target_arch = "x86_64")]
-    driver::run(m, n, k, &a, &b, c, ldc, threads);
+    driver::run(engine, m, n, k, &a, &b, c, ldc, threads);
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = threads;
+    let _ = (engine, threads);
     true
 }
 
