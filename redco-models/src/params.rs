@@ -99,6 +99,12 @@ impl<B: Backend> ParamSource<B> for CheckpointSource<'_, B> {
                 msg: format!("`{name}` has shape {stored} in the checkpoint but the model needs {shape}"),
             });
         }
+        if let Some(d) = self.ckpt.dtype(name).filter(|d| self.dtype.is_float() && !d.is_float()) {
+            return Err(Error::Parameter {
+                name: name.into(),
+                msg: format!("`{name}` is stored as {d:?} in the checkpoint; the model's weights must be floats"),
+            });
+        }
         self.used.insert(name.to_string());
         let placements = self.plan.map(|p| p.placements(name)).unwrap_or_default();
         let t = match (placements.get(MeshAxis::Mp), current_comm::<B>()) {

@@ -42,8 +42,30 @@ enum Command {
     Info,
 }
 
+/// The library's log events on stderr: warnings (a checkpoint without checksums, a
+/// resume with nothing to resume, skipped steps) and errors by default; `RUST_LOG=info`,
+/// `debug` or `trace` shows more, `RUST_LOG=off` nothing.
+fn init_logging() {
+    let level = match std::env::var("RUST_LOG").map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+        Ok("off") => tracing::level_filters::LevelFilter::OFF,
+        Ok("error") => tracing::level_filters::LevelFilter::ERROR,
+        Ok("info") => tracing::level_filters::LevelFilter::INFO,
+        Ok("debug") => tracing::level_filters::LevelFilter::DEBUG,
+        Ok("trace") => tracing::level_filters::LevelFilter::TRACE,
+        _ => tracing::level_filters::LevelFilter::WARN,
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .with_ansi(false)
+        .try_init();
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging();
     #[cfg(feature = "tpu")]
     cmd::pjrt::set_plugin(cli.pjrt_plugin.clone());
     if let Err(e) = cmd::launch::init() {

@@ -5,13 +5,16 @@
 //!   [--backend cpu,cpu-mpi,wgpu] [--overlap] [--torch PYTHON] [--json FILE] [--png FILE]`: the bench LLaMA's training,
 //!   forward and decode tokens/s and peak memory per backend and mesh and, optionally,
 //!   transformers + torch measured in the same run;
-//! - `cargo xtask bench gemm [--threads N] [--reps N] [--torch PYTHON] [--json FILE]`:
-//!   f32 GEMM throughput against the machine's measured FMA peak and, optionally,
-//!   `torch.matmul` measured in the same run;
+//! - `cargo xtask bench gemm [--threads N] [--reps N] [--dtype f32|bf16] [--torch PYTHON]
+//!   [--json FILE]`: f32 (or bf16) GEMM throughput against the machine's measured f32 FMA
+//!   peak and, optionally, `torch.matmul` measured in the same run;
 //! - `cargo xtask bench decode [--prompt N] [--new N] [--reps N] [--threads N] [--torch PYTHON]
 //!   [--json FILE]`: batch-1 LLaMA decode tokens/s with the KV cache and, optionally,
 //!   transformers' `generate` measured in the same run;
 //! - `cargo xtask fixtures [--python PY]`: the transformers reference fixtures.
+//! - `cargo xtask fuzz [--cases N] [--only NAME]`: the hostile-input properties with 100,000
+//!   generated inputs per target (config.json, safetensors files and indexes, tokenizer
+//!   files, checkpoint manifests, JSONL).
 //! - `cargo xtask gpu-check wgpu [--allow-cpu-adapter]`: the wgpu checks on a real GPU;
 //!   `cargo xtask gpu-check pjrt [--plugin PATH] [--allow-cpu]`: the PJRT checks with the
 //!   CUDA plugin.
@@ -19,6 +22,7 @@
 mod args;
 mod bench;
 mod fixtures;
+mod fuzz;
 mod gpu_check;
 mod gpu_check_pjrt;
 mod machine;
@@ -33,6 +37,7 @@ fn main() -> ExitCode {
         Some("test") => test::run(&argv[1..]),
         Some("bench") => bench::run(&argv[1..]),
         Some("fixtures") => fixtures::run(&argv[1..]),
+        Some("fuzz") => fuzz::run(&argv[1..]),
         Some("gpu-check") => gpu_check::run(&argv[1..]),
         Some("-h" | "--help") | None => {
             println!("{}", USAGE);
@@ -53,20 +58,23 @@ const USAGE: &str = "usage: cargo xtask <task>
 
 tasks:
   test [--no-lint]                 fmt check, clippy -D warnings, the whole test suite
-  bench [llm] [--mesh 1x1,1x2,2x1] [--reps N] [--steps N] [--threads N]
+  bench [llm] [--mesh 1x1,1x2,2x1] [--reps N] [--steps N] [--threads N] [--dtype f32|bf16]
         [--backend cpu,cpu-mpi,wgpu] [--overlap] [--torch PYTHON] [--json FILE] [--png FILE]
                                    LLaMA (hidden 512, 6 layers) training, forward and decode
                                    tok/s and peak RSS per backend and mesh (wgpu: xtask's
                                    `wgpu` feature) and transformers + torch,
                                    interleaved repetitions, medians; a table, JSON and a PNG
                                    bar chart (default target/bench-llm.png)
-  bench gemm [--threads N] [--reps N] [--torch PYTHON] [--json FILE]
-                                   f32 GEMM GFLOP/s vs the measured FMA peak (and torch)
+  bench gemm [--threads N] [--reps N] [--dtype f32|bf16] [--torch PYTHON] [--json FILE]
+                                   GEMM GFLOP/s vs the measured f32 FMA peak (and torch)
   bench decode [--prompt N] [--new N] [--reps N] [--threads N] [--torch PYTHON] [--json FILE]
                                    batch-1 LLaMA decode tok/s with the KV cache (and transformers)
   bench load [--mp N] [--mpi] [--hidden N] [--layers N] [--inter N] [--vocab N]
                                    peak resident memory of each rank loading its checkpoint slice
   fixtures [--python PY]           regenerate tests/fixtures with transformers (not in CI)
+  fuzz [--cases N] [--only NAME]   the hostile-input properties, 100000 generated inputs per
+                                   target (config, safetensors, index, tokenizer, manifest,
+                                   JSONL); CI runs 256 each
   gpu-check wgpu [--allow-cpu-adapter] | pjrt [--plugin PATH] [--allow-cpu]
                                    on a machine with a GPU: its wgpu adapter, the conformance
                                    suite, redco-wgpu's tests, the LLaMA check and matmul

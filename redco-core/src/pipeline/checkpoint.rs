@@ -25,11 +25,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let name = path.file_name().map_or_else(|| "file".into(), |f| f.to_string_lossy().to_string());
     let tmp = path.with_file_name(format!(".{name}.{}-{n}.part", std::process::id()));
+    // errors name the file asked for, then the step that failed
+    let at = |what: &str, e: std::io::Error| {
+        Error::invalid("checkpoint", format!("cannot write {}: {what} {}: {e}", path.display(), tmp.display()))
+    };
     let written = (|| {
-        let mut f = fs::File::create(&tmp).map_err(|e| io("cannot create", &tmp, e))?;
-        f.write_all(bytes).map_err(|e| io("cannot write", &tmp, e))?;
-        f.sync_all().map_err(|e| io("cannot sync", &tmp, e))?;
-        fs::rename(&tmp, path).map_err(|e| io("cannot rename", &tmp, e))
+        let mut f = fs::File::create(&tmp).map_err(|e| at("cannot create", e))?;
+        f.write_all(bytes).map_err(|e| at("cannot write", e))?;
+        f.sync_all().map_err(|e| at("cannot sync", e))?;
+        fs::rename(&tmp, path).map_err(|e| at("cannot rename", e))
     })();
     if written.is_err() {
         // a failed write (a full disk) leaves nothing behind

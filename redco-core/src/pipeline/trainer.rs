@@ -325,7 +325,13 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
         if leader {
             match &resume_from {
                 None if !resume => workdir::prepare_fresh(&dep.workdir, &ckpt, cfg.overwrite)?,
-                None => workdir::truncate_metrics(&dep.workdir, 0)?,
+                None => {
+                    tracing::warn!(
+                        workdir = %dep.workdir.display(),
+                        "resume asked for, but the workdir holds no checkpoint: starting from step 0"
+                    );
+                    workdir::truncate_metrics(&dep.workdir, 0)?
+                }
                 Some(_) => workdir::remove_partial(&ckpt)?,
             }
         }

@@ -93,6 +93,11 @@ impl Checkpoint {
         self.entries.iter().map(|(n, e)| (n.as_str(), &e.shape, e.dtype))
     }
 
+    /// The stored dtype of tensor `name`, if the checkpoint has it.
+    pub fn dtype(&self, name: &str) -> Option<DType> {
+        self.entries.get(name).map(|e| e.dtype)
+    }
+
     /// The shape of tensor `name`, if the checkpoint has it.
     pub fn shape(&self, name: &str) -> Option<&Shape> {
         self.entries.get(name).map(|e| &e.shape)

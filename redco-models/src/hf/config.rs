@@ -175,6 +175,23 @@ impl HfConfig {
         if let Some(p) = self.max_positions {
             fields::within("max positions", "max_position_embeddings", p)?;
         }
+        // a norm divides by sqrt(variance + eps) and RoPE raises the base to fractional powers:
+        // either at zero or below gives infinities or NaNs in the first forward pass
+        if !(self.norm_eps > 0.0 && self.norm_eps < 1.0) {
+            return Err(Error::invalid(
+                "config",
+                format!(
+                    "the norm epsilon (`rms_norm_eps` / `layer_norm_epsilon`) is {}: expected 0 < eps < 1",
+                    self.norm_eps
+                ),
+            ));
+        }
+        if !(self.rope_theta > 1.0) {
+            return Err(Error::invalid(
+                "config",
+                format!("`rope_theta` is {}: expected a base above 1", self.rope_theta),
+            ));
+        }
         let (h, l, v, f) = (self.hidden as u128, self.layers as u128, self.vocab as u128, self.intermediate as u128);
         let attn = 2 * h * (self.heads * self.head_dim) as u128 + 2 * h * (self.kv_heads * self.head_dim) as u128;
         let params = l * (attn + 3 * h * f) + 2 * v * h;

@@ -204,8 +204,17 @@ impl Tokenizer {
 
     fn load(path: &Path, settings: Settings) -> Result<Self> {
         let bytes = std::fs::read(path).map_err(|e| err(format!("cannot read {}: {e}", path.display())))?;
-        let mut inner = tokenizers::Tokenizer::from_bytes(&bytes)
-            .map_err(|e| err(format!("{}: not a valid tokenizer.json: {e}", path.display())))?;
+        let invalid = |e: &dyn std::fmt::Display| err(format!("{}: not a valid tokenizer.json: {e}", path.display()));
+        // The tokenizers crate panics on some malformed files (a cut one, inside its decoder
+        // section) instead of answering an error: the JSON is checked whole first, and a
+        // panic left in its reader is turned into the same error.
+        let json: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| invalid(&e))?;
+        if !json.is_object() {
+            return Err(invalid(&"the file is not a JSON object"));
+        }
+        let mut inner = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(&bytes))
+            .map_err(|_| invalid(&"the tokenizers crate could not read it"))?
+            .map_err(|e| invalid(&e))?;
         let json_padding = inner.get_padding().map(|p| (p.pad_token.clone(), p.direction));
         inner.with_padding(None);
         inner.with_truncation(None).map_err(|e| err(format!("{}: {e}", path.display())))?;

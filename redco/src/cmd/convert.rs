@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 
 /// Arguments of `redco convert`.
 #[derive(Args)]
+#[command(allow_negative_numbers = true)]
 pub struct ConvertArgs {
     /// What to write: `redco` (sharded checkpoint) or `hf` (Hugging Face directory).
     #[arg(long)]

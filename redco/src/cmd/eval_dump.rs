@@ -19,6 +19,7 @@ use std::path::PathBuf;
 
 /// Arguments of `redco eval-dump`.
 #[derive(Args)]
+#[command(allow_negative_numbers = true)]
 pub struct EvalDumpArgs {
     /// Hugging Face model directory (config.json + safetensors).
     #[arg(long)]
@@ -53,6 +54,7 @@ type Named = Vec<(String, HostData, Vec<usize>)>;
 
 fn dump<B: Backend>(b: &B, a: &EvalDumpArgs, inputs: &BTreeMap<String, HostTensor>, dtype: DType) -> Result<Named> {
     let cfg = HfConfig::from_dir(&a.model)?;
+    check_inputs(a, inputs, &cfg).map_err(|e| redco_core::Error::invalid("eval-dump", e))?;
     let plan = common::plan(&cfg, current_comm::<B>().map_or(redco_core::dist::Mesh::single(), |c| c.mesh()))
         .map_err(|e| redco_core::Error::invalid("eval-dump", e))?;
     let get = |k: &str| -> Result<Option<Tensor<B>>> {
@@ -92,6 +94,58 @@ fn dump<B: Backend>(b: &B, a: &EvalDumpArgs, inputs: &BTreeMap<String, HostTenso
         out.push(("generated_ids".into(), HostData::I64(g.rows.concat()), vec![g.rows.len(), len]));
     }
     Ok(out)
+}
+
+/// Refuses inputs the models cannot take, naming the tensor: ids that are not integers of
+/// rank 2 or lie outside the vocabulary (labels may also be -100), masks of another shape
+/// than their ids, and (decoder-only models) sequences or generations beyond the context.
+fn check_inputs(
+    a: &EvalDumpArgs,
+    inputs: &BTreeMap<String, HostTensor>,
+    cfg: &HfConfig,
+) -> std::result::Result<(), String> {
+    let file = a.inputs.display();
+    for (ids, mask) in [
+        ("input_ids", Some("attention_mask")),
+        ("gen_input_ids", Some("gen_attention_mask")),
+        ("labels", None),
+        ("decoder_input_ids", None),
+    ] {
+        let Some(t) = inputs.get(ids) else { continue };
+        let values: Vec<i64> = match &t.data {
+            HostData::I64(v) => v.clone(),
+            HostData::I32(v) => v.iter().map(|&x| i64::from(x)).collect(),
+            d => return Err(format!("{file}: `{ids}` is {:?}; token ids must be I64 or I32", d.dtype())),
+        };
+        if t.shape.rank() != 2 {
+            return Err(format!("{file}: `{ids}` has shape {}; expected [batch, seq]", t.shape));
+        }
+        let floor = if ids == "labels" { -100 } else { 0 };
+        if let Some(bad) = values.iter().find(|&&x| x >= cfg.vocab as i64 || x < floor || (x < 0 && x != -100)) {
+            return Err(format!("{file}: `{ids}` holds the id {bad}, outside the vocabulary of {} tokens", cfg.vocab));
+        }
+        if let Some(m) = mask.and_then(|m| inputs.get(m).map(|t| (m, t))) {
+            if m.1.shape != t.shape {
+                return Err(format!("{file}: `{}` has shape {} but `{ids}` has {}", m.0, m.1.shape, t.shape));
+            }
+        }
+        if let (false, Some(ctx)) = (cfg.model_type == "t5", cfg.max_positions) {
+            let seq = t.shape.dims()[1];
+            let total = if ids == "gen_input_ids" { seq.saturating_add(a.max_new_tokens) } else { seq };
+            if total > ctx {
+                return Err(format!(
+                    "{file}: `{ids}` has {seq} tokens per row{}, beyond the model's context of {ctx} \
+                     (max_position_embeddings)",
+                    if ids == "gen_input_ids" {
+                        format!(" and --max-new-tokens {} more", a.max_new_tokens)
+                    } else {
+                        String::new()
+                    }
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn host<B: Backend>(name: &str, t: &Tensor<B>) -> Result<(String, HostData, Vec<usize>)> {

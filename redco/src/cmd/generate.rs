@@ -77,6 +77,9 @@ fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<V
     let tok = Tokenizer::from_dir(&a.model)?;
     let texts: Vec<&str> = prompts.iter().map(String::as_str).collect();
     let batch = tok.encode_batch(&texts, true)?;
+    let threads = a.threads.unwrap_or_else(common::host_cores);
+    common::check_generation_fits(&cfg, (batch.batch * a.num_beams, batch.seq, a.max_new_tokens), dtype, threads)
+        .map_err(|e| Error::invalid("generate", e))?;
     let ids = Tensor::from_vec(b, batch.ids.clone(), [batch.batch, batch.seq])?;
     let mask = Tensor::from_vec(b, batch.mask.clone(), [batch.batch, batch.seq])?;
     let sampling = if a.temperature > 0.0 {
@@ -159,7 +162,11 @@ pub fn run(a: GenerateArgs) -> std::result::Result<(), String> {
     let mut prompts = a.prompt.clone();
     if let Some(f) = &a.prompts_file {
         let text = std::fs::read_to_string(f).map_err(|e| format!("cannot read prompts file {}: {e}", f.display()))?;
+        let before = prompts.len();
         prompts.extend(text.lines().filter(|l| !l.trim().is_empty()).map(str::to_string));
+        if prompts.len() == before {
+            return Err(format!("--prompts-file {}: the file holds no prompts (only empty lines)", f.display()));
+        }
     }
     if prompts.is_empty() {
         return Err("give a prompt: --prompt TEXT (repeatable) or --prompts-file FILE".into());

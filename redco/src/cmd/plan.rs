@@ -11,6 +11,7 @@ use std::path::PathBuf;
 
 /// Arguments of `redco plan`.
 #[derive(Args)]
+#[command(allow_negative_numbers = true)]
 pub struct PlanArgs {
     /// Hugging Face model directory (with config.json).
     #[arg(long)]
@@ -45,7 +46,7 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim().to_ascii_lowercase();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("`{s}` is not a size such as 80GB or 24GiB"))?;
+    let n: f64 = num.parse().map_err(|_| format!("--device-memory {s}: not a size such as 80GB or 24GiB"))?;
     let mul = match unit.trim() {
         "" | "b" => 1.0,
         "kb" => 1e3,
@@ -55,9 +56,13 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
         "kib" => 1024.0,
         "mib" => 1024.0 * 1024.0,
         "gib" => 1024.0 * 1024.0 * 1024.0,
-        _ => return Err(format!("`{s}` has an unknown unit (use B, kB, MB, GB, TB, KiB, MiB, GiB)")),
+        _ => return Err(format!("--device-memory {s}: unknown unit (use B, kB, MB, GB, TB, KiB, MiB, GiB)")),
     };
-    Ok((n * mul) as u64)
+    let bytes = n * mul;
+    if !(bytes >= 1.0 && bytes < u64::MAX as f64) {
+        return Err(format!("--device-memory {s}: must be at least one byte and below 2^64"));
+    }
+    Ok(bytes as u64)
 }
 
 /// The most tokens per step (`--batch` x `--seq`) a plan is made for (2^40: beyond any

@@ -377,6 +377,12 @@ fn err(e: Error) -> String {
 pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
     let kind = common::backend(&a.backend)?;
     let mesh = common::mesh(&a.mesh)?;
+    if !a.batch_size.is_multiple_of(mesh.dp) {
+        return Err(format!(
+            "--batch-size {} must be divisible by the mesh's data-parallel size {} (--mesh {mesh})",
+            a.batch_size, mesh.dp
+        ));
+    }
     if kind == common::BackendKind::Cpu {
         common::check_devices(mesh, a.threads, a.oversubscribe)?;
     }
@@ -419,7 +425,12 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
     }
     if let Some(ctx) = cfg.max_positions {
         if a.seq_len + 1 > ctx {
-            return Err(format!("--seq-len {} exceeds the model's context of {ctx}", a.seq_len));
+            return Err(format!(
+                "--seq-len {} needs {} positions (the labels are the inputs shifted by one), beyond the model's \
+                 context of {ctx}",
+                a.seq_len,
+                a.seq_len + 1
+            ));
         }
     }
     common::check_training_fits(&cfg, mesh, a.batch_size, a.seq_len, compute)?;
@@ -446,12 +457,12 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
         "cosine" => Decay::Cosine,
         "linear" => Decay::Linear,
         "constant" => Decay::Constant,
-        s => return Err(format!("unknown schedule `{s}` (use cosine, linear or constant)")),
+        s => return Err(format!("--schedule {s}: unknown schedule (use cosine, linear or constant)")),
     };
     let optimizer = match a.optimizer.as_str() {
         "adamw" => OptimizerConfig::AdamW(AdamWConfig { weight_decay: a.weight_decay, ..Default::default() }),
         "sgd" => OptimizerConfig::Sgd { momentum: 0.9, weight_decay: a.weight_decay },
-        o => return Err(format!("unknown optimizer `{o}` (use adamw or sgd)")),
+        o => return Err(format!("--optimizer {o}: unknown optimizer (use adamw or sgd)")),
     };
     let config = TrainConfig {
         batch_size: a.batch_size,

@@ -1,15 +1,17 @@
-//! Property-based hostile inputs: generated `config.json` texts, safetensors files,
-//! checkpoint manifests and JSONL files are read by the library's readers, which must answer
-//! with a value or an error, never a panic, an abort or a runaway allocation.
+//! Property-based hostile inputs: generated `config.json` texts, safetensors files and
+//! sharded indexes, tokenizer files, checkpoint manifests and JSONL files are read by the
+//! library's readers, which must answer with a value or an error, never a panic, an abort
+//! or a runaway allocation.
 //!
-//! Each property runs `PROPTEST_CASES` cases (default 256 here, so CI stays short; set it
-//! higher for a longer search, e.g. `PROPTEST_CASES=100000`).
+//! Each property runs `PROPTEST_CASES` cases (default 256 here, so CI stays short; `cargo
+//! xtask fuzz` runs 100,000 per target).
 
 use proptest::prelude::*;
 use redco_core::pipeline::checkpoint::Manifest;
 use redco_core::pipeline::data::{Dataset, JsonlDataset};
 use redco_models::hf::config::HfConfig;
-use redco_models::hf::safetensors::read_all;
+use redco_models::hf::safetensors::{files, read_all};
+use redco_models::hf::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -158,4 +160,97 @@ proptest! {
         }
         let _ = std::fs::remove_dir_all(&d);
     }
+
+    /// A sharded index naming arbitrary files (paths out of the directory, absolute paths,
+    /// non-strings) for arbitrary tensors is listed or refused.
+    #[test]
+    fn sharded_indexes_never_panic(
+        case in any::<u64>(),
+        entries in prop::collection::vec(("[a-z.]{0,12}", prop_oneof![
+            any_value(),
+            "(\\.\\./|/|[a-z]{1,4}/){0,3}[a-z\\-]{0,10}(\\.safetensors)?".prop_map(Value::from),
+        ]), 0..6),
+        text in prop::option::of("\\PC{0,80}"),
+    ) {
+        let d = scratch("index", case);
+        let body = match text {
+            Some(t) => t,
+            None => json!({"weight_map": entries.into_iter().collect::<serde_json::Map<_, _>>()}).to_string(),
+        };
+        std::fs::write(d.join("model.safetensors.index.json"), body).unwrap();
+        std::fs::write(d.join("a.safetensors"), b"x").unwrap();
+        if let Ok(list) = files(&d) {
+            for f in list {
+                prop_assert!(f.starts_with(&d), "{} is outside {}", f.display(), d.display());
+            }
+        }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A tokenizer.json with fields replaced, bytes flipped or the text cut is loaded or
+    /// refused; a loaded one encodes arbitrary text and decodes arbitrary ids without a panic.
+    #[test]
+    fn tokenizer_files_never_panic(
+        case in any::<u64>(),
+        edits in prop::collection::vec((0..TOKENIZER_FIELDS.len(), any_value()), 0..3),
+        flips in prop::collection::vec((any::<usize>(), any::<u8>()), 0..3),
+        cut in prop::option::of(any::<usize>()),
+        text in "\\PC{0,60}",
+        ids in prop::collection::vec(any::<u32>(), 0..8),
+    ) {
+        let d = scratch("tok", case);
+        let mut v: Value = serde_json::from_str(tokenizer_json()).unwrap();
+        for (f, x) in edits {
+            let path: Vec<&str> = TOKENIZER_FIELDS[f].split('/').collect();
+            let mut at = Some(&mut v);
+            for p in &path[..path.len() - 1] {
+                at = at.and_then(|a| a.get_mut(*p)).filter(|a| a.is_object());
+            }
+            if let Some(obj) = at.and_then(Value::as_object_mut) {
+                obj.insert(path[path.len() - 1].to_string(), x);
+            }
+        }
+        let mut bytes = v.to_string().into_bytes();
+        for (at, x) in flips {
+            if !bytes.is_empty() {
+                let i = at % bytes.len();
+                bytes[i] ^= x;
+            }
+        }
+        if let Some(c) = cut {
+            bytes.truncate(c % (bytes.len() + 1));
+        }
+        std::fs::write(d.join("tokenizer.json"), &bytes).unwrap();
+        if let Ok(tok) = Tokenizer::from_file(d.join("tokenizer.json")) {
+            let _ = tok.encode(&text, true);
+            let _ = tok.decode(&ids, true);
+            let _ = tok.encode_batch(&[text.as_str(), "a b"], true);
+        }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
+
+/// Fields of a BPE tokenizer.json the tokenizer property replaces (`/` separates levels).
+const TOKENIZER_FIELDS: &[&str] = &[
+    "model/type",
+    "model/vocab",
+    "model/merges",
+    "model/unk_token",
+    "model/byte_fallback",
+    "added_tokens",
+    "normalizer",
+    "pre_tokenizer",
+    "post_processor",
+    "decoder",
+    "truncation",
+    "padding",
+];
+
+/// The committed llama-tiny tokenizer (read once).
+fn tokenizer_json() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/llama-tiny/tokenizer.json");
+        std::fs::read_to_string(p).unwrap()
+    })
 }
