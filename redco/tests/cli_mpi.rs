@@ -4,7 +4,8 @@
 //! rank's collective counts); eval-dump matches transformers for every model at 1x2 and
 //! 2x2; a killed rank ends the job within the timeout and names it, and resuming ends
 //! with the weights of an uninterrupted run; a stopped rank is named by the watchdog;
-//! a mesh that does not fit the world is refused.
+//! a mesh that does not fit the world is refused; the workdir, identity, integrity and
+//! input checks hold over processes as over threads.
 
 #![cfg(feature = "mpi")]
 
@@ -245,4 +246,76 @@ fn generate_over_processes_prints_once_what_threads_print() {
     let r = mpirun(2).run(&exe(), &args, &d, Duration::from_secs(120)).unwrap();
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert_eq!(r.stdout, want);
+}
+
+#[test]
+fn the_workdir_and_input_checks_hold_with_process_ranks() {
+    let d = scratch("reliability");
+    let w = d.join("w");
+    let ws = w.to_str().unwrap();
+    let args = |extra: &[&'static str]| -> Vec<String> {
+        let mut v: Vec<String> = [
+            "train",
+            "--preset",
+            "llama-tiny",
+            "--mesh",
+            "2x1",
+            "--seq-len",
+            "16",
+            "--checkpoint-every",
+            "2",
+            "--oversubscribe",
+            "--sample-tokens",
+            "1",
+            "--workdir",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        v.push(ws.to_string());
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let job = |name: &str, extra: &[&'static str]| {
+        let a = args(extra);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        let r = mpirun(2).run(&exe(), &a, &d.join(name), Duration::from_secs(180)).unwrap();
+        assert!(!r.timed_out, "{name}: the job hung\n{}", r.stderr);
+        r
+    };
+    let r = job("first", &["--steps", "4"]);
+    assert_eq!(r.code, Some(0), "{}\n{}", r.stdout, r.stderr);
+    let model = std::fs::read(w.join("model.safetensors")).unwrap();
+    // a fresh run into the workdir: refused on every rank, the first run untouched
+    let r = job("again", &["--steps", "2"]);
+    assert_ne!(r.code, Some(0));
+    assert!(r.stderr.contains("earlier run") && r.stderr.contains("--overwrite"), "{}", r.stderr);
+    assert_eq!(std::fs::read(w.join("model.safetensors")).unwrap(), model);
+    // resuming with another seed: refused
+    let r = job("seed", &["--steps", "6", "--resume", "--seed", "7"]);
+    assert_ne!(r.code, Some(0));
+    assert!(r.stderr.contains("seed was 42, is now 7"), "{}", r.stderr);
+    // the batch does not split over dp: refused before anything starts
+    let r = job("batch", &["--steps", "6", "--resume", "--batch-size", "3"]);
+    assert_ne!(r.code, Some(0));
+    assert!(r.stderr.contains("--batch-size 3 must be divisible"), "{}", r.stderr);
+    // one flipped bit in rank 1's shard of the newest checkpoint: refused naming the file,
+    // and the job ends on both ranks
+    let shard = w.join("checkpoints/step-00000004/rank-1.safetensors");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&shard, &bytes).unwrap();
+    let r = job("corrupt", &["--steps", "6", "--resume"]);
+    assert_ne!(r.code, Some(0));
+    assert!(r.stderr.contains("rank-1.safetensors is corrupt") && r.stderr.contains("step-00000002"), "{}", r.stderr);
+    // the user picks the older verified checkpoint: it resumes over processes
+    let older = w.join("checkpoints/step-00000002");
+    let a = args(&["--steps", "6", "--resume-from"]);
+    let mut a: Vec<&str> = a.iter().map(String::as_str).collect();
+    a.push(older.to_str().unwrap());
+    let r = mpirun(2).run(&exe(), &a, &d.join("older"), Duration::from_secs(180)).unwrap();
+    assert_eq!(r.code, Some(0), "{}\n{}", r.stdout, r.stderr);
+    let steps: Vec<u64> = losses(&w).iter().map(|(s, _)| *s).collect();
+    assert_eq!(steps, (1..=6).collect::<Vec<_>>());
 }

@@ -55,7 +55,8 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         // `--exact` matches the whole test path; a name that ran nothing is a failure too
         let ran = text.contains("1 passed") || text.contains("1 failed");
-        let ok = out.status.success() && text.contains("1 passed");
+        // a panic caught inside a reader (turned into an error) counts as a failure too
+        let ok = out.status.success() && text.contains("1 passed") && !text.contains("panicked at");
         if !ok {
             failed.push(format!("{t}:\n{}", text.trim()));
         }

@@ -186,7 +186,7 @@ impl HfConfig {
                 ),
             ));
         }
-        if !(self.rope_theta > 1.0) {
+        if self.rope_theta.is_nan() || self.rope_theta <= 1.0 {
             return Err(Error::invalid(
                 "config",
                 format!("`rope_theta` is {}: expected a base above 1", self.rope_theta),

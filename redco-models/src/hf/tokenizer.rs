@@ -212,6 +212,7 @@ impl Tokenizer {
         if !json.is_object() {
             return Err(invalid(&"the file is not a JSON object"));
         }
+        check_templates(&json).map_err(|e| invalid(&e))?;
         let mut inner = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(&bytes))
             .map_err(|_| invalid(&"the tokenizers crate could not read it"))?
             .map_err(|e| invalid(&e))?;
@@ -261,10 +262,15 @@ impl Tokenizer {
     /// Token ids of `text`; with `add_special_tokens`, the ones the post-processor of
     /// `tokenizer.json` adds (`<s>` at the start for LLaMA).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        self.inner
-            .encode(text, add_special_tokens)
+        let fail = |e: &dyn std::fmt::Display| {
+            let shown: String = text.chars().take(80).collect();
+            err(format!("{}: cannot encode {shown:?}: {e}", self.source.display()))
+        };
+        // a tokenizer.json the crate read may still panic on use (see `load`)
+        std::panic::catch_unwind(|| self.inner.encode(text, add_special_tokens))
+            .map_err(|_| fail(&"the tokenizers crate failed on this tokenizer.json"))?
             .map(|e| e.get_ids().to_vec())
-            .map_err(|e| err(format!("{}: cannot encode {text:?}: {e}", self.source.display())))
+            .map_err(|e| fail(&e))
     }
 
     /// [`Tokenizer::encode`] for texts of any length: a text longer than [`LONG_TEXT`]
@@ -330,10 +336,13 @@ impl Tokenizer {
     /// The text of `ids`, without the special tokens when `skip_special_tokens`. Ids outside
     /// the vocabulary are skipped (as in transformers).
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        let text = self
-            .inner
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| err(format!("{}: cannot decode {ids:?}: {e}", self.source.display())))?;
+        let fail = |e: &dyn std::fmt::Display| {
+            let shown = &ids[..ids.len().min(16)];
+            err(format!("{}: cannot decode {shown:?}: {e}", self.source.display()))
+        };
+        let text = std::panic::catch_unwind(|| self.inner.decode(ids, skip_special_tokens))
+            .map_err(|_| fail(&"the tokenizers crate failed on this tokenizer.json"))?
+            .map_err(|e| fail(&e))?;
         let bpe = matches!(self.inner.get_model(), ModelWrapper::BPE(_));
         Ok(if self.clean_up_spaces && !bpe { clean_up_tokenization(&text) } else { text })
     }
@@ -417,6 +426,44 @@ impl Tokenizer {
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
+}
+
+/// Refuses a `TemplateProcessing` post-processor (alone or inside a `Sequence`) whose
+/// templates name a special token its `special_tokens` map lacks, or whose special tokens'
+/// `ids` and `tokens` differ in length: the tokenizers crate checks these when it builds a
+/// template, not when it reads one, and then panics while encoding.
+fn check_templates(v: &serde_json::Value) -> std::result::Result<(), String> {
+    use serde_json::Value;
+    let mut stack = vec![&v["post_processor"]];
+    while let Some(p) = stack.pop() {
+        if let Some(list) = p.get("processors").and_then(Value::as_array) {
+            stack.extend(list);
+        }
+        if p.get("type").and_then(Value::as_str) != Some("TemplateProcessing") {
+            continue;
+        }
+        let known = p.get("special_tokens").and_then(Value::as_object);
+        for (name, t) in known.into_iter().flatten() {
+            let len = |k: &str| t.get(k).and_then(Value::as_array).map(Vec::len);
+            if len("ids") != len("tokens") {
+                return Err(format!(
+                    "the post-processor's special token `{name}` has ids and tokens of different lengths"
+                ));
+            }
+        }
+        for template in ["single", "pair"] {
+            for piece in p.get(template).and_then(Value::as_array).into_iter().flatten() {
+                let id = piece.get("SpecialToken").and_then(|s| s.get("id")).and_then(Value::as_str);
+                if let Some(id) = id.filter(|id| !known.is_some_and(|k| k.contains_key(*id))) {
+                    return Err(format!(
+                        "the post-processor's `{template}` template names the special token `{id}`, which its \
+                         `special_tokens` does not define"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
