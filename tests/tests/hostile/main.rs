@@ -110,15 +110,7 @@ proptest! {
                 safetensors::serialize([("w", view)], &None).unwrap()
             }
         };
-        for (at, x) in flips {
-            if !bytes.is_empty() {
-                let i = at % bytes.len();
-                bytes[i] ^= x;
-            }
-        }
-        if let Some(c) = cut {
-            bytes.truncate(c % (bytes.len() + 1));
-        }
+        mangle(&mut bytes, &flips, cut);
         std::fs::write(&p, &bytes).unwrap();
         let _ = read_all(&p);
         let _ = std::fs::remove_dir_all(&d);
@@ -211,15 +203,7 @@ proptest! {
             }
         }
         let mut bytes = v.to_string().into_bytes();
-        for (at, x) in flips {
-            if !bytes.is_empty() {
-                let i = at % bytes.len();
-                bytes[i] ^= x;
-            }
-        }
-        if let Some(c) = cut {
-            bytes.truncate(c % (bytes.len() + 1));
-        }
+        mangle(&mut bytes, &flips, cut);
         std::fs::write(d.join("tokenizer.json"), &bytes).unwrap();
         if let Ok(tok) = Tokenizer::from_file(d.join("tokenizer.json")) {
             let _ = tok.encode(&text, true);
@@ -227,6 +211,20 @@ proptest! {
             let _ = tok.encode_batch(&[text.as_str(), "a b"], true);
         }
         let _ = std::fs::remove_dir_all(&d);
+    }
+}
+
+/// Flips bytes of `bytes` (`(position, mask)`, positions wrapped) and cuts it (at a wrapped
+/// length).
+fn mangle(bytes: &mut Vec<u8>, flips: &[(usize, u8)], cut: Option<usize>) {
+    for &(at, x) in flips {
+        if !bytes.is_empty() {
+            let i = at % bytes.len();
+            bytes[i] ^= x;
+        }
+    }
+    if let Some(c) = cut {
+        bytes.truncate(c % (bytes.len() + 1));
     }
 }
 

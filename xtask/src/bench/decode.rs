@@ -198,13 +198,8 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     println!();
     match args.get("model") {
         Some(dir) => println!(
-            "LLaMA decode of {dir}, {dtype:?}, batch 1: hidden {}, {} layers, {} heads ({} kv), intermediate {}, vocab {}; redco loaded it in {:.2} s",
-            cfg.hidden,
-            cfg.layers,
-            cfg.heads,
-            cfg.kv_heads,
-            cfg.intermediate,
-            cfg.vocab,
+            "LLaMA decode of {dir}, {dtype:?}, batch 1: {}; redco loaded it in {:.2} s",
+            super::llm::sizes(&cfg),
             load_s.unwrap_or(f64::NAN)
         ),
         None => println!(

@@ -96,6 +96,14 @@ pub(super) fn hf_config(shape: Shape) -> Result<(serde_json::Value, HfConfig), S
     Ok((v, cfg))
 }
 
+/// A config's sizes, as the benchmark tables print them.
+pub(super) fn sizes(cfg: &HfConfig) -> String {
+    format!(
+        "hidden {}, {} layers, {} heads ({} kv), intermediate {}, vocab {}",
+        cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads, cfg.intermediate, cfg.vocab
+    )
+}
+
 /// The same config as transformers' `LlamaConfig` keyword arguments.
 fn torch_config(preset: &serde_json::Value) -> serde_json::Value {
     let mut v = preset.clone();
@@ -337,14 +345,9 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let tcfg = torch_config(&preset);
     let describe = machine::describe();
     let model_line = format!(
-        "LLaMA hidden {}, {} layers, {} heads ({} kv), intermediate {}, vocab {}, {}; train/forward batch {BATCH} x \
-         seq {SEQ}, AdamW; decode batch 1, prompt {PROMPT}, {new} new tokens, KV cache",
-        cfg.hidden,
-        cfg.layers,
-        cfg.heads,
-        cfg.kv_heads,
-        cfg.intermediate,
-        cfg.vocab,
+        "LLaMA {}, {}; train/forward batch {BATCH} x seq {SEQ}, AdamW; decode batch 1, prompt {PROMPT}, {new} new \
+         tokens, KV cache",
+        sizes(&cfg),
         if shape.dtype == "bf16" { "bf16 compute (f32 master weights in training)" } else { "f32" }
     );
     eprintln!("machine: {describe} | threads: {threads}");
