@@ -352,6 +352,25 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     ) -> Result<(Self::Storage, Self::Storage, Self::Storage)> {
         ops::adamw::composite_adamw(self, x, g, m, v, n, step)
     }
+    /// [`Backend::adamw`] that writes the new moments over `m` and `v`, in their own
+    /// buffers where the backend can (no page of a fresh allocation to fault in: a large
+    /// model's moments are hundreds of megabytes each), and returns the new `x`. The
+    /// default runs [`Backend::adamw`] and replaces `m` and `v` with its outputs.
+    #[allow(clippy::too_many_arguments)]
+    fn adamw_into(
+        &self,
+        x: &Self::Storage,
+        g: &Self::Storage,
+        m: &mut Self::Storage,
+        v: &mut Self::Storage,
+        n: usize,
+        step: &ops::adamw::AdamStep,
+    ) -> Result<Self::Storage> {
+        let (nx, nm, nv) = self.adamw(x, g, m, v, n, step)?;
+        *m = nm;
+        *v = nv;
+        Ok(nx)
+    }
     /// Per-row cross-entropy of `logits` (`[n, vocab]`) against integer `targets` (`[n]`);
     /// rows whose target equals `ignore_index` give 0. Returns `[n]`.
     fn cross_entropy(

@@ -350,6 +350,23 @@ impl Backend for Cpu {
             None => crate::ops::adamw::composite_adamw(self, x, g, m, v, n, step),
         }
     }
+    fn adamw_into(
+        &self,
+        x: &CpuStorage,
+        g: &CpuStorage,
+        m: &mut CpuStorage,
+        v: &mut CpuStorage,
+        n: usize,
+        step: &crate::ops::adamw::AdamStep,
+    ) -> Result<CpuStorage> {
+        if let Some(nx) = self.run(|| adamw::adamw_in_place(x, g, m, v, n, step)) {
+            return Ok(CpuStorage::new(nx));
+        }
+        let (nx, nm, nv) = self.adamw(x, g, m, v, n, step)?;
+        *m = nm;
+        *v = nv;
+        Ok(nx)
+    }
     fn enter(&self, f: &mut (dyn FnMut() + Send)) {
         self.pool.install(f)
     }

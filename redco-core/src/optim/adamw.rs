@@ -9,6 +9,7 @@ use crate::nn::Module;
 use crate::ops::adamw::AdamStep;
 use crate::{Backend, Error, GradStore, MeshAxis, PartialOp, Placement, Result, Shape, Tensor};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// AdamW hyper-parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -101,8 +102,15 @@ impl<B: Backend> AdamW<B> {
             let b = x.backend();
             let n = x.elem_count();
             let g = if g.dtype() == x.dtype() { g.clone() } else { g.cast(x.dtype())? };
-            let (nx, nm, nv) = b.adamw(x.storage(), g.storage(), st.0.storage(), st.1.storage(), n, &h)?;
             let dt = x.dtype();
+            // moments held by nobody else are updated in their own buffers (a checkpoint
+            // being written holds them too: then the new moments are fresh tensors)
+            let (m, v) = (&mut st.0, &mut st.1);
+            if let (Some(mi), Some(vi)) = (Arc::get_mut(&mut m.0), Arc::get_mut(&mut v.0)) {
+                let nx = b.adamw_into(x.storage(), g.storage(), &mut mi.storage, &mut vi.storage, n, &h)?;
+                return Ok(Tensor::from_storage(b, nx, x.shape().clone(), dt));
+            }
+            let (nx, nm, nv) = b.adamw(x.storage(), g.storage(), st.0.storage(), st.1.storage(), n, &h)?;
             st.0 = Tensor::from_storage(b, nm, st.0.shape().clone(), dt);
             st.1 = Tensor::from_storage(b, nv, st.1.shape().clone(), dt);
             Ok(Tensor::from_storage(b, nx, x.shape().clone(), dt))

@@ -28,5 +28,23 @@ pub fn adamw_step<B: Backend>(b: &B) {
         assert_close(&back(nx), &want.0, tol, &format!("adamw parameter ({dt:?})"));
         assert_close(&back(nm), &want.1, tol, &format!("adamw first moment ({dt:?})"));
         assert_close(&back(nv), &want.2, tol, &format!("adamw second moment ({dt:?})"));
+        // the same step writing the moments over their own buffers (unshared: in place
+        // where the backend can), and over shared ones (whose other holder keeps the old
+        // values)
+        let (mut sm, mut sv) = (tm.storage().clone(), tv.storage().clone());
+        drop((tm, tv));
+        let nx = b.adamw_into(tx.storage(), tg.storage(), &mut sm, &mut sv, n, &h).unwrap();
+        assert_close(&back(nx), &want.0, tol, &format!("adamw_into parameter ({dt:?})"));
+        assert_close(&back(sm), &want.1, tol, &format!("adamw_into first moment ({dt:?})"));
+        assert_close(&back(sv), &want.2, tol, &format!("adamw_into second moment ({dt:?})"));
+        let (om, ov) = (t(&m), t(&v));
+        let (m0, v0) = (back(om.storage().clone()), back(ov.storage().clone()));
+        let (mut sm, mut sv) = (om.storage().clone(), ov.storage().clone());
+        let nx = b.adamw_into(tx.storage(), tg.storage(), &mut sm, &mut sv, n, &h).unwrap();
+        assert_close(&back(nx), &want.0, tol, &format!("adamw_into parameter, shared moments ({dt:?})"));
+        assert_close(&back(sm), &want.1, tol, &format!("adamw_into first moment, shared ({dt:?})"));
+        assert_close(&back(sv), &want.2, tol, &format!("adamw_into second moment, shared ({dt:?})"));
+        assert_close(&back(om.storage().clone()), &m0, 0.0, &format!("a shared first moment's other holder ({dt:?})"));
+        assert_close(&back(ov.storage().clone()), &v0, 0.0, &format!("a shared second moment's other holder ({dt:?})"));
     }
 }

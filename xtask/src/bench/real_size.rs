@@ -56,7 +56,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
             let j = json.to_string_lossy().into_owned();
             let png = out_dir.join(format!("train-134m-{dtype}.png")).to_string_lossy().into_owned();
             let a = ["bench", "llm", "--preset", "llama-134m", "--vocab", "32000", "--mesh", "1x1", "--dtype", dtype];
-            let b = ["--reps", "2", "--steps", "2", "--new", "8", "--torch", py, "--threads", &threads];
+            let b = ["--reps", "2", "--steps", "4", "--new", "8", "--torch", py, "--threads", &threads];
             child(&[&a[..], &b[..], &["--json", &j, "--png", &png]].concat())?;
             train.insert(dtype.to_string(), read_json(&json)?);
         }
