@@ -1,8 +1,10 @@
 //! `cargo xtask fuzz [--cases N] [--only NAME]`: the hostile-input properties
 //! (`tests/tests/hostile`: config.json fields and texts, safetensors files and sharded
 //! indexes, tokenizer files, checkpoint manifests, JSONL files) with `N` generated inputs
-//! per target (default 100,000; CI runs 256 through `cargo xtask test`), in release mode,
-//! one target after another, then a table of inputs, time and result per target.
+//! per target (default 100,000; CI runs 256 through `cargo xtask test`), in the test
+//! profile (optimised, with overflow checks: a release build would let an overflowing
+//! size wrap silently), one target after another, then a table of inputs, time and result
+//! per target.
 
 use crate::args::Args;
 use std::process::Command;
@@ -35,7 +37,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         None => TARGETS.to_vec(),
     };
     let build = Command::new("cargo")
-        .args(["test", "--release", "-p", "redco-tests", "--test", "hostile", "--no-run"])
+        .args(["test", "-p", "redco-tests", "--test", "hostile", "--no-run"])
         .status()
         .map_err(|e| format!("cannot run cargo: {e}"))?;
     if !build.success() {
@@ -47,7 +49,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         eprintln!("fuzz: {t}, {cases} inputs");
         let start = Instant::now();
         let out = Command::new("cargo")
-            .args(["test", "--release", "-q", "-p", "redco-tests", "--test", "hostile", "--", "--exact", t])
+            .args(["test", "-q", "-p", "redco-tests", "--test", "hostile", "--", "--exact", t])
             .env("PROPTEST_CASES", cases.to_string())
             .output()
             .map_err(|e| format!("cannot run cargo: {e}"))?;

@@ -124,7 +124,8 @@ impl HfConfig {
             layers: need(&["num_hidden_layers", "n_layer", "num_layers"])?,
             heads,
             kv_heads,
-            intermediate: opt(&["intermediate_size", "n_inner", "ffn_dim", "d_ff"])?.unwrap_or(4 * hidden),
+            intermediate: opt(&["intermediate_size", "n_inner", "ffn_dim", "d_ff"])?
+                .unwrap_or(hidden.saturating_mul(4)),
             vocab: need(&["vocab_size"])?,
             head_dim: explicit_head_dim.unwrap_or(hidden / heads),
             tie_word_embeddings: fields::boolean(&v, "tie_word_embeddings")?.unwrap_or(model_type != "llama"),
