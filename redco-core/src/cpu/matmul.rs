@@ -257,9 +257,7 @@ const AMX_MIN_ROWS: usize = 9;
 /// `None` where neither runs.
 fn bf16_packed_product(a: &HostData, b: &HostData, spec: &MatmulSpec, threads: usize) -> Option<Result<Vec<f32>>> {
     let (HostData::BF16(a), HostData::BF16(b)) = (a, b) else { return None };
-    if !bgemm::available() {
-        return None;
-    }
+    let engine = bgemm::engine()?;
     let (a, b): (&[u16], &[u16]) = (bytemuck::cast_slice(a), bytemuck::cast_slice(b));
     let (sa, sb, sc) = (spec.m * spec.k, spec.k * spec.n, spec.m * spec.n);
     if let Err(e) = check_operands(a.len(), b.len(), spec) {
@@ -280,9 +278,9 @@ fn bf16_packed_product(a: &HostData, b: &HostData, spec: &MatmulSpec, threads: u
             rs: st.b_rs,
             cs: st.b_cs,
         };
-        bgemm::bgemm_uninit(spec.m, spec.n, spec.k, ai, bi, ci, spec.n, threads);
+        bgemm::bgemm_on(engine, spec.m, spec.n, spec.k, ai, bi, ci, spec.n, threads);
     }
-    // SAFETY: `bgemm_uninit` (available, checked above) wrote every element of each of the
+    // SAFETY: `bgemm_on` (with the process's engine, which runs here) wrote every element of each of the
     // `batch` blocks of `m x n`, so all `total` are initialised.
     unsafe { c.set_len(total) };
     Some(Ok(c))

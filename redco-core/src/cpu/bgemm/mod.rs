@@ -12,7 +12,7 @@
 //! * tasks split the rows, and the columns too when there are fewer row blocks than
 //!   threads.
 //!
-//! Entry point: [`bgemm_uninit`]; it returns false (touching nothing) where neither engine
+//! Entry point: [`bgemm_on`], with the process's [`engine`]; it returns false (touching nothing) where neither engine
 //! runs, so the caller falls back to widening to f32.
 
 #[cfg(target_arch = "x86_64")]
@@ -122,38 +122,12 @@ pub(crate) fn engine() -> Option<Engine> {
     })
 }
 
-/// True when bf16 products run on one of the engines ([`engine`]).
-pub(crate) fn available() -> bool {
-    engine().is_some()
-}
-
 /// `C = A * B` with `C` row-major `m x n` at row stride `ldc`, every element of its
-/// `m x n` part written, on `threads` threads of the current rayon pool, by the process's
-/// [`engine`]. Returns false (nothing written) when there is none.
+/// `m x n` part written, on `threads` threads of the current rayon pool, by `engine`
+/// (the process's is [`engine`]). Returns false (nothing written) where it cannot run.
 ///
 /// # Panics
 /// If the operand slices are too short for their strides, or `c` for `m` rows of `ldc`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn bgemm_uninit(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: HalfRef,
-    b: HalfRef,
-    c: &mut [MaybeUninit<f32>],
-    ldc: usize,
-    threads: usize,
-) -> bool {
-    match engine() {
-        Some(e) => bgemm_on(e, m, n, k, a, b, c, ldc, threads),
-        None => false,
-    }
-}
-
-/// [`bgemm_uninit`] on the given engine; false (nothing written) where it cannot run.
-///
-/// # Panics
-/// As [`bgemm_uninit`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn bgemm_on(
     engine: Engine,
