@@ -5,6 +5,11 @@ mod cmd;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+/// Large freed buffers are kept and reused instead of being mapped and faulted in again
+/// each training step (see `redco_core::cpu::LargeBlocks`).
+#[global_allocator]
+static ALLOC: redco_core::cpu::LargeBlocks = redco_core::cpu::LargeBlocks::new();
+
 /// redco: automatic distributed training and inference of large language models.
 #[derive(Parser)]
 #[command(name = "redco", version, about, long_about = None)]

@@ -31,6 +31,11 @@ mod test;
 
 use std::process::ExitCode;
 
+/// Large freed buffers are kept and reused instead of being mapped and faulted in again
+/// each training step (see `redco_core::cpu::LargeBlocks`).
+#[global_allocator]
+static ALLOC: redco_core::cpu::LargeBlocks = redco_core::cpu::LargeBlocks::new();
+
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let result = match argv.first().map(String::as_str) {

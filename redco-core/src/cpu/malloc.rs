@@ -48,6 +48,11 @@ pub fn advise_huge_pages(ptr: *const u8, bytes: usize) {
         if bytes < 2 * HUGE_PAGE || !allowed() {
             return;
         }
+        if bytes >= super::block_cache::LARGE && super::block_cache::SERVING.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            // a LargeBlocks mapping, advised whole when it was made
+            return;
+        }
         let start = (ptr as usize).next_multiple_of(HUGE_PAGE);
         let end = (ptr as usize + bytes) & !(HUGE_PAGE - 1);
         if end > start {
@@ -59,6 +64,22 @@ pub fn advise_huge_pages(ptr: *const u8, bytes: usize) {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = (ptr, bytes, HUGE_PAGE);
+}
+
+/// Marks a whole page-aligned mapping of ours for transparent huge pages (the kernel uses
+/// them on its aligned 2 MiB stretches). Unlike [`advise_huge_pages`] it advises the whole
+/// mapping, so the mapping stays one region that `mremap` can resize.
+pub(crate) fn advise_mapping(ptr: *const u8, bytes: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        const MADV_HUGEPAGE: i32 = 14;
+        if bytes >= 2 * HUGE_PAGE && allowed() {
+            // SAFETY: as in advise_huge_pages; `ptr` starts a mapping of `bytes` bytes
+            unsafe { madvise(ptr as *mut std::ffi::c_void, bytes, MADV_HUGEPAGE) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (ptr, bytes);
 }
 
 /// Applies the settings once per process (unless `REDCO_MALLOC_TUNE=0`); returns whether

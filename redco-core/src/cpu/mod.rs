@@ -10,6 +10,7 @@
 mod adamw;
 mod attention;
 mod bgemm;
+mod block_cache;
 mod cross_entropy;
 mod elementwise;
 mod half_gemv;
@@ -25,6 +26,8 @@ pub mod sgemm;
 pub(crate) mod simd;
 mod softmax;
 mod strided;
+
+pub use block_cache::{BlockStats, LargeBlocks};
 
 use crate::backend::{BinaryOp, CmpOp, MatmulSpec, ReduceOp, RotaryMode, UnaryOp};
 use crate::ops::attention::AttentionSpec;
