@@ -1,6 +1,31 @@
-//! `redco-cuda`: the CUDA backend of redco-rs (not yet implemented).
+//! redco-cuda: the CUDA backend of redco-rs.
 //!
-//! This crate will implement the `redco_core::Backend` trait over cudarc (cuBLAS for
-//! matmul, NVRTC-compiled kernels from `kernels/<family>.cu`, no nvcc at build time) and
-//! the NCCL `Collective`. It depends on `redco-core` only. Until it lands, the crate
-//! exports nothing: the `redco` facade's `cuda` feature is not offered.
+//! [`Cuda`] implements `redco_core::Backend` on one NVIDIA GPU: GEMMs through cuBLAS
+//! (bf16 and f16 on tensor cores with f32 accumulation), every other op as a CUDA C kernel
+//! of `kernels/` compiled by NVRTC for the GPU's architecture at first use, one stream,
+//! and a caching allocator (size classes, buffers reused across steps, its high-water
+//! mark in [`Cuda::memory`]).
+//!
+//! Every CUDA library is loaded at run time, so the crate builds with no toolkit and runs
+//! its host-side tests with no GPU; without a driver [`Cuda::new`] and [`devices`] return
+//! an error that says so.
+
+mod alloc;
+mod attention;
+mod backend;
+mod context;
+mod device;
+mod elementwise;
+mod fused;
+mod index;
+pub mod kernels;
+mod launch;
+mod layout;
+mod matmul;
+mod reduce;
+mod storage;
+
+pub use alloc::MemoryStats;
+pub use context::Cuda;
+pub use device::{cublas_present, devices, driver_present, nvrtc_present, GpuInfo};
+pub use storage::CudaStorage;

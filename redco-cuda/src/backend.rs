@@ -1,0 +1,236 @@
+//! `impl Backend for Cuda`: each primitive and fused op handed to its family's module.
+
+use crate::context::Cuda;
+use crate::storage::CudaStorage;
+use redco_core::backend::{BinaryOp, CmpOp, MatmulSpec, ReduceOp, RotaryMode, UnaryOp};
+use redco_core::ops::adamw::AdamStep;
+use redco_core::ops::attention::AttentionSpec;
+use redco_core::{Backend, DType, HostData, Result, Shape};
+use std::sync::Arc;
+
+impl Backend for Cuda {
+    type Storage = CudaStorage;
+
+    fn name(&self) -> String {
+        "cuda".into()
+    }
+    fn supports(&self, _dtype: DType) -> bool {
+        true
+    }
+    fn upload(&self, data: &HostData) -> Result<CudaStorage> {
+        self.upload_data(data)
+    }
+    fn download(&self, s: &CudaStorage) -> Result<HostData> {
+        self.download_data(s)
+    }
+    fn storage_dtype(&self, s: &CudaStorage) -> DType {
+        s.dtype()
+    }
+    fn sync(&self) -> Result<()> {
+        self.inner.stream.synchronize().map_err(|e| crate::device::err(format!("a kernel failed: {e}")))
+    }
+    fn full(&self, n: usize, value: f64, dtype: DType) -> Result<CudaStorage> {
+        self.fill(n, value, dtype)
+    }
+    fn unary(&self, op: UnaryOp, x: &CudaStorage, n: usize) -> Result<CudaStorage> {
+        self.unary_op(op, x, n)
+    }
+    fn binary(
+        &self,
+        op: BinaryOp,
+        a: (&CudaStorage, &Shape),
+        b: (&CudaStorage, &Shape),
+        out: &Shape,
+    ) -> Result<CudaStorage> {
+        self.binary_op(op, a, b, out)
+    }
+    fn compare(
+        &self,
+        op: CmpOp,
+        a: (&CudaStorage, &Shape),
+        b: (&CudaStorage, &Shape),
+        out: &Shape,
+    ) -> Result<CudaStorage> {
+        self.compare_op(op, a, b, out)
+    }
+    fn where_cond(
+        &self,
+        cond: (&CudaStorage, &Shape),
+        a: (&CudaStorage, &Shape),
+        b: (&CudaStorage, &Shape),
+        out: &Shape,
+    ) -> Result<CudaStorage> {
+        self.where_op(cond, a, b, out)
+    }
+    fn matmul(&self, a: &CudaStorage, b: &CudaStorage, spec: &MatmulSpec) -> Result<CudaStorage> {
+        self.matmul_op(a, b, spec)
+    }
+    fn reduce(&self, op: ReduceOp, x: &CudaStorage, shape: &Shape, dim: usize) -> Result<CudaStorage> {
+        self.reduce_op(op, x, shape, dim)
+    }
+    fn cast(&self, x: &CudaStorage, n: usize, dtype: DType) -> Result<CudaStorage> {
+        self.cast_op(x, n, dtype)
+    }
+    fn permute(&self, x: &CudaStorage, shape: &Shape, perm: &[usize]) -> Result<CudaStorage> {
+        self.permute_op(x, shape, perm)
+    }
+    fn expand(&self, x: &CudaStorage, shape: &Shape, out: &Shape) -> Result<CudaStorage> {
+        self.expand_op(x, shape, out)
+    }
+    fn narrow(&self, x: &CudaStorage, shape: &Shape, dim: usize, start: usize, len: usize) -> Result<CudaStorage> {
+        self.narrow_op(x, shape, dim, start, len)
+    }
+    fn cat(&self, xs: &[(&CudaStorage, &Shape)], dim: usize) -> Result<CudaStorage> {
+        self.cat_op(xs, dim)
+    }
+    fn index_select(
+        &self,
+        x: &CudaStorage,
+        shape: &Shape,
+        dim: usize,
+        ids: &CudaStorage,
+        n_ids: usize,
+    ) -> Result<CudaStorage> {
+        self.index_select_op(x, shape, dim, ids, n_ids)
+    }
+    fn index_add(
+        &self,
+        x: &CudaStorage,
+        shape: &Shape,
+        dim: usize,
+        ids: &CudaStorage,
+        src: &CudaStorage,
+    ) -> Result<CudaStorage> {
+        self.index_add_op(x, shape, dim, ids, src)
+    }
+    fn gather(
+        &self,
+        x: &CudaStorage,
+        shape: &Shape,
+        dim: usize,
+        idx: &CudaStorage,
+        idx_shape: &Shape,
+    ) -> Result<CudaStorage> {
+        self.gather_op(x, shape, dim, idx, idx_shape)
+    }
+    fn scatter_add(
+        &self,
+        x: &CudaStorage,
+        shape: &Shape,
+        dim: usize,
+        idx: &CudaStorage,
+        idx_shape: &Shape,
+        src: &CudaStorage,
+    ) -> Result<CudaStorage> {
+        self.scatter_add_op(x, shape, dim, idx, idx_shape, src)
+    }
+
+    fn softmax(&self, x: &CudaStorage, shape: &Shape) -> Result<CudaStorage> {
+        self.softmax_op(x, shape, false)
+    }
+    fn log_softmax(&self, x: &CudaStorage, shape: &Shape) -> Result<CudaStorage> {
+        self.softmax_op(x, shape, true)
+    }
+    fn layer_norm(
+        &self,
+        x: &CudaStorage,
+        shape: &Shape,
+        weight: Option<&CudaStorage>,
+        bias: Option<&CudaStorage>,
+        eps: f64,
+    ) -> Result<CudaStorage> {
+        self.norm_op(x, shape, weight, bias, eps, false)
+    }
+    fn rms_norm(&self, x: &CudaStorage, shape: &Shape, weight: Option<&CudaStorage>, eps: f64) -> Result<CudaStorage> {
+        self.norm_op(x, shape, weight, None, eps, true)
+    }
+    fn rotary(
+        &self,
+        x: &CudaStorage,
+        shape: &Shape,
+        cos: &CudaStorage,
+        sin: &CudaStorage,
+        cs_shape: &Shape,
+        mode: RotaryMode,
+    ) -> Result<CudaStorage> {
+        self.rotary_op(x, shape, cos, sin, cs_shape, mode)
+    }
+    fn adamw(
+        &self,
+        x: &CudaStorage,
+        g: &CudaStorage,
+        m: &CudaStorage,
+        v: &CudaStorage,
+        n: usize,
+        step: &AdamStep,
+    ) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+        let (x, m, v) = (self.duplicate(x)?, self.duplicate(m)?, self.duplicate(v)?);
+        self.adamw_in_place(&x, g, &m, &v, n, step)?;
+        Ok((x, m, v))
+    }
+    fn adamw_into(
+        &self,
+        x: &CudaStorage,
+        g: &CudaStorage,
+        m: &mut CudaStorage,
+        v: &mut CudaStorage,
+        n: usize,
+        step: &AdamStep,
+    ) -> Result<CudaStorage> {
+        // moments held by nobody else are updated where they are
+        for t in [&mut *m, &mut *v] {
+            if Arc::strong_count(&t.0) != 1 {
+                *t = self.duplicate(t)?;
+            }
+        }
+        let x = self.duplicate(x)?;
+        self.adamw_in_place(&x, g, m, v, n, step)?;
+        Ok(x)
+    }
+    fn cross_entropy(
+        &self,
+        logits: &CudaStorage,
+        shape: &Shape,
+        targets: &CudaStorage,
+        ignore_index: i64,
+    ) -> Result<CudaStorage> {
+        self.xent_op(logits, shape, targets, ignore_index, None)
+    }
+    fn cross_entropy_backward(
+        &self,
+        logits: &CudaStorage,
+        shape: &Shape,
+        targets: &CudaStorage,
+        ignore_index: i64,
+        grad: &CudaStorage,
+    ) -> Result<CudaStorage> {
+        self.xent_op(logits, shape, targets, ignore_index, Some(grad))
+    }
+    fn attention(
+        &self,
+        q: &CudaStorage,
+        k: &CudaStorage,
+        v: &CudaStorage,
+        mask: Option<&CudaStorage>,
+        spec: &AttentionSpec,
+    ) -> Result<CudaStorage> {
+        match self.attention_op(q, k, v, mask, spec)? {
+            Some(out) => Ok(out),
+            None => redco_core::ops::attention::composite_attention(self, q, k, v, mask, spec),
+        }
+    }
+    fn attention_backward(
+        &self,
+        q: &CudaStorage,
+        k: &CudaStorage,
+        v: &CudaStorage,
+        mask: Option<&CudaStorage>,
+        dout: &CudaStorage,
+        spec: &AttentionSpec,
+    ) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+        match self.attention_backward_op(q, k, v, mask, dout, spec)? {
+            Some(g) => Ok(g),
+            None => redco_core::ops::attention_grad::composite_attention_backward(self, q, k, v, mask, dout, spec),
+        }
+    }
+}
