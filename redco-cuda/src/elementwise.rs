@@ -110,6 +110,7 @@ impl Cuda {
     }
 
     /// A broadcast op of two operands writing `out_dtype` (binary and compare).
+    #[allow(clippy::too_many_arguments)]
     fn broadcast2(
         &self,
         kernel: String,

@@ -27,7 +27,7 @@ unsafe impl DeviceRepr for Step {}
 /// `(rows, row length)` of a tensor normalised over its last dimension.
 fn rows_of(shape: &Shape, op: &'static str) -> Result<(usize, usize)> {
     let n = *shape.dims().last().ok_or_else(|| Error::invalid(op, "a scalar has no last dimension"))?;
-    Ok((if n == 0 { 0 } else { shape.elem_count() / n }, n))
+    Ok((shape.elem_count().checked_div(n).unwrap_or(0), n))
 }
 
 impl Cuda {
@@ -109,9 +109,9 @@ impl Cuda {
             return Err(bad());
         }
         let per_batch = if cd.len() == 3 { xd[1] * seq } else { 0 };
-        let rows = if d == 0 { 0 } else { x.len() / d };
+        let rows = x.len().checked_div(d).unwrap_or(0);
         let y = self.alloc(x.len(), x.dtype())?;
-        if x.len() > 0 {
+        if !x.is_empty() {
             let f = self.function("rotary", &format!("rotary_{}", tn(x.dtype())))?;
             let (xp, cp, sp, yp) = (x.ptr(), cos.ptr(), sin.ptr(), y.ptr());
             let a = [rows as i64, d as i64, half as i64, seq as i64, per_batch as i64];

@@ -10,6 +10,8 @@
 //! its host-side tests with no GPU; without a driver [`Cuda::new`] and [`devices`] return
 //! an error that says so.
 
+#![warn(missing_docs)]
+
 mod alloc;
 mod attention;
 mod backend;
@@ -22,10 +24,14 @@ pub mod kernels;
 mod launch;
 mod layout;
 mod matmul;
+mod nccl;
+mod nccl_run;
 mod reduce;
 mod storage;
 
 pub use alloc::MemoryStats;
 pub use context::Cuda;
 pub use device::{cublas_present, devices, driver_present, nvrtc_present, GpuInfo};
+pub use nccl::{nccl_present, Nccl};
+pub use nccl_run::NcclFactory;
 pub use storage::CudaStorage;

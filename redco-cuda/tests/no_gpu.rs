@@ -13,8 +13,8 @@ fn without_a_driver_the_backend_says_so() {
         }
         return;
     }
-    let e = redco_cuda::Cuda::new(0).err().expect("no driver: no backend").to_string();
+    let e = redco_cuda::Cuda::new(0).expect_err("no driver: no backend").to_string();
     assert!(e.contains("no CUDA driver") && e.contains("libcuda"), "{e}");
-    let e = redco_cuda::devices().err().expect("no driver: no device list").to_string();
+    let e = redco_cuda::devices().expect_err("no driver: no device list").to_string();
     assert!(e.contains("no CUDA driver"), "{e}");
 }

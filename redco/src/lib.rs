@@ -10,6 +10,9 @@
 pub use redco_core as core;
 pub use redco_core::*;
 pub use redco_core::{cpu, dist, nn, optim, pipeline};
+/// The CUDA backend ([`redco_cuda`]), with the `cuda` feature.
+#[cfg(feature = "cuda")]
+pub use redco_cuda as cuda;
 pub use redco_models as models;
 /// The wgpu backend ([`redco_wgpu`]), with the `wgpu` feature.
 #[cfg(feature = "wgpu")]

@@ -91,13 +91,21 @@ fn a_short_tensor_parallel_run_writes_everything_and_its_model_generates_and_con
     assert_eq!(a, b);
 }
 
-/// A backend that is not compiled into this build of redco.
-const MISSING_BACKEND: &str = if cfg!(feature = "wgpu") { "cuda" } else { "wgpu" };
+/// A backend that is not compiled into this build of redco, if there is one.
+const MISSING_BACKEND: Option<&str> = if !cfg!(feature = "wgpu") {
+    Some("wgpu")
+} else if !cfg!(feature = "cuda") {
+    Some("cuda")
+} else if !cfg!(feature = "tpu") {
+    Some("pjrt")
+} else {
+    None
+};
 
 #[test]
 fn bad_input_gets_a_one_line_error_and_exit_code_2() {
     let w = tmp("bad");
-    let cases: [(&[&str], &str); 6] = [
+    let mut cases: Vec<(&[&str], &str)> = vec![
         (&["train", "--model", "/nonexistent/model-dir", "--workdir"], "/nonexistent/model-dir"),
         (&["train", "--preset", "llama-huge", "--workdir"], "unknown preset `llama-huge`"),
         (&["train", "--preset", "llama-tiny", "--mesh", "8x8", "--workdir"], "needs 64 devices"),
@@ -105,13 +113,18 @@ fn bad_input_gets_a_one_line_error_and_exit_code_2() {
             &["train", "--preset", "llama-tiny", "--data", "/nonexistent/data.jsonl", "--workdir"],
             "/nonexistent/data.jsonl",
         ),
-        // a backend this build lacks (wgpu trains when the feature is on: cli_wgpu.rs)
-        (&["train", "--preset", "llama-tiny", "--backend", MISSING_BACKEND, "--workdir"], "not compiled"),
+        (&["train", "--preset", "llama-tiny", "--backend", "npu", "--workdir"], "unknown backend `npu`"),
         (
             &["generate", "--model", "/nonexistent/model-dir", "--prompt", "x", "--mesh", "1x1", "--dtype"],
             "does not exist",
         ),
     ];
+    // a backend this build lacks (wgpu trains when the feature is on: cli_wgpu.rs)
+    let missing: [&str; 6] =
+        ["train", "--preset", "llama-tiny", "--backend", MISSING_BACKEND.unwrap_or("-"), "--workdir"];
+    if MISSING_BACKEND.is_some() {
+        cases.push((&missing, "not compiled"));
+    }
     for (args, want) in cases {
         let mut args = args.to_vec();
         args.push(if args[0] == "generate" { "f32" } else { s(&w) });
@@ -123,4 +136,27 @@ fn bad_input_gets_a_one_line_error_and_exit_code_2() {
     // a usage mistake is clap's error, also non-zero
     let (code, _, _) = redco(&["train", "--steps", "x"]);
     assert_ne!(code, 0);
+}
+
+/// `--backend cuda` on a machine without an NVIDIA driver: one clear line and exit code 2,
+/// never a panic (cudarc panics on a CUDA call without the driver library).
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_without_a_driver_is_a_one_line_error() {
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        eprintln!("an NVIDIA driver is present: `gpu-check cuda` covers training on it");
+        return;
+    }
+    let w = tmp("cuda-none");
+    let (code, out, err) =
+        redco(&["train", "--preset", "llama-tiny", "--backend", "cuda", "--steps", "2", "--workdir", s(&w)]);
+    assert_eq!(code, 2, "{out} {err}");
+    assert!(err.starts_with("redco: error: ") && err.trim_end().lines().count() == 1, "{err}");
+    assert!(err.contains("no CUDA driver") && err.contains("libcuda"), "{err}");
+    let (code, out, _) = redco(&["info"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("backends: cpu (embedded)") && out.contains("cuda") && out.contains("no CUDA driver"),
+        "{out}"
+    );
 }

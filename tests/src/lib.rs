@@ -13,6 +13,7 @@ pub mod blocks;
 pub mod check;
 pub mod composite;
 pub mod models;
+pub mod one_step;
 pub mod reference;
 pub mod strategies;
 pub mod suite;

@@ -5,82 +5,10 @@
 //! Skipped without a wgpu adapter unless `REDCO_REQUIRE_WGPU=1`.
 
 use redco_core::cpu::Cpu;
-use redco_core::dist::trace::plan_from_trace;
-use redco_core::dist::{spmd, Mesh, ShardPlan, SpmdOptions};
-use redco_core::nn::ModuleExt;
-use redco_core::optim::{AdamW, AdamWConfig};
-use redco_core::{Backend, DType, Result, Tensor};
-use redco_models::hf::config::HfConfig;
-use redco_models::llama::Llama;
+use redco_core::dist::{spmd, Mesh, SpmdOptions};
 use redco_tests::check::assert_close;
+use redco_tests::one_step::{plan, step, worst, TOL};
 use redco_wgpu::Wgpu;
-use std::collections::BTreeMap;
-
-const BATCH: usize = 2;
-const SEQ: usize = 7;
-/// `|wgpu - cpu| <= TOL * (1 + |cpu|)` for every value compared.
-const TOL: f64 = 1e-4;
-
-fn cfg() -> HfConfig {
-    HfConfig::from_json(
-        r#"{"model_type":"llama","hidden_size":32,"intermediate_size":64,"num_attention_heads":4,
-            "num_key_value_heads":2,"num_hidden_layers":2,"vocab_size":64,"rope_theta":10000.0,
-            "tie_word_embeddings":false,"max_position_embeddings":32}"#,
-    )
-    .expect("config")
-}
-
-fn batch<B: Backend>(b: &B) -> Result<[Tensor<B>; 3]> {
-    let ids: Vec<i64> = (0..BATCH * SEQ).map(|i| ((i * 7 + 3) % 64) as i64).collect();
-    let mask: Vec<i64> = (0..BATCH * SEQ).map(|i| if i == SEQ || i == SEQ + 1 { 0 } else { 1 }).collect();
-    let labels: Vec<i64> = ids.iter().zip(&mask).map(|(&t, &m)| if m == 0 { -100 } else { t }).collect();
-    Ok([
-        Tensor::from_vec(b, ids, [BATCH, SEQ])?,
-        Tensor::from_vec(b, mask, [BATCH, SEQ])?,
-        Tensor::from_vec(b, labels, [BATCH, SEQ])?,
-    ])
-}
-
-/// What one rank reports (replicated values, the same on every rank).
-struct Step {
-    logits: Vec<f64>,
-    loss: f64,
-    params: BTreeMap<String, Vec<f64>>,
-}
-
-/// The logits, then one training step: loss, backward, AdamW update.
-fn step<B: Backend>(b: &B, plan: &ShardPlan) -> Result<Step> {
-    let mut m = Llama::new(b, &cfg(), DType::F32, 5)?;
-    plan.apply(&mut m)?;
-    let [ids, mask, labels] = batch(b)?;
-    // the model's own loss: under tensor parallelism the vocabulary-parallel cross-entropy
-    let logits = m.forward(&ids, Some(&mask), None)?.replicate()?.to_vec_f64()?;
-    let loss = m.loss(&ids, Some(&mask), &labels)?;
-    let grads = loss.backward()?;
-    // eps 1e-6: a gradient that is zero in exact arithmetic must not turn rounding noise
-    // into a full step of either sign
-    let mut opt = AdamW::new(AdamWConfig { lr: 1e-2, weight_decay: 0.01, eps: 1e-6, ..Default::default() });
-    opt.step(&mut m, &grads)?;
-    let mut params = BTreeMap::new();
-    for (n, p) in m.named_parameters() {
-        params.insert(n, p.replicate()?.to_vec_f64()?);
-    }
-    Ok(Step { logits, loss: loss.replicate()?.to_scalar()?, params })
-}
-
-/// The plan for `mesh` from a traced CPU loss.
-fn plan(mesh: Mesh) -> ShardPlan {
-    let b = Cpu::new(1);
-    let m = Llama::new(&b, &cfg(), DType::F32, 5).expect("model");
-    let [ids, mask, labels] = batch(&b).expect("batch");
-    let loss = m.loss(&ids, Some(&mask), &labels).expect("loss");
-    plan_from_trace(&m.named_parameters(), &[&loss], mesh, true).expect("plan")
-}
-
-/// The largest `|a - e| / (1 + |e|)`.
-fn worst(a: &[f64], e: &[f64]) -> f64 {
-    a.iter().zip(e).map(|(a, e)| (a - e).abs() / (1.0 + e.abs())).fold(0.0, f64::max)
-}
 
 #[test]
 fn llama_logits_and_one_adamw_step_on_wgpu_equal_cpu_at_1x1_and_1x2() {

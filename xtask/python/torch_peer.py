@@ -1,27 +1,41 @@
 """PyTorch peer for `cargo xtask bench`: reads one JSON request per line on stdin and
 answers one JSON line on stdout, so that redco and torch are measured in the same run,
-interleaved, with the same thread count."""
+interleaved, with the same thread count. `REDCO_TORCH_DEVICE=cuda` runs the peer on the
+GPU (for `cargo xtask gpu-check cuda`), synchronising before every clock read."""
 import argparse
 import json
+import os
 import resource
 import sys
 import time
 
 import torch
 
+DEVICE = os.environ.get("REDCO_TORCH_DEVICE", "cpu")
+
+
+def _sync():
+    if DEVICE != "cpu":
+        torch.cuda.synchronize()
+
+
+def _clock():
+    _sync()
+    return time.perf_counter()
+
 
 def gemm(req):
     m, n, k, reps = req["m"], req["n"], req["k"], req["reps"]
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[req.get("dtype", "f32")]
     g = torch.Generator().manual_seed(0)
-    a = torch.rand((m, k), generator=g, dtype=torch.float32).to(dtype)
-    b = torch.rand((k, n), generator=g, dtype=torch.float32).to(dtype)
+    a = torch.rand((m, k), generator=g, dtype=torch.float32).to(dtype).to(DEVICE)
+    b = torch.rand((k, n), generator=g, dtype=torch.float32).to(dtype).to(DEVICE)
     torch.matmul(a, b)  # warm-up
     times = []
     for _ in range(reps):
-        t = time.perf_counter()
+        t = _clock()
         torch.matmul(a, b)
-        times.append(time.perf_counter() - t)
+        times.append(_clock() - t)
     return {"times": times}
 
 
@@ -46,7 +60,7 @@ def _pretrained(path, dtype):
         dt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
         _models[key] = transformers.LlamaForCausalLM.from_pretrained(
             path, dtype=dt, attn_implementation="eager"
-        ).eval()
+        ).to(DEVICE).eval()
     return _models[key]
 
 
@@ -59,7 +73,7 @@ def _llama(cfg, dtype="f32"):
 
         torch.manual_seed(0)
         c = transformers.LlamaConfig(**cfg, attn_implementation="eager")
-        _models[key] = transformers.LlamaForCausalLM(c).float().eval()
+        _models[key] = transformers.LlamaForCausalLM(c).float().to(DEVICE).eval()
     if dtype == "f32":
         return _models[key]
     bkey = key + "|" + dtype
@@ -72,7 +86,7 @@ def _llama(cfg, dtype="f32"):
 
 def _random_ids(cfg, batch, seq):
     g = torch.Generator().manual_seed(0)
-    return torch.randint(0, cfg["vocab_size"], (batch, seq), generator=g, dtype=torch.long)
+    return torch.randint(0, cfg["vocab_size"], (batch, seq), generator=g, dtype=torch.long).to(DEVICE)
 
 
 _optimizers = {}
@@ -94,16 +108,16 @@ def train(req):
     times, phases, losses = [], [], []
     try:
         for i in range(req.get("warmup", 1) + req["reps"]):
-            t = time.perf_counter()
+            t = _clock()
             opt.zero_grad(set_to_none=True)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=req.get("dtype", "f32") == "bf16"):
+            with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=req.get("dtype", "f32") == "bf16"):
                 loss = model(input_ids=ids, labels=ids, use_cache=False).loss
             losses.append(loss.item())
-            t1 = time.perf_counter()
+            t1 = _clock()
             loss.backward()
-            t2 = time.perf_counter()
+            t2 = _clock()
             opt.step()
-            t3 = time.perf_counter()
+            t3 = _clock()
             if i >= req.get("warmup", 1):
                 times.append(t3 - t)
                 # forward, backward, gradient sync (none here), optimizer
@@ -123,10 +137,10 @@ def forward(req):
     times = []
     with torch.inference_mode():
         for i in range(req.get("warmup", 1) + req["reps"]):
-            t = time.perf_counter()
+            t = _clock()
             logits = model(input_ids=ids, use_cache=False).logits
             if i >= req.get("warmup", 1):
-                times.append(time.perf_counter() - t)
+                times.append(_clock() - t)
             if logits.shape != (ids.shape[0], ids.shape[1], cfg["vocab_size"]):
                 raise RuntimeError(f"logits of shape {tuple(logits.shape)}")
     return {"times": times}
@@ -140,12 +154,12 @@ def decode(req):
         model = _pretrained(req["model_dir"], req.get("dtype", "f32"))
     else:
         model = _llama(req["config"], req.get("dtype", "f32"))
-    ids = torch.tensor([req["ids"]], dtype=torch.long)
+    ids = torch.tensor([req["ids"]], dtype=torch.long).to(DEVICE)
     new, reps, warmup = req["new"], req["reps"], req.get("warmup", 0)
     times = []
     with torch.inference_mode():
         for i in range(warmup + reps):
-            t = time.perf_counter()
+            t = _clock()
             out = model.generate(
                 ids,
                 attention_mask=torch.ones_like(ids),
@@ -157,7 +171,7 @@ def decode(req):
                 eos_token_id=None,
             )
             if i >= warmup:
-                times.append(time.perf_counter() - t)
+                times.append(_clock() - t)
             got = out.shape[1] - ids.shape[1]
             if got != new:
                 raise RuntimeError(f"generate made {got} tokens, not {new}")
@@ -183,6 +197,7 @@ def main():
                     "mkldnn": torch.backends.mkldnn.is_available(),
                     "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                     "transformers": _transformers_version(),
+                    "device": torch.cuda.get_device_name(0) if DEVICE != "cpu" else "cpu",
                 }
             elif op == "gemm":
                 out = gemm(req)
@@ -191,9 +206,9 @@ def main():
             elif op == "load":
                 # `from_pretrained` of a saved model, timed (the first load: later requests
                 # on the same directory and dtype reuse the model)
-                t = time.perf_counter()
+                t = _clock()
                 _pretrained(req["model_dir"], req.get("dtype", "f32"))
-                out = {"load_s": time.perf_counter() - t}
+                out = {"load_s": _clock() - t}
             elif op == "train":
                 out = train(req)
             elif op == "forward":

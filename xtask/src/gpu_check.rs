@@ -148,15 +148,19 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         Some((b, rest)) if !b.starts_with("--") => (b.as_str(), rest),
         _ => {
             return Err(
-                "usage: cargo xtask gpu-check wgpu [--allow-cpu-adapter] | pjrt [--plugin PATH] [--allow-cpu]".into()
+                "usage: cargo xtask gpu-check wgpu [--allow-cpu-adapter] | pjrt [--plugin PATH] [--allow-cpu] | cuda [--python PY]"
+                    .into()
             )
         }
     };
     if backend == "pjrt" {
         return crate::gpu_check_pjrt::run(rest);
     }
+    if backend == "cuda" {
+        return crate::gpu_check_cuda::run(rest);
+    }
     if backend != "wgpu" {
-        return Err(format!("gpu-check: unknown backend `{backend}` (available: wgpu, pjrt)"));
+        return Err(format!("gpu-check: unknown backend `{backend}` (available: wgpu, pjrt, cuda)"));
     }
     let args = Args::parse(rest, &["allow-cpu-adapter"])?;
     args.only(&["allow-cpu-adapter"])?;

@@ -17,15 +17,18 @@
 //!   files, checkpoint manifests, JSONL).
 //! - `cargo xtask gpu-check wgpu [--allow-cpu-adapter]`: the wgpu checks on a real GPU;
 //!   `cargo xtask gpu-check pjrt [--plugin PATH] [--allow-cpu]`: the PJRT checks with the
-//!   CUDA plugin.
+//!   CUDA plugin; `cargo xtask gpu-check cuda [--python PY]`: the CUDA backend's checks
+//!   (conformance, LLaMA parity, GEMM and training next to torch on the same GPU).
 
 mod args;
 mod bench;
 mod fixtures;
 mod fuzz;
 mod gpu_check;
+mod gpu_check_cuda;
 mod gpu_check_pjrt;
 mod machine;
+mod nvrtc;
 mod pjrt;
 mod test;
 
@@ -80,7 +83,7 @@ tasks:
   fuzz [--cases N] [--only NAME]   the hostile-input properties, 100000 generated inputs per
                                    target (config, safetensors, index, tokenizer, manifest,
                                    JSONL); CI runs 256 each
-  gpu-check wgpu [--allow-cpu-adapter] | pjrt [--plugin PATH] [--allow-cpu]
+  gpu-check wgpu [--allow-cpu-adapter] | pjrt [--plugin PATH] [--allow-cpu] | cuda [--python PY]
                                    on a machine with a GPU: its wgpu adapter, the conformance
                                    suite, redco-wgpu's tests, the LLaMA check and matmul
                                    GFLOP/s on it, then a table (fails without a GPU adapter)";

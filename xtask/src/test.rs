@@ -54,7 +54,7 @@ fn has_nextest() -> bool {
 /// `wgpu` feature (its CLI tests run on lavapipe in CI; redco-wgpu itself is always built,
 /// by redco-tests), its `mpi` feature (the CLI over processes; redco-mpi is a workspace
 /// member) and xtask's (the wgpu rows of `bench llm`, the process rows).
-const FEATURES: &str = "redco/wgpu,redco/mpi,redco/tpu,xtask/wgpu,xtask/mpi,xtask/tpu";
+const FEATURES: &str = "redco/wgpu,redco/mpi,redco/tpu,redco/cuda,xtask/wgpu,xtask/mpi,xtask/tpu,xtask/cuda";
 
 /// The Debian packages the suite needs beyond the Rust toolchain: Open MPI (redco-mpi and
 /// the multi-process tests), libclang (rsmpi's bindgen) and Mesa's Vulkan drivers (the
@@ -199,6 +199,8 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     setup()?;
     let plugin = crate::pjrt::ensure_plugin()?;
     eprintln!("xtask: PJRT tests use {}", plugin.display());
+    let nvrtc = crate::nvrtc::ensure()?;
+    eprintln!("xtask: CUDA kernel-compilation tests use NVRTC from {}", nvrtc.display());
     if is_root() {
         // Open MPI refuses to start as root without these (the multi-process tests)
         std::env::set_var("OMPI_ALLOW_RUN_AS_ROOT", "1");

@@ -74,14 +74,24 @@ pub enum BackendKind {
     /// The PJRT backend (the `tpu` feature): one device of the plugin's client per rank.
     #[cfg(feature = "tpu")]
     Pjrt,
+    /// The CUDA backend (the `cuda` feature): one GPU per rank.
+    #[cfg(feature = "cuda")]
+    Cuda,
 }
 
 /// The backends compiled into this program, for messages.
-const AVAILABLE: &str = match (cfg!(feature = "wgpu"), cfg!(feature = "tpu")) {
-    (true, true) => "cpu, wgpu, pjrt",
-    (true, false) => "cpu, wgpu",
-    (false, true) => "cpu, pjrt",
-    (false, false) => "cpu",
+const AVAILABLE: &str = {
+    // every combination spelt out: const code cannot join strings
+    match (cfg!(feature = "wgpu"), cfg!(feature = "tpu"), cfg!(feature = "cuda")) {
+        (false, false, false) => "cpu",
+        (true, false, false) => "cpu, wgpu",
+        (false, true, false) => "cpu, pjrt",
+        (false, false, true) => "cpu, cuda",
+        (true, true, false) => "cpu, wgpu, pjrt",
+        (true, false, true) => "cpu, wgpu, cuda",
+        (false, true, true) => "cpu, pjrt, cuda",
+        (true, true, true) => "cpu, wgpu, pjrt, cuda",
+    }
 };
 
 /// The backend `name`, if it is compiled into this program.
@@ -100,9 +110,11 @@ pub fn backend(name: &str) -> Result<BackendKind, String> {
         "pjrt" | "tpu" => Err(format!(
             "backend `{name}` is not compiled into this redco (build with `--features tpu`); available: {AVAILABLE}"
         )),
+        #[cfg(feature = "cuda")]
+        "cuda" => Ok(BackendKind::Cuda),
+        #[cfg(not(feature = "cuda"))]
         "cuda" => Err(format!(
-            "backend `{name}` is not compiled into this redco (build with `--features {name}` once its crate \
-             lands); available: {AVAILABLE}"
+            "backend `cuda` is not compiled into this redco (build with `--features cuda`); available: {AVAILABLE}"
         )),
         other => Err(format!("unknown backend `{other}` (available: {AVAILABLE})")),
     }
@@ -152,6 +164,13 @@ macro_rules! on_backend {
                 $threads,
                 |rank, _| $crate::cmd::pjrt::backend(rank, $mesh.size()),
                 |b: &redco_tpu::Pjrt| $f(b),
+            ),
+            #[cfg(feature = "cuda")]
+            $crate::cmd::common::BackendKind::Cuda => $crate::cmd::common::on_mesh(
+                $mesh,
+                $threads,
+                |rank, _| $crate::cmd::cuda::backend(rank),
+                |b: &redco_cuda::Cuda| $f(b),
             ),
         }
     };

@@ -36,7 +36,7 @@ pub struct EvalDumpArgs {
     /// Mesh as DPxMP: run split over DP x MP ranks.
     #[arg(long, default_value = "1x1")]
     pub mesh: String,
-    /// Compute backend: cpu, wgpu (the `wgpu` feature) or pjrt (the `tpu` feature); one device per rank.
+    /// Compute backend: cpu, wgpu (the `wgpu` feature), pjrt (the `tpu` feature) or cuda (the `cuda` feature); one device per rank.
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// Greedy new tokens for `generated_ids`.

@@ -55,7 +55,7 @@ pub struct GenerateArgs {
     /// Mesh as DPxMP: split the model over MP ranks.
     #[arg(long, default_value = "1x1")]
     pub mesh: String,
-    /// Compute backend: cpu, wgpu (the `wgpu` feature) or pjrt (the `tpu` feature); one device per rank.
+    /// Compute backend: cpu, wgpu (the `wgpu` feature), pjrt (the `tpu` feature) or cuda (the `cuda` feature); one device per rank.
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// Parameter dtype: f32, bf16 or f16.

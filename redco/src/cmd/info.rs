@@ -5,9 +5,10 @@ pub fn run() -> Result<(), String> {
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     crate::outln!("redco {}", env!("CARGO_PKG_VERSION"));
     crate::outln!(
-        "backends: cpu (embedded){}{}",
+        "backends: cpu (embedded){}{}{}",
         if cfg!(feature = "wgpu") { ", wgpu" } else { "" },
-        if cfg!(feature = "tpu") { ", pjrt" } else { "" }
+        if cfg!(feature = "tpu") { ", pjrt" } else { "" },
+        if cfg!(feature = "cuda") { ", cuda" } else { "" }
     );
     crate::outln!(
         "transports: threads{}",
@@ -20,6 +21,8 @@ pub fn run() -> Result<(), String> {
     wgpu_adapters();
     #[cfg(feature = "tpu")]
     super::pjrt::describe();
+    #[cfg(feature = "cuda")]
+    super::cuda::describe();
     Ok(())
 }
 

@@ -3,6 +3,8 @@
 pub mod check;
 pub mod common;
 pub mod convert;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod eval_dump;
 pub mod generate;
 pub mod info;

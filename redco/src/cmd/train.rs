@@ -44,7 +44,7 @@ pub struct TrainArgs {
     /// Mesh as DPxMP: data-parallel x tensor-parallel ranks (1x2 splits every layer in two).
     #[arg(long, default_value = "1x1")]
     pub mesh: String,
-    /// Compute backend: cpu, wgpu (the `wgpu` feature) or pjrt (the `tpu` feature); one device per rank.
+    /// Compute backend: cpu, wgpu (the `wgpu` feature), pjrt (the `tpu` feature) or cuda (the `cuda` feature); one device per rank.
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// pjrt: run every op as its own program instead of compiling the whole training step
@@ -541,6 +541,18 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
             }
             job.pjrt_trainer(config, a.eager, dep.opts.timeout, leader).fit(&dep, train.as_ref(), resume)
         }
+        // one GPU per rank, NCCL between them
+        #[cfg(feature = "cuda")]
+        common::BackendKind::Cuda => {
+            let mut dep = Deployer::with_backend(mesh, a.seed, &w, |rank, _| super::cuda::backend(rank))
+                .map_err(err)?
+                .with_comm(super::cuda::factory())
+                .map_err(err)?;
+            if let Some(t) = a.timeout {
+                dep.opts.timeout = std::time::Duration::from_secs_f64(t);
+            }
+            job.trainer(config).fit(&dep, train.as_ref(), resume)
+        }
     }
     .map_err(err)?;
     if let Some(path) = &a.comm_stats {
@@ -583,6 +595,8 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
         common::BackendKind::Wgpu => sample(&redco_wgpu::Wgpu::new().map_err(err)?, &w, &tok, &a, &held_out),
         #[cfg(feature = "tpu")]
         common::BackendKind::Pjrt => sample(&super::pjrt::backend(0, 1).map_err(err)?, &w, &tok, &a, &held_out),
+        #[cfg(feature = "cuda")]
+        common::BackendKind::Cuda => sample(&super::cuda::backend(0).map_err(err)?, &w, &tok, &a, &held_out),
     }
     .map_err(err)?;
     crate::outln!("\nwrote:");

@@ -1,5 +1,5 @@
 //! The backends a benchmark can run on: those compiled into this xtask (`cpu` always,
-//! `wgpu` with the `wgpu` feature, `cpu-mpi`: CPU ranks as MPI processes, with the `mpi`
+//! `wgpu` with the `wgpu` feature, `cuda` with the `cuda` feature, `cpu-mpi`: CPU ranks as MPI processes, with the `mpi`
 //! feature, `pjrt-eager` and `pjrt` (compiled steps) with the `tpu` feature), and the
 //! feature each of the others would need.
 
@@ -9,7 +9,7 @@ const BACKENDS: [(&str, Option<&str>); 6] = [
     ("wgpu", if cfg!(feature = "wgpu") { None } else { Some("wgpu") }),
     // CPU ranks as MPI processes (under mpirun, TCP between them), beside the thread ranks
     ("cpu-mpi", if cfg!(feature = "mpi") { None } else { Some("mpi") }),
-    ("cuda", Some("cuda")),
+    ("cuda", if cfg!(feature = "cuda") { None } else { Some("cuda") }),
     // PJRT (the plugin of REDCO_PJRT_PLUGIN): op by op, and the compiled training step
     ("pjrt-eager", if cfg!(feature = "tpu") { None } else { Some("tpu") }),
     ("pjrt", if cfg!(feature = "tpu") { None } else { Some("tpu") }),
@@ -26,7 +26,7 @@ pub fn parse(s: &str) -> Result<Vec<String>, String> {
     for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
         match BACKENDS.iter().find(|(n, _)| *n == name) {
             Some((n, None)) => out.push(n.to_string()),
-            Some((n, Some(f @ ("wgpu" | "mpi" | "tpu")))) => {
+            Some((n, Some(f @ ("wgpu" | "mpi" | "tpu" | "cuda")))) => {
                 return Err(format!(
                     "backend `{n}` is not compiled into this xtask (enabled: {}): run `cargo run --release -p xtask \
                      --features {f} -- bench ...` to benchmark it",
@@ -66,7 +66,9 @@ mod tests {
             let e = wgpu.unwrap_err();
             assert!(e.contains("not compiled") && e.contains("--features wgpu"), "{e}");
         }
-        assert!(super::parse("cuda").unwrap_err().contains("not compiled"));
+        if !cfg!(feature = "cuda") {
+            assert!(super::parse("cuda").unwrap_err().contains("--features cuda"));
+        }
         assert!(super::parse("npu").unwrap_err().contains("unknown backend"));
         assert!(super::parse("").is_err());
     }

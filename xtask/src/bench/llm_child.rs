@@ -214,7 +214,7 @@ pub fn child(
     let dtype = if shape.dtype == "bf16" { DType::BF16 } else { DType::F32 };
     if dtype != DType::F32 && (overlap || backend.starts_with("pjrt")) {
         return Err(format!(
-            "--dtype {}: measured without --overlap, on the cpu, cpu-mpi and wgpu backends",
+            "--dtype {}: measured without --overlap, on the cpu, cpu-mpi, wgpu and cuda backends",
             shape.dtype
         ));
     }
@@ -228,6 +228,18 @@ pub fn child(
         #[cfg(feature = "wgpu")]
         "wgpu" => {
             redco_core::dist::spmd(mesh, &opts, |_, _| redco_wgpu::Wgpu::new(), |rk| job.measure(rk).map(with_rss))
+        }
+        // one GPU per rank, NCCL between them
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            let nccl = redco_cuda::NcclFactory::new(std::sync::Arc::new(redco_core::dist::Threads::new()));
+            redco_core::dist::spmd_with(
+                &nccl,
+                mesh,
+                &opts,
+                |rank, _| redco_cuda::Cuda::new(rank),
+                |rk| job.measure(rk).map(with_rss),
+            )
         }
         // one process per rank: the peak RSS is the sum over the processes
         #[cfg(feature = "mpi")]

@@ -13,7 +13,7 @@ mod mpi;
 mod peak;
 mod real_size;
 mod stats;
-mod torch;
+pub(crate) mod torch;
 
 /// Dispatches `bench <what> [flags]`.
 pub fn run(argv: &[String]) -> Result<(), String> {

@@ -1,0 +1,46 @@
+//! The CUDA backend in the CLI (the `cuda` feature): one GPU per rank (the rank's index
+//! among this process's ranks, or the process's local rank under a launcher), NCCL
+//! between them.
+
+use redco_core::dist::CommFactory;
+use redco_cuda::{Cuda, NcclFactory};
+use std::sync::Arc;
+
+/// The GPU of `rank`.
+pub fn backend(rank: usize) -> redco_core::Result<Cuda> {
+    let w = super::launch::world();
+    let ordinal = if w.size > 1 { w.local_rank } else { rank };
+    Cuda::new(ordinal)
+}
+
+/// The NCCL collectives over this process's placement of the ranks.
+pub fn factory() -> Arc<dyn CommFactory<Cuda>> {
+    Arc::new(NcclFactory::new(super::launch::factory::<Cuda>()))
+}
+
+/// Prints the GPUs (or why there are none) for `redco info`.
+pub fn describe() {
+    match redco_cuda::devices() {
+        Ok(list) if list.is_empty() => crate::outln!("cuda: the driver sees no GPU"),
+        Ok(list) => {
+            for g in list {
+                crate::outln!("cuda: {g}");
+            }
+            crate::outln!(
+                "cuda libraries: nvrtc {}, cublas {}, nccl {}",
+                yes(redco_cuda::nvrtc_present()),
+                yes(redco_cuda::cublas_present()),
+                yes(redco_cuda::nccl_present())
+            );
+        }
+        Err(e) => crate::outln!("cuda: {e}"),
+    }
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "found"
+    } else {
+        "missing"
+    }
+}

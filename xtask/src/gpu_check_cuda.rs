@@ -1,0 +1,179 @@
+//! `cargo xtask gpu-check cuda [--python PY]`: the CUDA backend on a machine with an
+//! NVIDIA GPU, in one prepared run. `PY` (default `python3`) is a Python with torch and the
+//! `nvidia-*` wheels (cuBLAS, NCCL; NVRTC is fetched like the CI's): their library
+//! directories go on `LD_LIBRARY_PATH`, with a `libnccl.so` link to the wheel's
+//! `libnccl.so.2` (cudarc looks the library up by that name). Refuses to go on without a
+//! GPU, then runs, with `REDCO_REQUIRE_CUDA=1`: the conformance suite on CUDA, the kernel
+//! compilation and no-driver tests, the small LLaMA's logits and AdamW step against the
+//! CPU backend (1x1 and 1x2; 1x2 over NCCL with two GPUs), `redco train --backend cuda`,
+//! the GEMM throughput in f32 and bf16 next to `torch.matmul` on the same GPU (and as a
+//! fraction of the H200's 790 TFLOP/s measured bf16 peak), and the bench LLaMA's training
+//! step next to torch on the same GPU (`bench llm --backend cuda --torch PY`, torch with
+//! `REDCO_TORCH_DEVICE=cuda`); prints a table at the end.
+
+use crate::args::Args;
+use crate::gpu_check::{cargo, counts, report};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The bf16 dense peak measured on the H200 of the GPU machines (TFLOP/s).
+const H200_BF16_PEAK: f64 = 790.0;
+
+/// The `nvidia/*/lib` directories of `python`'s site-packages (torch's CUDA wheels).
+fn wheel_libs(python: &str) -> Vec<PathBuf> {
+    let script = "import glob, os, site\n\
+        for s in site.getsitepackages():\n    \
+            for d in sorted(glob.glob(os.path.join(s, 'nvidia', '*', 'lib'))):\n        \
+                print(d)\n";
+    Command::new(python)
+        .args(["-c", script])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().map(PathBuf::from).collect())
+        .unwrap_or_default()
+}
+
+/// A directory holding `libnccl.so` -> the wheel's `libnccl.so.2`, when one is found.
+fn nccl_link(libs: &[PathBuf]) -> Option<PathBuf> {
+    let so2 = libs.iter().map(|d| d.join("libnccl.so.2")).find(|p| p.is_file())?;
+    let dir = Path::new("target").join("nccl-link");
+    std::fs::create_dir_all(&dir).ok()?;
+    let link = dir.join("libnccl.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&so2, &link).ok()?;
+    std::fs::canonicalize(&dir).ok()
+}
+
+/// The `gemm <dtype> <n>^3 <x> TFLOP/s` lines of the example.
+fn tflops(out: &str) -> Vec<(String, usize, f64)> {
+    out.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() == 5 && f[0] == "gemm" {
+                let n = f[2].trim_end_matches("^3").parse().ok()?;
+                Some((f[1].to_string(), n, f[3].parse().ok()?))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// Runs the task.
+pub fn run(argv: &[String]) -> Result<(), String> {
+    let args = Args::parse(argv, &[])?;
+    args.only(&["python"])?;
+    let python = args.get("python").unwrap_or("python3").to_string();
+    let nvrtc = crate::nvrtc::ensure()?;
+    let libs = wheel_libs(&python);
+    let mut path: Vec<String> = vec![nvrtc.display().to_string()];
+    path.extend(nccl_link(&libs).map(|d| d.display().to_string()));
+    path.extend(libs.iter().map(|d| d.display().to_string()));
+    path.extend(std::env::var("LD_LIBRARY_PATH").ok().filter(|p| !p.is_empty()));
+    let ld = path.join(":");
+    let envs = [("LD_LIBRARY_PATH", ld.as_str()), ("REDCO_REQUIRE_CUDA", "1"), ("REDCO_REQUIRE_NVRTC", "1")];
+    // one build of everything first, so the timed parts do not compile
+    let (built, _) = cargo(&["build", "--release", "-p", "redco-cuda", "--tests", "--examples"], &envs, true)?;
+    let (built2, _) = cargo(
+        &["build", "--release", "-p", "redco", "-p", "xtask", "--features", "redco/cuda,xtask/cuda"],
+        &envs,
+        true,
+    )?;
+    if !built || !built2 {
+        return Err("gpu-check cuda: the build failed".into());
+    }
+    let (ok, info) =
+        cargo(&["run", "--release", "-q", "-p", "redco", "--features", "cuda", "--", "info"], &envs, true)?;
+    let gpus = info.lines().filter(|l| l.starts_with("cuda: cuda:")).count();
+    if !ok || gpus == 0 {
+        return Err(format!(
+            "gpu-check cuda needs an NVIDIA GPU: {}",
+            info.lines().find(|l| l.starts_with("cuda")).unwrap_or("redco info failed")
+        ));
+    }
+    let mut rows: Vec<(String, String, bool)> = Vec::new();
+    let mut tests = |what: &str, a: &[&str]| -> Result<(), String> {
+        let (ok, out) = cargo(a, &envs, true)?;
+        let (p, f) = counts(&out);
+        rows.push((what.into(), format!("{p} passed, {f} failed"), ok && p > 0 && f == 0));
+        Ok(())
+    };
+    tests("conformance suite on cuda", &["test", "--release", "-p", "redco-cuda", "--test", "conformance"])?;
+    tests(
+        "NVRTC kernels, allocator, launch, no-driver paths",
+        &["test", "--release", "-p", "redco-cuda", "--lib", "--test", "nvrtc", "--test", "no_gpu"],
+    )?;
+    tests(
+        "LLaMA logits + AdamW step = cpu (1x1, 1x2)",
+        &["test", "--release", "-p", "redco-cuda", "--test", "llama", "--", "--nocapture"],
+    )?;
+    let workdir = std::env::temp_dir().join(format!("redco-gpu-check-cuda-{}", std::process::id()));
+    let wd = workdir.to_string_lossy().into_owned();
+    let train = ["run", "--release", "-q", "-p", "redco", "--features", "cuda", "--", "train", "--backend", "cuda"];
+    let (ok, out) = cargo(
+        &[&train[..], &["--preset", "llama-tiny", "--steps", "60", "--workdir", &wd, "--overwrite"]].concat(),
+        &envs,
+        true,
+    )?;
+    let _ = std::fs::remove_dir_all(&workdir);
+    let loss = out.lines().find(|l| l.starts_with("loss ")).unwrap_or("no loss line").to_string();
+    rows.push(("redco train --backend cuda (llama-tiny, 60 steps)".into(), loss, ok));
+
+    // GEMM throughput next to torch.matmul on the same GPU
+    let (ok, out) = cargo(&["run", "--release", "-q", "-p", "redco-cuda", "--example", "gemm_tflops"], &envs, true)?;
+    std::env::set_var("REDCO_TORCH_DEVICE", "cuda");
+    let mut peer = crate::bench::torch::TorchPeer::start(&python, 1).ok();
+    for (dt, n, ours) in tflops(&out) {
+        let theirs = peer
+            .as_mut()
+            .and_then(|p| p.gemm_times(n, n, n, 10, &dt).ok())
+            .and_then(|mut t| {
+                t.sort_by(f64::total_cmp);
+                t.get(t.len() / 2).copied()
+            })
+            .map(|s| 2.0 * (n as f64).powi(3) / s / 1e12);
+        let ratio = theirs.map_or("torch: -".into(), |t| format!("torch {t:.1} TFLOP/s, {:.2}x", ours / t));
+        let peak = if dt == "bf16" {
+            format!(", {:.0}% of {H200_BF16_PEAK:.0}", 100.0 * ours / H200_BF16_PEAK)
+        } else {
+            String::new()
+        };
+        rows.push((format!("GEMM {dt} {n}^3"), format!("{ours:.1} TFLOP/s{peak}; {ratio}"), ok));
+    }
+    drop(peer);
+
+    // the bench LLaMA's step, next to torch on the same GPU
+    let json = std::env::temp_dir().join(format!("redco-gpu-check-cuda-{}.json", std::process::id()));
+    let json_s = json.to_string_lossy().into_owned();
+    let bench =
+        ["run", "--release", "-q", "-p", "xtask", "--features", "cuda", "--", "bench", "llm", "--backend", "cuda"];
+    let tail = ["--mesh", "1x1", "--steps", "3", "--reps", "1", "--new", "16", "--torch", &python, "--json", &json_s];
+    let mut benv = envs.to_vec();
+    benv.push(("REDCO_TORCH_DEVICE", "cuda"));
+    let (ok, _) = cargo(&[&bench[..], &tail[..]].concat(), &benv, true)?;
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap_or_default()).unwrap_or_default();
+    let _ = std::fs::remove_file(&json);
+    let rate = |system: &str, key: &str| -> Option<f64> {
+        v["rows"].as_array()?.iter().find(|r| r["system"] == system)?[key].as_f64()
+    };
+    for (key, what) in [("train_tok_s", "training"), ("fwd_tok_s", "forward"), ("decode_tok_s", "decode")] {
+        let (r, t) = (rate("redco-cuda-1x1", key), rate("torch", key));
+        let text = match (r, t) {
+            (Some(r), Some(t)) => format!("cuda {r:.0} tok/s, torch (cuda) {t:.0} tok/s: {:.2}x", r / t),
+            (Some(r), None) => format!("cuda {r:.0} tok/s (no torch row)"),
+            _ => "failed (see above)".into(),
+        };
+        rows.push((format!("bench LLaMA 512x6 {what}"), text, ok && r.is_some()));
+    }
+    report("cuda", &format!("gpu-check cuda ({gpus} GPU(s))"), &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn gemm_lines_are_read() {
+        let out =
+            "device: NVIDIA H200 (sm_90)\ngemm f32 4096^3 48.2 TFLOP/s\ngemm bf16 8192^3 655.0 TFLOP/s\nallocator: ...";
+        assert_eq!(super::tflops(out), vec![("f32".to_string(), 4096, 48.2), ("bf16".to_string(), 8192, 655.0)]);
+    }
+}
