@@ -59,6 +59,63 @@ pub fn compile(family: &'static str, arch: &str) -> Result<Compiled> {
     Ok(Compiled { family, ptx, kernels })
 }
 
+/// The PTX of `family` for `arch`, compiled once per process and kept on disk between
+/// processes: a run of the test suite or of `gpu-check` opens the backend in several
+/// processes, and NVRTC takes about a second per family. The disk cache is
+/// `$REDCO_CUDA_CACHE`, else `$XDG_CACHE_HOME/redco/cuda`, else `~/.cache/redco/cuda`; a
+/// file is named by a hash of the source, the architecture and NVRTC's version, so an
+/// edited kernel or another toolkit never reads a stale entry. A cache that cannot be
+/// read or written is skipped (the kernel is compiled instead).
+pub fn ptx_cached(family: &'static str, arch: &str) -> Result<String> {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static MEM: Mutex<Option<HashMap<(String, String), String>>> = Mutex::new(None);
+    let key = (family.to_string(), arch.to_string());
+    if let Some(p) = MEM.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).get(&key) {
+        return Ok(p.clone());
+    }
+    let file = cache_dir().map(|d| d.join(format!("{family}-{arch}-{:016x}.ptx", cache_key(family, arch))));
+    let ptx = match file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()).filter(|p| p.contains(".entry")) {
+        Some(p) => p,
+        None => {
+            let p = compile(family, arch)?.ptx.to_src();
+            if let Some(f) = &file {
+                // written whole, then renamed: a concurrent reader never sees half a file
+                let tmp = f.with_extension(format!("tmp{}", std::process::id()));
+                let ok = f.parent().is_some_and(|d| std::fs::create_dir_all(d).is_ok())
+                    && std::fs::write(&tmp, &p).is_ok()
+                    && std::fs::rename(&tmp, f).is_ok();
+                if !ok {
+                    let _ = std::fs::remove_file(&tmp);
+                }
+            }
+            p
+        }
+    };
+    MEM.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(key, ptx.clone());
+    Ok(ptx)
+}
+
+fn cache_dir() -> Option<std::path::PathBuf> {
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
+    env("REDCO_CUDA_CACHE")
+        .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("redco/cuda")))
+        .or_else(|| env("HOME").map(|d| d.join(".cache/redco/cuda")))
+}
+
+/// A hash (FNV-1a) of what the PTX depends on: the source, the architecture, NVRTC's
+/// version.
+fn cache_key(family: &str, arch: &str) -> u64 {
+    let (mut major, mut minor) = (0, 0);
+    if nvrtc_present() {
+        // SAFETY: the library is present; NVRTC writes two ints
+        unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    }
+    let version = (major, minor);
+    let text = format!("{}\0{arch}\0{version:?}", source(family).unwrap_or_default());
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
 /// The kernel names a PTX text defines (`.visible .entry name(`).
 pub fn entries(ptx: &str) -> Vec<String> {
     ptx.lines()

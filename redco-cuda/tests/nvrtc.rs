@@ -95,3 +95,21 @@ fn a_compile_error_carries_nvrtcs_log() {
     let e = compile("elementwise", "sm_1").err().expect("sm_1 is no architecture").to_string();
     assert!(e.contains("elementwise") && e.contains("sm_1"), "{e}");
 }
+
+#[test]
+fn compiled_ptx_is_cached_on_disk_and_read_back() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("redco-cuda-cache-{}", std::process::id()));
+    std::env::set_var("REDCO_CUDA_CACHE", &dir);
+    let first = redco_cuda::kernels::ptx_cached("rotary", "sm_80").unwrap_or_else(|e| panic!("{e}"));
+    let files: Vec<_> = std::fs::read_dir(&dir).expect("cache dir").filter_map(|e| e.ok()).collect();
+    assert_eq!(files.len(), 1, "one cached file");
+    let path = files[0].path();
+    assert!(path.file_name().unwrap().to_string_lossy().starts_with("rotary-sm_80-"));
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), first);
+    // the same family again: from memory, equal
+    assert_eq!(redco_cuda::kernels::ptx_cached("rotary", "sm_80").unwrap(), first);
+    let _ = std::fs::remove_dir_all(&dir);
+}
