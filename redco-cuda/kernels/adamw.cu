@@ -1,8 +1,8 @@
 // One AdamW step over flat buffers, in place on x, m and v (the host hands in buffers it
 // owns): m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
-// x = x (1 - lr wd) - lr (m / bias1) / (sqrt(v / bias2) + eps). Moments in the
-// accumulation type of T when T is 16-bit would lose the update, so the host keeps
-// 16-bit parameters' moments in f32 (`m32`).
+// x = x (1 - lr wd) - lr (m / bias1) / (sqrt(v / bias2) + eps), computed in T's
+// accumulation type; the moments are stored in T, as the composite does (the Trainer keeps
+// f32 master weights, so its updates run in f32).
 
 struct AdamStep { double lr, beta1, beta2, eps, wd, bias1, bias2; };
 

@@ -12,7 +12,7 @@ struct AttnArgs {
     i64 batch, q_heads, kv_heads, q_len, kv_len, head_dim;
     i64 ms0, ms1, ms2, ms3;  // mask strides over [batch, q_heads, q_len, kv_len]
     int causal, has_mask;
-    float scale;
+    double scale;
 };
 
 __device__ __forceinline__ bool allowed(const AttnArgs& a, const u8* mask, i64 b, i64 h, i64 i, i64 j) {

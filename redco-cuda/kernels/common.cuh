@@ -109,5 +109,27 @@ template <typename A> __device__ A block_max(A v) {
     return warp_max(t);
 }
 
+// Conversion of a double to T as Rust's `as` does it: floats rounded, integers truncated
+// toward zero and saturated, NaN to 0 (the CPU backend stores through f64 this way).
+template <typename T> __device__ __forceinline__ T cast_to(double v);
+template <> __device__ __forceinline__ float cast_to<float>(double v) { return (float)v; }
+template <> __device__ __forceinline__ double cast_to<double>(double v) { return v; }
+template <> __device__ __forceinline__ bf16 cast_to<bf16>(double v) { return from_acc<bf16>((float)v); }
+template <> __device__ __forceinline__ f16 cast_to<f16>(double v) { return from_acc<f16>((float)v); }
+template <typename I> __device__ __forceinline__ I sat_int(double v, double lo, double hi) {
+    if (v != v) return (I)0;
+    if (v <= lo) return (I)lo;
+    if (v >= hi) return (I)hi;
+    return (I)v;
+}
+template <> __device__ __forceinline__ i64 cast_to<i64>(double v) {
+    if (v != v) return 0;
+    if (v <= -9.2233720368547758e18) return (i64)0x8000000000000000ull;
+    if (v >= 9.2233720368547758e18) return (i64)0x7fffffffffffffffull;
+    return (i64)v;
+}
+template <> __device__ __forceinline__ i32 cast_to<i32>(double v) { return sat_int<i32>(v, -2147483648.0, 2147483647.0); }
+template <> __device__ __forceinline__ u8 cast_to<u8>(double v) { return sat_int<u8>(v, 0.0, 255.0); }
+
 #define FOR_FLOATS(M) M(f32, float) M(f64, double) M(bf16, bf16) M(f16, f16)
 #define FOR_ALL(M) FOR_FLOATS(M) M(i64, i64) M(i32, i32) M(u8, u8)

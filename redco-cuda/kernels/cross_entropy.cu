@@ -3,7 +3,7 @@
 // gradient. A target outside 0..vocab (and not `ignore`) sets *bad.
 
 #define XENT(name, T, iname, I) \
-extern "C" __global__ void xent_##name##_##iname(const T* x, const I* tgt, T* loss, i64 rows, i64 vocab, i64 ignore, int* bad) { \
+extern "C" __global__ void __launch_bounds__(1024) xent_##name##_##iname(const T* x, const I* tgt, T* loss, i64 rows, i64 vocab, i64 ignore, int* bad) { \
     typedef Acc<T>::t A; \
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) { \
         i64 t = (i64)tgt[r]; \
@@ -20,7 +20,7 @@ extern "C" __global__ void xent_##name##_##iname(const T* x, const I* tgt, T* lo
         __syncthreads(); \
     } \
 } \
-extern "C" __global__ void xent_grad_##name##_##iname(const T* x, const I* tgt, const T* grad, T* dx, i64 rows, i64 vocab, i64 ignore, int* bad) { \
+extern "C" __global__ void __launch_bounds__(1024) xent_grad_##name##_##iname(const T* x, const I* tgt, const T* grad, T* dx, i64 rows, i64 vocab, i64 ignore, int* bad) { \
     typedef Acc<T>::t A; \
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) { \
         i64 t = (i64)tgt[r]; \

@@ -60,8 +60,8 @@ template <typename A> __device__ __forceinline__ A binary_op(int op, A a, A b) {
     case 1: return a - b;
     case 2: return a * b;
     case 3: return a / b;
-    case 4: return (a != a || b != b) ? a + b : fmax(a, b);
-    case 5: return (a != a || b != b) ? a + b : fmin(a, b);
+    case 4: return a >= b ? a : b;  // as the CPU backend: max(NaN, 1) = 1, max(1, NaN) = NaN
+    case 5: return a <= b ? a : b;
     }
     return a;
 }
@@ -77,17 +77,10 @@ extern "C" __global__ void binary_##name(const T* a, const T* b, T* y, i64 n, Di
 }
 FOR_FLOATS(BINARY)
 
-// Integer binary ops stay exact (no trip through f32).
+// Integer binary ops as the CPU backend does them: in f64, stored back saturating (so
+// U8 1 - 2 is 0, a / 0 saturates, 0 / 0 is 0).
 template <typename T> __device__ __forceinline__ T int_op(int op, T a, T b) {
-    switch (op) {
-    case 0: return a + b;
-    case 1: return a - b;
-    case 2: return a * b;
-    case 3: return b == 0 ? (T)0 : a / b;
-    case 4: return a > b ? a : b;
-    case 5: return a < b ? a : b;
-    }
-    return a;
+    return cast_to<T>(binary_op<double>(op, (double)a, (double)b));
 }
 #define INT_BINARY(name, T) \
 extern "C" __global__ void binary_##name(const T* a, const T* b, T* y, i64 n, Dims d, int op) { \
@@ -154,32 +147,12 @@ INT_FILL(i64, i64) INT_FILL(i32, i32) INT_FILL(u8, u8)
 template <typename T> __device__ __forceinline__ double as_f64(T v) { return (double)to_acc(v); }
 __device__ __forceinline__ double as_f64(double v) { return v; }
 __device__ __forceinline__ double as_f64(i64 v) { return (double)v; }
-template <typename T> __device__ __forceinline__ T cast_to(double v);
-template <> __device__ __forceinline__ float cast_to<float>(double v) { return (float)v; }
-template <> __device__ __forceinline__ double cast_to<double>(double v) { return v; }
-template <> __device__ __forceinline__ bf16 cast_to<bf16>(double v) { return from_acc<bf16>((float)v); }
-template <> __device__ __forceinline__ f16 cast_to<f16>(double v) { return from_acc<f16>((float)v); }
-template <typename I> __device__ __forceinline__ I sat_int(double v, double lo, double hi) {
-    if (v != v) return (I)0;
-    if (v <= lo) return (I)lo;
-    if (v >= hi) return (I)hi;
-    return (I)v;
-}
-template <> __device__ __forceinline__ i64 cast_to<i64>(double v) {
-    if (v != v) return 0;
-    if (v <= -9.2233720368547758e18) return (i64)0x8000000000000000ull;
-    if (v >= 9.2233720368547758e18) return (i64)0x7fffffffffffffffull;
-    return (i64)v;
-}
-template <> __device__ __forceinline__ i32 cast_to<i32>(double v) { return sat_int<i32>(v, -2147483648.0, 2147483647.0); }
-template <> __device__ __forceinline__ u8 cast_to<u8>(double v) { return sat_int<u8>(v, 0.0, 255.0); }
-
-// Integer sources go through i64 so that large values stay exact (and wrap between
-// integer types, as Rust's `as` does).
+// Integer sources go through i64 so that large values stay exact: between I64 and I32 they
+// wrap, to U8 they saturate, as the CPU backend's casts do.
 template <typename D> __device__ __forceinline__ D int_to(i64 v) { return cast_to<D>((double)v); }
 template <> __device__ __forceinline__ i64 int_to<i64>(i64 v) { return v; }
 template <> __device__ __forceinline__ i32 int_to<i32>(i64 v) { return (i32)v; }
-template <> __device__ __forceinline__ u8 int_to<u8>(i64 v) { return (u8)v; }
+template <> __device__ __forceinline__ u8 int_to<u8>(i64 v) { return v < 0 ? (u8)0 : (v > 255 ? (u8)255 : (u8)v); }
 template <typename S, typename D> struct Conv {
     static __device__ __forceinline__ D go(S v) { return cast_to<D>(as_f64(v)); }
 };

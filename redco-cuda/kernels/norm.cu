@@ -2,7 +2,7 @@
 // accumulation type; optional weight and bias (null pointers when absent).
 
 #define NORM(name, T) \
-extern "C" __global__ void layer_norm_##name(const T* x, const T* w, const T* b, T* y, i64 rows, i64 n, double eps) { \
+extern "C" __global__ void __launch_bounds__(1024) layer_norm_##name(const T* x, const T* w, const T* b, T* y, i64 rows, i64 n, double eps) { \
     typedef Acc<T>::t A; \
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) { \
         const T* xr = x + r * n; \
@@ -21,7 +21,7 @@ extern "C" __global__ void layer_norm_##name(const T* x, const T* w, const T* b,
         __syncthreads(); \
     } \
 } \
-extern "C" __global__ void rms_norm_##name(const T* x, const T* w, T* y, i64 rows, i64 n, double eps) { \
+extern "C" __global__ void __launch_bounds__(1024) rms_norm_##name(const T* x, const T* w, T* y, i64 rows, i64 n, double eps) { \
     typedef Acc<T>::t A; \
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) { \
         const T* xr = x + r * n; \

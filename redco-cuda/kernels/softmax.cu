@@ -2,7 +2,7 @@
 // and the sum of exponentials reduced across the block.
 
 #define SOFTMAX(name, T) \
-extern "C" __global__ void softmax_##name(const T* x, T* y, i64 rows, i64 n, int log_out) { \
+extern "C" __global__ void __launch_bounds__(1024) softmax_##name(const T* x, T* y, i64 rows, i64 n, int log_out) { \
     typedef Acc<T>::t A; \
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) { \
         const T* xr = x + r * n; \

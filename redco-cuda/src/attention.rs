@@ -22,7 +22,7 @@ pub(crate) struct AttnArgs {
     ms: [i64; 4],
     causal: i32,
     has_mask: i32,
-    scale: f32,
+    scale: f64,
 }
 // SAFETY: #[repr(C)] integers and a float, laid out as the kernels' `AttnArgs`
 unsafe impl DeviceRepr for AttnArgs {}
@@ -73,7 +73,7 @@ pub(crate) fn args(
         ms,
         causal: s.causal as i32,
         has_mask: (mask.is_some() && s.mask_shape.is_some()) as i32,
-        scale: s.scale as f32,
+        scale: s.scale,
     }))
 }
 

@@ -30,7 +30,7 @@ impl Cuda {
     }
 
     /// Runs `kernel(y, ids, src, outer, size, inner, n, bad)` of an additive op on f32 or
-    /// f64 (16-bit floats widened and narrowed around it).
+    /// f64 (other dtypes widened and narrowed around it).
     #[allow(clippy::too_many_arguments)]
     fn add_at(
         &self,
@@ -44,10 +44,11 @@ impl Cuda {
     ) -> Result<CudaStorage> {
         crate::elementwise::same(x, src, op)?;
         let dt = x.dtype();
+        // 16-bit floats add in f32, integers in f64 (stored back saturating), as the CPU
         let wide = match dt {
             DType::F32 | DType::F64 => dt,
             DType::F16 | DType::BF16 => DType::F32,
-            d => return Err(Error::UnsupportedDType { op, dtype: d }),
+            DType::I64 | DType::I32 | DType::U8 => DType::F64,
         };
         let y = if wide == dt { self.duplicate(x)? } else { self.cast_op(x, x.len(), wide)? };
         let src = self.cast_op(src, src.len(), wide)?;

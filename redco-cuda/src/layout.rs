@@ -44,6 +44,7 @@ impl Cuda {
         let y = self.alloc(x.len(), x.dtype())?;
         let bytes = x.len() * x.dtype().size_in_bytes();
         if bytes > 0 {
+            self.inner.ctx.bind_to_thread().map_err(err)?;
             // SAFETY: both buffers hold `bytes` bytes; the copy is ordered on the stream
             unsafe {
                 cudarc::driver::result::memcpy_dtod_async(y.ptr(), x.ptr(), bytes, self.inner.stream.cu_stream())

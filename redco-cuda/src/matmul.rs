@@ -93,6 +93,7 @@ impl Cuda {
             (&one32 as *const f32 as _, &zero32 as *const f32 as _)
         };
         let blas = self.blas()?;
+        self.inner.ctx.bind_to_thread().map_err(err)?;
         // SAFETY: the operand lengths were checked against the spec above; alpha and beta
         // live on this frame through the call, which only queues the GEMM on the stream
         unsafe {

@@ -63,6 +63,8 @@ struct Comms {
     aborted: Option<String>,
     /// Queued collectives not yet seen complete: (event, started, what).
     inflight: Vec<(CudaEvent, Instant, String)>,
+    /// A call inside NCCL right now (enqueueing may block): (started, what).
+    entering: Option<(Instant, String)>,
 }
 
 impl Drop for Comms {
@@ -180,7 +182,7 @@ impl Nccl {
     }
 
     fn with(cuda: Cuda, mesh: Mesh, rank: usize, raw: [RawComm; 3], timeout: Duration) -> Nccl {
-        let comms = Arc::new(Mutex::new(Comms { raw, aborted: None, inflight: Vec::new() }));
+        let comms = Arc::new(Mutex::new(Comms { raw, aborted: None, inflight: Vec::new(), entering: None }));
         watchdog(Arc::downgrade(&comms), rank, timeout);
         Nccl { cuda, mesh, rank, timeout, comms }
     }
@@ -202,23 +204,37 @@ impl Nccl {
         self.timeout
     }
 
-    /// Queues one NCCL call on communicator `which` (0 dp, 1 mp, 2 mesh).
+    /// Queues one NCCL call on communicator `which` (0 dp, 1 mp, 2 mesh). The lock is not
+    /// held during the call (NCCL may block in it, connecting to a peer that never comes),
+    /// so the watchdog can abort the communicator meanwhile.
     fn call(
         &self,
         which: usize,
         what: String,
         f: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> sys::ncclResult_t,
     ) -> Result<()> {
+        self.cuda.inner.ctx.bind_to_thread().map_err(err)?;
+        let stream = self.cuda.inner.stream.cu_stream() as sys::cudaStream_t;
+        // the watchdog times the call from here, also while NCCL is still enqueueing it
+        let started = Instant::now();
+        let comm = {
+            let mut c = lock(&self.comms);
+            if let Some(why) = &c.aborted {
+                return Err(Error::RankFailed { rank: self.rank, msg: why.clone() });
+            }
+            c.entering = Some((started, what.clone()));
+            c.raw[which].0
+        };
+        let r = f(comm, stream);
         let mut c = lock(&self.comms);
+        c.entering = None;
         if let Some(why) = &c.aborted {
             return Err(Error::RankFailed { rank: self.rank, msg: why.clone() });
         }
-        self.cuda.inner.ctx.bind_to_thread().map_err(err)?;
-        let stream = self.cuda.inner.stream.cu_stream() as sys::cudaStream_t;
-        check(f(c.raw[which].0, stream), &what)?;
+        check(r, &what)?;
         let ev = self.cuda.inner.ctx.new_event(None).map_err(err)?;
         ev.record(&self.cuda.inner.stream).map_err(err)?;
-        c.inflight.push((ev, Instant::now(), what));
+        c.inflight.push((ev, started, what));
         Ok(())
     }
 
