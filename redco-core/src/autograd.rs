@@ -3,7 +3,11 @@
 //! Each op that takes a tensor requiring gradients records a `Node`: its inputs and a
 //! closure that maps the output gradient to the inputs' gradients, written with tensor ops
 //! (so it runs on every backend). [`Tensor::backward`] walks the graph in reverse
-//! topological order with gradient recording turned off.
+//! topological order with gradient recording turned off; [`Tensor::backward_graph`] walks
+//! it with recording on, so the gradients are themselves differentiable (gradients of
+//! gradients: second-order MAML, Hessian-vector products, gradient penalties). Gradient
+//! functions that use a fused backend kernel, or values saved from the forward pass, take
+//! a composite path of recorded ops when a graph is being built.
 
 use crate::{Backend, Error, Result, Tensor, TensorId};
 use std::cell::Cell;
@@ -111,6 +115,12 @@ impl<B: Backend> GradStore<B> {
     /// Adds `g` to the gradient held for `id`.
     pub fn accumulate(&mut self, id: TensorId, g: Tensor<B>) -> Result<()> {
         let _ng = GradModeGuard::no_grad();
+        self.accumulate_in_mode(id, g)
+    }
+
+    /// [`GradStore::accumulate`] in the thread's current gradient mode (recorded when a
+    /// graph of the gradients is being built).
+    fn accumulate_in_mode(&mut self, id: TensorId, g: Tensor<B>) -> Result<()> {
         let v = match self.grads.remove(&id) {
             Some(prev) => {
                 if prev.shape() != g.shape() {
@@ -166,13 +176,28 @@ impl<B: Backend> Tensor<B> {
     /// model: data-parallel gradient buckets start their all-reduce from here while the
     /// rest of the backward pass runs.
     pub fn backward_into_with(&self, store: &mut GradStore<B>, on_ready: &mut OnGradReady<'_, B>) -> Result<()> {
+        self.walk(store, on_ready, false)
+    }
+
+    /// Gradients that record their own graph (PyTorch's `create_graph=True`): each
+    /// gradient in the store depends on the variables as the forward pass did, so
+    /// `grads.get(&w)` can be differentiated again (a Hessian-vector product is the
+    /// backward of `sum(grad * v)`). Slower than [`Tensor::backward`]: the gradient
+    /// functions run as recorded composite ops instead of fused kernels.
+    pub fn backward_graph(&self) -> Result<GradStore<B>> {
+        let mut store = GradStore::new();
+        self.walk(&mut store, &mut |_, _| Ok(()), true)?;
+        Ok(store)
+    }
+
+    fn walk(&self, store: &mut GradStore<B>, on_ready: &mut OnGradReady<'_, B>, create_graph: bool) -> Result<()> {
         if !self.requires_grad() {
             return Err(Error::invalid(
                 "backward",
                 "the tensor does not depend on any variable (or was computed under no_grad)",
             ));
         }
-        let _ng = GradModeGuard::no_grad();
+        let _mode = GradModeGuard::set(create_graph);
         let order = topo_order(self);
         let mut pending: HashMap<TensorId, Tensor<B>> = HashMap::new();
         pending.insert(self.id(), self.ones_like()?);
@@ -180,7 +205,7 @@ impl<B: Backend> Tensor<B> {
             let Some(g) = pending.remove(&t.id()) else { continue };
             let g = deliver(t, g)?;
             if t.is_var() {
-                store.accumulate(t.id(), g.clone())?;
+                store.accumulate_in_mode(t.id(), g.clone())?;
                 on_ready(t, store)?;
             }
             let Some(node) = &t.0.node else { continue };

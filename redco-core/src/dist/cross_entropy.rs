@@ -82,6 +82,12 @@ pub(crate) fn cross_entropy_sharded<B: Backend>(
         "cross_entropy",
         &[&x],
         move |g| {
+            if crate::is_grad_enabled() {
+                return Err(crate::Error::invalid(
+                    "backward_graph",
+                    "second-order gradients through the vocabulary-parallel cross-entropy are not supported (keep the head unsplit along mp)",
+                ));
+            }
             let _ng = GradModeGuard::no_grad();
             let g = g.redistribute(out_p)?;
             let gv = view(&g);

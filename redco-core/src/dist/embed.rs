@@ -82,6 +82,12 @@ pub(crate) fn index_select_sharded<B: Backend>(x: &Tensor<B>, ids: &Tensor<B>, d
     let (out_s, gshape, placed_c) = (Shape::new(out), x.shape().clone(), placed);
     let bc = b.clone();
     Ok(Tensor::from_op_placed(&b, masked, out_s, Shape::new(local), placed, dt, "index_select", &[&x], move |g| {
+        if crate::is_grad_enabled() {
+            return Err(crate::Error::invalid(
+                "backward_graph",
+                "second-order gradients through the vocabulary-parallel embedding are not supported (keep the embedding unsplit along mp)",
+            ));
+        }
         let g = g.redistribute(without_partial(placed_c))?;
         let gl = match &mask_s {
             Some(m) => bc.binary(crate::BinaryOp::Mul, (g.storage(), &flat), (m, &Shape::new([n, 1])), &flat)?,

@@ -78,8 +78,19 @@ impl<B: Backend> Tensor<B> {
         }
         let s = self.backend().cross_entropy(x.storage(), x.shape(), t.storage(), ignore_index)?;
         let t_c = t.clone();
-        let xd = x.detach();
+        let (xd, xc) = (x.detach(), x.clone());
         let out = Tensor::from_op(self.backend(), s, Shape::new([n]), self.dtype(), "cross_entropy", &[&x], move |g| {
+            if crate::is_grad_enabled() && xc.requires_grad() {
+                // building a graph of the gradients: (softmax(x) - onehot(t)) * g as
+                // recorded ops, zero on ignored rows
+                let keep = t_c.compare_scalar(ignore_index as f64, CmpOp::Ne)?;
+                let vocab = xc.dims()[1];
+                let cols =
+                    Tensor::from_vec(xc.backend(), (0..vocab as i64).collect(), [1, vocab])?.cast(t_c.dtype())?;
+                let onehot = cols.compare(&t_c.unsqueeze(1)?, CmpOp::Eq)?.cast(xc.dtype())?;
+                let rows = g.mul(&keep.cast(g.dtype())?)?.unsqueeze(1)?;
+                return Ok(vec![Some(xc.softmax(-1)?.sub(&onehot)?.mul(&rows)?)]);
+            }
             let b = xd.backend();
             let d = b.cross_entropy_backward(xd.storage(), xd.shape(), t_c.storage(), ignore_index, g.storage())?;
             Ok(vec![Some(Tensor::from_storage(b, d, xd.shape().clone(), xd.dtype()))])

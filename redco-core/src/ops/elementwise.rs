@@ -12,8 +12,14 @@ fn is_linear(op: UnaryOp) -> bool {
 type GradFn<B> = fn(&Tensor<B>, &Tensor<B>, &Tensor<B>) -> Result<Tensor<B>>;
 
 impl<B: Backend> Tensor<B> {
-    /// Applies `op` without recording a gradient (used by gradient formulas).
+    /// Applies `op` without recording a gradient (used by gradient formulas), except while
+    /// a graph of the gradients is being built ([`Tensor::backward_graph`]): then a tensor
+    /// that depends on variables goes through the recorded op, so the formula can be
+    /// differentiated again.
     pub(crate) fn map(&self, op: UnaryOp) -> Result<Tensor<B>> {
+        if self.requires_grad() && crate::is_grad_enabled() {
+            return self.unary_recorded(op);
+        }
         self.expect_float("unary")?;
         let x = rules::unary(self, is_linear(op))?;
         let s = x.backend().unary(op, x.storage(), x.local_shape().elem_count())?;
@@ -54,7 +60,67 @@ impl<B: Backend> Tensor<B> {
         let s = x.backend().unary(op, x.storage(), x.local_shape().elem_count())?;
         let y = x.same_layout(s.clone(), x.dtype());
         let xc = x.clone();
-        Ok(Tensor::record_like(&x, s, x.dtype(), name, &[&x], move |g| Ok(vec![Some(grad(g, &xc, &y)?)])))
+        Ok(Tensor::record_like(&x, s, x.dtype(), name, &[&x], move |g| {
+            // building a graph of the gradients: the output again, as a recorded op of x
+            if crate::is_grad_enabled() && xc.requires_grad() {
+                return Ok(vec![Some(grad(g, &xc, &xc.unary_recorded(op)?)?)]);
+            }
+            Ok(vec![Some(grad(g, &xc, &y)?)])
+        }))
+    }
+
+    /// `op` as the recorded (differentiable) op; the derivative maps are written as
+    /// compositions of recorded ops, and the step function has a zero gradient.
+    fn unary_recorded(&self, op: UnaryOp) -> Result<Tensor<B>> {
+        use UnaryOp::*;
+        match op {
+            Neg => self.neg(),
+            Exp => self.exp(),
+            Log => self.log(),
+            Sqrt => self.sqrt(),
+            Rsqrt => self.rsqrt(),
+            Recip => self.recip(),
+            Abs => self.abs(),
+            Tanh => self.tanh(),
+            Sigmoid => self.sigmoid(),
+            Relu => self.relu(),
+            Silu => self.silu(),
+            GeluErf => self.gelu(),
+            GeluTanh => self.gelu_tanh(),
+            Erf => self.erf(),
+            Sin => self.sin(),
+            Cos => self.cos(),
+            Square => self.square(),
+            Affine { mul, add } => self.affine(mul, add),
+            Powf(e) => self.powf(e),
+            ClampMin(c) => self.clamp_min(c),
+            // piecewise constant: its derivative is zero wherever it exists
+            Step => Ok(self.detach().map(Step)?),
+            // s (1 + x (1 - s)) with s = sigmoid(x)
+            SiluDeriv => {
+                let sg = self.sigmoid()?;
+                sg.mul(&self.mul(&sg.affine(-1.0, 1.0)?)?.add_scalar(1.0)?)
+            }
+            // Phi(x) + x phi(x)
+            GeluErfDeriv => {
+                let cdf = self.scale(std::f64::consts::FRAC_1_SQRT_2)?.erf()?.add_scalar(1.0)?.scale(0.5)?;
+                let pdf = self
+                    .square()?
+                    .scale(-0.5)?
+                    .exp()?
+                    .scale(0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2)?;
+                cdf.add(&self.mul(&pdf)?)
+            }
+            // 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2), t = tanh(k (x + c x^3))
+            GeluTanhDeriv => {
+                let (k, c) = ((2.0 / std::f64::consts::PI).sqrt(), 0.044715);
+                let x2 = self.square()?;
+                let t = self.add(&self.mul(&x2)?.scale(c)?)?.scale(k)?.tanh()?;
+                let a = t.add_scalar(1.0)?.scale(0.5)?;
+                let b = self.mul(&t.square()?.affine(-1.0, 1.0)?)?.mul(&x2.affine(3.0 * c, 1.0)?)?.scale(0.5 * k)?;
+                a.add(&b)
+            }
+        }
     }
 
     /// -x

@@ -26,8 +26,10 @@ impl<B: Backend> Tensor<B> {
         self.along_last(dim, "softmax", |x| {
             let x = &rules::whole_along(x, &[x.rank() - 1], false)?;
             let s = x.backend().softmax(x.storage(), x.local_shape())?;
-            let y = x.same_layout(s.clone(), x.dtype());
+            let (y, xc) = (x.same_layout(s.clone(), x.dtype()), x.clone());
             Ok(Tensor::record_like(x, s, x.dtype(), "softmax", &[x], move |g| {
+                // building a graph of the gradients: the output again, recorded
+                let y = if crate::is_grad_enabled() && xc.requires_grad() { xc.softmax(-1)? } else { y.clone() };
                 let dot = g.mul(&y)?.sum(-1, true)?;
                 Ok(vec![Some(y.mul(&g.sub(&dot)?)?)])
             }))
@@ -39,8 +41,9 @@ impl<B: Backend> Tensor<B> {
         self.along_last(dim, "log_softmax", |x| {
             let x = &rules::whole_along(x, &[x.rank() - 1], false)?;
             let s = x.backend().log_softmax(x.storage(), x.local_shape())?;
-            let y = x.same_layout(s.clone(), x.dtype());
+            let (y, xc) = (x.same_layout(s.clone(), x.dtype()), x.clone());
             Ok(Tensor::record_like(x, s, x.dtype(), "log_softmax", &[x], move |g| {
+                let y = if crate::is_grad_enabled() && xc.requires_grad() { xc.log_softmax(-1)? } else { y.clone() };
                 Ok(vec![Some(g.sub(&y.exp()?.mul(&g.sum(-1, true)?)?)?)])
             }))
         })

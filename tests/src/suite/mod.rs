@@ -27,6 +27,7 @@ pub mod optim;
 pub mod random;
 pub mod reduce;
 pub mod rotary;
+pub mod second_order;
 pub mod softmax;
 
 /// Instantiates every suite test for the backend `$make` (an expression evaluated once
@@ -434,6 +435,38 @@ macro_rules! suite {
             #[test]
             fn softmax_errors() {
                 $crate::suite::softmax::softmax_errors(&$make)
+            }
+        }
+        mod second_order {
+            #[allow(unused_imports)]
+            use super::*;
+            #[test]
+            fn hvp_unary() {
+                $crate::suite::second_order::hvp_unary(&$make)
+            }
+            #[test]
+            fn hvp_binary_and_matmul() {
+                $crate::suite::second_order::hvp_binary_and_matmul(&$make)
+            }
+            #[test]
+            fn hvp_reduce_and_layout() {
+                $crate::suite::second_order::hvp_reduce_and_layout(&$make)
+            }
+            #[test]
+            fn hvp_softmax_and_cross_entropy() {
+                $crate::suite::second_order::hvp_softmax_and_cross_entropy(&$make)
+            }
+            #[test]
+            fn hvp_norm_and_rotary() {
+                $crate::suite::second_order::hvp_norm_and_rotary(&$make)
+            }
+            #[test]
+            fn hvp_attention_and_index() {
+                $crate::suite::second_order::hvp_attention_and_index(&$make)
+            }
+            #[test]
+            fn hvp_mlp_and_maml_step() {
+                $crate::suite::second_order::hvp_mlp_and_maml_step(&$make)
             }
         }
     };
