@@ -176,7 +176,7 @@ impl<B: Backend> Tensor<B> {
     /// model: data-parallel gradient buckets start their all-reduce from here while the
     /// rest of the backward pass runs.
     pub fn backward_into_with(&self, store: &mut GradStore<B>, on_ready: &mut OnGradReady<'_, B>) -> Result<()> {
-        self.walk(store, on_ready, false)
+        self.walk(store, on_ready, false, &mut [])
     }
 
     /// Gradients that record their own graph (PyTorch's `create_graph=True`): each
@@ -186,11 +186,27 @@ impl<B: Backend> Tensor<B> {
     /// functions run as recorded composite ops instead of fused kernels.
     pub fn backward_graph(&self) -> Result<GradStore<B>> {
         let mut store = GradStore::new();
-        self.walk(&mut store, &mut |_, _| Ok(()), true)?;
+        self.walk(&mut store, &mut |_, _| Ok(()), true, &mut [])?;
         Ok(store)
     }
 
-    fn walk(&self, store: &mut GradStore<B>, on_ready: &mut OnGradReady<'_, B>, create_graph: bool) -> Result<()> {
+    /// The gradients of this tensor with respect to `wrt` (any tensors it depends on,
+    /// intermediate ones included: PyTorch's `autograd.grad(self, wrt, create_graph=True)`),
+    /// recorded as a graph; `None` for a tensor the output does not depend on. MAML takes
+    /// per-task gradients this way, with respect to per-task copies of the weights.
+    pub fn grad_graph(&self, wrt: &[&Tensor<B>]) -> Result<Vec<Option<Tensor<B>>>> {
+        let mut want: Vec<(TensorId, Option<Tensor<B>>)> = wrt.iter().map(|t| (t.id(), None)).collect();
+        self.walk(&mut GradStore::new(), &mut |_, _| Ok(()), true, &mut want)?;
+        Ok(want.into_iter().map(|(_, g)| g).collect())
+    }
+
+    fn walk(
+        &self,
+        store: &mut GradStore<B>,
+        on_ready: &mut OnGradReady<'_, B>,
+        create_graph: bool,
+        want: &mut [(TensorId, Option<Tensor<B>>)],
+    ) -> Result<()> {
         if !self.requires_grad() {
             return Err(Error::invalid(
                 "backward",
@@ -204,6 +220,11 @@ impl<B: Backend> Tensor<B> {
         for t in order.iter().rev() {
             let Some(g) = pending.remove(&t.id()) else { continue };
             let g = deliver(t, g)?;
+            for (id, slot) in want.iter_mut() {
+                if *id == t.id() {
+                    *slot = Some(g.clone());
+                }
+            }
             if t.is_var() {
                 store.accumulate_in_mode(t.id(), g.clone())?;
                 on_ready(t, store)?;
