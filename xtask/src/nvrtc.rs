@@ -30,13 +30,7 @@ fn fetch(dir: &Path, lib: &Path) -> Result<(), String> {
     std::fs::create_dir_all(&wheels).map_err(|e| format!("{}: {e}", wheels.display()))?;
     std::fs::create_dir_all(lib).map_err(|e| format!("{}: {e}", lib.display()))?;
     eprintln!("xtask: fetching NVRTC (pip download --no-deps {WHEEL}, 58 MB)");
-    let ok = Command::new("python3")
-        .args(["-m", "pip", "download", "--no-deps", "--quiet", "-d"])
-        .arg(&wheels)
-        .arg(WHEEL)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
+    if !crate::pjrt::pip_download(WHEEL, &wheels) {
         return Err(format!(
             "fetching NVRTC failed: run `python3 -m pip download --no-deps {WHEEL} -d {}` (pip from PyPI)",
             wheels.display()

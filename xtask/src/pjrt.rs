@@ -31,17 +31,21 @@ pub fn ensure_plugin() -> Result<PathBuf, String> {
     Ok(abs)
 }
 
+/// `python3 -m pip download --no-deps --quiet -d dir wheel`; whether it succeeded.
+pub(crate) fn pip_download(wheel: &str, dir: &Path) -> bool {
+    Command::new("python3")
+        .args(["-m", "pip", "download", "--no-deps", "--quiet", "-d"])
+        .arg(dir)
+        .arg(wheel)
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 fn fetch(dir: &Path) -> Result<(), String> {
     let wheels = dir.join("wheel");
     std::fs::create_dir_all(&wheels).map_err(|e| format!("{}: {e}", wheels.display()))?;
     eprintln!("xtask: fetching the XLA CPU PJRT plugin (pip download --no-deps {WHEEL}, 63 MB)");
-    let ok = Command::new("python3")
-        .args(["-m", "pip", "download", "--no-deps", "--quiet", "-d"])
-        .arg(&wheels)
-        .arg(WHEEL)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
+    if !pip_download(WHEEL, &wheels) {
         return Err(format!(
             "fetching the PJRT CPU plugin failed: run `python3 -m pip download --no-deps {WHEEL} -d {}` (pip from \
              PyPI; `apt-get install python3-pip`), or set REDCO_PJRT_PLUGIN to a plugin's path",
