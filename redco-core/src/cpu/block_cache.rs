@@ -26,7 +26,8 @@
 //! static ALLOC: redco_core::cpu::LargeBlocks = redco_core::cpu::LargeBlocks::new();
 //! ```
 //!
-//! On systems other than Linux it forwards everything to the system allocator.
+//! On systems other than Linux, or with `REDCO_LARGE_BLOCKS=0`, it forwards everything to
+//! the system allocator.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -207,7 +208,7 @@ impl Kept {
 
 /// Whether a request goes to the block cache.
 fn large(layout: &Layout) -> bool {
-    os::ENABLED && layout.size() >= LARGE && layout.align() <= PAGE
+    os::ENABLED && layout.size() >= LARGE && layout.align() <= PAGE && os::switched_on()
 }
 
 fn pages(size: usize) -> usize {
@@ -282,7 +283,28 @@ mod os {
 
     pub const ENABLED: bool = true;
 
+    /// False when `REDCO_LARGE_BLOCKS=0` (everything then goes to the system allocator).
+    /// Read once with the C library's `getenv`, which does not allocate (an allocator
+    /// must not call back into itself).
+    pub fn switched_on() -> bool {
+        use std::sync::atomic::{AtomicU8, Ordering};
+        static STATE: AtomicU8 = AtomicU8::new(0); // 0 unread, 1 on, 2 off
+        match STATE.load(Ordering::Relaxed) {
+            1 => true,
+            2 => false,
+            _ => {
+                // SAFETY: getenv reads the environment; the name is NUL-terminated
+                let v = unsafe { getenv(c"REDCO_LARGE_BLOCKS".as_ptr()) };
+                // SAFETY: a non-null result is a NUL-terminated string owned by the C library
+                let off = !v.is_null() && unsafe { std::ffi::CStr::from_ptr(v) }.to_bytes() == b"0";
+                STATE.store(if off { 2 } else { 1 }, Ordering::Relaxed);
+                !off
+            }
+        }
+    }
+
     extern "C" {
+        fn getenv(name: *const std::ffi::c_char) -> *const std::ffi::c_char;
         fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> *mut c_void;
         fn munmap(addr: *mut c_void, len: usize) -> i32;
         fn mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: i32, ...) -> *mut c_void;
@@ -344,6 +366,9 @@ mod os {
 
     pub const ENABLED: bool = false;
 
+    pub fn switched_on() -> bool {
+        false
+    }
     pub fn map(_len: usize) -> Option<usize> {
         None
     }
