@@ -119,7 +119,7 @@ fn adapt(
             .iter()
             .zip(grads)
             .map(|(p, g)| {
-                let g = g.expect("every weight shapes the output");
+                let g = g.ok_or_else(|| redco::Error::invalid("maml", "a weight received no gradient"))?;
                 let g = if first_order { g.detach() } else { g };
                 p.sub(&g.scale(ALPHA)?)
             })
