@@ -82,19 +82,30 @@ impl Cuda {
             return Err(Error::invalid("index_select", format!("dimension {dim} of {shape:?} with {n_ids} ids")));
         }
         let (outer, size, inner) = around(shape, dim);
-        let work = outer * n_ids * inner;
+        self.look_up("index_select", x, ids, (outer, size, inner, n_ids), outer * n_ids * inner)
+    }
+
+    /// Runs the lookup `kernel(x, ids, y, outer, size, inner, n, bad)` into a new buffer of
+    /// `work` elements, then reports ids out of range.
+    fn look_up(
+        &self,
+        kernel: &'static str,
+        x: &CudaStorage,
+        ids: &CudaStorage,
+        (outer, size, inner, n): (usize, usize, usize, usize),
+        work: usize,
+    ) -> Result<CudaStorage> {
         let y = self.alloc(work, x.dtype())?;
         let flag = self.flag()?;
         if work > 0 {
-            let f =
-                self.function("index", &format!("index_select_{}_{}", tn(x.dtype()), id_name(ids, "index_select")?))?;
+            let f = self.function("index", &format!("{kernel}_{}_{}", tn(x.dtype()), id_name(ids, kernel)?))?;
             let (xp, ip, yp, fp) = (x.ptr(), ids.ptr(), y.ptr(), flag.ptr());
-            let (o, s, i, k) = (outer as i64, size as i64, inner as i64, n_ids as i64);
+            let (o, s, i, k) = (outer as i64, size as i64, inner as i64, n as i64);
             self.launch(&f, cfg(work), |l| {
                 l.arg(&xp).arg(&ip).arg(&yp).arg(&o).arg(&s).arg(&i).arg(&k).arg(&fp);
             })?;
         }
-        self.bad_ids(&flag, ids, "index_select", size)?;
+        self.bad_ids(&flag, ids, kernel, size)?;
         Ok(y)
     }
 
@@ -143,19 +154,7 @@ impl Cuda {
         Self::check_idx(shape, dim, idx_shape, "gather")?;
         let (outer, size, inner) = around(shape, dim);
         let n = idx_shape.dims()[dim];
-        let work = idx_shape.elem_count();
-        let y = self.alloc(work, x.dtype())?;
-        let flag = self.flag()?;
-        if work > 0 {
-            let f = self.function("index", &format!("gather_{}_{}", tn(x.dtype()), id_name(idx, "gather")?))?;
-            let (xp, ip, yp, fp) = (x.ptr(), idx.ptr(), y.ptr(), flag.ptr());
-            let (o, s, i, k) = (outer as i64, size as i64, inner as i64, n as i64);
-            self.launch(&f, cfg(work), |l| {
-                l.arg(&xp).arg(&ip).arg(&yp).arg(&o).arg(&s).arg(&i).arg(&k).arg(&fp);
-            })?;
-        }
-        self.bad_ids(&flag, idx, "gather", size)?;
-        Ok(y)
+        self.look_up("gather", x, idx, (outer, size, inner, n), idx_shape.elem_count())
     }
 
     pub(crate) fn scatter_add_op(
