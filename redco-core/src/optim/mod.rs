@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 /// What the pipeline needs from an optimizer: set the learning rate, update a module,
 /// and save / restore its state (by `kind/parameter` names) for checkpoints.
-pub trait Optimizer<B: Backend> {
+pub trait Optimizer<B: Backend>: Send {
     /// Sets the learning rate of the next updates.
     fn set_lr(&mut self, lr: f64);
     /// Hands the optimizer its rank's communicator (the trainer does, once), for updates

@@ -82,7 +82,7 @@ fn epoch_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
     v
 }
 
-impl<M: Module<Cpu> + Sync, E: Clone + Send + Sync> Trainer<M, E, Cpu> {
+impl<M: Module<Cpu> + Send + Sync, E: Clone + Send + Sync> Trainer<M, E, Cpu> {
     /// A trainer on CPU ranks from the model constructor and the three functions.
     pub fn new(
         model_fn: impl Fn(&Cpu) -> Result<M> + Send + Sync + 'static,
@@ -94,7 +94,7 @@ impl<M: Module<Cpu> + Sync, E: Clone + Send + Sync> Trainer<M, E, Cpu> {
     }
 }
 
-impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
+impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
     /// [`Trainer::new`] on any backend: the functions take `B`'s devices, and
     /// [`Trainer::fit`] runs on a [`Deployer<B>`] (which makes each rank's device).
     pub fn for_backend(
@@ -530,13 +530,19 @@ impl<M: Module<B> + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, E, B> {
                         scale *= 2.0;
                     }
                 }
-                let norm = match cfg.clip_norm {
-                    Some(c) => sync.clip(&params, &mut grads, c)?,
-                    None if sync.all_summed(dep.mesh) => sync.norm(&params, &grads)?,
-                    None => f64::NAN,
-                };
-                opt.update(&mut masters, &grads)?;
-                refresh(&mut model, &masters)?;
+                // clipping, the update and the compute copies: many small ops per
+                // parameter, on the backend's own threads with one hand-off
+                let (masters_ref, opt_ref, model_ref) = (&mut masters, &mut opt, &mut model);
+                let norm = crate::dist::on_backend(&rk.backend, || -> Result<f64> {
+                    let norm = match cfg.clip_norm {
+                        Some(c) => sync.clip(&params, &mut grads, c)?,
+                        None if sync.all_summed(dep.mesh) => sync.norm(&params, &grads)?,
+                        None => f64::NAN,
+                    };
+                    opt_ref.update(masters_ref, &grads)?;
+                    refresh(model_ref, masters_ref)?;
+                    Ok(norm)
+                })?;
                 (loss_sum, tokens, norm)
                 };
                 losses.push(loss_sum);
