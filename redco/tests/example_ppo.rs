@@ -1,6 +1,6 @@
 //! The PPO example (`examples/ppo.rs`) solves CartPole-v1: for 3 seeds the mean return of
-//! 100 evaluation episodes (actions sampled from the policy) reaches 475 within 60,000 environment steps, and a seed
-//! run twice gives the same run.
+//! 100 evaluation episodes (actions sampled from the policy) reaches 475 within 60,000
+//! environment steps, and a seed run twice gives the same run.
 
 use std::path::PathBuf;
 use std::process::Command;
