@@ -15,5 +15,6 @@ pub mod llama;
 pub mod opt;
 pub mod params;
 pub mod presets;
+pub mod seq2seq;
 pub mod t5;
 pub mod tiny;

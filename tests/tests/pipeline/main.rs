@@ -11,6 +11,7 @@ use redco_core::{Backend, DType, Result, Tensor};
 use redco_tests::models::{Config, Lm};
 use std::path::{Path, PathBuf};
 
+mod seq2seq;
 mod wgpu;
 
 const CFG: Config = Config { vocab: 16, hidden: 32, layers: 1, heads: 4, kv_heads: 4, inter: 64, llama: true };
