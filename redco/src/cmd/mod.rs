@@ -13,4 +13,5 @@ pub mod out;
 #[cfg(feature = "tpu")]
 pub mod pjrt;
 pub mod plan;
+pub mod seq2seq;
 pub mod train;

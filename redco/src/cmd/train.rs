@@ -1,5 +1,5 @@
 //! `redco train`: a LLaMA (a Hugging Face directory or a built-in preset) trained on JSONL
-//! text or the bundled synthetic corpus, split over a DP x MP mesh of ranks (CPU threads
+//! text or the bundled synthetic corpus (a T5 on JSONL pairs: [`super::seq2seq`]), split over a DP x MP mesh of ranks (CPU threads
 //! sharing the cores, or one wgpu device each with `--backend wgpu`), through the three
 //! functions. The workdir ends up a Hugging Face model directory (config.json,
 //! model.safetensors, tokenizer) beside metrics.jsonl, loss.png and checkpoints/.
@@ -30,8 +30,8 @@ pub struct TrainArgs {
     /// (6 layers, hidden 512). Starts from random weights.
     #[arg(long, conflicts_with = "model")]
     pub preset: Option<String>,
-    /// A Hugging Face model directory to fine-tune (LLaMA, GPT-J or OPT: config.json,
-    /// safetensors, tokenizer.json).
+    /// A Hugging Face model directory to fine-tune (LLaMA, GPT-J or OPT on text; T5 on
+    /// pairs, see --source-field: config.json, safetensors, tokenizer.json).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Training text: a JSONL file with one example per line (see --text-field). Default: the
@@ -41,6 +41,17 @@ pub struct TrainArgs {
     /// The JSONL field holding the text.
     #[arg(long, default_value = "text")]
     pub text_field: String,
+    /// Encoder-decoder models (T5): the JSONL field holding each pair's source text (the
+    /// encoder input; at most --seq-len tokens).
+    #[arg(long)]
+    pub source_field: Option<String>,
+    /// Encoder-decoder models (T5): the JSONL field holding each pair's target text (the
+    /// labels; at most --target-len tokens).
+    #[arg(long)]
+    pub target_field: Option<String>,
+    /// Encoder-decoder models (T5): tokens per target at most (default: --seq-len).
+    #[arg(long, value_parser = check::count)]
+    pub target_len: Option<usize>,
     /// Mesh as DPxMP: data-parallel x tensor-parallel ranks (1x2 splits every layer in two).
     #[arg(long, default_value = "1x1")]
     pub mesh: String,
@@ -177,32 +188,7 @@ fn pack_jsonl(path: &Path, field: &str, tok: &Tokenizer, len: usize) -> Result<V
     let mut empty = 0usize;
     for i in 0..data.len() {
         let v = data.get(i)?;
-        let text = match v.get(field) {
-            Some(serde_json::Value::String(t)) => t,
-            Some(other) => {
-                let kind = match other {
-                    serde_json::Value::Null => "null",
-                    serde_json::Value::Bool(_) => "a boolean",
-                    serde_json::Value::Number(_) => "a number",
-                    serde_json::Value::Array(_) => "an array",
-                    _ => "an object",
-                };
-                return Err(Error::invalid(
-                    "data",
-                    format!(
-                        "{} record {}: `{field}` is {kind}, not a string (see --text-field)",
-                        path.display(),
-                        i + 1
-                    ),
-                ));
-            }
-            None => {
-                return Err(Error::invalid(
-                    "data",
-                    format!("{} record {}: no field `{field}` (see --text-field)", path.display(), i + 1),
-                ))
-            }
-        };
+        let text = string_field(&v, field, path, i, "--text-field")?;
         if text.trim().is_empty() {
             empty += 1;
             continue;
@@ -228,6 +214,36 @@ fn pack_jsonl(path: &Path, field: &str, tok: &Tokenizer, len: usize) -> Result<V
         ));
     }
     Ok(seqs)
+}
+
+/// Record `i`'s string field `field` (`flag` names the option that chose it), or an error
+/// that says what it holds instead.
+pub(super) fn string_field<'a>(
+    v: &'a serde_json::Value,
+    field: &str,
+    path: &Path,
+    i: usize,
+    flag: &str,
+) -> Result<&'a str> {
+    match v.get(field) {
+        Some(serde_json::Value::String(t)) => Ok(t),
+        Some(other) => {
+            let kind = match other {
+                serde_json::Value::Null => "null",
+                serde_json::Value::Bool(_) => "a boolean",
+                serde_json::Value::Number(_) => "a number",
+                serde_json::Value::Array(_) => "an array",
+                _ => "an object",
+            };
+            Err(Error::invalid(
+                "data",
+                format!("{} record {}: `{field}` is {kind}, not a string (see {flag})", path.display(), i + 1),
+            ))
+        }
+        None => {
+            Err(Error::invalid("data", format!("{} record {}: no field `{field}` (see {flag})", path.display(), i + 1)))
+        }
+    }
 }
 
 fn collate_fn<B: Backend>(b: &B, examples: &[Vec<i64>]) -> Result<Batch<B>> {
@@ -321,6 +337,46 @@ impl Job {
         );
         trainer.with_compiled_step(std::sync::Arc::new(compiler))
     }
+}
+
+/// The Trainer's options from the command line, for `examples` training examples.
+pub(super) fn train_config(
+    a: &TrainArgs,
+    examples: usize,
+    identity: BTreeMap<String, String>,
+    compute: DType,
+) -> std::result::Result<TrainConfig, String> {
+    let steps = match (a.steps, a.epochs) {
+        (Some(s), _) => s,
+        (None, Some(e)) => ((e * examples as f64) / a.batch_size as f64).ceil().max(1.0) as u64,
+        (None, None) => 300,
+    };
+    let decay = match a.schedule.as_str() {
+        "cosine" => Decay::Cosine,
+        "linear" => Decay::Linear,
+        "constant" => Decay::Constant,
+        s => return Err(format!("--schedule {s}: unknown schedule (use cosine, linear or constant)")),
+    };
+    let optimizer = match a.optimizer.as_str() {
+        "adamw" => OptimizerConfig::AdamW(AdamWConfig { weight_decay: a.weight_decay, ..Default::default() }),
+        "sgd" => OptimizerConfig::Sgd { momentum: 0.9, weight_decay: a.weight_decay },
+        o => return Err(format!("--optimizer {o}: unknown optimizer (use adamw or sgd)")),
+    };
+    Ok(TrainConfig {
+        batch_size: a.batch_size,
+        steps,
+        schedule: Schedule { peak: a.lr, warmup: a.warmup.min(steps / 2), total: steps, decay },
+        optimizer,
+        clip_norm: Some(a.clip_norm),
+        checkpoint_every: Some(a.checkpoint_every),
+        compute_dtype: compute,
+        tokens_key: Some("input_ids".into()),
+        overlap_grad_sync: a.overlap_grad_sync,
+        resume_from: a.resume_from.clone(),
+        identity,
+        overwrite: a.overwrite,
+        ..Default::default()
+    })
 }
 
 /// What makes this run this run, checked when it is resumed: the seed (it also generates
@@ -421,7 +477,16 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
         (None, None) => return Err("give a model: --preset llama-tiny, or --model DIR".into()),
     };
     if cfg.model_type == "t5" {
-        return Err("redco train runs decoder-only models (LLaMA, GPT-J, OPT); T5 training is not supported by this command yet".into());
+        let dir = a.model.clone().ok_or("T5 trains from a model directory (--model)")?;
+        let run = super::seq2seq::Seq2SeqRun { dir, kind, mesh, compute, identity, resume, leader };
+        return super::seq2seq::run(&a, &cfg, run);
+    }
+    if a.source_field.is_some() || a.target_field.is_some() || a.target_len.is_some() {
+        return Err(format!(
+            "--source-field, --target-field and --target-len are for encoder-decoder models (T5); this model is {} \
+             (decoder-only: it trains on --text-field)",
+            cfg.model_type
+        ));
     }
     if let Some(ctx) = cfg.max_positions {
         if a.seq_len + 1 > ctx {
@@ -448,37 +513,8 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
             (Box::new(Synthetic(SyntheticText::new(64, a.seq_len, a.seed ^ 0x5157), 0, 1 << 20)), eval)
         }
     };
-    let steps = match (a.steps, a.epochs) {
-        (Some(s), _) => s,
-        (None, Some(e)) => ((e * train.len() as f64) / a.batch_size as f64).ceil().max(1.0) as u64,
-        (None, None) => 300,
-    };
-    let decay = match a.schedule.as_str() {
-        "cosine" => Decay::Cosine,
-        "linear" => Decay::Linear,
-        "constant" => Decay::Constant,
-        s => return Err(format!("--schedule {s}: unknown schedule (use cosine, linear or constant)")),
-    };
-    let optimizer = match a.optimizer.as_str() {
-        "adamw" => OptimizerConfig::AdamW(AdamWConfig { weight_decay: a.weight_decay, ..Default::default() }),
-        "sgd" => OptimizerConfig::Sgd { momentum: 0.9, weight_decay: a.weight_decay },
-        o => return Err(format!("--optimizer {o}: unknown optimizer (use adamw or sgd)")),
-    };
-    let config = TrainConfig {
-        batch_size: a.batch_size,
-        steps,
-        schedule: Schedule { peak: a.lr, warmup: a.warmup.min(steps / 2), total: steps, decay },
-        optimizer,
-        clip_norm: Some(a.clip_norm),
-        checkpoint_every: Some(a.checkpoint_every),
-        compute_dtype: compute,
-        tokens_key: Some("input_ids".into()),
-        overlap_grad_sync: a.overlap_grad_sync,
-        resume_from: a.resume_from.clone(),
-        identity,
-        overwrite: a.overwrite,
-        ..Default::default()
-    };
+    let config = train_config(&a, train.len(), identity, compute)?;
+    let steps = config.steps;
 
     let job = Job {
         cfg: cfg.clone(),

@@ -1,0 +1,252 @@
+//! `redco train --model T5DIR --data pairs.jsonl --source-field SRC --target-field TGT`: a
+//! T5 fine-tuned on (source, target) pairs through the three functions of
+//! [`redco_models::seq2seq`] (sources under an attention mask, padded targets ignored by
+//! the loss, decoder inputs shifted as transformers does), with the held-out pairs' loss
+//! evaluated during training and their greedy outputs compared with the targets at the end.
+//! The workdir ends up a Hugging Face T5 directory.
+
+use super::common;
+use super::train::{string_field, train_config, TrainArgs};
+use redco_core::dist::Mesh;
+use redco_core::pipeline::checkpoint::write_atomic;
+use redco_core::pipeline::data::{Dataset, JsonlDataset};
+use redco_core::pipeline::{Batch, Deployer, FitReport, StepCtx, TrainConfig, Trainer};
+use redco_core::{Backend, DType, Error, Result};
+use redco_models::hf::config::HfConfig;
+use redco_models::hf::tokenizer::Tokenizer;
+use redco_models::seq2seq::{collate_pairs, generate_targets, seq2seq_loss, Pair};
+use redco_models::t5::T5;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// What `redco train` has settled before it hands a T5 run over.
+pub struct Seq2SeqRun {
+    /// The T5 directory to fine-tune.
+    pub dir: PathBuf,
+    /// The backend.
+    pub kind: common::BackendKind,
+    /// The mesh.
+    pub mesh: Mesh,
+    /// The compute dtype.
+    pub compute: DType,
+    /// The run's identity (checked on resume).
+    pub identity: BTreeMap<String, String>,
+    /// Whether the run resumes.
+    pub resume: bool,
+    /// Whether this process writes the run's files and prints.
+    pub leader: bool,
+}
+
+fn err(e: Error) -> String {
+    e.to_string()
+}
+
+/// The pairs of a JSONL file, tokenised (the tokenizer's special tokens added: T5's `</s>`)
+/// and cut to `max_source` and `max_target` tokens (the last kept token is then the end of
+/// sequence again). Records with an empty source or target are skipped with a warning.
+fn read_pairs(
+    path: &Path,
+    fields: (&str, &str),
+    tok: &Tokenizer,
+    max_source: usize,
+    max_target: usize,
+) -> Result<Vec<Pair>> {
+    let data = JsonlDataset::open(path)?;
+    if data.is_empty() {
+        return Err(Error::invalid("data", format!("{} holds no JSON lines", path.display())));
+    }
+    let eos = tok.eos_id().map(i64::from);
+    let cut = |mut ids: Vec<i64>, max: usize| {
+        if ids.len() > max {
+            ids.truncate(max);
+            if let (Some(e), Some(last)) = (eos, ids.last_mut()) {
+                *last = e;
+            }
+        }
+        ids
+    };
+    let (mut pairs, mut empty) = (Vec::with_capacity(data.len()), 0usize);
+    for i in 0..data.len() {
+        let v = data.get(i)?;
+        let src = string_field(&v, fields.0, path, i, "--source-field")?;
+        let tgt = string_field(&v, fields.1, path, i, "--target-field")?;
+        if src.trim().is_empty() || tgt.trim().is_empty() {
+            empty += 1;
+            continue;
+        }
+        let enc = |t: &str| -> Result<Vec<i64>> { Ok(tok.encode(t, true)?.into_iter().map(i64::from).collect()) };
+        pairs.push(Pair { source: cut(enc(src)?, max_source), target: cut(enc(tgt)?, max_target) });
+    }
+    if empty > 0 {
+        crate::cmd::out::warn(format_args!(
+            "redco: warning: {empty} of {} records of {} have an empty source or target and are skipped",
+            data.len(),
+            path.display()
+        ));
+    }
+    if pairs.len() < 2 {
+        return Err(Error::invalid(
+            "data",
+            format!("{} holds {} usable pairs: too few to train on and hold one out", path.display(), pairs.len()),
+        ));
+    }
+    Ok(pairs)
+}
+
+/// The T5 trainer on backend `B`: the model from `dir` on every rank, held-out loss every
+/// `every` steps.
+fn trainer<B: Backend>(
+    dir: &Path,
+    pad: i64,
+    held_out: &[Pair],
+    every: u64,
+    config: TrainConfig,
+) -> Trainer<T5<B>, Pair, B> {
+    let dir = dir.to_path_buf();
+    Trainer::for_backend(
+        move |b: &B| T5::from_pretrained(b, &dir, DType::F32, None),
+        move |b: &B, ex: &[Pair]| collate_pairs(b, ex, pad),
+        |_: &StepCtx<B>, m: &T5<B>, batch: &Batch<B>| seq2seq_loss(m, batch),
+        config,
+    )
+    .with_eval(
+        held_out.to_vec(),
+        |_: &StepCtx<B>, m: &T5<B>, batch: &Batch<B>| seq2seq_loss(m, batch)?.replicate()?.to_scalar(),
+        every,
+        true,
+    )
+}
+
+/// The held-out pairs' greedy outputs on device `b` from the trained model in `w`: the
+/// exact matches, and a few examples printed.
+fn report_outputs<B: Backend>(b: &B, w: &Path, tok: &Tokenizer, held_out: &[Pair], max_new: usize) -> Result<()> {
+    let model = T5::from_pretrained(b, w, DType::F32, None)?;
+    let shown = &held_out[..held_out.len().min(64)];
+    let sources: Vec<Vec<i64>> = shown.iter().map(|p| p.source.clone()).collect();
+    let outputs = generate_targets(b, &model, &sources, max_new)?;
+    let eos = tok.eos_id().map(i64::from);
+    let text = |ids: &[i64]| -> Result<String> {
+        let ids: Vec<u32> = ids.iter().filter(|&&t| Some(t) != eos).map(|&t| t as u32).collect();
+        tok.decode(&ids, true)
+    };
+    let exact = shown.iter().zip(&outputs).filter(|(p, o)| text(&p.target).ok() == text(o).ok()).count();
+    crate::outln!("held-out pairs, greedy: {exact} of {} outputs equal their target", shown.len());
+    for (p, o) in shown.iter().zip(&outputs).take(3) {
+        crate::outln!("  {:?} -> {:?} (target {:?})", text(&p.source)?, text(o)?, text(&p.target)?);
+    }
+    Ok(())
+}
+
+/// Runs the T5 part of `redco train`.
+pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<(), String> {
+    let (Some(src_field), Some(tgt_field)) = (&a.source_field, &a.target_field) else {
+        return Err("a T5 trains on pairs: give --source-field and --target-field (fields of the --data JSONL)".into());
+    };
+    let Some(data) = &a.data else {
+        return Err("a T5 trains on pairs: give --data pairs.jsonl with --source-field and --target-field".into());
+    };
+    let tok = Tokenizer::from_dir(&r.dir).map_err(err)?;
+    let max_target = a.target_len.unwrap_or(a.seq_len);
+    let mut pairs = read_pairs(data, (src_field, tgt_field), &tok, a.seq_len, max_target).map_err(err)?;
+    let n_eval = (pairs.len() / 20).clamp(1, 64);
+    let held_out = pairs.split_off(pairs.len() - n_eval);
+    let mut identity = r.identity;
+    identity.insert("pairs".into(), format!("{src_field} -> {tgt_field}, target {max_target}"));
+    identity.insert("vocab".into(), tok.vocab_size().to_string());
+    let mut config = train_config(a, pairs.len(), identity, r.compute)?;
+    config.tokens_key = Some("labels".into());
+    let pad = cfg.pad_token_id.unwrap_or(0);
+    let every = a.checkpoint_every.max(1);
+    let w = a.workdir.clone();
+    if r.leader {
+        crate::outln!(
+            "training t5 ({} + {} layers, d_model {}, vocab {}) on mesh {} of {} ranks for {} steps of {} pairs \
+             ({} training, {} held out; sources <= {} tokens, targets <= {max_target})",
+            cfg.layers,
+            cfg.num("num_decoder_layers").unwrap_or(cfg.layers),
+            cfg.hidden,
+            cfg.vocab,
+            r.mesh,
+            a.backend,
+            config.steps,
+            a.batch_size,
+            pairs.len(),
+            held_out.len(),
+            a.seq_len
+        );
+    }
+    let timeout = a.timeout.map(std::time::Duration::from_secs_f64);
+    let fit = |config: TrainConfig| -> Result<FitReport> {
+        match r.kind {
+            common::BackendKind::Cpu => {
+                let mut dep = Deployer::new(r.mesh, a.seed, &w)?.with_comm(super::launch::factory())?;
+                dep.opts.threads_per_rank = Some(common::threads_per_rank(a.threads, r.mesh));
+                if let Some(t) = timeout {
+                    dep.opts.timeout = t;
+                }
+                trainer(&r.dir, pad, &held_out, every, config).fit(&dep, &pairs, r.resume)
+            }
+            #[cfg(feature = "wgpu")]
+            common::BackendKind::Wgpu => {
+                let mut dep = Deployer::with_backend(r.mesh, a.seed, &w, |_, _| redco_wgpu::Wgpu::new())?
+                    .with_comm(super::launch::factory())?;
+                if let Some(t) = timeout {
+                    dep.opts.timeout = t;
+                }
+                trainer(&r.dir, pad, &held_out, every, config).fit(&dep, &pairs, r.resume)
+            }
+            #[cfg(feature = "tpu")]
+            common::BackendKind::Pjrt => {
+                let size = r.mesh.size();
+                let mut dep =
+                    Deployer::with_backend(r.mesh, a.seed, &w, move |rank, _| super::pjrt::backend(rank, size))?
+                        .with_comm(super::launch::factory())?;
+                if let Some(t) = timeout {
+                    dep.opts.timeout = t;
+                }
+                trainer(&r.dir, pad, &held_out, every, config).fit(&dep, &pairs, r.resume)
+            }
+            #[cfg(feature = "cuda")]
+            common::BackendKind::Cuda => {
+                let mut dep = Deployer::with_backend(r.mesh, a.seed, &w, |rank, _| super::cuda::backend(rank))?
+                    .with_comm(super::cuda::factory())?;
+                if let Some(t) = timeout {
+                    dep.opts.timeout = t;
+                }
+                trainer(&r.dir, pad, &held_out, every, config).fit(&dep, &pairs, r.resume)
+            }
+        }
+    };
+    let steps = config.steps;
+    let report = fit(config).map_err(err)?;
+    if !r.leader {
+        return Ok(());
+    }
+    // the workdir is now a Hugging Face T5 directory
+    let cfg_text = serde_json::to_string_pretty(&cfg.raw).map_err(|e| e.to_string())?;
+    write_atomic(&w.join("config.json"), cfg_text.as_bytes()).map_err(err)?;
+    for f in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"] {
+        if r.dir.join(f).exists() && r.dir != w {
+            std::fs::copy(r.dir.join(f), w.join(f)).map_err(|e| format!("copy {f}: {e}"))?;
+        }
+    }
+    let first = report.losses.first().copied().unwrap_or(f64::NAN);
+    let last = report.losses.last().copied().unwrap_or(f64::NAN);
+    crate::outln!("\nloss {first:.4} -> {last:.4} over steps {}..{steps}", report.start_step + 1);
+    if let Some(e) = redco_core::pipeline::metrics::read_metrics(&w).map_err(err)?.iter().rev().find_map(|m| m.eval) {
+        crate::outln!("held-out loss {e:.4}");
+    }
+    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let b = redco_core::cpu::Cpu::try_new((threads / super::launch::world().local_size).max(1)).map_err(err)?;
+    report_outputs(&b, &w, &tok, &held_out, max_target).map_err(err)?;
+    crate::outln!("\nwrote:");
+    for (p, what) in [
+        ("metrics.jsonl", "metrics, one JSON line per step"),
+        ("loss.png", "loss and learning-rate plot"),
+        ("checkpoints", "sharded checkpoints (resume with --resume)"),
+        ("model.safetensors", "trained weights, Hugging Face layout (with config.json, tokenizer.json)"),
+    ] {
+        crate::outln!("  {:<40} {what}", w.join(p).display());
+    }
+    Ok(())
+}
