@@ -7,7 +7,7 @@ use crate::hf::config::HfConfig;
 use crate::llama::Llama;
 use crate::opt::Opt;
 use redco_core::dist::ShardPlan;
-use redco_core::nn::Module;
+use redco_core::nn::{Linear, Module};
 use redco_core::{Backend, DType, Error, Result, Tensor};
 use std::path::Path;
 
@@ -91,6 +91,20 @@ impl<B: Backend> Module<B> for AutoModel<B> {
             AutoModel::Llama(m) => m.visit_mut(p, f),
             AutoModel::GptJ(m) => m.visit_mut(p, f),
             AutoModel::Opt(m) => m.visit_mut(p, f),
+        }
+    }
+    fn visit_linears(&self, p: &str, f: &mut dyn FnMut(&str, &Linear<B>)) {
+        match self {
+            AutoModel::Llama(m) => m.visit_linears(p, f),
+            AutoModel::GptJ(m) => m.visit_linears(p, f),
+            AutoModel::Opt(m) => m.visit_linears(p, f),
+        }
+    }
+    fn visit_linears_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Linear<B>)) {
+        match self {
+            AutoModel::Llama(m) => m.visit_linears_mut(p, f),
+            AutoModel::GptJ(m) => m.visit_linears_mut(p, f),
+            AutoModel::Opt(m) => m.visit_linears_mut(p, f),
         }
     }
 }

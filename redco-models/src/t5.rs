@@ -88,6 +88,32 @@ impl<B: Backend> Module<B> for T5Ff<B> {
             }
         }
     }
+    fn visit_linears(&self, p: &str, f: &mut dyn FnMut(&str, &Linear<B>)) {
+        match self {
+            T5Ff::Dense { wi, wo, .. } => {
+                wi.visit_linears(&join(p, "wi"), f);
+                wo.visit_linears(&join(p, "wo"), f);
+            }
+            T5Ff::Gated { wi_0, wi_1, wo, .. } => {
+                wi_0.visit_linears(&join(p, "wi_0"), f);
+                wi_1.visit_linears(&join(p, "wi_1"), f);
+                wo.visit_linears(&join(p, "wo"), f);
+            }
+        }
+    }
+    fn visit_linears_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Linear<B>)) {
+        match self {
+            T5Ff::Dense { wi, wo, .. } => {
+                wi.visit_linears_mut(&join(p, "wi"), f);
+                wo.visit_linears_mut(&join(p, "wo"), f);
+            }
+            T5Ff::Gated { wi_0, wi_1, wo, .. } => {
+                wi_0.visit_linears_mut(&join(p, "wi_0"), f);
+                wi_1.visit_linears_mut(&join(p, "wi_1"), f);
+                wo.visit_linears_mut(&join(p, "wo"), f);
+            }
+        }
+    }
 }
 
 /// One encoder or decoder block.
@@ -121,6 +147,28 @@ impl<B: Backend> Module<B> for T5Block<B> {
         }
         self.ff_norm.visit_mut(&join(p, &format!("layer.{ff}.layer_norm")), f);
         self.ff.visit_mut(&join(p, &format!("layer.{ff}.DenseReluDense")), f);
+    }
+    fn visit_linears(&self, p: &str, f: &mut dyn FnMut(&str, &Linear<B>)) {
+        self.self_norm.visit_linears(&join(p, "layer.0.layer_norm"), f);
+        self.self_attn.visit_linears(&join(p, "layer.0.SelfAttention"), f);
+        if let Some((n, a)) = &self.cross {
+            n.visit_linears(&join(p, "layer.1.layer_norm"), f);
+            a.visit_linears(&join(p, "layer.1.EncDecAttention"), f);
+        }
+        let ff = if self.cross.is_some() { 2 } else { 1 };
+        self.ff_norm.visit_linears(&join(p, &format!("layer.{ff}.layer_norm")), f);
+        self.ff.visit_linears(&join(p, &format!("layer.{ff}.DenseReluDense")), f);
+    }
+    fn visit_linears_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Linear<B>)) {
+        self.self_norm.visit_linears_mut(&join(p, "layer.0.layer_norm"), f);
+        self.self_attn.visit_linears_mut(&join(p, "layer.0.SelfAttention"), f);
+        let ff = if self.cross.is_some() { 2 } else { 1 };
+        if let Some((n, a)) = &mut self.cross {
+            n.visit_linears_mut(&join(p, "layer.1.layer_norm"), f);
+            a.visit_linears_mut(&join(p, "layer.1.EncDecAttention"), f);
+        }
+        self.ff_norm.visit_linears_mut(&join(p, &format!("layer.{ff}.layer_norm")), f);
+        self.ff.visit_linears_mut(&join(p, &format!("layer.{ff}.DenseReluDense")), f);
     }
 }
 

@@ -87,6 +87,18 @@ impl<B: Backend> Module<B> for Ffn<B> {
             Ffn::Plain(m) => m.visit_mut(p, f),
         }
     }
+    fn visit_linears(&self, p: &str, f: &mut dyn FnMut(&str, &Linear<B>)) {
+        match self {
+            Ffn::Gated(m) => m.visit_linears(p, f),
+            Ffn::Plain(m) => m.visit_linears(p, f),
+        }
+    }
+    fn visit_linears_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Linear<B>)) {
+        match self {
+            Ffn::Gated(m) => m.visit_linears_mut(p, f),
+            Ffn::Plain(m) => m.visit_linears_mut(p, f),
+        }
+    }
 }
 
 /// One transformer block.
@@ -140,6 +152,24 @@ impl<B: Backend> Module<B> for Block<B> {
         self.norm2.visit_mut(&join(p, "norm2"), f);
         self.mlp.visit_mut(&join(p, "mlp"), f);
     }
+    fn visit_linears(&self, p: &str, f: &mut dyn FnMut(&str, &Linear<B>)) {
+        self.norm1.visit_linears(&join(p, "norm1"), f);
+        self.q_proj.visit_linears(&join(p, "attn.q_proj"), f);
+        self.k_proj.visit_linears(&join(p, "attn.k_proj"), f);
+        self.v_proj.visit_linears(&join(p, "attn.v_proj"), f);
+        self.o_proj.visit_linears(&join(p, "attn.o_proj"), f);
+        self.norm2.visit_linears(&join(p, "norm2"), f);
+        self.mlp.visit_linears(&join(p, "mlp"), f);
+    }
+    fn visit_linears_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Linear<B>)) {
+        self.norm1.visit_linears_mut(&join(p, "norm1"), f);
+        self.q_proj.visit_linears_mut(&join(p, "attn.q_proj"), f);
+        self.k_proj.visit_linears_mut(&join(p, "attn.k_proj"), f);
+        self.v_proj.visit_linears_mut(&join(p, "attn.v_proj"), f);
+        self.o_proj.visit_linears_mut(&join(p, "attn.o_proj"), f);
+        self.norm2.visit_linears_mut(&join(p, "norm2"), f);
+        self.mlp.visit_linears_mut(&join(p, "mlp"), f);
+    }
 }
 
 impl<B: Backend> Module<B> for Lm<B> {
@@ -154,6 +184,18 @@ impl<B: Backend> Module<B> for Lm<B> {
         self.layers.visit_mut(&join(p, "layers"), f);
         self.norm.visit_mut(&join(p, "norm"), f);
         self.lm_head.visit_mut(&join(p, "lm_head"), f);
+    }
+    fn visit_linears(&self, p: &str, f: &mut dyn FnMut(&str, &Linear<B>)) {
+        self.embed.visit_linears(&join(p, "embed"), f);
+        self.layers.visit_linears(&join(p, "layers"), f);
+        self.norm.visit_linears(&join(p, "norm"), f);
+        self.lm_head.visit_linears(&join(p, "lm_head"), f);
+    }
+    fn visit_linears_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Linear<B>)) {
+        self.embed.visit_linears_mut(&join(p, "embed"), f);
+        self.layers.visit_linears_mut(&join(p, "layers"), f);
+        self.norm.visit_linears_mut(&join(p, "norm"), f);
+        self.lm_head.visit_linears_mut(&join(p, "lm_head"), f);
     }
 }
 

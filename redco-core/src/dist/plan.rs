@@ -127,7 +127,8 @@ impl ShardPlan {
                 return;
             }
             match t.redistribute(self.placements(name)) {
-                Ok(s) => *t = s.detach().into_var(),
+                // a frozen parameter stays frozen
+                Ok(s) => *t = if t.is_var() { s.detach().into_var() } else { s.detach() },
                 Err(e) => err = Some(Error::Parameter { name: name.into(), msg: e.to_string() }),
             }
         });

@@ -1,5 +1,7 @@
-//! `Linear`: `y = x W^T + b` with the weight stored `[out, in]` (PyTorch layout).
+//! `Linear`: `y = x W^T + b` with the weight stored `[out, in]` (PyTorch layout), plus a
+//! low-rank adapter's `scale * (x A^T) B^T` when one is attached ([`super::lora`]).
 
+use super::lora::LoraAdapter;
 use super::{join, Init, Module};
 use crate::{Backend, DType, Error, Result, Tensor};
 
@@ -10,6 +12,8 @@ pub struct Linear<B: Backend> {
     pub weight: Tensor<B>,
     /// `[out]`, when the layer has a bias.
     pub bias: Option<Tensor<B>>,
+    /// A LoRA adapter added to the layer's output (see [`super::lora::add_lora`]).
+    pub lora: Option<LoraAdapter<B>>,
 }
 
 impl<B: Backend> Linear<B> {
@@ -18,7 +22,7 @@ impl<B: Backend> Linear<B> {
         let bound = 1.0 / (in_features.max(1) as f64).sqrt();
         let weight = Init::Uniform(bound).var(b, [out_features, in_features], dtype, seed)?;
         let bias = if bias { Some(Init::Uniform(bound).var(b, [out_features], dtype, seed ^ 0xb1a5)?) } else { None };
-        Ok(Linear { weight, bias })
+        Ok(Linear { weight, bias, lora: None })
     }
     /// A layer from existing tensors (checked for shape agreement).
     pub fn from_tensors(weight: Tensor<B>, bias: Option<Tensor<B>>) -> Result<Self> {
@@ -34,13 +38,17 @@ impl<B: Backend> Linear<B> {
                 });
             }
         }
-        Ok(Linear { weight, bias })
+        Ok(Linear { weight, bias, lora: None })
     }
     /// `x [.., in] -> [.., out]`.
     pub fn forward(&self, x: &Tensor<B>) -> Result<Tensor<B>> {
         let y = x.matmul_t(&self.weight)?;
-        match &self.bias {
-            Some(b) => y.add(b),
+        let y = match &self.bias {
+            Some(b) => y.add(b)?,
+            None => y,
+        };
+        match &self.lora {
+            Some(a) => y.add(&a.forward(x)?),
             None => Ok(y),
         }
     }
@@ -52,11 +60,25 @@ impl<B: Backend> Module<B> for Linear<B> {
         if let Some(b) = &self.bias {
             f(&join(p, "bias"), b);
         }
+        if let Some(a) = &self.lora {
+            f(&join(p, "lora_A.weight"), &a.a);
+            f(&join(p, "lora_B.weight"), &a.b);
+        }
     }
     fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
         f(&join(p, "weight"), &mut self.weight);
         if let Some(b) = &mut self.bias {
             f(&join(p, "bias"), b);
         }
+        if let Some(a) = &mut self.lora {
+            f(&join(p, "lora_A.weight"), &mut a.a);
+            f(&join(p, "lora_B.weight"), &mut a.b);
+        }
+    }
+    fn visit_linears(&self, p: &str, f: &mut dyn FnMut(&str, &Linear<B>)) {
+        f(p, self)
+    }
+    fn visit_linears_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Linear<B>)) {
+        f(p, self)
     }
 }

@@ -38,6 +38,14 @@ impl<B: Backend> Module<B> for Mlp<B> {
         self.fc_in.visit_mut(&join(p, "fc_in"), f);
         self.fc_out.visit_mut(&join(p, "fc_out"), f);
     }
+    fn visit_linears(&self, p: &str, f: &mut dyn FnMut(&str, &Linear<B>)) {
+        self.fc_in.visit_linears(&join(p, "fc_in"), f);
+        self.fc_out.visit_linears(&join(p, "fc_out"), f);
+    }
+    fn visit_linears_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Linear<B>)) {
+        self.fc_in.visit_linears_mut(&join(p, "fc_in"), f);
+        self.fc_out.visit_linears_mut(&join(p, "fc_out"), f);
+    }
 }
 
 /// `down_proj(act(gate_proj(x)) * up_proj(x))` (LLaMA, T5 v1.1).
@@ -80,5 +88,15 @@ impl<B: Backend> Module<B> for GatedMlp<B> {
         self.gate_proj.visit_mut(&join(p, "gate_proj"), f);
         self.up_proj.visit_mut(&join(p, "up_proj"), f);
         self.down_proj.visit_mut(&join(p, "down_proj"), f);
+    }
+    fn visit_linears(&self, p: &str, f: &mut dyn FnMut(&str, &Linear<B>)) {
+        self.gate_proj.visit_linears(&join(p, "gate_proj"), f);
+        self.up_proj.visit_linears(&join(p, "up_proj"), f);
+        self.down_proj.visit_linears(&join(p, "down_proj"), f);
+    }
+    fn visit_linears_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Linear<B>)) {
+        self.gate_proj.visit_linears_mut(&join(p, "gate_proj"), f);
+        self.up_proj.visit_linears_mut(&join(p, "up_proj"), f);
+        self.down_proj.visit_linears_mut(&join(p, "down_proj"), f);
     }
 }

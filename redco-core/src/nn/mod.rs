@@ -10,6 +10,7 @@ mod dropout;
 mod embedding;
 mod init;
 mod linear;
+pub mod lora;
 mod loss;
 mod mlp;
 mod norm;
@@ -30,11 +31,20 @@ use crate::{Backend, Error, Result, Tensor};
 use std::collections::BTreeMap;
 
 /// Something that holds named parameters.
+///
+/// A parameter is trained when it is a variable ([`Tensor::is_var`]); one that is not (a
+/// frozen weight, e.g. the base of a LoRA layer: [`ModuleExt::freeze`]) is visited, split
+/// and saved like the others but gets no gradient and no optimizer state.
 pub trait Module<B: Backend> {
     /// Calls `f(name, param)` for every parameter, names prefixed by `prefix`.
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor<B>));
     /// Calls `f(name, param)` with mutable access, to replace parameters.
     fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>));
+    /// Calls `f(name, layer)` for every [`Linear`] layer (its name without `.weight`);
+    /// modules built with [`module!`] forward it to their fields. The default visits none.
+    fn visit_linears(&self, _prefix: &str, _f: &mut dyn FnMut(&str, &Linear<B>)) {}
+    /// [`Module::visit_linears`] with mutable access (to attach adapters).
+    fn visit_linears_mut(&mut self, _prefix: &str, _f: &mut dyn FnMut(&str, &mut Linear<B>)) {}
 }
 
 /// Implements [`Module`] for a struct generic over `B: Backend` by visiting the listed fields
@@ -48,6 +58,12 @@ macro_rules! module {
             }
             fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut $crate::Tensor<B>)) {
                 $( $crate::nn::Module::visit_mut(&mut self.$field, &$crate::nn::join(p, $name), f); )*
+            }
+            fn visit_linears(&self, p: &str, f: &mut dyn FnMut(&str, &$crate::nn::Linear<B>)) {
+                $( $crate::nn::Module::visit_linears(&self.$field, &$crate::nn::join(p, $name), f); )*
+            }
+            fn visit_linears_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut $crate::nn::Linear<B>)) {
+                $( $crate::nn::Module::visit_linears_mut(&mut self.$field, &$crate::nn::join(p, $name), f); )*
             }
         }
     };
@@ -73,6 +89,16 @@ impl<B: Backend, M: Module<B>> Module<B> for Vec<M> {
             m.visit_mut(&join(prefix, &i.to_string()), f);
         }
     }
+    fn visit_linears(&self, prefix: &str, f: &mut dyn FnMut(&str, &Linear<B>)) {
+        for (i, m) in self.iter().enumerate() {
+            m.visit_linears(&join(prefix, &i.to_string()), f);
+        }
+    }
+    fn visit_linears_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Linear<B>)) {
+        for (i, m) in self.iter_mut().enumerate() {
+            m.visit_linears_mut(&join(prefix, &i.to_string()), f);
+        }
+    }
 }
 
 impl<B: Backend, M: Module<B>> Module<B> for Option<M> {
@@ -84,6 +110,16 @@ impl<B: Backend, M: Module<B>> Module<B> for Option<M> {
     fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
         if let Some(m) = self {
             m.visit_mut(prefix, f);
+        }
+    }
+    fn visit_linears(&self, prefix: &str, f: &mut dyn FnMut(&str, &Linear<B>)) {
+        if let Some(m) = self {
+            m.visit_linears(prefix, f);
+        }
+    }
+    fn visit_linears_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Linear<B>)) {
+        if let Some(m) = self {
+            m.visit_linears_mut(prefix, f);
         }
     }
 }
@@ -121,6 +157,45 @@ pub trait ModuleExt<B: Backend>: Module<B> {
         self.visit("", &mut |n, t| v.push((n.to_string(), t.clone())));
         v
     }
+    /// `(name, tensor)` for every parameter that trains (a variable), in visiting order.
+    fn trainable_parameters(&self) -> Vec<(String, Tensor<B>)> {
+        let mut v = Vec::new();
+        self.visit("", &mut |n, t| {
+            if t.is_var() {
+                v.push((n.to_string(), t.clone()))
+            }
+        });
+        v
+    }
+    /// The number of scalar parameters that train.
+    fn num_trainable_parameters(&self) -> usize {
+        let mut n = 0;
+        self.visit("", &mut |_, t| {
+            if t.is_var() {
+                n += t.elem_count()
+            }
+        });
+        n
+    }
+    /// Freezes every parameter whose name matches `pattern` (a regex, searched in the
+    /// name): it stays in the module, is split and saved, but gets no gradient and no
+    /// optimizer state. Returns how many were frozen; a pattern that is invalid or matches
+    /// nothing is an error.
+    fn freeze(&mut self, pattern: &str) -> Result<usize> {
+        let re = regex::Regex::new(pattern)
+            .map_err(|e| Error::invalid("freeze", format!("`{pattern}` is not a valid regex: {e}")))?;
+        let mut n = 0;
+        self.visit_mut("", &mut |name, t| {
+            if re.is_match(name) {
+                *t = t.detach();
+                n += 1;
+            }
+        });
+        if n == 0 {
+            return Err(Error::invalid("freeze", format!("`{pattern}` matches no parameter")));
+        }
+        Ok(n)
+    }
     /// The number of scalar parameters.
     fn num_parameters(&self) -> usize {
         let mut n = 0;
@@ -157,9 +232,10 @@ pub trait ModuleExt<B: Backend>: Module<B> {
                 msg: problems.join("; "),
             });
         }
+        // a frozen parameter stays frozen
         let mut failure = None;
         self.visit_mut("", &mut |n, t| match map[n].cast(t.dtype()) {
-            Ok(v) => *t = v.detach().into_var(),
+            Ok(v) => *t = if t.is_var() { v.detach().into_var() } else { v.detach() },
             Err(e) => failure = Some(e),
         });
         failure.map_or(Ok(()), Err)

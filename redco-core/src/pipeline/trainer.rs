@@ -286,12 +286,23 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
         if !b.supports(self.config.compute_dtype) {
             return Err(Error::UnsupportedDType { op: "fit (compute dtype)", dtype: self.config.compute_dtype });
         }
-        let model = (self.model_fn)(&b)?;
+        let mut model = (self.model_fn)(&b)?;
+        // the base model is traced alone; LoRA adapters then follow their layers
+        let adapters = crate::nn::lora::take_adapters(&mut model);
+        // the trace follows the autograd graph: frozen parameters are traced as variables
+        model.visit_mut("", &mut |_, t| {
+            if !t.is_var() {
+                *t = t.detach().into_var()
+            }
+        });
         let (ex, _) = self.examples(data, dep.seed, 0, 0, (0, 1), &mut HashMap::new())?;
         let batch = (self.collate_fn)(&b, &ex)?;
         let ctx = StepCtx { backend: &b, rank: 0, mesh: dep.mesh, step: 0, micro: 0, train: false, seed: dep.seed };
         let loss = (self.loss_fn)(&ctx, &model, &batch)?;
-        plan_from_trace(&model.named_parameters(), &[&loss], dep.mesh, false)
+        // frozen parameters are split too
+        let mut plan = plan_from_trace(&model.named_parameters(), &[&loss], dep.mesh, false)?;
+        crate::nn::lora::plan_adapters(&mut plan, &adapters);
+        Ok(plan)
     }
 
     /// Trains on `data`; with `resume`, continues from the newest complete checkpoint in the
@@ -366,7 +377,28 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
             let mut best = Some(from_leader(&rk.comm, &rk.backend, &[best0])?[0]).filter(|v| !v.is_nan());
             // f32 master weights: the optimizer, checkpoints and the export use them; the
             // model computes with copies in the compute dtype.
-            let mut masters: BTreeMap<String, Tensor<B>> = model.named_parameters().into_iter().collect();
+            // only variables train; frozen parameters (e.g. a LoRA base) keep one copy in the
+            // compute dtype, no gradient and no optimizer state
+            let mut masters: BTreeMap<String, Tensor<B>> = model.trainable_parameters().into_iter().collect();
+            if masters.is_empty() {
+                return Err(Error::invalid("fit", "the model has no trainable parameters (every parameter is frozen)"));
+            }
+            let frozen = model.num_parameters() - model.num_trainable_parameters();
+            if frozen > 0 && compiled.is_some() {
+                return Err(Error::invalid("fit (compiled step)", "a compiled step trains every parameter; this model has frozen ones"));
+            }
+            let mut cast_err = None;
+            model.visit_mut("", &mut |_, p| {
+                if !p.is_var() && p.dtype() != cfg.compute_dtype {
+                    match p.cast(cfg.compute_dtype) {
+                        Ok(t) => *p = t.detach(),
+                        Err(e) => cast_err = Some(e),
+                    }
+                }
+            });
+            if let Some(e) = cast_err {
+                return Err(e);
+            }
             let mut start = 0;
             let f16 = cfg.compute_dtype == DType::F16;
             let (mut scale, mut good) = (if f16 { cfg.loss_scale.0 } else { 1.0 }, 0u64);
@@ -385,9 +417,11 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
             }
             let refresh = |model: &mut M, masters: &BTreeMap<String, Tensor<B>>| -> Result<()> {
                 let mut err = None;
-                model.visit_mut("", &mut |name, p| match masters[name].cast(cfg.compute_dtype) {
-                    Ok(t) => *p = t.detach().into_var(),
-                    Err(e) => err = Some(e),
+                model.visit_mut("", &mut |name, p| match masters.get(name).map(|m| m.cast(cfg.compute_dtype)) {
+                    Some(Ok(t)) => *p = t.detach().into_var(),
+                    Some(Err(e)) => err = Some(e),
+                    // frozen
+                    None => {}
                 });
                 err.map_or(Ok(()), Err)
             };
@@ -466,7 +500,7 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
                         {
                             let scaled = loss.scale(scale / cfg.accumulate as f64)?;
                             let buckets = if overlap {
-                                let params: Vec<Tensor<B>> = model_ref.named_parameters().into_iter().map(|(_, p)| p).collect();
+                                let params: Vec<Tensor<B>> = model_ref.trainable_parameters().into_iter().map(|(_, p)| p).collect();
                                 sync_ref.overlap(&params)
                             } else {
                                 None
@@ -597,7 +631,16 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
                 }
             }
             let stats = rk.comm.stats();
-            export_safetensors(comm, &masters, &dep.workdir.join("model.safetensors"))?;
+            // the export holds every parameter: the trained ones and the frozen ones (in f32)
+            let mut all = masters.clone();
+            if frozen > 0 {
+                for (name, p) in model.named_parameters() {
+                    if !p.is_var() {
+                        all.insert(name, p.cast(DType::F32)?);
+                    }
+                }
+            }
+            export_safetensors(comm, &all, &dep.workdir.join("model.safetensors"))?;
             if rk.rank == 0 {
                 // the whole curve, across resumed runs: the last entry of every step
                 let mut by_step = BTreeMap::new();
