@@ -8,6 +8,7 @@
 use super::common;
 use super::train::{string_field, train_config, TrainArgs};
 use redco_core::dist::Mesh;
+use redco_core::nn::lora::{add_lora, set_dropout_seed, LoraConfig};
 use redco_core::pipeline::checkpoint::write_atomic;
 use redco_core::pipeline::data::{Dataset, JsonlDataset};
 use redco_core::pipeline::{Batch, Deployer, FitReport, StepCtx, TrainConfig, Trainer};
@@ -35,6 +36,8 @@ pub struct Seq2SeqRun {
     pub resume: bool,
     /// Whether this process writes the run's files and prints.
     pub leader: bool,
+    /// LoRA adapters (the base frozen), or full fine-tuning.
+    pub lora: Option<LoraConfig>,
 }
 
 fn err(e: Error) -> String {
@@ -93,28 +96,41 @@ fn read_pairs(
     Ok(pairs)
 }
 
-/// The T5 trainer on backend `B`: the model from `dir` on every rank, held-out loss every
-/// `every` steps.
-fn trainer<B: Backend>(
-    dir: &Path,
-    pad: i64,
-    held_out: &[Pair],
-    every: u64,
-    config: TrainConfig,
-) -> Trainer<T5<B>, Pair, B> {
-    let dir = dir.to_path_buf();
+/// The T5 trainer on backend `B`: the model from `job.dir` on every rank (with LoRA
+/// adapters when asked), the held-out loss every `job.every` steps.
+fn trainer<B: Backend>(job: &Job<'_>, config: TrainConfig) -> Trainer<T5<B>, Pair, B> {
+    let (dir, lora, seed, pad) = (job.dir.to_path_buf(), job.lora.cloned(), job.seed, job.pad);
     Trainer::for_backend(
-        move |b: &B| T5::from_pretrained(b, &dir, DType::F32, None),
+        move |b: &B| {
+            let mut m = T5::from_pretrained(b, &dir, DType::F32, None)?;
+            if let Some(l) = &lora {
+                add_lora(&mut m, l, seed)?;
+            }
+            Ok(m)
+        },
         move |b: &B, ex: &[Pair]| collate_pairs(b, ex, pad),
-        |_: &StepCtx<B>, m: &T5<B>, batch: &Batch<B>| seq2seq_loss(m, batch),
+        |ctx: &StepCtx<B>, m: &T5<B>, batch: &Batch<B>| {
+            set_dropout_seed(m, ctx.rng(0x1024_a));
+            seq2seq_loss(m, batch)
+        },
         config,
     )
     .with_eval(
-        held_out.to_vec(),
+        job.held_out.to_vec(),
         |_: &StepCtx<B>, m: &T5<B>, batch: &Batch<B>| seq2seq_loss(m, batch)?.replicate()?.to_scalar(),
-        every,
+        job.every,
         true,
     )
+}
+
+/// What every rank's trainer is made from.
+struct Job<'a> {
+    dir: &'a Path,
+    pad: i64,
+    held_out: &'a [Pair],
+    every: u64,
+    lora: Option<&'a LoraConfig>,
+    seed: u64,
 }
 
 /// The held-out pairs' greedy outputs on device `b` from the trained model in `w`: the
@@ -176,6 +192,7 @@ pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<
         );
     }
     let timeout = a.timeout.map(std::time::Duration::from_secs_f64);
+    let job = Job { dir: &r.dir, pad, held_out: &held_out, every, lora: r.lora.as_ref(), seed: a.seed };
     let fit = |config: TrainConfig| -> Result<FitReport> {
         match r.kind {
             common::BackendKind::Cpu => {
@@ -184,7 +201,7 @@ pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<
                 if let Some(t) = timeout {
                     dep.opts.timeout = t;
                 }
-                trainer(&r.dir, pad, &held_out, every, config).fit(&dep, &pairs, r.resume)
+                trainer(&job, config).fit(&dep, &pairs, r.resume)
             }
             #[cfg(feature = "wgpu")]
             common::BackendKind::Wgpu => {
@@ -193,7 +210,7 @@ pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<
                 if let Some(t) = timeout {
                     dep.opts.timeout = t;
                 }
-                trainer(&r.dir, pad, &held_out, every, config).fit(&dep, &pairs, r.resume)
+                trainer(&job, config).fit(&dep, &pairs, r.resume)
             }
             #[cfg(feature = "tpu")]
             common::BackendKind::Pjrt => {
@@ -204,7 +221,7 @@ pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<
                 if let Some(t) = timeout {
                     dep.opts.timeout = t;
                 }
-                trainer(&r.dir, pad, &held_out, every, config).fit(&dep, &pairs, r.resume)
+                trainer(&job, config).fit(&dep, &pairs, r.resume)
             }
             #[cfg(feature = "cuda")]
             common::BackendKind::Cuda => {
@@ -213,7 +230,7 @@ pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<
                 if let Some(t) = timeout {
                     dep.opts.timeout = t;
                 }
-                trainer(&r.dir, pad, &held_out, every, config).fit(&dep, &pairs, r.resume)
+                trainer(&job, config).fit(&dep, &pairs, r.resume)
             }
         }
     };
@@ -221,6 +238,9 @@ pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<
     let report = fit(config).map_err(err)?;
     if !r.leader {
         return Ok(());
+    }
+    if let Some(l) = &r.lora {
+        super::lora::finish(&w, l, a.lora.peft(), &r.dir, "SEQ_2_SEQ_LM")?;
     }
     // the workdir is now a Hugging Face T5 directory
     let cfg_text = serde_json::to_string_pretty(&cfg.raw).map_err(|e| e.to_string())?;
@@ -239,14 +259,5 @@ pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let b = redco_core::cpu::Cpu::try_new((threads / super::launch::world().local_size).max(1)).map_err(err)?;
     report_outputs(&b, &w, &tok, &held_out, max_target).map_err(err)?;
-    crate::outln!("\nwrote:");
-    for (p, what) in [
-        ("metrics.jsonl", "metrics, one JSON line per step"),
-        ("loss.png", "loss and learning-rate plot"),
-        ("checkpoints", "sharded checkpoints (resume with --resume)"),
-        ("model.safetensors", "trained weights, Hugging Face layout (with config.json, tokenizer.json)"),
-    ] {
-        crate::outln!("  {:<40} {what}", w.join(p).display());
-    }
-    Ok(())
+    super::lora::print_outputs(&w, r.lora.is_some() && a.lora.peft())
 }

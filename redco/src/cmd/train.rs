@@ -7,6 +7,7 @@
 use super::check;
 use super::common;
 use clap::Args;
+use redco_core::nn::lora::{add_lora, LoraConfig};
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
 use redco_core::pipeline::checkpoint::Checkpointer;
 use redco_core::pipeline::data::{Dataset, JsonlDataset};
@@ -52,6 +53,9 @@ pub struct TrainArgs {
     /// Encoder-decoder models (T5): tokens per target at most (default: --seq-len).
     #[arg(long, value_parser = check::count)]
     pub target_len: Option<usize>,
+    /// LoRA adapters instead of full fine-tuning.
+    #[command(flatten)]
+    pub lora: super::lora::LoraArgs,
     /// Mesh as DPxMP: data-parallel x tensor-parallel ranks (1x2 splits every layer in two).
     #[arg(long, default_value = "1x1")]
     pub mesh: String,
@@ -252,7 +256,9 @@ fn collate_fn<B: Backend>(b: &B, examples: &[Vec<i64>]) -> Result<Batch<B>> {
     Ok(Batch::from([("input_ids".into(), Tensor::from_vec(b, ids, [examples.len(), t])?)]))
 }
 
-fn loss_fn<B: Backend>(_ctx: &StepCtx<B>, model: &AutoModel<B>, batch: &Batch<B>) -> Result<Tensor<B>> {
+fn loss_fn<B: Backend>(ctx: &StepCtx<B>, model: &AutoModel<B>, batch: &Batch<B>) -> Result<Tensor<B>> {
+    // LoRA dropout masks from the step (a no-op without adapters)
+    redco_core::nn::lora::set_dropout_seed(model, ctx.rng(0x1024_a));
     lm_loss(model, batch)
 }
 
@@ -278,16 +284,24 @@ struct Job {
     held_out: Vec<Vec<i64>>,
     /// Evaluation (and checkpoint) interval.
     every: u64,
+    /// LoRA adapters (the base frozen), or full fine-tuning.
+    lora: Option<LoraConfig>,
 }
 
 impl Job {
     /// The trainer on backend `B` (its model constructor runs on every rank; the plan then
     /// keeps each rank's slice).
     fn trainer<B: Backend>(&self, config: TrainConfig) -> Trainer<AutoModel<B>, Vec<i64>, B> {
-        let (cfg, seed, from) = (self.cfg.clone(), self.seed, self.from.clone());
-        let model_fn = move |b: &B| match &from {
-            Some(dir) => AutoModel::from_pretrained(b, dir, DType::F32, None),
-            None => AutoModel::new(b, &cfg, DType::F32, seed),
+        let (cfg, seed, from, lora) = (self.cfg.clone(), self.seed, self.from.clone(), self.lora.clone());
+        let model_fn = move |b: &B| {
+            let mut m = match &from {
+                Some(dir) => AutoModel::from_pretrained(b, dir, DType::F32, None)?,
+                None => AutoModel::new(b, &cfg, DType::F32, seed)?,
+            };
+            if let Some(l) = &lora {
+                add_lora(&mut m, l, seed)?;
+            }
+            Ok(m)
         };
         Trainer::for_backend(model_fn, collate_fn::<B>, loss_fn::<B>, config).with_eval(
             self.held_out.clone(),
@@ -310,6 +324,7 @@ impl Job {
         use redco_tpu::Tracer;
         let why = match config.optimizer {
             _ if eager => Some("--eager"),
+            _ if self.lora.is_some() => Some("LoRA freezes the base model; a compiled step trains every parameter"),
             _ if super::launch::is_multi_process() => {
                 Some("ranks in several processes: a compiled step needs one client over every device")
             }
@@ -443,6 +458,7 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
         common::check_devices(mesh, a.threads, a.oversubscribe)?;
     }
     let compute = common::dtype(&a.dtype)?;
+    let lora = a.lora.config()?;
     if a.seq_len < 2 {
         return Err("--seq-len must be at least 2".into());
     }
@@ -455,6 +471,9 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
     // it is written before the run is known to be allowed there
     let _lock = if leader { Some(WorkdirLock::acquire(&w).map_err(err)?) } else { None };
     let mut identity = run_identity(&a)?;
+    if let Some(l) = &lora {
+        identity.insert("lora".into(), super::lora::identity(l));
+    }
     if leader {
         claim_workdir(&a, &w, resume, &identity)?;
     }
@@ -478,7 +497,7 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
     };
     if cfg.model_type == "t5" {
         let dir = a.model.clone().ok_or("T5 trains from a model directory (--model)")?;
-        let run = super::seq2seq::Seq2SeqRun { dir, kind, mesh, compute, identity, resume, leader };
+        let run = super::seq2seq::Seq2SeqRun { dir, kind, mesh, compute, identity, resume, leader, lora };
         return super::seq2seq::run(&a, &cfg, run);
     }
     if a.source_field.is_some() || a.target_field.is_some() || a.target_len.is_some() {
@@ -522,6 +541,7 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
         seed: a.seed,
         held_out: held_out.clone(),
         every: a.checkpoint_every.max(1),
+        lora: lora.clone(),
     };
     let world = super::launch::world();
     let ranks = if world.size > 1 {
@@ -598,6 +618,10 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
         return Ok(());
     }
 
+    if let Some(l) = &lora {
+        let base = a.model.clone().unwrap_or_else(|| w.clone());
+        super::lora::finish(&w, l, a.lora.peft(), &base, "CAUSAL_LM")?;
+    }
     // the workdir is now a Hugging Face model directory
     let cfg_text = serde_json::to_string_pretty(&cfg.raw).map_err(|e| e.to_string())?;
     redco_core::pipeline::checkpoint::write_atomic(&w.join("config.json"), cfg_text.as_bytes()).map_err(err)?;
@@ -635,16 +659,7 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
         common::BackendKind::Cuda => sample(&super::cuda::backend(0).map_err(err)?, &w, &tok, &a, &held_out),
     }
     .map_err(err)?;
-    crate::outln!("\nwrote:");
-    for (p, what) in [
-        ("metrics.jsonl", "metrics, one JSON line per step"),
-        ("loss.png", "loss and learning-rate plot"),
-        ("checkpoints", "sharded checkpoints (resume with --resume)"),
-        ("model.safetensors", "trained weights, Hugging Face layout (with config.json, tokenizer.json)"),
-    ] {
-        crate::outln!("  {:<40} {what}", w.join(p).display());
-    }
-    Ok(())
+    super::lora::print_outputs(&w, lora.is_some() && a.lora.peft())
 }
 
 /// Prints a greedy continuation by the trained model (loaded back from the workdir onto
