@@ -41,7 +41,7 @@ pub trait Module<B: Backend> {
     /// Calls `f(name, param)` with mutable access, to replace parameters.
     fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>));
     /// Calls `f(name, layer)` for every [`Linear`] layer (its name without `.weight`);
-    /// modules built with [`module!`] forward it to their fields. The default visits none.
+    /// modules built with [`crate::module!`] forward it to their fields. The default visits none.
     fn visit_linears(&self, _prefix: &str, _f: &mut dyn FnMut(&str, &Linear<B>)) {}
     /// [`Module::visit_linears`] with mutable access (to attach adapters).
     fn visit_linears_mut(&mut self, _prefix: &str, _f: &mut dyn FnMut(&str, &mut Linear<B>)) {}

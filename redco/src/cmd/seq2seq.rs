@@ -110,7 +110,7 @@ fn trainer<B: Backend>(job: &Job<'_>, config: TrainConfig) -> Trainer<T5<B>, Pai
         },
         move |b: &B, ex: &[Pair]| collate_pairs(b, ex, pad),
         |ctx: &StepCtx<B>, m: &T5<B>, batch: &Batch<B>| {
-            set_dropout_seed(m, ctx.rng(0x1024_a));
+            set_dropout_seed(m, ctx.rng(redco_core::nn::lora::DROPOUT_SITE));
             seq2seq_loss(m, batch)
         },
         config,

@@ -258,7 +258,7 @@ fn collate_fn<B: Backend>(b: &B, examples: &[Vec<i64>]) -> Result<Batch<B>> {
 
 fn loss_fn<B: Backend>(ctx: &StepCtx<B>, model: &AutoModel<B>, batch: &Batch<B>) -> Result<Tensor<B>> {
     // LoRA dropout masks from the step (a no-op without adapters)
-    redco_core::nn::lora::set_dropout_seed(model, ctx.rng(0x1024_a));
+    redco_core::nn::lora::set_dropout_seed(model, ctx.rng(redco_core::nn::lora::DROPOUT_SITE));
     lm_loss(model, batch)
 }
 
