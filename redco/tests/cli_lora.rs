@@ -128,6 +128,21 @@ fn lora_trains_the_adapters_alone_and_exports_merged_and_peft() {
         assert!(peft_diff < 1e-4, "PeftModel over the base against the merged export: {peft_diff}");
         eprintln!("transformers: merged logits within {worst:e} of redco's; PeftModel within {peft_diff:e}");
     }
+    // PEFT adapters need a base on disk
+    let (code, _, err) = redco(&[
+        "train",
+        "--preset",
+        "llama-tiny",
+        "--lora-rank",
+        "4",
+        "--lora-export",
+        "peft",
+        "--steps",
+        "1",
+        "--workdir",
+        s(&merged.with_extension("bad")),
+    ]);
+    assert!(code == 2 && err.contains("--model"), "{err}");
     for d in [merged, peft] {
         let _ = std::fs::remove_dir_all(d.parent().expect("scratch"));
     }

@@ -99,26 +99,29 @@ impl<B: Backend> LoraAdapter<B> {
 /// `cfg.targets` matches; returns the adapted layers' names. The adapters' `A` draw from
 /// `seed` and the layer's name. Call it before the model is split (the Trainer's model
 /// constructor is the place); a layer that already has an adapter, or a pattern that matches
-/// no layer, is an error.
+/// no layer, is an error, and leaves the model as it was.
 pub fn add_lora<B: Backend, M: Module<B> + ?Sized>(model: &mut M, cfg: &LoraConfig, seed: u64) -> Result<Vec<String>> {
     cfg.validate()?;
     let re = regex::Regex::new(&format!("^(?:{})$", cfg.targets))
         .map_err(|e| Error::invalid("lora", format!("targets `{}` is not a valid regex: {e}", cfg.targets)))?;
-    model.visit_mut("", &mut |_, t| *t = t.detach());
-    let shared = Arc::new(AtomicU64::new(0));
-    let (mut names, mut all, mut err) = (Vec::new(), Vec::new(), None);
-    model.visit_linears_mut("", &mut |name, layer| {
+    // check every target first: on error the model is unchanged
+    let (mut names, mut all, mut problem) = (Vec::new(), Vec::new(), None);
+    model.visit_linears("", &mut |name, layer| {
         all.push(name.to_string());
-        if err.is_some() || !re.is_match(name) {
+        if !re.is_match(name) || problem.is_some() {
             return;
         }
-        let salt = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, c| (h ^ u64::from(c)).wrapping_mul(0x100_0000_01b3));
-        match attach(layer, cfg, seed ^ salt, &shared, salt) {
-            Ok(()) => names.push(name.to_string()),
-            Err(e) => err = Some(Error::Parameter { name: name.to_string(), msg: e.to_string() }),
+        if layer.lora.is_some() {
+            problem = Some(Error::Parameter { name: name.to_string(), msg: "the layer already has an adapter".into() });
+        } else if layer.weight.is_sharded() {
+            problem = Some(Error::Parameter {
+                name: name.to_string(),
+                msg: "attach adapters before the model is split (in the model constructor)".into(),
+            });
         }
+        names.push(name.to_string());
     });
-    if let Some(e) = err {
+    if let Some(e) = problem {
         return Err(e);
     }
     if names.is_empty() {
@@ -130,6 +133,21 @@ pub fn add_lora<B: Backend, M: Module<B> + ?Sized>(model: &mut M, cfg: &LoraConf
             format!("its {} linear layers are named like {}", all.len(), shown.join(", "))
         };
         return Err(Error::invalid("lora", format!("targets `{}` match no linear layer: {why}", cfg.targets)));
+    }
+    model.visit_mut("", &mut |_, t| *t = t.detach());
+    let shared = Arc::new(AtomicU64::new(0));
+    let mut err = None;
+    model.visit_linears_mut("", &mut |name, layer| {
+        if err.is_some() || !re.is_match(name) {
+            return;
+        }
+        let salt = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, c| (h ^ u64::from(c)).wrapping_mul(0x100_0000_01b3));
+        if let Err(e) = attach(layer, cfg, seed ^ salt, &shared, salt) {
+            err = Some(Error::Parameter { name: name.to_string(), msg: e.to_string() });
+        }
+    });
+    if let Some(e) = err {
+        return Err(e);
     }
     Ok(names)
 }
@@ -246,4 +264,61 @@ pub fn merge<B: Backend>(params: &BTreeMap<String, Tensor<B>>, scale: f64) -> Re
 pub fn counts<B: Backend, M: Module<B> + ?Sized>(model: &M) -> (usize, usize) {
     let trainable = model.num_trainable_parameters();
     (trainable, model.num_parameters() - trainable)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::Cpu;
+    use crate::DType;
+
+    fn layer(dropout: f64) -> Linear<Cpu> {
+        let b = Cpu::new(1);
+        let mut l = Linear::new(&b, 8, 6, true, DType::F32, 1).expect("layer");
+        let cfg = LoraConfig { rank: 2, alpha: 4.0, dropout, targets: ".*".into() };
+        attach(&mut l, &cfg, 5, &Arc::new(AtomicU64::new(0)), 9).expect("attach");
+        // a non-zero B, as after some training
+        if let Some(a) = &mut l.lora {
+            a.b = Tensor::full(&b, [6, 2], 0.5, DType::F32).expect("b").into_var();
+        }
+        l
+    }
+
+    fn out(l: &Linear<Cpu>, x: &Tensor<Cpu>) -> Vec<f32> {
+        l.forward(x).expect("forward").to_vec_f32().expect("values")
+    }
+
+    #[test]
+    fn dropout_applies_while_training_from_the_set_seed_and_never_in_eval() {
+        let b = Cpu::new(1);
+        let x = Tensor::from_vec(&b, (0..16).map(|i| i as f32 * 0.25 - 2.0).collect::<Vec<f32>>(), [2, 8]).expect("x");
+        let (plain, dropped) = (layer(0.0), layer(0.5));
+        let eval = crate::no_grad(|| out(&dropped, &x));
+        assert_eq!(eval, out(&plain, &x), "no dropout without gradients");
+        set_dropout_seed(&dropped, 3);
+        let (a, again) = (out(&dropped, &x), out(&dropped, &x));
+        assert_eq!(a, again, "the same seed draws the same masks");
+        assert_ne!(a, out(&plain, &x), "dropout changes the adapter's output while training");
+        set_dropout_seed(&dropped, 4);
+        assert_ne!(out(&dropped, &x), a, "another seed, other masks");
+    }
+
+    #[test]
+    fn bad_configs_and_targets_are_errors() {
+        let b = Cpu::new(1);
+        let mut l = Linear::new(&b, 4, 4, false, DType::F32, 1).expect("layer");
+        for cfg in [
+            LoraConfig { rank: 0, ..LoraConfig::default() },
+            LoraConfig { alpha: f64::NAN, ..LoraConfig::default() },
+            LoraConfig { dropout: 1.0, ..LoraConfig::default() },
+            LoraConfig { targets: "(".into(), ..LoraConfig::default() },
+            LoraConfig { targets: "nothing".into(), ..LoraConfig::default() },
+        ] {
+            assert!(add_lora(&mut l, &cfg, 0).is_err(), "{cfg:?}");
+        }
+        let all = LoraConfig { targets: ".*".into(), ..LoraConfig::default() };
+        // a bare Linear is visited under the empty name
+        assert_eq!(add_lora(&mut l, &all, 0).expect("adapters"), vec![String::new()]);
+        assert!(add_lora(&mut l, &all, 0).is_err(), "a second adapter on the same layer");
+    }
 }

@@ -459,6 +459,9 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
     }
     let compute = common::dtype(&a.dtype)?;
     let lora = a.lora.config()?;
+    if lora.is_some() && a.lora.peft() && a.model.is_none() {
+        return Err("--lora-export peft writes adapters for a base model on disk: give it with --model".into());
+    }
     if a.seq_len < 2 {
         return Err("--seq-len must be at least 2".into());
     }
