@@ -2,7 +2,7 @@
 
 mod cmd;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 /// Large freed buffers are kept and reused instead of being mapped and faulted in again
@@ -12,7 +12,7 @@ static ALLOC: redco_core::cpu::LargeBlocks = redco_core::cpu::LargeBlocks::new()
 
 /// redco: automatic distributed training and inference of large language models.
 #[derive(Parser)]
-#[command(name = "redco", version, about, long_about = None)]
+#[command(name = "redco", about, long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -44,7 +44,13 @@ enum Command {
     /// port against transformers (whose script writes the same keys).
     EvalDump(cmd::eval_dump::EvalDumpArgs),
     /// Show the backends compiled in, the devices found and the threads used.
-    Info,
+    Info(cmd::info::InfoArgs),
+    /// Print a shell completion script: `redco completions bash > /etc/bash_completion.d/redco`
+    /// (bash, zsh, fish, elvish or powershell).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 /// The library's log events on stderr: warnings (a checkpoint without checksums, a
@@ -68,8 +74,17 @@ fn init_logging() {
         .try_init();
 }
 
+/// The command line, with `--version` naming the git revision and the compiled backends.
+fn command() -> clap::Command {
+    let version: &'static str = Box::leak(cmd::info::version().into_boxed_str());
+    Cli::command().version(version)
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::from_arg_matches(&command().get_matches()) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
     init_logging();
     #[cfg(feature = "tpu")]
     cmd::pjrt::set_plugin(cli.pjrt_plugin.clone());
@@ -83,7 +98,11 @@ fn main() -> ExitCode {
         Command::Convert(a) => cmd::convert::run(a),
         Command::Plan(a) => cmd::plan::run(a),
         Command::EvalDump(a) => cmd::eval_dump::run(a),
-        Command::Info => cmd::info::run(),
+        Command::Info(a) => cmd::info::run(a),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut command(), "redco", &mut std::io::stdout());
+            Ok(())
+        }
     };
     let rank = cmd::launch::world();
     // the command's result, then whether its output reached stdout
@@ -102,5 +121,69 @@ fn main() -> ExitCode {
             cmd::launch::finish(false, 2);
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod vocabulary {
+    //! One command-line vocabulary: the same flag for the same concept in every command.
+
+    use super::command;
+
+    /// Spellings of a concept that the shared vocabulary replaces, and the flag to use.
+    const SYNONYMS: [(&str, &str); 10] = [
+        ("batch", "batch-size"),
+        ("seq", "seq-len"),
+        ("seq-length", "seq-len"),
+        ("max-len", "seq-len"),
+        ("num-threads", "threads"),
+        ("model-dir", "model"),
+        ("device", "backend"),
+        ("num-steps", "steps"),
+        ("max-tokens", "max-new-tokens"),
+        ("precision", "dtype"),
+    ];
+
+    /// Flags several commands share, with the default each must have where it has one.
+    const SHARED: [(&str, Option<&str>); 7] = [
+        ("model", None),
+        ("mesh", Some("1x1")),
+        ("backend", Some("cpu")),
+        ("dtype", None),
+        ("threads", None),
+        ("batch-size", None),
+        ("seq-len", None),
+    ];
+
+    #[test]
+    fn every_command_spells_a_concept_the_same_way() {
+        let cli = command();
+        let mut seen = std::collections::BTreeMap::<&str, Vec<String>>::new();
+        for sub in cli.get_subcommands() {
+            for arg in sub.get_arguments() {
+                let Some(long) = arg.get_long() else { continue };
+                if let Some((_, use_)) = SYNONYMS.iter().find(|(s, _)| *s == long) {
+                    panic!("`redco {} --{long}`: the shared vocabulary says --{use_}", sub.get_name());
+                }
+                if let Some((name, default)) = SHARED.iter().find(|(n, _)| *n == long) {
+                    seen.entry(name).or_default().push(sub.get_name().to_string());
+                    if let Some(d) = default {
+                        let got: Vec<String> =
+                            arg.get_default_values().iter().map(|v| v.to_string_lossy().into()).collect();
+                        assert_eq!(got, [d.to_string()], "`redco {} --{long}` default", sub.get_name());
+                    }
+                }
+            }
+        }
+        // the concepts really are shared (the test would pass vacuously otherwise)
+        for (name, cmds) in [("mesh", 4), ("model", 4), ("batch-size", 2), ("seq-len", 2), ("dtype", 5)] {
+            assert!(seen.get(name).is_some_and(|c| c.len() >= cmds), "--{name} in {:?}", seen.get(name));
+        }
+    }
+
+    #[test]
+    fn version_names_the_revision_and_the_backends() {
+        let v = command().render_version();
+        assert!(v.contains(env!("CARGO_PKG_VERSION")) && v.contains("git ") && v.contains("backends: cpu"), "{v}");
     }
 }

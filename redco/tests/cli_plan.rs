@@ -31,9 +31,9 @@ fn plan_prints_placements_communication_memory_and_the_smallest_mp() {
         d.to_str().unwrap(),
         "--mesh",
         "2x2",
-        "--batch",
+        "--batch-size",
         "4",
-        "--seq",
+        "--seq-len",
         "128",
         "--device-memory",
         "10MB",
@@ -65,4 +65,48 @@ fn a_bad_mesh_and_unsplittable_heads_are_errors() {
     let (code, _, err) = redco(&["plan", "--model", d.to_str().unwrap(), "--mesh", "1x4", "--strict"]);
     assert_eq!(code, 2);
     assert!(err.contains("do not split over mp=4"), "{err}");
+}
+
+#[test]
+fn plan_json_parses_and_says_what_the_tables_say() {
+    let d = model_dir("json", 8);
+    let args = ["plan", "--model", d.to_str().unwrap(), "--mesh", "2x2", "--batch-size", "4", "--seq-len", "128"];
+    let (code, out, err) = redco(&[&args[..], &["--json", "--device-memory", "10MB"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!((v["mesh"]["dp"].as_u64(), v["mesh"]["mp"].as_u64()), (Some(2), Some(2)));
+    assert_eq!(v["workload"]["batch_size"].as_u64(), Some(4));
+    let params = v["params"].as_array().expect("params");
+    let q = params.iter().find(|p| p["name"] == "model.layers.0.self_attn.q_proj.weight").expect("q_proj");
+    // [256, 256] split over mp = 2, bf16
+    assert_eq!((q["placement"].as_str(), q["bytes_per_device"].as_u64()), (Some("shard(0)"), Some(256 * 128 * 2)));
+    let mp_calls: u64 = v["comm_per_step"]
+        .as_array()
+        .expect("comm")
+        .iter()
+        .filter(|c| c["kind"] == "AllReduce" && c["axis"] == "Mp")
+        .filter_map(|c| c["calls"].as_u64())
+        .sum();
+    assert_eq!(mp_calls, 21);
+    assert!(v["fit"]["smallest_mp"].is_u64() || v["fit"]["smallest_mp"].is_null(), "{}", v["fit"]);
+    // the old spellings still parse, as aliases
+    let (code, old, _) =
+        redco(&["plan", "--model", d.to_str().unwrap(), "--mesh", "2x2", "--batch", "4", "--seq", "128", "--json"]);
+    assert_eq!(code, 0);
+    let w: serde_json::Value = serde_json::from_str(&old).expect("json");
+    assert_eq!(w["params"], v["params"]);
+}
+
+#[test]
+fn info_json_parses_and_version_names_the_revision() {
+    let (code, out, err) = redco(&["info", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(v["backends"].as_array().is_some_and(|b| b.iter().any(|x| x == "cpu")), "{v}");
+    assert!(v["cpu"]["threads"].as_u64().is_some_and(|t| t >= 1));
+    let (code, version, _) = redco(&["--version"]);
+    assert_eq!(code, 0);
+    assert!(version.contains("git ") && version.contains("backends: cpu"), "{version}");
+    let (code, script, _) = redco(&["completions", "bash"]);
+    assert!(code == 0 && script.contains("redco") && script.contains("--seq-len"), "bash completion");
 }

@@ -1,9 +1,61 @@
 //! `redco info`.
 
+use clap::Args;
+
+/// Arguments of `redco info`.
+#[derive(Args)]
+pub struct InfoArgs {
+    /// Print one JSON object (for scripts) instead of lines.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The backends compiled into this binary.
+pub fn backends() -> Vec<&'static str> {
+    let mut v = vec!["cpu"];
+    v.extend(cfg!(feature = "wgpu").then_some("wgpu"));
+    v.extend(cfg!(feature = "tpu").then_some("pjrt"));
+    v.extend(cfg!(feature = "cuda").then_some("cuda"));
+    v
+}
+
+/// The transports between ranks compiled in.
+pub fn transports() -> Vec<&'static str> {
+    let mut v = vec!["threads"];
+    v.extend(cfg!(feature = "mpi").then_some("mpi"));
+    v
+}
+
+/// `redco --version`: the version, the git revision it was built from, the backends and
+/// the transports.
+pub fn version() -> String {
+    format!(
+        "{} (git {}; backends: {}; transports: {})",
+        env!("CARGO_PKG_VERSION"),
+        env!("REDCO_GIT_REV"),
+        backends().join(", "),
+        transports().join(", ")
+    )
+}
+
 /// Prints the backends and transports compiled in, this process's world and the CPU threads.
-pub fn run() -> Result<(), String> {
+pub fn run(a: InfoArgs) -> Result<(), String> {
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    crate::outln!("redco {}", env!("CARGO_PKG_VERSION"));
+    if a.json {
+        let w = super::launch::world();
+        let v = serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "git_revision": env!("REDCO_GIT_REV"),
+            "backends": backends(),
+            "transports": transports(),
+            "world": {"rank": w.rank, "size": w.size, "local_rank": w.local_rank, "local_size": w.local_size,
+                      "host": w.host, "launcher": format!("{:?}", w.launcher)},
+            "cpu": {"threads": threads, "kernels": redco_core::cpu::kernel_families().to_string()},
+        });
+        crate::outln!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+        return Ok(());
+    }
+    crate::outln!("redco {}", version());
     crate::outln!(
         "backends: cpu (embedded){}{}{}",
         if cfg!(feature = "wgpu") { ", wgpu" } else { "" },

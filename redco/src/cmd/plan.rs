@@ -19,11 +19,11 @@ pub struct PlanArgs {
     /// Mesh as DPxMP, e.g. 2x4 (data-parallel x model-parallel ranks).
     #[arg(long, default_value = "1x1")]
     pub mesh: String,
-    /// Global batch size (split over DP).
-    #[arg(long, value_parser = check::count, default_value_t = 8)]
+    /// Sequences per optimizer step (split over DP), as `train --batch-size`.
+    #[arg(long = "batch-size", visible_alias = "batch", value_parser = check::count, default_value_t = 8)]
     pub batch: usize,
-    /// Sequence length.
-    #[arg(long, value_parser = check::count, default_value_t = 2048)]
+    /// Tokens per sequence, as `train --seq-len`.
+    #[arg(long = "seq-len", visible_alias = "seq", value_parser = check::count, default_value_t = 2048)]
     pub seq: usize,
     /// Parameter and activation dtype: f32, bf16 or f16.
     #[arg(long, default_value = "bf16")]
@@ -40,6 +40,9 @@ pub struct PlanArgs {
     /// Fail instead of replicating layers the mesh cannot split evenly.
     #[arg(long)]
     pub strict: bool,
+    /// Print the plan as one JSON object (for scripts) instead of tables.
+    #[arg(long)]
+    pub json: bool,
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -65,7 +68,7 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
-/// The most tokens per step (`--batch` x `--seq`) a plan is made for (2^40: beyond any
+/// The most tokens per step (`--batch-size` x `--seq-len`) a plan is made for (2^40: beyond any
 /// training run, well inside the planner's arithmetic).
 const MAX_TOKENS: u128 = 1 << 40;
 
@@ -79,14 +82,14 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
         d => return Err(format!("unknown dtype `{d}` (use f32, bf16 or f16)")),
     };
     if !a.batch.is_multiple_of(mesh.dp) {
-        return Err(format!("batch {} does not split over dp={}", a.batch, mesh.dp));
+        return Err(format!("--batch-size {} does not split over dp={}", a.batch, mesh.dp));
     }
     if let Some(ctx) = cfg.max_positions.filter(|c| a.seq > *c) {
-        return Err(format!("--seq {} exceeds the model's context of {ctx} tokens", a.seq));
+        return Err(format!("--seq-len {} exceeds the model's context of {ctx} tokens", a.seq));
     }
     if (a.batch as u128) * (a.seq as u128) > MAX_TOKENS {
         return Err(format!(
-            "--batch {} x --seq {} is {} tokens per step: at most {MAX_TOKENS} are planned",
+            "--batch-size {} x --seq-len {} is {} tokens per step: at most {MAX_TOKENS} are planned",
             a.batch,
             a.seq,
             a.batch as u128 * a.seq as u128
@@ -109,6 +112,22 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
         }
     }
     let work = Workload { batch: a.batch, seq: a.seq, dtype_bytes, zero1: a.zero1 };
+    let fit = match &a.device_memory {
+        Some(mem) => {
+            let bytes = parse_bytes(mem)?;
+            let max_mp = cfg.heads.max(1);
+            let found =
+                smallest_mp(&cfg.dims(), &work, mesh.dp, max_mp, bytes, !a.inference, |m| plan_by_names(&shapes, m));
+            Some((bytes, max_mp, found))
+        }
+        None => None,
+    };
+    let report = PlanReport::new(plan, cfg.dims(), work);
+    if a.json {
+        let text = serde_json::to_string_pretty(&json(&a, &cfg, mesh, &report, fit)).map_err(|e| e.to_string())?;
+        crate::outln!("{text}");
+        return Ok(());
+    }
     crate::outln!(
         "{} ({} layers, hidden {}, {} heads, vocab {}) on mesh {mesh}; rules: name heuristics (config only)\n",
         cfg.model_type,
@@ -117,22 +136,74 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
         cfg.heads,
         cfg.vocab
     );
-    crate::out!("{}", PlanReport::new(plan, cfg.dims(), work));
-    if let Some(mem) = &a.device_memory {
-        let bytes = parse_bytes(mem)?;
-        let max_mp = cfg.heads.max(1);
-        match smallest_mp(&cfg.dims(), &work, mesh.dp, max_mp, bytes, !a.inference, |m| plan_by_names(&shapes, m)) {
-            Some((mp, need)) => crate::outln!(
-                "\nsmallest mp that fits {} per device for {}: mp={mp} ({} per device)",
-                human(bytes),
-                if a.inference { "inference" } else { "training" },
-                human(need)
-            ),
-            None => crate::outln!(
-                "\nno mp up to {max_mp} fits {} per device; add data-parallel ZeRO-1 or smaller batches",
-                human(bytes)
-            ),
-        }
+    crate::out!("{report}");
+    match fit {
+        Some((bytes, _, Some((mp, need)))) => crate::outln!(
+            "\nsmallest mp that fits {} per device for {}: mp={mp} ({} per device)",
+            human(bytes),
+            if a.inference { "inference" } else { "training" },
+            human(need)
+        ),
+        Some((bytes, max_mp, None)) => crate::outln!(
+            "\nno mp up to {max_mp} fits {} per device; add data-parallel ZeRO-1 or smaller batches",
+            human(bytes)
+        ),
+        None => {}
     }
     Ok(())
+}
+
+/// `--device-memory`'s answer: the bytes per device, the largest mp tried, and the smallest
+/// mp that fits with its bytes per device (none fits: `None`).
+type Fit = (u64, usize, Option<(usize, u64)>);
+
+/// The plan as JSON: the model, the workload, every parameter's placement and bytes per
+/// device, the predicted collectives of one training step, memory, and the fit.
+fn json(
+    a: &PlanArgs,
+    cfg: &HfConfig,
+    mesh: Mesh,
+    r: &PlanReport,
+    fit: Option<Fit>,
+) -> serde_json::Value {
+    use serde_json::json;
+    let params: Vec<serde_json::Value> = r
+        .plan
+        .params
+        .iter()
+        .map(|(name, p)| {
+            let n = p.shape.elem_count() as u64;
+            let local = if matches!(p.placement, Placement::Shard(_)) { n / mesh.mp as u64 } else { n };
+            json!({
+                "name": name,
+                "shape": p.shape.dims(),
+                "placement": match p.placement { Placement::Shard(d) => format!("shard({d})"), _ => "replicate".into() },
+                "bytes_per_device": local * r.work.dtype_bytes as u64,
+                "reason": p.reason,
+            })
+        })
+        .collect();
+    let comm: Vec<serde_json::Value> = r
+        .comm
+        .entries()
+        .into_iter()
+        .map(|(k, axis, c)| json!({"kind": format!("{k:?}"), "axis": format!("{axis:?}"), "calls": c.calls, "bytes": c.bytes}))
+        .collect();
+    let mem = |m: &redco_core::dist::planner::Memory| json!({"params": m.params, "grads": m.grads, "optimizer": m.optimizer, "activations": m.activations, "total": m.total()});
+    json!({
+        "model": {"model_type": cfg.model_type, "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads, "vocab": cfg.vocab},
+        "mesh": {"dp": mesh.dp, "mp": mesh.mp},
+        "workload": {"batch_size": a.batch, "seq_len": a.seq, "dtype": a.dtype, "zero1": a.zero1},
+        "rules": "name heuristics (config only)",
+        "params": params,
+        "comm_per_step": comm,
+        "memory_per_device": {"train": mem(&r.train), "inference": r.infer},
+        "fit": fit.map(|(bytes, max_mp, found)| json!({
+            "device_memory": bytes,
+            "for": if a.inference { "inference" } else { "training" },
+            "smallest_mp": found.map(|(mp, _)| mp),
+            "bytes_per_device": found.map(|(_, need)| need),
+            "max_mp_tried": max_mp,
+        })),
+    })
 }
