@@ -159,13 +159,7 @@ type Fit = (u64, usize, Option<(usize, u64)>);
 
 /// The plan as JSON: the model, the workload, every parameter's placement and bytes per
 /// device, the predicted collectives of one training step, memory, and the fit.
-fn json(
-    a: &PlanArgs,
-    cfg: &HfConfig,
-    mesh: Mesh,
-    r: &PlanReport,
-    fit: Option<Fit>,
-) -> serde_json::Value {
+fn json(a: &PlanArgs, cfg: &HfConfig, mesh: Mesh, r: &PlanReport, fit: Option<Fit>) -> serde_json::Value {
     use serde_json::json;
     let params: Vec<serde_json::Value> = r
         .plan
