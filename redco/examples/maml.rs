@@ -15,12 +15,16 @@
 //! `cargo run --release -p redco --example maml -- [MESH] [STEPS] [--first-order]`
 //! (defaults 1x1, 4000); prints one `result maml <post-adaptation MSE>` line at the end.
 
+#[path = "common/rng.rs"]
+mod rng;
+
 use redco::cpu::Cpu;
 use redco::models::hf::safetensors::read_all;
 use redco::nn::{Linear, Module, ModuleExt};
 use redco::optim::{AdamWConfig, Decay, Schedule};
 use redco::pipeline::{Batch, Deployer, OptimizerConfig, StepCtx, TrainConfig, Trainer};
 use redco::{module, no_grad, DType, Result, Tensor};
+use rng::Rng;
 
 /// Support (and query) points per task.
 const K: usize = 10;
@@ -36,18 +40,6 @@ struct Task {
     ys: Vec<f64>,
     xq: Vec<f64>,
     yq: Vec<f64>,
-}
-
-/// A small deterministic generator (splitmix64) for the tasks.
-struct Rng(u64);
-impl Rng {
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        lo + (hi - lo) * ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    }
 }
 
 fn tasks(n: usize, seed: u64) -> Vec<Task> {

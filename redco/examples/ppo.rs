@@ -21,6 +21,9 @@
 //! 200000, 1x1); prints `result ppo <environment steps to reach 475>` (or, when the budget
 //! ends first, a line saying so and the best evaluation, and exits with an error).
 
+#[path = "common/rng.rs"]
+mod rng;
+
 use redco::cpu::Cpu;
 use redco::dist::on_backend;
 use redco::models::hf::safetensors::read_all;
@@ -28,6 +31,7 @@ use redco::nn::{Linear, Module};
 use redco::optim::{AdamWConfig, Decay, Schedule};
 use redco::pipeline::{Batch, Deployer, OptimizerConfig, StepCtx, TrainConfig, Trainer};
 use redco::{module, no_grad, DType, Result, Tensor};
+use rng::Rng;
 use std::path::Path;
 
 /// Environments stepped together.
@@ -97,18 +101,6 @@ impl CartPole {
 
     fn obs(&self) -> [f32; 4] {
         self.s.map(|v| v as f32)
-    }
-}
-
-/// A small deterministic generator (splitmix64).
-struct Rng(u64);
-impl Rng {
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        lo + (hi - lo) * ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 
