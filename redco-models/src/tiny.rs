@@ -3,9 +3,7 @@
 //! attention, gated SiLU MLP, no biases) and a GPT-shaped one (LayerNorm with bias, biased
 //! projections, GELU MLP).
 
-use redco_core::nn::{
-    self, join, Activation, Embedding, GatedMlp, LayerNorm, Linear, Mlp, Module, RmsNorm, RotaryEmbedding,
-};
+use redco_core::nn::{self, Activation, Embedding, GatedMlp, LayerNorm, Linear, Mlp, Module, RmsNorm, RotaryEmbedding};
 use redco_core::{Backend, DType, Result, RotaryMode, Tensor};
 
 /// Sizes of a test model.
@@ -133,71 +131,17 @@ pub struct Lm<B: Backend> {
     pub lm_head: Linear<B>,
 }
 
-impl<B: Backend> Module<B> for Block<B> {
-    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
-        self.norm1.visit(&join(p, "norm1"), f);
-        self.q_proj.visit(&join(p, "attn.q_proj"), f);
-        self.k_proj.visit(&join(p, "attn.k_proj"), f);
-        self.v_proj.visit(&join(p, "attn.v_proj"), f);
-        self.o_proj.visit(&join(p, "attn.o_proj"), f);
-        self.norm2.visit(&join(p, "norm2"), f);
-        self.mlp.visit(&join(p, "mlp"), f);
-    }
-    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
-        self.norm1.visit_mut(&join(p, "norm1"), f);
-        self.q_proj.visit_mut(&join(p, "attn.q_proj"), f);
-        self.k_proj.visit_mut(&join(p, "attn.k_proj"), f);
-        self.v_proj.visit_mut(&join(p, "attn.v_proj"), f);
-        self.o_proj.visit_mut(&join(p, "attn.o_proj"), f);
-        self.norm2.visit_mut(&join(p, "norm2"), f);
-        self.mlp.visit_mut(&join(p, "mlp"), f);
-    }
-    fn visit_linears(&self, p: &str, f: &mut dyn FnMut(&str, &Linear<B>)) {
-        self.norm1.visit_linears(&join(p, "norm1"), f);
-        self.q_proj.visit_linears(&join(p, "attn.q_proj"), f);
-        self.k_proj.visit_linears(&join(p, "attn.k_proj"), f);
-        self.v_proj.visit_linears(&join(p, "attn.v_proj"), f);
-        self.o_proj.visit_linears(&join(p, "attn.o_proj"), f);
-        self.norm2.visit_linears(&join(p, "norm2"), f);
-        self.mlp.visit_linears(&join(p, "mlp"), f);
-    }
-    fn visit_linears_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Linear<B>)) {
-        self.norm1.visit_linears_mut(&join(p, "norm1"), f);
-        self.q_proj.visit_linears_mut(&join(p, "attn.q_proj"), f);
-        self.k_proj.visit_linears_mut(&join(p, "attn.k_proj"), f);
-        self.v_proj.visit_linears_mut(&join(p, "attn.v_proj"), f);
-        self.o_proj.visit_linears_mut(&join(p, "attn.o_proj"), f);
-        self.norm2.visit_linears_mut(&join(p, "norm2"), f);
-        self.mlp.visit_linears_mut(&join(p, "mlp"), f);
-    }
-}
+redco_core::module!(Block {
+    norm1: "norm1",
+    q_proj: "attn.q_proj",
+    k_proj: "attn.k_proj",
+    v_proj: "attn.v_proj",
+    o_proj: "attn.o_proj",
+    norm2: "norm2",
+    mlp: "mlp",
+});
 
-impl<B: Backend> Module<B> for Lm<B> {
-    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
-        self.embed.visit(&join(p, "embed"), f);
-        self.layers.visit(&join(p, "layers"), f);
-        self.norm.visit(&join(p, "norm"), f);
-        self.lm_head.visit(&join(p, "lm_head"), f);
-    }
-    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
-        self.embed.visit_mut(&join(p, "embed"), f);
-        self.layers.visit_mut(&join(p, "layers"), f);
-        self.norm.visit_mut(&join(p, "norm"), f);
-        self.lm_head.visit_mut(&join(p, "lm_head"), f);
-    }
-    fn visit_linears(&self, p: &str, f: &mut dyn FnMut(&str, &Linear<B>)) {
-        self.embed.visit_linears(&join(p, "embed"), f);
-        self.layers.visit_linears(&join(p, "layers"), f);
-        self.norm.visit_linears(&join(p, "norm"), f);
-        self.lm_head.visit_linears(&join(p, "lm_head"), f);
-    }
-    fn visit_linears_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Linear<B>)) {
-        self.embed.visit_linears_mut(&join(p, "embed"), f);
-        self.layers.visit_linears_mut(&join(p, "layers"), f);
-        self.norm.visit_linears_mut(&join(p, "norm"), f);
-        self.lm_head.visit_linears_mut(&join(p, "lm_head"), f);
-    }
-}
+redco_core::module!(Lm { embed: "embed", layers: "layers", norm: "norm", lm_head: "lm_head" });
 
 impl<B: Backend> Lm<B> {
     /// A model with deterministic weights from `seed` (the same on every rank).

@@ -1,6 +1,6 @@
 //! Feed-forward blocks: the plain MLP and the gated MLP (SwiGLU / GeGLU).
 
-use super::{join, Activation, Linear, Module};
+use super::{Activation, Linear};
 use crate::{Backend, DType, Result, Tensor};
 
 /// `fc_out(act(fc_in(x)))` (GPT-J, OPT, T5 v1.0).
@@ -29,24 +29,7 @@ impl<B: Backend> Mlp<B> {
     }
 }
 
-impl<B: Backend> Module<B> for Mlp<B> {
-    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
-        self.fc_in.visit(&join(p, "fc_in"), f);
-        self.fc_out.visit(&join(p, "fc_out"), f);
-    }
-    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
-        self.fc_in.visit_mut(&join(p, "fc_in"), f);
-        self.fc_out.visit_mut(&join(p, "fc_out"), f);
-    }
-    fn visit_linears(&self, p: &str, f: &mut dyn FnMut(&str, &Linear<B>)) {
-        self.fc_in.visit_linears(&join(p, "fc_in"), f);
-        self.fc_out.visit_linears(&join(p, "fc_out"), f);
-    }
-    fn visit_linears_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Linear<B>)) {
-        self.fc_in.visit_linears_mut(&join(p, "fc_in"), f);
-        self.fc_out.visit_linears_mut(&join(p, "fc_out"), f);
-    }
-}
+crate::module!(Mlp { fc_in: "fc_in", fc_out: "fc_out" });
 
 /// `down_proj(act(gate_proj(x)) * up_proj(x))` (LLaMA, T5 v1.1).
 #[derive(Debug, Clone)]
@@ -78,25 +61,4 @@ impl<B: Backend> GatedMlp<B> {
     }
 }
 
-impl<B: Backend> Module<B> for GatedMlp<B> {
-    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
-        self.gate_proj.visit(&join(p, "gate_proj"), f);
-        self.up_proj.visit(&join(p, "up_proj"), f);
-        self.down_proj.visit(&join(p, "down_proj"), f);
-    }
-    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
-        self.gate_proj.visit_mut(&join(p, "gate_proj"), f);
-        self.up_proj.visit_mut(&join(p, "up_proj"), f);
-        self.down_proj.visit_mut(&join(p, "down_proj"), f);
-    }
-    fn visit_linears(&self, p: &str, f: &mut dyn FnMut(&str, &Linear<B>)) {
-        self.gate_proj.visit_linears(&join(p, "gate_proj"), f);
-        self.up_proj.visit_linears(&join(p, "up_proj"), f);
-        self.down_proj.visit_linears(&join(p, "down_proj"), f);
-    }
-    fn visit_linears_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Linear<B>)) {
-        self.gate_proj.visit_linears_mut(&join(p, "gate_proj"), f);
-        self.up_proj.visit_linears_mut(&join(p, "up_proj"), f);
-        self.down_proj.visit_linears_mut(&join(p, "down_proj"), f);
-    }
-}
+crate::module!(GatedMlp { gate_proj: "gate_proj", up_proj: "up_proj", down_proj: "down_proj" });
