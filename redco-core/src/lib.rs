@@ -25,6 +25,7 @@
 pub mod autograd;
 pub mod backend;
 pub mod cpu;
+pub mod display;
 pub mod dist;
 pub mod dtype;
 pub mod error;

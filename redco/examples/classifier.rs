@@ -101,6 +101,7 @@ fn write_jsonl(path: &std::path::Path, n: usize, seed: u64) -> std::io::Result<(
 }
 
 fn main() -> Result<()> {
+    redco::cpu::malloc::tune();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mesh = args.first().map_or("2x1", String::as_str).parse()?;
     let steps: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(150);

@@ -68,6 +68,7 @@ fn loss_fn(ctx: &StepCtx<Cpu>, m: &Lm<Cpu>, batch: &Batch<Cpu>) -> Result<Tensor
 }
 
 fn main() -> Result<()> {
+    redco::cpu::malloc::tune();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mesh = args.first().map_or("1x2", String::as_str).parse()?;
     let steps: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(60);

@@ -30,6 +30,7 @@ fn loss_fn(_ctx: &StepCtx<Cpu>, model: &Lm<Cpu>, batch: &Batch<Cpu>) -> Result<T
 }
 
 fn main() -> Result<()> {
+    redco::cpu::malloc::tune();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mesh = args.first().map_or("2x2", String::as_str).parse()?;
     let steps: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(300);

@@ -217,6 +217,7 @@ fn train(
 }
 
 fn main() -> Result<()> {
+    redco::cpu::malloc::tune();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let first_order = args.iter().any(|a| a == "--first-order");
     let pos: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();

@@ -299,6 +299,7 @@ fn evaluate(b: &Cpu, m: &ActorCritic<Cpu>, seed: u64) -> Result<f64> {
 }
 
 fn main() -> Result<()> {
+    redco::cpu::malloc::tune();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let seed: u64 = args.first().and_then(|s| s.parse().ok()).unwrap_or(0);
     let budget: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(200_000);

@@ -81,6 +81,8 @@ fn command() -> clap::Command {
 }
 
 fn main() -> ExitCode {
+    // a program's choice, before any thread starts (see redco_core::cpu::malloc)
+    redco_core::cpu::malloc::tune();
     let cli = match Cli::from_arg_matches(&command().get_matches()) {
         Ok(c) => c,
         Err(e) => e.exit(),

@@ -40,6 +40,8 @@ use std::process::ExitCode;
 static ALLOC: redco_core::cpu::LargeBlocks = redco_core::cpu::LargeBlocks::new();
 
 fn main() -> ExitCode {
+    // a program's choice, before any thread starts (see redco_core::cpu::malloc)
+    redco_core::cpu::malloc::tune();
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let result = match argv.first().map(String::as_str) {
         Some("test") => test::run(&argv[1..]),

@@ -5,12 +5,17 @@
 //! training step faults its pages in again and the kernel zeroes them: measured on the
 //! bench LLaMA, page faults were 15% of the first training steps' time, and every later
 //! step faulted in 60-230 MB again, because each thread's arena gives a heap back to the
-//! system as soon as it is empty. The CPU backend therefore serves buffers up to 32 MiB
-//! (the largest glibc allows) from one heap shared by all threads (tensor ops allocate
-//! rarely, so its lock is not contended), trimmed only above 256 MiB of free memory: a
-//! training step then faults in under 2 MB, and peak memory no longer varies with which
-//! thread freed what. Set `REDCO_MALLOC_TUNE=0` to leave the allocator as it is (for
-//! example when the program installs its own allocator or settings).
+//! system as soon as it is empty. [`tune`] therefore serves buffers up to 32 MiB (the
+//! largest glibc allows) from one heap shared by all threads (tensor ops allocate rarely,
+//! so its lock is not contended), trimmed only above 256 MiB of free memory: a training
+//! step then faults in under 2 MB, and peak memory no longer varies with which thread
+//! freed what.
+//!
+//! These are settings of the whole process, so the library never applies them by itself:
+//! a program calls [`tune`] once at start (the `redco` command, the benchmarks and the
+//! examples do), before it starts threads; an embedder with its own allocator leaves it
+//! out. `REDCO_MALLOC_TUNE=0` makes [`tune`] do nothing (to compare, or to override a
+//! program that calls it).
 //!
 //! [`advise_huge_pages`] asks Linux for transparent huge pages on large fresh buffers (GEMM
 //! outputs, packed GEMM operands), where walking a big matrix row by row otherwise misses
@@ -82,8 +87,16 @@ pub(crate) fn advise_mapping(ptr: *const u8, bytes: usize) {
     let _ = (ptr, bytes);
 }
 
-/// Applies the settings once per process (unless `REDCO_MALLOC_TUNE=0`); returns whether
-/// they are in effect.
+/// Applies the allocator settings (see the module documentation) once per process, unless
+/// `REDCO_MALLOC_TUNE=0`; returns whether they are in effect. Call it at the start of a
+/// program, before other threads allocate.
+///
+/// ```
+/// fn main() {
+///     redco_core::cpu::malloc::tune();
+///     // ... build backends and train
+/// }
+/// ```
 pub fn tune() -> bool {
     static DONE: OnceLock<bool> = OnceLock::new();
     *DONE.get_or_init(|| allowed() && apply())

@@ -251,8 +251,6 @@ pub fn spmd_cpu<R: Send, F>(mesh: Mesh, opts: &SpmdOptions, f: F) -> Result<Vec<
 where
     F: Fn(&Rank<Cpu>) -> Result<R> + Sync,
 {
-    // before the rank threads start, so that they share the tuned heap
-    crate::cpu::malloc::tune();
     spmd(mesh, opts, |_, t| Cpu::try_new(t), f)
 }
 

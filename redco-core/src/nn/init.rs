@@ -18,8 +18,14 @@ impl Init {
     /// A new variable of `shape` filled from `seed`.
     pub fn var<B: Backend>(self, b: &B, shape: impl Into<Shape>, dtype: DType, seed: u64) -> Result<Tensor<B>> {
         let shape = shape.into();
-        let n = shape.elem_count() as u64;
-        let v: Vec<f64> = match self {
+        let v = self.values(shape.elem_count(), seed);
+        Ok(Tensor::from_host(b, &HostData::from_f64(&v, dtype), shape)?.into_var())
+    }
+
+    /// The first `n` values of this fill for `seed` (value `i` depends only on `(seed, i)`).
+    pub fn values(self, n: usize, seed: u64) -> Vec<f64> {
+        let n = n as u64;
+        match self {
             Init::Const(c) => vec![c; n as usize],
             Init::Uniform(a) => (0..n).map(|i| (2.0 * uniform_at(seed, i) - 1.0) * a).collect(),
             Init::Normal(s) => (0..n)
@@ -29,7 +35,6 @@ impl Init {
                     s * (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
                 })
                 .collect(),
-        };
-        Ok(Tensor::from_host(b, &HostData::from_f64(&v, dtype), shape)?.into_var())
+        }
     }
 }

@@ -157,6 +157,16 @@ pub trait ModuleExt<B: Backend>: Module<B> {
         self.visit("", &mut |n, t| v.push((n.to_string(), t.clone())));
         v
     }
+    /// The parameter called `name` (as [`ModuleExt::named_parameters`] names it), if any.
+    fn parameter(&self, name: &str) -> Option<Tensor<B>> {
+        let mut found = None;
+        self.visit("", &mut |n, t| {
+            if found.is_none() && n == name {
+                found = Some(t.clone());
+            }
+        });
+        found
+    }
     /// `(name, tensor)` for every parameter that trains (a variable), in visiting order.
     fn trainable_parameters(&self) -> Vec<(String, Tensor<B>)> {
         let mut v = Vec::new();

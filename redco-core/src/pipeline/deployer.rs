@@ -25,9 +25,6 @@ pub struct Deployer<B: Backend = Cpu> {
     make_backend: Arc<MakeBackend<B>>,
     /// The transport: which ranks run here and how they talk (threads by default).
     comm: Arc<dyn CommFactory<B>>,
-    /// Process-wide setup run once before the rank threads start (the CPU backend's
-    /// allocator settings, which the ranks' threads must share).
-    before_ranks: Option<fn()>,
 }
 
 impl<B: Backend> Clone for Deployer<B> {
@@ -39,7 +36,6 @@ impl<B: Backend> Clone for Deployer<B> {
             opts: self.opts.clone(),
             make_backend: self.make_backend.clone(),
             comm: self.comm.clone(),
-            before_ranks: self.before_ranks,
         }
     }
 }
@@ -57,16 +53,10 @@ impl<B: Backend> std::fmt::Debug for Deployer<B> {
     }
 }
 
-fn tune_cpu_heap() {
-    crate::cpu::malloc::tune();
-}
-
 impl Deployer<Cpu> {
     /// A deployer on CPU ranks that share the machine's cores; creates `workdir`.
     pub fn new(mesh: Mesh, seed: u64, workdir: &Path) -> Result<Self> {
-        let mut d = Deployer::with_backend(mesh, seed, workdir, |_, threads| Cpu::try_new(threads))?;
-        d.before_ranks = Some(tune_cpu_heap);
-        Ok(d)
+        Deployer::with_backend(mesh, seed, workdir, |_, threads| Cpu::try_new(threads))
     }
 }
 
@@ -88,7 +78,6 @@ impl<B: Backend> Deployer<B> {
             opts: SpmdOptions::default(),
             make_backend: Arc::new(make_backend),
             comm: Arc::new(Threads::new()),
-            before_ranks: None,
         })
     }
 
@@ -131,9 +120,6 @@ impl<B: Backend> Deployer<B> {
     /// ranks' results in rank order (every rank's with threads, this process's one with a
     /// process per rank).
     pub fn run<R: Send>(&self, f: impl Fn(&Rank<B>) -> Result<R> + Sync) -> Result<Vec<R>> {
-        if let Some(setup) = self.before_ranks {
-            setup();
-        }
         spmd_with(&*self.comm, self.mesh, &self.opts, |rank, threads| (self.make_backend)(rank, threads), f)
     }
 }
