@@ -32,6 +32,7 @@ pub mod error;
 pub mod nn;
 pub mod ops;
 pub mod optim;
+#[cfg(feature = "pipeline")]
 pub mod pipeline;
 pub mod placement;
 pub mod shape;

@@ -209,6 +209,8 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     if !args.has("no-lint") {
         cargo(&["fmt", "--all", "--check"])?;
         cargo(&["clippy", "--workspace", "--all-targets", "--features", FEATURES, "--", "-D", "warnings"])?;
+        // the core as an embedder takes it: without the pipeline's dependencies
+        cargo(&["clippy", "-p", "redco-core", "--no-default-features", "--all-targets", "--", "-D", "warnings"])?;
         cargo_env(&["doc", "--workspace", "--no-deps", "--features", FEATURES], &[("RUSTDOCFLAGS", "-D warnings")])?;
     }
     let nextest = has_nextest();

@@ -3,7 +3,7 @@
 //!
 //! Threads (every rank in this process, meeting at a [`Hub`]) are the implementation in
 //! core; MPI (`redco-mpi`, one rank per process), NCCL (`redco-cuda`) and PJRT
-//! (`redco-tpu`) are others, each in its own crate. A [`Deployer`](crate::pipeline::Deployer)
+//! (`redco-tpu`) are others, each in its own crate. A `pipeline::Deployer`
 //! holds one, so the same trainer runs whatever the transport.
 
 use super::collective::Collective;

@@ -19,7 +19,7 @@ use std::sync::Arc;
 /// models.
 pub const DEFAULT_TARGETS: &str = r".*\.(q_proj|v_proj|q|v)";
 
-/// The [`crate::pipeline::StepCtx::rng`] site for the dropout seed a `loss_fn` hands
+/// The `pipeline::StepCtx::rng` site for the dropout seed a `loss_fn` hands
 /// [`set_dropout_seed`].
 pub const DROPOUT_SITE: u64 = 0x4c6f_5241;
 
