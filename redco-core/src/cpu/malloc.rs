@@ -92,10 +92,9 @@ pub(crate) fn advise_mapping(ptr: *const u8, bytes: usize) {
 /// program, before other threads allocate.
 ///
 /// ```
-/// fn main() {
-///     redco_core::cpu::malloc::tune();
-///     // ... build backends and train
-/// }
+/// // first thing in main, before any thread starts
+/// let tuned = redco_core::cpu::malloc::tune();
+/// # let _ = tuned;
 /// ```
 pub fn tune() -> bool {
     static DONE: OnceLock<bool> = OnceLock::new();
