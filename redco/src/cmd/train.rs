@@ -2,7 +2,7 @@
 //! text or the bundled synthetic corpus (a T5 on JSONL pairs: [`super::seq2seq`]), split over a DP x MP mesh of ranks (CPU threads
 //! sharing the cores, or one wgpu device each with `--backend wgpu`), through the three
 //! functions. The workdir ends up a Hugging Face model directory (config.json,
-//! model.safetensors, tokenizer) beside metrics.jsonl, loss.png and checkpoints/.
+//! model.safetensors, tokenizer) beside metrics.jsonl, tensorboard/, loss.png, redco.log and checkpoints/.
 
 use super::check;
 use super::common;

@@ -155,7 +155,8 @@ fn expected(steps: impl Iterator<Item = u64>) -> BTreeMap<String, Vec<(i64, f32)
     let mut out: BTreeMap<String, Vec<(i64, f32)>> = BTreeMap::new();
     for s in steps {
         let x = m(s);
-        let vals = [("loss", x.loss), ("learning_rate", x.lr), ("grad_norm", x.grad_norm), ("tokens_per_s", x.tokens_per_s)];
+        let vals =
+            [("loss", x.loss), ("learning_rate", x.lr), ("grad_norm", x.grad_norm), ("tokens_per_s", x.tokens_per_s)];
         for (tag, v) in vals.into_iter().chain(x.eval.map(|e| ("eval", e))).filter(|(_, v)| v.is_finite()) {
             out.entry(tag.to_string()).or_default().push((s as i64, v as f32));
         }

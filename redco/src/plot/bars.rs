@@ -15,8 +15,8 @@ const ROW: i32 = 28;
 const MIN_W: i32 = 900;
 const BAR_SPAN: i32 = 520;
 const TITLE: f64 = 26.0;
-const HEADER: f64 = 17.0;
-const LABEL: f64 = 15.0;
+const HEADER: f64 = 19.0;
+const LABEL: f64 = 17.0;
 
 /// Draws a grouped horizontal bar chart to a PNG: `title` on top, then for each group (a
 /// metric, e.g. "train tok/s") its name and one bar per `(label, value)` (a system, e.g.
@@ -123,7 +123,10 @@ fn draw<DB: DrawingBackend>(
                 let x = px(*v);
                 let (a, b) = (zero.min(x), zero.max(x).max(zero.min(x) + 1));
                 let i = l.labels.iter().position(|x| x == label).unwrap_or(0);
-                root.draw(&Rectangle::new([(a, mid - BAR / 2), (b, mid + BAR / 2)], SERIES[i % SERIES.len()].filled()))?;
+                root.draw(&Rectangle::new(
+                    [(a, mid - BAR / 2), (b, mid + BAR / 2)],
+                    SERIES[i % SERIES.len()].filled(),
+                ))?;
                 end = b;
             }
             root.draw(&Text::new(value_label(*v), (end + 8, mid), text(LABEL, &MUTED, HPos::Left)))?;

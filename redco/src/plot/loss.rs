@@ -4,6 +4,7 @@ use super::style::{self, BLUE, FAMILY, GRID, MUTED, ORANGE, RED, TEXT};
 use super::{draw_err, Rgb};
 use plotters::chart::SeriesLabelPosition;
 use plotters::coord::Shift;
+use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use redco_core::pipeline::metrics::StepMetrics;
 use redco_core::Result;
@@ -64,7 +65,13 @@ impl Curves {
             title.push_str(&format!("     final eval {} at step {s}", style::loss(v)));
         }
         let (lo, hi) = range(ms.iter().map(|m| m.step as f64));
-        let steps = if hi > lo { (lo, hi) } else if lo.is_finite() { ((lo - 1.0).max(0.0), hi + 1.0) } else { (0.0, 1.0) };
+        let steps = if hi > lo {
+            (lo, hi)
+        } else if lo.is_finite() {
+            ((lo - 1.0).max(0.0), hi + 1.0)
+        } else {
+            (0.0, 1.0)
+        };
         Curves {
             loss: finite(|m| Some(m.loss)),
             eval: finite(|m| m.eval),
@@ -87,7 +94,7 @@ fn draw<DB: DrawingBackend>(
     let (lrlo, lrhi) = range(c.lr.iter().map(|p| p.1));
     let (lrlo, lrhi) = if has_lr { padded((lrlo.min(0.0), lrhi), 0.03) } else { (0.0, 1.0) };
     let mut chart = ChartBuilder::on(root)
-        .caption(&c.title, (FAMILY, 21.0, &TEXT))
+        .caption(&c.title, (FAMILY, 23.0, &TEXT))
         .margin(14)
         .x_label_area_size(52)
         .y_label_area_size(76)
@@ -98,8 +105,8 @@ fn draw<DB: DrawingBackend>(
         .configure_mesh()
         .x_desc("step")
         .y_desc("loss")
-        .axis_desc_style((FAMILY, 17.0, &TEXT))
-        .label_style((FAMILY, 15.0, &MUTED))
+        .axis_desc_style((FAMILY, 19.0, &TEXT))
+        .label_style((FAMILY, 17.0, &MUTED))
         .bold_line_style(GRID)
         .light_line_style(TRANSPARENT)
         .x_labels(9)
@@ -111,8 +118,8 @@ fn draw<DB: DrawingBackend>(
         chart
             .configure_secondary_axes()
             .y_desc("learning rate")
-            .axis_desc_style((FAMILY, 17.0, &RED))
-            .label_style((FAMILY, 15.0, &MUTED))
+            .axis_desc_style((FAMILY, 19.0, &RED))
+            .label_style((FAMILY, 17.0, &MUTED))
             .y_labels(9)
             .y_label_formatter(&|v| style::exp(*v))
             .draw()?;
@@ -146,15 +153,12 @@ fn draw<DB: DrawingBackend>(
     if !c.eval.is_empty() {
         let pts = thin(&c.eval);
         let markers = pts.len() <= MAX_MARKERS;
-        chart
-            .draw_series(LineSeries::new(pts.clone(), ORANGE.stroke_width(2)))?
-            .label("eval")
-            .legend(move |(x, y)| {
-                let marker = if markers { 4 } else { 0 };
-                EmptyElement::at((x, y))
-                    + PathElement::new(vec![(0, 0), (26, 0)], ORANGE.stroke_width(2))
-                    + Circle::new((13, 0), marker, ORANGE.filled())
-            });
+        chart.draw_series(LineSeries::new(pts.clone(), ORANGE.stroke_width(2)))?.label("eval").legend(move |(x, y)| {
+            let marker = if markers { 4 } else { 0 };
+            EmptyElement::at((x, y))
+                + PathElement::new(vec![(0, 0), (26, 0)], ORANGE.stroke_width(2))
+                + Circle::new((13, 0), marker, ORANGE.filled())
+        });
         if markers {
             chart.draw_series(pts.iter().map(|p| Circle::new(*p, 5, WHITE.filled())))?;
             chart.draw_series(pts.iter().map(|p| Circle::new(*p, 4, ORANGE.filled())))?;
@@ -171,7 +175,7 @@ fn draw<DB: DrawingBackend>(
             .position(legend_corner(c, (xlo, xhi), (ylo, yhi), (lrlo, lrhi)))
             .margin(14)
             .legend_area_size(34)
-            .label_font((FAMILY, 15.0, &TEXT))
+            .label_font((FAMILY, 17.0, &TEXT))
             .background_style(WHITE.mix(0.92))
             .border_style(RGBColor(200, 200, 200))
             .draw()?;

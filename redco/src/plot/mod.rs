@@ -61,9 +61,8 @@ impl Rgb {
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let name = path.file_name().map_or_else(|| "plot".into(), |f| f.to_string_lossy().to_string());
     let tmp = path.with_file_name(format!(".{name}.{}.part", std::process::id()));
-    let written = std::fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(bytes))
-        .and_then(|()| std::fs::rename(&tmp, path));
+    let written =
+        std::fs::File::create(&tmp).and_then(|mut f| f.write_all(bytes)).and_then(|()| std::fs::rename(&tmp, path));
     written.map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         Error::invalid("plot", format!("cannot write {}: {e}", path.display()))

@@ -61,7 +61,15 @@ pub fn compact(v: f64) -> String {
         let (d, s) = if a >= 1e6 { (1e6, "M") } else { (1e3, "k") };
         return format!("{}{s}", trim(format!("{:.1}", v / d)));
     }
-    let decimals = if a >= 100.0 { 0 } else if a >= 10.0 { 1 } else if a >= 1.0 { 2 } else { 3 };
+    let decimals = if a >= 100.0 {
+        0
+    } else if a >= 10.0 {
+        1
+    } else if a >= 1.0 {
+        2
+    } else {
+        3
+    };
     trim(format!("{v:.decimals$}"))
 }
 

@@ -58,11 +58,8 @@ fn rank_zero_calls_each_hook_and_a_resumed_run_reports_the_whole_curve() {
     cfg.checkpoint_every = Some(2);
     let rec = Recorder::default();
     let calls = Arc::new(Mutex::new(0));
-    let r = trainer(cfg.clone())
-        .observe(rec.clone())
-        .observe(Failing(0, calls.clone()))
-        .fit(&dep, &data, false)
-        .unwrap();
+    let r =
+        trainer(cfg.clone()).observe(rec.clone()).observe(Failing(0, calls.clone())).fit(&dep, &data, false).unwrap();
     assert_eq!(
         *rec.0.lock().unwrap(),
         ["start 0 4", "step 1", "step 2", "step 3", "step 4", "end 1,2,3,4"],
