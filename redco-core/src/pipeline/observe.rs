@@ -27,8 +27,8 @@
 //! An observer is a view of the run, never its record: `metrics.jsonl` and the checkpoints
 //! are. So a failing observer (a full disk under its event file, a plot it cannot write)
 //! does not stop hours of training: its error is logged as a `tracing` warning naming the
-//! observer and the hook, the observer is detached for the rest of the run (no flood of the
-//! same warning every step, and no later hook on a half-written state), and the error is
+//! observer and the hook, the observer is detached from the trainer (no flood of the same
+//! warning every step, and no later hook on a half-written state), and the error is
 //! listed in [`FitReport::observer_errors`](super::FitReport::observer_errors), where a
 //! caller that needs the observer's output can make it fatal. Everything an observer
 //! shows can be rebuilt from `metrics.jsonl` afterwards.

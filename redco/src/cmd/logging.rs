@@ -1,6 +1,7 @@
 //! The command line's logs: the library's `tracing` events on stderr (warnings and errors
-//! by default) and, once a command names its workdir, appended to `<workdir>/redco.log`
-//! (info and above by default). `RUST_LOG` (an `EnvFilter`: `info`, `debug`,
+//! by default) and, once a command has claimed its workdir, appended to
+//! `<workdir>/redco.log` (info and above by default; under a launcher by the leader process
+//! only, as it writes the run's other files). `RUST_LOG` (an `EnvFilter`: `info`, `debug`,
 //! `redco_core=debug,warn`, `off`, ...) sets both.
 
 use std::fs::{File, OpenOptions};

@@ -7,6 +7,7 @@ use redco_core::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// `tensorflow.Event` (tensorflow/core/util/event.proto), with the members of its `what`
@@ -73,12 +74,16 @@ pub struct EventWriter {
 
 impl EventWriter {
     /// Creates `dir` and a new event file in it,
-    /// `events.out.tfevents.<seconds>.<host>.<pid>`, starting with the file-version event.
+    /// `events.out.tfevents.<seconds>.<host>.<pid>.<n>` (`n` counts the files this process
+    /// made, so two runs in one second get two files), starting with the file-version event.
     pub fn create(dir: &Path) -> Result<Self> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
         std::fs::create_dir_all(dir).map_err(|e| io("cannot create", dir, e))?;
         let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let path = dir.join(format!("events.out.tfevents.{secs}.{}.{}", host(), std::process::id()));
-        let file = OpenOptions::new().create(true).append(true).open(&path).map_err(|e| io("cannot open", &path, e))?;
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!("events.out.tfevents.{secs}.{}.{}.{n}", host(), std::process::id()));
+        let file =
+            OpenOptions::new().create_new(true).append(true).open(&path).map_err(|e| io("cannot create", &path, e))?;
         let mut w = EventWriter { file, path };
         let first = Event { wall_time: now(), step: 0, file_version: Some(FILE_VERSION.into()), summary: None };
         w.write(&first)?;

@@ -54,7 +54,7 @@ pub fn compact(v: f64) -> String {
     if v == 0.0 {
         return "0".into();
     }
-    if a >= 1e7 || a < 1e-3 {
+    if !(1e-3..1e7).contains(&a) {
         return exp(v);
     }
     if a >= 1e4 {
