@@ -49,12 +49,10 @@ fn main() -> Result<()> {
     let eval_fn = |_: &StepCtx<Cpu>, m: &Lm<Cpu>, b: &Batch<Cpu>| {
         m.loss(&b["input_ids"], &b["labels"], None)?.replicate()?.to_scalar()
     };
-    let trainer = Trainer::new(|b| Lm::new(b, MODEL, DType::F32, 0), collate_fn, loss_fn, config).with_eval(
-        corpus.sequences(1 << 20, 64),
-        eval_fn,
-        100,
-        true,
-    );
+    // the facade's observers: TensorBoard scalars, loss.png, and a progress bar on a terminal
+    let trainer = Trainer::new(|b| Lm::new(b, MODEL, DType::F32, 0), collate_fn, loss_fn, config)
+        .with_eval(corpus.sequences(1 << 20, 64), eval_fn, 100, true)
+        .observe_all(redco::observe::standard());
     let deployer = Deployer::new(mesh, 42, &workdir)?;
     println!("{}", trainer.plan(&deployer, &train)?);
     let report = trainer.fit(&deployer, &train, true)?;
@@ -71,6 +69,6 @@ fn main() -> Result<()> {
         println!("held-out loss {e:.4} = {:.1}% above the entropy", 100.0 * (e / corpus.entropy() - 1.0));
     }
     let w = workdir.display();
-    println!("wrote {w}/metrics.jsonl, {w}/loss.png, {w}/checkpoints/, {w}/model.safetensors");
+    println!("wrote {w}/metrics.jsonl, {w}/tensorboard/, {w}/loss.png, {w}/checkpoints/, {w}/model.safetensors");
     Ok(())
 }

@@ -6,6 +6,10 @@
 //! processes, as `redco::mpi`); `tpu` (the PJRT backend: TPUs, and GPUs and CPUs through
 //! XLA's plugins, as `redco::tpu`); `cuda` arrives with its crate. The `redco`
 //! command-line program (train, generate, plan, eval-dump, convert, info) is built on it.
+//!
+//! What core leaves to front ends is here too: [`observe`] (TensorBoard event files, a
+//! progress bar and the loss plot, as observers of a training run; `observe::standard()`
+//! installs them) and [`plot`] (PNG charts with plotters and a bundled font).
 
 pub use redco_core as core;
 pub use redco_core::*;
@@ -14,6 +18,8 @@ pub use redco_core::{cpu, dist, nn, optim, pipeline};
 #[cfg(feature = "cuda")]
 pub use redco_cuda as cuda;
 pub use redco_models as models;
+pub mod observe;
+pub mod plot;
 /// The wgpu backend ([`redco_wgpu`]), with the `wgpu` feature.
 #[cfg(feature = "wgpu")]
 pub use redco_wgpu as wgpu;

@@ -26,8 +26,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Train a LLaMA (a built-in preset or a Hugging Face directory) on JSONL text or the
-    /// bundled synthetic corpus, split over a DP x MP mesh; writes metrics, a loss plot,
-    /// checkpoints and the trained model (a Hugging Face directory) into the workdir.
+    /// bundled synthetic corpus, split over a DP x MP mesh; writes metrics, TensorBoard
+    /// scalars, a loss plot, a log (redco.log), checkpoints and the trained model (a Hugging
+    /// Face directory) into the workdir.
     Train(Box<cmd::train::TrainArgs>),
     /// Generate text from a Hugging Face model directory: one prompt streams token by token,
     /// several run as a left-padded batch; greedy, or sampled with temperature/top-k/top-p.
@@ -53,27 +54,6 @@ enum Command {
     },
 }
 
-/// The library's log events on stderr: warnings (a checkpoint without checksums, a
-/// resume with nothing to resume, skipped steps) and errors by default; `RUST_LOG=info`,
-/// `debug` or `trace` shows more, `RUST_LOG=off` nothing.
-fn init_logging() {
-    let level = match std::env::var("RUST_LOG").map(|v| v.trim().to_ascii_lowercase()).as_deref() {
-        Ok("off") => tracing::level_filters::LevelFilter::OFF,
-        Ok("error") => tracing::level_filters::LevelFilter::ERROR,
-        Ok("info") => tracing::level_filters::LevelFilter::INFO,
-        Ok("debug") => tracing::level_filters::LevelFilter::DEBUG,
-        Ok("trace") => tracing::level_filters::LevelFilter::TRACE,
-        _ => tracing::level_filters::LevelFilter::WARN,
-    };
-    let _ = tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .without_time()
-        .with_ansi(false)
-        .try_init();
-}
-
 /// The command line, with `--version` naming the git revision and the compiled backends.
 fn command() -> clap::Command {
     let version: &'static str = Box::leak(cmd::info::version().into_boxed_str());
@@ -87,7 +67,7 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
-    init_logging();
+    cmd::logging::init();
     #[cfg(feature = "tpu")]
     cmd::pjrt::set_plugin(cli.pjrt_plugin.clone());
     if let Err(e) = cmd::launch::init() {

@@ -40,6 +40,16 @@ fn a_short_tensor_parallel_run_writes_everything_and_its_model_generates_and_con
         assert!(w.join(f).exists(), "{f} missing:\n{out}");
     }
     assert!(w.join("checkpoints/step-00000040/manifest.json").exists());
+    // the CLI's observers and log: TensorBoard scalars, the loss plot (a PNG), redco.log
+    let png = std::fs::read(w.join("loss.png")).unwrap();
+    assert_eq!(&png[1..4], b"PNG", "the loss plot is a PNG");
+    let events: Vec<_> = std::fs::read_dir(w.join("tensorboard")).unwrap().flatten().collect();
+    assert_eq!(events.len(), 1, "one event file");
+    assert!(events[0].file_name().to_string_lossy().starts_with("events.out.tfevents."));
+    assert!(events[0].metadata().unwrap().len() > 40 * 50, "40 steps of scalars");
+    let log = std::fs::read_to_string(w.join("redco.log")).unwrap();
+    assert!(log.contains("redco started") && log.contains("checkpoint saved"), "{log}");
+    assert!(err.contains("step 40/40"), "plain progress lines when stderr is not a terminal:\n{err}");
     assert!(out.contains("sample:") && out.contains("wrote:"), "{out}");
     // the loss falls: the mean of the last 10 logged losses is well below the first
     let losses: Vec<f64> = std::fs::read_to_string(w.join("metrics.jsonl"))

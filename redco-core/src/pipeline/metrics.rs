@@ -1,8 +1,8 @@
-//! Metrics: one JSONL line per optimizer step, and a progress line for humans.
+//! Metrics: one JSONL line per optimizer step, and plain progress lines for humans.
 
 use crate::{Error, Result};
 use std::fs::{File, OpenOptions};
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
@@ -26,56 +26,40 @@ pub struct StepMetrics {
     pub eval: Option<f64>,
 }
 
-/// Appends metrics to `metrics.jsonl` and prints progress (a progress bar with ETA on a
-/// terminal, plain lines otherwise, as in CI).
+/// Appends metrics to `metrics.jsonl` and, when asked, prints a plain progress line every
+/// `every` steps on stderr (a front end that draws a progress bar turns them off; see
+/// [`TrainObserver`](super::observe::TrainObserver)).
 pub struct MetricsLog {
     file: File,
     start: Instant,
     total: u64,
-    tty: bool,
-    every: u64,
+    every: Option<u64>,
 }
 
 impl MetricsLog {
-    /// Opens (appending) `<workdir>/metrics.jsonl`.
-    pub fn open(workdir: &Path, total: u64, every: u64) -> Result<Self> {
+    /// Opens (appending) `<workdir>/metrics.jsonl`, for a run of `total` steps; with
+    /// `lines`, a progress line is printed every `every` steps and at the last.
+    pub fn open(workdir: &Path, total: u64, every: u64, lines: bool) -> Result<Self> {
         let path = workdir.join("metrics.jsonl");
         let file = OpenOptions::new()
             .create(true)
             .append(true)
             .open(&path)
             .map_err(|e| Error::invalid("metrics", format!("cannot open {}: {e}", path.display())))?;
-        Ok(MetricsLog { file, start: Instant::now(), total, tty: std::io::stderr().is_terminal(), every: every.max(1) })
+        Ok(MetricsLog { file, start: Instant::now(), total, every: lines.then_some(every.max(1)) })
     }
 
-    /// Records one step.
+    /// Records one step (`first_step`: the step the run started from, for the ETA).
     pub fn log(&mut self, m: &StepMetrics, first_step: u64) -> Result<()> {
         let line = serde_json::to_string(m).map_err(|e| Error::invalid("metrics", e.to_string()))?;
         writeln!(self.file, "{line}").map_err(|e| Error::invalid("metrics", e.to_string()))?;
-        let done = m.step - first_step;
-        let left = self.total.saturating_sub(m.step);
-        let eta = if done > 0 { self.start.elapsed().as_secs_f64() / done as f64 * left as f64 } else { 0.0 };
-        if self.tty {
-            let w = 30usize;
-            let fill = (w as f64 * m.step as f64 / self.total.max(1) as f64) as usize;
+        let Some(every) = self.every else { return Ok(()) };
+        if m.step.is_multiple_of(every) || m.step == self.total {
+            let done = m.step.saturating_sub(first_step);
+            let left = self.total.saturating_sub(m.step);
+            let eta = if done > 0 { self.start.elapsed().as_secs_f64() / done as f64 * left as f64 } else { 0.0 };
             // progress is for a human watching: a closed or failing stderr is not the run's
             // failure, so its write errors are ignored
-            let _ = write!(
-                std::io::stderr(),
-                "\r[{}{}] {}/{} loss {:.4} lr {:.2e} {:.0} tok/s ETA {:.0}s   ",
-                "#".repeat(fill.min(w)),
-                " ".repeat(w - fill.min(w)),
-                m.step,
-                self.total,
-                m.loss,
-                m.lr,
-                m.tokens_per_s,
-                eta
-            );
-            if m.step == self.total {
-                let _ = writeln!(std::io::stderr());
-            }
-        } else if m.step.is_multiple_of(self.every) || m.step == self.total {
             let _ = writeln!(
                 std::io::stderr(),
                 "step {}/{} loss {:.4} lr {:.3e} grad_norm {:.3} {:.0} tok/s eta {:.0}s",

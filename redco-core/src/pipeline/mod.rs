@@ -1,6 +1,7 @@
 //! The three-function pipeline: a [`Deployer`] (mesh, seed, workdir), a [`Trainer`] built
 //! from `collate_fn`, `loss_fn` and the model, and a [`Predictor`] built from `collate_fn`
-//! and `pred_fn`; with checkpoints, metrics and data sources.
+//! and `pred_fn`; with checkpoints, metrics, data sources and the observer seam
+//! ([`observe::TrainObserver`]) that front ends watch a run through.
 
 pub mod agree;
 pub mod checkpoint;
@@ -9,7 +10,7 @@ pub mod data;
 mod deployer;
 pub mod integrity;
 pub mod metrics;
-pub mod plot;
+pub mod observe;
 mod predictor;
 pub mod synthetic;
 mod train_config;

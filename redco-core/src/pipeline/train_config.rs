@@ -64,8 +64,12 @@ pub struct TrainConfig {
     pub keep_last: usize,
     /// Non-finite losses.
     pub nan: NanPolicy,
-    /// Print a progress line every N steps (when not on a terminal).
+    /// Print a progress line every N steps (with `progress_lines`).
     pub log_every: u64,
+    /// Print plain progress lines on stderr (every `log_every` steps, from the logging
+    /// rank). A front end with its own progress display turns them off, or installs an
+    /// observer that [shows progress](super::observe::TrainObserver::shows_progress).
+    pub progress_lines: bool,
     /// The batch entry whose elements count as tokens for tokens/s.
     pub tokens_key: Option<String>,
     /// Compute dtype: `F32`, or `BF16`/`F16` for mixed precision (half-precision
@@ -107,6 +111,7 @@ impl Default for TrainConfig {
             keep_last: 2,
             nan: NanPolicy::Error,
             log_every: 10,
+            progress_lines: true,
             tokens_key: Some("input_ids".into()),
             compute_dtype: DType::F32,
             loss_scale: (65536.0, 200),

@@ -10,6 +10,7 @@ use super::checkpoint::{export_safetensors, Checkpointer};
 use super::compiled::{pull_state, push_state, CompiledStep, StepCompiler, StepInputs};
 use super::data::Dataset;
 use super::metrics::{MetricsLog, StepMetrics};
+use super::observe::{Observers, TrainObserver};
 use super::train_config::{NanPolicy, OptimizerConfig, TrainConfig};
 use super::workdir::{self, WorkdirLock};
 use super::{Batch, Deployer, StepCtx};
@@ -41,6 +42,9 @@ pub struct FitReport {
     /// The collective calls of each rank run in this process during the training steps,
     /// by mesh rank (every rank with thread ranks, this process's one over processes).
     pub comm: BTreeMap<usize, CommStats>,
+    /// The observers that failed during the run, each as `name (hook): error` (each was
+    /// warned about and detached; the run went on). Empty on ranks that do not log.
+    pub observer_errors: Vec<String>,
 }
 
 type ModelFn<M, B> = Box<dyn Fn(&B) -> Result<M> + Send + Sync>;
@@ -67,6 +71,7 @@ pub struct Trainer<M, E, B: Backend = Cpu> {
     loss_fn: LossFn<M, B>,
     eval: Option<Eval<M, E, B>>,
     compiler: Option<Arc<dyn StepCompiler<M, B>>>,
+    observers: Observers,
     /// Options.
     pub config: TrainConfig,
 }
@@ -109,6 +114,7 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
             loss_fn: Box::new(loss_fn),
             eval: None,
             compiler: None,
+            observers: Observers::default(),
             config,
         }
     }
@@ -135,6 +141,23 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
     /// says so otherwise); `loss_fn` is then what `compiler` traces, once.
     pub fn with_compiled_step(mut self, compiler: Arc<dyn StepCompiler<M, B>>) -> Self {
         self.compiler = Some(compiler);
+        self
+    }
+
+    /// Adds an observer of every run of this trainer (progress bar, TensorBoard, plots: see
+    /// [`TrainObserver`]); the logging rank calls it. Observers are called in the order
+    /// they were added.
+    pub fn observe(mut self, observer: impl TrainObserver + 'static) -> Self {
+        self.observers.push(Box::new(observer));
+        self
+    }
+
+    /// Adds several observers at once ([`Trainer::observe`] for each), e.g. a front end's
+    /// standard set.
+    pub fn observe_all(mut self, observers: impl IntoIterator<Item = Box<dyn TrainObserver>>) -> Self {
+        for o in observers {
+            self.observers.push(o);
+        }
         self
     }
 
@@ -429,7 +452,16 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
             if let Some(cs) = &compiled {
                 push_state(cs.as_ref(), rk.rank, &masters, opt.as_ref())?;
             }
-            let mut log = if rk.rank == 0 { Some(MetricsLog::open(&dep.workdir, cfg.steps, cfg.log_every)?) } else { None };
+            // rank 0 logs: metrics.jsonl, progress lines and the observers
+            let mut observer_errors = Vec::new();
+            let mut log = if rk.rank == 0 {
+                let lines = cfg.progress_lines && !self.observers.shows_progress();
+                let log = MetricsLog::open(&dep.workdir, cfg.steps, cfg.log_every, lines)?;
+                self.observers.each("on_start", &mut observer_errors, |o| o.on_start(&dep.workdir, start, cfg.steps));
+                Some(log)
+            } else {
+                None
+            };
             let mut losses = Vec::new();
             let mut cache = HashMap::new();
             let (d, dp) = (rk.comm.index_along(MeshAxis::Dp), dep.mesh.dp);
@@ -605,6 +637,7 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
                 if let Some(l) = log.as_mut() {
                     let m = StepMetrics { step: done, loss: loss_sum, lr, grad_norm: norm, tokens_per_s: tokens as f64 / dt, step_time_s: dt, eval };
                     l.log(&m, start)?;
+                    self.observers.each("on_step", &mut observer_errors, |o| o.on_step(&m));
                 }
                 let better = match (eval, &self.eval, best) {
                     (Some(v), Some(ev), Some(b)) => if ev.lower_is_better { v < b } else { v > b },
@@ -648,13 +681,13 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
                     by_step.insert(m.step, m);
                 }
                 let curve: Vec<_> = by_step.into_values().collect();
-                super::plot::plot_png(&curve, &dep.workdir.join("loss.png"))?;
+                self.observers.each("on_end", &mut observer_errors, |o| o.on_end(&dep.workdir, &curve));
             }
-            Ok((start, losses, rk.rank, stats))
+            Ok((start, losses, rk.rank, stats, observer_errors))
         })?;
-        let comm: BTreeMap<usize, CommStats> = results.iter().map(|(_, _, r, c)| (*r, c.clone())).collect();
-        let (start_step, losses, rank, _) =
+        let comm: BTreeMap<usize, CommStats> = results.iter().map(|(_, _, r, c, _)| (*r, c.clone())).collect();
+        let (start_step, losses, rank, _, observer_errors) =
             results.into_iter().next().ok_or_else(|| Error::invalid("fit", "no rank ran in this process"))?;
-        Ok(FitReport { start_step, losses, plan, rank, comm })
+        Ok(FitReport { start_step, losses, plan, rank, comm, observer_errors })
     }
 }

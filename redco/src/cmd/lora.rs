@@ -135,6 +135,8 @@ pub fn print_outputs(w: &Path, peft: bool) -> Result<(), String> {
     let mut files = vec![
         ("metrics.jsonl", "metrics, one JSON line per step"),
         ("loss.png", "loss and learning-rate plot"),
+        ("tensorboard", "TensorBoard scalars (tensorboard --logdir DIR)"),
+        ("redco.log", "the run's log"),
         ("checkpoints", "sharded checkpoints (resume with --resume)"),
     ];
     if peft {

@@ -9,6 +9,7 @@ pub mod eval_dump;
 pub mod generate;
 pub mod info;
 pub mod launch;
+pub mod logging;
 pub mod lora;
 pub mod out;
 #[cfg(feature = "tpu")]

@@ -121,6 +121,7 @@ fn trainer<B: Backend>(job: &Job<'_>, config: TrainConfig) -> Trainer<T5<B>, Pai
         job.every,
         true,
     )
+    .observe_all(redco::observe::standard())
 }
 
 /// What every rank's trainer is made from.

@@ -2,7 +2,7 @@
 //! text or the bundled synthetic corpus (a T5 on JSONL pairs: [`super::seq2seq`]), split over a DP x MP mesh of ranks (CPU threads
 //! sharing the cores, or one wgpu device each with `--backend wgpu`), through the three
 //! functions. The workdir ends up a Hugging Face model directory (config.json,
-//! model.safetensors, tokenizer) beside metrics.jsonl, loss.png and checkpoints/.
+//! model.safetensors, tokenizer) beside metrics.jsonl, tensorboard/, loss.png, redco.log and checkpoints/.
 
 use super::check;
 use super::common;
@@ -102,7 +102,8 @@ pub struct TrainArgs {
     /// Save a checkpoint every N steps (and at the end).
     #[arg(long, value_parser = check::count_u64, default_value_t = 100)]
     pub checkpoint_every: u64,
-    /// Where metrics, the loss plot, checkpoints and the trained model go.
+    /// Where metrics, TensorBoard scalars, the loss plot, the log (redco.log),
+    /// checkpoints and the trained model go.
     #[arg(long, default_value = "workdir")]
     pub workdir: PathBuf,
     /// Continue from the newest checkpoint in the workdir (refused when it is corrupt, or
@@ -303,12 +304,9 @@ impl Job {
             }
             Ok(m)
         };
-        Trainer::for_backend(model_fn, collate_fn::<B>, loss_fn::<B>, config).with_eval(
-            self.held_out.clone(),
-            eval_fn::<B>,
-            self.every,
-            true,
-        )
+        Trainer::for_backend(model_fn, collate_fn::<B>, loss_fn::<B>, config)
+            .with_eval(self.held_out.clone(), eval_fn::<B>, self.every, true)
+            .observe_all(redco::observe::standard())
     }
 
     /// The PJRT trainer: the whole step compiled into one program, unless `eager` or the
@@ -479,6 +477,7 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
     }
     if leader {
         claim_workdir(&a, &w, resume, &identity)?;
+        super::logging::log_to(&w.join("redco.log"))?;
     }
 
     // model configuration, tokenizer and data

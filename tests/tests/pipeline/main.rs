@@ -12,6 +12,7 @@ use redco_tests::models::{Config, Lm};
 use std::path::{Path, PathBuf};
 
 mod lora;
+mod observe;
 mod seq2seq;
 mod wgpu;
 
@@ -108,8 +109,6 @@ fn the_language_model_learns_the_corpus_at_1x1_and_2x2() {
         let dep = Deployer::new(mesh.parse().unwrap(), 3, &workdir(&format!("learn-{mesh}"))).unwrap();
         let r = trainer(config(160, 16, 1)).fit(&dep, &train, false).unwrap();
         let ev = eval_loss(&dep, &r, &held);
-        let png = std::fs::read(dep.workdir.join("loss.png")).unwrap();
-        assert_eq!(&png[1..4], b"PNG", "the loss plot is a PNG");
         eprintln!(
             "mesh {mesh}: first loss {:.3}, last {:.3}, eval {ev:.4}, entropy {:.4}",
             r.losses[0],

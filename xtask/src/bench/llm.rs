@@ -507,5 +507,5 @@ fn chart(rows: &[Row], threads: usize, describe: &str, path: &Path) -> Result<()
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
     let title = format!("bench LLaMA 512x6, f32, {threads} threads: {describe}");
-    redco_core::pipeline::plot::bar_chart(&title, &groups, "", path).map_err(|e| e.to_string())
+    redco::plot::bar_chart(&title, &groups, "", path).map_err(|e| e.to_string())
 }
