@@ -3,6 +3,11 @@
 //! decoding, stop tokens, a maximum of new tokens and a per-token streaming callback. Under
 //! tensor parallelism every rank runs the same loop on its shard of the model (the cache
 //! holds its heads) and draws the same tokens from the gathered logits.
+//!
+//! [`generate`] returns the whole [`Generation`]; [`generate_with`] also streams each step's
+//! tokens to a callback. [`GenerationConfig::for_model`] (or [`CausalLm::generation_config`])
+//! starts from the model's own `eos_token_id`s and `pad_token_id`, as transformers'
+//! `model.generate` does; [`BeamConfig::for_model`] does the same for [`generate_beam`].
 
 mod beam;
 mod cache;
@@ -15,15 +20,21 @@ pub use fixed_cache::{FixedKvCache, LayerKv};
 pub use sampling::{argmax, Sampling};
 
 use redco_core::dist::on_backend;
+use crate::hf::config::HfConfig;
 use redco_core::{no_grad, Backend, Error, Result, Tensor};
 
 /// A decoder-only language model that can run step by step over a [`KvCache`].
 pub trait CausalLm<B: Backend> {
     /// The model's configuration.
-    fn config(&self) -> &crate::hf::config::HfConfig;
+    fn config(&self) -> &HfConfig;
     /// The context length, when known: prompts longer than this are refused.
     fn max_positions(&self) -> Option<usize> {
         self.config().max_positions
+    }
+    /// The model's generation defaults: [`GenerationConfig::for_model`] of its config (stop
+    /// at its end-of-sequence tokens, pad with its padding token or else the first of them).
+    fn generation_config(&self) -> GenerationConfig {
+        GenerationConfig::for_model(self.config())
     }
     /// An empty cache sized for this model.
     fn new_cache(&self) -> KvCache<B> {
@@ -80,6 +91,11 @@ pub fn shifted_loss<B: Backend>(logits: &Tensor<B>, labels: &Tensor<B>) -> Resul
 }
 
 /// What to generate.
+///
+/// [`GenerationConfig::default`] knows no model: 8 new tokens, greedy, no stop token, padding
+/// with 0. [`GenerationConfig::for_model`] (or [`CausalLm::generation_config`]) takes the stop
+/// and padding tokens from the model's config; change the other fields with struct update
+/// syntax: `GenerationConfig { max_new_tokens: 32, ..GenerationConfig::for_model(cfg) }`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerationConfig {
     /// New tokens per row at most.
@@ -93,12 +109,30 @@ pub struct GenerationConfig {
 }
 
 impl Default for GenerationConfig {
+    /// 8 new tokens, greedy, no stop token, padding with 0: generation that runs the full
+    /// length whatever the model (see [`GenerationConfig::for_model`] for the model's own).
     fn default() -> Self {
         GenerationConfig { max_new_tokens: 8, sampling: Sampling::Greedy, stop_tokens: Vec::new(), pad_token: 0 }
     }
 }
 
-/// The result of [`generate`].
+impl GenerationConfig {
+    /// The defaults of a model with config `cfg`, as transformers' `model.generate` takes
+    /// them from `config.json` / `generation_config.json`: greedy, 8 new tokens, stop at any
+    /// of `cfg.eos_token_ids`, fill finished rows with `cfg.pad_token_id`, or else the first
+    /// end-of-sequence token, or else 0.
+    pub fn for_model(cfg: &HfConfig) -> Self {
+        GenerationConfig { stop_tokens: cfg.eos_token_ids.clone(), pad_token: model_pad(cfg), ..Self::default() }
+    }
+}
+
+/// The token a model's finished rows are padded with: its `pad_token_id`, else its first
+/// `eos_token_id`, else 0 (what transformers falls back to).
+fn model_pad(cfg: &HfConfig) -> i64 {
+    cfg.pad_token_id.or_else(|| cfg.eos_token_ids.first().copied()).unwrap_or(0)
+}
+
+/// The result of [`generate`] and [`generate_with`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Generation {
     /// Per row: the prompt (with its padding) followed by the new tokens; rows that stopped
@@ -133,10 +167,34 @@ pub fn positions_from_mask(mask: &[i64], seq: usize) -> Vec<i64> {
 }
 
 /// Generates from `ids` `[batch, prompt]` (left-padded where `mask` `[batch, prompt]` is 0;
-/// no mask means no padding). `on_token(step, tokens)` is called after every step with the
-/// new token of each row (the pad token for rows already finished). Stops when every row has
-/// produced a stop token, after `max_new_tokens`, or at the model's context length.
+/// no mask means no padding). Stops when every row has produced a stop token, after
+/// `max_new_tokens`, or at the model's context length. [`generate_with`] streams the tokens
+/// as they come.
+///
+/// ```
+/// # use redco_core::{cpu::Cpu, DType, Tensor};
+/// # use redco_models::{generate::{generate, CausalLm}, hf::config::HfConfig, llama::Llama};
+/// # let b = Cpu::new(1);
+/// # let json = r#"{"model_type":"llama","hidden_size":16,"intermediate_size":32,"num_hidden_layers":1,
+/// #   "num_attention_heads":2,"vocab_size":32,"max_position_embeddings":64,"eos_token_id":2}"#;
+/// # let model = Llama::new(&b, &HfConfig::from_json(json)?, DType::F32, 0)?;
+/// let prompt = Tensor::from_vec(&b, vec![1i64, 5, 9], [1, 3])?;
+/// let out = generate(&model, &prompt, None, &model.generation_config())?;
+/// assert_eq!(out.rows[0][..3], [1, 5, 9]);
+/// # Ok::<(), redco_core::Error>(())
+/// ```
 pub fn generate<B: Backend, M: CausalLm<B> + Sync + ?Sized>(
+    model: &M,
+    ids: &Tensor<B>,
+    mask: Option<&Tensor<B>>,
+    cfg: &GenerationConfig,
+) -> Result<Generation> {
+    generate_with(model, ids, mask, cfg, |_, _| {})
+}
+
+/// [`generate`], streaming: `on_token(step, tokens)` is called after every step with the new
+/// token of each row (the pad token for rows already finished).
+pub fn generate_with<B: Backend, M: CausalLm<B> + Sync + ?Sized>(
     model: &M,
     ids: &Tensor<B>,
     mask: Option<&Tensor<B>>,
