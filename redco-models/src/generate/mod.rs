@@ -347,3 +347,61 @@ pub fn generate_beam<B: Backend, M: CausalLm<B> + Sync + ?Sized>(
         })
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llama::Llama;
+    use redco_core::cpu::Cpu;
+    use redco_core::DType;
+
+    fn tiny_llama(b: &Cpu, eos: &[i64], pad: Option<i64>) -> Llama<Cpu> {
+        let json = r#"{"model_type":"llama","hidden_size":16,"intermediate_size":32,"num_hidden_layers":1,
+            "num_attention_heads":2,"vocab_size":24,"max_position_embeddings":64}"#;
+        let mut cfg = HfConfig::from_json(json).expect("config");
+        cfg.eos_token_ids = eos.to_vec();
+        cfg.pad_token_id = pad;
+        Llama::new(b, &cfg, DType::F32, 3).expect("model")
+    }
+
+    #[test]
+    fn the_models_config_gives_stop_and_pad_tokens() {
+        let b = Cpu::new(1);
+        let m = tiny_llama(&b, &[2, 7], None);
+        let g = m.generation_config();
+        assert_eq!((g.stop_tokens, g.pad_token, g.max_new_tokens), (vec![2, 7], 2, 8));
+        assert_eq!(g.sampling, Sampling::Greedy);
+        assert_eq!(GenerationConfig::for_model(&tiny_llama(&b, &[2], Some(5)).cfg).pad_token, 5);
+        assert_eq!(GenerationConfig::for_model(&tiny_llama(&b, &[], None).cfg), GenerationConfig::default());
+        let beams = BeamConfig::for_model(&m.cfg, 3);
+        assert_eq!((beams.num_beams, beams.stop_tokens, beams.pad_token), (3, vec![2, 7], 2));
+    }
+
+    /// With the model's own config, generation stops a row at the model's end-of-sequence
+    /// token (kept) and pads it with that token (no `pad_token_id`) while the others go on.
+    #[test]
+    fn generate_stops_at_the_models_eos_by_default() {
+        let b = Cpu::new(1);
+        let ids = Tensor::from_vec(&b, vec![1i64, 4, 9, 1, 11, 3], [2, 3]).expect("ids");
+        // the tokens without a stop token; then the first token of row 0 becomes the eos
+        let free = generate(&tiny_llama(&b, &[], None), &ids, None, &GenerationConfig::default()).expect("generate");
+        assert_eq!(free.new_tokens, [8, 8]);
+        let eos = free.rows[0][3];
+        let m = tiny_llama(&b, &[eos], None);
+        let g = generate(&m, &ids, None, &m.generation_config()).expect("generate");
+        let row1 = &free.rows[1][3..];
+        let stop1 = row1.iter().position(|&t| t == eos).map_or(8, |i| i + 1);
+        assert_eq!(g.new_tokens, [1, stop1]);
+        let len = 3 + stop1;
+        assert_eq!(g.rows[0][..4], free.rows[0][..4]);
+        assert!(g.rows[0][4..].iter().all(|&t| t == eos), "{:?}", g.rows[0]);
+        assert_eq!(g.rows[1], free.rows[1][..len]);
+        assert!(g.rows.iter().all(|r| r.len() == len));
+        // streaming sees the same tokens
+        let mut seen = Vec::new();
+        let s = generate_with(&m, &ids, None, &m.generation_config(), |_, t| seen.push(t.to_vec())).expect("stream");
+        assert_eq!(s, g);
+        assert_eq!(seen.len(), stop1);
+        assert!(seen.iter().enumerate().all(|(i, t)| t[0] == g.rows[0][3 + i] && t[1] == g.rows[1][3 + i]));
+    }
+}
