@@ -19,8 +19,8 @@ pub use cache::KvCache;
 pub use fixed_cache::{FixedKvCache, LayerKv};
 pub use sampling::{argmax, Sampling};
 
-use redco_core::dist::on_backend;
 use crate::hf::config::HfConfig;
+use redco_core::dist::on_backend;
 use redco_core::{no_grad, Backend, Error, Result, Tensor};
 
 /// A decoder-only language model that can run step by step over a [`KvCache`].

@@ -83,7 +83,10 @@ fn dump<B: Backend>(b: &B, a: &EvalDumpArgs, inputs: &BTreeMap<String, HostTenso
     }
     if let Some(gen_ids) = get("gen_input_ids")? {
         let gen_mask = get("gen_attention_mask")?;
-        let gc = GenerationConfig { max_new_tokens: a.max_new_tokens, ..model.generation_config() };
+        // the model's stop tokens; finished rows padded with its pad_token_id, else 0 (what the
+        // fixtures pass transformers), not the eos token
+        let pad_token = cfg.pad_token_id.unwrap_or(0);
+        let gc = GenerationConfig { max_new_tokens: a.max_new_tokens, pad_token, ..model.generation_config() };
         let g = generate(&model, &gen_ids, gen_mask.as_ref(), &gc)?;
         let len = g.rows.first().map_or(0, Vec::len);
         out.push(("generated_ids".into(), HostData::I64(g.rows.concat()), vec![g.rows.len(), len]));

@@ -97,7 +97,8 @@ fn greedy(b: &Cpu, split: Option<&redco_core::dist::ShardPlan>) -> Result<Vec<i6
     }
     let inp = read_all(&dir().join("inputs.safetensors"))?;
     let t = |k: &str| Tensor::from_host(b, &inp[k].data, inp[k].shape.clone());
-    let cfg = GenerationConfig { max_new_tokens: 8, ..m.generation_config() };
+    // the fixture was generated with `pad_token_id=0` (the config has none)
+    let cfg = GenerationConfig { max_new_tokens: 8, pad_token: 0, ..m.generation_config() };
     let mut streamed = Vec::new();
     let g = generate_with(&m, &t("gen_input_ids")?, Some(&t("gen_attention_mask")?), &cfg, |_, toks| {
         streamed.push(toks.to_vec())

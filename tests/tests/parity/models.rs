@@ -53,7 +53,13 @@ fn run(name: &str, b: &Cpu, plan: Option<&ShardPlan>) -> Result<Out> {
     let cfg = HfConfig::from_dir(&dir(name))?;
     let (ids, mask, labels) = (t(b, &i, "input_ids"), t(b, &i, "attention_mask"), t(b, &i, "labels"));
     let (gids, gmask) = (t(b, &i, "gen_input_ids"), t(b, &i, "gen_attention_mask"));
-    let greedy = GenerationConfig { max_new_tokens: 8, ..GenerationConfig::for_model(&cfg) };
+    // the model's stop tokens; the fixtures were generated with `pad_token_id=0` where the
+    // config has none (transformers' default would pad with the eos token)
+    let greedy = GenerationConfig {
+        max_new_tokens: 8,
+        pad_token: cfg.pad_token_id.unwrap_or(0),
+        ..GenerationConfig::for_model(&cfg)
+    };
     if cfg.model_type == "t5" {
         let m = T5::from_pretrained(b, &dir(name), DType::F32, plan)?;
         let dec = t(b, &i, "decoder_input_ids");
