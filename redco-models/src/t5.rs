@@ -550,6 +550,12 @@ impl<B: Backend> T5<B> {
         self.cfg.num("decoder_start_token_id").unwrap_or(0) as i64
     }
 
+    /// The model's generation defaults for [`T5::generate`]: stop at its end-of-sequence
+    /// tokens, pad with its padding token (see [`crate::generate::GenerationConfig::for_model`]).
+    pub fn generation_config(&self) -> crate::generate::GenerationConfig {
+        crate::generate::GenerationConfig::for_model(&self.cfg)
+    }
+
     /// Greedy or sampled generation: the decoder starts from `decoder_start_token_id` and
     /// runs over the encoder output computed once (cross-attention keys and values cached
     /// at the first step). Returns per row the start token and the new tokens, finished rows

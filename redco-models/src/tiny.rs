@@ -203,8 +203,11 @@ impl<B: Backend> Lm<B> {
         self.lm_head.forward(&self.norm.forward(&h)?)
     }
 
-    /// Mean next-token cross-entropy of `ids` under `labels` (-100 ignored).
-    pub fn loss(&self, ids: &Tensor<B>, labels: &Tensor<B>, mask: Option<&Tensor<B>>) -> Result<Tensor<B>> {
+    /// Mean next-token cross-entropy of `ids` under `labels` (-100 ignored), with an
+    /// optional padding `mask`. The arguments come in transformers' order, the same as
+    /// every other decoder-only model of this crate: `(ids, mask, labels)`. `labels` are
+    /// already aligned with the logits (the label at `t` is the token predicted at `t`).
+    pub fn loss(&self, ids: &Tensor<B>, mask: Option<&Tensor<B>>, labels: &Tensor<B>) -> Result<Tensor<B>> {
         nn::cross_entropy(&self.forward(ids, mask)?, labels)
     }
 }

@@ -4,7 +4,7 @@
 
 use redco_core::cpu::Cpu;
 use redco_core::{Backend, DType, Tensor};
-use redco_models::generate::{generate, FixedKvCache, GenerationConfig, Sampling};
+use redco_models::generate::{generate, FixedKvCache, GenerationConfig};
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;
 use redco_tpu::{CacheShape, CompiledDecode, KvPair, Pjrt, Tracer};
@@ -14,8 +14,8 @@ fn fixture() -> std::path::PathBuf {
 }
 
 fn greedy<B: Backend>(m: &Llama<B>, ids: &Tensor<B>, new: usize) -> Vec<Vec<i64>> {
-    let cfg = GenerationConfig { max_new_tokens: new, sampling: Sampling::Greedy, stop_tokens: vec![], pad_token: 0 };
-    let g = generate(m, ids, None, &cfg, |_, _| {}).unwrap();
+    let cfg = GenerationConfig { max_new_tokens: new, ..GenerationConfig::default() };
+    let g = generate(m, ids, None, &cfg).unwrap();
     let p = ids.dims()[1];
     g.rows.iter().map(|row| row[p..].to_vec()).collect()
 }

@@ -37,7 +37,7 @@ fn loss_fn(ctx: &StepCtx<Cpu>, m: &Lm<Cpu>, batch: &Batch<Cpu>) -> Result<Tensor
     let mut private: Vec<Option<Tensor<Cpu>>> = vec![None; params.len()];
     let mut mean_loss = 0.0;
     for i in 0..n {
-        let loss = m.loss(&ids.narrow(0, i, 1)?, &labels.narrow(0, i, 1)?, None)?;
+        let loss = m.loss(&ids.narrow(0, i, 1)?, None, &labels.narrow(0, i, 1)?)?;
         mean_loss += loss.replicate()?.to_scalar()? / n as f64;
         let g = loss.backward()?;
         let scale = (CLIP / global_grad_norm(None, &tensors, &g)?.max(1e-12)).min(1.0);

@@ -26,7 +26,7 @@ fn collate_fn(b: &Cpu, examples: &[Vec<i64>]) -> Result<Batch<Cpu>> {
 
 /// Mean next-token cross-entropy.
 fn loss_fn(_ctx: &StepCtx<Cpu>, model: &Lm<Cpu>, batch: &Batch<Cpu>) -> Result<Tensor<Cpu>> {
-    model.loss(&batch["input_ids"], &batch["labels"], None)
+    model.loss(&batch["input_ids"], None, &batch["labels"])
 }
 
 fn main() -> Result<()> {
@@ -47,7 +47,7 @@ fn main() -> Result<()> {
         ..Default::default()
     };
     let eval_fn = |_: &StepCtx<Cpu>, m: &Lm<Cpu>, b: &Batch<Cpu>| {
-        m.loss(&b["input_ids"], &b["labels"], None)?.replicate()?.to_scalar()
+        m.loss(&b["input_ids"], None, &b["labels"])?.replicate()?.to_scalar()
     };
     // the facade's observers: TensorBoard scalars, loss.png, and a progress bar on a terminal
     let trainer = Trainer::new(|b| Lm::new(b, MODEL, DType::F32, 0), collate_fn, loss_fn, config)

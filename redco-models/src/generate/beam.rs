@@ -6,6 +6,7 @@
 //! hypotheses; otherwise when no running beam can beat the worst finished one. Scores are
 //! kept in f32, as torch does, so near-ties break the same way.
 
+use crate::hf::config::HfConfig;
 use redco_core::{Error, Result};
 
 /// Beam-search options.
@@ -24,6 +25,25 @@ pub struct BeamConfig {
     /// The padding id (what transformers fills unused positions with: the pad id, or the
     /// first stop token when the pad id is 0).
     pub pad_token: i64,
+}
+
+impl BeamConfig {
+    /// Beam search with `num_beams` beams and a model's defaults, as transformers takes them
+    /// from `config.json` / `generation_config.json`: 8 new tokens (as
+    /// [`GenerationConfig::default`](super::GenerationConfig)), length penalty 1, no early
+    /// stopping, stop at any of `cfg.eos_token_ids`, pad with `cfg.pad_token_id`, or else the
+    /// first end-of-sequence token, or else 0.
+    pub fn for_model(cfg: &HfConfig, num_beams: usize) -> Self {
+        let g = super::GenerationConfig::for_model(cfg);
+        BeamConfig {
+            num_beams,
+            max_new_tokens: g.max_new_tokens,
+            length_penalty: 1.0,
+            early_stopping: false,
+            stop_tokens: g.stop_tokens,
+            pad_token: g.pad_token,
+        }
+    }
 }
 
 const NEG: f32 = -1.0e9;

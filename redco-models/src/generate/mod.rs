@@ -3,6 +3,11 @@
 //! decoding, stop tokens, a maximum of new tokens and a per-token streaming callback. Under
 //! tensor parallelism every rank runs the same loop on its shard of the model (the cache
 //! holds its heads) and draws the same tokens from the gathered logits.
+//!
+//! [`generate`] returns the whole [`Generation`]; [`generate_with`] also streams each step's
+//! tokens to a callback. [`GenerationConfig::for_model`] (or [`CausalLm::generation_config`])
+//! starts from the model's own `eos_token_id`s and `pad_token_id`, as transformers'
+//! `model.generate` does; [`BeamConfig::for_model`] does the same for [`generate_beam`].
 
 mod beam;
 mod cache;
@@ -14,16 +19,22 @@ pub use cache::KvCache;
 pub use fixed_cache::{FixedKvCache, LayerKv};
 pub use sampling::{argmax, Sampling};
 
+use crate::hf::config::HfConfig;
 use redco_core::dist::on_backend;
 use redco_core::{no_grad, Backend, Error, Result, Tensor};
 
 /// A decoder-only language model that can run step by step over a [`KvCache`].
 pub trait CausalLm<B: Backend> {
     /// The model's configuration.
-    fn config(&self) -> &crate::hf::config::HfConfig;
+    fn config(&self) -> &HfConfig;
     /// The context length, when known: prompts longer than this are refused.
     fn max_positions(&self) -> Option<usize> {
         self.config().max_positions
+    }
+    /// The model's generation defaults: [`GenerationConfig::for_model`] of its config (stop
+    /// at its end-of-sequence tokens, pad with its padding token or else the first of them).
+    fn generation_config(&self) -> GenerationConfig {
+        GenerationConfig::for_model(self.config())
     }
     /// An empty cache sized for this model.
     fn new_cache(&self) -> KvCache<B> {
@@ -80,6 +91,11 @@ pub fn shifted_loss<B: Backend>(logits: &Tensor<B>, labels: &Tensor<B>) -> Resul
 }
 
 /// What to generate.
+///
+/// [`GenerationConfig::default`] knows no model: 8 new tokens, greedy, no stop token, padding
+/// with 0. [`GenerationConfig::for_model`] (or [`CausalLm::generation_config`]) takes the stop
+/// and padding tokens from the model's config; change the other fields with struct update
+/// syntax: `GenerationConfig { max_new_tokens: 32, ..GenerationConfig::for_model(cfg) }`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerationConfig {
     /// New tokens per row at most.
@@ -93,12 +109,30 @@ pub struct GenerationConfig {
 }
 
 impl Default for GenerationConfig {
+    /// 8 new tokens, greedy, no stop token, padding with 0: generation that runs the full
+    /// length whatever the model (see [`GenerationConfig::for_model`] for the model's own).
     fn default() -> Self {
         GenerationConfig { max_new_tokens: 8, sampling: Sampling::Greedy, stop_tokens: Vec::new(), pad_token: 0 }
     }
 }
 
-/// The result of [`generate`].
+impl GenerationConfig {
+    /// The defaults of a model with config `cfg`, as transformers' `model.generate` takes
+    /// them from `config.json` / `generation_config.json`: greedy, 8 new tokens, stop at any
+    /// of `cfg.eos_token_ids`, fill finished rows with `cfg.pad_token_id`, or else the first
+    /// end-of-sequence token, or else 0.
+    pub fn for_model(cfg: &HfConfig) -> Self {
+        GenerationConfig { stop_tokens: cfg.eos_token_ids.clone(), pad_token: model_pad(cfg), ..Self::default() }
+    }
+}
+
+/// The token a model's finished rows are padded with: its `pad_token_id`, else its first
+/// `eos_token_id`, else 0 (what transformers falls back to).
+fn model_pad(cfg: &HfConfig) -> i64 {
+    cfg.pad_token_id.or_else(|| cfg.eos_token_ids.first().copied()).unwrap_or(0)
+}
+
+/// The result of [`generate`] and [`generate_with`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Generation {
     /// Per row: the prompt (with its padding) followed by the new tokens; rows that stopped
@@ -133,10 +167,34 @@ pub fn positions_from_mask(mask: &[i64], seq: usize) -> Vec<i64> {
 }
 
 /// Generates from `ids` `[batch, prompt]` (left-padded where `mask` `[batch, prompt]` is 0;
-/// no mask means no padding). `on_token(step, tokens)` is called after every step with the
-/// new token of each row (the pad token for rows already finished). Stops when every row has
-/// produced a stop token, after `max_new_tokens`, or at the model's context length.
+/// no mask means no padding). Stops when every row has produced a stop token, after
+/// `max_new_tokens`, or at the model's context length. [`generate_with`] streams the tokens
+/// as they come.
+///
+/// ```
+/// # use redco_core::{cpu::Cpu, DType, Tensor};
+/// # use redco_models::{generate::{generate, CausalLm}, hf::config::HfConfig, llama::Llama};
+/// # let b = Cpu::new(1);
+/// # let json = r#"{"model_type":"llama","hidden_size":16,"intermediate_size":32,"num_hidden_layers":1,
+/// #   "num_attention_heads":2,"vocab_size":32,"max_position_embeddings":64,"eos_token_id":2}"#;
+/// # let model = Llama::new(&b, &HfConfig::from_json(json)?, DType::F32, 0)?;
+/// let prompt = Tensor::from_vec(&b, vec![1i64, 5, 9], [1, 3])?;
+/// let out = generate(&model, &prompt, None, &model.generation_config())?;
+/// assert_eq!(out.rows[0][..3], [1, 5, 9]);
+/// # Ok::<(), redco_core::Error>(())
+/// ```
 pub fn generate<B: Backend, M: CausalLm<B> + Sync + ?Sized>(
+    model: &M,
+    ids: &Tensor<B>,
+    mask: Option<&Tensor<B>>,
+    cfg: &GenerationConfig,
+) -> Result<Generation> {
+    generate_with(model, ids, mask, cfg, |_, _| {})
+}
+
+/// [`generate`], streaming: `on_token(step, tokens)` is called after every step with the new
+/// token of each row (the pad token for rows already finished).
+pub fn generate_with<B: Backend, M: CausalLm<B> + Sync + ?Sized>(
     model: &M,
     ids: &Tensor<B>,
     mask: Option<&Tensor<B>>,
@@ -288,4 +346,62 @@ pub fn generate_beam<B: Backend, M: CausalLm<B> + Sync + ?Sized>(
             Ok(logits.chunks(v).map(<[f32]>::to_vec).collect())
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llama::Llama;
+    use redco_core::cpu::Cpu;
+    use redco_core::DType;
+
+    fn tiny_llama(b: &Cpu, eos: &[i64], pad: Option<i64>) -> Llama<Cpu> {
+        let json = r#"{"model_type":"llama","hidden_size":16,"intermediate_size":32,"num_hidden_layers":1,
+            "num_attention_heads":2,"vocab_size":24,"max_position_embeddings":64}"#;
+        let mut cfg = HfConfig::from_json(json).expect("config");
+        cfg.eos_token_ids = eos.to_vec();
+        cfg.pad_token_id = pad;
+        Llama::new(b, &cfg, DType::F32, 3).expect("model")
+    }
+
+    #[test]
+    fn the_models_config_gives_stop_and_pad_tokens() {
+        let b = Cpu::new(1);
+        let m = tiny_llama(&b, &[2, 7], None);
+        let g = m.generation_config();
+        assert_eq!((g.stop_tokens, g.pad_token, g.max_new_tokens), (vec![2, 7], 2, 8));
+        assert_eq!(g.sampling, Sampling::Greedy);
+        assert_eq!(GenerationConfig::for_model(&tiny_llama(&b, &[2], Some(5)).cfg).pad_token, 5);
+        assert_eq!(GenerationConfig::for_model(&tiny_llama(&b, &[], None).cfg), GenerationConfig::default());
+        let beams = BeamConfig::for_model(&m.cfg, 3);
+        assert_eq!((beams.num_beams, beams.stop_tokens, beams.pad_token), (3, vec![2, 7], 2));
+    }
+
+    /// With the model's own config, generation stops a row at the model's end-of-sequence
+    /// token (kept) and pads it with that token (no `pad_token_id`) while the others go on.
+    #[test]
+    fn generate_stops_at_the_models_eos_by_default() {
+        let b = Cpu::new(1);
+        let ids = Tensor::from_vec(&b, vec![1i64, 4, 9, 1, 11, 3], [2, 3]).expect("ids");
+        // the tokens without a stop token; then the first token of row 0 becomes the eos
+        let free = generate(&tiny_llama(&b, &[], None), &ids, None, &GenerationConfig::default()).expect("generate");
+        assert_eq!(free.new_tokens, [8, 8]);
+        let eos = free.rows[0][3];
+        let m = tiny_llama(&b, &[eos], None);
+        let g = generate(&m, &ids, None, &m.generation_config()).expect("generate");
+        let row1 = &free.rows[1][3..];
+        let stop1 = row1.iter().position(|&t| t == eos).map_or(8, |i| i + 1);
+        assert_eq!(g.new_tokens, [1, stop1]);
+        let len = 3 + stop1;
+        assert_eq!(g.rows[0][..4], free.rows[0][..4]);
+        assert!(g.rows[0][4..].iter().all(|&t| t == eos), "{:?}", g.rows[0]);
+        assert_eq!(g.rows[1], free.rows[1][..len]);
+        assert!(g.rows.iter().all(|r| r.len() == len));
+        // streaming sees the same tokens
+        let mut seen = Vec::new();
+        let s = generate_with(&m, &ids, None, &m.generation_config(), |_, t| seen.push(t.to_vec())).expect("stream");
+        assert_eq!(s, g);
+        assert_eq!(seen.len(), stop1);
+        assert!(seen.iter().enumerate().all(|(i, t)| t[0] == g.rows[0][3 + i] && t[1] == g.rows[1][3 + i]));
+    }
 }

@@ -17,11 +17,25 @@
 //!   pads to the longest row itself.
 //! * `clean_up_tokenization_spaces` is applied on decode when the config asks for it, except
 //!   for BPE models (transformers skips it for them too).
+//!
+//! Token ids are `i64` throughout, as in the models, batches and generation of this crate
+//! (the `tokenizers` crate's `u32` ids are converted at this boundary). An id that no
+//! tokenizer can hold (negative, or beyond `u32`) is an error, as transformers' `decode`
+//! raises one, never wrapped around.
 
 use redco_core::{Error, Result};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use tokenizers::{AddedToken, ModelWrapper, PaddingDirection};
+
+/// The `tokenizers` crate's id of `id`: an error naming the id when it is negative or too
+/// large to be a token id (instead of wrapping it around).
+fn to_u32(id: i64) -> Result<u32> {
+    u32::try_from(id).map_err(|_| {
+        let why = if id < 0 { "negative" } else { "beyond the largest token id" };
+        err(format!("token id {id} is {why}; token ids run from 0 to the vocabulary size - 1"))
+    })
+}
 
 /// Texts longer than this many bytes are encoded in pieces by [`Tokenizer::encode_long`].
 pub const LONG_TEXT: usize = 64 << 10;
@@ -261,7 +275,7 @@ impl Tokenizer {
 
     /// Token ids of `text`; with `add_special_tokens`, the ones the post-processor of
     /// `tokenizer.json` adds (`<s>` at the start for LLaMA).
-    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<i64>> {
         let fail = |e: &dyn std::fmt::Display| {
             let shown: String = text.chars().take(80).collect();
             err(format!("{}: cannot encode {shown:?}: {e}", self.source.display()))
@@ -269,7 +283,7 @@ impl Tokenizer {
         // a tokenizer.json the crate read may still panic on use (see `load`)
         std::panic::catch_unwind(|| self.inner.encode(text, add_special_tokens))
             .map_err(|_| fail(&"the tokenizers crate failed on this tokenizer.json"))?
-            .map(|e| e.get_ids().to_vec())
+            .map(|e| e.get_ids().iter().map(|&id| i64::from(id)).collect())
             .map_err(|e| fail(&e))
     }
 
@@ -280,7 +294,7 @@ impl Tokenizer {
     /// `Ġword`) or is dropped (SentencePiece normalizers that prepend `▁` themselves) is
     /// probed on this tokenizer; one that splits neither way the whole text does is given
     /// the whole text at once. The special tokens go around the whole.
-    pub fn encode_long(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+    pub fn encode_long(&self, text: &str, add_special_tokens: bool) -> Result<Vec<i64>> {
         if text.len() <= LONG_TEXT {
             return self.encode(text, add_special_tokens);
         }
@@ -333,14 +347,18 @@ impl Tokenizer {
         Ok(None)
     }
 
-    /// The text of `ids`, without the special tokens when `skip_special_tokens`. Ids outside
-    /// the vocabulary are skipped (as in transformers).
-    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+    /// The text of `ids`, without the special tokens when `skip_special_tokens`.
+    ///
+    /// A negative id (the `-100` of labels, say) or one beyond `u32` is an error naming it;
+    /// an id past the end of the vocabulary (a model whose embedding is larger than its
+    /// tokenizer) is skipped, as transformers does.
+    pub fn decode(&self, ids: &[i64], skip_special_tokens: bool) -> Result<String> {
         let fail = |e: &dyn std::fmt::Display| {
             let shown = &ids[..ids.len().min(16)];
             err(format!("{}: cannot decode {shown:?}: {e}", self.source.display()))
         };
-        let text = std::panic::catch_unwind(|| self.inner.decode(ids, skip_special_tokens))
+        let ids = ids.iter().map(|&id| to_u32(id)).collect::<Result<Vec<u32>>>()?;
+        let text = std::panic::catch_unwind(|| self.inner.decode(&ids, skip_special_tokens))
             .map_err(|_| fail(&"the tokenizers crate failed on this tokenizer.json"))?
             .map_err(|e| fail(&e))?;
         let bpe = matches!(self.inner.get_model(), ModelWrapper::BPE(_));
@@ -352,7 +370,7 @@ impl Tokenizer {
     pub fn encode_batch(&self, texts: &[&str], add_special_tokens: bool) -> Result<Batch> {
         let rows = texts.iter().map(|t| self.encode(t, add_special_tokens)).collect::<Result<Vec<_>>>()?;
         let seq = rows.iter().map(Vec::len).max().unwrap_or(0);
-        let pad = i64::from(self.padding_id());
+        let pad = self.padding_id();
         let (mut ids, mut mask) = (Vec::with_capacity(rows.len() * seq), Vec::with_capacity(rows.len() * seq));
         for row in &rows {
             let n = seq - row.len();
@@ -360,7 +378,7 @@ impl Tokenizer {
                 ids.extend(std::iter::repeat_n(pad, n));
                 mask.extend(std::iter::repeat_n(0, n));
             }
-            ids.extend(row.iter().map(|&i| i64::from(i)));
+            ids.extend_from_slice(row);
             mask.extend(std::iter::repeat_n(1, row.len()));
             if self.padding_side == PaddingSide::Right {
                 ids.extend(std::iter::repeat_n(pad, n));
@@ -371,42 +389,44 @@ impl Tokenizer {
     }
 
     /// Id of a token (special or not), `None` when it is not in the vocabulary.
-    pub fn token_to_id(&self, token: &str) -> Option<u32> {
-        self.inner.token_to_id(token)
+    pub fn token_to_id(&self, token: &str) -> Option<i64> {
+        self.inner.token_to_id(token).map(i64::from)
     }
 
-    /// The token of an id, `None` when it is outside the vocabulary.
-    pub fn id_to_token(&self, id: u32) -> Option<String> {
-        self.inner.id_to_token(id)
+    /// The token of an id: `Ok(None)` when the id is past the end of the vocabulary (as
+    /// transformers' `convert_ids_to_tokens`), an error naming the id when it is negative or
+    /// beyond `u32` (no tokenizer has such an id).
+    pub fn id_to_token(&self, id: i64) -> Result<Option<String>> {
+        Ok(self.inner.id_to_token(to_u32(id)?))
     }
 
-    fn id_of(&self, token: &Option<String>) -> Option<u32> {
+    fn id_of(&self, token: &Option<String>) -> Option<i64> {
         token.as_deref().and_then(|t| self.token_to_id(t))
     }
 
     /// Id of the beginning-of-sequence token, if the configs name one.
-    pub fn bos_id(&self) -> Option<u32> {
+    pub fn bos_id(&self) -> Option<i64> {
         self.id_of(&self.bos)
     }
 
     /// Id of the end-of-sequence token, if the configs name one.
-    pub fn eos_id(&self) -> Option<u32> {
+    pub fn eos_id(&self) -> Option<i64> {
         self.id_of(&self.eos)
     }
 
     /// Id of the unknown token, if the configs name one.
-    pub fn unk_id(&self) -> Option<u32> {
+    pub fn unk_id(&self) -> Option<i64> {
         self.id_of(&self.unk)
     }
 
     /// Id of the padding token, if the configs (or the `padding` of `tokenizer.json`) name one.
-    pub fn pad_id(&self) -> Option<u32> {
+    pub fn pad_id(&self) -> Option<i64> {
         self.id_of(&self.pad)
     }
 
     /// The id [`Tokenizer::encode_batch`] pads with: the padding token, else the
     /// end-of-sequence token, else 0 (the mask marks padding either way).
-    pub fn padding_id(&self) -> u32 {
+    pub fn padding_id(&self) -> i64 {
         self.pad_id().or_else(|| self.eos_id()).unwrap_or(0)
     }
 
@@ -495,6 +515,48 @@ mod tests {
             let short = "a short one";
             assert_eq!(tok.encode_long(short, true).unwrap(), tok.encode(short, true).unwrap());
         }
+    }
+
+    fn llama_tiny() -> Tokenizer {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/llama-tiny");
+        Tokenizer::from_dir(dir).expect("the llama-tiny fixture's tokenizer")
+    }
+
+    /// Ids are `i64` on the way in and out: encode, decode, the batch and the special ids
+    /// agree with transformers' (the fixture's `tokenizer_expected.json`).
+    #[test]
+    fn i64_ids_round_trip() {
+        let tok = llama_tiny();
+        let text = "the cat sat on the mat.";
+        let ids: Vec<i64> = tok.encode(text, true).unwrap();
+        assert_eq!(ids, [1, 23, 29, 37, 30, 23, 57]);
+        assert_eq!(tok.decode(&ids, true).unwrap(), text);
+        assert_eq!(tok.decode(&ids, false).unwrap(), format!("<s> {text}"));
+        assert_eq!((tok.bos_id(), tok.eos_id(), tok.unk_id(), tok.pad_id()), (Some(1), Some(2), Some(0), Some(2)));
+        assert_eq!(tok.padding_id(), 2);
+        let cat = tok.token_to_id("▁cat").expect("a token of the vocabulary");
+        assert_eq!(cat, 29);
+        assert_eq!(tok.id_to_token(cat).unwrap().as_deref(), Some("▁cat"));
+        let batch = tok.encode_batch(&[text, "the cat"], true).unwrap();
+        assert_eq!(&batch.ids[..7], &ids[..]);
+        assert_eq!(&batch.ids[7..], &[2, 2, 2, 2, 1, 23, 29]);
+        assert_eq!(tok.decode(&batch.ids[7..], true).unwrap(), "the cat");
+    }
+
+    /// A negative id or one beyond `u32` is an error naming it, never wrapped around; an
+    /// id past the vocabulary is skipped by `decode` and has no token (as in transformers).
+    #[test]
+    fn out_of_range_ids_are_errors() {
+        let tok = llama_tiny();
+        for bad in [-1, -100, i64::from(u32::MAX) + 1, i64::MAX] {
+            let e = tok.decode(&[1, 23, bad], true).expect_err("a bad id").to_string();
+            assert!(e.contains(&format!("token id {bad} is")), "{e}");
+            let e = tok.id_to_token(bad).expect_err("a bad id").to_string();
+            assert!(e.contains(&format!("token id {bad} is")), "{e}");
+        }
+        let past = tok.vocab_size() as i64 + 5;
+        assert_eq!(tok.id_to_token(past).unwrap(), None);
+        assert_eq!(tok.decode(&[23, past, 29], true).unwrap(), "the cat");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use redco_core::nn::ModuleExt;
 use redco_core::pipeline::checkpoint::{safetensors_bytes, write_atomic};
 use redco_core::{Backend, DType, HostData, Result, Tensor};
 use redco_models::auto::AutoModel;
-use redco_models::generate::{generate, BeamConfig, GenerationConfig, Sampling};
+use redco_models::generate::{generate, BeamConfig, CausalLm, GenerationConfig};
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::safetensors::{read_all, HostTensor};
 use redco_models::t5::T5;
@@ -83,13 +83,11 @@ fn dump<B: Backend>(b: &B, a: &EvalDumpArgs, inputs: &BTreeMap<String, HostTenso
     }
     if let Some(gen_ids) = get("gen_input_ids")? {
         let gen_mask = get("gen_attention_mask")?;
-        let gc = GenerationConfig {
-            max_new_tokens: a.max_new_tokens,
-            sampling: Sampling::Greedy,
-            stop_tokens: cfg.eos_token_ids.clone(),
-            pad_token: cfg.pad_token_id.unwrap_or(0),
-        };
-        let g = generate(&model, &gen_ids, gen_mask.as_ref(), &gc, |_, _| {})?;
+        // the model's stop tokens; finished rows padded with its pad_token_id, else 0 (what the
+        // fixtures pass transformers), not the eos token
+        let pad_token = cfg.pad_token_id.unwrap_or(0);
+        let gc = GenerationConfig { max_new_tokens: a.max_new_tokens, pad_token, ..model.generation_config() };
+        let g = generate(&model, &gen_ids, gen_mask.as_ref(), &gc)?;
         let len = g.rows.first().map_or(0, Vec::len);
         out.push(("generated_ids".into(), HostData::I64(g.rows.concat()), vec![g.rows.len(), len]));
     }
@@ -192,22 +190,9 @@ fn dump_t5<B: Backend>(
     }
     if let Some(gen_ids) = get("gen_input_ids")? {
         let gen_mask = get("gen_attention_mask")?;
-        let pad = cfg.pad_token_id.unwrap_or(0);
-        let gc = GenerationConfig {
-            max_new_tokens: a.max_new_tokens,
-            sampling: Sampling::Greedy,
-            stop_tokens: cfg.eos_token_ids.clone(),
-            pad_token: pad,
-        };
+        let gc = GenerationConfig { max_new_tokens: a.max_new_tokens, ..model.generation_config() };
         out.push(ids_out("generated_ids", model.generate(&gen_ids, gen_mask.as_ref(), &gc)?));
-        let bc = BeamConfig {
-            num_beams: 4,
-            max_new_tokens: a.max_new_tokens,
-            length_penalty: 1.0,
-            early_stopping: true,
-            stop_tokens: cfg.eos_token_ids.clone(),
-            pad_token: pad,
-        };
+        let bc = BeamConfig { max_new_tokens: a.max_new_tokens, early_stopping: true, ..BeamConfig::for_model(cfg, 4) };
         out.push(ids_out("beam_generated_ids", model.generate_beam(&gen_ids, gen_mask.as_ref(), &bc)?));
     }
     Ok(out)

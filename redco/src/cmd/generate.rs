@@ -8,7 +8,7 @@ use clap::Args;
 use redco_core::dist::current_comm;
 use redco_core::{Backend, Error, Result, Tensor};
 use redco_models::auto::AutoModel;
-use redco_models::generate::{generate, generate_beam, BeamConfig, GenerationConfig, Sampling};
+use redco_models::generate::{generate_beam, generate_with, BeamConfig, GenerationConfig, Sampling};
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::tokenizer::Tokenizer;
 use redco_models::t5::T5;
@@ -87,23 +87,23 @@ fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<V
     } else {
         Sampling::Greedy
     };
-    let mut stop = cfg.eos_token_ids.clone();
-    stop.extend(tok.eos_id().map(i64::from));
-    stop.extend(&a.stop_id);
-    let pad = cfg.pad_token_id.unwrap_or(tok.padding_id() as i64);
+    // the model's stop and padding tokens, the tokenizer's end of sequence and --stop-id too
+    let mut gc = GenerationConfig { max_new_tokens: a.max_new_tokens, sampling, ..GenerationConfig::for_model(&cfg) };
+    gc.stop_tokens.extend(tok.eos_id());
+    gc.stop_tokens.extend(&a.stop_id);
+    gc.pad_token = cfg.pad_token_id.unwrap_or(tok.padding_id());
+    let stop = gc.stop_tokens.clone();
     let beams = BeamConfig {
-        num_beams: a.num_beams,
         max_new_tokens: a.max_new_tokens,
-        length_penalty: 1.0,
         early_stopping: true,
         stop_tokens: stop.clone(),
-        pad_token: pad,
+        pad_token: gc.pad_token,
+        ..BeamConfig::for_model(&cfg, a.num_beams)
     };
-    let gc = GenerationConfig { max_new_tokens: a.max_new_tokens, sampling, stop_tokens: stop.clone(), pad_token: pad };
     let decode = |rows: Vec<Vec<i64>>, skip: usize| -> Result<Vec<String>> {
         rows.iter()
             .map(|row| {
-                let cont: Vec<u32> = row[skip..].iter().take_while(|t| !stop.contains(t)).map(|&t| t as u32).collect();
+                let cont: Vec<i64> = row[skip..].iter().copied().take_while(|t| !stop.contains(t)).collect();
                 tok.decode(&cont, true)
             })
             .collect()
@@ -125,19 +125,18 @@ fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<V
     let speak = current_comm::<B>().is_none_or(|c| c.rank() == 0) && prompts.len() == 1;
     // streaming: decode prompt + continuation and print what is new (a token may end
     // mid-character, and tokenizers decide spacing from context)
-    let mut seq: Vec<u32> =
-        batch.ids.iter().zip(&batch.mask).filter(|(_, m)| **m != 0).map(|(&t, _)| t as u32).collect();
+    let mut seq: Vec<i64> = batch.ids.iter().zip(&batch.mask).filter(|(_, m)| **m != 0).map(|(&t, _)| t).collect();
     let base = tok.decode(&seq, true)?;
     let mut shown = base.len();
     if speak {
         crate::out!("{base}");
         let _ = std::io::stdout().flush();
     }
-    let g = generate(&model, &ids, Some(&mask), &gc, |_, t| {
+    let g = generate_with(&model, &ids, Some(&mask), &gc, |_, t| {
         if !speak || stop.contains(&t[0]) {
             return;
         }
-        seq.push(t[0] as u32);
+        seq.push(t[0]);
         if let Ok(s) = tok.decode(&seq, true) {
             if s.len() > shown && s.is_char_boundary(shown) && !s.ends_with('\u{fffd}') {
                 crate::out!("{}", &s[shown..]);

@@ -58,7 +58,7 @@ fn read_pairs(
     if data.is_empty() {
         return Err(Error::invalid("data", format!("{} holds no JSON lines", path.display())));
     }
-    let eos = tok.eos_id().map(i64::from);
+    let eos = tok.eos_id();
     let cut = |mut ids: Vec<i64>, max: usize| {
         if ids.len() > max {
             ids.truncate(max);
@@ -77,8 +77,10 @@ fn read_pairs(
             empty += 1;
             continue;
         }
-        let enc = |t: &str| -> Result<Vec<i64>> { Ok(tok.encode(t, true)?.into_iter().map(i64::from).collect()) };
-        pairs.push(Pair { source: cut(enc(src)?, max_source), target: cut(enc(tgt)?, max_target) });
+        pairs.push(Pair {
+            source: cut(tok.encode(src, true)?, max_source),
+            target: cut(tok.encode(tgt, true)?, max_target),
+        });
     }
     if empty > 0 {
         crate::cmd::out::warn(format_args!(
@@ -141,9 +143,9 @@ fn report_outputs<B: Backend>(b: &B, w: &Path, tok: &Tokenizer, held_out: &[Pair
     let shown = &held_out[..held_out.len().min(64)];
     let sources: Vec<Vec<i64>> = shown.iter().map(|p| p.source.clone()).collect();
     let outputs = generate_targets(b, &model, &sources, max_new)?;
-    let eos = tok.eos_id().map(i64::from);
+    let eos = tok.eos_id();
     let text = |ids: &[i64]| -> Result<String> {
-        let ids: Vec<u32> = ids.iter().filter(|&&t| Some(t) != eos).map(|&t| t as u32).collect();
+        let ids: Vec<i64> = ids.iter().copied().filter(|&t| Some(t) != eos).collect();
         tok.decode(&ids, true)
     };
     let exact = shown.iter().zip(&outputs).filter(|(p, o)| text(&p.target).ok() == text(o).ok()).count();

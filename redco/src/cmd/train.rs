@@ -16,7 +16,7 @@ use redco_core::pipeline::workdir::{self, WorkdirLock};
 use redco_core::pipeline::{Batch, Deployer, OptimizerConfig, StepCtx, TrainConfig, Trainer};
 use redco_core::{Backend, DType, Error, Result, Tensor};
 use redco_models::auto::AutoModel;
-use redco_models::generate::{generate, GenerationConfig, Sampling};
+use redco_models::generate::{generate_with, GenerationConfig, Sampling};
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::tokenizer::Tokenizer;
 use redco_models::presets::{self, SyntheticText};
@@ -198,8 +198,8 @@ fn pack_jsonl(path: &Path, field: &str, tok: &Tokenizer, len: usize) -> Result<V
             empty += 1;
             continue;
         }
-        stream.extend(tok.encode_long(text, true)?.into_iter().map(i64::from));
-        stream.extend(tok.eos_id().map(i64::from));
+        stream.extend(tok.encode_long(text, true)?);
+        stream.extend(tok.eos_id());
     }
     if empty == data.len() {
         return Err(Error::invalid("data", format!("every `{field}` in {} is empty", path.display())));
@@ -669,20 +669,19 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
 fn sample<B: Backend>(b: &B, w: &Path, tok: &Tokenizer, a: &TrainArgs, held_out: &[Vec<i64>]) -> Result<()> {
     let model = AutoModel::from_pretrained(b, w, DType::F32, None)?;
     let ids: Vec<i64> = match &a.prompt {
-        Some(p) => tok.encode(p, true)?.into_iter().map(i64::from).collect(),
+        Some(p) => tok.encode(p, true)?,
         None => held_out.first().map(|s| s[..s.len().min(6)].to_vec()).unwrap_or_else(|| vec![1]),
     };
     let n = ids.len();
-    let prompt: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
     let cfg = GenerationConfig {
         max_new_tokens: a.sample_tokens,
         sampling: Sampling::Greedy,
-        stop_tokens: tok.eos_id().map(i64::from).into_iter().collect(),
-        pad_token: tok.padding_id() as i64,
+        stop_tokens: tok.eos_id().into_iter().collect(),
+        pad_token: tok.padding_id(),
     };
-    crate::out!("\nsample: {} |", tok.decode(&prompt, true)?);
-    let g = generate(&model, &Tensor::from_vec(b, ids, [1, n])?, None, &cfg, |_, t| {
-        if let Ok(s) = tok.decode(&[t[0] as u32], true) {
+    crate::out!("\nsample: {} |", tok.decode(&ids, true)?);
+    let g = generate_with(&model, &Tensor::from_vec(b, ids, [1, n])?, None, &cfg, |_, t| {
+        if let Ok(s) = tok.decode(&t[..1], true) {
             crate::out!(" {s}");
             use std::io::Write;
             let _ = std::io::stdout().flush();

@@ -188,7 +188,7 @@ proptest! {
         flips in prop::collection::vec((any::<usize>(), any::<u8>()), 0..3),
         cut in prop::option::of(any::<usize>()),
         text in "\\PC{0,60}",
-        ids in prop::collection::vec(any::<u32>(), 0..8),
+        ids in prop::collection::vec(prop_oneof![3 => any::<u32>().prop_map(i64::from), 1 => any::<i64>()], 0..8),
     ) {
         let d = scratch("tok", case);
         let mut v: Value = serde_json::from_str(tokenizer_json()).unwrap();

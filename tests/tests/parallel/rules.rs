@@ -19,7 +19,7 @@ pub fn traced(cfg: Config, mesh: Mesh, opaque: bool, strict: bool) -> redco_core
     let b = Cpu::new(1);
     let m = Lm::new(&b, cfg, DType::F32, 3).unwrap();
     let ids = Tensor::from_vec(&b, (0..10).map(|i| (i * 3 % cfg.vocab) as i64).collect::<Vec<_>>(), [2, 5]).unwrap();
-    let loss = m.loss(&ids, &ids, None).unwrap();
+    let loss = m.loss(&ids, None, &ids).unwrap();
     let named = m.named_parameters();
     let rename: Vec<(String, String)> =
         named.iter().enumerate().map(|(i, (n, _))| (n.clone(), format!("p{i}"))).collect();

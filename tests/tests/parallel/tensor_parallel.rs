@@ -42,7 +42,7 @@ fn step(b: &Cpu, cfg: Config, plan: Option<&ShardPlan>) -> Result<Run> {
     if let Some(c) = redco_core::dist::current_comm::<Cpu>() {
         c.reset_stats();
     }
-    let loss = m.loss(&ids, &labels, Some(&mask))?;
+    let loss = m.loss(&ids, Some(&mask), &labels)?;
     let grads = loss.backward()?;
     let stats = redco_core::dist::current_comm::<Cpu>().map(|c| c.stats()).unwrap_or_default();
     let mut out = BTreeMap::new();

@@ -69,7 +69,7 @@ fn train_steps(
             labels = labels.shard_along(MeshAxis::Dp, 0)?;
             mask = mask.shard_along(MeshAxis::Dp, 0)?;
         }
-        let loss = m.loss(&ids, &labels, Some(&mask))?;
+        let loss = m.loss(&ids, Some(&mask), &labels)?;
         let mut grads = loss.backward()?;
         if !zero1 {
             let params: Vec<Tensor<Cpu>> = m.named_parameters().into_iter().map(|(_, t)| t).collect();
@@ -164,7 +164,7 @@ fn planner_predicts_the_measured_communication() {
             let [ids, labels, mask] = dp_data(&rk.backend, LLAMA.vocab, 0)?;
             let mut opt = AdamW::new(AdamWConfig { zero1, ..Default::default() }).with_comm(Some(rk.comm.clone()));
             rk.comm.reset_stats();
-            let loss = m.loss(&ids, &labels, Some(&mask))?;
+            let loss = m.loss(&ids, Some(&mask), &labels)?;
             let mut grads = loss.backward()?;
             if !zero1 {
                 let params: Vec<Tensor<Cpu>> = m.named_parameters().into_iter().map(|(_, t)| t).collect();
@@ -195,7 +195,7 @@ fn global_grad_norm_counts_every_shard_once() {
             labels = labels.shard_along(MeshAxis::Dp, 0)?;
             mask = mask.shard_along(MeshAxis::Dp, 0)?;
         }
-        let mut grads = m.loss(&ids, &labels, Some(&mask))?.backward()?;
+        let mut grads = m.loss(&ids, Some(&mask), &labels)?.backward()?;
         let params: Vec<Tensor<Cpu>> = m.named_parameters().into_iter().map(|(_, t)| t).collect();
         let comm = redco_core::dist::current_comm::<Cpu>();
         sync_grads(comm.as_ref(), &params, &mut grads, DEFAULT_BUCKET_BYTES)?;
@@ -237,7 +237,7 @@ fn overlapped_buckets_sum_the_same_bits_as_sync_grads() {
         plan.apply(&mut m)?;
         let [ids, labels, mask] = dp_data(&rk.backend, LLAMA.vocab, 0)?;
         let params: Vec<Tensor<Cpu>> = m.named_parameters().into_iter().map(|(_, t)| t).collect();
-        let loss = m.loss(&ids, &labels, Some(&mask))?;
+        let loss = m.loss(&ids, Some(&mask), &labels)?;
         let mut after = loss.backward()?;
         sync_grads(Some(&rk.comm), &params, &mut after, 4096)?;
         rk.comm.reset_stats();

@@ -100,12 +100,11 @@ fn bad_configs_and_prompts_longer_than_the_context_are_refused() {
     let m = Llama::from_pretrained(&b, &fixture(), DType::F32).unwrap();
     let ctx = m.cfg.max_positions.unwrap();
     let ids = Tensor::from_vec(&b, vec![3i64; ctx + 1], [1, ctx + 1]).unwrap();
-    let e = generate(&m, &ids, None, &GenerationConfig::default(), |_, _| {}).err().unwrap().to_string();
+    let e = generate(&m, &ids, None, &GenerationConfig::default()).err().unwrap().to_string();
     assert!(e.contains(&format!("{} tokens, longer than the model's context of {ctx}", ctx + 1)), "{e}");
     // a prompt that fits but leaves less room than asked stops at the context
     let ids = Tensor::from_vec(&b, vec![3i64; ctx - 2], [1, ctx - 2]).unwrap();
-    let g =
-        generate(&m, &ids, None, &GenerationConfig { max_new_tokens: 10, ..Default::default() }, |_, _| {}).unwrap();
+    let g = generate(&m, &ids, None, &GenerationConfig { max_new_tokens: 10, ..Default::default() }).unwrap();
     assert!(g.hit_context);
     assert_eq!(g.rows[0].len(), ctx);
 }

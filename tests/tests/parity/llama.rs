@@ -6,7 +6,7 @@ use redco_core::dist::trace::plan_from_trace;
 use redco_core::dist::{spmd_cpu, Mesh, SpmdOptions};
 use redco_core::nn::ModuleExt;
 use redco_core::{DType, Result, Tensor};
-use redco_models::generate::{generate, GenerationConfig, Sampling};
+use redco_models::generate::{generate_with, CausalLm, GenerationConfig};
 use redco_models::hf::safetensors::read_all;
 use redco_models::llama::Llama;
 use std::collections::BTreeMap;
@@ -97,14 +97,10 @@ fn greedy(b: &Cpu, split: Option<&redco_core::dist::ShardPlan>) -> Result<Vec<i6
     }
     let inp = read_all(&dir().join("inputs.safetensors"))?;
     let t = |k: &str| Tensor::from_host(b, &inp[k].data, inp[k].shape.clone());
-    let cfg = GenerationConfig {
-        max_new_tokens: 8,
-        sampling: Sampling::Greedy,
-        stop_tokens: m.cfg.eos_token_ids.clone(),
-        pad_token: m.cfg.pad_token_id.unwrap_or(0),
-    };
+    // the fixture was generated with `pad_token_id=0` (the config has none)
+    let cfg = GenerationConfig { max_new_tokens: 8, pad_token: 0, ..m.generation_config() };
     let mut streamed = Vec::new();
-    let g = generate(&m, &t("gen_input_ids")?, Some(&t("gen_attention_mask")?), &cfg, |_, toks| {
+    let g = generate_with(&m, &t("gen_input_ids")?, Some(&t("gen_attention_mask")?), &cfg, |_, toks| {
         streamed.push(toks.to_vec())
     })?;
     // the streamed tokens are the generated columns

@@ -9,7 +9,7 @@ use redco_core::dist::{spmd_cpu, Mesh, ShardPlan, SpmdOptions};
 use redco_core::nn::ModuleExt;
 use redco_core::{DType, Placement, Result, Tensor};
 use redco_models::auto::AutoModel;
-use redco_models::generate::{generate, BeamConfig, GenerationConfig, Sampling};
+use redco_models::generate::{generate, BeamConfig, GenerationConfig};
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::safetensors::{read_all, HostTensor};
 use redco_models::t5::T5;
@@ -53,12 +53,12 @@ fn run(name: &str, b: &Cpu, plan: Option<&ShardPlan>) -> Result<Out> {
     let cfg = HfConfig::from_dir(&dir(name))?;
     let (ids, mask, labels) = (t(b, &i, "input_ids"), t(b, &i, "attention_mask"), t(b, &i, "labels"));
     let (gids, gmask) = (t(b, &i, "gen_input_ids"), t(b, &i, "gen_attention_mask"));
-    let pad = cfg.pad_token_id.unwrap_or(0);
+    // the model's stop tokens; the fixtures were generated with `pad_token_id=0` where the
+    // config has none (transformers' default would pad with the eos token)
     let greedy = GenerationConfig {
         max_new_tokens: 8,
-        sampling: Sampling::Greedy,
-        stop_tokens: cfg.eos_token_ids.clone(),
-        pad_token: pad,
+        pad_token: cfg.pad_token_id.unwrap_or(0),
+        ..GenerationConfig::for_model(&cfg)
     };
     if cfg.model_type == "t5" {
         let m = T5::from_pretrained(b, &dir(name), DType::F32, plan)?;
@@ -68,14 +68,7 @@ fn run(name: &str, b: &Cpu, plan: Option<&ShardPlan>) -> Result<Out> {
         let loss = m.loss(&ids, Some(&mask), &labels, None)?;
         let grads = grads_of(&m, &loss)?;
         let generated = m.generate(&gids, Some(&gmask), &greedy)?.concat();
-        let bc = BeamConfig {
-            num_beams: 4,
-            max_new_tokens: 8,
-            length_penalty: 1.0,
-            early_stopping: true,
-            stop_tokens: cfg.eos_token_ids.clone(),
-            pad_token: pad,
-        };
+        let bc = BeamConfig { max_new_tokens: 8, early_stopping: true, ..BeamConfig::for_model(&cfg, 4) };
         let beams = Some(m.generate_beam(&gids, Some(&gmask), &bc)?.concat());
         return Ok(Out { logits, loss: loss.replicate()?.to_scalar()?, grads, generated, beams });
     }
@@ -83,7 +76,7 @@ fn run(name: &str, b: &Cpu, plan: Option<&ShardPlan>) -> Result<Out> {
     let logits = m.forward(&ids, Some(&mask))?.replicate()?.to_vec_f64()?;
     let loss = m.loss(&ids, Some(&mask), &labels)?;
     let grads = grads_of(&m, &loss)?;
-    let generated = generate(&m, &gids, Some(&gmask), &greedy, |_, _| {})?.rows.concat();
+    let generated = generate(&m, &gids, Some(&gmask), &greedy)?.rows.concat();
     Ok(Out { logits, loss: loss.replicate()?.to_scalar()?, grads, generated, beams: None })
 }
 

@@ -33,7 +33,7 @@ fn collate<B: Backend>(b: &B, ex: &[Vec<i64>]) -> Result<Batch<B>> {
 }
 
 fn loss<B: Backend>(_: &StepCtx<B>, m: &Lm<B>, b: &Batch<B>) -> Result<Tensor<B>> {
-    m.loss(&b["input_ids"], &b["labels"], None)
+    m.loss(&b["input_ids"], None, &b["labels"])
 }
 
 fn config(steps: u64, bs: usize, k: usize) -> TrainConfig {
@@ -220,7 +220,7 @@ fn a_nan_loss_stops_with_its_step_and_keeps_the_last_checkpoint() {
         |b| Lm::new(b, CFG, DType::F32, 1),
         collate,
         |ctx: &StepCtx<Cpu>, m: &Lm<Cpu>, b: &Batch<Cpu>| {
-            let l = m.loss(&b["input_ids"], &b["labels"], None)?;
+            let l = m.loss(&b["input_ids"], None, &b["labels"])?;
             if ctx.step == 5 {
                 l.scale(f64::NAN)
             } else {
@@ -238,7 +238,7 @@ fn a_nan_loss_stops_with_its_step_and_keeps_the_last_checkpoint() {
         |b| Lm::new(b, CFG, DType::F32, 1),
         collate,
         |ctx: &StepCtx<Cpu>, m: &Lm<Cpu>, b: &Batch<Cpu>| {
-            let l = m.loss(&b["input_ids"], &b["labels"], None)?;
+            let l = m.loss(&b["input_ids"], None, &b["labels"])?;
             if ctx.step == 5 {
                 l.scale(f64::NAN)
             } else {
@@ -325,7 +325,7 @@ fn eval_is_logged_and_the_best_checkpoint_is_kept() {
     let t = trainer(cfg).with_eval(
         c.sequences(1 << 20, 40),
         |_: &StepCtx<Cpu>, m: &Lm<Cpu>, b: &Batch<Cpu>| {
-            m.loss(&b["input_ids"], &b["labels"], None)?.replicate()?.to_scalar()
+            m.loss(&b["input_ids"], None, &b["labels"])?.replicate()?.to_scalar()
         },
         20,
         true,

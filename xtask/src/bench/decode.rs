@@ -20,7 +20,7 @@ use crate::args::Args;
 use crate::machine;
 use redco_core::cpu::Cpu;
 use redco_core::{Backend, DType, Tensor};
-use redco_models::generate::{generate, GenerationConfig, Sampling};
+use redco_models::generate::{generate, GenerationConfig};
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;
 use std::time::Instant;
@@ -43,9 +43,9 @@ fn model_config(layers: usize, context: usize) -> serde_json::Value {
 
 /// Seconds for one `generate` of exactly `new` tokens.
 pub(super) fn redco_once<B: Backend>(model: &Llama<B>, ids: &Tensor<B>, new: usize) -> Result<f64, String> {
-    let cfg = GenerationConfig { max_new_tokens: new, sampling: Sampling::Greedy, stop_tokens: vec![], pad_token: 0 };
+    let cfg = GenerationConfig { max_new_tokens: new, ..GenerationConfig::default() };
     let t = Instant::now();
-    let g = generate(model, ids, None, &cfg, |_, _| {}).map_err(|e| e.to_string())?;
+    let g = generate(model, ids, None, &cfg).map_err(|e| e.to_string())?;
     let s = t.elapsed().as_secs_f64();
     if g.new_tokens != [new] {
         return Err(format!("redco generated {:?} tokens, not {new}", g.new_tokens));
