@@ -3,6 +3,7 @@
 pub mod check;
 pub mod common;
 pub mod convert;
+pub mod data;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod eval_dump;

@@ -142,3 +142,6 @@ pub fn open_split(path: &Path, split: Option<&str>) -> Result<JsonDataset> {
         )),
     }
 }
+
+#[cfg(all(test, feature = "datasets"))]
+mod tests;
