@@ -135,4 +135,3 @@ pub(super) fn string_field<'a>(
         }
     }
 }
-

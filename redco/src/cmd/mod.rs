@@ -3,9 +3,9 @@
 pub mod check;
 pub mod common;
 pub mod convert;
-pub mod data;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod data;
 pub mod eval_dump;
 pub mod generate;
 pub mod info;

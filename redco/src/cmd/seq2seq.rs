@@ -12,7 +12,6 @@ use super::train::{train_config, TrainArgs};
 use redco_core::dist::Mesh;
 use redco_core::nn::lora::{add_lora, set_dropout_seed, LoraConfig};
 use redco_core::pipeline::checkpoint::write_atomic;
-use redco_core::pipeline::data::Dataset;
 use redco_core::pipeline::{Batch, Deployer, FitReport, StepCtx, TrainConfig, Trainer};
 use redco_core::{Backend, DType, Error, Result};
 use redco_models::hf::config::HfConfig;
@@ -156,14 +155,17 @@ fn report_outputs<B: Backend>(b: &B, w: &Path, tok: &Tokenizer, held_out: &[Pair
 /// Runs the T5 part of `redco train`.
 pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<(), String> {
     let (Some(src_field), Some(tgt_field)) = (&a.source_field, &a.target_field) else {
-        return Err("a T5 trains on pairs: give --source-field and --target-field (fields of the --data records)".into());
+        return Err(
+            "a T5 trains on pairs: give --source-field and --target-field (fields of the --data records)".into()
+        );
     };
     let Some(data) = &a.data else {
         return Err("a T5 trains on pairs: give --data (pairs.jsonl, a Parquet file, a datasets directory) with --source-field and --target-field".into());
     };
     let tok = Tokenizer::from_dir(&r.dir).map_err(err)?;
     let max_target = a.target_len.unwrap_or(a.seq_len);
-    let mut pairs = read_pairs(data, a.data_split.as_deref(), (src_field, tgt_field), &tok, a.seq_len, max_target).map_err(err)?;
+    let mut pairs =
+        read_pairs(data, a.data_split.as_deref(), (src_field, tgt_field), &tok, a.seq_len, max_target).map_err(err)?;
     let n_eval = (pairs.len() / 20).clamp(1, 64);
     let held_out = pairs.split_off(pairs.len() - n_eval);
     let mut identity = r.identity;

@@ -34,9 +34,10 @@ fn quoted(names: &[String]) -> String {
 fn splits(dir: &Path) -> Result<Vec<String>> {
     let path = dir.join("dataset_dict.json");
     let v = read_json(&path)?;
-    let list = v.get("splits").and_then(Value::as_array).ok_or_else(|| {
-        invalid(format!("{}: no `splits` list", path.display()))
-    })?;
+    let list = v
+        .get("splits")
+        .and_then(Value::as_array)
+        .ok_or_else(|| invalid(format!("{}: no `splits` list", path.display())))?;
     list.iter()
         .map(|s| match s.as_str() {
             Some(s) if plain(s) => Ok(s.to_owned()),
@@ -49,9 +50,10 @@ fn splits(dir: &Path) -> Result<Vec<String>> {
 fn data_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let path = dir.join("state.json");
     let v = read_json(&path)?;
-    let files = v.get("_data_files").and_then(Value::as_array).ok_or_else(|| {
-        invalid(format!("{}: no `_data_files` list", path.display()))
-    })?;
+    let files = v
+        .get("_data_files")
+        .and_then(Value::as_array)
+        .ok_or_else(|| invalid(format!("{}: no `_data_files` list", path.display())))?;
     if files.is_empty() {
         return Err(invalid(format!("{}: `_data_files` lists no files", path.display())));
     }

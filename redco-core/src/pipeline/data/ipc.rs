@@ -65,7 +65,9 @@ fn message<'a>(meta: &'a [u8], path: &Path) -> Result<Message<'a>> {
 fn extent(b: &Block, size: u64, path: &Path) -> Result<(u64, u64, u64)> {
     let (o, m, l) = (u64::try_from(b.offset()), u64::try_from(b.metaDataLength()), u64::try_from(b.bodyLength()));
     match (o, m, l) {
-        (Ok(o), Ok(m), Ok(l)) if m >= 4 && o.checked_add(m).and_then(|e| e.checked_add(l)).is_some_and(|e| e <= size) => {
+        (Ok(o), Ok(m), Ok(l))
+            if m >= 4 && o.checked_add(m).and_then(|e| e.checked_add(l)).is_some_and(|e| e <= size) =>
+        {
             Ok((o, m, l))
         }
         _ => Err(bad(path, "a block that lies outside the file")),
@@ -83,8 +85,7 @@ fn index_file(f: &mut File, size: u64, path: &Path) -> Result<Index> {
     if size < 16 {
         return Err(bad(path, "too short for the Arrow file format"));
     }
-    let tail: [u8; 10] =
-        read_at(f, size - 10, 10, size, path)?.try_into().map_err(|_| bad(path, "a short footer"))?;
+    let tail: [u8; 10] = read_at(f, size - 10, 10, size, path)?.try_into().map_err(|_| bad(path, "a short footer"))?;
     let footer_len = read_footer_length(tail).map_err(|e| bad(path, e))? as u64;
     let footer_bytes = read_at(f, (size - 10).saturating_sub(footer_len), footer_len, size - 10, path)?;
     let footer = arrow_ipc::root_as_footer(&footer_bytes).map_err(|e| bad(path, format!("a malformed footer: {e}")))?;

@@ -19,9 +19,9 @@ mod table;
 #[cfg(feature = "datasets")]
 mod value;
 #[cfg(feature = "datasets")]
-pub use table::TableDataset;
-#[cfg(feature = "datasets")]
 pub use hf_disk::DEFAULT_SPLIT;
+#[cfg(feature = "datasets")]
+pub use table::TableDataset;
 
 use crate::{Error, Result};
 use std::path::Path;
@@ -62,7 +62,6 @@ impl<E: Clone + Sync> Dataset<E> for Vec<E> {
 pub fn from_iter<E, I: IntoIterator<Item = E>>(it: I) -> Vec<E> {
     it.into_iter().collect()
 }
-
 
 /// What [`open`] returns: examples as JSON objects, one per line or row.
 pub type JsonDataset = Box<dyn Dataset<serde_json::Value> + Send + Sync>;

@@ -30,9 +30,8 @@ impl ParquetFile {
     pub(crate) fn open(path: &Path) -> Result<Self> {
         let file =
             File::open(path).map_err(|e| Error::invalid("data", format!("cannot read {}: {e}", path.display())))?;
-        let meta = guard(path, || {
-            ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(|e| bad(path, e))
-        })?;
+        let meta =
+            guard(path, || ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(|e| bad(path, e)))?;
         let rows = meta
             .metadata()
             .row_groups()

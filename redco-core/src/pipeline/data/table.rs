@@ -81,9 +81,9 @@ impl TableDataset {
                 if rows > 0 {
                     units.push(Unit { part: pi, block, start: len, rows });
                 }
-                len = len.checked_add(rows).ok_or_else(|| {
-                    Error::invalid("data", format!("{}: row counts overflow", p.path().display()))
-                })?;
+                len = len
+                    .checked_add(rows)
+                    .ok_or_else(|| Error::invalid("data", format!("{}: row counts overflow", p.path().display())))?;
             }
         }
         Ok(TableDataset { name: name.to_path_buf(), parts, units, len, columns, cache: Mutex::new(None) })

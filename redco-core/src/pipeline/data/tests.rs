@@ -123,7 +123,8 @@ fn read_all_or_named_error(path: &Path) {
 #[test]
 fn cut_and_flipped_files_are_errors_naming_them_never_panics() {
     let d = scratch("corrupt");
-    for name in ["texts.parquet", "texts_rowgroups.parquet", "texts_file.arrow", "texts_stream.arrow", "types.parquet"] {
+    for name in ["texts.parquet", "texts_rowgroups.parquet", "texts_file.arrow", "texts_stream.arrow", "types.parquet"]
+    {
         let bytes = std::fs::read(fixture(name)).unwrap();
         let ext = Path::new(name).extension().and_then(|e| e.to_str()).unwrap();
         let step = (bytes.len() / 61).max(1);
