@@ -45,8 +45,8 @@ fn err(e: Error) -> String {
     e.to_string()
 }
 
-/// The pairs of the `--data` records (any format `data::open` reads), tokenised (the tokenizer's special tokens added: T5's `</s>`)
-/// and cut to `max_source` and `max_target` tokens (the last kept token is then the end of
+/// The pairs of the `--data` records (any format `data::open` reads), tokenised (the
+/// tokenizer's special tokens added: T5's `</s>`) and cut to `max_source` and `max_target` tokens (the last kept token is then the end of
 /// sequence again). Records with an empty source or target are skipped with a warning.
 fn read_pairs(
     path: &Path,
@@ -160,7 +160,9 @@ pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<
         );
     };
     let Some(data) = &a.data else {
-        return Err("a T5 trains on pairs: give --data (pairs.jsonl, a Parquet file, a datasets directory) with --source-field and --target-field".into());
+        return Err("a T5 trains on pairs: give --data (pairs.jsonl, a Parquet file, a datasets directory) with \
+                    --source-field and --target-field"
+            .into());
     };
     let tok = Tokenizer::from_dir(&r.dir).map_err(err)?;
     let max_target = a.target_len.unwrap_or(a.seq_len);

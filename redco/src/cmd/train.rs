@@ -1,5 +1,6 @@
 //! `redco train`: a LLaMA (a Hugging Face directory or a built-in preset) trained on text
-//! (JSONL, Parquet, Arrow, `datasets` directories: [`super::data`]) or the bundled synthetic corpus (a T5 on JSONL pairs: [`super::seq2seq`]), split over a DP x MP mesh of ranks (CPU threads
+//! (JSONL, Parquet, Arrow, `datasets` directories: [`super::data`]) or the bundled synthetic
+//! corpus (a T5 on pairs: [`super::seq2seq`]), split over a DP x MP mesh of ranks (CPU threads
 //! sharing the cores, or one wgpu device each with `--backend wgpu`), through the three
 //! functions. The workdir ends up a Hugging Face model directory (config.json,
 //! model.safetensors, tokenizer) beside metrics.jsonl, loss.png and checkpoints/.

@@ -144,3 +144,17 @@ pub fn open_split(path: &Path, split: Option<&str>) -> Result<JsonDataset> {
 
 #[cfg(all(test, feature = "datasets"))]
 mod tests;
+
+#[cfg(all(test, not(feature = "datasets")))]
+mod without_datasets {
+    use super::open;
+    use std::path::Path;
+
+    #[test]
+    fn tables_say_they_need_the_feature() {
+        for p in ["t.parquet", "t.arrow", "."] {
+            let e = open(Path::new(p)).err().expect("refused").to_string();
+            assert!(e.contains(p) && e.contains("`datasets` feature"), "{e}");
+        }
+    }
+}
