@@ -11,7 +11,8 @@
 //! - `cargo xtask bench decode [--prompt N] [--new N] [--reps N] [--threads N] [--torch PYTHON]
 //!   [--json FILE]`: batch-1 LLaMA decode tokens/s with the KV cache and, optionally,
 //!   transformers' `generate` measured in the same run;
-//! - `cargo xtask fixtures [--python PY]`: the transformers reference fixtures.
+//! - `cargo xtask fixtures [--python PY] [--datasets]`: the transformers reference fixtures
+//!   (with `--datasets`: only the Hugging Face `datasets` fixtures).
 //! - `cargo xtask fuzz [--cases N] [--only NAME]`: the hostile-input properties with 100,000
 //!   generated inputs per target (config.json, safetensors files and indexes, tokenizer
 //!   files, checkpoint manifests, JSONL).
@@ -81,7 +82,7 @@ tasks:
                                    batch-1 LLaMA decode tok/s with the KV cache (and transformers)
   bench load [--mp N] [--mpi] [--hidden N] [--layers N] [--inter N] [--vocab N]
                                    peak resident memory of each rank loading its checkpoint slice
-  fixtures [--python PY]           regenerate tests/fixtures with transformers (not in CI)
+  fixtures [--python PY] [--datasets]  regenerate tests/fixtures with transformers (--datasets: tests/fixtures/datasets with datasets; not in CI)
   fuzz [--cases N] [--only NAME]   the hostile-input properties, 100000 generated inputs per
                                    target (config, safetensors, index, tokenizer, manifest,
                                    JSONL); CI runs 256 each

@@ -5,6 +5,7 @@ pub mod common;
 pub mod convert;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod data;
 pub mod eval_dump;
 pub mod generate;
 pub mod info;

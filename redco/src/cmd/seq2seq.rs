@@ -1,4 +1,5 @@
-//! `redco train --model T5DIR --data pairs.jsonl --source-field SRC --target-field TGT`: a
+//! `redco train --model T5DIR --data pairs.jsonl --source-field SRC --target-field TGT` (or
+//! any other `--data` format: Parquet, Arrow, a `datasets` directory): a
 //! T5 fine-tuned on (source, target) pairs through the three functions of
 //! [`redco_models::seq2seq`] (sources under an attention mask, padded targets ignored by
 //! the loss, decoder inputs shifted as transformers does), with the held-out pairs' loss
@@ -6,11 +7,11 @@
 //! The workdir ends up a Hugging Face T5 directory.
 
 use super::common;
-use super::train::{string_field, train_config, TrainArgs};
+use super::data::{open_data, string_field};
+use super::train::{train_config, TrainArgs};
 use redco_core::dist::Mesh;
 use redco_core::nn::lora::{add_lora, set_dropout_seed, LoraConfig};
 use redco_core::pipeline::checkpoint::write_atomic;
-use redco_core::pipeline::data::{Dataset, JsonlDataset};
 use redco_core::pipeline::{Batch, Deployer, FitReport, StepCtx, TrainConfig, Trainer};
 use redco_core::{Backend, DType, Error, Result};
 use redco_models::hf::config::HfConfig;
@@ -44,20 +45,18 @@ fn err(e: Error) -> String {
     e.to_string()
 }
 
-/// The pairs of a JSONL file, tokenised (the tokenizer's special tokens added: T5's `</s>`)
-/// and cut to `max_source` and `max_target` tokens (the last kept token is then the end of
+/// The pairs of the `--data` records (any format `data::open` reads), tokenised (the
+/// tokenizer's special tokens added: T5's `</s>`) and cut to `max_source` and `max_target` tokens (the last kept token is then the end of
 /// sequence again). Records with an empty source or target are skipped with a warning.
 fn read_pairs(
     path: &Path,
+    split: Option<&str>,
     fields: (&str, &str),
     tok: &Tokenizer,
     max_source: usize,
     max_target: usize,
 ) -> Result<Vec<Pair>> {
-    let data = JsonlDataset::open(path)?;
-    if data.is_empty() {
-        return Err(Error::invalid("data", format!("{} holds no JSON lines", path.display())));
-    }
+    let data = open_data(path, split, &[(fields.0, "--source-field"), (fields.1, "--target-field")])?;
     let eos = tok.eos_id();
     let cut = |mut ids: Vec<i64>, max: usize| {
         if ids.len() > max {
@@ -159,14 +158,19 @@ fn report_outputs<B: Backend>(b: &B, w: &Path, tok: &Tokenizer, held_out: &[Pair
 /// Runs the T5 part of `redco train`.
 pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<(), String> {
     let (Some(src_field), Some(tgt_field)) = (&a.source_field, &a.target_field) else {
-        return Err("a T5 trains on pairs: give --source-field and --target-field (fields of the --data JSONL)".into());
+        return Err(
+            "a T5 trains on pairs: give --source-field and --target-field (fields of the --data records)".into()
+        );
     };
     let Some(data) = &a.data else {
-        return Err("a T5 trains on pairs: give --data pairs.jsonl with --source-field and --target-field".into());
+        return Err("a T5 trains on pairs: give --data (pairs.jsonl, a Parquet file, a datasets directory) with \
+                    --source-field and --target-field"
+            .into());
     };
     let tok = Tokenizer::from_dir(&r.dir).map_err(err)?;
     let max_target = a.target_len.unwrap_or(a.seq_len);
-    let mut pairs = read_pairs(data, (src_field, tgt_field), &tok, a.seq_len, max_target).map_err(err)?;
+    let mut pairs =
+        read_pairs(data, a.data_split.as_deref(), (src_field, tgt_field), &tok, a.seq_len, max_target).map_err(err)?;
     let n_eval = (pairs.len() / 20).clamp(1, 64);
     let held_out = pairs.split_off(pairs.len() - n_eval);
     let mut identity = r.identity;

@@ -1,5 +1,6 @@
-//! `redco train`: a LLaMA (a Hugging Face directory or a built-in preset) trained on JSONL
-//! text or the bundled synthetic corpus (a T5 on JSONL pairs: [`super::seq2seq`]), split over a DP x MP mesh of ranks (CPU threads
+//! `redco train`: a LLaMA (a Hugging Face directory or a built-in preset) trained on text
+//! (JSONL, Parquet, Arrow, `datasets` directories: [`super::data`]) or the bundled synthetic
+//! corpus (a T5 on pairs: [`super::seq2seq`]), split over a DP x MP mesh of ranks (CPU threads
 //! sharing the cores, or one wgpu device each with `--backend wgpu`), through the three
 //! functions. The workdir ends up a Hugging Face model directory (config.json,
 //! model.safetensors, tokenizer) beside metrics.jsonl, tensorboard/, loss.png, redco.log and checkpoints/.
@@ -10,8 +11,7 @@ use clap::Args;
 use redco_core::nn::lora::{add_lora, LoraConfig};
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
 use redco_core::pipeline::checkpoint::Checkpointer;
-use redco_core::pipeline::data::{Dataset, JsonlDataset};
-use redco_core::pipeline::integrity::FileSum;
+use redco_core::pipeline::data::Dataset;
 use redco_core::pipeline::workdir::{self, WorkdirLock};
 use redco_core::pipeline::{Batch, Deployer, OptimizerConfig, StepCtx, TrainConfig, Trainer};
 use redco_core::{Backend, DType, Error, Result, Tensor};
@@ -35,18 +35,24 @@ pub struct TrainArgs {
     /// pairs, see --source-field: config.json, safetensors, tokenizer.json).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Training text: a JSONL file with one example per line (see --text-field). Default: the
-    /// bundled synthetic corpus (made-up words from a Markov chain of known entropy).
+    /// Training data: a JSONL file (one JSON object per line), a Parquet file, an Arrow IPC
+    /// file (.arrow, .ipc, .feather) or a directory written by Hugging Face datasets'
+    /// save_to_disk (a DatasetDict's train split, see --data-split); each record's
+    /// --text-field is read (a T5's --source-field and --target-field). Default: the bundled
+    /// synthetic corpus (made-up words from a Markov chain of known entropy).
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// The JSONL field holding the text.
+    /// The split of a DatasetDict directory given as --data (default: train).
+    #[arg(long, requires = "data")]
+    pub data_split: Option<String>,
+    /// The field holding the text (a JSONL key or a table column).
     #[arg(long, default_value = "text")]
     pub text_field: String,
-    /// Encoder-decoder models (T5): the JSONL field holding each pair's source text (the
+    /// Encoder-decoder models (T5): the field holding each pair's source text (the
     /// encoder input; at most --seq-len tokens).
     #[arg(long)]
     pub source_field: Option<String>,
-    /// Encoder-decoder models (T5): the JSONL field holding each pair's target text (the
+    /// Encoder-decoder models (T5): the field holding each pair's target text (the
     /// labels; at most --target-len tokens).
     #[arg(long)]
     pub target_field: Option<String>,
@@ -176,78 +182,6 @@ impl Dataset<Vec<i64>> for Synthetic {
     }
     fn get(&self, i: usize) -> Result<Vec<i64>> {
         Ok(self.0.ids(self.1 + i as u64))
-    }
-}
-
-/// Tokenises every text of a JSONL file (with `<s>`, then `</s>` after it), concatenates and
-/// cuts the stream into sequences of `len` tokens. Texts of any length are tokenised in
-/// pieces ([`Tokenizer::encode_long`]), so memory follows the token count, not the longest
-/// line's tokenizer bookkeeping; a field of the wrong type and a file of empty texts are
-/// errors, some empty texts a warning.
-fn pack_jsonl(path: &Path, field: &str, tok: &Tokenizer, len: usize) -> Result<Vec<Vec<i64>>> {
-    let data = JsonlDataset::open(path)?;
-    if data.is_empty() {
-        return Err(Error::invalid("data", format!("{} holds no JSON lines", path.display())));
-    }
-    let mut stream = Vec::new();
-    let mut empty = 0usize;
-    for i in 0..data.len() {
-        let v = data.get(i)?;
-        let text = string_field(&v, field, path, i, "--text-field")?;
-        if text.trim().is_empty() {
-            empty += 1;
-            continue;
-        }
-        stream.extend(tok.encode_long(text, true)?);
-        stream.extend(tok.eos_id());
-    }
-    if empty == data.len() {
-        return Err(Error::invalid("data", format!("every `{field}` in {} is empty", path.display())));
-    }
-    if empty > 0 {
-        crate::cmd::out::warn(format_args!(
-            "redco: warning: {empty} of {} records of {} have an empty `{field}` and are skipped",
-            data.len(),
-            path.display()
-        ));
-    }
-    let seqs: Vec<Vec<i64>> = stream.chunks_exact(len).map(<[i64]>::to_vec).collect();
-    if seqs.len() < 2 {
-        return Err(Error::invalid(
-            "data",
-            format!("{} holds {} tokens: too few for two sequences of {len}", path.display(), stream.len()),
-        ));
-    }
-    Ok(seqs)
-}
-
-/// Record `i`'s string field `field` (`flag` names the option that chose it), or an error
-/// that says what it holds instead.
-pub(super) fn string_field<'a>(
-    v: &'a serde_json::Value,
-    field: &str,
-    path: &Path,
-    i: usize,
-    flag: &str,
-) -> Result<&'a str> {
-    match v.get(field) {
-        Some(serde_json::Value::String(t)) => Ok(t),
-        Some(other) => {
-            let kind = match other {
-                serde_json::Value::Null => "null",
-                serde_json::Value::Bool(_) => "a boolean",
-                serde_json::Value::Number(_) => "a number",
-                serde_json::Value::Array(_) => "an array",
-                _ => "an object",
-            };
-            Err(Error::invalid(
-                "data",
-                format!("{} record {}: `{field}` is {kind}, not a string (see {flag})", path.display(), i + 1),
-            ))
-        }
-        None => {
-            Err(Error::invalid("data", format!("{} record {}: no field `{field}` (see {flag})", path.display(), i + 1)))
-        }
     }
 }
 
@@ -403,8 +337,9 @@ fn run_identity(a: &TrainArgs) -> std::result::Result<BTreeMap<String, String>, 
     };
     let data = match &a.data {
         Some(p) => {
-            let sum = FileSum::of_file(p).map_err(err)?;
-            format!("{} ({} bytes, xxh3 {})", p.display(), sum.bytes, sum.xxh3)
+            let sum = super::data::data_sum(p).map_err(err)?;
+            let split = a.data_split.as_ref().map(|s| format!(", split {s}")).unwrap_or_default();
+            format!("{} ({} bytes, xxh3 {}{split})", p.display(), sum.bytes, sum.xxh3)
         }
         None => "the bundled synthetic corpus".into(),
     };
@@ -524,7 +459,9 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
     identity.insert("vocab".into(), tok.vocab_size().to_string());
     let (train, held_out): (Box<dyn Dataset<Vec<i64>> + Send>, Vec<Vec<i64>>) = match &a.data {
         Some(path) => {
-            let mut seqs = pack_jsonl(path, &a.text_field, &tok, a.seq_len + 1).map_err(err)?;
+            let data = super::data::open_data(path, a.data_split.as_deref(), &[(&a.text_field, "--text-field")])
+                .map_err(err)?;
+            let mut seqs = super::data::pack_text(&*data, path, &a.text_field, &tok, a.seq_len + 1).map_err(err)?;
             let n_eval = (seqs.len() / 20).clamp(1, 64);
             let eval = seqs.split_off(seqs.len() - n_eval);
             (Box::new(seqs), eval)

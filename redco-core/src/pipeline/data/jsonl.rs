@@ -1,42 +1,11 @@
-//! Example sources: a `Vec`, an iterator (collected), or a JSONL file streamed from disk.
-//!
-//! Training reads examples by index in a seeded order, so a resumed run sees exactly the
-//! examples the interrupted one would have.
+//! JSONL: one JSON object per line, streamed from disk by byte offset.
 
+use super::Dataset;
 use crate::{Error, Result};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-
-/// Indexable examples.
-pub trait Dataset<E>: Sync {
-    /// The number of examples.
-    fn len(&self) -> usize;
-    /// True when there are none.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// Example `i` (`i < len()`).
-    fn get(&self, i: usize) -> Result<E>;
-}
-
-impl<E: Clone + Sync> Dataset<E> for Vec<E> {
-    fn len(&self) -> usize {
-        self.as_slice().len()
-    }
-    fn get(&self, i: usize) -> Result<E> {
-        self.as_slice()
-            .get(i)
-            .cloned()
-            .ok_or_else(|| Error::invalid("dataset", format!("index {i} out of {} examples", self.as_slice().len())))
-    }
-}
-
-/// Collects an iterator of examples into an indexable dataset.
-pub fn from_iter<E, I: IntoIterator<Item = E>>(it: I) -> Vec<E> {
-    it.into_iter().collect()
-}
 
 /// A JSONL file read line by line from disk: only the byte offset of each line is kept in
 /// memory. Each line parses into `serde_json::Value`; a malformed line is an error that
