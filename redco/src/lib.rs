@@ -31,3 +31,8 @@ pub use redco_mpi as mpi;
 /// The PJRT backend ([`redco_tpu`]), with the `tpu` feature.
 #[cfg(feature = "tpu")]
 pub use redco_tpu as tpu;
+
+/// The README's Rust examples, compiled and run as doc tests (`cargo test --doc -p redco`).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeExamples;
