@@ -202,7 +202,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     tests("pipeline on wgpu ranks (Trainer, Predictor)", &["test", "-p", "redco-tests", "--test", "pipeline", "wgpu"])?;
     tests(
         "redco CLI on wgpu (eval-dump, generate, train)",
-        &["test", "-p", "redco", "--features", "wgpu", "--test", "cli_wgpu"],
+        &["test", "-p", "redco", "--features", "wgpu", "--test", "cli", "--", "cli_wgpu::"],
     )?;
     let (ok, out) = cargo(&["run", "--release", "-p", "redco-wgpu", "--example", "matmul_gflops"], &envs, true)?;
     match gflops(&out) {

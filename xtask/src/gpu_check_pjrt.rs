@@ -101,11 +101,11 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let mut compiled = vec!["test", "--release", "-p", "redco-tpu", "--test", "compiled", "--"];
     compiled.extend(["equals_the_eager", "another_shape", "overflowing"]);
     let mut trainer = vec!["test", "--release", "-p", "redco-tpu", "--test", "trainer", "--", "refused"];
-    let mut cli = vec!["test", "--release", "-p", "redco", "--features", "tpu", "--test", "cli_pjrt", "--"];
-    cli.extend(["eval_dump", "generate"]);
+    let mut cli = vec!["test", "--release", "-p", "redco", "--features", "tpu", "--test", "cli", "--"];
+    cli.extend(["cli_pjrt::eval_dump", "cli_pjrt::generate"]);
     if n >= 2 {
         compiled.extend(["two_devices", "clipping", "outside_the_vocabulary"]);
-        cli.push("train");
+        cli.push("cli_pjrt::train");
     }
     if n >= 4 {
         compiled.push("1x2_and_2x2");

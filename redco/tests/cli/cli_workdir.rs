@@ -2,14 +2,12 @@
 //! outputs: every case ends with a clear message naming the culprit and exit code 2, or
 //! succeeds, and none panics or silently replaces data.
 
-mod common;
-
-use common::{redco, s};
+use crate::common::{redco, s};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 fn tmp(name: &str) -> PathBuf {
-    common::scratch_dir("workdir", name)
+    crate::common::scratch_dir("workdir", name)
 }
 
 fn train(w: &Path, extra: &[&str]) -> (i32, String, String) {

@@ -3,9 +3,7 @@
 //! of the uninterrupted run, byte for byte, and no trial leaves a workdir that refuses to
 //! resume.
 
-mod common;
-
-use common::s;
+use crate::common::s;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -50,18 +48,18 @@ fn run_to_end(w: &Path, resume: bool) -> String {
 
 #[test]
 fn kill_9_mid_run_then_resume_gives_the_uninterrupted_weights() {
-    let whole = common::scratch_dir("kill", "whole");
+    let whole = crate::common::scratch_dir("kill", "whole");
     run_to_end(&whole, false);
     let want = std::fs::read(whole.join("model.safetensors")).unwrap();
     // how long an uninterrupted run takes, to spread the kills over it
     let t = std::time::Instant::now();
-    let probe = common::scratch_dir("kill", "probe");
+    let probe = crate::common::scratch_dir("kill", "probe");
     run_to_end(&probe, false);
     let span = t.elapsed().as_millis().max(50) as u64;
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     let mut killed_mid_run = 0;
     for trial in 0..TRIALS {
-        let w = common::scratch_dir("kill", &format!("t{trial}"));
+        let w = crate::common::scratch_dir("kill", &format!("t{trial}"));
         let mut child = Command::new(env!("CARGO_BIN_EXE_redco"))
             .args(args(&w, false))
             .stdout(Stdio::null())

@@ -5,8 +5,6 @@
 //! devices, `train` runs at 1x2, and a missing plugin is a clear error.
 #![cfg(feature = "tpu")]
 
-mod common;
-
 use std::process::Command;
 
 /// Exit code, stdout and stderr of `redco args`.
@@ -38,10 +36,10 @@ fn eval_dump_matches(name: &str) {
         let mesh = mesh.as_str();
         let out =
             std::env::temp_dir().join(format!("redco-eval-dump-pjrt-{name}-{mesh}-{}.safetensors", std::process::id()));
-        let args = common::eval_dump_args(name, &out, &["--backend", "pjrt", "--mesh", mesh]);
+        let args = crate::common::eval_dump_args(name, &out, &["--backend", "pjrt", "--mesh", mesh]);
         let (code, _, err) = redco(&args.iter().map(String::as_str).collect::<Vec<_>>());
         assert_eq!(code, 0, "{name} at {mesh}: {err}");
-        common::compare_dump(name, &out);
+        crate::common::compare_dump(name, &out);
         let _ = std::fs::remove_file(&out);
     }
 }
@@ -69,7 +67,7 @@ fn eval_dump_t5_on_pjrt_matches_transformers() {
 #[test]
 fn generate_on_pjrt_gives_the_cpu_text_and_info_lists_devices() {
     plugin();
-    let f = common::fixture_named("llama-tiny");
+    let f = crate::common::fixture_named("llama-tiny");
     let gen = |backend: &str| {
         let args = ["generate", "--model", f.to_str().unwrap(), "--prompt", "hello world", "--max-new-tokens", "5"];
         let (code, out, err) = redco(&[&args[..], &["--backend", backend]].concat());
@@ -86,7 +84,7 @@ fn generate_on_pjrt_gives_the_cpu_text_and_info_lists_devices() {
 
 #[test]
 fn a_missing_plugin_is_a_clear_error() {
-    let f = common::fixture_named("llama-tiny");
+    let f = crate::common::fixture_named("llama-tiny");
     let args = ["generate", "--model", f.to_str().unwrap(), "--prompt", "hi", "--backend", "pjrt"];
     let (code, _, err) = redco(&[&args[..], &["--pjrt-plugin", "/nonexistent/libtpu.so"]].concat());
     assert_eq!(code, 2, "{err}");

@@ -7,9 +7,7 @@
 //! Cases that need a run to exist first (workdir ownership, corrupt checkpoints, resume
 //! identity) are in `cli_workdir.rs`; together the two files hold more than 150 cases.
 
-mod common;
-
-use common::{fixture_named, s};
+use crate::common::{fixture_named, s};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -77,7 +75,7 @@ struct Scratch(PathBuf);
 
 impl Scratch {
     fn new() -> Scratch {
-        let d = common::scratch_dir("bad-inputs", "all");
+        let d = crate::common::scratch_dir("bad-inputs", "all");
         std::fs::create_dir_all(&d).unwrap();
         Scratch(d)
     }

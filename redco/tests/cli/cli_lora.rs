@@ -5,9 +5,7 @@
 //! transformers and peft, transformers' logits of the merged export equal redco's and
 //! `PeftModel` over the base gives the same logits.
 
-mod common;
-
-use common::{fixture_named, redco, s};
+use crate::common::{fixture_named, redco, s};
 use redco_core::cpu::Cpu;
 use redco_core::{DType, Tensor};
 use redco_models::auto::AutoModel;
@@ -18,7 +16,7 @@ use std::process::Command;
 const TARGETS: &str = r".*\.(q_proj|v_proj|o_proj|down_proj)";
 
 fn train(name: &str, export: &str) -> (PathBuf, String) {
-    let w = common::scratch_dir("lora", name);
+    let w = crate::common::scratch_dir("lora", name);
     std::fs::create_dir_all(&w).expect("scratch");
     let data = w.join("text.jsonl");
     let words = ["the cat", "a dog", "plays", "walks", "on the mat", "dogs", "quickly", "rain"];

@@ -4,13 +4,11 @@
 //! step by step, as the same records in JSONL, for a LLaMA on text and a T5 on pairs; a
 //! missing column, a missing split and a corrupt file are one-line errors naming them.
 
-mod common;
-
-use common::{fixture_named, redco, s};
+use crate::common::{fixture_named, redco, s};
 use std::path::{Path, PathBuf};
 
 fn tmp(name: &str) -> PathBuf {
-    common::scratch_dir("datasets", name)
+    crate::common::scratch_dir("datasets", name)
 }
 
 fn data(name: &str) -> PathBuf {

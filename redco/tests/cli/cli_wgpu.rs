@@ -3,8 +3,6 @@
 //! adapters. Skipped without a wgpu adapter unless `REDCO_REQUIRE_WGPU=1`.
 #![cfg(feature = "wgpu")]
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -39,10 +37,10 @@ fn eval_dump_on_wgpu_matches_transformers() {
         return;
     }
     let out = std::env::temp_dir().join(format!("redco-eval-dump-wgpu-{}.safetensors", std::process::id()));
-    let args = common::eval_dump_args("llama-tiny", &out, &["--backend", "wgpu"]);
+    let args = crate::common::eval_dump_args("llama-tiny", &out, &["--backend", "wgpu"]);
     let (code, _, err) = redco(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(code, 0, "{err}");
-    common::compare_dump("llama-tiny", &out);
+    crate::common::compare_dump("llama-tiny", &out);
     let _ = std::fs::remove_file(&out);
 }
 

@@ -1,9 +1,7 @@
 //! `redco eval-dump` against the transformers reference of the committed LLaMA fixture, split
 //! over a 1x2 mesh, and its one-line errors.
 
-mod common;
-
-use common::{compare_dump, eval_dump_args, fixture_named};
+use crate::common::{compare_dump, eval_dump_args, fixture_named};
 use std::path::PathBuf;
 use std::process::Command;
 

@@ -4,13 +4,11 @@
 //! greedy outputs equal their targets, the workdir is a T5 directory that loads back; and
 //! the pair flags' mistakes are one-line errors.
 
-mod common;
-
-use common::{fixture_named, redco, s};
+use crate::common::{fixture_named, redco, s};
 use std::path::{Path, PathBuf};
 
 fn tmp(name: &str) -> PathBuf {
-    common::scratch_dir("seq2seq", name)
+    crate::common::scratch_dir("seq2seq", name)
 }
 
 /// `n` pairs `{"en": ..., "xx": ...}` of 3 to 7 words over t5-tiny's whole-word tokens.

@@ -9,9 +9,7 @@
 
 #![cfg(feature = "mpi")]
 
-mod common;
-
-use common::{compare_dump, eval_dump_args, fixture_named};
+use crate::common::{compare_dump, eval_dump_args, fixture_named};
 use redco_mpi::launch::{Job, Mpirun};
 use std::path::{Path, PathBuf};
 use std::process::Command;

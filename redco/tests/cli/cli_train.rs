@@ -2,13 +2,11 @@
 //! whose outputs exist and whose loss falls, a model that generates and converts both ways,
 //! and one-line errors with exit code 2 for bad input.
 
-mod common;
-
-use common::{redco, s};
+use crate::common::{redco, s};
 use std::path::PathBuf;
 
 fn tmp(name: &str) -> PathBuf {
-    common::scratch_dir("train", name)
+    crate::common::scratch_dir("train", name)
 }
 
 #[test]
