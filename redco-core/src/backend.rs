@@ -371,6 +371,18 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         *v = nv;
         Ok(nx)
     }
+    /// One AdamW step of many parameters at once: each item's new moments over its `m`
+    /// and `v` as [`Backend::adamw_into`] writes them, and the new parameters in the
+    /// items' order. A backend that updates them all in one pass (one kernel launch on a
+    /// GPU instead of one per parameter) overrides it; the default runs
+    /// [`Backend::adamw_into`] per item.
+    fn adamw_many(
+        &self,
+        items: &mut [ops::adamw::AdamItem<'_, Self::Storage>],
+        step: &ops::adamw::AdamStep,
+    ) -> Result<Vec<Self::Storage>> {
+        items.iter_mut().map(|it| self.adamw_into(it.x, it.g, it.m, it.v, it.n, step)).collect()
+    }
     /// Per-row cross-entropy of `logits` (`[n, vocab]`) against integer `targets` (`[n]`);
     /// rows whose target equals `ignore_index` give 0. Returns `[n]`.
     fn cross_entropy(

@@ -1,9 +1,10 @@
-//! Fused attention forward and backward (`kernels/attention.cu`); shapes the kernels do
-//! not take (head_dim above 256) fall back to the composite.
+//! Fused attention forward and backward (`kernels/attention.cu`, tiled through shared
+//! memory: [`crate::launch::attention`] picks the tile); shapes the kernels do not take
+//! (head_dim above 256) fall back to the composite.
 
 use crate::context::{tn, Cuda};
 use crate::elementwise::{fits, same};
-use crate::launch::{per_warp, MAX_HEAD_DIM};
+use crate::launch::{attention as tiles, AttnPass, MAX_HEAD_DIM};
 use crate::storage::CudaStorage;
 use cudarc::driver::{DeviceRepr, PushKernelArg};
 use redco_core::ops::attention::AttentionSpec;
@@ -77,6 +78,15 @@ pub(crate) fn args(
     }))
 }
 
+/// Bytes of the kernels' accumulation type for `q`'s dtype (f64 for f64, else f32).
+fn acc_bytes(q: &CudaStorage) -> usize {
+    if q.dtype() == DType::F64 {
+        8
+    } else {
+        4
+    }
+}
+
 impl Cuda {
     pub(crate) fn attention_op(
         &self,
@@ -91,9 +101,10 @@ impl Cuda {
         let out = self.alloc(q.len(), q.dtype())?;
         if rows > 0 {
             let f = self.function("attention", &format!("attn_fwd_{}", tn(q.dtype())))?;
+            let (cfg, tile) = tiles(AttnPass::Forward, s.q_len, s.batch * s.q_heads, s.head_dim, acc_bytes(q))?;
             let (qp, kp, vp, mp, op) = (q.ptr(), k.ptr(), v.ptr(), mask.map_or(0, |m| m.ptr()), out.ptr());
-            self.launch(&f, per_warp(rows)?, |l| {
-                l.arg(&qp).arg(&kp).arg(&vp).arg(&mp).arg(&op).arg(&a);
+            self.launch(&f, cfg, |l| {
+                l.arg(&qp).arg(&kp).arg(&vp).arg(&mp).arg(&op).arg(&a).arg(&tile);
             })?;
         }
         Ok(Some(out))
@@ -123,8 +134,9 @@ impl Cuda {
         let (dqp, dkp, dvp, lp, dp) = (dq.ptr(), dk.ptr(), dv.ptr(), lse.ptr(), dd.ptr());
         if rows > 0 {
             let f = self.function("attention", &format!("attn_bwd_q_{t}"))?;
-            self.launch(&f, per_warp(rows)?, |l| {
-                l.arg(&qp).arg(&kp).arg(&vp).arg(&mp).arg(&gp).arg(&dqp).arg(&lp).arg(&dp).arg(&a);
+            let (cfg, tile) = tiles(AttnPass::Queries, s.q_len, s.batch * s.q_heads, s.head_dim, acc_bytes(q))?;
+            self.launch(&f, cfg, |l| {
+                l.arg(&qp).arg(&kp).arg(&vp).arg(&mp).arg(&gp).arg(&dqp).arg(&lp).arg(&dp).arg(&a).arg(&tile);
             })?;
         }
         if kv_rows > 0 {
@@ -133,8 +145,9 @@ impl Cuda {
                 return Ok(Some((dq, self.fill(k.len(), 0.0, k.dtype())?, self.fill(v.len(), 0.0, v.dtype())?)));
             }
             let f = self.function("attention", &format!("attn_bwd_kv_{t}"))?;
-            self.launch(&f, per_warp(kv_rows)?, |l| {
-                l.arg(&qp).arg(&kp).arg(&vp).arg(&mp).arg(&gp).arg(&lp).arg(&dp).arg(&dkp).arg(&dvp).arg(&a);
+            let (cfg, tile) = tiles(AttnPass::Keys, s.kv_len, s.batch * s.kv_heads, s.head_dim, acc_bytes(q))?;
+            self.launch(&f, cfg, |l| {
+                l.arg(&qp).arg(&kp).arg(&vp).arg(&mp).arg(&gp).arg(&lp).arg(&dp).arg(&dkp).arg(&dvp).arg(&a).arg(&tile);
             })?;
         }
         Ok(Some((dq, dk, dv)))

@@ -6,7 +6,6 @@ use redco_core::backend::{BinaryOp, CmpOp, MatmulSpec, ReduceOp, RotaryMode, Una
 use redco_core::ops::adamw::AdamStep;
 use redco_core::ops::attention::AttentionSpec;
 use redco_core::{Backend, DType, HostData, Result, Shape};
-use std::sync::Arc;
 
 impl Backend for Cuda {
     type Storage = CudaStorage;
@@ -177,15 +176,14 @@ impl Backend for Cuda {
         n: usize,
         step: &AdamStep,
     ) -> Result<CudaStorage> {
-        // moments held by nobody else are updated where they are
-        for t in [&mut *m, &mut *v] {
-            if Arc::strong_count(&t.0) != 1 {
-                *t = self.duplicate(t)?;
-            }
-        }
-        let x = self.duplicate(x)?;
-        self.adamw_in_place(&x, g, m, v, n, step)?;
-        Ok(x)
+        self.adamw_into_op(x, g, m, v, n, step)
+    }
+    fn adamw_many(
+        &self,
+        items: &mut [redco_core::ops::adamw::AdamItem<'_, CudaStorage>],
+        step: &AdamStep,
+    ) -> Result<Vec<CudaStorage>> {
+        self.adamw_many_op(items, step)
     }
     fn cross_entropy(
         &self,

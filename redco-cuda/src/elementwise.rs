@@ -201,6 +201,14 @@ impl Cuda {
                 l.arg(&xp).arg(&yp).arg(&n64);
             })?;
         }
+        // ids cast between integer types keep their values where the target holds them
+        let fits_in = |lo: i64, hi: i64| match dtype {
+            DType::I64 => true,
+            DType::I32 => lo >= i32::MIN as i64 && hi <= i32::MAX as i64,
+            DType::U8 => lo >= 0 && hi <= u8::MAX as i64,
+            _ => false,
+        };
+        y.know(x.bounds().filter(|b| b.range().is_none_or(|(lo, hi)| fits_in(lo, hi))));
         Ok(y)
     }
 }

@@ -1,28 +1,12 @@
-//! Fused ops: softmax, norms, rotary, AdamW, cross-entropy (`kernels/<family>.cu`).
+//! Fused ops: softmax, norms, rotary, cross-entropy (`kernels/<family>.cu`).
 
 use crate::context::{tn, Cuda};
 use crate::elementwise::{fits, same};
 use crate::launch::{elementwise, per_row};
 use crate::storage::CudaStorage;
-use cudarc::driver::{DeviceRepr, PushKernelArg};
+use cudarc::driver::PushKernelArg;
 use redco_core::backend::RotaryMode;
-use redco_core::ops::adamw::AdamStep;
 use redco_core::{Error, Result, Shape};
-
-/// `AdamStep` as the kernel takes it.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Step {
-    lr: f64,
-    beta1: f64,
-    beta2: f64,
-    eps: f64,
-    wd: f64,
-    bias1: f64,
-    bias2: f64,
-}
-// SAFETY: a #[repr(C)] block of f64, laid out as the kernel's `AdamStep`
-unsafe impl DeviceRepr for Step {}
 
 /// `(rows, row length)` of a tensor normalised over its last dimension.
 fn rows_of(shape: &Shape, op: &'static str) -> Result<(usize, usize)> {
@@ -123,44 +107,6 @@ impl Cuda {
         Ok(y)
     }
 
-    /// One AdamW step in place on `x`, `m` and `v` (buffers the caller owns alone).
-    pub(crate) fn adamw_in_place(
-        &self,
-        x: &CudaStorage,
-        g: &CudaStorage,
-        m: &CudaStorage,
-        v: &CudaStorage,
-        n: usize,
-        h: &AdamStep,
-    ) -> Result<()> {
-        for t in [g, m, v] {
-            same(x, t, "adamw")?;
-        }
-        if [x, g, m, v].iter().any(|t| t.len() != n) {
-            return Err(Error::invalid("adamw", format!("parameter, gradient and moments must all hold {n} elements")));
-        }
-        if !x.dtype().is_float() {
-            return Err(Error::UnsupportedDType { op: "adamw", dtype: x.dtype() });
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        let f = self.function("adamw", &format!("adamw_{}", tn(x.dtype())))?;
-        let s = Step {
-            lr: h.lr,
-            beta1: h.beta1,
-            beta2: h.beta2,
-            eps: h.eps,
-            wd: h.weight_decay,
-            bias1: h.bias1,
-            bias2: h.bias2,
-        };
-        let (xp, gp, mp, vp, n64) = (x.ptr(), g.ptr(), m.ptr(), v.ptr(), n as i64);
-        self.launch(&f, elementwise(n), |l| {
-            l.arg(&xp).arg(&gp).arg(&mp).arg(&vp).arg(&n64).arg(&s);
-        })
-    }
-
     /// Cross-entropy rows (`grad` None) or their gradient (`grad` the per-row gradient).
     pub(crate) fn xent_op(
         &self,
@@ -200,7 +146,8 @@ impl Cuda {
                 l.arg(&yp).arg(&r).arg(&v).arg(&ignore).arg(&fp);
             })?;
         }
-        if self.flag_set(&flag)? {
+        // targets known on the host to be in range (uploaded labels) need no read-back
+        if !targets.known_within(vocab, Some(ignore)) && self.flag_set(&flag)? {
             let t = self.download_data(targets)?.to_i64_vec()?;
             let index = t.into_iter().find(|&i| i != ignore && (i < 0 || i as u64 >= vocab as u64)).unwrap_or(-1);
             return Err(Error::IndexOutOfRange { op: "cross_entropy", index, size: vocab });

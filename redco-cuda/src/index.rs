@@ -1,6 +1,7 @@
-//! Index ops (`kernels/index.cu`): index_select, index_add, gather, scatter_add. The
-//! kernels flag an id out of range on the device; the host reads the flag back and
-//! reports the error (one small read per call).
+//! Index ops (`kernels/index.cu`): index_select, index_add, gather, scatter_add. Ids
+//! whose range the host knows (uploaded ids and their copies: [`crate::bounds`]) are
+//! checked on the host, with no wait for the GPU; for other ids the kernels flag an id out
+//! of range on the device and the host reads the flag back (one small read per call).
 
 use crate::context::{tn, Cuda};
 use crate::elementwise::fits;
@@ -21,7 +22,7 @@ impl Cuda {
     /// The error for ids out of range when the kernel set `flag` (the ids are read back to
     /// name the first bad one: the rare path only).
     fn bad_ids(&self, flag: &CudaStorage, ids: &CudaStorage, op: &'static str, size: usize) -> Result<()> {
-        if !self.flag_set(flag)? {
+        if ids.known_within(size, None) || !self.flag_set(flag)? {
             return Ok(());
         }
         let all = self.download_data(ids)?.to_i64_vec()?;

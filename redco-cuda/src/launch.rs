@@ -8,7 +8,7 @@ use redco_core::{Error, Result, Shape};
 pub const THREADS: u32 = 256;
 /// The most blocks an elementwise launch uses (the kernels loop over the rest).
 pub const MAX_BLOCKS: u64 = 65_535;
-/// Warps per block of the warp-per-row kernels (attention).
+/// Warps per block of the attention kernels (one row each).
 pub const ROW_WARPS: u32 = 4;
 /// Highest rank the broadcast kernels index (`MAX_RANK` in `common.cuh`).
 pub const MAX_RANK: usize = 8;
@@ -29,13 +29,67 @@ pub fn per_row(rows: usize, len: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
 }
 
-/// One warp per row, [`ROW_WARPS`] rows per block.
-pub fn per_warp(rows: usize) -> Result<LaunchConfig> {
-    let blocks = (rows as u64).div_ceil(ROW_WARPS as u64).max(1);
-    if blocks > i32::MAX as u64 {
-        return Err(Error::invalid("cuda launch", format!("{rows} rows are more than one launch can take")));
+/// Shared memory a block may use without opting in (the same on every architecture).
+pub const SHARED_BYTES: usize = 48 * 1024;
+
+/// A pass of the tiled attention (`kernels/attention.cu`): their shared-memory layouts
+/// differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnPass {
+    /// The forward: key and value tiles, one query row per warp.
+    Forward,
+    /// The backward over query rows (dq): key and value tiles, a query and an
+    /// output-gradient row per warp.
+    Queries,
+    /// The backward over key rows (dk, dv): query and output-gradient tiles with their
+    /// lse and D, a key and a value row per warp.
+    Keys,
+}
+
+impl AttnPass {
+    /// Shared bytes of a block with `tile`-row tiles and `head_dim` features of
+    /// `acc_bytes` each (rows are `head_dim + 1` apart).
+    pub fn shared_bytes(self, tile: usize, head_dim: usize, acc_bytes: usize) -> usize {
+        let (p, w) = (head_dim + 1, ROW_WARPS as usize);
+        let elems = match self {
+            AttnPass::Forward => (2 * tile + w) * p,
+            AttnPass::Queries => (2 * tile + 2 * w) * p,
+            AttnPass::Keys => 2 * tile * p + 2 * tile + 2 * w * p,
+        };
+        elems * acc_bytes
     }
-    Ok(LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (32 * ROW_WARPS, 1, 1), shared_mem_bytes: 0 })
+}
+
+/// The launch of an attention pass over `pairs` (batch, head) pairs of `rows` rows each
+/// ([`ROW_WARPS`] rows per block, one per warp), and the tile: the most rows of the
+/// streamed side (at most 32, one per lane) whose block fits in [`SHARED_BYTES`].
+pub fn attention(
+    pass: AttnPass,
+    rows: usize,
+    pairs: usize,
+    head_dim: usize,
+    acc_bytes: usize,
+) -> Result<(LaunchConfig, i32)> {
+    if head_dim == 0 || head_dim > MAX_HEAD_DIM {
+        return Err(Error::invalid("cuda attention", format!("head_dim {head_dim} is not in 1..={MAX_HEAD_DIM}")));
+    }
+    let tile = [32, 16, 8, 4, 2, 1]
+        .into_iter()
+        .find(|&t| pass.shared_bytes(t, head_dim, acc_bytes) <= SHARED_BYTES)
+        .ok_or_else(|| {
+            Error::invalid("cuda attention", format!("head_dim {head_dim} does not fit in shared memory"))
+        })?;
+    let blocks = (rows as u64).div_ceil(ROW_WARPS as u64).max(1).saturating_mul(pairs.max(1) as u64);
+    if blocks > i32::MAX as u64 {
+        return Err(Error::invalid(
+            "cuda launch",
+            format!("{rows} rows of {pairs} heads are more than one launch can take"),
+        ));
+    }
+    let shared = pass.shared_bytes(tile, head_dim, acc_bytes) as u32;
+    let cfg =
+        LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (32 * ROW_WARPS, 1, 1), shared_mem_bytes: shared };
+    Ok((cfg, tile as i32))
 }
 
 /// The `Dims` block of `common.cuh`: an iteration space and the element strides of up to
@@ -146,8 +200,34 @@ mod tests {
         assert_eq!((r.grid_dim.0, r.block_dim.0), (10, 1024));
         assert_eq!(per_row(3, 5).block_dim.0, 32);
         assert_eq!(per_row(1, 100).block_dim.0, 128);
-        let w = per_warp(9).unwrap();
-        assert_eq!((w.grid_dim.0, w.block_dim.0), (3, 128));
+    }
+
+    #[test]
+    fn attention_tiles_fit_shared_memory_and_cover_every_row() {
+        for pass in [AttnPass::Forward, AttnPass::Queries, AttnPass::Keys] {
+            for acc in [4, 8] {
+                for d in 1..=MAX_HEAD_DIM {
+                    let (c, tile) = attention(pass, 9, 3, d, acc).unwrap();
+                    assert!((1..=32).contains(&tile), "{pass:?} d {d}: tile {tile}");
+                    assert_eq!(c.shared_mem_bytes as usize, pass.shared_bytes(tile as usize, d, acc));
+                    assert!(c.shared_mem_bytes as usize <= SHARED_BYTES, "{pass:?} d {d} acc {acc}");
+                    // the largest tile that fits: twice it does not, or it is already 32
+                    assert!(tile == 32 || pass.shared_bytes(2 * tile as usize, d, acc) > SHARED_BYTES);
+                    // 9 rows in blocks of 4 rows, for each of 3 heads
+                    assert_eq!((c.grid_dim.0, c.block_dim.0), (9, 128));
+                }
+            }
+        }
+        // the common head sizes keep the full 32-row tile in f32
+        for d in [64, 128] {
+            assert_eq!(attention(AttnPass::Forward, 1, 1, d, 4).unwrap().1, 32);
+            assert_eq!(attention(AttnPass::Queries, 1, 1, d, 4).unwrap().1, 32);
+        }
+        assert_eq!(attention(AttnPass::Keys, 1, 1, 128, 4).unwrap().1, 32);
+        assert_eq!(attention(AttnPass::Keys, 1, 1, 256, 8).unwrap().1, 4);
+        assert!(attention(AttnPass::Forward, 1, 1, 257, 4).is_err());
+        assert!(attention(AttnPass::Forward, 1, 1, 0, 4).is_err());
+        assert!(attention(AttnPass::Forward, usize::MAX / 2, 8, 64, 4).is_err());
     }
 
     #[test]

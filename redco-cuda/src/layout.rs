@@ -51,6 +51,7 @@ impl Cuda {
             }
             .map_err(|e| err(format!("device copy failed: {e}")))?;
         }
+        y.know(x.bounds());
         Ok(y)
     }
 
@@ -65,6 +66,7 @@ impl Cuda {
         let src: Vec<i64> = perm.iter().map(|&p| st[p]).collect();
         let y = self.alloc(x.len(), x.dtype())?;
         self.strided_copy(x, &y, &out, &src, &strides(&out), 0, 0)?;
+        y.know(x.bounds());
         Ok(y)
     }
 
@@ -76,6 +78,7 @@ impl Cuda {
         let src: Vec<i64> = shape.broadcast_strides(out).into_iter().map(|s| s as i64).collect();
         let y = self.alloc(out.elem_count(), x.dtype())?;
         self.strided_copy(x, &y, out.dims(), &src, &strides(out.dims()), 0, 0)?;
+        y.know(x.bounds());
         Ok(y)
     }
 
@@ -97,6 +100,8 @@ impl Cuda {
         let st = strides(d);
         let y = self.alloc(out.iter().product(), x.dtype())?;
         self.strided_copy(x, &y, &out, &st, &strides(&out), start * st[dim] as usize, 0)?;
+        // a part of the values: within the whole's bounds
+        y.know(x.bounds());
         Ok(y)
     }
 
@@ -123,6 +128,7 @@ impl Cuda {
             self.strided_copy(s, &y, sh.dims(), &strides(sh.dims()), &ost, 0, off * ost[dim] as usize)?;
             off += sh.dims()[dim];
         }
+        y.know(xs.iter().try_fold(crate::bounds::Bounds::of([]), |acc, (s, _)| s.bounds().map(|b| acc.union(b))));
         Ok(y)
     }
 }

@@ -12,9 +12,11 @@
 
 #![warn(missing_docs)]
 
+mod adamw;
 mod alloc;
 mod attention;
 mod backend;
+mod bounds;
 mod context;
 mod device;
 mod elementwise;

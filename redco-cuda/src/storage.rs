@@ -1,11 +1,12 @@
 //! [`CudaStorage`]: a device buffer from the caching allocator with its dtype and length.
 
 use crate::alloc::Pool;
+use crate::bounds::Bounds;
 use crate::context::Cuda;
 use crate::device::err;
 use cudarc::driver::sys::CUdeviceptr;
 use redco_core::{DType, HostData, Result};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// One contiguous device buffer; cloning shares it, the last clone returns it to the pool.
 #[derive(Clone, Debug)]
@@ -17,6 +18,8 @@ pub(crate) struct Buf {
     class: usize,
     pub(crate) dtype: DType,
     pub(crate) len: usize,
+    /// The range of an integer buffer's values where the host knows it (see [`Bounds`]).
+    bounds: OnceLock<Bounds>,
     pool: Arc<Pool>,
 }
 
@@ -49,6 +52,22 @@ impl CudaStorage {
     pub fn is_empty(&self) -> bool {
         self.0.len == 0
     }
+    /// The range of the values where the host knows it.
+    pub(crate) fn bounds(&self) -> Option<Bounds> {
+        self.0.bounds.get().copied()
+    }
+    /// Records the range of a buffer just written (a buffer's values never change after
+    /// its op returns it, so the first record stands).
+    pub(crate) fn know(&self, b: Option<Bounds>) {
+        if let Some(b) = b {
+            let _ = self.0.bounds.set(b);
+        }
+    }
+    /// Whether every value is known, without a read-back, to index `0..size` or to equal
+    /// `except`.
+    pub(crate) fn known_within(&self, size: usize, except: Option<i64>) -> bool {
+        self.bounds().is_some_and(|b| b.within(size, except))
+    }
 }
 
 impl Cuda {
@@ -56,7 +75,14 @@ impl Cuda {
     pub(crate) fn alloc(&self, len: usize, dtype: DType) -> Result<CudaStorage> {
         let bytes = len.checked_mul(dtype.size_in_bytes()).ok_or_else(|| err(format!("{len} elements overflow")))?;
         let (ptr, class) = self.inner.pool.take(bytes)?;
-        Ok(CudaStorage(Arc::new(Buf { ptr, class, dtype, len, pool: self.inner.pool.clone() })))
+        Ok(CudaStorage(Arc::new(Buf {
+            ptr,
+            class,
+            dtype,
+            len,
+            bounds: OnceLock::new(),
+            pool: self.inner.pool.clone(),
+        })))
     }
 
     /// Copies host data into a new buffer.
@@ -70,6 +96,11 @@ impl Cuda {
             unsafe { cudarc::driver::result::memcpy_htod_async(s.ptr(), bytes, self.inner.stream.cu_stream()) }
                 .map_err(|e| err(format!("copy to the GPU failed: {e}")))?;
         }
+        s.know(match data {
+            HostData::I64(v) => Some(Bounds::of(v.iter().copied())),
+            HostData::I32(v) => Some(Bounds::of(v.iter().map(|&x| x as i64))),
+            _ => None,
+        });
         Ok(s)
     }
 

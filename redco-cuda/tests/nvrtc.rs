@@ -66,7 +66,7 @@ fn the_kernels_the_host_launches_exist() {
         ("softmax", vec!["softmax"]),
         ("norm", vec!["layer_norm", "rms_norm"]),
         ("rotary", vec!["rotary"]),
-        ("adamw", vec!["adamw"]),
+        ("adamw", vec!["adamw", "adamw_many"]),
         ("attention", vec!["attn_fwd", "attn_bwd_q", "attn_bwd_kv"]),
         ("reduce", vec!["reduce_rows", "reduce_strided", "argmax"]),
     ] {

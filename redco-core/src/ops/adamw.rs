@@ -23,6 +23,20 @@ pub struct AdamStep {
     pub bias2: f64,
 }
 
+/// One parameter of a multi-tensor AdamW step ([`crate::Backend::adamw_many`]).
+pub struct AdamItem<'a, S> {
+    /// The parameter, flat (`n` elements); left as it is.
+    pub x: &'a S,
+    /// Its gradient, in the parameter's dtype.
+    pub g: &'a S,
+    /// The first moment: updated in its own buffer where the backend can, else replaced.
+    pub m: &'a mut S,
+    /// The second moment, likewise.
+    pub v: &'a mut S,
+    /// The number of elements of each.
+    pub n: usize,
+}
+
 /// The update written with tensor ops: `m = b1 m + (1 - b1) g`, `v = b2 v + (1 - b2) g^2`,
 /// `x = x (1 - lr wd) - lr (m / bias1) / (sqrt(v / bias2) + eps)`. Returns `(x, m, v)`.
 pub fn composite_adamw<B: Backend>(

@@ -6,7 +6,7 @@ use super::{grad_of, local_view};
 use crate::dist::axis_index::own_chunk;
 use crate::dist::Comm;
 use crate::nn::Module;
-use crate::ops::adamw::AdamStep;
+use crate::ops::adamw::{AdamItem, AdamStep};
 use crate::{Backend, Error, GradStore, MeshAxis, PartialOp, Placement, Result, Shape, Tensor};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -122,18 +122,12 @@ impl<B: Backend> AdamW<B> {
             }
             Ok(())
         };
+        let cm = match (&comm, zero) {
+            (Some(cm), true) => cm,
+            _ => return crate::no_grad(|| update_all(state, model, grads, &h, update, moments)),
+        };
         super::update_each(model, |name, p| {
-            let g = if zero { grads.get(p) } else { grad_of(name, p, grads)? };
-            let Some(g) = g else { return Ok(None) };
-            let x = local_view(p);
-            let cm = match (&comm, zero) {
-                (Some(cm), true) => cm,
-                _ => {
-                    moments(state, name, &x)?;
-                    let st = state.get_mut(name).expect("inserted above");
-                    return Ok(Some(update(&x, &local_view(g), st)?.storage().clone()));
-                }
-            };
+            let Some(g) = grads.get(p) else { return Ok(None) };
             // ZeRO-1: this dp rank owns one contiguous slice of the flat local shard.
             let b = p.backend();
             let n = p.local_shape().elem_count();
@@ -165,6 +159,66 @@ impl<B: Backend> AdamW<B> {
             Ok(Some(b.narrow(&full, &Shape::new([padded]), 0, 0, n)?))
         })
     }
+}
+
+/// The replicated update of every parameter of `model` with a gradient: one
+/// [`Backend::adamw_many`] over all of them (moments shared with a checkpoint being
+/// written go through `update`, which leaves those buffers alone).
+fn update_all<B: Backend, M: Module<B> + ?Sized>(
+    state: &mut BTreeMap<String, (Tensor<B>, Tensor<B>)>,
+    model: &mut M,
+    grads: &GradStore<B>,
+    h: &AdamStep,
+    update: impl Fn(&Tensor<B>, &Tensor<B>, &mut (Tensor<B>, Tensor<B>)) -> Result<Tensor<B>>,
+    moments: impl Fn(&mut BTreeMap<String, (Tensor<B>, Tensor<B>)>, &str, &Tensor<B>) -> Result<()>,
+) -> Result<()> {
+    // the parameters with a gradient, their local views and gradients in their dtype
+    let mut work: BTreeMap<String, (Tensor<B>, Tensor<B>)> = BTreeMap::new();
+    let mut err = None;
+    model.visit("", &mut |name, p| {
+        if err.is_some() {
+            return;
+        }
+        let g = match grad_of(name, p, grads) {
+            Ok(Some(g)) if g.dtype() == p.dtype() => Ok(local_view(g)),
+            Ok(Some(g)) => local_view(g).cast(p.dtype()),
+            Ok(None) => return,
+            Err(e) => Err(e),
+        };
+        match g {
+            Ok(g) => drop(work.insert(name.to_string(), (local_view(p), g))),
+            Err(e) => err = Some(e),
+        }
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    let Some(b) = work.values().next().map(|(x, _)| x.backend().clone()) else { return Ok(()) };
+    for (name, (x, _)) in &work {
+        moments(state, name, x)?;
+    }
+    let mut new: BTreeMap<String, B::Storage> = BTreeMap::new();
+    let mut names = Vec::new();
+    let mut items = Vec::new();
+    for (name, st) in state.iter_mut() {
+        let Some((x, g)) = work.get(name) else { continue };
+        let unique = Arc::get_mut(&mut st.0 .0).is_some() && Arc::get_mut(&mut st.1 .0).is_some();
+        if !unique {
+            new.insert(name.clone(), update(x, g, st)?.storage().clone());
+            continue;
+        }
+        if let (Some(mi), Some(vi)) = (Arc::get_mut(&mut st.0 .0), Arc::get_mut(&mut st.1 .0)) {
+            let n = x.elem_count();
+            names.push(name.clone());
+            items.push(AdamItem { x: x.storage(), g: g.storage(), m: &mut mi.storage, v: &mut vi.storage, n });
+        }
+    }
+    let out = b.adamw_many(&mut items, h)?;
+    if out.len() != names.len() {
+        return Err(Error::invalid("adamw_many", format!("{} new parameters for {}", out.len(), names.len())));
+    }
+    new.extend(names.into_iter().zip(out));
+    super::update_each(model, |name, _| Ok(new.remove(name)))
 }
 
 impl<B: Backend> super::Optimizer<B> for AdamW<B> {

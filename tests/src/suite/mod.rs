@@ -332,6 +332,10 @@ macro_rules! suite {
             fn adamw_step() {
                 $crate::suite::optim::adamw_step(&$make)
             }
+            #[test]
+            fn adamw_many_step() {
+                $crate::suite::optim::adamw_many_step(&$make)
+            }
         }
         mod random {
             #[allow(unused_imports)]

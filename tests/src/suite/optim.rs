@@ -2,14 +2,19 @@
 //! master weights) and in the backend's check dtype.
 
 use crate::check::{assert_close, check_dtype, tensor, values};
-use redco_core::ops::adamw::AdamStep;
+use redco_core::ops::adamw::{AdamItem, AdamStep};
 use redco_core::{Backend, DType};
 
-pub fn adamw_step<B: Backend>(b: &B) {
-    let n = 40_003; // several parallel chunks and a ragged end
-    let (x, g, m) = (values(n, 1, -1.0, 1.0), values(n, 2, -0.5, 0.5), values(n, 3, -0.1, 0.1));
-    let v = values(n, 4, 0.0, 0.01);
-    let h = AdamStep { lr: 3e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, bias1: 0.19, bias2: 0.0975 };
+const H: AdamStep =
+    AdamStep { lr: 3e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, bias1: 0.19, bias2: 0.0975 };
+
+/// The inputs `(x, g, m, v)` of `n` elements from `seed` and the f64 reference step's
+/// `(x, m, v)`.
+#[allow(clippy::type_complexity)]
+fn case(n: usize, seed: u64) -> ([Vec<f64>; 4], (Vec<f64>, Vec<f64>, Vec<f64>)) {
+    let (x, g) = (values(n, seed, -1.0, 1.0), values(n, seed + 1, -0.5, 0.5));
+    let (m, v) = (values(n, seed + 2, -0.1, 0.1), values(n, seed + 3, 0.0, 0.01));
+    let h = H;
     let mut want = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..n {
         let mi = h.beta1 * m[i] + (1.0 - h.beta1) * g[i];
@@ -19,6 +24,13 @@ pub fn adamw_step<B: Backend>(b: &B) {
         want.1.push(mi);
         want.2.push(vi);
     }
+    ([x, g, m, v], want)
+}
+
+pub fn adamw_step<B: Backend>(b: &B) {
+    let n = 40_003; // several parallel chunks and a ragged end
+    let ([x, g, m, v], want) = case(n, 1);
+    let h = H;
     for dt in [DType::F32, check_dtype(b)] {
         let t = |d: &[f64]| tensor(b, d, [n], dt);
         let (tx, tg, tm, tv) = (t(&x), t(&g), t(&m), t(&v));
@@ -47,4 +59,49 @@ pub fn adamw_step<B: Backend>(b: &B) {
         assert_close(&back(om.storage().clone()), &m0, 0.0, &format!("a shared first moment's other holder ({dt:?})"));
         assert_close(&back(ov.storage().clone()), &v0, 0.0, &format!("a shared second moment's other holder ({dt:?})"));
     }
+}
+
+/// [`Backend::adamw_many`] over parameters of several sizes (empty, one element, either
+/// side of a GPU chunk, a large one) and two dtypes in one call, one of them with moments
+/// shared with another holder: each against the f64 reference, the inputs untouched.
+pub fn adamw_many_step<B: Backend>(b: &B) {
+    let sizes = [0, 1, 4095, 4097, 40_003, 3];
+    let dts = [DType::F32, check_dtype(b), DType::F32, check_dtype(b), DType::F32, check_dtype(b)];
+    let cases: Vec<_> = sizes.iter().enumerate().map(|(i, &n)| case(n, 10 * i as u64 + 5)).collect();
+    let ts: Vec<_> = cases
+        .iter()
+        .zip(dts)
+        .map(|(([x, g, m, v], _), dt)| {
+            let n = x.len();
+            [tensor(b, x, [n], dt), tensor(b, g, [n], dt), tensor(b, m, [n], dt), tensor(b, v, [n], dt)]
+        })
+        .collect();
+    let back = |s: &B::Storage| b.download(s).unwrap().to_f64_vec();
+    let x0: Vec<Vec<f64>> = ts.iter().map(|t| back(t[0].storage())).collect();
+    // every moment unshared but the fifth parameter's, whose other holder is `held`
+    let mut moments: Vec<(B::Storage, B::Storage)> =
+        ts.iter().map(|t| (t[2].storage().clone(), t[3].storage().clone())).collect();
+    let held = (back(ts[4][2].storage()), back(ts[4][3].storage()));
+    let ts: Vec<_> = ts.into_iter().enumerate().map(|(i, [x, g, m, v])| (x, g, (i == 4).then_some((m, v)))).collect();
+    let mut items: Vec<AdamItem<'_, B::Storage>> = ts
+        .iter()
+        .zip(moments.iter_mut())
+        .zip(sizes)
+        .map(|(((x, g, _), (m, v)), n)| AdamItem { x: x.storage(), g: g.storage(), m, v, n })
+        .collect();
+    let out = b.adamw_many(&mut items, &H).unwrap();
+    drop(items);
+    assert_eq!(out.len(), sizes.len());
+    for (i, ((nx, (m, v)), (_, want))) in out.iter().zip(&moments).zip(&cases).enumerate() {
+        let dt = dts[i];
+        let tol = if dt == DType::F64 { 1e-12 } else { 1e-5 };
+        let what = format!("adamw_many parameter {i} of {} ({dt:?})", sizes[i]);
+        assert_close(&back(nx), &want.0, tol, &what);
+        assert_close(&back(m), &want.1, tol, &format!("{what}: first moment"));
+        assert_close(&back(v), &want.2, tol, &format!("{what}: second moment"));
+        assert_close(&back(ts[i].0.storage()), &x0[i], 0.0, &format!("{what}: the input parameter"));
+    }
+    let (m4, v4) = ts[4].2.as_ref().expect("kept");
+    assert_close(&back(m4.storage()), &held.0, 0.0, "a shared first moment's other holder");
+    assert_close(&back(v4.storage()), &held.1, 0.0, "a shared second moment's other holder");
 }

@@ -1,0 +1,173 @@
+// Runs the attention kernels (forward, dq, dk/dv) and the multi-tensor AdamW of
+// `kernels/` on the emulated thread model against f64 references, in f32 and f64:
+// grouped heads, causal with more or fewer queries than keys, padding masks with a fully
+// masked row, head sizes that are not a multiple of 32, and tiles of 32 and 7 rows.
+// Built and run by `tests/emulated.rs`; prints one line per check and exits 1 on a failure.
+#include "emu.h"
+#include "common.cuh"
+#include "attention.cu"
+#include "adamw.cu"
+#include <random>
+
+struct Case { i64 b, hq, hk, tq, tk, d; int causal, mask; };
+
+int fails = 0;
+template <typename T>
+void run(const Case& c, int tile, unsigned seed) {
+    typedef typename Acc<T>::t A;
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<double> U(-1, 1);
+    i64 nq = c.b * c.hq * c.tq * c.d, nk = c.b * c.hk * c.tk * c.d;
+    std::vector<double> q(nq), k(nk), v(nk), go(nq);
+    for (auto* x : {&q, &k, &v, &go}) for (auto& e : *x) e = U(rng);
+    // mask [b, 1, tq, tk]: random keeps, and one fully masked row per batch
+    std::vector<u8> mask(c.b * c.tq * c.tk, 1);
+    if (c.mask) {
+        for (auto& m : mask) m = (rng() % 4) != 0;
+        for (i64 bb = 0; bb < c.b; ++bb) for (i64 j = 0; j < c.tk; ++j) mask[(bb * c.tq + (c.tq / 2)) * c.tk + j] = 0;
+    }
+    double scale = 1.0 / std::sqrt((double)c.d);
+    AttnArgs a{c.b, c.hq, c.hk, c.tq, c.tk, c.d, c.tq * c.tk, 0, c.tk, 1, c.causal, c.mask, scale};
+    auto keep = [&](i64 bb, i64 i, i64 j) {
+        if (c.causal && j > i + c.tk - c.tq) return false;
+        return !c.mask || mask[(bb * c.tq + i) * c.tk + j] != 0;
+    };
+    // f64 reference
+    std::vector<double> out(nq), dq(nq), dk(nk, 0), dv(nk, 0);
+    i64 rep = c.hq / c.hk;
+    for (i64 bb = 0; bb < c.b; ++bb) for (i64 h = 0; h < c.hq; ++h) for (i64 i = 0; i < c.tq; ++i) {
+        i64 g = h / rep;
+        const double* qi = &q[((bb * c.hq + h) * c.tq + i) * c.d];
+        const double* oi = &go[((bb * c.hq + h) * c.tq + i) * c.d];
+        auto kj = [&](i64 j) { return &k[((bb * c.hk + g) * c.tk + j) * c.d]; };
+        auto vj = [&](i64 j) { return &v[((bb * c.hk + g) * c.tk + j) * c.d]; };
+        std::vector<double> p(c.tk, 0);
+        double mx = -INFINITY; bool any = false;
+        for (i64 j = 0; j < c.tk; ++j) if (keep(bb, i, j)) {
+            double s = 0; for (i64 f = 0; f < c.d; ++f) s += qi[f] * kj(j)[f];
+            p[j] = s * scale; mx = std::max(mx, p[j]); any = true;
+        }
+        double sum = 0;
+        for (i64 j = 0; j < c.tk; ++j) {
+            if (!any) p[j] = 1.0 / c.tk;
+            else if (keep(bb, i, j)) { p[j] = std::exp(p[j] - mx); sum += p[j]; }
+            else p[j] = 0;
+        }
+        if (any) for (auto& e : p) e /= sum;
+        double* o = &out[((bb * c.hq + h) * c.tq + i) * c.d];
+        for (i64 f = 0; f < c.d; ++f) { o[f] = 0; for (i64 j = 0; j < c.tk; ++j) o[f] += p[j] * vj(j)[f]; }
+        double D = 0; for (i64 f = 0; f < c.d; ++f) D += oi[f] * o[f];
+        double* gq = &dq[((bb * c.hq + h) * c.tq + i) * c.d];
+        for (i64 f = 0; f < c.d; ++f) gq[f] = 0;
+        for (i64 j = 0; j < c.tk; ++j) {
+            double dp = 0; for (i64 f = 0; f < c.d; ++f) dp += oi[f] * vj(j)[f];
+            double ds = p[j] * (dp - D) * scale;
+            for (i64 f = 0; f < c.d; ++f) {
+                gq[f] += ds * kj(j)[f];
+                dk[((bb * c.hk + g) * c.tk + j) * c.d + f] += ds * qi[f];
+                dv[((bb * c.hk + g) * c.tk + j) * c.d + f] += p[j] * oi[f];
+            }
+        }
+    }
+    auto cvt = [](const std::vector<double>& x) { return std::vector<T>(x.begin(), x.end()); };
+    auto tq = cvt(q), tk = cvt(k), tv = cvt(v), tg = cvt(go);
+    std::vector<T> kout(nq, (T)NAN), kdq(nq, (T)NAN), kdk(nk, (T)NAN), kdv(nk, (T)NAN);
+    std::vector<A> lse(c.b * c.hq * c.tq), dd(c.b * c.hq * c.tq);
+    unsigned W = 4;
+    auto blocks = [&](i64 rows, i64 pairs) { return (unsigned)(((rows + W - 1) / W) * pairs); };
+    const u8* mp = c.mask ? mask.data() : nullptr;
+    if (sizeof(T) == 4) {
+        launch(blocks(c.tq, c.b * c.hq), 32 * W, [&] { attn_fwd_f32((const float*)tq.data(), (const float*)tk.data(), (const float*)tv.data(), mp, (float*)kout.data(), a, tile); });
+        launch(blocks(c.tq, c.b * c.hq), 32 * W, [&] { attn_bwd_q_f32((const float*)tq.data(), (const float*)tk.data(), (const float*)tv.data(), mp, (const float*)tg.data(), (float*)kdq.data(), (float*)lse.data(), (float*)dd.data(), a, tile); });
+        launch(blocks(c.tk, c.b * c.hk), 32 * W, [&] { attn_bwd_kv_f32((const float*)tq.data(), (const float*)tk.data(), (const float*)tv.data(), mp, (const float*)tg.data(), (const float*)lse.data(), (const float*)dd.data(), (float*)kdk.data(), (float*)kdv.data(), a, tile); });
+    } else {
+        launch(blocks(c.tq, c.b * c.hq), 32 * W, [&] { attn_fwd_f64((const double*)tq.data(), (const double*)tk.data(), (const double*)tv.data(), mp, (double*)kout.data(), a, tile); });
+        launch(blocks(c.tq, c.b * c.hq), 32 * W, [&] { attn_bwd_q_f64((const double*)tq.data(), (const double*)tk.data(), (const double*)tv.data(), mp, (const double*)tg.data(), (double*)kdq.data(), (double*)lse.data(), (double*)dd.data(), a, tile); });
+        launch(blocks(c.tk, c.b * c.hk), 32 * W, [&] { attn_bwd_kv_f64((const double*)tq.data(), (const double*)tk.data(), (const double*)tv.data(), mp, (const double*)tg.data(), (const double*)lse.data(), (const double*)dd.data(), (double*)kdk.data(), (double*)kdv.data(), a, tile); });
+    }
+    double tol = sizeof(T) == 4 ? 2e-5 : 1e-12;
+    auto cmp = [&](const char* what, const std::vector<T>& got, const std::vector<double>& want) {
+        double worst = 0; i64 at = -1;
+        for (size_t i = 0; i < want.size(); ++i) {
+            double e = std::fabs((double)got[i] - want[i]) / (1 + std::fabs(want[i]));
+            if (!(e <= worst)) { worst = e; at = i; }
+        }
+        bool ok = worst <= tol;
+        if (!ok) { ++fails; }
+        printf("%s %-4s b%lld hq%lld hk%lld tq%lld tk%lld d%lld causal%d mask%d tile%d: %s worst %.2e at %lld\n",
+               ok ? "ok  " : "FAIL", what, c.b, c.hq, c.hk, c.tq, c.tk, c.d, c.causal, c.mask, tile,
+               sizeof(T) == 4 ? "f32" : "f64", worst, at);
+    };
+    cmp("out", kout, out); cmp("dq", kdq, dq); cmp("dk", kdk, dk); cmp("dv", kdv, dv);
+}
+
+// adamw_many over tensors of 1, CHUNK - 1, CHUNK + 1 and 3 CHUNK elements (chunks of
+// 64 here), from the table and chunk list the host builds, against the f64 update.
+template <typename T>
+void adamw_many_check() {
+    const i64 chunk = 64;
+    std::vector<i64> sizes = {1, chunk - 1, chunk + 1, 3 * chunk};
+    AdamStep h{3e-3, 0.9, 0.95, 1e-8, 0.1, 0.19, 0.0975};
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<double> U(-1, 1);
+    std::vector<std::vector<T>> x, y, g, m, v;
+    std::vector<std::vector<double>> want_x, want_m, want_v;
+    std::vector<i64> table, chunks;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+        i64 n = sizes[t];
+        x.emplace_back(n); y.emplace_back(n, (T)NAN); g.emplace_back(n); m.emplace_back(n); v.emplace_back(n);
+        want_x.emplace_back(n); want_m.emplace_back(n); want_v.emplace_back(n);
+        for (i64 i = 0; i < n; ++i) {
+            x[t][i] = (T)U(rng); g[t][i] = (T)(0.5 * U(rng)); m[t][i] = (T)(0.1 * U(rng)); v[t][i] = (T)(0.005 * (1 + U(rng)));
+            double mi = h.beta1 * m[t][i] + (1 - h.beta1) * g[t][i];
+            double vi = h.beta2 * v[t][i] + (1 - h.beta2) * g[t][i] * g[t][i];
+            want_m[t][i] = mi; want_v[t][i] = vi;
+            want_x[t][i] = x[t][i] * (1 - h.lr * h.wd) - h.lr * (mi / h.bias1) / (std::sqrt(vi / h.bias2) + h.eps);
+        }
+        for (const void* p : {(const void*)x[t].data(), (const void*)y[t].data(), (const void*)g[t].data(), (const void*)m[t].data(), (const void*)v[t].data()})
+            table.push_back((i64)p);
+        table.push_back(n);
+        for (i64 s = 0; s < n; s += chunk) { chunks.push_back((i64)t); chunks.push_back(s); }
+    }
+    i64 nc = (i64)chunks.size() / 2;
+    auto x0 = x;
+    // fewer blocks than chunks: each block loops
+    launch(3, 256, [&] {
+        if (sizeof(T) == 4) adamw_many_f32(table.data(), chunks.data(), nc, chunk, h);
+        else adamw_many_f64(table.data(), chunks.data(), nc, chunk, h);
+    });
+    double tol = sizeof(T) == 4 ? 1e-5 : 1e-12, worst = 0;
+    for (size_t t = 0; t < sizes.size(); ++t)
+        for (i64 i = 0; i < sizes[t]; ++i) {
+            for (auto [got, want] : {std::pair{(double)y[t][i], want_x[t][i]}, {(double)m[t][i], want_m[t][i]}, {(double)v[t][i], want_v[t][i]}})
+                worst = std::max(worst, std::fabs(got - want) / (1 + std::fabs(want)) + (got != got));
+            worst = std::max(worst, x[t][i] == x0[t][i] ? 0.0 : 1.0);  // the input parameter is left alone
+        }
+    bool ok = worst <= tol;
+    fails += !ok;
+    printf("%s adamw_many %s: worst %.2e\n", ok ? "ok  " : "FAIL", sizeof(T) == 4 ? "f32" : "f64", worst);
+}
+
+int main() {
+    adamw_many_check<float>();
+    adamw_many_check<double>();
+    Case cases[] = {
+        {1, 2, 2, 37, 37, 40, 1, 0},   // causal, square, d not a multiple of 32
+        {2, 4, 2, 9, 70, 64, 1, 0},    // grouped heads, fewer queries than keys (a prefill on a cache)
+        {1, 2, 1, 45, 13, 16, 1, 0},   // more queries than keys: early rows attend nothing
+        {2, 2, 2, 33, 41, 8, 1, 1},    // causal and a padding mask with a fully masked row
+        {1, 4, 4, 19, 50, 96, 0, 1},   // a mask alone
+        {1, 1, 1, 5, 5, 256, 0, 0},    // the largest head
+        {1, 2, 2, 1, 65, 32, 1, 0},    // one query (decode)
+    };
+    unsigned seed = 1;
+    for (auto& c : cases) {
+        for (int tile : {32, 7}) {
+            run<float>(c, tile, seed);
+            run<double>(c, tile, seed);
+            ++seed;
+        }
+    }
+    printf("%d failures\n", fails);
+    return fails != 0;
+}

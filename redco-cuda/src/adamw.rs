@@ -1,0 +1,203 @@
+//! AdamW on the GPU (`kernels/adamw.cu`): one tensor in place, or every parameter of a
+//! step in one launch (a table of the tensors' addresses and a list of fixed-size chunks,
+//! so a block's work does not depend on how the parameters are sized).
+
+use crate::context::{tn, Cuda};
+use crate::elementwise::same;
+use crate::launch::elementwise;
+use crate::storage::CudaStorage;
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use redco_core::ops::adamw::{AdamItem, AdamStep};
+use redco_core::{DType, Error, HostData, Result};
+
+/// `AdamStep` as the kernel takes it.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Step {
+    lr: f64,
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    wd: f64,
+    bias1: f64,
+    bias2: f64,
+}
+// SAFETY: a #[repr(C)] block of f64, laid out as the kernel's `AdamStep`
+unsafe impl DeviceRepr for Step {}
+
+impl From<&AdamStep> for Step {
+    fn from(h: &AdamStep) -> Step {
+        Step {
+            lr: h.lr,
+            beta1: h.beta1,
+            beta2: h.beta2,
+            eps: h.eps,
+            wd: h.weight_decay,
+            bias1: h.bias1,
+            bias2: h.bias2,
+        }
+    }
+}
+
+/// Elements per chunk of the multi-tensor launch (a block of 256 threads takes 16 each).
+pub(crate) const CHUNK: usize = 4096;
+/// Threads per block of the multi-tensor launch.
+const THREADS: u32 = 256;
+/// At most this many blocks; each loops over the chunks (grid stride).
+const MAX_BLOCKS: usize = 4096;
+
+/// The chunks of a multi-tensor launch over tensors of `sizes` elements: `(tensor, first
+/// element)` for every `chunk` elements of each tensor, in order; empty tensors have none.
+pub(crate) fn chunks(sizes: &[usize], chunk: usize) -> Vec<(usize, usize)> {
+    let chunk = chunk.max(1);
+    sizes.iter().enumerate().flat_map(|(t, &n)| (0..n.div_ceil(chunk)).map(move |c| (t, c * chunk))).collect()
+}
+
+/// The launch over `n_chunks` chunks.
+pub(crate) fn many_config(n_chunks: usize) -> LaunchConfig {
+    let blocks = n_chunks.clamp(1, MAX_BLOCKS) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// Checks one item as [`Cuda::adamw_in_place`] does.
+fn check(x: &CudaStorage, g: &CudaStorage, m: &CudaStorage, v: &CudaStorage, n: usize) -> Result<()> {
+    for t in [g, m, v] {
+        same(x, t, "adamw")?;
+    }
+    if [x, g, m, v].iter().any(|t| t.len() != n) {
+        return Err(Error::invalid("adamw", format!("parameter, gradient and moments must all hold {n} elements")));
+    }
+    if !x.dtype().is_float() {
+        return Err(Error::UnsupportedDType { op: "adamw", dtype: x.dtype() });
+    }
+    Ok(())
+}
+
+impl Cuda {
+    /// One AdamW step in place on `x`, `m` and `v` (buffers the caller owns alone).
+    pub(crate) fn adamw_in_place(
+        &self,
+        x: &CudaStorage,
+        g: &CudaStorage,
+        m: &CudaStorage,
+        v: &CudaStorage,
+        n: usize,
+        h: &AdamStep,
+    ) -> Result<()> {
+        check(x, g, m, v, n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.function("adamw", &format!("adamw_{}", tn(x.dtype())))?;
+        let s = Step::from(h);
+        let (xp, gp, mp, vp, n64) = (x.ptr(), g.ptr(), m.ptr(), v.ptr(), n as i64);
+        self.launch(&f, elementwise(n), |l| {
+            l.arg(&xp).arg(&gp).arg(&mp).arg(&vp).arg(&n64).arg(&s);
+        })
+    }
+
+    /// Moments shared with someone else (a checkpoint being written) are copied first, so
+    /// the update writes only buffers this step owns.
+    fn own(&self, t: &mut CudaStorage) -> Result<()> {
+        if std::sync::Arc::strong_count(&t.0) != 1 {
+            *t = self.duplicate(t)?;
+        }
+        Ok(())
+    }
+
+    /// [`redco_core::Backend::adamw_into`]: the moments updated where they are, the new
+    /// parameter in a new buffer.
+    pub(crate) fn adamw_into_op(
+        &self,
+        x: &CudaStorage,
+        g: &CudaStorage,
+        m: &mut CudaStorage,
+        v: &mut CudaStorage,
+        n: usize,
+        h: &AdamStep,
+    ) -> Result<CudaStorage> {
+        self.own(m)?;
+        self.own(v)?;
+        let x = self.duplicate(x)?;
+        self.adamw_in_place(&x, g, m, v, n, h)?;
+        Ok(x)
+    }
+
+    /// [`redco_core::Backend::adamw_many`]: one launch per dtype for every item (the
+    /// parameter read from its buffer, the new one written to a fresh buffer, the moments
+    /// updated in place).
+    pub(crate) fn adamw_many_op(
+        &self,
+        items: &mut [AdamItem<'_, CudaStorage>],
+        h: &AdamStep,
+    ) -> Result<Vec<CudaStorage>> {
+        let mut out = Vec::with_capacity(items.len());
+        for it in items.iter_mut() {
+            check(it.x, it.g, it.m, it.v, it.n)?;
+            self.own(it.m)?;
+            self.own(it.v)?;
+            out.push(self.alloc(it.n, it.x.dtype())?);
+        }
+        let s = Step::from(h);
+        for dt in [DType::F32, DType::BF16, DType::F16, DType::F64] {
+            let of: Vec<usize> = (0..items.len()).filter(|&i| items[i].x.dtype() == dt).collect();
+            if of.is_empty() {
+                continue;
+            }
+            let mut table = Vec::with_capacity(6 * of.len());
+            for &i in &of {
+                let it = &items[i];
+                for p in [it.x.ptr(), out[i].ptr(), it.g.ptr(), it.m.ptr(), it.v.ptr()] {
+                    table.push(p as i64);
+                }
+                table.push(it.n as i64);
+            }
+            let sizes: Vec<usize> = of.iter().map(|&i| items[i].n).collect();
+            let list: Vec<i64> = chunks(&sizes, CHUNK).into_iter().flat_map(|(t, s)| [t as i64, s as i64]).collect();
+            if list.is_empty() {
+                continue;
+            }
+            let n_chunks = list.len() / 2;
+            // the tables go with the launch on the stream; the kernel reads them before
+            // any later op can reuse their buffers
+            let (table, list) = (self.upload_data(&HostData::I64(table))?, self.upload_data(&HostData::I64(list))?);
+            let f = self.function("adamw", &format!("adamw_many_{}", tn(dt)))?;
+            let (tp, cp, nc, ch) = (table.ptr(), list.ptr(), n_chunks as i64, CHUNK as i64);
+            self.launch(&f, many_config(n_chunks), |l| {
+                l.arg(&tp).arg(&cp).arg(&nc).arg(&ch).arg(&s);
+            })?;
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{chunks, many_config, CHUNK};
+
+    #[test]
+    fn every_element_is_in_exactly_one_chunk() {
+        let sizes = [0, 1, CHUNK, CHUNK + 1, 3 * CHUNK - 1, 7];
+        let list = chunks(&sizes, CHUNK);
+        for (t, &n) in sizes.iter().enumerate() {
+            let mut covered = vec![0u8; n];
+            for &(_, s) in list.iter().filter(|(tt, _)| *tt == t) {
+                assert_eq!(s % CHUNK, 0);
+                for c in covered.iter_mut().skip(s).take(CHUNK) {
+                    *c += 1;
+                }
+            }
+            assert!(covered.iter().all(|&c| c == 1), "tensor {t} of {n} elements");
+        }
+        assert_eq!(list.len(), 1 + 1 + 2 + 3 + 1);
+        assert!(list.windows(2).all(|w| w[0] < w[1]), "in order");
+    }
+
+    #[test]
+    fn the_grid_is_bounded_and_never_empty() {
+        assert_eq!(many_config(0).grid_dim.0, 1);
+        assert_eq!(many_config(10).grid_dim.0, 10);
+        assert_eq!(many_config(1 << 20).grid_dim.0, 4096);
+        assert_eq!(chunks(&[5], 0), vec![(0, 0), (0, 1), (0, 2), (0, 3), (0, 4)], "a chunk of at least one");
+    }
+}
