@@ -7,7 +7,7 @@
 //! compilation and no-driver tests, the small LLaMA's logits and AdamW step against the
 //! CPU backend (1x1 and 1x2; 1x2 over NCCL with two GPUs), `redco train --backend cuda`,
 //! the GEMM throughput in f32 and bf16 next to `torch.matmul` on the same GPU (and as a
-//! fraction of the H200's 790 TFLOP/s measured bf16 peak), and the bench LLaMA's training
+//! fraction of the device's dense bf16 peak: `bench gemm --backend cuda`), and the bench LLaMA's training
 //! step next to torch on the same GPU (`bench llm --backend cuda --torch PY`, torch with
 //! `REDCO_TORCH_DEVICE=cuda`); prints a table at the end.
 
@@ -15,9 +15,6 @@ use crate::args::Args;
 use crate::gpu_check::{cargo, counts, report};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-/// The bf16 dense peak measured on the H200 of the GPU machines (TFLOP/s).
-const H200_BF16_PEAK: f64 = 790.0;
 
 /// The `nvidia/*/lib` directories of `python`'s site-packages (torch's CUDA wheels).
 fn wheel_libs(python: &str) -> Vec<PathBuf> {
@@ -41,21 +38,6 @@ fn nccl_link(libs: &[PathBuf]) -> Option<PathBuf> {
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(&so2, &link).ok()?;
     std::fs::canonicalize(&dir).ok()
-}
-
-/// The `gemm <dtype> <n>^3 <x> TFLOP/s` lines of the example.
-fn tflops(out: &str) -> Vec<(String, usize, f64)> {
-    out.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            if f.len() == 5 && f[0] == "gemm" {
-                let n = f[2].trim_end_matches("^3").parse().ok()?;
-                Some((f[1].to_string(), n, f[3].parse().ok()?))
-            } else {
-                None
-            }
-        })
-        .collect()
 }
 
 /// Runs the task.
@@ -119,27 +101,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     rows.push(("redco train --backend cuda (llama-tiny, 60 steps)".into(), loss, ok));
 
     // GEMM throughput next to torch.matmul on the same GPU
-    let (ok, out) = cargo(&["run", "--release", "-q", "-p", "redco-cuda", "--example", "gemm_tflops"], &envs, true)?;
-    std::env::set_var("REDCO_TORCH_DEVICE", "cuda");
-    let mut peer = crate::bench::torch::TorchPeer::start(&python, 1).ok();
-    for (dt, n, ours) in tflops(&out) {
-        let theirs = peer
-            .as_mut()
-            .and_then(|p| p.gemm_times(n, n, n, 10, &dt).ok())
-            .and_then(|mut t| {
-                t.sort_by(f64::total_cmp);
-                t.get(t.len() / 2).copied()
-            })
-            .map(|s| 2.0 * (n as f64).powi(3) / s / 1e12);
-        let ratio = theirs.map_or("torch: -".into(), |t| format!("torch {t:.1} TFLOP/s, {:.2}x", ours / t));
-        let peak = if dt == "bf16" {
-            format!(", {:.0}% of {H200_BF16_PEAK:.0}", 100.0 * ours / H200_BF16_PEAK)
-        } else {
-            String::new()
-        };
-        rows.push((format!("GEMM {dt} {n}^3"), format!("{ours:.1} TFLOP/s{peak}; {ratio}"), ok));
-    }
-    drop(peer);
+    rows.extend(crate::bench::gemm_cuda::rows(&envs, Some(&python), &[4096, 8192])?);
 
     // the bench LLaMA's step, next to torch on the same GPU
     let json = std::env::temp_dir().join(format!("redco-gpu-check-cuda-{}.json", std::process::id()));
@@ -166,14 +128,4 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         rows.push((format!("bench LLaMA 512x6 {what}"), text, ok && r.is_some()));
     }
     report("cuda", &format!("gpu-check cuda ({gpus} GPU(s))"), &rows)
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn gemm_lines_are_read() {
-        let out =
-            "device: NVIDIA H200 (sm_90)\ngemm f32 4096^3 48.2 TFLOP/s\ngemm bf16 8192^3 655.0 TFLOP/s\nallocator: ...";
-        assert_eq!(super::tflops(out), vec![("f32".to_string(), 4096, 48.2), ("bf16".to_string(), 8192, 655.0)]);
-    }
 }

@@ -2,7 +2,8 @@
 //! the measured FMA peak (before and after the GEMMs), and against `torch.matmul` measured in
 //! the same run. `--dtype bf16` multiplies bf16 operands (f32 accumulation: the kernel
 //! family `redco info` names) against torch's bf16 `matmul`; the fraction stays of the f32
-//! FMA peak, so above 100% the bf16 kernel beats what f32 can reach.
+//! FMA peak, so above 100% the bf16 kernel beats what f32 can reach. `--backend cuda`
+//! measures the CUDA backend instead (`gemm_cuda.rs`).
 
 use super::stats::median;
 use super::torch::TorchPeer;
@@ -31,7 +32,12 @@ fn reps_for(m: usize, n: usize, k: usize, base: usize) -> usize {
 /// Runs the benchmark.
 pub fn run(argv: &[String]) -> Result<(), String> {
     let args = Args::parse(argv, &[])?;
-    args.only(&["threads", "reps", "torch", "json", "rounds", "dtype"])?;
+    match args.get("backend") {
+        Some("cuda") => return super::gemm_cuda::run(&args),
+        Some(b) if b != "cpu" => return Err(format!("bench gemm --backend {b}: cpu or cuda")),
+        _ => {}
+    }
+    args.only(&["threads", "reps", "torch", "json", "rounds", "dtype", "backend"])?;
     let (dtype, dname) = match args.get("dtype").unwrap_or("f32") {
         "f32" => (DType::F32, "f32"),
         "bf16" => (DType::BF16, "bf16"),

@@ -4,6 +4,7 @@
 mod backends;
 mod decode;
 mod gemm;
+pub(crate) mod gemm_cuda;
 mod llm;
 mod llm_child;
 #[cfg(feature = "tpu")]
@@ -12,7 +13,7 @@ mod load;
 mod mpi;
 mod peak;
 mod real_size;
-mod stats;
+pub(crate) mod stats;
 pub(crate) mod torch;
 
 /// Dispatches `bench <what> [flags]`.
