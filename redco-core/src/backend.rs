@@ -316,6 +316,25 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     ) -> Result<Self::Storage> {
         ops::norm::composite_rms_norm(self, x, shape, weight, eps)
     }
+    /// The input gradient of [`Backend::layer_norm`] (`rms` false) or
+    /// [`Backend::rms_norm`] (`rms` true) over the last dimension of `shape`, for the
+    /// output gradient `g` (same shape): with `gx = g * weight` (`g` without a weight) and
+    /// `xhat` the normalised input, LayerNorm's `rstd (gx - mean(gx) - xhat mean(gx xhat))`
+    /// and RMSNorm's `rstd (gx - xhat mean(gx xhat))`, row by row. The weight's and bias's
+    /// gradients (sums over rows) stay with the caller. A backend with a fused kernel
+    /// overrides it; the default is the composite.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_backward(
+        &self,
+        x: &Self::Storage,
+        shape: &Shape,
+        weight: Option<&Self::Storage>,
+        g: &Self::Storage,
+        eps: f64,
+        rms: bool,
+    ) -> Result<Self::Storage> {
+        ops::norm::composite_norm_backward(self, x, shape, weight, g, eps, rms)
+    }
     /// Runs `f` on the backend's own compute threads when it has them (the CPU backend's
     /// pool), so the ops `f` issues need no hand-off from the calling thread; the default
     /// runs `f` in place. Call it through [`crate::dist::on_backend`], which carries the

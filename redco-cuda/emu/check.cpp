@@ -1,5 +1,6 @@
-// Runs the attention kernels (forward, dq, dk/dv) and the multi-tensor AdamW of
-// `kernels/` on the emulated thread model against f64 references, in f32 and f64:
+// Runs the attention kernels (forward, dq, dk/dv), the multi-tensor AdamW, LayerNorm and
+// RMSNorm forward and backward, and softmax of `kernels/` on the emulated thread model
+// against f64 references, in f32 and f64. Attention:
 // grouped heads, causal with more or fewer queries than keys, padding masks with a fully
 // masked row, head sizes that are not a multiple of 32, and tiles of 32 and 7 rows.
 // Built and run by `tests/emulated.rs`; prints one line per check and exits 1 on a failure.
@@ -7,7 +8,11 @@
 #include "common.cuh"
 #include "attention.cu"
 #include "adamw.cu"
+#include "norm.cu"
+#include "softmax.cu"
 #include <random>
+#include <string>
+#include <tuple>
 
 struct Case { i64 b, hq, hk, tq, tk, d; int causal, mask; };
 
@@ -148,7 +153,89 @@ void adamw_many_check() {
     printf("%s adamw_many %s: worst %.2e\n", ok ? "ok  " : "FAIL", sizeof(T) == 4 ? "f32" : "f64", worst);
 }
 
+// LayerNorm / RMSNorm forward and input gradient, softmax and log-softmax: rows of n,
+// launched with `threads` per block over `grid` blocks (fewer than the rows: blocks loop).
+template <typename T>
+void rows_check(i64 rows, i64 n, unsigned threads, unsigned grid) {
+    std::mt19937 rng(11 + n);
+    std::uniform_real_distribution<double> U(-2, 2);
+    std::vector<double> x(rows * n), g(rows * n), w(n), bias(n);
+    for (auto* v : {&x, &g, &w, &bias}) for (auto& e : *v) e = U(rng);
+    auto cvt = [](const std::vector<double>& v) { return std::vector<T>(v.begin(), v.end()); };
+    auto tx = cvt(x), tg = cvt(g), tw = cvt(w), tb = cvt(bias);
+    double eps = 1e-5, tol = sizeof(T) == 4 ? 2e-5 : 1e-12;
+    const char* tn = sizeof(T) == 4 ? "f32" : "f64";
+    auto report = [&](const char* what, const std::vector<T>& got, const std::vector<double>& want) {
+        double worst = 0;
+        for (size_t i = 0; i < want.size(); ++i) {
+            double e = std::fabs((double)got[i] - want[i]) / (1 + std::fabs(want[i]));
+            if (!(e <= worst)) worst = e;
+        }
+        bool ok = worst <= tol;
+        fails += !ok;
+        printf("%s %-18s rows %lld n %lld threads %u grid %u %s: worst %.2e\n", ok ? "ok  " : "FAIL", what, rows, n,
+               threads, grid, tn, worst);
+    };
+    for (int center : {1, 0}) {
+        for (int hw : {0, 1}) {
+            std::vector<double> y(rows * n), dx(rows * n);
+            for (i64 r = 0; r < rows; ++r) {
+                const double* xr = &x[r * n]; const double* gr = &g[r * n];
+                double mean = 0, var = 0, m1 = 0, m2 = 0;
+                if (center) { for (i64 j = 0; j < n; ++j) mean += xr[j]; mean /= n; }
+                for (i64 j = 0; j < n; ++j) var += (xr[j] - mean) * (xr[j] - mean);
+                double rstd = 1 / std::sqrt(var / n + eps);
+                for (i64 j = 0; j < n; ++j) {
+                    double xh = (xr[j] - mean) * rstd, gx = hw ? gr[j] * w[j] : gr[j];
+                    y[r * n + j] = xh * (hw ? w[j] : 1) + (center && hw ? bias[j] : 0);
+                    m1 += gx; m2 += gx * xh;
+                }
+                for (i64 j = 0; j < n; ++j) {
+                    double xh = (xr[j] - mean) * rstd, gx = hw ? gr[j] * w[j] : gr[j];
+                    dx[r * n + j] = rstd * (gx - (center ? m1 / n : 0) - xh * m2 / n);
+                }
+            }
+            std::vector<T> ky(rows * n, (T)NAN), kdx(rows * n, (T)NAN);
+            const T* wp = hw ? tw.data() : nullptr;
+            const T* bp = center && hw ? tb.data() : nullptr;
+            launch(grid, threads, [&] {
+                if constexpr (sizeof(T) == 4) {
+                    if (center) layer_norm_f32(tx.data(), wp, bp, ky.data(), rows, n, eps);
+                    else rms_norm_f32(tx.data(), wp, ky.data(), rows, n, eps);
+                    norm_bwd_f32(tx.data(), wp, tg.data(), kdx.data(), rows, n, eps, center);
+                } else {
+                    if (center) layer_norm_f64(tx.data(), wp, bp, ky.data(), rows, n, eps);
+                    else rms_norm_f64(tx.data(), wp, ky.data(), rows, n, eps);
+                    norm_bwd_f64(tx.data(), wp, tg.data(), kdx.data(), rows, n, eps, center);
+                }
+            });
+            std::string what = std::string(center ? "layer_norm" : "rms_norm") + (hw ? "+w" : "");
+            report(what.c_str(), ky, y);
+            report((what + " bwd").c_str(), kdx, dx);
+        }
+    }
+    for (int log_out : {0, 1}) {
+        std::vector<double> y(rows * n);
+        for (i64 r = 0; r < rows; ++r) {
+            double m = -INFINITY, s = 0;
+            for (i64 j = 0; j < n; ++j) m = std::max(m, x[r * n + j]);
+            for (i64 j = 0; j < n; ++j) s += std::exp(x[r * n + j] - m);
+            for (i64 j = 0; j < n; ++j) y[r * n + j] = log_out ? x[r * n + j] - m - std::log(s) : std::exp(x[r * n + j] - m) / s;
+        }
+        std::vector<T> ky(rows * n, (T)NAN);
+        launch(grid, threads, [&] {
+            if constexpr (sizeof(T) == 4) softmax_f32(tx.data(), ky.data(), rows, n, log_out);
+            else softmax_f64(tx.data(), ky.data(), rows, n, log_out);
+        });
+        report(log_out ? "log_softmax" : "softmax", ky, y);
+    }
+}
+
 int main() {
+    for (auto [rows, n, threads, grid] : {std::tuple{5, 7, 32u, 5u}, {6, 300, 512u, 2u}, {3, 300, 64u, 3u}, {4, 1000, 1024u, 4u}}) {
+        rows_check<float>(rows, n, threads, grid);
+        rows_check<double>(rows, n, threads, grid);
+    }
     adamw_many_check<float>();
     adamw_many_check<double>();
     Case cases[] = {

@@ -24,3 +24,28 @@ template <typename A> A warp_max(A v) {
     return v;
 }
 #define FOR_FLOATS(M) M(f32, float) M(f64, double)
+#define __launch_bounds__(n)
+inline float rsqrt(float v) { return 1.0f / std::sqrt(v); }
+inline double rsqrt(double v) { return 1.0 / std::sqrt(v); }
+// Block-wide sum and max as in common.cuh; `static` is the block's shared memory here (the
+// blocks run one after another on one OS thread).
+template <typename A> A block_sum(A v) {
+    static A part[32];
+    v = warp_sum(v);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) part[w] = v;
+    __syncthreads();
+    A t = lane < (int)(blockDim.x >> 5) ? part[lane] : (A)0;
+    return warp_sum(t);
+}
+template <typename A> A block_max(A v) {
+    static A part[32];
+    v = warp_max(v);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) part[w] = v;
+    __syncthreads();
+    A t = lane < (int)(blockDim.x >> 5) ? part[lane] : (A)NEG_INF;
+    return warp_max(t);
+}

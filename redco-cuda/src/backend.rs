@@ -143,6 +143,17 @@ impl Backend for Cuda {
     fn rms_norm(&self, x: &CudaStorage, shape: &Shape, weight: Option<&CudaStorage>, eps: f64) -> Result<CudaStorage> {
         self.norm_op(x, shape, weight, None, eps, true)
     }
+    fn norm_backward(
+        &self,
+        x: &CudaStorage,
+        shape: &Shape,
+        weight: Option<&CudaStorage>,
+        g: &CudaStorage,
+        eps: f64,
+        rms: bool,
+    ) -> Result<CudaStorage> {
+        self.norm_backward_op(x, shape, weight, g, eps, rms)
+    }
     fn rotary(
         &self,
         x: &CudaStorage,

@@ -67,6 +67,42 @@ impl Cuda {
         Ok(y)
     }
 
+    /// The input gradient of LayerNorm (`rms` false) or RMSNorm (`rms` true) for the output
+    /// gradient `g` (`Backend::norm_backward`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn norm_backward_op(
+        &self,
+        x: &CudaStorage,
+        shape: &Shape,
+        weight: Option<&CudaStorage>,
+        g: &CudaStorage,
+        eps: f64,
+        rms: bool,
+    ) -> Result<CudaStorage> {
+        let op = "norm_backward";
+        fits(x, shape, op)?;
+        same(x, g, op)?;
+        fits(g, shape, op)?;
+        if !x.dtype().is_float() {
+            return Err(Error::UnsupportedDType { op, dtype: x.dtype() });
+        }
+        let (rows, n) = rows_of(shape, op)?;
+        if let Some(w) = weight {
+            same(x, w, op)?;
+            fits(w, &Shape::new([n]), op)?;
+        }
+        let dx = self.alloc(x.len(), x.dtype())?;
+        if rows > 0 {
+            let f = self.function("norm", &format!("norm_bwd_{}", tn(x.dtype())))?;
+            let (xp, wp, gp, dp) = (x.ptr(), weight.map_or(0, |w| w.ptr()), g.ptr(), dx.ptr());
+            let (r, c, center) = (rows as i64, n as i64, (!rms) as i32);
+            self.launch(&f, per_row(rows, n), |l| {
+                l.arg(&xp).arg(&wp).arg(&gp).arg(&dp).arg(&r).arg(&c).arg(&eps).arg(&center);
+            })?;
+        }
+        Ok(dx)
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn rotary_op(
         &self,

@@ -1,7 +1,9 @@
-//! The attention kernels and the multi-tensor AdamW run on the host, on an emulation of
+//! The attention kernels, the multi-tensor AdamW, LayerNorm and RMSNorm forward and
+//! backward, and softmax run on the host, on an emulation of
 //! the CUDA thread model (`emu/`: one fiber per CUDA thread, barriers for `__syncthreads`,
 //! `__syncwarp` and the warp shuffles), against f64 references: the kernels' logic
-//! (tiling, online softmax, causal skipping, masks, grouped heads, chunk tables) is checked
+//! (tiling, online softmax, causal skipping, masks, grouped heads, chunk tables, block
+//! reductions over rows longer or shorter than the block, grid-stride rows) is checked
 //! with no GPU. Needs a C++20 compiler (`CXX`, else `c++`); skips, saying so, without one.
 //! What the emulation cannot show (memory ordering, bank conflicts, occupancy, f16/bf16
 //! conversions) is left to `cargo xtask gpu-check cuda`.
@@ -10,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 
 #[test]
-fn attention_and_adamw_kernels_match_f64_on_the_emulated_thread_model() {
+fn kernels_match_f64_on_the_emulated_thread_model() {
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     if Command::new(&cxx).arg("--version").output().is_err() {
         eprintln!("skipped: no C++ compiler ({cxx}) to build the emulated kernels");
@@ -33,5 +35,5 @@ fn attention_and_adamw_kernels_match_f64_on_the_emulated_thread_model() {
     let out = String::from_utf8_lossy(&run.stdout);
     println!("{out}");
     assert!(run.status.success(), "emulated kernels differ from the reference:\n{out}");
-    assert!(out.contains("0 failures") && out.matches("ok  ").count() >= 2 + 7 * 2 * 2 * 4, "{out}");
+    assert!(out.contains("0 failures") && out.matches("ok  ").count() >= 2 + 7 * 2 * 2 * 4 + 4 * 2 * 10, "{out}");
 }

@@ -64,7 +64,7 @@ fn the_kernels_the_host_launches_exist() {
     }
     for (family, prefix) in [
         ("softmax", vec!["softmax"]),
-        ("norm", vec!["layer_norm", "rms_norm"]),
+        ("norm", vec!["layer_norm", "rms_norm", "norm_bwd"]),
         ("rotary", vec!["rotary"]),
         ("adamw", vec!["adamw", "adamw_many"]),
         ("attention", vec!["attn_fwd", "attn_bwd_q", "attn_bwd_kv"]),

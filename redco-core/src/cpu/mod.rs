@@ -341,6 +341,17 @@ impl Backend for Cpu {
     fn rms_norm(&self, x: &CpuStorage, shape: &Shape, w: Option<&CpuStorage>, eps: f64) -> Result<CpuStorage> {
         st(self.run(|| norm::norm(&x.0, shape, w.map(|w| &*w.0), None, eps, false))?)
     }
+    fn norm_backward(
+        &self,
+        x: &CpuStorage,
+        shape: &Shape,
+        w: Option<&CpuStorage>,
+        g: &CpuStorage,
+        eps: f64,
+        rms: bool,
+    ) -> Result<CpuStorage> {
+        st(self.run(|| norm::norm_grad(&x.0, shape, w.map(|w| &*w.0), &g.0, eps, !rms))?)
+    }
     fn adamw(
         &self,
         x: &CpuStorage,

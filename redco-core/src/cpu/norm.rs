@@ -1,4 +1,5 @@
-//! CPU LayerNorm and RMSNorm over the last dim, rows in parallel, statistics in f64.
+//! CPU LayerNorm and RMSNorm over the last dim and their input gradients, rows in parallel,
+//! statistics in f64.
 
 use super::real::Real;
 use super::strided::{filled, run_rows};
@@ -86,6 +87,79 @@ pub(crate) fn norm(
             };
             f64::store(norm_t(&v, d, w, b, eps, center), dt)
         }
+    })
+}
+
+/// The input gradient of LayerNorm (`center`) or RMSNorm for the output gradient `g`, row
+/// by row in f64: `rstd (gx - mean(gx) [LayerNorm only] - xhat mean(gx xhat))`.
+fn norm_grad_t<T: Real>(x: &[T], g: &[T], d: usize, w: Option<&[T]>, eps: f64, center: bool) -> Vec<T> {
+    let n = x.len();
+    if n == 0 || d == 0 {
+        return vec![T::zero(); n];
+    }
+    filled(n, |o| {
+        run_rows(
+            o,
+            d,
+            n,
+            #[inline(always)]
+            |r, out| {
+                let (row, gr) = (&x[r * d..(r + 1) * d], &g[r * d..(r + 1) * d]);
+                let mean = if center { T::moments(row, 0.0).0 / d as f64 } else { 0.0 };
+                let rstd = 1.0 / (T::moments(row, mean).1 / d as f64 + eps).sqrt();
+                let gx = |j: usize| w.map_or(gr[j].to64(), |w| gr[j].to64() * w[j].to64());
+                let (mut s1, mut s2) = (0.0, 0.0);
+                for (j, &v) in row.iter().enumerate() {
+                    let gj = gx(j);
+                    s1 += gj;
+                    s2 += gj * (v.to64() - mean) * rstd;
+                }
+                let (m1, m2) = (if center { s1 / d as f64 } else { 0.0 }, s2 / d as f64);
+                for (j, (o, &v)) in out.iter_mut().zip(row).enumerate() {
+                    o.write(T::of(rstd * (gx(j) - m1 - (v.to64() - mean) * rstd * m2)));
+                }
+            },
+        )
+    })
+}
+
+/// The input gradient of LayerNorm (`center`) or RMSNorm over the last dim of `x` for the
+/// output gradient `g` (`Backend::norm_backward`).
+pub(crate) fn norm_grad(
+    x: &HostData,
+    shape: &Shape,
+    w: Option<&HostData>,
+    g: &HostData,
+    eps: f64,
+    center: bool,
+) -> Result<HostData> {
+    let d = *shape.dims().last().unwrap_or(&1);
+    let dt = x.dtype();
+    if g.len() != x.len() || g.dtype() != dt {
+        return Err(Error::invalid("norm_backward", format!("a gradient of {} elements for {}", g.len(), x.len())));
+    }
+    if let Some(w) = w.filter(|w| w.len() != d) {
+        return Err(Error::invalid("norm_backward", format!("weight of {} elements for rows of {d}", w.len())));
+    }
+    let fw = w.map(floats);
+    Ok(match (floats(x), floats(g)) {
+        (Floats::F32(v), Floats::F32(gv)) => {
+            let w = match &fw {
+                Some(Floats::F32(w)) => Some(&w[..]),
+                None => None,
+                _ => return Err(Error::invalid("norm_backward", "weight dtype differs")),
+            };
+            f32::store(norm_grad_t(&v, &gv, d, w, eps, center), dt)
+        }
+        (Floats::F64(v), Floats::F64(gv)) => {
+            let w = match &fw {
+                Some(Floats::F64(w)) => Some(&w[..]),
+                None => None,
+                _ => return Err(Error::invalid("norm_backward", "weight dtype differs")),
+            };
+            f64::store(norm_grad_t(&v, &gv, d, w, eps, center), dt)
+        }
+        _ => return Err(Error::invalid("norm_backward", "gradient dtype differs")),
     })
 }
 

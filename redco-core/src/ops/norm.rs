@@ -48,6 +48,70 @@ pub fn composite_rms_norm<B: Backend>(
     Ok(y.storage().clone())
 }
 
+/// [`Backend::norm_backward`] written with tensor ops (no gradient recorded).
+pub fn composite_norm_backward<B: Backend>(
+    b: &B,
+    x: &B::Storage,
+    shape: &Shape,
+    w: Option<&B::Storage>,
+    g: &B::Storage,
+    eps: f64,
+    rms: bool,
+) -> Result<B::Storage> {
+    let _g = GradModeGuard::no_grad();
+    let d = Shape::new([*shape.dims().last().unwrap_or(&1)]);
+    let (x, g) = (wrap(b, x, shape), wrap(b, g, shape));
+    let w = w.map(|w| wrap(b, w, &d));
+    Ok(norm_input_grad(&x, w.as_ref(), &g, eps, rms)?.storage().clone())
+}
+
+/// The input gradient of a norm as tensor ops (recorded when gradients are: a graph of
+/// the gradients for second-order autograd).
+fn norm_input_grad<B: Backend>(
+    x: &Tensor<B>,
+    w: Option<&Tensor<B>>,
+    g: &Tensor<B>,
+    eps: f64,
+    rms: bool,
+) -> Result<Tensor<B>> {
+    let (rstd, xhat) = if rms {
+        let rstd = rms_rstd(x, eps)?;
+        let xhat = x.mul(&rstd)?;
+        (rstd, xhat)
+    } else {
+        let (_, rstd, xhat) = layer_norm_parts(x, eps)?;
+        (rstd, xhat)
+    };
+    let gx = match w {
+        Some(w) => g.mul(w)?,
+        None => g.clone(),
+    };
+    let t2 = xhat.mul(&gx.mul(&xhat)?.mean(-1, true)?)?;
+    let inner = if rms { gx.sub(&t2)? } else { gx.sub(&gx.mean(-1, true)?)?.sub(&t2)? };
+    inner.mul(&rstd)
+}
+
+/// The input gradient of a norm of `x` for the output gradient `g`: the backend's fused
+/// [`Backend::norm_backward`] on the local rows, or tensor ops while a graph of the
+/// gradients is being built (or `g` is laid out otherwise than `x`).
+fn input_grad<B: Backend>(
+    x: &Tensor<B>,
+    w: Option<&Tensor<B>>,
+    g: &Tensor<B>,
+    eps: f64,
+    rms: bool,
+) -> Result<Tensor<B>> {
+    let fused = !crate::is_grad_enabled()
+        && g.dtype() == x.dtype()
+        && g.placements() == x.placements()
+        && g.local_shape() == x.local_shape();
+    if !fused {
+        return norm_input_grad(x, w, g, eps, rms);
+    }
+    let s = x.backend().norm_backward(x.storage(), x.local_shape(), w.map(|w| w.storage()), g.storage(), eps, rms)?;
+    Ok(x.same_layout(s, x.dtype()))
+}
+
 /// (x, rstd, xhat) for LayerNorm.
 fn layer_norm_parts<B: Backend>(x: &Tensor<B>, eps: f64) -> Result<(Tensor<B>, Tensor<B>, Tensor<B>)> {
     let xc = x.sub(&x.mean(-1, true)?)?;
@@ -105,15 +169,9 @@ impl<B: Backend> Tensor<B> {
         inputs.extend(bias);
         let (x, w, has_b) = (this.clone(), weight.cloned(), bias.is_some());
         Ok(Tensor::record_like(this, s, this.dtype(), "layer_norm", &inputs, move |g| {
-            let (_, rstd, xhat) = layer_norm_parts(&x, eps)?;
-            let gx = match &w {
-                Some(w) => g.mul(w)?,
-                None => g.clone(),
-            };
-            let t1 = gx.mean(-1, true)?;
-            let t2 = xhat.mul(&gx.mul(&xhat)?.mean(-1, true)?)?;
-            let mut out = vec![Some(gx.sub(&t1)?.sub(&t2)?.mul(&rstd)?)];
+            let mut out = vec![Some(input_grad(&x, w.as_ref(), g, eps, false)?)];
             if let Some(w) = &w {
+                let (_, _, xhat) = layer_norm_parts(&x, eps)?;
                 out.push(Some(g.mul(&xhat)?.sum_to(w.shape())?));
             }
             if has_b {
@@ -137,15 +195,9 @@ impl<B: Backend> Tensor<B> {
         inputs.extend(weight);
         let (x, w) = (this.clone(), weight.cloned());
         Ok(Tensor::record_like(this, s, this.dtype(), "rms_norm", &inputs, move |g| {
-            let rstd = rms_rstd(&x, eps)?;
-            let xhat = x.mul(&rstd)?;
-            let gx = match &w {
-                Some(w) => g.mul(w)?,
-                None => g.clone(),
-            };
-            let t2 = xhat.mul(&gx.mul(&xhat)?.mean(-1, true)?)?;
-            let mut out = vec![Some(gx.sub(&t2)?.mul(&rstd)?)];
+            let mut out = vec![Some(input_grad(&x, w.as_ref(), g, eps, true)?)];
             if let Some(w) = &w {
+                let xhat = x.mul(&rms_rstd(&x, eps)?)?;
                 out.push(Some(g.mul(&xhat)?.sum_to(w.shape())?));
             }
             Ok(out)

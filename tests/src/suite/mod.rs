@@ -317,6 +317,10 @@ macro_rules! suite {
                 $crate::suite::norm::norm_long_rows(&$make)
             }
             #[test]
+            fn norm_backward_values() {
+                $crate::suite::norm::norm_backward_values(&$make)
+            }
+            #[test]
             fn norm_grads() {
                 $crate::suite::norm::norm_grads(&$make)
             }

@@ -143,6 +143,38 @@ pub fn norm_grads<B: Backend>(b: &B) {
     grad_check(b, &[x3, w4], |t| t[0].rms_norm(Some(&t[1]), EPS), t, "rms_norm rank 3");
 }
 
+/// The fused input gradient ([`Backend::norm_backward`]) of LayerNorm and RMSNorm, with
+/// and without a weight, on random shapes, against the f64 formula.
+pub fn norm_backward_values<B: Backend>(b: &B) {
+    let dt = check_dtype(b);
+    st::run(12, st::shape(3, 9), |dims| {
+        let d = *dims.last().unwrap();
+        let n: usize = dims.iter().product();
+        let (x, g, w) = (values(n, 4, -3.0, 3.0), values(n, 5, -1.0, 1.0), values(d, 6, 0.5, 1.5));
+        let shape = Shape::new(dims.clone());
+        let (xt, gt, wt) = (tensor(b, &x, dims.clone(), dt), tensor(b, &g, dims.clone(), dt), tensor(b, &w, [d], dt));
+        for rms in [false, true] {
+            for hw in [false, true] {
+                let got =
+                    b.norm_backward(xt.storage(), &shape, hw.then_some(wt.storage()), gt.storage(), EPS, rms).unwrap();
+                let mut want = Vec::with_capacity(n);
+                for (row, gr) in x.chunks(d).zip(g.chunks(d)) {
+                    let mean = if rms { 0.0 } else { row.iter().sum::<f64>() / d as f64 };
+                    let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / d as f64;
+                    let rstd = 1.0 / (var + EPS).sqrt();
+                    let gx: Vec<f64> = (0..d).map(|j| if hw { gr[j] * w[j] } else { gr[j] }).collect();
+                    let xhat: Vec<f64> = row.iter().map(|v| (v - mean) * rstd).collect();
+                    let m1 = if rms { 0.0 } else { gx.iter().sum::<f64>() / d as f64 };
+                    let m2 = gx.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / d as f64;
+                    want.extend((0..d).map(|j| rstd * (gx[j] - m1 - xhat[j] * m2)));
+                }
+                let what = format!("norm_backward {dims:?} rms {rms} weight {hw} ({dt:?})");
+                assert_close(&b.download(&got).unwrap().to_f64_vec(), &want, tol(dt) * 10.0, &what);
+            }
+        }
+    });
+}
+
 /// A weight or bias of the wrong size or dtype, rank-0 and integer inputs are errors.
 pub fn norm_errors<B: Backend>(b: &B) {
     let dt = check_dtype(b);
