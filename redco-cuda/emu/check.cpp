@@ -1,5 +1,6 @@
 // Runs the attention kernels (forward, dq, dk/dv), the multi-tensor AdamW, LayerNorm and
-// RMSNorm forward and backward, and softmax of `kernels/` on the emulated thread model
+// RMSNorm forward and backward, softmax, and the fused cross-entropy forward and backward
+// of `kernels/` on the emulated thread model
 // against f64 references, in f32 and f64. Attention:
 // grouped heads, causal with more or fewer queries than keys, padding masks with a fully
 // masked row, head sizes that are not a multiple of 32, and tiles of 32 and 7 rows.
@@ -10,6 +11,7 @@
 #include "adamw.cu"
 #include "norm.cu"
 #include "softmax.cu"
+#include "cross_entropy.cu"
 #include <random>
 #include <string>
 #include <tuple>
@@ -231,7 +233,54 @@ void rows_check(i64 rows, i64 n, unsigned threads, unsigned grid) {
     }
 }
 
+// The fused cross-entropy and its gradient over `vocab`, with an ignored row and, when
+// `bad`, a target out of range (flagged, its row 0).
+template <typename T>
+void xent_check(i64 rows, i64 vocab, unsigned threads, unsigned grid, bool bad) {
+    std::mt19937 rng(5 + vocab);
+    std::uniform_real_distribution<double> U(-4, 4);
+    std::vector<double> x(rows * vocab), g(rows);
+    for (auto& e : x) e = U(rng);
+    for (auto& e : g) e = U(rng);
+    std::vector<i64> t(rows);
+    for (i64 r = 0; r < rows; ++r) t[r] = (i64)(rng() % vocab);
+    const i64 ignore = -100;
+    t[1] = ignore;
+    if (bad) t[rows - 1] = vocab + 3;
+    std::vector<double> loss(rows, 0), dx(rows * vocab, 0);
+    for (i64 r = 0; r < rows; ++r) {
+        if (t[r] == ignore || t[r] < 0 || t[r] >= vocab) continue;
+        double m = -INFINITY, s = 0;
+        for (i64 j = 0; j < vocab; ++j) m = std::max(m, x[r * vocab + j]);
+        for (i64 j = 0; j < vocab; ++j) s += std::exp(x[r * vocab + j] - m);
+        loss[r] = m + std::log(s) - x[r * vocab + t[r]];
+        for (i64 j = 0; j < vocab; ++j) dx[r * vocab + j] = (std::exp(x[r * vocab + j] - m) / s - (j == t[r])) * g[r];
+    }
+    std::vector<T> tx(x.begin(), x.end()), tg(g.begin(), g.end()), kl(rows, (T)NAN), kd(rows * vocab, (T)NAN);
+    int flag_f = 0, flag_b = 0;
+    launch(grid, threads, [&] {
+        if constexpr (sizeof(T) == 4) {
+            xent_f32_i64(tx.data(), t.data(), kl.data(), rows, vocab, ignore, &flag_f);
+            xent_grad_f32_i64(tx.data(), t.data(), tg.data(), kd.data(), rows, vocab, ignore, &flag_b);
+        } else {
+            xent_f64_i64(tx.data(), t.data(), kl.data(), rows, vocab, ignore, &flag_f);
+            xent_grad_f64_i64(tx.data(), t.data(), tg.data(), kd.data(), rows, vocab, ignore, &flag_b);
+        }
+    });
+    double tol = sizeof(T) == 4 ? 2e-5 : 1e-12, worst = 0;
+    for (i64 i = 0; i < rows; ++i) worst = std::max(worst, std::fabs(kl[i] - loss[i]) / (1 + std::fabs(loss[i])) + (kl[i] != kl[i]));
+    for (i64 i = 0; i < rows * vocab; ++i) worst = std::max(worst, std::fabs(kd[i] - dx[i]) / (1 + std::fabs(dx[i])) + (kd[i] != kd[i]));
+    bool ok = worst <= tol && flag_f == (int)bad && flag_b == (int)bad;
+    fails += !ok;
+    printf("%s cross_entropy      rows %lld vocab %lld threads %u grid %u bad %d %s: worst %.2e, flags %d %d\n",
+           ok ? "ok  " : "FAIL", rows, vocab, threads, grid, (int)bad, sizeof(T) == 4 ? "f32" : "f64", worst, flag_f, flag_b);
+}
+
 int main() {
+    for (auto [rows, vocab, threads, grid, bad] : {std::tuple{6, 50, 64u, 6u, false}, {5, 1000, 1024u, 2u, true}, {4, 3000, 256u, 4u, true}}) {
+        xent_check<float>(rows, vocab, threads, grid, bad);
+        xent_check<double>(rows, vocab, threads, grid, bad);
+    }
     for (auto [rows, n, threads, grid] : {std::tuple{5, 7, 32u, 5u}, {6, 300, 512u, 2u}, {3, 300, 64u, 3u}, {4, 1000, 1024u, 4u}}) {
         rows_check<float>(rows, n, threads, grid);
         rows_check<double>(rows, n, threads, grid);
