@@ -19,6 +19,20 @@
 struct Case { i64 b, hq, hk, tq, tk, d; int causal, mask; };
 
 int fails = 0;
+
+// The worst relative error |got - want| / (1 + |want|) and where it is; a NaN (an element
+// never written: outputs start as NaN) counts as an infinite error.
+template <typename T>
+std::pair<double, i64> worst_error(const std::vector<T>& got, const std::vector<double>& want) {
+    double worst = 0;
+    i64 at = -1;
+    for (size_t i = 0; i < want.size(); ++i) {
+        double e = std::fabs((double)got[i] - want[i]) / (1 + std::fabs(want[i]));
+        if (e != e) e = INFINITY;
+        if (e > worst || at < 0) { worst = e; at = (i64)i; }
+    }
+    return {worst, at};
+}
 template <typename T>
 void run(const Case& c, int tile, unsigned seed) {
     typedef typename Acc<T>::t A;
@@ -94,11 +108,7 @@ void run(const Case& c, int tile, unsigned seed) {
     }
     double tol = sizeof(T) == 4 ? 2e-5 : 1e-12;
     auto cmp = [&](const char* what, const std::vector<T>& got, const std::vector<double>& want) {
-        double worst = 0; i64 at = -1;
-        for (size_t i = 0; i < want.size(); ++i) {
-            double e = std::fabs((double)got[i] - want[i]) / (1 + std::fabs(want[i]));
-            if (!(e <= worst)) { worst = e; at = i; }
-        }
+        auto [worst, at] = worst_error(got, want);
         bool ok = worst <= tol;
         if (!ok) { ++fails; }
         printf("%s %-4s b%lld hq%lld hk%lld tq%lld tk%lld d%lld causal%d mask%d tile%d: %s worst %.2e at %lld\n",
@@ -144,12 +154,12 @@ void adamw_many_check() {
         else adamw_many_f64(table.data(), chunks.data(), nc, chunk, h);
     });
     double tol = sizeof(T) == 4 ? 1e-5 : 1e-12, worst = 0;
-    for (size_t t = 0; t < sizes.size(); ++t)
-        for (i64 i = 0; i < sizes[t]; ++i) {
-            for (auto [got, want] : {std::pair{(double)y[t][i], want_x[t][i]}, {(double)m[t][i], want_m[t][i]}, {(double)v[t][i], want_v[t][i]}})
-                worst = std::max(worst, std::fabs(got - want) / (1 + std::fabs(want)) + (got != got));
+    for (size_t t = 0; t < sizes.size(); ++t) {
+        for (auto [got, want] : {std::pair{&y[t], &want_x[t]}, {&m[t], &want_m[t]}, {&v[t], &want_v[t]}})
+            worst = std::max(worst, worst_error(*got, *want).first);
+        for (i64 i = 0; i < sizes[t]; ++i)
             worst = std::max(worst, x[t][i] == x0[t][i] ? 0.0 : 1.0);  // the input parameter is left alone
-        }
+    }
     bool ok = worst <= tol;
     fails += !ok;
     printf("%s adamw_many %s: worst %.2e\n", ok ? "ok  " : "FAIL", sizeof(T) == 4 ? "f32" : "f64", worst);
@@ -168,11 +178,7 @@ void rows_check(i64 rows, i64 n, unsigned threads, unsigned grid) {
     double eps = 1e-5, tol = sizeof(T) == 4 ? 2e-5 : 1e-12;
     const char* tn = sizeof(T) == 4 ? "f32" : "f64";
     auto report = [&](const char* what, const std::vector<T>& got, const std::vector<double>& want) {
-        double worst = 0;
-        for (size_t i = 0; i < want.size(); ++i) {
-            double e = std::fabs((double)got[i] - want[i]) / (1 + std::fabs(want[i]));
-            if (!(e <= worst)) worst = e;
-        }
+        double worst = worst_error(got, want).first;
         bool ok = worst <= tol;
         fails += !ok;
         printf("%s %-18s rows %lld n %lld threads %u grid %u %s: worst %.2e\n", ok ? "ok  " : "FAIL", what, rows, n,
@@ -267,9 +273,8 @@ void xent_check(i64 rows, i64 vocab, unsigned threads, unsigned grid, bool bad) 
             xent_grad_f64_i64(tx.data(), t.data(), tg.data(), kd.data(), rows, vocab, ignore, &flag_b);
         }
     });
-    double tol = sizeof(T) == 4 ? 2e-5 : 1e-12, worst = 0;
-    for (i64 i = 0; i < rows; ++i) worst = std::max(worst, std::fabs(kl[i] - loss[i]) / (1 + std::fabs(loss[i])) + (kl[i] != kl[i]));
-    for (i64 i = 0; i < rows * vocab; ++i) worst = std::max(worst, std::fabs(kd[i] - dx[i]) / (1 + std::fabs(dx[i])) + (kd[i] != kd[i]));
+    double tol = sizeof(T) == 4 ? 2e-5 : 1e-12;
+    double worst = std::max(worst_error(kl, loss).first, worst_error(kd, dx).first);
     bool ok = worst <= tol && flag_f == (int)bad && flag_b == (int)bad;
     fails += !ok;
     printf("%s cross_entropy      rows %lld vocab %lld threads %u grid %u bad %d %s: worst %.2e, flags %d %d\n",
