@@ -1,7 +1,9 @@
 //! CPU matmul: batched, with transpose flags folded into strides (no copies).
 //! f32 uses the generated GEMM (AVX-512F or AVX2 + FMA) when the CPU has one; everything else the `gemm` crate.
-//! bf16 products use the AMX GEMM ([`bgemm`]) where the CPU has AMX-BF16, f16 and bf16
-//! elsewhere widen to f32. [`F32Gemm`] lets tests run both f32 paths in one process.
+//! bf16 products use the packed bf16 GEMM ([`bgemm`]) where the CPU has AMX-BF16 or
+//! AVX512-BF16; elsewhere f16 and bf16 run the generated f32 GEMM, whose packers widen them
+//! in registers (no widened copy of either operand), and without a generated GEMM they widen
+//! to f32. [`F32Gemm`] lets tests run both f32 paths in one process.
 
 use super::bgemm;
 use super::half_gemv::{self, Half};
@@ -153,8 +155,9 @@ fn check_operands(a_len: usize, b_len: usize, spec: &MatmulSpec) -> Result<()> {
     Ok(())
 }
 
-/// f32 through the generated GEMM, writing a fresh output without zero-filling it first.
-fn matmul_f32_fast(a: &[f32], b: &[f32], spec: &MatmulSpec, threads: usize) -> Result<Vec<f32>> {
+/// f32, bf16 or f16 operands through the generated GEMM (16-bit ones widened while packed),
+/// writing a fresh f32 output without zero-filling it first.
+fn matmul_fast<E: sgemm::Source>(a: &[E], b: &[E], spec: &MatmulSpec, threads: usize) -> Result<Vec<f32>> {
     let (sa, sb, sc) = (spec.m * spec.k, spec.k * spec.n, spec.m * spec.n);
     check_operands(a.len(), b.len(), spec)?;
     let total = spec.batch * sc;
@@ -175,7 +178,7 @@ fn matmul_f32_fast(a: &[f32], b: &[f32], spec: &MatmulSpec, threads: usize) -> R
         let out = &mut c.spare_capacity_mut()[..total];
         let small = sc * spec.k < 128 * 128 * 128;
         let one = |i: usize, ci: &mut [std::mem::MaybeUninit<f32>], t: usize| {
-            let ok = sgemm::sgemm_uninit(spec.m, spec.n, spec.k, a_of(i), b_of(i), ci, spec.n, t);
+            let ok = sgemm::gemm_uninit(spec.m, spec.n, spec.k, a_of(i), b_of(i), ci, spec.n, t);
             assert!(ok, "matmul: the generated GEMM was chosen on a CPU that cannot run it");
         };
         if spec.batch > 1 && small && threads > 1 {
@@ -318,8 +321,19 @@ pub(crate) fn matmul_with(
             return Ok(f32::store(c?, dt));
         }
     }
+    if path.fast() {
+        match (a, b) {
+            (HostData::BF16(x), HostData::BF16(y)) if sgemm::supports::<half::bf16>() => {
+                return Ok(f32::store(matmul_fast(x, y, spec, threads)?, dt))
+            }
+            (HostData::F16(x), HostData::F16(y)) if sgemm::supports::<half::f16>() => {
+                return Ok(f32::store(matmul_fast(x, y, spec, threads)?, dt))
+            }
+            _ => {}
+        }
+    }
     match (floats(a), floats(b)) {
-        (Floats::F32(x), Floats::F32(y)) if path.fast() => Ok(f32::store(matmul_f32_fast(&x, &y, spec, threads)?, dt)),
+        (Floats::F32(x), Floats::F32(y)) if path.fast() => Ok(f32::store(matmul_fast(&x, &y, spec, threads)?, dt)),
         (Floats::F32(x), Floats::F32(y)) => Ok(f32::store(matmul_t(&x, &y, spec, threads, path)?, dt)),
         (Floats::F64(x), Floats::F64(y)) => Ok(f64::store(matmul_t(&x, &y, spec, threads, path)?, dt)),
         _ => Err(Error::invalid("matmul", "operands have different dtypes")),

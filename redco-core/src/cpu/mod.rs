@@ -480,7 +480,8 @@ pub(crate) fn sgemm_hook(
 
 /// The kernel families this machine runs, as benchmarks report them: the f32 GEMM
 /// (`avx512` or `avx2`: the generated kernels; `gemm-crate`: the portable one), the bf16 GEMM
-/// (`amx` or `avx512-bf16`, see [`bf16_gemm`], or widened to f32), the element
+/// (`amx` or `avx512-bf16`, see [`bf16_gemm`]; else `f32 kernel, widened in packing`
+/// where a generated f32 GEMM runs, or `widened to f32`), the element
 /// loops (`avx512`, `avx2` or `baseline`) and the products against 16-bit weights (`avx512`,
 /// `avx2` or `portable`).
 pub fn kernel_families() -> String {
@@ -488,14 +489,18 @@ pub fn kernel_families() -> String {
         Some(isa) if sgemm_enabled() => isa.name(),
         _ => "gemm-crate",
     };
-    let bf16 = bf16_gemm().unwrap_or("widened to f32");
+    let bf16 = match bf16_gemm() {
+        Some(engine) => engine,
+        None if sgemm_enabled() => "f32 kernel, widened in packing",
+        None => "widened to f32",
+    };
     format!("f32 GEMM {gemm}, bf16 GEMM {bf16}, element loops {}, 16-bit GEMV {}", simd::family(), half_gemv::family())
 }
 
 /// True when bf16 matrix products run on AMX tiles (`TDPBF16PS`, f32 accumulation): the CPU
 /// has AMX-BF16 (Sapphire Rapids and later Xeons), the OS grants this process the tile
 /// state, and neither `REDCO_NO_AMX` nor `REDCO_ASSUME_NO_AVX512` is set. Elsewhere bf16
-/// operands are widened to f32 for the f32 GEMM.
+/// operands run on the f32 GEMM (widened as they are packed).
 pub fn amx_bf16() -> bool {
     bgemm::Engine::Amx.runs() && bgemm::engine() == Some(bgemm::Engine::Amx)
 }
@@ -509,7 +514,8 @@ pub fn avx512_bf16() -> bool {
 
 /// The kernel bf16 x bf16 matrix products run on in this process: `amx` (see
 /// [`amx_bf16`]), `avx512-bf16` (where AMX does not run or `REDCO_NO_AMX` is set, and
-/// `REDCO_NO_BF16_DOT` is not), or `None`: the operands are widened to f32 for the f32 GEMM.
+/// `REDCO_NO_BF16_DOT` is not), or `None`: the operands run on the f32 GEMM, widened as its
+/// packers read them (or, without a generated GEMM, widened to f32 copies).
 pub fn bf16_gemm() -> Option<&'static str> {
     bgemm::engine().map(bgemm::Engine::name)
 }

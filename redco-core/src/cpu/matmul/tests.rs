@@ -255,22 +255,29 @@ fn auto_picks_the_best_generated_gemm_exactly_where_it_runs() {
 
 /// Few rows against a bf16 or f16 weight (the decode path that widens the weight in
 /// registers) give the product of the widened operands, for both weight layouts and for
-/// batched rows against one weight; larger products still take the GEMM.
+/// batched rows against one weight; larger products (the packed bf16 GEMM where the CPU has
+/// one, else the generated f32 GEMM widening 16-bit operands as it packs them) too, with
+/// either operand transposed and both batched.
 #[test]
 fn half_weight_products_match_the_widened_f32_product() {
     for dt in [DType::BF16, DType::F16] {
-        for &(batch, m, n, k, trans_b, a_batched) in &[
-            (1, 1, 70, 64, true, false),
-            (1, 3, 33, 130, false, false),
-            (2, 2, 40, 48, true, true),
-            (1, 20, 24, 16, true, false),
+        for &(batch, m, n, k, trans_a, trans_b, a_batched, b_batched) in &[
+            (1, 1, 70, 64, false, true, false, false),
+            (1, 3, 33, 130, false, false, false, false),
+            (2, 2, 40, 48, false, true, true, false),
+            (1, 20, 24, 16, false, true, false, false),
+            (1, 45, 70, 300, false, false, false, false),
+            (1, 31, 17, 90, true, false, false, false),
+            (3, 19, 33, 40, false, true, true, true),
+            (2, 64, 9, 129, true, true, true, true),
         ] {
             let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
             let rows = if a_batched { batch * m } else { m };
+            let wn = if b_batched { batch } else { 1 };
             let a: Vec<f32> = (0..rows * k).map(|_| rng.next()).collect();
-            let w: Vec<f32> = (0..k * n).map(|_| rng.next()).collect();
+            let w: Vec<f32> = (0..wn * k * n).map(|_| rng.next()).collect();
             let (ha, hw) = (HostData::from_f32(a, dt), HostData::from_f32(w, dt));
-            let spec = MatmulSpec { batch, m, n, k, trans_a: false, trans_b, a_batched, b_batched: false };
+            let spec = MatmulSpec { batch, m, n, k, trans_a, trans_b, a_batched, b_batched };
             let got = matmul_with(&ha, &hw, &spec, dt, 2, F32Gemm::Auto).unwrap().to_f32_vec();
             let (wa, ww) = (HostData::F32(ha.to_f32_vec()), HostData::F32(hw.to_f32_vec()));
             let want = matmul_with(&wa, &ww, &spec, DType::F32, 2, F32Gemm::Portable).unwrap().to_f32_vec();

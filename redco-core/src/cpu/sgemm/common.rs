@@ -1,6 +1,7 @@
 //! What the kernel families share: lane masks for partial vectors and the packing of
 //! operands with no unit stride (element by element, the same for every family).
 
+use super::source::Source;
 use std::arch::x86_64::*;
 
 /// Mask with the low `n` (clamped to 0..=16) bits set, for AVX-512 masked loads and stores.
@@ -27,11 +28,11 @@ pub(crate) fn mask8(n: usize) -> __m256i {
 /// # Safety
 /// Every `src[r * rs + p * cs]` for `r < rows`, `p < kc` readable; `dst` writable for `kc * mr`.
 #[inline]
-pub(crate) unsafe fn pack_a_strided(
+pub(crate) unsafe fn pack_a_strided<E: Source>(
     kc: usize,
     mr: usize,
     rows: usize,
-    src: *const f32,
+    src: *const E,
     rs: usize,
     cs: usize,
     dst: *mut f32,
@@ -39,7 +40,7 @@ pub(crate) unsafe fn pack_a_strided(
     for p in 0..kc {
         for r in 0..mr {
             // SAFETY: in bounds per the caller contract.
-            unsafe { *dst.add(p * mr + r) = if r < rows { *src.add(r * rs + p * cs) } else { 0.0 } };
+            unsafe { *dst.add(p * mr + r) = if r < rows { (*src.add(r * rs + p * cs)).to_f32() } else { 0.0 } };
         }
     }
 }
@@ -50,11 +51,11 @@ pub(crate) unsafe fn pack_a_strided(
 /// # Safety
 /// Every `src[p * rs + j * cs]` for `p < kc`, `j < cols` readable; `dst` writable for the panels.
 #[inline]
-pub(crate) unsafe fn pack_b_strided(
+pub(crate) unsafe fn pack_b_strided<E: Source>(
     kc: usize,
     nr: usize,
     cols: usize,
-    src: *const f32,
+    src: *const E,
     rs: usize,
     cs: usize,
     dst: *mut f32,
@@ -65,7 +66,7 @@ pub(crate) unsafe fn pack_b_strided(
             for j in 0..nr {
                 let v = if j0 + j < cols {
                     // SAFETY: in bounds per the caller contract.
-                    unsafe { *src.add(p * rs + (j0 + j) * cs) }
+                    unsafe { (*src.add(p * rs + (j0 + j) * cs)).to_f32() }
                 } else {
                     0.0
                 };

@@ -26,6 +26,7 @@
 
 use super::buffer::{with_buf, Slot};
 use super::microkernel::{Family, Prefetch, TileDst};
+use super::source::Source;
 use super::MatRef;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -34,7 +35,6 @@ use std::sync::atomic::{AtomicU8, Ordering};
 const A_BUF_MAX: usize = 8 << 20;
 
 /// Raw pointer wrapper that may be shared across rayon tasks.
-#[derive(Clone, Copy)]
 pub(crate) struct SendPtr<T>(pub(crate) *mut T);
 // SAFETY: the driver guarantees that concurrent tasks only write disjoint regions through these
 // pointers and only read regions that are not written concurrently.
@@ -50,13 +50,27 @@ impl<T> SendPtr<T> {
     }
 }
 
-/// Strided operand description with a raw base pointer.
-#[derive(Clone, Copy)]
-struct Op {
-    ptr: SendPtr<f32>,
+/// Strided operand description with a raw base pointer (elements f32 or 16-bit).
+struct Op<E> {
+    ptr: SendPtr<E>,
     rs: usize,
     cs: usize,
 }
+
+// Copy whatever `E` is (a derive would ask `E: Copy` of the pointer's target).
+impl<E> Clone for Op<E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<E> Copy for Op<E> {}
+
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SendPtr<T> {}
 
 /// Splits `len` items into `parts` contiguous near-equal ranges; returns range `i`.
 pub(crate) fn split(len: usize, parts: usize, i: usize) -> (usize, usize) {
@@ -67,31 +81,32 @@ pub(crate) fn split(len: usize, parts: usize, i: usize) -> (usize, usize) {
 }
 
 /// Packed GEMM entry point: `C = A*B` or `C += A*B`, C row-major with leading dimension `ldc`.
+/// A and B are f32 or 16-bit floats (widened while packing); C is f32.
 /// Requires the CPU features of `K` (checked by the caller), `m, n, k >= 1` and validated slice bounds.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm<K: Family>(
+pub(crate) fn gemm<K: Family, E: Source>(
     m: usize,
     n: usize,
     k: usize,
-    a: MatRef,
-    b: MatRef,
+    a: MatRef<E>,
+    b: MatRef<E>,
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
     threads: usize,
 ) {
     let nt = threads.min(rayon::current_num_threads()).max(1);
-    let a_op = Op { ptr: SendPtr(a.data.as_ptr() as *mut f32), rs: a.rs, cs: a.cs };
-    let b_op = Op { ptr: SendPtr(b.data.as_ptr() as *mut f32), rs: b.rs, cs: b.cs };
+    let a_op = Op { ptr: SendPtr(a.data.as_ptr() as *mut E), rs: a.rs, cs: a.cs };
+    let b_op = Op { ptr: SendPtr(b.data.as_ptr() as *mut E), rs: b.rs, cs: b.cs };
     let c_op = Op { ptr: SendPtr(c), rs: ldc, cs: 1 };
     // Narrow N and tall M: compute C^T = B^T A^T so that the vector dimension is the long one.
     if n < K::NR && m >= 2 * K::NR {
         let at = Op { ptr: b_op.ptr, rs: b.cs, cs: b.rs };
         let bt = Op { ptr: a_op.ptr, rs: a.cs, cs: a.rs };
         let ct = Op { ptr: c_op.ptr, rs: 1, cs: ldc };
-        gemm_strided::<K>(n, m, k, at, bt, ct, accumulate, nt);
+        gemm_strided::<K, E>(n, m, k, at, bt, ct, accumulate, nt);
     } else {
-        gemm_strided::<K>(m, n, k, a_op, b_op, c_op, accumulate, nt);
+        gemm_strided::<K, E>(m, n, k, a_op, b_op, c_op, accumulate, nt);
     }
 }
 
@@ -126,7 +141,16 @@ struct Block {
 
 /// Core blocked GEMM on raw strided operands (C may have any strides).
 #[allow(clippy::too_many_arguments)]
-fn gemm_strided<K: Family>(m: usize, n: usize, k: usize, a: Op, b: Op, c: Op, accumulate: bool, nt: usize) {
+fn gemm_strided<K: Family, E: Source>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Op<E>,
+    b: Op<E>,
+    c: Op<f32>,
+    accumulate: bool,
+    nt: usize,
+) {
     let np = n.div_ceil(K::NR);
     let kblocks = k.div_ceil(K::KC);
     let kc_max = k.div_ceil(kblocks);
@@ -163,7 +187,7 @@ fn gemm_strided<K: Family>(m: usize, n: usize, k: usize, a: Op, b: Op, c: Op, ac
                 // SAFETY: tasks write disjoint C tiles (disjoint M or N panel ranges) and each
                 // task's K blocks run in order on one worker; A panels are written once, by the
                 // task that claims them, before being published.
-                unsafe { compute_task::<K>(pm, pn, kb, start, blk, apack, flags, a, b, c, accumulate) };
+                unsafe { compute_task::<K, E>(pm, pn, kb, start, blk, apack, flags, a, b, c, accumulate) };
             };
             // Static round-robin ownership of tasks (equal-sized, so balanced); K blocks
             // outermost on each worker so the packed A of one K block is the working set shared
@@ -186,14 +210,14 @@ fn gemm_strided<K: Family>(m: usize, n: usize, k: usize, a: Op, b: Op, c: Op, ac
 /// # Safety
 /// `apack` must hold `kblocks * mp` panels of `K::MR * kc_max` floats; `a` must cover the block.
 #[allow(clippy::too_many_arguments)]
-unsafe fn ensure_a<K: Family>(
+unsafe fn ensure_a<K: Family, E: Source>(
     ip: usize,
     kb: usize,
     kc: usize,
     blk: &Block,
     apack: SendPtr<f32>,
     flags: &[AtomicU8],
-    a: Op,
+    a: Op<E>,
 ) -> *const f32 {
     let (m, _, _) = blk.shape;
     // SAFETY: panel (kb, ip) is inside the A buffer (caller contract).
@@ -222,17 +246,17 @@ unsafe fn ensure_a<K: Family>(
 /// Where the kernel should prefetch the unpacked source of A panel `ipn` of K block `kb`
 /// (first row, first column of the block) and how many rows: none unless A is row-major, the
 /// task has another panel and nobody has claimed that one yet.
-fn next_source<K: Family>(
+fn next_source<K: Family, E: Source>(
     ipn: usize,
     kb: usize,
     blk: &Block,
     flags: &[AtomicU8],
-    a: Op,
+    a: Op<E>,
     len: usize,
-) -> (*const f32, usize) {
+) -> (*const E, usize) {
     let (m, _, _) = blk.shape;
     let r0 = blk.ic + ipn * K::MR;
-    let src = a.ptr.get().wrapping_add(r0 * a.rs + kb * blk.kc_max) as *const f32;
+    let src = a.ptr.get().wrapping_add(r0 * a.rs + kb * blk.kc_max) as *const E;
     let claimable = flags[kb * blk.mp + ipn].load(Ordering::Relaxed) == EMPTY;
     (src, if a.cs == 1 && len > 1 && claimable { (m - r0).min(K::MR) } else { 0 })
 }
@@ -244,7 +268,7 @@ fn next_source<K: Family>(
 /// Panel ranges must be in bounds; no other task may write the same C tiles concurrently;
 /// `apack`/`flags` must describe the M block `blk` (see [`ensure_a`]).
 #[allow(clippy::too_many_arguments)]
-unsafe fn compute_task<K: Family>(
+unsafe fn compute_task<K: Family, E: Source>(
     (pm0, pm1): (usize, usize),
     (pn0, pn1): (usize, usize),
     kb: usize,
@@ -252,9 +276,9 @@ unsafe fn compute_task<K: Family>(
     blk: Block,
     apack: SendPtr<f32>,
     flags: &[AtomicU8],
-    a: Op,
-    b: Op,
-    c: Op,
+    a: Op<E>,
+    b: Op<E>,
+    c: Op<f32>,
     accumulate: bool,
 ) {
     let (m, n, k) = blk.shape;
@@ -284,7 +308,7 @@ unsafe fn compute_task<K: Family>(
             for idx in 0..len {
                 let ip = pm0 + (start + idx) % len;
                 // SAFETY: panel (kb, ip) is inside the M block.
-                let ap = unsafe { ensure_a::<K>(ip, kb, kc, &blk, apack, flags, a) };
+                let ap = unsafe { ensure_a::<K, E>(ip, kb, kc, &blk, apack, flags, a) };
                 // The next panel may not be packed yet; prefetching it is still harmless.
                 let next_panel = if prefetch_next {
                     let ipn = pm0 + (start + idx + 1) % len;
@@ -297,7 +321,7 @@ unsafe fn compute_task<K: Family>(
                 // If nobody has claimed the next panel yet, this task will probably pack it:
                 // its calls on this panel bring the unpacked source rows into L2 (two lines
                 // of each row per call, which covers the K block when it has >= kc / 32 B panels).
-                let (src, src_rows) = next_source::<K>(pm0 + (start + idx + 1) % len, kb, &blk, flags, a, len);
+                let (src, src_rows) = next_source::<K, E>(pm0 + (start + idx + 1) % len, kb, &blk, flags, a, len);
                 for jp in pn0..pn1 {
                     let j0 = jp * K::NR;
                     let dst = TileDst {
@@ -309,11 +333,14 @@ unsafe fn compute_task<K: Family>(
                         nr: (n - j0).min(K::NR),
                         load_c,
                     };
-                    let off = (jp - pn0) * 32;
+                    // Two 64-byte lines per row and call, whatever the element size; the kernel
+                    // steps through the rows in f32 units, so a 16-bit row stride is halved
+                    // (rounded down: these are hints, the line need not be exact).
+                    let off = (jp - pn0) * 128 / size_of::<E>();
                     let pf = Prefetch {
                         next: if prefetch_next { next_panel.wrapping_add((jp - pn0) * slice) } else { ap },
-                        src: src.wrapping_add(off),
-                        src_stride: a.rs,
+                        src: src.wrapping_add(off) as *const f32,
+                        src_stride: a.rs * size_of::<E>() / 4,
                         src_rows: if off < kc { src_rows } else { 0 },
                     };
                     // SAFETY: packed panels hold kc steps; tile is owned by this task; the

@@ -9,6 +9,7 @@
 
 use super::common::mask16;
 use super::microkernel::{Family, Prefetch, TileDst};
+use super::source::Source;
 use std::arch::x86_64::*;
 
 mod asm;
@@ -104,12 +105,12 @@ impl Family for Avx512 {
         unsafe { kernel(kc, a, b, dst, pf) }
     }
 
-    unsafe fn pack_a(kc: usize, rows: usize, src: *const f32, rs: usize, cs: usize, dst: *mut f32) {
+    unsafe fn pack_a<E: Source>(kc: usize, rows: usize, src: *const E, rs: usize, cs: usize, dst: *mut f32) {
         // SAFETY: forwarded caller contract.
         unsafe { super::pack_avx512::pack_a_panel(kc, rows, src, rs, cs, dst) }
     }
 
-    unsafe fn pack_b(kc: usize, cols: usize, src: *const f32, rs: usize, cs: usize, dst: *mut f32) {
+    unsafe fn pack_b<E: Source>(kc: usize, cols: usize, src: *const E, rs: usize, cs: usize, dst: *mut f32) {
         // SAFETY: forwarded caller contract.
         unsafe { super::pack_avx512::pack_b_block(kc, cols, src, rs, cs, dst) }
     }

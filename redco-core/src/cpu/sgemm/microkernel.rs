@@ -2,6 +2,8 @@
 //! destination, the prefetches the driver asks for, and `Family`, the kernel and packing
 //! routines of one instruction set that the blocked driver is generic over.
 
+use super::source::Source;
+
 /// The L2 prefetches a kernel call runs for the driver, on top of its own L1 prefetches.
 ///
 /// Both are hints: the addresses are never dereferenced, so they may point anywhere.
@@ -64,17 +66,17 @@ pub(crate) trait Family {
     unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, dst: TileDst, pf: Prefetch);
 
     /// Packs one `MR x kc` panel of A (`rows <= MR` valid rows, the rest zero) from `src`
-    /// (A(i0, p0), strides `rs`, `cs`) into `dst`.
+    /// (A(i0, p0), strides `rs`, `cs`; f32 or 16-bit, widened) into `dst`.
     ///
     /// # Safety
     /// Every addressed source element readable, `dst` writable for `kc * MR` floats.
-    unsafe fn pack_a(kc: usize, rows: usize, src: *const f32, rs: usize, cs: usize, dst: *mut f32);
+    unsafe fn pack_a<E: Source>(kc: usize, rows: usize, src: *const E, rs: usize, cs: usize, dst: *mut f32);
 
-    /// Packs a `kc x cols` block of B into `cols.div_ceil(NR)` consecutive `kc x NR` panels
-    /// (the last zero-padded).
+    /// Packs a `kc x cols` block of B (f32 or 16-bit, widened) into `cols.div_ceil(NR)`
+    /// consecutive `kc x NR` panels (the last zero-padded).
     ///
     /// # Safety
     /// Every addressed source element readable, `dst` writable for the panels and 64-byte
     /// aligned.
-    unsafe fn pack_b(kc: usize, cols: usize, src: *const f32, rs: usize, cs: usize, dst: *mut f32);
+    unsafe fn pack_b<E: Source>(kc: usize, cols: usize, src: *const E, rs: usize, cs: usize, dst: *mut f32);
 }

@@ -13,9 +13,14 @@
 //! Small-`m` problems (LLM decode, `m <= 8`) with a contiguous operand use an unpacked
 //! streaming path (see [`skinny`]).
 //!
-//! The entry points are [`sgemm`] and [`sgemm_uninit`]; they return `false` (without touching
-//! `C`) when the CPU has neither instruction set, so the caller can fall back to another
-//! implementation.
+//! The packers also read bf16 and f16 operands ([`source::Source`]), widening them to f32 in
+//! registers as they pack: [`gemm_uninit`] runs a 16-bit product on the f32 kernels (f32
+//! accumulation, f32 out) with no widened copy of its operands, where the CPU has no
+//! 16-bit dot-product instruction.
+//!
+//! The entry points are [`sgemm`], [`sgemm_uninit`] and [`gemm_uninit`]; they return `false`
+//! (without touching `C`) when the CPU has neither instruction set, so the caller can fall
+//! back to another implementation.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod buffer;
@@ -37,6 +42,15 @@ mod pack_avx2;
 pub(crate) mod pack_avx512;
 #[cfg(target_arch = "x86_64")]
 pub mod skinny;
+#[cfg(target_arch = "x86_64")]
+pub mod source;
+#[cfg(target_arch = "x86_64")]
+pub use source::Source;
+/// Where the kernels do not exist, every element type is a source (no GEMM runs there).
+#[cfg(not(target_arch = "x86_64"))]
+pub trait Source: Copy + Send + Sync + 'static {}
+#[cfg(not(target_arch = "x86_64"))]
+impl<T: Copy + Send + Sync + 'static> Source for T {}
 
 /// The instruction set a GEMM kernel family needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,7 +66,7 @@ impl Isa {
     /// `REDCO_ASSUME_NO_AVX512` is set (see `cpu::avx512f`), else AVX2 with FMA.
     /// Read once per process.
     pub fn detect() -> Option<Isa> {
-        if super::avx512f() {
+        if Isa::Avx512.runs_here() {
             Some(Isa::Avx512)
         } else if super::avx2_fma() {
             Some(Isa::Avx2)
@@ -64,7 +78,8 @@ impl Isa {
     /// Whether this CPU can run the family (an AVX-512 machine also runs the AVX2 one).
     pub fn runs_here(self) -> bool {
         match self {
-            Isa::Avx512 => super::avx512f(),
+            // (every AVX-512F CPU has AVX2 and FMA; the packers use AVX2 loads too)
+            Isa::Avx512 => super::avx512f() && super::avx2_fma(),
             Isa::Avx2 => super::avx2_fma(),
         }
     }
@@ -78,16 +93,24 @@ impl Isa {
     }
 }
 
-/// Strided view of a matrix: element (i, j) is at `data[i * rs + j * cs]`.
-#[derive(Clone, Copy, Debug)]
-pub struct MatRef<'a> {
+/// Strided view of a matrix: element (i, j) is at `data[i * rs + j * cs]`; f32 unless said
+/// (the packed path also reads bf16 and f16, see [`gemm_uninit`]).
+#[derive(Debug)]
+pub struct MatRef<'a, E = f32> {
     /// Backing storage; must contain every addressed element.
-    pub data: &'a [f32],
+    pub data: &'a [E],
     /// Row stride (in elements).
     pub rs: usize,
     /// Column stride (in elements).
     pub cs: usize,
 }
+
+impl<E> Clone for MatRef<'_, E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<E> Copy for MatRef<'_, E> {}
 
 /// Returns true when the running CPU supports one of the kernel families of [`sgemm`]
 /// (see [`Isa::detect`]).
@@ -155,26 +178,90 @@ pub fn sgemm_uninit(
     ldc: usize,
     threads: usize,
 ) -> bool {
+    gemm_uninit(m, n, k, a, b, c, ldc, threads)
+}
+
+/// [`sgemm_uninit`] for operands of any [`Source`] type (f32, bf16, f16): 16-bit operands
+/// are widened to f32 in registers while they are packed, the product accumulates in f32
+/// and C is f32. Returns false, without touching C, where this CPU has no kernel family
+/// (or, for f16 on AVX2, no F16C).
+///
+/// # Panics
+/// As [`sgemm`].
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_uninit<E: Source>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<E>,
+    b: MatRef<E>,
+    c: &mut [std::mem::MaybeUninit<f32>],
+    ldc: usize,
+    threads: usize,
+) -> bool {
     match Isa::detect() {
         Some(isa) => run(isa, m, n, k, a, b, c, ldc, false, threads),
         None => false,
     }
 }
 
-/// The checks and the dispatch shared by the entry points; `isa` runs here.
+/// Whether [`gemm_uninit`] runs here for operands of type `E`: a kernel family runs, and
+/// (f16 on AVX2) the CPU has F16C.
+pub fn supports<E: Source>() -> bool {
+    Isa::detect().is_some_and(reads::<E>)
+}
+
+/// Whether family `isa` (which runs here) reads `E`: f16 on AVX2 needs F16C.
+fn reads<E: Source>(isa: Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        !(E::NEEDS_F16C && isa == Isa::Avx2 && !std::arch::is_x86_feature_detected!("f16c"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        false
+    }
+}
+
+/// [`gemm_uninit`] with the kernel family `isa` into an initialised C, `C = A*B` or
+/// `C += A*B` (for tests comparing the 16-bit packing with the f32 one on one family).
+/// Returns false, without touching C, when this CPU cannot run it.
 #[allow(clippy::too_many_arguments)]
-fn run(
+pub fn gemm_with<E: Source>(
     isa: Isa,
     m: usize,
     n: usize,
     k: usize,
-    a: MatRef,
-    b: MatRef,
+    a: MatRef<E>,
+    b: MatRef<E>,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    threads: usize,
+) -> bool {
+    // SAFETY (of the cast): as in `sgemm_with`.
+    let cu = unsafe { &mut *(c as *mut [f32] as *mut [std::mem::MaybeUninit<f32>]) };
+    isa.runs_here() && run(isa, m, n, k, a, b, cu, ldc, accumulate, threads)
+}
+
+/// The checks and the dispatch shared by the entry points; `isa` runs here.
+#[allow(clippy::too_many_arguments)]
+fn run<E: Source>(
+    isa: Isa,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<E>,
+    b: MatRef<E>,
     c: &mut [std::mem::MaybeUninit<f32>],
     ldc: usize,
     accumulate: bool,
     threads: usize,
 ) -> bool {
+    if !reads::<E>(isa) {
+        return false;
+    }
     if m == 0 || n == 0 {
         return true;
     }
@@ -190,7 +277,7 @@ fn run(
         }
         return true;
     }
-    let last = |x: MatRef, rows: usize, cols: usize| (rows - 1) * x.rs + (cols - 1) * x.cs;
+    let last = |x: MatRef<E>, rows: usize, cols: usize| (rows - 1) * x.rs + (cols - 1) * x.cs;
     assert!(a.data.len() > last(a, m, k), "sgemm: A slice too short");
     assert!(b.data.len() > last(b, k, n), "sgemm: B slice too short");
     let threads = threads.max(1);
@@ -199,12 +286,17 @@ fn run(
     let cp = c.as_mut_ptr() as *mut f32;
     #[cfg(target_arch = "x86_64")]
     {
-        if skinny::applicable(m, n, k, &a, &b) {
+        // The unpacked small-`m` path reads f32 only; 16-bit operands are always packed.
+        let skinny = match (E::as_f32(a), E::as_f32(b)) {
+            (Some(a), Some(b)) if skinny::applicable(m, n, k, &a, &b) => Some((a, b)),
+            _ => None,
+        };
+        if let Some((a, b)) = skinny {
             skinny::run(isa, m, n, k, a, b, cp, ldc, accumulate, threads);
         } else {
             match isa {
-                Isa::Avx512 => driver::gemm::<kernel_avx512::Avx512>(m, n, k, a, b, cp, ldc, accumulate, threads),
-                Isa::Avx2 => driver::gemm::<kernel_avx2::Avx2>(m, n, k, a, b, cp, ldc, accumulate, threads),
+                Isa::Avx512 => driver::gemm::<kernel_avx512::Avx512, E>(m, n, k, a, b, cp, ldc, accumulate, threads),
+                Isa::Avx2 => driver::gemm::<kernel_avx2::Avx2, E>(m, n, k, a, b, cp, ldc, accumulate, threads),
             }
         }
     }

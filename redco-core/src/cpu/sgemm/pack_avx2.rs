@@ -7,9 +7,12 @@
 //!   columns beyond the valid count are zero. Panels of a block are stored back to back.
 //!
 //! The transposing cases (row-major A, column-major B) go through 8 x 8 register transposes.
+//! The source may be f32, bf16 or f16 ([`Source`]): 16-bit elements are widened as they
+//! are loaded.
 
 use super::common::{mask8, pack_a_strided, pack_b_strided};
 use super::kernel_avx2::{MR, NR};
+use super::source::Source;
 use std::arch::x86_64::*;
 
 /// Transposes 8 row vectors (lane q of `r[i]` is element (i, q)) into 8 column vectors
@@ -52,7 +55,14 @@ fn transpose8(r: &[__m256; 8]) -> [__m256; 8] {
 /// * `dst` is writable for `kc * MR` floats.
 /// * CPU supports AVX2.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn pack_a_panel(kc: usize, rows: usize, src: *const f32, rs: usize, cs: usize, dst: *mut f32) {
+pub(crate) unsafe fn pack_a_panel<E: Source>(
+    kc: usize,
+    rows: usize,
+    src: *const E,
+    rs: usize,
+    cs: usize,
+    dst: *mut f32,
+) {
     const { assert!(MR <= 8) };
     let rows = rows.min(MR);
     // SAFETY (whole body): all reads are A(r, p) with r < rows, p < kc (masked-off lanes are
@@ -60,9 +70,8 @@ pub(crate) unsafe fn pack_a_panel(kc: usize, rows: usize, src: *const f32, rs: u
     unsafe {
         if rs == 1 {
             // Column-major A: each k step is `rows` contiguous floats.
-            let m = mask8(rows);
             for p in 0..kc {
-                let v = _mm256_maskload_ps(src.add(p * cs), m);
+                let v = E::load8(src.add(p * cs), rows);
                 store_mr(dst.add(p * MR), v);
             }
         } else if cs == 1 {
@@ -70,10 +79,9 @@ pub(crate) unsafe fn pack_a_panel(kc: usize, rows: usize, src: *const f32, rs: u
             let mut p = 0;
             while p < kc {
                 let w = (kc - p).min(8);
-                let m = mask8(w);
                 let mut r = [_mm256_setzero_ps(); 8];
                 for (i, v) in r.iter_mut().enumerate().take(rows) {
-                    *v = _mm256_maskload_ps(src.add(i * rs + p), m);
+                    *v = E::load8(src.add(i * rs + p), w);
                 }
                 let t = transpose8(&r);
                 for (q, &v) in t.iter().enumerate().take(w) {
@@ -106,7 +114,14 @@ unsafe fn store_mr(d: *mut f32, v: __m256) {
 /// * `dst` is writable for `cols.div_ceil(NR) * kc * NR` floats and 32-byte aligned.
 /// * CPU supports AVX2.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn pack_b_block(kc: usize, cols: usize, src: *const f32, rs: usize, cs: usize, dst: *mut f32) {
+pub(crate) unsafe fn pack_b_block<E: Source>(
+    kc: usize,
+    cols: usize,
+    src: *const E,
+    rs: usize,
+    cs: usize,
+    dst: *mut f32,
+) {
     let np = cols.div_ceil(NR);
     // SAFETY (whole body): reads are B(p, j) with p < kc, j < cols (masked lanes excluded);
     // writes stay inside dst[0 .. np * kc * NR]; aligned stores use offsets that are multiples
@@ -119,15 +134,9 @@ pub(crate) unsafe fn pack_b_block(kc: usize, cols: usize, src: *const f32, rs: u
                 for jp in 0..np {
                     let d = dst.add(jp * kc * NR + p * NR);
                     let j0 = jp * NR;
-                    if j0 + NR <= cols {
-                        for v in 0..NR / 8 {
-                            _mm256_store_ps(d.add(8 * v), _mm256_loadu_ps(s.add(j0 + 8 * v)));
-                        }
-                    } else {
-                        for v in 0..NR / 8 {
-                            let m = mask8((cols - j0).saturating_sub(8 * v));
-                            _mm256_store_ps(d.add(8 * v), _mm256_maskload_ps(s.add(j0 + 8 * v), m));
-                        }
+                    for v in 0..NR / 8 {
+                        let valid = (cols - j0).saturating_sub(8 * v);
+                        _mm256_store_ps(d.add(8 * v), E::load8(s.add(j0 + 8 * v), valid));
                     }
                 }
             }
@@ -143,10 +152,9 @@ pub(crate) unsafe fn pack_b_block(kc: usize, cols: usize, src: *const f32, rs: u
                     let mut p = 0;
                     while p < kc {
                         let w = (kc - p).min(8);
-                        let m = mask8(w);
                         let mut r = [_mm256_setzero_ps(); 8];
                         for (i, v) in r.iter_mut().enumerate().take(valid) {
-                            *v = _mm256_maskload_ps(src.add((jg + i) * cs + p), m);
+                            *v = E::load8(src.add((jg + i) * cs + p), w);
                         }
                         let t = transpose8(&r);
                         for (q, &v) in t.iter().enumerate().take(w) {

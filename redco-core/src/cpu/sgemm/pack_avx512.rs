@@ -5,9 +5,13 @@
 //!   rows beyond the valid count are zero.
 //! * B micro-panel: `kc` steps of `NR` contiguous columns (`dst[p * NR + j] = B[p, j]`),
 //!   columns beyond the valid count are zero. Panels of a block are stored back to back.
+//!
+//! The source may be f32, bf16 or f16 ([`Source`]): 16-bit elements are widened as they
+//! are loaded.
 
 use super::common::{mask16, pack_a_strided, pack_b_strided};
 use super::kernel_avx512::{MR, NR};
+use super::source::Source;
 use std::arch::x86_64::*;
 
 /// Packs one `MR x kc` micro-panel of A (only `rows <= MR` valid rows) into `dst`.
@@ -15,18 +19,24 @@ use std::arch::x86_64::*;
 /// # Safety
 /// * `src` points at A(i0, p0); every `src[r * rs + p * cs]` for `r < rows`, `p < kc` is readable.
 /// * `dst` is writable for `kc * MR` floats.
-/// * CPU supports AVX-512F.
-#[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn pack_a_panel(kc: usize, rows: usize, src: *const f32, rs: usize, cs: usize, dst: *mut f32) {
+/// * CPU supports AVX-512F and AVX2.
+#[target_feature(enable = "avx512f,avx2")]
+pub(crate) unsafe fn pack_a_panel<E: Source>(
+    kc: usize,
+    rows: usize,
+    src: *const E,
+    rs: usize,
+    cs: usize,
+    dst: *mut f32,
+) {
     // SAFETY (whole body): all reads are A(r, p) with r < rows, p < kc (masked-off lanes are
     // never accessed), all writes are inside dst[0 .. kc * MR], per the caller contract.
     unsafe {
         if rs == 1 && MR <= 16 {
             // Column-major A: each k step is `rows` contiguous floats.
-            let m = mask16(rows);
             let mw = mask16(MR);
             for p in 0..kc {
-                let v = _mm512_maskz_loadu_ps(m, src.add(p * cs));
+                let v = E::load16(src.add(p * cs), rows);
                 _mm512_mask_storeu_ps(dst.add(p * MR), mw, v);
             }
         } else if cs == 1 {
@@ -35,10 +45,9 @@ pub(crate) unsafe fn pack_a_panel(kc: usize, rows: usize, src: *const f32, rs: u
             let mut p = 0;
             while p < kc {
                 let w = (kc - p).min(16);
-                let m = mask16(w);
                 let mut r = [_mm512_setzero_ps(); 16];
                 for (i, v) in r.iter_mut().enumerate().take(rows.min(MR)) {
-                    *v = _mm512_maskz_loadu_ps(m, src.add(i * rs + p));
+                    *v = E::load16(src.add(i * rs + p), w);
                 }
                 let t = transpose16(&r);
                 for (q, &v) in t.iter().enumerate().take(w) {
@@ -92,9 +101,16 @@ pub(crate) fn transpose16(r: &[__m512; 16]) -> [__m512; 16] {
 /// # Safety
 /// * `src` points at B(p0, j0); every `src[p * rs + j * cs]` for `p < kc`, `j < cols` is readable.
 /// * `dst` is writable for `cols.div_ceil(NR) * kc * NR` floats and 64-byte aligned.
-/// * CPU supports AVX-512F.
-#[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn pack_b_block(kc: usize, cols: usize, src: *const f32, rs: usize, cs: usize, dst: *mut f32) {
+/// * CPU supports AVX-512F and AVX2.
+#[target_feature(enable = "avx512f,avx2")]
+pub(crate) unsafe fn pack_b_block<E: Source>(
+    kc: usize,
+    cols: usize,
+    src: *const E,
+    rs: usize,
+    cs: usize,
+    dst: *mut f32,
+) {
     let np = cols.div_ceil(NR);
     // SAFETY (whole body): reads are B(p, j) with p < kc, j < cols (masked lanes excluded);
     // writes stay inside dst[0 .. np * kc * NR]; aligned stores use offsets that are multiples
@@ -107,15 +123,9 @@ pub(crate) unsafe fn pack_b_block(kc: usize, cols: usize, src: *const f32, rs: u
                 for jp in 0..np {
                     let d = dst.add(jp * kc * NR + p * NR);
                     let j0 = jp * NR;
-                    if j0 + NR <= cols {
-                        for v in 0..NR / 16 {
-                            _mm512_store_ps(d.add(16 * v), _mm512_loadu_ps(s.add(j0 + 16 * v)));
-                        }
-                    } else {
-                        for v in 0..NR / 16 {
-                            let m = mask16((cols - j0).saturating_sub(16 * v));
-                            _mm512_store_ps(d.add(16 * v), _mm512_maskz_loadu_ps(m, s.add(j0 + 16 * v)));
-                        }
+                    for v in 0..NR / 16 {
+                        let valid = (cols - j0).saturating_sub(16 * v);
+                        _mm512_store_ps(d.add(16 * v), E::load16(s.add(j0 + 16 * v), valid));
                     }
                 }
             }
@@ -131,10 +141,9 @@ pub(crate) unsafe fn pack_b_block(kc: usize, cols: usize, src: *const f32, rs: u
                     let mut p = 0;
                     while p < kc {
                         let w = (kc - p).min(16);
-                        let m = mask16(w);
                         let mut r = [_mm512_setzero_ps(); 16];
                         for (i, v) in r.iter_mut().enumerate().take(valid) {
-                            *v = _mm512_maskz_loadu_ps(m, src.add((jg + i) * cs + p));
+                            *v = E::load16(src.add((jg + i) * cs + p), w);
                         }
                         let t = transpose16(&r);
                         for (q, &v) in t.iter().enumerate().take(w) {

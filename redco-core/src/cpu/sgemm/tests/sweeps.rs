@@ -9,7 +9,7 @@
 //! ones where it lacks AVX2 or FMA, and names them as skipped; run there anyway, each fails
 //! saying why.
 
-use super::super::{sgemm_with, Isa, MatRef};
+use super::super::{gemm_with, sgemm_with, Isa, MatRef, Source};
 use super::Rng;
 
 /// Fails the calling test, saying why, when the family cannot run here.
@@ -210,6 +210,49 @@ pub(super) fn misaligned_c_rows(isa: Isa) {
     }
 }
 
+/// 16-bit operands (bf16, f16), widened by the packers, against the f32 product of the
+/// widened operands on the same family: bit-identical (the packed panels are the same), for
+/// row-major, transposed and fully strided operands (no unit stride: the element-by-element
+/// packers), partial tiles, several K and N blocks, accumulate on and off, 1-3 threads.
+fn half_sources_as<E: Source>(isa: Isa, from: fn(f32) -> E) {
+    require(isa);
+    let mut rng = Rng(11);
+    let shapes = [(1, 1, 1), (7, 9, 5), (13, 33, 70), (29, 17, 300), (64, 200, 520), (3, 70, 40), (200, 5, 64)];
+    for (si, &(m, n, k)) in shapes.iter().enumerate() {
+        // (A strides, B strides, lengths): row-major, transposed, every other element.
+        let layouts = [
+            ((k, 1), (n, 1), m * k, k * n),
+            ((1, m), (1, k), m * k, k * n),
+            ((2 * k, 2), (2, 2 * k), 2 * m * k, 2 * k * n),
+        ];
+        for (li, &((ars, acs), (brs, bcs), alen, blen)) in layouts.iter().enumerate() {
+            let a16: Vec<E> = rng.vec(alen).into_iter().map(from).collect();
+            let b16: Vec<E> = rng.vec(blen).into_iter().map(from).collect();
+            let a32: Vec<f32> = a16.iter().map(|x| x.to_f32()).collect();
+            let b32: Vec<f32> = b16.iter().map(|x| x.to_f32()).collect();
+            let acc = (si + li) % 2 == 1;
+            let threads = 1 + (si + li) % 3;
+            let c0 = rng.vec(m * n);
+            let (mut want, mut got) = (c0.clone(), c0.clone());
+            let a = MatRef { data: &a32, rs: ars, cs: acs };
+            let b = MatRef { data: &b32, rs: brs, cs: bcs };
+            gemm(isa, m, n, k, a, b, &mut want, n, acc, threads);
+            let a = MatRef { data: &a16, rs: ars, cs: acs };
+            let b = MatRef { data: &b16, rs: brs, cs: bcs };
+            assert!(gemm_with(isa, m, n, k, a, b, &mut got, n, acc, threads), "the 16-bit GEMM refused to run");
+            let same = want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "m={m} n={n} k={k} layout {li} acc={acc} t={threads}: differs from the widened f32 product");
+        }
+    }
+}
+
+pub(super) fn half_sources(isa: Isa) {
+    half_sources_as(isa, half::bf16::from_f32);
+    if isa == Isa::Avx512 || std::arch::is_x86_feature_detected!("f16c") {
+        half_sources_as(isa, half::f16::from_f32);
+    }
+}
+
 /// One module of tests per family, each running every sweep above.
 macro_rules! family_tests {
     ($module:ident, $isa:expr) => {
@@ -239,6 +282,10 @@ macro_rules! family_tests {
             #[test]
             fn misaligned_c_rows() {
                 super::misaligned_c_rows($isa)
+            }
+            #[test]
+            fn half_sources() {
+                super::half_sources($isa)
             }
         }
     };
