@@ -159,10 +159,7 @@ pub fn sgemm_with(
     accumulate: bool,
     threads: usize,
 ) -> bool {
-    // SAFETY (of the cast): `[f32]` and `[MaybeUninit<f32>]` have the same layout, and the
-    // GEMM only stores initialised values into it.
-    let cu = unsafe { &mut *(c as *mut [f32] as *mut [std::mem::MaybeUninit<f32>]) };
-    isa.runs_here() && run(isa, m, n, k, a, b, cu, ldc, accumulate, threads)
+    gemm_with(isa, m, n, k, a, b, c, ldc, accumulate, threads)
 }
 
 /// [`sgemm`] with `accumulate = false` into memory that need not be initialised: every
@@ -240,7 +237,8 @@ pub fn gemm_with<E: Source>(
     accumulate: bool,
     threads: usize,
 ) -> bool {
-    // SAFETY (of the cast): as in `sgemm_with`.
+    // SAFETY (of the cast): `[f32]` and `[MaybeUninit<f32>]` have the same layout, and the
+    // GEMM only stores initialised values into it.
     let cu = unsafe { &mut *(c as *mut [f32] as *mut [std::mem::MaybeUninit<f32>]) };
     isa.runs_here() && run(isa, m, n, k, a, b, cu, ldc, accumulate, threads)
 }
