@@ -266,7 +266,7 @@ fn bf16_to_f32(x: bf16) -> f32 {
 /// f32 to bf16, rounding to nearest even, NaN kept a (quiet) NaN, as `bf16::from_f32`,
 /// branch-free so loops over it vectorise.
 #[inline(always)]
-fn f32_to_bf16(x: f32) -> bf16 {
+pub(crate) fn f32_to_bf16(x: f32) -> bf16 {
     let b = x.to_bits();
     let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
     let nan = ((b >> 16) as u16) | 0x40;

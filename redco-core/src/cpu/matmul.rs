@@ -155,14 +155,66 @@ fn check_operands(a_len: usize, b_len: usize, spec: &MatmulSpec) -> Result<()> {
     Ok(())
 }
 
+/// The result types of the generated GEMM: f32 (written by the kernels) and the 16-bit
+/// floats (narrowed by the GEMM's tasks as they finish rows, [`sgemm::gemm_narrow`]).
+trait FastOut: Sized + Copy + Send + Sync {
+    /// `c = a * b` (row-major `m x n`), every element written; false where no generated
+    /// GEMM runs for `E` here.
+    fn gemm<E: sgemm::Source>(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: sgemm::MatRef<E>,
+        b: sgemm::MatRef<E>,
+        c: &mut [std::mem::MaybeUninit<Self>],
+        threads: usize,
+    ) -> bool;
+}
+
+impl FastOut for f32 {
+    fn gemm<E: sgemm::Source>(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: sgemm::MatRef<E>,
+        b: sgemm::MatRef<E>,
+        c: &mut [std::mem::MaybeUninit<f32>],
+        threads: usize,
+    ) -> bool {
+        sgemm::gemm_uninit(m, n, k, a, b, c, n, threads)
+    }
+}
+
+/// The 16-bit results.
+macro_rules! narrowed_out {
+    ($t:ty) => {
+        impl FastOut for $t {
+            fn gemm<E: sgemm::Source>(
+                m: usize,
+                n: usize,
+                k: usize,
+                a: sgemm::MatRef<E>,
+                b: sgemm::MatRef<E>,
+                c: &mut [std::mem::MaybeUninit<$t>],
+                threads: usize,
+            ) -> bool {
+                sgemm::gemm_narrow(m, n, k, a, b, c, threads)
+            }
+        }
+    };
+}
+narrowed_out!(half::bf16);
+narrowed_out!(half::f16);
+
 /// f32, bf16 or f16 operands through the generated GEMM (16-bit ones widened while packed),
-/// writing a fresh f32 output without zero-filling it first.
-fn matmul_fast<E: sgemm::Source>(a: &[E], b: &[E], spec: &MatmulSpec, threads: usize) -> Result<Vec<f32>> {
+/// writing a fresh output of `O` (f32, or the operands' 16-bit type narrowed as the GEMM
+/// goes) without zero-filling it first.
+fn matmul_fast<E: sgemm::Source, O: FastOut>(a: &[E], b: &[E], spec: &MatmulSpec, threads: usize) -> Result<Vec<O>> {
     let (sa, sb, sc) = (spec.m * spec.k, spec.k * spec.n, spec.m * spec.n);
     check_operands(a.len(), b.len(), spec)?;
     let total = spec.batch * sc;
-    let mut c: Vec<f32> = Vec::with_capacity(total);
-    super::malloc::advise_huge_pages(c.as_ptr() as *const u8, total * 4);
+    let mut c: Vec<O> = Vec::with_capacity(total);
+    super::malloc::advise_huge_pages(c.as_ptr() as *const u8, total * size_of::<O>());
     if sc > 0 {
         let st = strides(spec);
         let a_of = |i: usize| sgemm::MatRef {
@@ -177,8 +229,8 @@ fn matmul_fast<E: sgemm::Source>(a: &[E], b: &[E], spec: &MatmulSpec, threads: u
         };
         let out = &mut c.spare_capacity_mut()[..total];
         let small = sc * spec.k < 128 * 128 * 128;
-        let one = |i: usize, ci: &mut [std::mem::MaybeUninit<f32>], t: usize| {
-            let ok = sgemm::gemm_uninit(spec.m, spec.n, spec.k, a_of(i), b_of(i), ci, spec.n, t);
+        let one = |i: usize, ci: &mut [std::mem::MaybeUninit<O>], t: usize| {
+            let ok = O::gemm(spec.m, spec.n, spec.k, a_of(i), b_of(i), ci, t);
             assert!(ok, "matmul: the generated GEMM was chosen on a CPU that cannot run it");
         };
         if spec.batch > 1 && small && threads > 1 {
@@ -189,8 +241,8 @@ fn matmul_fast<E: sgemm::Source>(a: &[E], b: &[E], spec: &MatmulSpec, threads: u
             }
         }
     }
-    // SAFETY: `sgemm_uninit` wrote every element of every `m x n` block (it returns false
-    // only without a generated GEMM, and then `one` panicked), so all `total` are initialised.
+    // SAFETY: `O::gemm` wrote every element of every `m x n` block (it returns false only
+    // without a generated GEMM for `E`, and then `one` panicked), so all `total` are initialised.
     unsafe { c.set_len(total) };
     Ok(c)
 }
@@ -324,16 +376,26 @@ pub(crate) fn matmul_with(
     if path.fast() {
         match (a, b) {
             (HostData::BF16(x), HostData::BF16(y)) if sgemm::supports::<half::bf16>() => {
-                return Ok(f32::store(matmul_fast(x, y, spec, threads)?, dt))
+                return Ok(if dt == DType::BF16 {
+                    HostData::BF16(matmul_fast(x, y, spec, threads)?)
+                } else {
+                    f32::store(matmul_fast(x, y, spec, threads)?, dt)
+                });
             }
             (HostData::F16(x), HostData::F16(y)) if sgemm::supports::<half::f16>() => {
-                return Ok(f32::store(matmul_fast(x, y, spec, threads)?, dt))
+                return Ok(if dt == DType::F16 {
+                    HostData::F16(matmul_fast(x, y, spec, threads)?)
+                } else {
+                    f32::store(matmul_fast(x, y, spec, threads)?, dt)
+                });
             }
             _ => {}
         }
     }
     match (floats(a), floats(b)) {
-        (Floats::F32(x), Floats::F32(y)) if path.fast() => Ok(f32::store(matmul_fast(&x, &y, spec, threads)?, dt)),
+        (Floats::F32(x), Floats::F32(y)) if path.fast() => {
+            Ok(f32::store(matmul_fast::<f32, f32>(&x, &y, spec, threads)?, dt))
+        }
         (Floats::F32(x), Floats::F32(y)) => Ok(f32::store(matmul_t(&x, &y, spec, threads, path)?, dt)),
         (Floats::F64(x), Floats::F64(y)) => Ok(f64::store(matmul_t(&x, &y, spec, threads, path)?, dt)),
         _ => Err(Error::invalid("matmul", "operands have different dtypes")),

@@ -31,6 +31,7 @@ thread_local! {
     static POOL_B: Cell<Option<AlignedBuf>> = const { Cell::new(None) };
     static POOL_HALF_A: Cell<Option<AlignedBuf>> = const { Cell::new(None) };
     static POOL_HALF_B: Cell<Option<AlignedBuf>> = const { Cell::new(None) };
+    static POOL_C: Cell<Option<AlignedBuf>> = const { Cell::new(None) };
 }
 
 /// Which thread-local slot a buffer is cached in.
@@ -44,6 +45,8 @@ pub(crate) enum Slot {
     HalfA,
     /// Shared packed B block of the bf16 GEMM.
     HalfB,
+    /// The f32 result of a GEMM with a 16-bit output, narrowed from it (the calling thread).
+    C,
 }
 
 /// Runs `f` with a thread-local cached buffer. The buffer is *taken out* of the slot for the
@@ -55,6 +58,7 @@ pub(crate) fn with_buf<R>(slot: Slot, f: impl FnOnce(&mut AlignedBuf) -> R) -> R
         Slot::B => &POOL_B,
         Slot::HalfA => &POOL_HALF_A,
         Slot::HalfB => &POOL_HALF_B,
+        Slot::C => &POOL_C,
     };
     let mut buf = key.with(|c| c.take()).unwrap_or_default();
     let r = f(&mut buf);

@@ -72,6 +72,20 @@ impl<T> Clone for SendPtr<T> {
 }
 impl<T> Copy for SendPtr<T> {}
 
+/// Where the tasks narrow their finished rows of C into a 16-bit result (see `sink`): the
+/// output's base and row stride (elements), its element size and the narrowing function.
+#[derive(Clone, Copy)]
+pub(crate) struct Epilogue {
+    /// The first element of the output.
+    pub(crate) out: SendPtr<u8>,
+    /// Row stride of the output, in elements.
+    pub(crate) ld: usize,
+    /// Bytes per output element.
+    pub(crate) elem: usize,
+    /// Narrows `n` f32s into `n` output elements (`sink::narrow_raw`).
+    pub(crate) narrow: unsafe fn(*const f32, *mut u8, usize),
+}
+
 /// Splits `len` items into `parts` contiguous near-equal ranges; returns range `i`.
 pub(crate) fn split(len: usize, parts: usize, i: usize) -> (usize, usize) {
     let base = len / parts;
@@ -81,7 +95,9 @@ pub(crate) fn split(len: usize, parts: usize, i: usize) -> (usize, usize) {
 }
 
 /// Packed GEMM entry point: `C = A*B` or `C += A*B`, C row-major with leading dimension `ldc`.
-/// A and B are f32 or 16-bit floats (widened while packing); C is f32.
+/// A and B are f32 or 16-bit floats (widened while packing); C is f32. With `epi`, each task
+/// also narrows its rows of C into the epilogue's output as it finishes them (C at the
+/// output's shape); returns whether it did (not when it computes `C^T` instead).
 /// Requires the CPU features of `K` (checked by the caller), `m, n, k >= 1` and validated slice bounds.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm<K: Family, E: Source>(
@@ -94,7 +110,8 @@ pub(crate) fn gemm<K: Family, E: Source>(
     ldc: usize,
     accumulate: bool,
     threads: usize,
-) {
+    epi: Option<Epilogue>,
+) -> bool {
     let nt = threads.min(rayon::current_num_threads()).max(1);
     let a_op = Op { ptr: SendPtr(a.data.as_ptr() as *mut E), rs: a.rs, cs: a.cs };
     let b_op = Op { ptr: SendPtr(b.data.as_ptr() as *mut E), rs: b.rs, cs: b.cs };
@@ -104,9 +121,11 @@ pub(crate) fn gemm<K: Family, E: Source>(
         let at = Op { ptr: b_op.ptr, rs: b.cs, cs: b.rs };
         let bt = Op { ptr: a_op.ptr, rs: a.cs, cs: a.rs };
         let ct = Op { ptr: c_op.ptr, rs: 1, cs: ldc };
-        gemm_strided::<K, E>(n, m, k, at, bt, ct, accumulate, nt);
+        gemm_strided::<K, E>(n, m, k, at, bt, ct, accumulate, nt, None);
+        false
     } else {
-        gemm_strided::<K, E>(m, n, k, a_op, b_op, c_op, accumulate, nt);
+        gemm_strided::<K, E>(m, n, k, a_op, b_op, c_op, accumulate, nt, epi);
+        epi.is_some()
     }
 }
 
@@ -150,6 +169,7 @@ fn gemm_strided<K: Family, E: Source>(
     c: Op<f32>,
     accumulate: bool,
     nt: usize,
+    epi: Option<Epilogue>,
 ) {
     let np = n.div_ceil(K::NR);
     let kblocks = k.div_ceil(K::KC);
@@ -187,7 +207,7 @@ fn gemm_strided<K: Family, E: Source>(
                 // SAFETY: tasks write disjoint C tiles (disjoint M or N panel ranges) and each
                 // task's K blocks run in order on one worker; A panels are written once, by the
                 // task that claims them, before being published.
-                unsafe { compute_task::<K, E>(pm, pn, kb, start, blk, apack, flags, a, b, c, accumulate) };
+                unsafe { compute_task::<K, E>(pm, pn, kb, start, blk, apack, flags, a, b, c, accumulate, epi) };
             };
             // Static round-robin ownership of tasks (equal-sized, so balanced); K blocks
             // outermost on each worker so the packed A of one K block is the working set shared
@@ -262,11 +282,13 @@ fn next_source<K: Family, E: Source>(
 }
 
 /// One task for K block `kb`: packs the B block for N panels `pn0..pn1` and multiplies it
-/// with A panels `pm0..pm1` (visited cyclically from `pm0 + start`).
+/// with A panels `pm0..pm1` (visited cyclically from `pm0 + start`); in the last K block,
+/// narrows each A panel's finished rows into `epi`'s output.
 ///
 /// # Safety
 /// Panel ranges must be in bounds; no other task may write the same C tiles concurrently;
-/// `apack`/`flags` must describe the M block `blk` (see [`ensure_a`]).
+/// `apack`/`flags` must describe the M block `blk` (see [`ensure_a`]); `epi`'s output has
+/// C's shape and row-major C (`c.cs == 1`).
 #[allow(clippy::too_many_arguments)]
 unsafe fn compute_task<K: Family, E: Source>(
     (pm0, pm1): (usize, usize),
@@ -280,6 +302,7 @@ unsafe fn compute_task<K: Family, E: Source>(
     b: Op<E>,
     c: Op<f32>,
     accumulate: bool,
+    epi: Option<Epilogue>,
 ) {
     let (m, n, k) = blk.shape;
     let len = pm1 - pm0;
@@ -346,6 +369,18 @@ unsafe fn compute_task<K: Family, E: Source>(
                     // SAFETY: packed panels hold kc steps; tile is owned by this task; the
                     // caller verified the CPU features of K; `pf` addresses are only prefetched.
                     unsafe { K::kernel(kc, ap, bpack.add((jp - pn0) * K::NR * kc), dst, pf) };
+                }
+                if let Some(e) = epi.filter(|_| pc + kc == k) {
+                    // The panel's rows of this task's columns are final: narrow them while
+                    // they are in cache.
+                    let cols = (n - j0).min((pn1 - pn0) * K::NR);
+                    for i in i0..i0 + mr {
+                        // SAFETY: row i, columns j0..j0 + cols are inside C and the output
+                        // (same shape); only this task writes them.
+                        unsafe {
+                            (e.narrow)(c.ptr.get().add(i * c.rs + j0), e.out.get().add((i * e.ld + j0) * e.elem), cols)
+                        };
+                    }
                 }
             }
         }

@@ -41,7 +41,11 @@ mod pack_avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod pack_avx512;
 #[cfg(target_arch = "x86_64")]
+pub mod sink;
+#[cfg(target_arch = "x86_64")]
 pub mod skinny;
+#[cfg(target_arch = "x86_64")]
+pub use sink::Sink;
 #[cfg(target_arch = "x86_64")]
 pub mod source;
 #[cfg(target_arch = "x86_64")]
@@ -51,6 +55,11 @@ pub use source::Source;
 pub trait Source: Copy + Send + Sync + 'static {}
 #[cfg(not(target_arch = "x86_64"))]
 impl<T: Copy + Send + Sync + 'static> Source for T {}
+/// Where the kernels do not exist, every element type is a sink (no GEMM runs there).
+#[cfg(not(target_arch = "x86_64"))]
+pub trait Sink: Copy + Send + Sync + 'static {}
+#[cfg(not(target_arch = "x86_64"))]
+impl<T: Copy + Send + Sync + 'static> Sink for T {}
 
 /// The instruction set a GEMM kernel family needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -197,9 +206,73 @@ pub fn gemm_uninit<E: Source>(
     threads: usize,
 ) -> bool {
     match Isa::detect() {
-        Some(isa) => run(isa, m, n, k, a, b, c, ldc, false, threads),
+        Some(isa) => run(isa, m, n, k, a, b, c, ldc, false, threads, None).is_some(),
         None => false,
     }
+}
+
+/// `out = A*B` (row-major `m x n`, every element written) for operands of any [`Source`]
+/// type with a 16-bit result: the kernels accumulate in f32 into a reused per-thread
+/// buffer, and each task narrows its rows into `out` (rounding to nearest even) as it
+/// finishes them, while they are in cache. Returns false, without touching `out`, where
+/// [`gemm_uninit`] would.
+///
+/// # Panics
+/// As [`sgemm`], and if `out` is shorter than `m * n`.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_narrow<E: Source, O: Sink>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<E>,
+    b: MatRef<E>,
+    out: &mut [std::mem::MaybeUninit<O>],
+    threads: usize,
+) -> bool {
+    match Isa::detect() {
+        Some(isa) => gemm_narrow_with(isa, m, n, k, a, b, out, threads),
+        None => false,
+    }
+}
+
+/// [`gemm_narrow`] with the kernel family `isa` (for tests of both families on one
+/// machine). Returns false, without touching `out`, when this CPU cannot run it.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_narrow_with<E: Source, O: Sink>(
+    isa: Isa,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<E>,
+    b: MatRef<E>,
+    out: &mut [std::mem::MaybeUninit<O>],
+    threads: usize,
+) -> bool {
+    if !isa.runs_here() || !reads::<E>(isa) {
+        return false;
+    }
+    assert!(out.len() >= m * n, "gemm_narrow: output slice too short");
+    #[cfg(target_arch = "x86_64")]
+    buffer::with_buf(buffer::Slot::C, |stage| {
+        let len = m * n;
+        // SAFETY: the reserved buffer holds `len` f32s; viewed as uninitialised ones, which
+        // the GEMM writes in full before anything reads them.
+        let c = unsafe { std::slice::from_raw_parts_mut(stage.reserve(len) as *mut std::mem::MaybeUninit<f32>, len) };
+        let epi = driver::Epilogue {
+            out: SendPtr(out.as_mut_ptr() as *mut u8),
+            ld: n,
+            elem: size_of::<O>(),
+            narrow: sink::narrow_raw::<O>,
+        };
+        if run(isa, m, n, k, a, b, c, n, false, threads, Some(epi)) == Some(false) {
+            // the product ran without the epilogue (computed as C^T, or k = 0): narrow the
+            // whole result now
+            // SAFETY: the GEMM wrote every element of C.
+            let c = unsafe { &*(c as *const [std::mem::MaybeUninit<f32>] as *const [f32]) };
+            O::narrow(c, &mut out[..len]);
+        }
+    });
+    true
 }
 
 /// Whether [`gemm_uninit`] runs here for operands of type `E`: a kernel family runs, and
@@ -240,10 +313,11 @@ pub fn gemm_with<E: Source>(
     // SAFETY (of the cast): `[f32]` and `[MaybeUninit<f32>]` have the same layout, and the
     // GEMM only stores initialised values into it.
     let cu = unsafe { &mut *(c as *mut [f32] as *mut [std::mem::MaybeUninit<f32>]) };
-    isa.runs_here() && run(isa, m, n, k, a, b, cu, ldc, accumulate, threads)
+    isa.runs_here() && run(isa, m, n, k, a, b, cu, ldc, accumulate, threads, None).is_some()
 }
 
-/// The checks and the dispatch shared by the entry points; `isa` runs here.
+/// The checks and the dispatch shared by the entry points; `isa` runs here. `None`: it
+/// cannot read `E` (nothing written); else whether `epi` narrowed the result.
 #[allow(clippy::too_many_arguments)]
 fn run<E: Source>(
     isa: Isa,
@@ -256,12 +330,13 @@ fn run<E: Source>(
     ldc: usize,
     accumulate: bool,
     threads: usize,
-) -> bool {
+    epi: Option<Epi>,
+) -> Option<bool> {
     if !reads::<E>(isa) {
-        return false;
+        return None;
     }
     if m == 0 || n == 0 {
-        return true;
+        return Some(false);
     }
     assert!(m == 1 || ldc >= n, "sgemm: ldc ({ldc}) < n ({n})");
     assert!(c.len() >= (m - 1) * ldc + n, "sgemm: C slice too short");
@@ -273,7 +348,7 @@ fn run<E: Source>(
                 });
             }
         }
-        return true;
+        return Some(false);
     }
     let last = |x: MatRef<E>, rows: usize, cols: usize| (rows - 1) * x.rs + (cols - 1) * x.cs;
     assert!(a.data.len() > last(a, m, k), "sgemm: A slice too short");
@@ -291,17 +366,29 @@ fn run<E: Source>(
         };
         if let Some((a, b)) = skinny {
             skinny::run(isa, m, n, k, a, b, cp, ldc, accumulate, threads);
+            Some(false)
         } else {
-            match isa {
-                Isa::Avx512 => driver::gemm::<kernel_avx512::Avx512, E>(m, n, k, a, b, cp, ldc, accumulate, threads),
-                Isa::Avx2 => driver::gemm::<kernel_avx2::Avx2, E>(m, n, k, a, b, cp, ldc, accumulate, threads),
-            }
+            Some(match isa {
+                Isa::Avx512 => {
+                    driver::gemm::<kernel_avx512::Avx512, E>(m, n, k, a, b, cp, ldc, accumulate, threads, epi)
+                }
+                Isa::Avx2 => driver::gemm::<kernel_avx2::Avx2, E>(m, n, k, a, b, cp, ldc, accumulate, threads, epi),
+            })
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (isa, cp, accumulate);
-    true
+    {
+        let _ = (isa, cp, accumulate, epi);
+        Some(false)
+    }
 }
+
+/// How a GEMM narrows its result into a 16-bit output as it goes (the driver's epilogue).
+#[cfg(target_arch = "x86_64")]
+type Epi = driver::Epilogue;
+/// No GEMM runs where the kernels do not exist.
+#[cfg(not(target_arch = "x86_64"))]
+type Epi = ();
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -9,7 +9,7 @@
 //! ones where it lacks AVX2 or FMA, and names them as skipped; run there anyway, each fails
 //! saying why.
 
-use super::super::{gemm_with, sgemm_with, Isa, MatRef, Source};
+use super::super::{gemm_narrow_with, gemm_with, sgemm_with, Isa, MatRef, Sink, Source};
 use super::Rng;
 
 /// Fails the calling test, saying why, when the family cannot run here.
@@ -242,7 +242,32 @@ fn half_sources_as<E: Source>(isa: Isa, from: fn(f32) -> E) {
             assert!(gemm_with(isa, m, n, k, a, b, &mut got, n, acc, threads), "the 16-bit GEMM refused to run");
             let same = want.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits());
             assert!(same, "m={m} n={n} k={k} layout {li} acc={acc} t={threads}: differs from the widened f32 product");
+            // The same product with a 16-bit result, narrowed by the GEMM's tasks: the f32
+            // product rounded as `HostData::from_f32` rounds.
+            if !acc {
+                narrowed_matches(isa, (m, n, k), a, b, &want, threads, half::bf16::from_f32);
+                narrowed_matches(isa, (m, n, k), a, b, &want, threads, half::f16::from_f32);
+            }
         }
+    }
+}
+
+/// `gemm_narrow_with` into `O` equals `want` (the f32 product) narrowed element by element.
+fn narrowed_matches<E: Source, O: Sink + PartialEq + std::fmt::Debug>(
+    isa: Isa,
+    (m, n, k): (usize, usize, usize),
+    a: MatRef<E>,
+    b: MatRef<E>,
+    want: &[f32],
+    threads: usize,
+    narrow: fn(f32) -> O,
+) {
+    let mut out = vec![std::mem::MaybeUninit::<O>::uninit(); m * n];
+    assert!(gemm_narrow_with(isa, m, n, k, a, b, &mut out, threads), "the narrowing GEMM refused to run");
+    for (i, (o, &w)) in out.iter().zip(want).enumerate() {
+        // SAFETY: gemm_narrow_with wrote every element.
+        let got = unsafe { o.assume_init() };
+        assert_eq!(got, narrow(w), "m={m} n={n} k={k} t={threads}: element {i} narrowed wrongly");
     }
 }
 
