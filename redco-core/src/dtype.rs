@@ -257,7 +257,7 @@ fn par_map<T: Copy + Sync, U: Send>(v: &[T], f: impl Fn(T) -> U + Sync + Send + 
 /// bf16 to f32: the bits shifted up (exact), a NaN made quiet as `bf16::to_f32` does;
 /// branch-free, so loops over it vectorise.
 #[inline(always)]
-fn bf16_to_f32(x: bf16) -> f32 {
+pub(crate) fn bf16_to_f32(x: bf16) -> f32 {
     let b = u32::from(x.to_bits());
     let quiet = if b & 0x7fff > 0x7f80 { 0x0040_0000 } else { 0 };
     f32::from_bits((b << 16) | quiet)
