@@ -186,25 +186,19 @@ impl FastOut for f32 {
 }
 
 /// The 16-bit results.
-macro_rules! narrowed_out {
-    ($t:ty) => {
-        impl FastOut for $t {
-            fn gemm<E: sgemm::Source>(
-                m: usize,
-                n: usize,
-                k: usize,
-                a: sgemm::MatRef<E>,
-                b: sgemm::MatRef<E>,
-                c: &mut [std::mem::MaybeUninit<$t>],
-                threads: usize,
-            ) -> bool {
-                sgemm::gemm_narrow(m, n, k, a, b, c, threads)
-            }
-        }
-    };
+impl<O: sgemm::Sink> FastOut for O {
+    fn gemm<E: sgemm::Source>(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: sgemm::MatRef<E>,
+        b: sgemm::MatRef<E>,
+        c: &mut [std::mem::MaybeUninit<O>],
+        threads: usize,
+    ) -> bool {
+        sgemm::gemm_narrow(m, n, k, a, b, c, threads)
+    }
 }
-narrowed_out!(half::bf16);
-narrowed_out!(half::f16);
 
 /// f32, bf16 or f16 operands through the generated GEMM (16-bit ones widened while packed),
 /// writing a fresh output of `O` (f32, or the operands' 16-bit type narrowed as the GEMM

@@ -55,11 +55,13 @@ pub use source::Source;
 pub trait Source: Copy + Send + Sync + 'static {}
 #[cfg(not(target_arch = "x86_64"))]
 impl<T: Copy + Send + Sync + 'static> Source for T {}
-/// Where the kernels do not exist, every element type is a sink (no GEMM runs there).
+/// The 16-bit result types (where the kernels do not exist no GEMM runs, see `sink`).
 #[cfg(not(target_arch = "x86_64"))]
 pub trait Sink: Copy + Send + Sync + 'static {}
 #[cfg(not(target_arch = "x86_64"))]
-impl<T: Copy + Send + Sync + 'static> Sink for T {}
+impl Sink for half::bf16 {}
+#[cfg(not(target_arch = "x86_64"))]
+impl Sink for half::f16 {}
 
 /// The instruction set a GEMM kernel family needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
