@@ -335,6 +335,28 @@ fn bf16_packed_product(a: &HostData, b: &HostData, spec: &MatmulSpec, threads: u
     Some(Ok(c))
 }
 
+/// A product of 16-bit operands (of dtype `own`, wrapped by `wrap`) on the generated GEMM,
+/// written in their type directly when `dt` is it; `None` where that GEMM does not read
+/// them here.
+fn half_fast<H: sgemm::Source + sgemm::Sink>(
+    x: &[H],
+    y: &[H],
+    own: DType,
+    wrap: fn(Vec<H>) -> HostData,
+    spec: &MatmulSpec,
+    dt: DType,
+    threads: usize,
+) -> Option<Result<HostData>> {
+    if !sgemm::supports::<H>() {
+        return None;
+    }
+    Some(if dt == own {
+        matmul_fast(x, y, spec, threads).map(wrap)
+    } else {
+        matmul_fast(x, y, spec, threads).map(|c: Vec<f32>| f32::store(c, dt))
+    })
+}
+
 /// Batched matmul of two same-typed float buffers.
 pub(crate) fn matmul(a: &HostData, b: &HostData, spec: &MatmulSpec, dt: DType, threads: usize) -> Result<HostData> {
     matmul_with(a, b, spec, dt, threads, F32Gemm::Auto)
@@ -369,19 +391,15 @@ pub(crate) fn matmul_with(
     }
     if path.fast() {
         match (a, b) {
-            (HostData::BF16(x), HostData::BF16(y)) if sgemm::supports::<half::bf16>() => {
-                return Ok(if dt == DType::BF16 {
-                    HostData::BF16(matmul_fast(x, y, spec, threads)?)
-                } else {
-                    f32::store(matmul_fast(x, y, spec, threads)?, dt)
-                });
+            (HostData::BF16(x), HostData::BF16(y)) => {
+                if let Some(c) = half_fast(x, y, DType::BF16, HostData::BF16, spec, dt, threads) {
+                    return c;
+                }
             }
-            (HostData::F16(x), HostData::F16(y)) if sgemm::supports::<half::f16>() => {
-                return Ok(if dt == DType::F16 {
-                    HostData::F16(matmul_fast(x, y, spec, threads)?)
-                } else {
-                    f32::store(matmul_fast(x, y, spec, threads)?, dt)
-                });
+            (HostData::F16(x), HostData::F16(y)) => {
+                if let Some(c) = half_fast(x, y, DType::F16, HostData::F16, spec, dt, threads) {
+                    return c;
+                }
             }
             _ => {}
         }
