@@ -7,7 +7,7 @@
 //! others return an error instead of hanging.
 
 use super::mesh::Mesh;
-use crate::{Backend, HostData, MeshAxis, Result};
+use crate::{Backend, HostData, MeshAxis, Result, Shape};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -94,12 +94,65 @@ pub trait Collective<B: Backend>: Send + Sync {
     fn all_reduce_async(&self, axis: MeshAxis, x: &B::Storage, op: ReduceKind) -> Result<Pending<B::Storage>> {
         Ok(Pending::ready(self.all_reduce(axis, x, op)))
     }
+    /// Starts an all-reduce of a bucket: the buffers `xs` (each with its element count, all
+    /// of one dtype) reduced as one flat buffer, their concatenation, in one call; the
+    /// result is each buffer's reduction, in order. Every member passes buffers of the same
+    /// sizes, and calls on one axis complete in the order they were started, as for
+    /// [`Collective::all_reduce_async`]. The default concatenates them with `b`, runs
+    /// [`Collective::all_reduce_async`] and cuts the sum apart ([`all_reduce_flat`]); a
+    /// transport whose ranks share memory reads the members' buffers where they lie.
+    fn all_reduce_bucket_async(
+        &self,
+        b: &B,
+        axis: MeshAxis,
+        xs: &[(B::Storage, usize)],
+        op: ReduceKind,
+    ) -> Result<Pending<Vec<B::Storage>>> {
+        all_reduce_flat(self, b, axis, xs, op)
+    }
     /// This rank's position along `axis` as a one-element `I64` storage of `b`: the value
     /// every rank-dependent offset is computed from on the device, so that one program
     /// serves every rank (a compiled SPMD step derives it from the device's replica id).
     /// The default uploads the host's index.
     fn axis_index(&self, b: &B, axis: MeshAxis) -> Result<B::Storage> {
         b.upload(&HostData::I64(vec![self.mesh().index_along(self.rank(), axis) as i64]))
+    }
+}
+
+/// [`Collective::all_reduce_bucket_async`] through one flat buffer: `xs` concatenated with
+/// `b`, all-reduced by `coll`, and the sum cut back into buffers of `xs`'s sizes (a single
+/// buffer goes as it is).
+pub fn all_reduce_flat<B: Backend, C: Collective<B> + ?Sized>(
+    coll: &C,
+    b: &B,
+    axis: MeshAxis,
+    xs: &[(B::Storage, usize)],
+    op: ReduceKind,
+) -> Result<Pending<Vec<B::Storage>>> {
+    match xs {
+        [] => Ok(Pending::ready(Ok(Vec::new()))),
+        [(x, _)] => {
+            let sum = coll.all_reduce_async(axis, x, op)?;
+            Ok(Pending::later(move || Ok(vec![sum.wait()?])))
+        }
+        _ => {
+            let shapes: Vec<Shape> = xs.iter().map(|&(_, n)| Shape::new([n])).collect();
+            let parts: Vec<(&B::Storage, &Shape)> = xs.iter().map(|(s, _)| s).zip(&shapes).collect();
+            let sum = coll.all_reduce_async(axis, &b.cat(&parts, 0)?, op)?;
+            let (b, sizes): (B, Vec<usize>) = (b.clone(), xs.iter().map(|&(_, n)| n).collect());
+            Ok(Pending::later(move || {
+                let summed = sum.wait()?;
+                let whole = Shape::new([sizes.iter().sum::<usize>()]);
+                let mut off = 0;
+                sizes
+                    .iter()
+                    .map(|&n| {
+                        off += n;
+                        b.narrow(&summed, &whole, 0, off - n, n)
+                    })
+                    .collect()
+            }))
+        }
     }
 }
 

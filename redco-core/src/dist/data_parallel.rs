@@ -2,7 +2,7 @@
 //! summed in flat buckets (few large all-reduces instead of one per parameter).
 
 use super::Comm;
-use crate::{Backend, GradStore, MeshAxis, PartialOp, Placement, Result, Shape, Tensor};
+use crate::{Backend, GradStore, MeshAxis, PartialOp, Placement, Result, Tensor};
 
 /// Default bucket size: 25 MB, as in PyTorch DDP.
 pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
@@ -54,38 +54,36 @@ fn flush<B: Backend>(c: &super::Comm<B>, bucket: &mut Vec<Tensor<B>>, grads: &mu
 }
 
 /// A bucket whose all-reduce has started: its (parameter, gradient) pairs and the pending
-/// sum of their flattened, concatenated local storages.
+/// sums of the gradients' local storages, reduced as one flat buffer.
 struct InFlight<B: Backend> {
     pairs: Vec<(Tensor<B>, Tensor<B>)>,
-    sizes: Vec<usize>,
-    sum: super::Pending<B::Storage>,
+    sums: super::Pending<Vec<B::Storage>>,
 }
 
 fn start_bucket<B: Backend>(c: &super::Comm<B>, pairs: Vec<(Tensor<B>, Tensor<B>)>) -> Result<InFlight<B>> {
     let b = pairs[0].1.backend().clone();
     // gradients share the parameters' dtype
     let dt = pairs[0].1.dtype();
-    let sizes: Vec<usize> = pairs.iter().map(|(_, g)| g.local_shape().elem_count()).collect();
-    let total: usize = sizes.iter().sum();
-    let flat_shapes: Vec<Shape> = sizes.iter().map(|&n| Shape::new([n])).collect();
-    let parts: Vec<(&B::Storage, &Shape)> =
-        pairs.iter().zip(&flat_shapes).map(|((_, g), s)| (g.storage(), s)).collect();
-    let flat = if parts.len() == 1 { pairs[0].1.storage().clone() } else { b.cat(&parts, 0)? };
-    let sum = c.all_reduce_async(MeshAxis::Dp, &flat, super::ReduceKind::Sum, total * dt.size_in_bytes())?;
-    Ok(InFlight { pairs, sizes, sum })
+    let xs: Vec<(B::Storage, usize)> =
+        pairs.iter().map(|(_, g)| (g.storage().clone(), g.local_shape().elem_count())).collect();
+    let bytes = xs.iter().map(|x| x.1).sum::<usize>() * dt.size_in_bytes();
+    let sums = c.all_reduce_bucket_async(&b, MeshAxis::Dp, &xs, super::ReduceKind::Sum, bytes)?;
+    Ok(InFlight { pairs, sums })
 }
 
 impl<B: Backend> InFlight<B> {
-    /// Waits for the sum and stores each gradient's slice of it, replicated over `dp`.
+    /// Waits for the sums and stores each gradient's, replicated over `dp`.
     fn land(self, grads: &mut GradStore<B>) -> Result<()> {
-        let summed = self.sum.wait()?;
-        let total: usize = self.sizes.iter().sum();
-        let mut off = 0;
-        for ((p, g), n) in self.pairs.iter().zip(&self.sizes) {
-            let b = g.backend();
-            let s = b.narrow(&summed, &Shape::new([total]), 0, off, *n)?;
-            off += n;
+        let sums = self.sums.wait()?;
+        if sums.len() != self.pairs.len() {
+            return Err(crate::Error::invalid(
+                "sync_grads",
+                format!("a bucket of {} gradients came back as {} sums", self.pairs.len(), sums.len()),
+            ));
+        }
+        for ((p, g), s) in self.pairs.iter().zip(sums) {
             let placed = g.placements().with(MeshAxis::Dp, Placement::Replicate);
+            let b = g.backend();
             grads.insert(p, Tensor::from_local(b, s, g.shape().clone(), g.local_shape().clone(), placed, g.dtype()));
         }
         Ok(())

@@ -71,6 +71,82 @@ pub fn reduce_range(parts: &[Arc<HostData>], op: ReduceKind, a: usize, b: usize)
     }
 }
 
+/// Elementwise reduction, in axis order, of elements `a..b` of the members' buckets: each
+/// member's bucket is a list of buffers that together are one flat buffer, with the same
+/// sizes on every member. The same bits as [`reduce_range`] over the concatenations, without
+/// concatenating. `None` unless every buffer is f32, or every one f64.
+pub fn reduce_bucket_range(members: &[Vec<Arc<HostData>>], op: ReduceKind, a: usize, b: usize) -> Option<HostData> {
+    fn views<T>(members: &[Vec<Arc<HostData>>], get: fn(&HostData) -> Option<&[T]>) -> Option<Vec<Vec<&[T]>>> {
+        members.iter().map(|m| m.iter().map(|h| get(h)).collect()).collect()
+    }
+    if let Some(v) = views(members, |h| if let HostData::F32(v) = h { Some(v) } else { None }) {
+        return Some(HostData::F32(fold_bucket(&v, a, b, |x, y| match op {
+            ReduceKind::Sum => x + y,
+            ReduceKind::Max => x.max(y),
+        })));
+    }
+    let v = views(members, |h| if let HostData::F64(v) = h { Some(v) } else { None })?;
+    Some(HostData::F64(fold_bucket(&v, a, b, |x, y| match op {
+        ReduceKind::Sum => x + y,
+        ReduceKind::Max => x.max(y),
+    })))
+}
+
+/// Elements `a..b` of the members' flat buckets combined in member order by `f`.
+fn fold_bucket<T: Copy>(members: &[Vec<&[T]>], a: usize, b: usize, f: impl Fn(T, T) -> T + Copy) -> Vec<T> {
+    let mut acc = Vec::with_capacity(b - a);
+    let mut off = 0;
+    for (k, first) in members[0].iter().enumerate() {
+        let (lo, hi) = (a.max(off), b.min(off + first.len()));
+        if lo < hi {
+            let start = acc.len();
+            acc.extend_from_slice(&first[lo - off..hi - off]);
+            for m in &members[1..] {
+                let src = &m[k][lo - off..hi - off];
+                acc[start..].iter_mut().zip(src).for_each(|(x, &y)| *x = f(*x, y));
+            }
+        }
+        off += first.len();
+    }
+    acc
+}
+
+/// The members' reduced ranges (in axis order; together one flat buffer) cut into buffers
+/// of `sizes` elements.
+pub fn split_bucket(sums: &[Arc<HostData>], sizes: &[usize]) -> Vec<HostData> {
+    macro_rules! cut {
+        ($var:ident) => {{
+            let parts: Vec<&[_]> =
+                sums.iter().map(|p| if let HostData::$var(v) = &**p { &v[..] } else { &[][..] }).collect();
+            let (mut p, mut q) = (0, 0);
+            sizes
+                .iter()
+                .map(|&n| {
+                    let mut o = Vec::with_capacity(n);
+                    while o.len() < n && p < parts.len() {
+                        let take = (n - o.len()).min(parts[p].len() - q);
+                        o.extend_from_slice(&parts[p][q..q + take]);
+                        q += take;
+                        if q == parts[p].len() {
+                            (p, q) = (p + 1, 0);
+                        }
+                    }
+                    HostData::$var(o)
+                })
+                .collect()
+        }};
+    }
+    match sums.first().map(|s| &**s) {
+        Some(HostData::F32(_)) => cut!(F32),
+        Some(HostData::F64(_)) => cut!(F64),
+        Some(HostData::F16(_)) => cut!(F16),
+        Some(HostData::BF16(_)) => cut!(BF16),
+        Some(HostData::I64(_)) => cut!(I64),
+        Some(HostData::I32(_)) => cut!(I32),
+        Some(HostData::U8(_)) | None => cut!(U8),
+    }
+}
+
 /// Flat concatenation of the deposits in order.
 pub fn concat_all(parts: &[Arc<HostData>]) -> HostData {
     macro_rules! cat {

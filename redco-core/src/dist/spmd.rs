@@ -73,6 +73,19 @@ impl<B: Backend> Comm<B> {
         self.count(CollectiveKind::AllReduce, axis, bytes);
         self.coll.all_reduce_async(axis, x, op)
     }
+    /// Counted [`Collective::all_reduce_bucket_async`] (one all-reduce of `bytes`, the
+    /// bucket's size).
+    pub fn all_reduce_bucket_async(
+        &self,
+        b: &B,
+        axis: MeshAxis,
+        xs: &[(B::Storage, usize)],
+        op: ReduceKind,
+        bytes: usize,
+    ) -> Result<super::collective::Pending<Vec<B::Storage>>> {
+        self.count(CollectiveKind::AllReduce, axis, bytes);
+        self.coll.all_reduce_bucket_async(b, axis, xs, op)
+    }
     /// Counted [`Collective::all_gather`]; `bytes` is the gathered size.
     pub fn all_gather(&self, axis: MeshAxis, x: &B::Storage, bytes: usize) -> Result<B::Storage> {
         self.count(CollectiveKind::AllGather, axis, bytes);

@@ -6,9 +6,12 @@
 //! member gets bit-identical results. Waits have a deadline; a rank that fails marks the
 //! hub as failed and wakes everyone, so the others return an error at once.
 
+use super::collective::{all_reduce_flat, Pending};
 use super::collective::{Collective, CollectiveKind, ReduceKind};
 use super::group::{GroupAxis, ProcessGroup};
-use super::host::{chunk, concat_all, reduce_all, reduce_range, split_range, SPLIT_REDUCE_MIN};
+use super::host::{
+    chunk, concat_all, reduce_all, reduce_bucket_range, reduce_range, split_bucket, split_range, SPLIT_REDUCE_MIN,
+};
 use super::mesh::Mesh;
 use crate::{Backend, DType, Error, HostData, MeshAxis, Result};
 use std::collections::HashMap;
@@ -18,11 +21,15 @@ use std::time::{Duration, Instant};
 #[derive(Default)]
 struct Slot {
     round: u64,
-    call: Option<(CollectiveKind, usize, DType)>,
-    deposits: Vec<Option<Arc<HostData>>>,
+    /// The call the members agree on: kind, length, dtype and buffers per deposit.
+    call: Option<(CollectiveKind, usize, DType, usize)>,
+    deposits: Vec<Option<Deposit>>,
     arrived: usize,
     taken: usize,
 }
+
+/// What a member deposits: one buffer, or a bucket of buffers that are one flat buffer.
+type Deposit = Vec<Arc<HostData>>;
 
 /// A group's slot: its [`ProcessGroup::id`].
 type GroupKey = (GroupAxis, usize);
@@ -80,11 +87,13 @@ impl Hub {
         data: Arc<HostData>,
     ) -> Result<Vec<Arc<HostData>>> {
         let len = data.len();
-        self.exchange_as(rank, key, idx, n, (kind, len), data)
+        let all = self.exchange_as(rank, key, idx, n, (kind, len), vec![data])?;
+        Ok(all.into_iter().flat_map(|d| d.into_iter().take(1)).collect())
     }
 
-    /// [`Hub::exchange`] where the members agree on `(kind, len)` rather than on the
-    /// length of their deposits (the slices of a reduce-scatter may differ by one).
+    /// [`Hub::exchange`] of a [`Deposit`], where the members agree on `(kind, len)` rather
+    /// than on the length of their deposits (the slices of a reduce-scatter may differ by
+    /// one; a bucket's length is its total).
     fn exchange_as(
         &self,
         rank: usize,
@@ -92,11 +101,11 @@ impl Hub {
         idx: usize,
         n: usize,
         (kind, len): (CollectiveKind, usize),
-        data: Arc<HostData>,
-    ) -> Result<Vec<Arc<HostData>>> {
+        data: Deposit,
+    ) -> Result<Vec<Deposit>> {
         let deadline = Instant::now() + self.timeout;
         let err = |msg: String| Error::Collective { op: kind_name(kind), rank, msg };
-        let call = (kind, len, data.dtype());
+        let call = (kind, len, data.first().map_or(DType::U8, |d| d.dtype()), data.len());
         let mut st = self.lock();
         // Wait for the previous round of this group to be fully read.
         loop {
@@ -116,13 +125,15 @@ impl Hub {
         if let Some(other) = slot.call {
             if other != call {
                 let msg = format!(
-                    "ranks disagree: this rank called {} on {} {:?} elements, another called {} on {} {:?}",
+                    "ranks disagree: this rank called {} on {} {:?} elements in {} buffers, another called {} on {} {:?} in {}",
                     kind_name(kind),
                     call.1,
                     call.2,
+                    call.3,
                     kind_name(other.0),
                     other.1,
-                    other.2
+                    other.2,
+                    other.3
                 );
                 drop(st);
                 self.fail(format!("rank {rank}: {msg}"));
@@ -145,7 +156,7 @@ impl Hub {
             st = self.wait(st, deadline).map_err(|_| err(self.timeout_msg()))?;
         }
         let slot = st.slots.get_mut(&key).expect("slot exists");
-        let all: Vec<Arc<HostData>> = slot.deposits.iter().map(|d| d.clone().expect("all arrived")).collect();
+        let all: Vec<Deposit> = slot.deposits.iter().map(|d| d.clone().expect("all arrived")).collect();
         slot.taken += 1;
         if slot.taken == n {
             slot.deposits = vec![None; n];
@@ -211,6 +222,46 @@ impl<B: Backend> ThreadCollective<B> {
     }
 }
 
+impl<B: Backend> ThreadCollective<B> {
+    /// The shared-memory bucket all-reduce of [`Collective::all_reduce_bucket_async`]: one
+    /// rendezvous to see the members' buffers, each member reduces its slice of the flat
+    /// bucket, a second rendezvous to see the reduced slices.
+    fn reduce_bucket(
+        &self,
+        axis: MeshAxis,
+        xs: &[(B::Storage, usize)],
+        total: usize,
+        op: ReduceKind,
+    ) -> Result<Vec<B::Storage>> {
+        let (key, idx, n) = self.group(axis);
+        let mine: Deposit = xs.iter().map(|(s, _)| self.backend.download_shared(s)).collect::<Result<_>>()?;
+        let sizes: Vec<usize> = mine.iter().map(|h| h.len()).collect();
+        let dt = mine[0].dtype();
+        let call = (CollectiveKind::AllReduce, total);
+        let members = self.hub.exchange_as(self.rank, key, idx, n, call, mine)?;
+        let differs =
+            |m: &Deposit| m.len() != sizes.len() || m.iter().zip(&sizes).any(|(h, &l)| h.len() != l || h.dtype() != dt);
+        if let Some(j) = members.iter().position(differs) {
+            let theirs: Vec<usize> = members[j].iter().map(|h| h.len()).collect();
+            let msg = format!(
+                "ranks disagree: this rank's bucket holds buffers of {sizes:?} elements, member {j}'s of {theirs:?}"
+            );
+            self.hub.fail(format!("rank {}: {msg}", self.rank));
+            return Err(Error::Collective { op: "all_reduce", rank: self.rank, msg });
+        }
+        let (a, b) = split_range(total, n, idx);
+        let part = reduce_bucket_range(&members, op, a, b).ok_or_else(|| Error::Collective {
+            op: "all_reduce",
+            rank: self.rank,
+            msg: format!("a bucket all-reduce sums f32 or f64 buffers, not {dt:?}"),
+        })?;
+        drop(members);
+        let sums = self.hub.exchange_as(self.rank, key, idx, n, call, vec![Arc::new(part)])?;
+        let sums: Vec<Arc<HostData>> = sums.into_iter().flatten().collect();
+        split_bucket(&sums, &sizes).into_iter().map(|h| self.backend.upload_owned(h)).collect()
+    }
+}
+
 impl<B: Backend> Collective<B> for ThreadCollective<B> {
     fn mesh(&self) -> Mesh {
         self.hub.mesh
@@ -233,8 +284,29 @@ impl<B: Backend> Collective<B> for ThreadCollective<B> {
         let (a, b) = split_range(len, n, idx);
         let mine = Arc::new(reduce_range(&parts, op, a, b));
         drop(parts);
-        let sums = self.hub.exchange_as(self.rank, key, idx, n, (CollectiveKind::AllReduce, len), mine)?;
+        let sums = self.hub.exchange_as(self.rank, key, idx, n, (CollectiveKind::AllReduce, len), vec![mine])?;
+        let sums: Vec<Arc<HostData>> = sums.into_iter().flatten().collect();
         self.backend.upload_owned(concat_all(&sums))
+    }
+    fn all_reduce_bucket_async(
+        &self,
+        b: &B,
+        axis: MeshAxis,
+        xs: &[(B::Storage, usize)],
+        op: ReduceKind,
+    ) -> Result<Pending<Vec<B::Storage>>> {
+        // Each member sums its slice of the bucket straight from the members' buffers and
+        // every member cuts its buffers out of the summed slices: no concatenated copy of
+        // the bucket and none of the sum (the bits are those of the flat all-reduce).
+        let n = self.group(axis).2;
+        let total: usize = xs.iter().map(|x| x.1).sum();
+        let dt = xs.first().map(|(s, _)| self.backend.storage_dtype(s));
+        let one_float = matches!(dt, Some(DType::F32 | DType::F64))
+            && xs.iter().all(|(s, _)| Some(self.backend.storage_dtype(s)) == dt);
+        if n == 1 || xs.len() < 2 || total < SPLIT_REDUCE_MIN || !one_float {
+            return all_reduce_flat(self, b, axis, xs, op);
+        }
+        Ok(Pending::ready(self.reduce_bucket(axis, xs, total, op)))
     }
     fn all_gather(&self, axis: MeshAxis, x: &B::Storage) -> Result<B::Storage> {
         let (parts, _) = self.swap(axis, CollectiveKind::AllGather, x)?;

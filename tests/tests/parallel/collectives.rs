@@ -155,6 +155,83 @@ fn ranks_that_disagree_get_an_error() {
     let _ = DType::F32;
 }
 
+/// A rank's flat bucket of `n` values, which differ by rank and span many magnitudes, so
+/// that a different order of summation would change the bits.
+fn flat_values(rank: usize, n: usize) -> Vec<f64> {
+    (0..n).map(|i| ((i * 7 + rank * 13) as f64).sin() * 10f64.powi((i % 9) as i32 - 4) + rank as f64 * 0.1).collect()
+}
+
+/// [`flat_values`] cut into buffers of `sizes` elements.
+fn bucket(rank: usize, sizes: &[usize], dt: DType) -> Vec<HostData> {
+    let v = flat_values(rank, sizes.iter().sum());
+    let mut off = 0;
+    sizes
+        .iter()
+        .map(|&n| {
+            off += n;
+            HostData::from_f64(&v[off - n..off], dt)
+        })
+        .collect()
+}
+
+#[test]
+fn a_bucket_all_reduce_gives_the_bits_of_the_flat_all_reduce() {
+    // ranges of the reduce split cross buffer boundaries (3 members), empty and one-element
+    // buffers, both reductions, f32 and f64; the flat all-reduce of the concatenation is the
+    // reference (its values are checked against f64 sums above)
+    let sizes = [40_000usize, 0, 1, 33_333, 5, 20_000];
+    let total: usize = sizes.iter().sum();
+    for (mesh, dt) in [(Mesh::new(3, 1).unwrap(), DType::F32), (Mesh::new(2, 2).unwrap(), DType::F64)] {
+        spmd_cpu(mesh, &opts(20_000), |rk| {
+            let b = &rk.backend;
+            let xs: Vec<(_, usize)> = bucket(rk.rank, &sizes, dt)
+                .iter()
+                .map(|h| Ok((b.upload(h)?, h.len())))
+                .collect::<redco_core::Result<_>>()?;
+            let flat = b.upload(&HostData::from_f64(&flat_values(rk.rank, total), dt))?;
+            for op in [ReduceKind::Sum, ReduceKind::Max] {
+                let bytes = total * dt.size_in_bytes();
+                let got = rk.comm.all_reduce_bucket_async(b, MeshAxis::Dp, &xs, op, bytes)?.wait()?;
+                let want = b.download(&rk.comm.all_reduce(MeshAxis::Dp, &flat, op, bytes)?)?;
+                assert_eq!(got.len(), sizes.len());
+                let mut cat = Vec::new();
+                for (g, &n) in got.iter().zip(&sizes) {
+                    let h = b.download(g)?;
+                    assert_eq!((h.len(), h.dtype()), (n, dt));
+                    cat.extend_from_slice(h.as_bytes());
+                }
+                assert!(cat == want.as_bytes(), "{op:?} over {mesh} in {dt:?}: the bucket's bits differ");
+            }
+            // each bucket is counted as one all-reduce of its bytes
+            let c = rk.comm.stats().get(CollectiveKind::AllReduce, MeshAxis::Dp);
+            assert_eq!((c.calls, c.bytes), (4, 4 * (total * dt.size_in_bytes()) as u64));
+            Ok(())
+        })
+        .unwrap();
+    }
+}
+
+#[test]
+fn ranks_whose_buckets_disagree_get_an_error() {
+    // the same total in differently cut buffers, and one buffer against two
+    for other in [vec![30_000usize, 50_000], vec![80_000]] {
+        let start = Instant::now();
+        let err = spmd_cpu(Mesh::new(2, 1).unwrap(), &opts(10_000), |rk| {
+            let sizes = if rk.rank == 0 { vec![40_000, 40_000] } else { other.clone() };
+            let b = &rk.backend;
+            let xs: Vec<(_, usize)> = bucket(rk.rank, &sizes, DType::F32)
+                .iter()
+                .map(|h| Ok((b.upload(h)?, h.len())))
+                .collect::<redco_core::Result<_>>()?;
+            rk.comm.all_reduce_bucket_async(b, MeshAxis::Dp, &xs, ReduceKind::Sum, 320_000)?.wait()?;
+            Ok(())
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("disagree"), "{err}");
+        assert!(start.elapsed() < Duration::from_secs(5), "the ranks waited for the timeout");
+    }
+}
+
 #[test]
 fn mesh_parsing_and_errors() {
     assert_eq!("2x4".parse::<Mesh>().unwrap(), Mesh::new(2, 4).unwrap());
