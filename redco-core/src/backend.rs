@@ -178,6 +178,11 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     fn upload_owned(&self, data: HostData) -> Result<Self::Storage> {
         self.upload(&data)
     }
+    /// Storage made from shared host data (taken over without a copy, and still shared,
+    /// where the backend keeps host memory: ranks of one process can then hold one buffer).
+    fn upload_shared(&self, data: Arc<HostData>) -> Result<Self::Storage> {
+        self.upload(&data)
+    }
     /// Waits for every queued operation (a no-op for eager backends).
     fn sync(&self) -> Result<()> {
         Ok(())

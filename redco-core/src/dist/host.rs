@@ -73,78 +73,78 @@ pub fn reduce_range(parts: &[Arc<HostData>], op: ReduceKind, a: usize, b: usize)
 
 /// Elementwise reduction, in axis order, of elements `a..b` of the members' buckets: each
 /// member's bucket is a list of buffers that together are one flat buffer, with the same
-/// sizes on every member. The same bits as [`reduce_range`] over the concatenations, without
-/// concatenating. `None` unless every buffer is f32, or every one f64.
-pub fn reduce_bucket_range(members: &[Vec<Arc<HostData>>], op: ReduceKind, a: usize, b: usize) -> Option<HostData> {
+/// sizes on every member. The result has one piece per buffer that meets `a..b`, in order
+/// (see [`assemble_bucket`]); the values are the bits of [`reduce_range`] over the
+/// concatenations. `None` unless every buffer is f32, or every one f64.
+pub fn reduce_bucket_range(
+    members: &[Vec<Arc<HostData>>],
+    op: ReduceKind,
+    a: usize,
+    b: usize,
+) -> Option<Vec<HostData>> {
     fn views<T>(members: &[Vec<Arc<HostData>>], get: fn(&HostData) -> Option<&[T]>) -> Option<Vec<Vec<&[T]>>> {
         members.iter().map(|m| m.iter().map(|h| get(h)).collect()).collect()
     }
     if let Some(v) = views(members, |h| if let HostData::F32(v) = h { Some(v) } else { None }) {
-        return Some(HostData::F32(fold_bucket(&v, a, b, |x, y| match op {
-            ReduceKind::Sum => x + y,
-            ReduceKind::Max => x.max(y),
-        })));
+        let f = move |x: f32, y: f32| if op == ReduceKind::Sum { x + y } else { x.max(y) };
+        return Some(fold_bucket(&v, a, b, f).into_iter().map(HostData::F32).collect());
     }
     let v = views(members, |h| if let HostData::F64(v) = h { Some(v) } else { None })?;
-    Some(HostData::F64(fold_bucket(&v, a, b, |x, y| match op {
-        ReduceKind::Sum => x + y,
-        ReduceKind::Max => x.max(y),
-    })))
+    let f = move |x: f64, y: f64| if op == ReduceKind::Sum { x + y } else { x.max(y) };
+    Some(fold_bucket(&v, a, b, f).into_iter().map(HostData::F64).collect())
 }
 
-/// Elements `a..b` of the members' flat buckets combined in member order by `f`.
-fn fold_bucket<T: Copy>(members: &[Vec<&[T]>], a: usize, b: usize, f: impl Fn(T, T) -> T + Copy) -> Vec<T> {
-    let mut acc = Vec::with_capacity(b - a);
+/// Elements `a..b` of the members' flat buckets combined in member order by `f`, one
+/// vector per buffer that meets `a..b`.
+fn fold_bucket<T: Copy>(members: &[Vec<&[T]>], a: usize, b: usize, f: impl Fn(T, T) -> T + Copy) -> Vec<Vec<T>> {
+    let mut out = Vec::new();
     let mut off = 0;
     for (k, first) in members[0].iter().enumerate() {
         let (lo, hi) = (a.max(off), b.min(off + first.len()));
         if lo < hi {
-            let start = acc.len();
-            acc.extend_from_slice(&first[lo - off..hi - off]);
+            let mut acc = first[lo - off..hi - off].to_vec();
             for m in &members[1..] {
-                let src = &m[k][lo - off..hi - off];
-                acc[start..].iter_mut().zip(src).for_each(|(x, &y)| *x = f(*x, y));
+                acc.iter_mut().zip(&m[k][lo - off..hi - off]).for_each(|(x, &y)| *x = f(*x, y));
             }
+            out.push(acc);
         }
         off += first.len();
     }
-    acc
+    out
 }
 
-/// The members' reduced ranges (in axis order; together one flat buffer) cut into buffers
-/// of `sizes` elements.
-pub fn split_bucket(sums: &[Arc<HostData>], sizes: &[usize]) -> Vec<HostData> {
-    macro_rules! cut {
-        ($var:ident) => {{
-            let parts: Vec<&[_]> =
-                sums.iter().map(|p| if let HostData::$var(v) = &**p { &v[..] } else { &[][..] }).collect();
-            let (mut p, mut q) = (0, 0);
-            sizes
-                .iter()
-                .map(|&n| {
-                    let mut o = Vec::with_capacity(n);
-                    while o.len() < n && p < parts.len() {
-                        let take = (n - o.len()).min(parts[p].len() - q);
-                        o.extend_from_slice(&parts[p][q..q + take]);
-                        q += take;
-                        if q == parts[p].len() {
-                            (p, q) = (p + 1, 0);
-                        }
-                    }
-                    HostData::$var(o)
-                })
-                .collect()
-        }};
+/// The bucket's buffers (of `sizes` elements) put together from the members' pieces, member
+/// `j` having reduced elements [`split_range`]`(total, n, j)` with [`reduce_bucket_range`]. A
+/// buffer that one member reduced whole is that member's piece itself, shared rather than
+/// copied; one cut by a range boundary is its pieces concatenated. `None` when the pieces
+/// do not match `sizes`.
+pub fn assemble_bucket(pieces: &[Vec<Arc<HostData>>], sizes: &[usize]) -> Option<Vec<Arc<HostData>>> {
+    let (n, total) = (pieces.len(), sizes.iter().sum::<usize>());
+    let dt = pieces.iter().flatten().next()?.dtype();
+    let mut next = vec![0usize; n];
+    let mut off = 0;
+    let mut out = Vec::with_capacity(sizes.len());
+    for &len in sizes {
+        let mut parts = Vec::new();
+        for (j, p) in pieces.iter().enumerate() {
+            let (a, b) = split_range(total, n, j);
+            if a.max(off) < b.min(off + len) {
+                parts.push(p.get(next[j])?.clone());
+                next[j] += 1;
+            }
+        }
+        off += len;
+        let whole = match parts.len() {
+            0 => Arc::new(HostData::from_f64(&[], dt)),
+            1 => parts.pop()?,
+            _ => Arc::new(concat_all(&parts)),
+        };
+        if whole.len() != len {
+            return None;
+        }
+        out.push(whole);
     }
-    match sums.first().map(|s| &**s) {
-        Some(HostData::F32(_)) => cut!(F32),
-        Some(HostData::F64(_)) => cut!(F64),
-        Some(HostData::F16(_)) => cut!(F16),
-        Some(HostData::BF16(_)) => cut!(BF16),
-        Some(HostData::I64(_)) => cut!(I64),
-        Some(HostData::I32(_)) => cut!(I32),
-        Some(HostData::U8(_)) | None => cut!(U8),
-    }
+    Some(out)
 }
 
 /// Flat concatenation of the deposits in order.

@@ -10,7 +10,7 @@ use super::collective::{all_reduce_flat, Pending};
 use super::collective::{Collective, CollectiveKind, ReduceKind};
 use super::group::{GroupAxis, ProcessGroup};
 use super::host::{
-    chunk, concat_all, reduce_all, reduce_bucket_range, reduce_range, split_bucket, split_range, SPLIT_REDUCE_MIN,
+    assemble_bucket, chunk, concat_all, reduce_all, reduce_bucket_range, reduce_range, split_range, SPLIT_REDUCE_MIN,
 };
 use super::mesh::Mesh;
 use crate::{Backend, DType, Error, HostData, MeshAxis, Result};
@@ -87,25 +87,26 @@ impl Hub {
         data: Arc<HostData>,
     ) -> Result<Vec<Arc<HostData>>> {
         let len = data.len();
-        let all = self.exchange_as(rank, key, idx, n, (kind, len), vec![data])?;
+        let all = self.exchange_as(rank, key, idx, n, (kind, len, 1), vec![data])?;
         Ok(all.into_iter().flat_map(|d| d.into_iter().take(1)).collect())
     }
 
-    /// [`Hub::exchange`] of a [`Deposit`], where the members agree on `(kind, len)` rather
-    /// than on the length of their deposits (the slices of a reduce-scatter may differ by
-    /// one; a bucket's length is its total).
+    /// [`Hub::exchange`] of a [`Deposit`], where the members agree on `(kind, len, parts)`
+    /// (and the dtype) rather than on the lengths of their deposits: the slices of a
+    /// reduce-scatter may differ by one; a bucket's length is its total and `parts` its
+    /// number of buffers, whatever number of pieces a member deposits.
     fn exchange_as(
         &self,
         rank: usize,
         key: GroupKey,
         idx: usize,
         n: usize,
-        (kind, len): (CollectiveKind, usize),
+        (kind, len, parts): (CollectiveKind, usize, usize),
         data: Deposit,
     ) -> Result<Vec<Deposit>> {
         let deadline = Instant::now() + self.timeout;
         let err = |msg: String| Error::Collective { op: kind_name(kind), rank, msg };
-        let call = (kind, len, data.first().map_or(DType::U8, |d| d.dtype()), data.len());
+        let call = (kind, len, data.first().map_or(DType::U8, |d| d.dtype()), parts);
         let mut st = self.lock();
         // Wait for the previous round of this group to be fully read.
         loop {
@@ -225,7 +226,7 @@ impl<B: Backend> ThreadCollective<B> {
 impl<B: Backend> ThreadCollective<B> {
     /// The shared-memory bucket all-reduce of [`Collective::all_reduce_bucket_async`]: one
     /// rendezvous to see the members' buffers, each member reduces its slice of the flat
-    /// bucket, a second rendezvous to see the reduced slices.
+    /// bucket (a piece per buffer it meets), a second rendezvous to share the pieces.
     fn reduce_bucket(
         &self,
         axis: MeshAxis,
@@ -237,7 +238,7 @@ impl<B: Backend> ThreadCollective<B> {
         let mine: Deposit = xs.iter().map(|(s, _)| self.backend.download_shared(s)).collect::<Result<_>>()?;
         let sizes: Vec<usize> = mine.iter().map(|h| h.len()).collect();
         let dt = mine[0].dtype();
-        let call = (CollectiveKind::AllReduce, total);
+        let call = (CollectiveKind::AllReduce, total, sizes.len());
         let members = self.hub.exchange_as(self.rank, key, idx, n, call, mine)?;
         let differs =
             |m: &Deposit| m.len() != sizes.len() || m.iter().zip(&sizes).any(|(h, &l)| h.len() != l || h.dtype() != dt);
@@ -250,15 +251,20 @@ impl<B: Backend> ThreadCollective<B> {
             return Err(Error::Collective { op: "all_reduce", rank: self.rank, msg });
         }
         let (a, b) = split_range(total, n, idx);
-        let part = reduce_bucket_range(&members, op, a, b).ok_or_else(|| Error::Collective {
+        let pieces = reduce_bucket_range(&members, op, a, b).ok_or_else(|| Error::Collective {
             op: "all_reduce",
             rank: self.rank,
             msg: format!("a bucket all-reduce sums f32 or f64 buffers, not {dt:?}"),
         })?;
         drop(members);
-        let sums = self.hub.exchange_as(self.rank, key, idx, n, call, vec![Arc::new(part)])?;
-        let sums: Vec<Arc<HostData>> = sums.into_iter().flatten().collect();
-        split_bucket(&sums, &sizes).into_iter().map(|h| self.backend.upload_owned(h)).collect()
+        let pieces: Deposit = pieces.into_iter().map(Arc::new).collect();
+        let all = self.hub.exchange_as(self.rank, key, idx, n, call, pieces)?;
+        let sums = assemble_bucket(&all, &sizes).ok_or_else(|| Error::Collective {
+            op: "all_reduce",
+            rank: self.rank,
+            msg: "the members' reduced pieces do not make up the bucket".into(),
+        })?;
+        sums.into_iter().map(|h| self.backend.upload_shared(h)).collect()
     }
 }
 
@@ -284,7 +290,7 @@ impl<B: Backend> Collective<B> for ThreadCollective<B> {
         let (a, b) = split_range(len, n, idx);
         let mine = Arc::new(reduce_range(&parts, op, a, b));
         drop(parts);
-        let sums = self.hub.exchange_as(self.rank, key, idx, n, (CollectiveKind::AllReduce, len), vec![mine])?;
+        let sums = self.hub.exchange_as(self.rank, key, idx, n, (CollectiveKind::AllReduce, len, 1), vec![mine])?;
         let sums: Vec<Arc<HostData>> = sums.into_iter().flatten().collect();
         self.backend.upload_owned(concat_all(&sums))
     }
@@ -295,9 +301,10 @@ impl<B: Backend> Collective<B> for ThreadCollective<B> {
         xs: &[(B::Storage, usize)],
         op: ReduceKind,
     ) -> Result<Pending<Vec<B::Storage>>> {
-        // Each member sums its slice of the bucket straight from the members' buffers and
-        // every member cuts its buffers out of the summed slices: no concatenated copy of
-        // the bucket and none of the sum (the bits are those of the flat all-reduce).
+        // Each member sums its slice of the bucket straight from the members' buffers, and
+        // every member takes the summed buffers as they are: one shared buffer per gradient
+        // for the whole group (only one cut by a slice boundary is put together), no
+        // concatenated copy of the bucket (the bits are those of the flat all-reduce).
         let n = self.group(axis).2;
         let total: usize = xs.iter().map(|x| x.1).sum();
         let dt = xs.first().map(|(s, _)| self.backend.storage_dtype(s));

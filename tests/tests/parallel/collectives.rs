@@ -182,13 +182,14 @@ fn a_bucket_all_reduce_gives_the_bits_of_the_flat_all_reduce() {
     let sizes = [40_000usize, 0, 1, 33_333, 5, 20_000];
     let total: usize = sizes.iter().sum();
     for (mesh, dt) in [(Mesh::new(3, 1).unwrap(), DType::F32), (Mesh::new(2, 2).unwrap(), DType::F64)] {
-        spmd_cpu(mesh, &opts(20_000), |rk| {
+        let shared = spmd_cpu(mesh, &opts(20_000), |rk| {
             let b = &rk.backend;
             let xs: Vec<(_, usize)> = bucket(rk.rank, &sizes, dt)
                 .iter()
                 .map(|h| Ok((b.upload(h)?, h.len())))
                 .collect::<redco_core::Result<_>>()?;
             let flat = b.upload(&HostData::from_f64(&flat_values(rk.rank, total), dt))?;
+            let mut last = None;
             for op in [ReduceKind::Sum, ReduceKind::Max] {
                 let bytes = total * dt.size_in_bytes();
                 let got = rk.comm.all_reduce_bucket_async(b, MeshAxis::Dp, &xs, op, bytes)?.wait()?;
@@ -201,13 +202,33 @@ fn a_bucket_all_reduce_gives_the_bits_of_the_flat_all_reduce() {
                     cat.extend_from_slice(h.as_bytes());
                 }
                 assert!(cat == want.as_bytes(), "{op:?} over {mesh} in {dt:?}: the bucket's bits differ");
+                last = Some(got);
             }
             // each bucket is counted as one all-reduce of its bytes
             let c = rk.comm.stats().get(CollectiveKind::AllReduce, MeshAxis::Dp);
             assert_eq!((c.calls, c.bytes), (4, 4 * (total * dt.size_in_bytes()) as u64));
-            Ok(())
+            // where each buffer lies: the last lies within the last member's slice
+            Ok(last.unwrap_or_default())
         })
         .unwrap();
+        // (the storages are all alive here, so equal addresses mean one buffer)
+        let at = |r: usize, k: usize| shared[r][k].data() as *const HostData;
+        // every dp group holds the sum of a buffer that lies within one member's slice once,
+        // shared by its members; one that a slice boundary cuts is put together by each
+        let n = mesh.dp;
+        let cuts: Vec<usize> = (1..n).map(|j| j * (total / n) + j.min(total % n)).collect();
+        for g in 0..mesh.mp {
+            let members = mesh.group_members(mesh.rank_of(0, g), MeshAxis::Dp);
+            let mut off = 0;
+            for (k, &len) in sizes.iter().enumerate() {
+                let cut = cuts.iter().any(|&c| off < c && c < off + len);
+                off += len;
+                if len > 0 {
+                    let same = members[1..].iter().all(|&r| at(r, k) == at(members[0], k));
+                    assert_eq!(same, !cut, "{mesh}: buffer {k} shared: {same}, cut by a slice boundary: {cut}");
+                }
+            }
+        }
     }
 }
 
