@@ -5,6 +5,11 @@
 //! leave the cores to compute), then each combines the deposits *in axis order*, so every
 //! member gets bit-identical results. Waits have a deadline; a rank that fails marks the
 //! hub as failed and wakes everyone, so the others return an error at once.
+//!
+//! A bucket of gradients is all-reduced where it lies: each member deposits its buffers
+//! as they are, sums its slice of their concatenation straight from every member's buffers,
+//! and the members then share the summed pieces, so a gradient that lies within one slice
+//! is one buffer for the whole group (no concatenated copy, no copy of the sum).
 
 use super::collective::{all_reduce_flat, Pending};
 use super::collective::{Collective, CollectiveKind, ReduceKind};
@@ -221,9 +226,7 @@ impl<B: Backend> ThreadCollective<B> {
         let data = self.backend.download_shared(x)?;
         Ok((self.hub.exchange(self.rank, key, idx, n, kind, data)?, idx))
     }
-}
 
-impl<B: Backend> ThreadCollective<B> {
     /// The shared-memory bucket all-reduce of [`Collective::all_reduce_bucket_async`]: one
     /// rendezvous to see the members' buffers, each member reduces its slice of the flat
     /// bucket (a piece per buffer it meets), a second rendezvous to share the pieces.
@@ -237,6 +240,10 @@ impl<B: Backend> ThreadCollective<B> {
         let (key, idx, n) = self.group(axis);
         let mine: Deposit = xs.iter().map(|(s, _)| self.backend.download_shared(s)).collect::<Result<_>>()?;
         let sizes: Vec<usize> = mine.iter().map(|h| h.len()).collect();
+        if let Some(k) = (0..xs.len()).find(|&k| xs[k].1 != sizes[k]) {
+            let msg = format!("bucket buffer {k} holds {} elements, not the {} given", sizes[k], xs[k].1);
+            return Err(Error::invalid("all_reduce_bucket", msg));
+        }
         let dt = mine[0].dtype();
         let call = (CollectiveKind::AllReduce, total, sizes.len());
         let members = self.hub.exchange_as(self.rank, key, idx, n, call, mine)?;
