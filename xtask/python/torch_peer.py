@@ -28,8 +28,16 @@ def gemm(req):
     m, n, k, reps = req["m"], req["n"], req["k"], req["reps"]
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[req.get("dtype", "f32")]
     g = torch.Generator().manual_seed(0)
-    a = torch.rand((m, k), generator=g, dtype=torch.float32).to(dtype).to(DEVICE)
-    b = torch.rand((k, n), generator=g, dtype=torch.float32).to(dtype).to(DEVICE)
+    # a transposed operand is stored transposed and multiplied as a view, as a linear
+    # layer's weight (`trans_b`) and its weight gradient (`trans_a`) are
+    if req.get("trans_a"):
+        a = torch.rand((k, m), generator=g, dtype=torch.float32).to(dtype).to(DEVICE).t()
+    else:
+        a = torch.rand((m, k), generator=g, dtype=torch.float32).to(dtype).to(DEVICE)
+    if req.get("trans_b"):
+        b = torch.rand((n, k), generator=g, dtype=torch.float32).to(dtype).to(DEVICE).t()
+    else:
+        b = torch.rand((k, n), generator=g, dtype=torch.float32).to(dtype).to(DEVICE)
     torch.matmul(a, b)  # warm-up
     times = []
     for _ in range(reps):

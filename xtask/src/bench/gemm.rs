@@ -18,6 +18,51 @@ use std::time::Instant;
 const SHAPES: [(usize, usize, usize); 6] =
     [(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (1024, 512, 1408), (1024, 1408, 512), (1024, 512, 8000)];
 
+/// Which operand is stored transposed: `C = A B` with both row-major, `A B^T` with `B` stored
+/// `[n, k]` (a linear layer's forward: weights are `[out, in]`), or `A^T B` with `A` stored
+/// `[k, m]` (its weight gradient, `dY^T X`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    Nn,
+    Bt,
+    At,
+}
+
+impl Layout {
+    fn suffix(self) -> &'static str {
+        match self {
+            Layout::Nn => "",
+            Layout::Bt => ":bt",
+            Layout::At => ":at",
+        }
+    }
+}
+
+/// A shape to measure: `(m, k, n)` and its layout.
+type Case = ((usize, usize, usize), Layout);
+
+/// `--shapes 1024x768x2048:bt,768x1024x2048:at,...` (`MxKxN`, optionally `:bt` or `:at`).
+fn parse_shapes(list: &str) -> Result<Vec<Case>, String> {
+    list.split(',')
+        .map(|item| {
+            let (dims, layout) = match item.split_once(':') {
+                None => (item, Layout::Nn),
+                Some((d, "bt")) => (d, Layout::Bt),
+                Some((d, "at")) => (d, Layout::At),
+                Some((_, l)) => return Err(format!("--shapes {item}: layout `{l}` is not bt or at")),
+            };
+            let v: Vec<usize> =
+                dims.split('x').map(|x| x.parse().map_err(|_| ())).collect::<Result<_, ()>>().map_err(|_| {
+                    format!("--shapes {item}: expected MxKxN with positive sizes, e.g. 1024x768x2048:bt")
+                })?;
+            match v[..] {
+                [m, k, n] if m > 0 && k > 0 && n > 0 => Ok(((m, k, n), layout)),
+                _ => Err(format!("--shapes {item}: expected MxKxN with positive sizes, e.g. 1024x768x2048:bt")),
+            }
+        })
+        .collect()
+}
+
 fn operand(dev: &Cpu, rows: usize, cols: usize, seed: u64, dtype: DType) -> Result<Tensor<Cpu>, String> {
     let v: Vec<f64> = (0..(rows * cols) as u64).map(|i| redco_core::ops::random::uniform_at(seed, i)).collect();
     Tensor::from_host(dev, &HostData::from_f64(&v, dtype), [rows, cols]).map_err(|e| e.to_string())
@@ -37,7 +82,11 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         Some(b) if b != "cpu" => return Err(format!("bench gemm --backend {b}: cpu or cuda")),
         _ => {}
     }
-    args.only(&["threads", "reps", "torch", "json", "rounds", "dtype", "backend"])?;
+    args.only(&["threads", "reps", "torch", "json", "rounds", "dtype", "backend", "shapes"])?;
+    let cases: Vec<Case> = match args.get("shapes") {
+        Some(list) => parse_shapes(list)?,
+        None => SHAPES.iter().map(|&s| (s, Layout::Nn)).collect(),
+    };
     let (dtype, dname) = match args.get("dtype").unwrap_or("f32") {
         "f32" => (DType::F32, "f32"),
         "bf16" => (DType::BF16, "bf16"),
@@ -62,25 +111,27 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         }
         None => None,
     };
-    let mut ours: Vec<Vec<f64>> = vec![Vec::new(); SHAPES.len()];
-    let mut theirs: Vec<Vec<f64>> = vec![Vec::new(); SHAPES.len()];
+    let mut ours: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    let mut theirs: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     // Interleave: every round measures each shape on redco then on torch.
     for round in 0..rounds {
-        for (i, &(m, k, n)) in SHAPES.iter().enumerate() {
+        for (i, &((m, k, n), layout)) in cases.iter().enumerate() {
             let reps = reps_for(m, n, k, base_reps);
-            let a = operand(&dev, m, k, 1, dtype)?;
-            let b = operand(&dev, k, n, 2, dtype)?;
-            a.matmul(&b).map_err(|e| e.to_string())?; // warm-up
+            let (ta, tb) = (layout == Layout::At, layout == Layout::Bt);
+            let a = if ta { operand(&dev, k, m, 1, dtype)? } else { operand(&dev, m, k, 1, dtype)? };
+            let b = if tb { operand(&dev, n, k, 2, dtype)? } else { operand(&dev, k, n, 2, dtype)? };
+            let product = || a.matmul_ext(&b, ta, tb).map_err(|e| e.to_string());
+            product()?; // warm-up
             for _ in 0..reps {
                 let t = Instant::now();
-                let c = a.matmul(&b).map_err(|e| e.to_string())?;
+                let c = product()?;
                 ours[i].push(t.elapsed().as_secs_f64());
                 drop(c);
             }
             if let Some(p) = torch.as_mut() {
-                theirs[i].extend(p.gemm_times(m, n, k, reps, dname)?);
+                theirs[i].extend(p.gemm_times(m, n, k, reps, dname, (ta, tb))?);
             }
-            eprintln!("round {}/{rounds}: {m}x{k}x{n} done", round + 1);
+            eprintln!("round {}/{rounds}: {m}x{k}x{n}{} done", round + 1, layout.suffix());
         }
     }
     let last = super::peak::measure(threads);
@@ -90,13 +141,13 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     println!();
     println!("{dname} GEMM, {threads} threads, {} | f32 FMA peak {peak:.1} GFLOP/s (measured)", machine::describe());
     println!("{:>16} {:>12} {:>8} {:>12} {:>10}", "m x k x n", "redco GF/s", "% peak", "torch GF/s", "redco/torch");
-    for (i, &(m, k, n)) in SHAPES.iter().enumerate() {
+    for (i, &((m, k, n), layout)) in cases.iter().enumerate() {
         let flop = 2.0 * (m * n * k) as f64;
         let g = flop / median(&ours[i]) / 1e9;
         let tg = (!theirs[i].is_empty()).then(|| flop / median(&theirs[i]) / 1e9);
         println!(
             "{:>16} {:>12.1} {:>7.1}% {:>12} {:>10}",
-            format!("{m}x{k}x{n}"),
+            format!("{m}x{k}x{n}{}", layout.suffix()),
             g,
             100.0 * g / peak,
             tg.map_or("-".into(), |t| format!("{t:.1}")),
@@ -104,6 +155,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         );
         rows.push(serde_json::json!({
             "m": m, "n": n, "k": k,
+            "layout": match layout { Layout::Nn => "nn", Layout::Bt => "bt", Layout::At => "at" },
             "gflops": g,
             "fraction_of_peak": g / peak,
             "torch_gflops": tg,
@@ -124,4 +176,19 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         eprintln!("wrote {path}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_shapes, Layout};
+
+    #[test]
+    fn shapes_parse_with_their_layouts_and_bad_ones_are_refused() {
+        let got = parse_shapes("1024x768x2048:bt,768x1024x2048:at,8x9x10").unwrap();
+        assert!(got == [((1024, 768, 2048), Layout::Bt), ((768, 1024, 2048), Layout::At), ((8, 9, 10), Layout::Nn)]);
+        for bad in ["1024x768", "1024x768x0", "axbxc", "8x9x10:tt", "8x9x10x11", ""] {
+            let e = parse_shapes(bad).err().unwrap_or_else(|| panic!("{bad} was accepted"));
+            assert!(e.contains("--shapes"), "{e}");
+        }
+    }
 }

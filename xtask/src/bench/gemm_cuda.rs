@@ -54,7 +54,7 @@ pub(crate) fn rows(
     for (dt, n, ours) in tflops(&out) {
         let theirs = peer
             .as_mut()
-            .and_then(|p| p.gemm_times(n, n, n, 10, &dt).ok())
+            .and_then(|p| p.gemm_times(n, n, n, 10, &dt, (false, false)).ok())
             .map(|t| crate::bench::stats::median(&t))
             .map(|s| 2.0 * (n as f64).powi(3) / s / 1e12);
         let ratio = theirs.map_or("torch: -".into(), |t| format!("torch {t:.1} TFLOP/s, {:.2}x", ours / t));

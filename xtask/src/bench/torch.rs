@@ -56,8 +56,19 @@ impl TorchPeer {
     }
 
     /// Seconds per call of `torch.matmul` for each of `reps` timed calls.
-    pub fn gemm_times(&mut self, m: usize, n: usize, k: usize, reps: usize, dtype: &str) -> Result<Vec<f64>, String> {
-        let v = self.ask(&serde_json::json!({"op": "gemm", "m": m, "n": n, "k": k, "reps": reps, "dtype": dtype}))?;
+    pub fn gemm_times(
+        &mut self,
+        m: usize,
+        n: usize,
+        k: usize,
+        reps: usize,
+        dtype: &str,
+        (trans_a, trans_b): (bool, bool),
+    ) -> Result<Vec<f64>, String> {
+        let req = serde_json::json!({
+            "op": "gemm", "m": m, "n": n, "k": k, "reps": reps, "dtype": dtype, "trans_a": trans_a, "trans_b": trans_b,
+        });
+        let v = self.ask(&req)?;
         v["times"]
             .as_array()
             .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
