@@ -85,13 +85,20 @@ pub fn reduce_bucket_range(
     fn views<T>(members: &[Vec<Arc<HostData>>], get: fn(&HostData) -> Option<&[T]>) -> Option<Vec<Vec<&[T]>>> {
         members.iter().map(|m| m.iter().map(|h| get(h)).collect()).collect()
     }
+    // the operation is picked once, outside the loops
     if let Some(v) = views(members, |h| if let HostData::F32(v) = h { Some(v) } else { None }) {
-        let f = move |x: f32, y: f32| if op == ReduceKind::Sum { x + y } else { x.max(y) };
-        return Some(fold_bucket(&v, a, b, f).into_iter().map(HostData::F32).collect());
+        let pieces = match op {
+            ReduceKind::Sum => fold_bucket(&v, a, b, |x, y| x + y),
+            ReduceKind::Max => fold_bucket(&v, a, b, f32::max),
+        };
+        return Some(pieces.into_iter().map(HostData::F32).collect());
     }
     let v = views(members, |h| if let HostData::F64(v) = h { Some(v) } else { None })?;
-    let f = move |x: f64, y: f64| if op == ReduceKind::Sum { x + y } else { x.max(y) };
-    Some(fold_bucket(&v, a, b, f).into_iter().map(HostData::F64).collect())
+    let pieces = match op {
+        ReduceKind::Sum => fold_bucket(&v, a, b, |x, y| x + y),
+        ReduceKind::Max => fold_bucket(&v, a, b, f64::max),
+    };
+    Some(pieces.into_iter().map(HostData::F64).collect())
 }
 
 /// Elements `a..b` of the members' flat buckets combined in member order by `f`, one
