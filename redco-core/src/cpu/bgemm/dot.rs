@@ -37,6 +37,80 @@ pub(super) fn ready() -> bool {
         && std::arch::is_x86_feature_detected!("avx512bf16")
 }
 
+/// How many times the f32 FMA's multiply-add rate `VDPBF16PS` must reach before the bf16
+/// GEMM uses it: on AMD Zen 4 and 5 it reaches about 2x (a `VDPBF16PS` issues as often as an
+/// FMA and does twice its work); on Intel cores without AMX it issues at half the FMA's rate
+/// or less, and the f32 GEMM on operands widened while packing is faster.
+const PAYS_AT: f64 = 1.3;
+
+/// True when `VDPBF16PS` does more multiply-adds per second on this core than f32 FMAs, by
+/// [`PAYS_AT`]: measured once per process with independent chains of each instruction
+/// (about 2 ms), the best of several interleaved rounds, so that a preempted round does
+/// not decide.
+pub(super) fn pays() -> bool {
+    ready() && rate_against_fma() >= PAYS_AT
+}
+
+/// `VDPBF16PS`'s multiply-adds per second over f32 FMAs' on this core, measured now.
+///
+/// # Panics
+/// Where [`ready`] is false (the instruction would fault).
+pub(super) fn rate_against_fma() -> f64 {
+    assert!(ready(), "VDPBF16PS does not run on this CPU or process");
+    let (mut dot, mut fma) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..5 {
+        // SAFETY: `ready` checked the CPU's AVX512-BF16 and AVX-512F.
+        let t = std::time::Instant::now();
+        std::hint::black_box(unsafe { dot_chains(CALIBRATION_ROUNDS) });
+        dot = dot.min(t.elapsed().as_secs_f64());
+        let t = std::time::Instant::now();
+        // SAFETY: as above.
+        std::hint::black_box(unsafe { fma_chains(CALIBRATION_ROUNDS) });
+        fma = fma.min(t.elapsed().as_secs_f64());
+    }
+    // a VDPBF16PS is 32 multiply-adds per 512 bits, an FMA 16: the same count of each ran
+    let ratio = 2.0 * fma / dot;
+    tracing::debug!(ratio, "VDPBF16PS multiply-add rate against f32 FMA");
+    ratio
+}
+
+/// Rounds of 16 instructions per calibration run.
+const CALIBRATION_ROUNDS: usize = 1 << 15;
+
+/// `rounds` rounds of 16 independent `VDPBF16PS` chains (as many as the micro-kernel keeps).
+///
+/// # Safety
+/// The CPU has AVX512-BF16 and AVX-512F.
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn dot_chains(rounds: usize) -> __m512 {
+    // SAFETY (all transmutes): 512-bit integer vectors reinterpreted as 32 bf16 lanes.
+    let x: __m512bh = unsafe { std::mem::transmute(_mm512_set1_epi32(0x3f80_3f80)) };
+    let y: __m512bh = unsafe { std::mem::transmute(_mm512_set1_epi32(0x3400_3400)) };
+    let mut acc = [_mm512_setzero_ps(); 16];
+    for _ in 0..rounds {
+        for a in acc.iter_mut() {
+            *a = _mm512_dpbf16_ps(*a, x, y);
+        }
+    }
+    acc.iter().fold(_mm512_setzero_ps(), |s, &a| _mm512_add_ps(s, a))
+}
+
+/// `rounds` rounds of 16 independent f32 FMA chains on zmm registers.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_chains(rounds: usize) -> __m512 {
+    let (x, y) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+    let mut acc = [_mm512_setzero_ps(); 16];
+    for _ in 0..rounds {
+        for a in acc.iter_mut() {
+            *a = _mm512_fmadd_ps(*a, x, y);
+        }
+    }
+    acc.iter().fold(_mm512_setzero_ps(), |s, &a| _mm512_add_ps(s, a))
+}
+
 impl Micro for Dot {
     #[inline]
     unsafe fn kernel(&self, kc: usize, a: *const u16, b: *const u16, c: *mut f32, ldc_bytes: usize, accumulate: bool) {

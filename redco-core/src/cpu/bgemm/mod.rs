@@ -106,15 +106,29 @@ fn turned_off(var: &str) -> bool {
     std::env::var_os(var).is_some_and(|v| !v.is_empty() && v != "0")
 }
 
+/// True when the AVX512-BF16 engine is faster than the f32 GEMM on widened operands would
+/// be here (`VDPBF16PS` against f32 FMA, measured once; see `dot::pays`).
+fn dot_pays() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        dot::pays()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// The engine bf16 products use in this process: AMX where it runs and [`NO_AMX`] is not
-/// set, else AVX512-BF16 where it runs and [`NO_BF16_DOT`] is not set, else none. Neither
+/// set, else AVX512-BF16 where it runs, [`NO_BF16_DOT`] is not set and its instruction
+/// outruns f32 FMAs on this core (AMD Zen 4 and later; not Intel's cores), else none. Neither
 /// runs under `REDCO_ASSUME_NO_AVX512`. Read once per process.
 pub(crate) fn engine() -> Option<Engine> {
     static ON: std::sync::OnceLock<Option<Engine>> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
         if !turned_off(NO_AMX) && Engine::Amx.runs() {
             Some(Engine::Amx)
-        } else if !turned_off(NO_BF16_DOT) && Engine::Dot.runs() {
+        } else if !turned_off(NO_BF16_DOT) && Engine::Dot.runs() && dot_pays() {
             Some(Engine::Dot)
         } else {
             None

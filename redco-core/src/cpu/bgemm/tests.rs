@@ -136,4 +136,15 @@ mod amx {
 
 mod dot {
     engine_cases!(super::super::Engine::Dot);
+
+    /// The calibration that decides whether the engine is used measures a finite rate
+    /// within what any core does (a `VDPBF16PS` is 2 FMAs' work: between an eighth of an
+    /// FMA's rate and 4x it), so a broken timer or an optimised-away loop cannot decide.
+    #[test]
+    fn the_calibration_measures_a_plausible_rate() {
+        require();
+        let r = super::super::dot::rate_against_fma();
+        println!("VDPBF16PS multiply-adds per second over f32 FMA: {r:.2}");
+        assert!(r.is_finite() && (0.125..=4.0).contains(&r), "measured {r}");
+    }
 }
