@@ -161,6 +161,9 @@ impl HostData {
         match (self, dtype) {
             (HostData::I64(v), DType::I32) => HostData::I32(v.iter().map(|&x| x as i32).collect()),
             (HostData::I32(v), DType::I64) => HostData::I64(v.iter().map(|&x| x as i64).collect()),
+            // straight from the f32 values (not through a copy of them)
+            (HostData::F32(v), DType::BF16) => HostData::BF16(par_map(v, f32_to_bf16)),
+            (HostData::F32(v), DType::F16) => HostData::F16(par_map(v, f16::from_f32)),
             (_, DType::F32 | DType::F16 | DType::BF16) if self.dtype().compute_type() == DType::F32 => {
                 HostData::from_f32(self.to_f32_vec(), dtype)
             }

@@ -2,6 +2,7 @@
 //! the picked logit, and one pass per row writing `(softmax - onehot) * grad`, rows in
 //! parallel. Targets equal to the ignore index give 0 (and a zero gradient row).
 
+use super::half_rows::{by_blocks, HalfIn};
 use super::real::Real;
 use super::strided::{filled, init_from, run_rows};
 use super::{floats, ids_of, Cpu, CpuStorage, Floats, Store};
@@ -33,6 +34,12 @@ pub(crate) fn forward(
 ) -> Result<CpuStorage> {
     let (t, v) = rows(shape, targets, ignore, "cross_entropy")?;
     let dt = logits.0.dtype();
+    if let Some(xh) = HalfIn::of(&logits.0, v).filter(|_| v > 0) {
+        let out = b.run(|| {
+            by_blocks("cross_entropy", [xh], t.len(), 1, |r0, [xs]| forward_t(xs, &t[r0..r0 + xs.len() / v], v, ignore))
+        })?;
+        return Ok(CpuStorage::new(out));
+    }
     let out = b.run(|| match floats(&logits.0) {
         Floats::F32(x) => f32::store(forward_t(&x, &t, v, ignore), dt),
         Floats::F64(x) => f64::store(forward_t(&x, &t, v, ignore), dt),
@@ -82,6 +89,14 @@ pub(crate) fn backward(
 ) -> Result<CpuStorage> {
     let (t, v) = rows(shape, targets, ignore, "cross_entropy backward")?;
     let dt = logits.0.dtype();
+    if let (Some(xh), Some(gh), true) = (HalfIn::of(&logits.0, v), HalfIn::of(&g.0, 1), v > 0) {
+        let out = b.run(|| {
+            by_blocks("cross_entropy backward", [xh, gh], t.len(), v, |r0, [xs, gs]| {
+                backward_t(xs, &t[r0..r0 + gs.len()], v, ignore, gs)
+            })
+        })?;
+        return Ok(CpuStorage::new(out));
+    }
     let out = b.run(|| match (floats(&logits.0), floats(&g.0)) {
         (Floats::F32(x), Floats::F32(g)) => Ok(f32::store(backward_t(&x, &t, v, ignore, &g), dt)),
         (Floats::F64(x), Floats::F64(g)) => Ok(f64::store(backward_t(&x, &t, v, ignore, &g), dt)),

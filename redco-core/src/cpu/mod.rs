@@ -14,6 +14,7 @@ mod block_cache;
 mod cross_entropy;
 mod elementwise;
 mod half_gemv;
+mod half_rows;
 mod index;
 mod layout;
 pub mod malloc;

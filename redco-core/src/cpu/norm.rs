@@ -1,6 +1,7 @@
 //! CPU LayerNorm and RMSNorm over the last dim and their input gradients, rows in parallel,
 //! statistics in f64.
 
+use super::half_rows::{by_blocks, HalfIn};
 use super::real::Real;
 use super::strided::{filled, run_rows};
 use super::{floats, Floats, Store};
@@ -43,6 +44,17 @@ fn norm_t<T: Real>(x: &[T], d: usize, w: Option<&[T]>, b: Option<&[T]>, eps: f64
     })
 }
 
+/// A 16-bit input's weight or bias in f32 (a row's worth: widened once per call).
+fn half_params(h: &HostData) -> Vec<f32> {
+    h.to_f32_vec()
+}
+
+/// True when every given weight or bias computes in f32 (as a 16-bit input does; others
+/// are the dtype error of the general path).
+fn f32_params(ps: &[Option<&HostData>]) -> bool {
+    ps.iter().flatten().all(|p| p.dtype().compute_type() == crate::DType::F32)
+}
+
 /// LayerNorm (`center`) or RMSNorm over the last dim of `x`.
 pub(crate) fn norm(
     x: &HostData,
@@ -58,6 +70,12 @@ pub(crate) fn norm(
         if let Some(t) = t.filter(|t| t.len() != d) {
             return Err(Error::invalid("norm", format!("{what} of {} elements for rows of {d}", t.len())));
         }
+    }
+    if let Some(xh) = HalfIn::of(x, d).filter(|_| f32_params(&[w, b])) {
+        let (w, b) = (w.map(half_params), b.map(half_params));
+        let (w, b) = (w.as_deref(), b.as_deref());
+        let rows = if d == 0 { 0 } else { x.len() / d };
+        return by_blocks("norm", [xh], rows, d, |_, [xs]| norm_t(xs, d, w, b, eps, center));
     }
     let (fw, fb) = (w.map(floats), b.map(floats));
     Ok(match floats(x) {
@@ -140,6 +158,12 @@ pub(crate) fn norm_grad(
     }
     if let Some(w) = w.filter(|w| w.len() != d) {
         return Err(Error::invalid("norm_backward", format!("weight of {} elements for rows of {d}", w.len())));
+    }
+    if let (Some(xh), Some(gh), true) = (HalfIn::of(x, d), HalfIn::of(g, d), f32_params(&[w])) {
+        let w = w.map(half_params);
+        let w = w.as_deref();
+        let rows = if d == 0 { 0 } else { x.len() / d };
+        return by_blocks("norm_backward", [xh, gh], rows, d, |_, [xs, gs]| norm_grad_t(xs, gs, d, w, eps, center));
     }
     let fw = w.map(floats);
     Ok(match (floats(x), floats(g)) {

@@ -1,6 +1,7 @@
 //! CPU rotary embedding: one pass over the rows, rows in parallel, both conventions.
 
 use super::float_kernel;
+use super::half_rows::{by_blocks, HalfIn};
 use super::real::Real;
 use super::strided::run_rows;
 use crate::backend::RotaryMode;
@@ -8,7 +9,8 @@ use crate::{Error, HostData, Result, Shape};
 
 /// Rotates the first `2 * half` features of every row of `x` (`[.., seq, d]`); the tables
 /// are `[seq, half]`, or `[batch, seq, half]` for `x` of shape `[batch, heads, seq, d]`.
-fn rotary_t<T: Real>(x: &[T], c: &[T], s: &[T], dims: &[usize], cs: &[usize], mode: RotaryMode) -> Vec<T> {
+/// `x` holds the rows from `r0` on (of the whole tensor's row order).
+fn rotary_t<T: Real>(x: &[T], c: &[T], s: &[T], dims: &[usize], cs: &[usize], mode: RotaryMode, r0: usize) -> Vec<T> {
     let d = dims[dims.len() - 1];
     let seq = dims[dims.len() - 2];
     let half = cs[cs.len() - 1];
@@ -25,6 +27,7 @@ fn rotary_t<T: Real>(x: &[T], c: &[T], s: &[T], dims: &[usize], cs: &[usize], mo
         #[inline(always)]
         |r, out| {
             let row = &x[r * d..(r + 1) * d];
+            let r = r0 + r;
             let t = r.checked_div(per_batch).map_or(r % seq, |b| b * seq + r % seq);
             let (c, s) = (&c[t * half..(t + 1) * half], &s[t * half..(t + 1) * half]);
             match mode {
@@ -66,5 +69,11 @@ pub(crate) fn rotary(
     if !ok {
         return Err(Error::ShapeMismatch { op: "rotary", lhs: shape.clone(), rhs: cs_shape.clone() });
     }
-    Ok(float_kernel!(x.dtype(), [x => v, cos => c, sin => s], rotary_t(v, c, s, dims, cs, mode)))
+    let d = dims[dims.len() - 1];
+    let same = |t: &HostData| t.dtype() == x.dtype();
+    if let (Some(xh), true) = (HalfIn::of(x, d).filter(|_| d > 0), same(cos) && same(sin)) {
+        let (c, s) = (cos.to_f32_vec(), sin.to_f32_vec());
+        return by_blocks("rotary", [xh], x.len() / d, d, |r0, [xs]| rotary_t(xs, &c, &s, dims, cs, mode, r0));
+    }
+    Ok(float_kernel!(x.dtype(), [x => v, cos => c, sin => s], rotary_t(v, c, s, dims, cs, mode, 0)))
 }

@@ -1,6 +1,7 @@
 //! CPU softmax and log-softmax over the last dim, one row at a time, rows in parallel.
 
 use super::float_kernel;
+use super::half_rows::{by_blocks, HalfIn};
 use super::real::Real;
 use super::strided::{filled, init_from, run_rows};
 use crate::{HostData, Result, Shape};
@@ -36,5 +37,9 @@ fn softmax_t<T: Real>(x: &[T], d: usize, log: bool) -> Vec<T> {
 /// Softmax (or log-softmax) over the last dim of `x`.
 pub(crate) fn softmax(x: &HostData, shape: &Shape, log: bool) -> Result<HostData> {
     let d = *shape.dims().last().unwrap_or(&1);
+    if let Some(xh) = HalfIn::of(x, d) {
+        let rows = if d == 0 { 0 } else { x.len() / d };
+        return by_blocks("softmax", [xh], rows, d, |_, [xs]| softmax_t(xs, d, log));
+    }
     Ok(float_kernel!(x.dtype(), [x => v], softmax_t(v, d, log)))
 }
