@@ -1,7 +1,6 @@
 //! The AVX2 + FMA tasks of the skinny path, for 16 ymm registers: 4 rows x 3 ymm over 24
 //! columns (row-major B), 4 columns x 2 rows of ymm dot products (column-major B).
 
-use super::PREFETCH_AHEAD;
 use crate::cpu::sgemm::common::mask8;
 use crate::cpu::sgemm::MatRef;
 use std::arch::x86_64::*;
@@ -123,6 +122,7 @@ pub(super) unsafe fn dots_task(
     let bp = b.data.as_ptr();
     let kfull = k / 8 * 8;
     let tail = mask8(k - kfull);
+    let ahead_rows = super::prefetch_rows(k);
     let mut j = j0;
     while j < j1 {
         let cols = (j1 - j).min(4);
@@ -137,8 +137,8 @@ pub(super) unsafe fn dots_task(
                     // Fetch the same line of the rows two groups ahead: each new group of
                     // rows starts four fresh streams the hardware prefetcher has not seen.
                     for q in 0..4 {
-                        if j + PREFETCH_AHEAD + q < j1 {
-                            let ahead = bp.wrapping_add((j + PREFETCH_AHEAD + q) * b.cs + p);
+                        if j + ahead_rows + q < j1 {
+                            let ahead = bp.wrapping_add((j + ahead_rows + q) * b.cs + p);
                             _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
                         }
                     }
