@@ -511,15 +511,17 @@ pub fn amx_bf16() -> bool {
 
 /// True when this CPU and process can run the AVX512-BF16 bf16 GEMM (`VDPBF16PS`: AMD Zen 4
 /// and later, Intel Cooper Lake and Sapphire Rapids), whether or not it is the one chosen
-/// (AMX is preferred where it runs). False under `REDCO_ASSUME_NO_AVX512`.
+/// (AMX is preferred where it runs, and the engine is used only where `VDPBF16PS` outruns
+/// f32 FMAs on this core, measured once per process). False under `REDCO_ASSUME_NO_AVX512`.
 pub fn avx512_bf16() -> bool {
     bgemm::Engine::Dot.runs()
 }
 
 /// The kernel bf16 x bf16 matrix products run on in this process: `amx` (see
-/// [`amx_bf16`]), `avx512-bf16` (where AMX does not run or `REDCO_NO_AMX` is set, and
-/// `REDCO_NO_BF16_DOT` is not), or `None`: the operands run on the f32 GEMM, widened as its
-/// packers read them (or, without a generated GEMM, widened to f32 copies).
+/// [`amx_bf16`]), `avx512-bf16` (where AMX does not run or `REDCO_NO_AMX` is set,
+/// `REDCO_NO_BF16_DOT` is not, and `VDPBF16PS` outruns f32 FMAs here: AMD Zen 4 and later,
+/// not Intel's cores), or `None`: the operands run on the f32 GEMM, widened as its packers
+/// read them (or, without a generated GEMM, widened to f32 copies).
 pub fn bf16_gemm() -> Option<&'static str> {
     bgemm::engine().map(bgemm::Engine::name)
 }

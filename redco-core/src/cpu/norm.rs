@@ -74,7 +74,7 @@ pub(crate) fn norm(
     if let Some(xh) = HalfIn::of(x, d).filter(|_| f32_params(&[w, b])) {
         let (w, b) = (w.map(half_params), b.map(half_params));
         let (w, b) = (w.as_deref(), b.as_deref());
-        let rows = if d == 0 { 0 } else { x.len() / d };
+        let rows = x.len().checked_div(d).unwrap_or(0);
         return by_blocks("norm", [xh], rows, d, |_, [xs]| norm_t(xs, d, w, b, eps, center));
     }
     let (fw, fb) = (w.map(floats), b.map(floats));
@@ -162,7 +162,7 @@ pub(crate) fn norm_grad(
     if let (Some(xh), Some(gh), true) = (HalfIn::of(x, d), HalfIn::of(g, d), f32_params(&[w])) {
         let w = w.map(half_params);
         let w = w.as_deref();
-        let rows = if d == 0 { 0 } else { x.len() / d };
+        let rows = x.len().checked_div(d).unwrap_or(0);
         return by_blocks("norm_backward", [xh, gh], rows, d, |_, [xs, gs]| norm_grad_t(xs, gs, d, w, eps, center));
     }
     let fw = w.map(floats);

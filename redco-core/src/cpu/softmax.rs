@@ -38,7 +38,7 @@ fn softmax_t<T: Real>(x: &[T], d: usize, log: bool) -> Vec<T> {
 pub(crate) fn softmax(x: &HostData, shape: &Shape, log: bool) -> Result<HostData> {
     let d = *shape.dims().last().unwrap_or(&1);
     if let Some(xh) = HalfIn::of(x, d) {
-        let rows = if d == 0 { 0 } else { x.len() / d };
+        let rows = x.len().checked_div(d).unwrap_or(0);
         return by_blocks("softmax", [xh], rows, d, |_, [xs]| softmax_t(xs, d, log));
     }
     Ok(float_kernel!(x.dtype(), [x => v], softmax_t(v, d, log)))
