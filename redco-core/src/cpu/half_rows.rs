@@ -14,7 +14,6 @@ use crate::dtype::{bf16_to_f32, f32_to_bf16};
 use crate::{DType, Error, HostData, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
-use std::mem::MaybeUninit;
 
 /// Elements per block of the widest operand: small enough that a block's f32 buffers stay
 /// in L2 (and that the f32 kernels, given one block, run it on the calling thread).
@@ -63,39 +62,15 @@ impl<'a> HalfIn<'a> {
         let range = r0 * self.row..(r0 + rows) * self.row;
         let n = range.len();
         buf.clear();
-        buf.reserve(range.len());
-        let dst = &mut buf.spare_capacity_mut()[..range.len()];
+        buf.reserve(n);
+        let dst = &mut buf.spare_capacity_mut()[..n];
         match self.data {
-            HalfSlice::Bf16(v) => widen_bf16(&v[range], dst),
-            HalfSlice::F16(v) => dst.iter_mut().zip(&v[range]).for_each(|(o, x)| {
-                o.write(x.to_f32());
-            }),
+            HalfSlice::Bf16(v) => simd::map_into(&v[range], dst, &bf16_to_f32),
+            HalfSlice::F16(v) => simd::map_into(&v[range], dst, &f16::to_f32),
         }
         // SAFETY: the first `n` elements were written just above.
         unsafe { buf.set_len(n) };
     }
-}
-
-fn widen_bf16(src: &[bf16], dst: &mut [MaybeUninit<f32>]) {
-    simd::vectorized(
-        #[inline(always)]
-        || {
-            for (o, &x) in dst.iter_mut().zip(src) {
-                o.write(bf16_to_f32(x));
-            }
-        },
-    )
-}
-
-fn narrow_bf16(src: &[f32], dst: &mut [MaybeUninit<bf16>]) {
-    simd::vectorized(
-        #[inline(always)]
-        || {
-            for (o, &x) in dst.iter_mut().zip(src) {
-                o.write(f32_to_bf16(x));
-            }
-        },
-    )
 }
 
 /// Runs the f32 row kernel `f` over `rows` rows of the 16-bit inputs `ins` (all of one
@@ -143,13 +118,10 @@ pub(crate) fn by_blocks<const N: usize>(
     Ok(match dt {
         DType::F16 => {
             let mut o: Vec<f16> = Vec::with_capacity(total);
-            o.spare_capacity_mut()[..total].par_chunks_mut(chunk).enumerate().try_for_each(|(b, dst)| {
-                run(b, &mut |ys| {
-                    dst.iter_mut().zip(ys).for_each(|(d, &y)| {
-                        d.write(f16::from_f32(y));
-                    })
-                })
-            })?;
+            o.spare_capacity_mut()[..total]
+                .par_chunks_mut(chunk)
+                .enumerate()
+                .try_for_each(|(b, dst)| run(b, &mut |ys| simd::map_into(ys, dst, &f16::from_f32)))?;
             // SAFETY: the blocks cover all `total` elements, each written by `run` above.
             unsafe { o.set_len(total) };
             HostData::F16(o)
@@ -159,7 +131,7 @@ pub(crate) fn by_blocks<const N: usize>(
             o.spare_capacity_mut()[..total]
                 .par_chunks_mut(chunk)
                 .enumerate()
-                .try_for_each(|(b, dst)| run(b, &mut |ys| narrow_bf16(ys, dst)))?;
+                .try_for_each(|(b, dst)| run(b, &mut |ys| simd::map_into(ys, dst, &f32_to_bf16)))?;
             // SAFETY: the blocks cover all `total` elements, each written by `run` above.
             unsafe { o.set_len(total) };
             HostData::BF16(o)

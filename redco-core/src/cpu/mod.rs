@@ -211,7 +211,7 @@ impl Backend for Cpu {
         s.0.dtype()
     }
     fn full(&self, n: usize, value: f64, dtype: DType) -> Result<CpuStorage> {
-        st(elementwise::full(n, value, dtype))
+        st(self.run(|| elementwise::full(n, value, dtype)))
     }
     fn unary(&self, op: UnaryOp, x: &CpuStorage, _n: usize) -> Result<CpuStorage> {
         let dt = x.0.dtype();
@@ -265,7 +265,7 @@ impl Backend for Cpu {
         st(self.run(|| reduce::reduce(op, &x.0, shape, dim))?)
     }
     fn cast(&self, x: &CpuStorage, _n: usize, dtype: DType) -> Result<CpuStorage> {
-        st(x.0.cast(dtype))
+        st(self.run(|| x.0.cast(dtype)))
     }
     fn permute(&self, x: &CpuStorage, shape: &Shape, perm: &[usize]) -> Result<CpuStorage> {
         st(self.run(|| layout::permute(&x.0, shape, perm)))

@@ -44,11 +44,6 @@ fn norm_t<T: Real>(x: &[T], d: usize, w: Option<&[T]>, b: Option<&[T]>, eps: f64
     })
 }
 
-/// A 16-bit input's weight or bias in f32 (a row's worth: widened once per call).
-fn half_params(h: &HostData) -> Vec<f32> {
-    h.to_f32_vec()
-}
-
 /// True when every given weight or bias computes in f32 (as a 16-bit input does; others
 /// are the dtype error of the general path).
 fn f32_params(ps: &[Option<&HostData>]) -> bool {
@@ -72,7 +67,8 @@ pub(crate) fn norm(
         }
     }
     if let Some(xh) = HalfIn::of(x, d).filter(|_| f32_params(&[w, b])) {
-        let (w, b) = (w.map(half_params), b.map(half_params));
+        // a row's worth each, widened once per call
+        let (w, b) = (w.map(HostData::to_f32_vec), b.map(HostData::to_f32_vec));
         let (w, b) = (w.as_deref(), b.as_deref());
         let rows = x.len().checked_div(d).unwrap_or(0);
         return by_blocks("norm", [xh], rows, d, |_, [xs]| norm_t(xs, d, w, b, eps, center));
@@ -160,7 +156,7 @@ pub(crate) fn norm_grad(
         return Err(Error::invalid("norm_backward", format!("weight of {} elements for rows of {d}", w.len())));
     }
     if let (Some(xh), Some(gh), true) = (HalfIn::of(x, d), HalfIn::of(g, d), f32_params(&[w])) {
-        let w = w.map(half_params);
+        let w = w.map(HostData::to_f32_vec);
         let w = w.as_deref();
         let rows = x.len().checked_div(d).unwrap_or(0);
         return by_blocks("norm_backward", [xh, gh], rows, d, |_, [xs, gs]| norm_grad_t(xs, gs, d, w, eps, center));
