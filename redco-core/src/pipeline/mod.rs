@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod observe;
 mod predictor;
 pub mod synthetic;
+pub mod token_ids;
 mod train_config;
 mod trainer;
 pub mod workdir;

@@ -72,6 +72,11 @@ pub struct TrainConfig {
     pub progress_lines: bool,
     /// The batch entry whose elements count as tokens for tokens/s.
     pub tokens_key: Option<String>,
+    /// The model's vocabulary size: when set, the `tokens_key` entry of the first collated
+    /// training batch (and of the first held-out batch) is checked against it once, before
+    /// the first step, and an id outside `0..vocab_size` is an error naming the entry, the
+    /// id and the size (instead of an out-of-range lookup inside the embedding).
+    pub vocab_size: Option<usize>,
     /// Compute dtype: `F32`, or `BF16`/`F16` for mixed precision (half-precision
     /// parameters and activations, f32 master weights and optimizer state; f16 with
     /// dynamic loss scaling).
@@ -113,6 +118,7 @@ impl Default for TrainConfig {
             log_every: 10,
             progress_lines: true,
             tokens_key: Some("input_ids".into()),
+            vocab_size: None,
             compute_dtype: DType::F32,
             loss_scale: (65536.0, 200),
             overlap_grad_sync: false,

@@ -300,6 +300,20 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
         Ok((local, first, tokens * dp))
     }
 
+    /// Checks the `tokens_key` entry of `batch` (collated from `what`) against
+    /// `vocab_size`, when both are set: one host read of one batch, before the first step.
+    /// An entry named like labels may hold [`IGNORE_INDEX`](super::token_ids::IGNORE_INDEX).
+    fn check_tokens(&self, batch: &Batch<B>, what: &str) -> Result<()> {
+        let (Some(key), Some(vocab)) = (&self.config.tokens_key, self.config.vocab_size) else { return Ok(()) };
+        let Some(t) = batch.get(key) else { return Ok(()) };
+        if t.dtype().is_float() {
+            return Ok(());
+        }
+        let ids = t.to_vec_i64()?;
+        let source = format!("collate_fn's `{key}` of {what}");
+        super::token_ids::check_token_ids(&ids, vocab, key.contains("label"), &source)
+    }
+
     /// The sharding plan for `dep`'s mesh, from one traced forward pass on one device (a
     /// new one from the deployer, as this process's first rank would get it, with one
     /// compute thread). Every process derives the same plan.
@@ -320,6 +334,14 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
         });
         let (ex, _) = self.examples(data, dep.seed, 0, 0, (0, 1), &mut HashMap::new())?;
         let batch = (self.collate_fn)(&b, &ex)?;
+        self.check_tokens(&batch, "the first training batch")?;
+        if let Some(ev) = &self.eval {
+            let n = ev.data.len().min(self.config.batch_size);
+            let ex: Vec<E> = (0..n).map(|i| ev.data.get(i)).collect::<Result<_>>()?;
+            if !ex.is_empty() {
+                self.check_tokens(&(self.collate_fn)(&b, &ex)?, "the first held-out batch")?;
+            }
+        }
         let ctx = StepCtx { backend: &b, rank: 0, mesh: dep.mesh, step: 0, micro: 0, train: false, seed: dep.seed };
         let loss = (self.loss_fn)(&ctx, &model, &batch)?;
         // frozen parameters are split too
@@ -356,6 +378,18 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
         let leader = dep.world().rank == 0;
         let _lock = if leader { Some(WorkdirLock::acquire(&dep.workdir)?) } else { None };
         let resume_from = if resume { workdir::resume_target(&ckpt, cfg.resume_from.as_deref())? } else { None };
+        if let Some((step, dir)) = resume_from.as_ref().filter(|(step, _)| *step >= cfg.steps) {
+            // already done: nothing to train, and nothing in the workdir is touched
+            tracing::warn!(
+                step,
+                steps = cfg.steps,
+                checkpoint = %dir.display(),
+                "the run is already at or past its last step: nothing to train"
+            );
+            let rank = dep.local_ranks()?.first().copied().unwrap_or(0);
+            let (comm, observer_errors) = (BTreeMap::new(), Vec::new());
+            return Ok(FitReport { start_step: *step, losses: Vec::new(), plan, rank, comm, observer_errors });
+        }
         if leader {
             match &resume_from {
                 None if !resume => workdir::prepare_fresh(&dep.workdir, &ckpt, cfg.overwrite)?,

@@ -119,6 +119,9 @@ impl HfConfig {
             ));
         }
         fields::plain_rope(&v)?;
+        if model_type == "t5" {
+            fields::t5_buckets(&v)?;
+        }
         let cfg = HfConfig {
             hidden,
             layers: need(&["num_hidden_layers", "n_layer", "num_layers"])?,

@@ -98,3 +98,30 @@ pub(crate) fn plain_rope(v: &Value) -> Result<()> {
     }
     Ok(())
 }
+
+/// Checks T5's relative-position buckets (`relative_attention_num_buckets`, default 32, and
+/// `relative_attention_max_distance`, default 128): the bucket function takes logarithms
+/// of the distance over the last exact bucket (a quarter of the buckets in the encoder,
+/// half in the decoder), so there must be at least 4 buckets and the largest distance must
+/// lie past half of them; anything else gives NaN or infinite bucket positions.
+pub(crate) fn t5_buckets(v: &Value) -> Result<()> {
+    let nb = uint(v, &["relative_attention_num_buckets"])?.unwrap_or(32);
+    let md = uint(v, &["relative_attention_max_distance"])?.unwrap_or(128);
+    if !(4..=1 << 16).contains(&nb) {
+        return Err(Error::invalid(
+            "config",
+            format!("`relative_attention_num_buckets` = {nb}: expected 4 to 65536 buckets (T5 uses 32)"),
+        ));
+    }
+    if md <= nb / 2 || md > 1 << 24 {
+        return Err(Error::invalid(
+            "config",
+            format!(
+                "`relative_attention_max_distance` = {md}: expected more than half of \
+                 `relative_attention_num_buckets` ({nb}) and at most {} (T5 uses 128)",
+                1 << 24
+            ),
+        ));
+    }
+    Ok(())
+}

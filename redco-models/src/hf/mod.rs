@@ -7,3 +7,4 @@ mod fields;
 pub mod safetensors;
 pub mod save;
 pub mod tokenizer;
+pub mod vocab;

@@ -91,6 +91,13 @@ pub fn beams(s: &str) -> Result<usize, String> {
     Ok(v)
 }
 
+/// A token id: a whole number of at least 0 (no token has a negative id; the model's
+/// vocabulary bounds it from above once the model is read).
+pub fn token_id(s: &str) -> Result<i64, String> {
+    let v = whole(s).map_err(|_| format!("`{s}` is not a token id (a whole number of at least 0)"))?;
+    i64::try_from(v).map_err(|_| format!("{v} is beyond any token id"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,5 +119,7 @@ mod tests {
         assert!(threads("100000").unwrap_err().contains("at most"));
         assert_eq!(threads("1"), Ok(1));
         assert!(beams("0").is_err() && beams("1000000").is_err());
+        assert!(token_id("-1").is_err() && token_id("1.5").is_err() && token_id("x").is_err());
+        assert_eq!(token_id("0"), Ok(0));
     }
 }

@@ -118,10 +118,9 @@ fn check_inputs(
         if t.shape.rank() != 2 {
             return Err(format!("{file}: `{ids}` has shape {}; expected [batch, seq]", t.shape));
         }
-        let floor = if ids == "labels" { -100 } else { 0 };
-        if let Some(bad) = values.iter().find(|&&x| x >= cfg.vocab as i64 || x < floor || (x < 0 && x != -100)) {
-            return Err(format!("{file}: `{ids}` holds the id {bad}, outside the vocabulary of {} tokens", cfg.vocab));
-        }
+        let source = format!("{file}: `{ids}`");
+        redco_models::hf::vocab::check_ids(&values, cfg.vocab, ids == "labels", &source, None)
+            .map_err(|e| e.to_string())?;
         if let Some(m) = mask.and_then(|m| inputs.get(m).map(|t| (m, t))) {
             if m.1.shape != t.shape {
                 return Err(format!("{file}: `{}` has shape {} but `{ids}` has {}", m.0, m.1.shape, t.shape));

@@ -11,6 +11,7 @@ use redco_models::auto::AutoModel;
 use redco_models::generate::{generate_beam, generate_with, BeamConfig, GenerationConfig, Sampling};
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::tokenizer::Tokenizer;
+use redco_models::hf::vocab;
 use redco_models::t5::T5;
 use std::io::Write;
 use std::path::PathBuf;
@@ -30,9 +31,10 @@ pub struct GenerateArgs {
     /// A file of prompts, one per line.
     #[arg(long)]
     pub prompts_file: Option<PathBuf>,
-    /// New tokens per prompt at most.
-    #[arg(long, default_value_t = 32)]
-    pub max_new_tokens: usize,
+    /// New tokens per prompt at most (default: 32, or what the model's context leaves after
+    /// the longest prompt when that is fewer; printed when it is).
+    #[arg(long)]
+    pub max_new_tokens: Option<usize>,
     /// Sampling temperature; 0 = greedy.
     #[arg(long, value_parser = check::non_negative, default_value_t = 0.0)]
     pub temperature: f64,
@@ -49,8 +51,9 @@ pub struct GenerateArgs {
     /// sampled decoding.
     #[arg(long, value_parser = check::beams, default_value_t = 1)]
     pub num_beams: usize,
-    /// Also stop at these token ids (besides the model's end-of-sequence tokens).
-    #[arg(long)]
+    /// Also stop at these token ids (besides the model's end-of-sequence tokens); each must
+    /// be an id of the model's vocabulary.
+    #[arg(long, value_parser = check::token_id)]
     pub stop_id: Vec<i64>,
     /// Mesh as DPxMP: split the model over MP ranks.
     #[arg(long, default_value = "1x1")]
@@ -69,16 +72,53 @@ pub struct GenerateArgs {
     pub oversubscribe: bool,
 }
 
+/// New tokens when `--max-new-tokens` is not given: [`DEFAULT_NEW_TOKENS`], or what the
+/// model's context leaves after the longest prompt (`prompt` tokens) when that is fewer
+/// (said on stderr by the rank that prints, `speak`).
+fn new_tokens(cfg: &HfConfig, given: Option<usize>, prompt: usize, speak: bool) -> usize {
+    if let Some(n) = given {
+        return n;
+    }
+    match cfg.max_positions.filter(|_| cfg.model_type != "t5") {
+        Some(ctx) if ctx.saturating_sub(prompt) < DEFAULT_NEW_TOKENS => {
+            let n = ctx.saturating_sub(prompt).max(1);
+            if speak {
+                crate::cmd::out::warn(format_args!(
+                    "redco: generating at most {n} new tokens (--max-new-tokens default: the model's context of \
+                     {ctx} less the {prompt}-token prompt)"
+                ));
+            }
+            n
+        }
+        _ => DEFAULT_NEW_TOKENS,
+    }
+}
+
+/// New tokens per prompt when neither `--max-new-tokens` nor the model's context says less.
+const DEFAULT_NEW_TOKENS: usize = 32;
+
 fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<Vec<String>> {
     let cfg = HfConfig::from_dir(&a.model)?;
     let mesh = current_comm::<B>().map_or(redco_core::dist::Mesh::single(), |c| c.mesh());
     let plan = common::plan(&cfg, mesh).map_err(|e| Error::invalid("generate", e))?;
     let dtype = common::dtype(&a.dtype).map_err(|e| Error::invalid("generate", e))?;
     let tok = Tokenizer::from_dir(&a.model)?;
+    let speak = current_comm::<B>().is_none_or(|c| c.rank() == 0);
+    if let Some(w) = vocab::check_tokenizer(&tok, cfg.vocab)? {
+        if speak {
+            crate::cmd::out::warn(format_args!("redco: warning: {w}"));
+        }
+    }
+    for &id in &a.stop_id {
+        vocab::check_ids(&[id], cfg.vocab, false, &format!("--stop-id {id}"), None)?;
+    }
     let texts: Vec<&str> = prompts.iter().map(String::as_str).collect();
     let batch = tok.encode_batch(&texts, true)?;
+    let source = format!("the prompts, encoded by {}", tok.source().display());
+    vocab::check_ids(&batch.ids, cfg.vocab, false, &source, Some(&tok))?;
+    let max_new_tokens = new_tokens(&cfg, a.max_new_tokens, batch.seq, speak);
     let threads = a.threads.unwrap_or_else(common::host_cores);
-    common::check_generation_fits(&cfg, (batch.batch * a.num_beams, batch.seq, a.max_new_tokens), dtype, threads)
+    common::check_generation_fits(&cfg, (batch.batch * a.num_beams, batch.seq, max_new_tokens), dtype, threads)
         .map_err(|e| Error::invalid("generate", e))?;
     let ids = Tensor::from_vec(b, batch.ids.clone(), [batch.batch, batch.seq])?;
     let mask = Tensor::from_vec(b, batch.mask.clone(), [batch.batch, batch.seq])?;
@@ -88,13 +128,13 @@ fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<V
         Sampling::Greedy
     };
     // the model's stop and padding tokens, the tokenizer's end of sequence and --stop-id too
-    let mut gc = GenerationConfig { max_new_tokens: a.max_new_tokens, sampling, ..GenerationConfig::for_model(&cfg) };
+    let mut gc = GenerationConfig { max_new_tokens, sampling, ..GenerationConfig::for_model(&cfg) };
     gc.stop_tokens.extend(tok.eos_id());
     gc.stop_tokens.extend(&a.stop_id);
     gc.pad_token = cfg.pad_token_id.unwrap_or(tok.padding_id());
     let stop = gc.stop_tokens.clone();
     let beams = BeamConfig {
-        max_new_tokens: a.max_new_tokens,
+        max_new_tokens,
         early_stopping: true,
         stop_tokens: stop.clone(),
         pad_token: gc.pad_token,
@@ -122,7 +162,7 @@ fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<V
     if a.num_beams > 1 {
         return decode(generate_beam(&model, &ids, Some(&mask), &beams)?, batch.seq);
     }
-    let speak = current_comm::<B>().is_none_or(|c| c.rank() == 0) && prompts.len() == 1;
+    let speak = speak && prompts.len() == 1;
     // streaming: decode prompt + continuation and print what is new (a token may end
     // mid-character, and tokenizers decide spacing from context)
     let mut seq: Vec<i64> = batch.ids.iter().zip(&batch.mask).filter(|(_, m)| **m != 0).map(|(&t, _)| t).collect();

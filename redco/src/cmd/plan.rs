@@ -22,9 +22,10 @@ pub struct PlanArgs {
     /// Sequences per optimizer step (split over DP), as `train --batch-size`.
     #[arg(long = "batch-size", visible_alias = "batch", value_parser = check::count, default_value_t = 8)]
     pub batch: usize,
-    /// Tokens per sequence, as `train --seq-len`.
-    #[arg(long = "seq-len", visible_alias = "seq", value_parser = check::count, default_value_t = 2048)]
-    pub seq: usize,
+    /// Tokens per sequence, as `train --seq-len` (default: the model's context, up to 2048;
+    /// 512 for a model without a fixed context, such as T5; printed with the plan).
+    #[arg(long = "seq-len", visible_alias = "seq", value_parser = check::count)]
+    pub seq: Option<usize>,
     /// Parameter and activation dtype: f32, bf16 or f16.
     #[arg(long, default_value = "bf16")]
     pub dtype: String,
@@ -72,9 +73,31 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 /// training run, well inside the planner's arithmetic).
 const MAX_TOKENS: u128 = 1 << 40;
 
+/// The longest default sequence length taken from a model's context.
+const MAX_DEFAULT_SEQ: usize = 2048;
+/// The default sequence length of a model without a fixed context (T5's usual 512).
+const UNBOUNDED_DEFAULT_SEQ: usize = 512;
+
+/// The sequence length a plan is made for, and, when it is a default, where it comes from.
+fn seq_len(a: &PlanArgs, cfg: &HfConfig) -> (usize, Option<String>) {
+    match (a.seq, cfg.max_positions) {
+        (Some(s), _) => (s, None),
+        (None, Some(ctx)) if ctx <= MAX_DEFAULT_SEQ => (ctx, Some(format!("the model's context of {ctx}"))),
+        (None, Some(ctx)) => {
+            (MAX_DEFAULT_SEQ, Some(format!("the model's context of {ctx}, capped at {MAX_DEFAULT_SEQ}")))
+        }
+        (None, None) => (
+            UNBOUNDED_DEFAULT_SEQ,
+            Some(format!("{} has no fixed context; {UNBOUNDED_DEFAULT_SEQ} assumed", cfg.model_type)),
+        ),
+    }
+}
+
 /// Runs `redco plan`.
-pub fn run(a: PlanArgs) -> Result<(), String> {
+pub fn run(mut a: PlanArgs) -> Result<(), String> {
     let cfg = HfConfig::from_dir(&a.model).map_err(|e| e.to_string())?;
+    let (seq, seq_from) = seq_len(&a, &cfg);
+    a.seq = Some(seq);
     let mesh: Mesh = a.mesh.parse().map_err(|e: redco_core::Error| e.to_string())?;
     let dtype_bytes = match a.dtype.as_str() {
         "f32" => 4,
@@ -84,15 +107,15 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
     if !a.batch.is_multiple_of(mesh.dp) {
         return Err(format!("--batch-size {} does not split over dp={}", a.batch, mesh.dp));
     }
-    if let Some(ctx) = cfg.max_positions.filter(|c| a.seq > *c) {
-        return Err(format!("--seq-len {} exceeds the model's context of {ctx} tokens", a.seq));
+    if let Some(ctx) = cfg.max_positions.filter(|c| seq > *c) {
+        return Err(format!("--seq-len {seq} exceeds the model's context of {ctx} tokens"));
     }
-    if (a.batch as u128) * (a.seq as u128) > MAX_TOKENS {
+    if (a.batch as u128) * (seq as u128) > MAX_TOKENS {
         return Err(format!(
             "--batch-size {} x --seq-len {} is {} tokens per step: at most {MAX_TOKENS} are planned",
             a.batch,
-            a.seq,
-            a.batch as u128 * a.seq as u128
+            seq,
+            a.batch as u128 * seq as u128
         ));
     }
     if cfg.heads % mesh.mp != 0 || cfg.kv_heads % mesh.mp != 0 {
@@ -111,7 +134,7 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
             return Err(format!("{n}: {}", p.reason));
         }
     }
-    let work = Workload { batch: a.batch, seq: a.seq, dtype_bytes, zero1: a.zero1 };
+    let work = Workload { batch: a.batch, seq, dtype_bytes, zero1: a.zero1 };
     let fit = match &a.device_memory {
         Some(mem) => {
             let bytes = parse_bytes(mem)?;
@@ -124,7 +147,9 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
     };
     let report = PlanReport::new(plan, cfg.dims(), work);
     if a.json {
-        let text = serde_json::to_string_pretty(&json(&a, &cfg, mesh, &report, fit)).map_err(|e| e.to_string())?;
+        let mut v = json(&a, &cfg, mesh, &report, fit);
+        v["workload"]["seq_len_from"] = serde_json::json!(seq_from.as_deref().unwrap_or("--seq-len"));
+        let text = serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?;
         crate::outln!("{text}");
         return Ok(());
     }
@@ -136,6 +161,8 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
         cfg.heads,
         cfg.vocab
     );
+    let from = seq_from.map_or(String::new(), |why| format!(" (--seq-len default: {why})"));
+    crate::outln!("workload: batch {} x sequence {seq}{from}, {}\n", a.batch, a.dtype);
     crate::out!("{report}");
     match fit {
         Some((bytes, _, Some((mp, need)))) => crate::outln!(
@@ -187,7 +214,7 @@ fn json(a: &PlanArgs, cfg: &HfConfig, mesh: Mesh, r: &PlanReport, fit: Option<Fi
     json!({
         "model": {"model_type": cfg.model_type, "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads, "vocab": cfg.vocab},
         "mesh": {"dp": mesh.dp, "mp": mesh.mp},
-        "workload": {"batch_size": a.batch, "seq_len": a.seq, "dtype": a.dtype, "zero1": a.zero1},
+        "workload": {"batch_size": a.batch, "seq_len": a.seq.unwrap_or(0), "dtype": a.dtype, "zero1": a.zero1},
         "rules": "name heuristics (config only)",
         "params": params,
         "comm_per_step": comm,

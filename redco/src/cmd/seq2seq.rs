@@ -35,6 +35,8 @@ pub struct Seq2SeqRun {
     pub identity: BTreeMap<String, String>,
     /// Whether the run resumes.
     pub resume: bool,
+    /// The step of the checkpoint it resumes from, when there is one.
+    pub resumed: Option<u64>,
     /// Whether this process writes the run's files and prints.
     pub leader: bool,
     /// LoRA adapters (the base frozen), or full fine-tuning.
@@ -168,16 +170,32 @@ pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<
             .into());
     };
     let tok = Tokenizer::from_dir(&r.dir).map_err(err)?;
-    let max_target = a.target_len.unwrap_or(a.seq_len);
+    if let Some(w) = redco_models::hf::vocab::check_tokenizer(&tok, cfg.vocab).map_err(err)? {
+        super::out::warn(format_args!("redco: warning: {w}"));
+    }
+    let max_target = a.target_len.unwrap_or(a.seq());
     let mut pairs =
-        read_pairs(data, a.data_split.as_deref(), (src_field, tgt_field), &tok, a.seq_len, max_target).map_err(err)?;
+        read_pairs(data, a.data_split.as_deref(), (src_field, tgt_field), &tok, a.seq(), max_target).map_err(err)?;
+    for (i, p) in pairs.iter().enumerate() {
+        for (ids, field) in [(&p.source, src_field), (&p.target, tgt_field)] {
+            let source =
+                format!("{} pair {} (`{field}`, encoded by {})", data.display(), i + 1, tok.source().display());
+            redco_models::hf::vocab::check_ids(ids, cfg.vocab, false, &source, Some(&tok)).map_err(err)?;
+        }
+    }
     let n_eval = (pairs.len() / 20).clamp(1, 64);
     let held_out = pairs.split_off(pairs.len() - n_eval);
     let mut identity = r.identity;
     identity.insert("pairs".into(), format!("{src_field} -> {tgt_field}, target {max_target}"));
     identity.insert("vocab".into(), tok.vocab_size().to_string());
-    let mut config = train_config(a, pairs.len(), identity, r.compute)?;
+    let mut config = train_config(a, pairs.len(), identity, r.compute, cfg.vocab)?;
     config.tokens_key = Some("labels".into());
+    if super::train::already_past(a, r.resumed, config.steps, r.leader) {
+        return Ok(());
+    }
+    if r.leader {
+        super::logging::log_to(&a.workdir.join("redco.log"))?;
+    }
     let pad = cfg.pad_token_id.unwrap_or(0);
     let every = a.checkpoint_every.max(1);
     let w = a.workdir.clone();
@@ -195,7 +213,7 @@ pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<
             a.batch_size,
             pairs.len(),
             held_out.len(),
-            a.seq_len
+            a.seq()
         );
     }
     let timeout = a.timeout.map(std::time::Duration::from_secs_f64);

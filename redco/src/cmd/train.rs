@@ -19,6 +19,7 @@ use redco_models::auto::AutoModel;
 use redco_models::generate::{generate_with, GenerationConfig, Sampling};
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::tokenizer::Tokenizer;
+use redco_models::hf::vocab;
 use redco_models::presets::{self, SyntheticText};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -39,7 +40,9 @@ pub struct TrainArgs {
     /// file (.arrow, .ipc, .feather) or a directory written by Hugging Face datasets'
     /// save_to_disk (a DatasetDict's train split, see --data-split); each record's
     /// --text-field is read (a T5's --source-field and --target-field). Default: the bundled
-    /// synthetic corpus (made-up words from a Markov chain of known entropy).
+    /// synthetic corpus (made-up words from a Markov chain of known entropy), as words for a
+    /// preset and as text encoded by the model's own tokenizer for --model (a smoke test: a
+    /// T5 needs --data).
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// The split of a DatasetDict directory given as --data (default: train).
@@ -84,9 +87,11 @@ pub struct TrainArgs {
     /// Sequences per optimizer step (split over DP).
     #[arg(long, value_parser = check::count, default_value_t = 16)]
     pub batch_size: usize,
-    /// Tokens per training sequence.
-    #[arg(long, value_parser = check::count, default_value_t = 64)]
-    pub seq_len: usize,
+    /// Tokens per training sequence (default: 64 for a preset; for --model, the model's
+    /// context less one (the labels are the inputs shifted by one) up to 512, or 64 for a
+    /// model without a fixed context (T5); printed with the run).
+    #[arg(long, value_parser = check::count)]
+    pub seq_len: Option<usize>,
     /// Optimizer: adamw or sgd (with momentum 0.9).
     #[arg(long, default_value = "adamw")]
     pub optimizer: String,
@@ -154,6 +159,34 @@ pub struct TrainArgs {
     pub comm_stats: Option<PathBuf>,
 }
 
+/// The sequence length of a run that gives no `--seq-len` with a preset.
+const PRESET_SEQ_LEN: usize = 64;
+/// The longest default sequence length taken from a model's context.
+const MAX_DEFAULT_SEQ_LEN: usize = 512;
+
+impl TrainArgs {
+    /// Tokens per training sequence (`run` resolves a missing `--seq-len` with
+    /// [`default_seq_len`] before anything reads it).
+    pub(super) fn seq(&self) -> usize {
+        self.seq_len.unwrap_or(PRESET_SEQ_LEN)
+    }
+}
+
+/// The sequence length when `--seq-len` is not given, and where it comes from (printed with
+/// the run): a preset's 64, or the model's context less one (the labels are the inputs
+/// shifted by one) up to [`MAX_DEFAULT_SEQ_LEN`], or 64 for a model without a fixed context.
+fn default_seq_len(a: &TrainArgs) -> std::result::Result<(usize, String), String> {
+    let Some(dir) = &a.model else { return Ok((PRESET_SEQ_LEN, "the preset's default".into())) };
+    let cfg = HfConfig::from_dir(dir).map_err(err)?;
+    Ok(match cfg.max_positions {
+        Some(ctx) if ctx.saturating_sub(1) <= MAX_DEFAULT_SEQ_LEN => {
+            (ctx.saturating_sub(1), format!("the model's context of {ctx} less one for the shifted labels"))
+        }
+        Some(ctx) => (MAX_DEFAULT_SEQ_LEN, format!("the model's context of {ctx}, capped at {MAX_DEFAULT_SEQ_LEN}")),
+        None => (PRESET_SEQ_LEN, format!("{} has no fixed context", cfg.model_type)),
+    })
+}
+
 /// Writes each local rank's collective counts as JSON, `{rank, stats: [{kind, axis, calls,
 /// bytes}]}`, one file per rank (`{rank}` in `path` replaced by it).
 fn write_comm_stats(path: &Path, report: &redco_core::pipeline::FitReport) -> Result<()> {
@@ -182,6 +215,56 @@ impl Dataset<Vec<i64>> for Synthetic {
     }
     fn get(&self, i: usize) -> Result<Vec<i64>> {
         Ok(self.0.ids(self.1 + i as u64))
+    }
+}
+
+/// The bundled corpus for a model with a tokenizer of its own: each sequence's text encoded
+/// by that tokenizer (`<s>` first, `</s>` after each text), texts appended until there are
+/// `len` tokens, each sequence's ids checked against the model's vocabulary.
+struct EncodedSynthetic {
+    text: SyntheticText,
+    tok: Tokenizer,
+    /// Tokens per sequence.
+    len: usize,
+    /// The first text's index.
+    offset: u64,
+    /// Sequences.
+    count: usize,
+    /// The model's vocabulary size.
+    vocab: usize,
+}
+
+impl EncodedSynthetic {
+    fn sequence(&self, i: u64) -> Result<Vec<i64>> {
+        let mut ids = Vec::with_capacity(self.len + 16);
+        let mut k = 0u64;
+        while ids.len() < self.len {
+            // the texts after the first are far from every other sequence's
+            let text = self.text.text(i.wrapping_add(k.wrapping_mul(1 << 44)));
+            let before = ids.len();
+            ids.extend(self.tok.encode(&text, true)?);
+            ids.extend(self.tok.eos_id());
+            if ids.len() == before {
+                return Err(Error::invalid(
+                    "data",
+                    format!("{} encodes the bundled corpus to no tokens; give --data", self.tok.source().display()),
+                ));
+            }
+            k += 1;
+        }
+        ids.truncate(self.len);
+        let source = format!("the bundled corpus (sequence {i}) encoded by {}", self.tok.source().display());
+        vocab::check_ids(&ids, self.vocab, false, &source, Some(&self.tok))?;
+        Ok(ids)
+    }
+}
+
+impl Dataset<Vec<i64>> for EncodedSynthetic {
+    fn len(&self) -> usize {
+        self.count
+    }
+    fn get(&self, i: usize) -> Result<Vec<i64>> {
+        self.sequence(self.offset + i as u64)
     }
 }
 
@@ -292,6 +375,7 @@ pub(super) fn train_config(
     examples: usize,
     identity: BTreeMap<String, String>,
     compute: DType,
+    vocab: usize,
 ) -> std::result::Result<TrainConfig, String> {
     let steps = match (a.steps, a.epochs) {
         (Some(s), _) => s,
@@ -318,6 +402,7 @@ pub(super) fn train_config(
         checkpoint_every: Some(a.checkpoint_every),
         compute_dtype: compute,
         tokens_key: Some("input_ids".into()),
+        vocab_size: Some(vocab),
         overlap_grad_sync: a.overlap_grad_sync,
         resume_from: a.resume_from.clone(),
         identity,
@@ -348,7 +433,7 @@ fn run_identity(a: &TrainArgs) -> std::result::Result<BTreeMap<String, String>, 
         ("model".to_string(), model),
         ("data".to_string(), data),
         ("dtype".to_string(), a.dtype.clone()),
-        ("seq_len".to_string(), a.seq_len.to_string()),
+        ("seq_len".to_string(), a.seq().to_string()),
     ]))
 }
 
@@ -377,8 +462,34 @@ fn err(e: Error) -> String {
     e.to_string()
 }
 
+/// The step of the checkpoint a `--resume` run would continue from, when the workdir holds
+/// one (read-only: every process asks, so that all of them stop together when the run is
+/// already past `--steps`).
+fn resume_step(a: &TrainArgs) -> std::result::Result<Option<u64>, String> {
+    let ckpt = Checkpointer::new(&a.workdir, 0);
+    Ok(workdir::resume_target(&ckpt, a.resume_from.as_deref()).map_err(err)?.map(|(step, _)| step))
+}
+
+/// When the checkpoint a resumed run starts from is at or past its last step: says so (the
+/// run is already done; nothing is trained or rewritten) and returns true.
+pub(super) fn already_past(a: &TrainArgs, resumed: Option<u64>, steps: u64, leader: bool) -> bool {
+    let Some(at) = resumed.filter(|at| *at >= steps) else { return false };
+    if leader {
+        let how = match a.epochs {
+            Some(e) => format!("--epochs {e} ({steps} steps)"),
+            None => format!("--steps {steps}"),
+        };
+        crate::outln!(
+            "the run in {} is already at step {at}, past {how}: nothing to train and nothing \
+             rewritten (give a larger --steps to train on)",
+            a.workdir.display()
+        );
+    }
+    true
+}
+
 /// Runs `redco train`.
-pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
+pub fn run(mut a: TrainArgs) -> std::result::Result<(), String> {
     let kind = common::backend(&a.backend)?;
     let mesh = common::mesh(&a.mesh)?;
     if !a.batch_size.is_multiple_of(mesh.dp) {
@@ -395,14 +506,29 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
     if lora.is_some() && a.lora.peft() && a.model.is_none() {
         return Err("--lora-export peft writes adapters for a base model on disk: give it with --model".into());
     }
-    if a.seq_len < 2 {
-        return Err("--seq-len must be at least 2".into());
+    let seq_from = match a.seq_len {
+        Some(_) => None,
+        None => {
+            let (n, why) = default_seq_len(&a)?;
+            a.seq_len = Some(n);
+            Some(why)
+        }
+    };
+    if a.seq() < 2 {
+        return Err(match seq_from {
+            Some(why) => format!("the default --seq-len is {} ({why}): too short to train on; give --seq-len", a.seq()),
+            None => "--seq-len must be at least 2".into(),
+        });
     }
     std::fs::create_dir_all(&a.workdir).map_err(|e| format!("cannot create workdir {}: {e}", a.workdir.display()))?;
     let w = a.workdir.clone();
     // under a launcher, rank 0's process prints and writes the run's files
     let leader = super::launch::is_leader();
     let resume = a.resume || a.resume_from.is_some();
+    let resumed = if resume { resume_step(&a)? } else { None };
+    if a.epochs.is_none() && already_past(&a, resumed, a.steps.unwrap_or(300), leader) {
+        return Ok(());
+    }
     // the workdir is this run's from here on (the trainer shares this lock), and nothing in
     // it is written before the run is known to be allowed there
     let _lock = if leader { Some(WorkdirLock::acquire(&w).map_err(err)?) } else { None };
@@ -412,11 +538,10 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
     }
     if leader {
         claim_workdir(&a, &w, resume, &identity)?;
-        super::logging::log_to(&w.join("redco.log"))?;
     }
 
     // model configuration, tokenizer and data
-    let synthetic = SyntheticText::new(64, a.seq_len, a.seed ^ 0x5157);
+    let synthetic = SyntheticText::new(64, a.seq(), a.seed ^ 0x5157);
     let (cfg, tok_dir) = match (&a.preset, &a.model) {
         (Some(p), _) => {
             // every process writes the same tokenizer (atomically) and reads it back
@@ -434,7 +559,7 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
     };
     if cfg.model_type == "t5" {
         let dir = a.model.clone().ok_or("T5 trains from a model directory (--model)")?;
-        let run = super::seq2seq::Seq2SeqRun { dir, kind, mesh, compute, identity, resume, leader, lora };
+        let run = super::seq2seq::Seq2SeqRun { dir, kind, mesh, compute, identity, resume, resumed, leader, lora };
         return super::seq2seq::run(&a, &cfg, run);
     }
     if a.source_field.is_some() || a.target_field.is_some() || a.target_len.is_some() {
@@ -444,35 +569,64 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
             cfg.model_type
         ));
     }
+    let seq_len = a.seq();
     if let Some(ctx) = cfg.max_positions {
-        if a.seq_len + 1 > ctx {
+        if seq_len + 1 > ctx {
             return Err(format!(
-                "--seq-len {} needs {} positions (the labels are the inputs shifted by one), beyond the model's \
-                 context of {ctx}",
-                a.seq_len,
-                a.seq_len + 1
+                "--seq-len {seq_len} needs {} positions (the labels are the inputs shifted by one), beyond the \
+                 model's context of {ctx}",
+                seq_len + 1
             ));
         }
     }
-    common::check_training_fits(&cfg, mesh, a.batch_size, a.seq_len, compute)?;
+    common::check_training_fits(&cfg, mesh, a.batch_size, seq_len, compute)?;
     let tok = Tokenizer::from_dir(&tok_dir).map_err(err)?;
+    if let Some(w) = vocab::check_tokenizer(&tok, cfg.vocab).map_err(err)? {
+        super::out::warn(format_args!("redco: warning: {w}"));
+    }
     identity.insert("vocab".into(), tok.vocab_size().to_string());
     let (train, held_out): (Box<dyn Dataset<Vec<i64>> + Send>, Vec<Vec<i64>>) = match &a.data {
         Some(path) => {
             let data = super::data::open_data(path, a.data_split.as_deref(), &[(&a.text_field, "--text-field")])
                 .map_err(err)?;
-            let mut seqs = super::data::pack_text(&*data, path, &a.text_field, &tok, a.seq_len + 1).map_err(err)?;
+            let mut seqs = super::data::pack_text(&*data, path, &a.text_field, &tok, seq_len + 1).map_err(err)?;
+            let source = format!("{} encoded by {}", path.display(), tok.source().display());
+            vocab::check_ids(&seqs.concat(), cfg.vocab, false, &source, Some(&tok)).map_err(err)?;
             let n_eval = (seqs.len() / 20).clamp(1, 64);
             let eval = seqs.split_off(seqs.len() - n_eval);
             (Box::new(seqs), eval)
         }
-        None => {
+        // a preset: the corpus's own words are its tokenizer
+        None if a.preset.is_some() => {
             let eval = (0..64).map(|i| synthetic.ids((1 << 40) + i)).collect();
-            (Box::new(Synthetic(SyntheticText::new(64, a.seq_len, a.seed ^ 0x5157), 0, 1 << 20)), eval)
+            (Box::new(Synthetic(SyntheticText::new(64, seq_len, a.seed ^ 0x5157), 0, 1 << 20)), eval)
+        }
+        // a model directory: the corpus's text, encoded by the model's tokenizer
+        None => {
+            let encoded = |offset, count| EncodedSynthetic {
+                text: SyntheticText::new(64, seq_len, a.seed ^ 0x5157),
+                tok: tok.clone(),
+                len: seq_len + 1,
+                offset,
+                count,
+                vocab: cfg.vocab,
+            };
+            let eval = encoded(1 << 40, 64);
+            let held_out = (0..eval.count).map(|i| eval.get(i)).collect::<Result<_>>().map_err(err)?;
+            // the first training sequence is checked now, before anything is allocated
+            let train = encoded(0, 1 << 20);
+            train.get(0).map_err(err)?;
+            (Box::new(train), held_out)
         }
     };
-    let config = train_config(&a, train.len(), identity, compute)?;
+    let config = train_config(&a, train.len(), identity, compute, cfg.vocab)?;
     let steps = config.steps;
+    if already_past(&a, resumed, steps, leader) {
+        return Ok(());
+    }
+    if leader {
+        super::logging::log_to(&w.join("redco.log"))?;
+    }
 
     let job = Job {
         cfg: cfg.clone(),
@@ -490,16 +644,24 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
     };
     if leader {
         crate::outln!(
-        "training {} ({} layers, hidden {}, {} heads, vocab {}) on mesh {mesh} of {ranks} for {steps} steps of {} x \
-         {} tokens",
-        a.preset.as_deref().unwrap_or("model"),
-        cfg.layers,
-        cfg.hidden,
-        cfg.heads,
-        cfg.vocab,
-        a.batch_size,
-        a.seq_len
-    );
+            "training {} ({} layers, hidden {}, {} heads, vocab {}) on mesh {mesh} of {ranks} for {steps} steps of \
+             {} x {seq_len} tokens",
+            a.preset.as_deref().unwrap_or("model"),
+            cfg.layers,
+            cfg.hidden,
+            cfg.heads,
+            cfg.vocab,
+            a.batch_size,
+        );
+        if let Some(why) = &seq_from {
+            crate::outln!("sequence length {seq_len} (--seq-len default: {why})");
+        }
+        if a.data.is_none() && a.model.is_some() {
+            crate::outln!(
+                "data: the bundled corpus, encoded by {} (give --data for your own text)",
+                tok.source().display()
+            );
+        }
     }
     let report = match kind {
         common::BackendKind::Cpu => {
@@ -574,7 +736,7 @@ pub fn run(a: TrainArgs) -> std::result::Result<(), String> {
     let first = report.losses.first().copied().unwrap_or(f64::NAN);
     let last = report.losses.last().copied().unwrap_or(f64::NAN);
     crate::outln!("\nloss {first:.4} -> {last:.4} over steps {}..{steps}", report.start_step + 1);
-    if a.data.is_none() {
+    if a.data.is_none() && a.preset.is_some() {
         crate::outln!(
             "(the bundled corpus has an entropy of {:.4} nats per token: the best a model can do)",
             synthetic.corpus.entropy()

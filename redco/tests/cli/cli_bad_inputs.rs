@@ -383,7 +383,11 @@ fn cases(t: &Scratch) -> Vec<Case> {
             &[[0u8; 8], 1000i64.to_le_bytes()].concat(),
         ),
     );
-    v.push(case("checkpoint", &["eval-dump", "--model", g, "--inputs", &big_ids, "--out", &out], &["1000"]));
+    v.push(case(
+        "checkpoint",
+        &["eval-dump", "--model", g, "--inputs", &big_ids, "--out", &out],
+        &["`input_ids`", "token id 1000", "vocab_size 64"],
+    ));
     // ---- tokenizer files
     let no_tok = t.model("llama-tiny", "t-none", |d| std::fs::remove_file(d.join("tokenizer.json")).unwrap());
     v.push(gen_case("tokenizer", &no_tok, &[], &["tokenizer.json"]));
@@ -399,6 +403,52 @@ fn cases(t: &Scratch) -> Vec<Case> {
     let bad_tc = t.model("llama-tiny", "t-config", |d| std::fs::write(d.join("tokenizer_config.json"), "[").unwrap());
     v.push(gen_case("tokenizer", &bad_tc, &[], &["tokenizer_config.json"]));
     v.push(train_with("tokenizer", &["--model", &bad_tok], &["--seq-len", "16"], &["tokenizer.json"]));
+    // ---- token ids against the model's vocabulary: a tokenizer that is not the model's, an
+    // added token past the embedding spelt out in the data or a prompt, a stop id no token
+    // has; refused before the first step, naming the source, the id, its token, vocab_size
+    let small_vocab = t.config("v-small", "vocab_size", serde_json::json!(40));
+    v.push(train_with("vocab", &["--model", &small_vocab], &["--seq-len", "16"], &["tokenizer.json", "vocab_size 40"]));
+    v.push(gen_case("vocab", &small_vocab, &[], &["tokenizer.json", "vocab_size 40"]));
+    // three added tokens after the 62-entry vocabulary (ids 62, 63, 64): "<extra>" is past
+    // the 64-row embedding: a warning at load, an error when a text spells it out
+    let extra = t.model("llama-tiny", "v-added", |d| {
+        let p = d.join("tokenizer.json");
+        let mut j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        for (id, content) in [(62, "<e62>"), (63, "<e63>"), (64, "<extra>")] {
+            j["added_tokens"].as_array_mut().unwrap().push(serde_json::json!({
+                "id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
+                "normalized": false, "special": false
+            }));
+        }
+        std::fs::write(&p, j.to_string()).unwrap();
+    });
+    let spelt = t.file("spelt.jsonl", "{\"text\": \"the cat sat <extra> on the mat.\"}\n".repeat(40).as_bytes());
+    v.push(train_with(
+        "vocab",
+        &["--model", &extra],
+        &["--seq-len", "8", "--data", &spelt],
+        &["spelt.jsonl", "token id 64", "\"<extra>\"", "vocab_size 64"],
+    ));
+    let mut prompt = gen_case("vocab", &extra, &[], &["\"<extra>\"", "token id 64", "vocab_size 64", "prompts"]);
+    prompt.args = strings(&["generate", "--model", &extra, "--prompt", "the <extra> cat", "--max-new-tokens", "2"]);
+    v.push(prompt);
+    let mut warned = gen_case("vocab", &extra, &[], &["warning", "<extra>", "added token"]);
+    warned.code = 0;
+    v.push(warned);
+    v.push(gen_case("vocab", g, &["--stop-id", "-1"], &["--stop-id", "-1"]));
+    v.push(gen_case("vocab", g, &["--stop-id", "64"], &["--stop-id 64", "vocab_size 64"]));
+    // T5's relative-position buckets that give NaN positions
+    for (key, value) in [("relative_attention_max_distance", 0), ("relative_attention_num_buckets", 2)] {
+        let bad = t.model("t5-tiny", &format!("v-{key}"), |d| {
+            let p = d.join("config.json");
+            let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+            c[key] = serde_json::json!(value);
+            std::fs::write(&p, c.to_string()).unwrap();
+        });
+        let t5_inputs = s(&fixture_named("t5-tiny").join("inputs.safetensors")).to_string();
+        v.push(case("config", &["eval-dump", "--model", &bad, "--inputs", &t5_inputs, "--out", &out], &[key]));
+        v.push(plan_case("config", &bad, &[], &[key]));
+    }
     // ---- sizes that cannot fit: refused before allocating
     let long = "word ".repeat(200_000);
     let long_file = t.file("long-prompt.txt", long.as_bytes());

@@ -48,6 +48,33 @@ fn plan_prints_placements_communication_memory_and_the_smallest_mp() {
 }
 
 #[test]
+fn the_sequence_length_defaults_to_the_models_context_and_says_so() {
+    let fixture = |n: &str| format!("{}/../tests/fixtures/{n}", env!("CARGO_MANIFEST_DIR"));
+    // llama-tiny's context is 64 tokens: the plan is made for 64, and says where that came from
+    let (code, out, err) = redco(&["plan", "--model", &fixture("llama-tiny")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("sequence 64 (--seq-len default: the model's context of 64)"), "{out}");
+    assert!(out.contains("batch 8, seq 64"), "{out}");
+    let (code, out, err) = redco(&["plan", "--model", &fixture("llama-tiny"), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["workload"]["seq_len"], 64);
+    assert_eq!(v["workload"]["seq_len_from"], "the model's context of 64");
+    // a context beyond the cap is capped at 2048; a model without one (no field) gets 512
+    let d = model_dir("ctx", 2);
+    let cfg = std::fs::read_to_string(d.join("config.json")).unwrap();
+    std::fs::write(d.join("config.json"), cfg.replace("\"vocab_size\"", "\"max_position_embeddings\":8192,\"vocab_size\""))
+        .unwrap();
+    let (_, out, _) = redco(&["plan", "--model", d.to_str().unwrap()]);
+    assert!(out.contains("sequence 2048 (--seq-len default: the model's context of 8192, capped at 2048)"), "{out}");
+    let (_, out, _) = redco(&["plan", "--model", &fixture("t5-tiny")]);
+    assert!(out.contains("sequence 512 (--seq-len default: t5 has no fixed context; 512 assumed)"), "{out}");
+    // a given --seq-len is taken as it is
+    let (_, out, _) = redco(&["plan", "--model", &fixture("llama-tiny"), "--seq-len", "16"]);
+    assert!(out.contains("batch 8, seq 16") && !out.contains("--seq-len default"), "{out}");
+}
+
+#[test]
 fn a_missing_model_directory_is_a_one_line_error() {
     let (code, out, err) = redco(&["plan", "--model", "/definitely/not/here", "--mesh", "1x2"]);
     assert_eq!(code, 2);

@@ -168,3 +168,30 @@ fn cuda_without_a_driver_is_a_one_line_error() {
         "{out}"
     );
 }
+
+#[test]
+fn a_hugging_face_model_without_data_trains_on_the_corpus_through_its_own_tokenizer() {
+    let model = crate::common::fixture_named("llama-tiny");
+    // the command a new user typed (LoRA, --seq-len 16), then the same without --lora-rank
+    // and without --seq-len (the model's context of 64 less one)
+    for (name, extra) in [("lora", &["--lora-rank", "4", "--seq-len", "16"][..]), ("full", &[][..])] {
+        let w = tmp(&format!("hf-corpus-{name}"));
+        let mut args = vec!["train", "--model", s(&model), "--steps", "20", "--batch-size", "4", "--threads", "2"];
+        args.extend(["--workdir", s(&w)]);
+        args.extend(extra);
+        let (code, out, err) = redco(&args);
+        assert_eq!(code, 0, "{out}\n{err}");
+        assert!(out.contains("the bundled corpus, encoded by") && out.contains("tokenizer.json"), "{out}");
+        if extra.is_empty() {
+            assert!(out.contains("4 x 63 tokens") && out.contains("the model's context of 64 less one"), "{out}");
+        }
+        let losses: Vec<f64> = std::fs::read_to_string(w.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
+            .collect();
+        assert_eq!(losses.len(), 20, "{out}");
+        assert!(losses.iter().all(|l| l.is_finite()) && losses[19] < losses[0], "{losses:?}");
+        let _ = std::fs::remove_dir_all(&w);
+    }
+}

@@ -39,6 +39,35 @@ fn a_workdir_keeps_its_run_refuses_strangers_and_corrupt_checkpoints() {
     assert_eq!(std::fs::read(w.join("model.safetensors")).unwrap(), model);
     assert_eq!(steps(&w), (1..=6).collect::<Vec<_>>());
 
+    // resuming a run that is already past --steps (--steps 4 after 6): said so, exit 0, and
+    // nothing in the workdir is rewritten (the export, the metrics, the log, the checkpoints)
+    let listing = |w: &Path| -> Vec<(PathBuf, Vec<u8>)> {
+        let mut files = Vec::new();
+        let mut stack = vec![w.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else {
+                    files.push((p.clone(), std::fs::read(&p).unwrap()));
+                }
+            }
+        }
+        files.sort();
+        files
+    };
+    let before = listing(&w);
+    let mtime = std::fs::metadata(w.join("model.safetensors")).unwrap().modified().unwrap();
+    for extra in [&["--steps", "4", "--resume"][..], &["--steps", "6", "--resume"], &["--epochs", "0.00001", "--resume"]] {
+        let (code, out, err) = train(&w, extra);
+        assert_eq!(code, 0, "{extra:?}: {out}\n{err}");
+        assert!(out.contains("already at step 6") && out.contains("nothing to train"), "{extra:?}: {out}\n{err}");
+        assert!(!out.contains("NaN") && !err.contains("NaN"), "{out}\n{err}");
+    }
+    assert_eq!(listing(&w), before, "a resume past --steps rewrote the workdir");
+    assert_eq!(std::fs::metadata(w.join("model.safetensors")).unwrap().modified().unwrap(), mtime);
+
     // while another process holds the workdir: refused, naming it
     let lock = std::fs::File::options().read(true).write(true).open(w.join(".redco.lock")).unwrap();
     lock.try_lock().unwrap();

@@ -286,6 +286,31 @@ fn a_collate_error_names_the_step_and_examples() {
 }
 
 #[test]
+fn token_ids_past_the_vocabulary_are_refused_before_the_first_step_and_a_finished_run_is_left_alone() {
+    // the corpus has 16 words; a model told it has 12 rows refuses the first batch by name,
+    // before any step (no metrics, no checkpoint)
+    let data = corpus().sequences(0, 64);
+    let w = workdir("vocab");
+    let dep = Deployer::new(Mesh::single(), 1, &w).unwrap();
+    let t = trainer(TrainConfig { vocab_size: Some(12), ..config(4, 4, 1) });
+    let err = t.fit(&dep, &data, false).unwrap_err().to_string();
+    assert!(err.contains("collate_fn's `input_ids`") && err.contains("vocab_size 12"), "{err}");
+    assert!(!w.join("metrics.jsonl").exists() && !w.join("checkpoints").exists());
+    // the right size trains; resuming it with fewer steps trains nothing and rewrites nothing
+    let t = trainer(TrainConfig { vocab_size: Some(16), checkpoint_every: Some(2), ..config(4, 4, 1) });
+    let first = t.fit(&dep, &data, false).unwrap();
+    assert_eq!(first.losses.len(), 4);
+    let model = std::fs::read(w.join("model.safetensors")).unwrap();
+    let metrics = std::fs::read(w.join("metrics.jsonl")).unwrap();
+    let t = trainer(TrainConfig { vocab_size: Some(16), ..config(3, 4, 1) });
+    let again = t.fit(&dep, &data, true).unwrap();
+    assert_eq!((again.start_step, again.losses.len()), (4, 0));
+    assert_eq!(std::fs::read(w.join("model.safetensors")).unwrap(), model);
+    assert_eq!(std::fs::read(w.join("metrics.jsonl")).unwrap(), metrics);
+    let _ = std::fs::remove_dir_all(&w);
+}
+
+#[test]
 fn a_checkpoint_from_another_model_or_mesh_is_refused_with_the_differences() {
     let data = corpus().sequences(0, 64);
     let dir = workdir("other");
