@@ -63,8 +63,11 @@ fn the_sequence_length_defaults_to_the_models_context_and_says_so() {
     // a context beyond the cap is capped at 2048; a model without one (no field) gets 512
     let d = model_dir("ctx", 2);
     let cfg = std::fs::read_to_string(d.join("config.json")).unwrap();
-    std::fs::write(d.join("config.json"), cfg.replace("\"vocab_size\"", "\"max_position_embeddings\":8192,\"vocab_size\""))
-        .unwrap();
+    std::fs::write(
+        d.join("config.json"),
+        cfg.replace("\"vocab_size\"", "\"max_position_embeddings\":8192,\"vocab_size\""),
+    )
+    .unwrap();
     let (_, out, _) = redco(&["plan", "--model", d.to_str().unwrap()]);
     assert!(out.contains("sequence 2048 (--seq-len default: the model's context of 8192, capped at 2048)"), "{out}");
     let (_, out, _) = redco(&["plan", "--model", &fixture("t5-tiny")]);
