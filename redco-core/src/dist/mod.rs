@@ -10,7 +10,6 @@ pub(crate) mod cross_entropy;
 pub mod data_parallel;
 pub(crate) mod embed;
 pub mod factory;
-pub mod grad_sync;
 pub mod group;
 pub mod heuristics;
 pub mod host;

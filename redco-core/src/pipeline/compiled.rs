@@ -7,10 +7,11 @@
 //! The learning rate, the loss scale and the clipping norm are runtime inputs of every
 //! step ([`StepInputs`]); what comes back ([`StepReport`]) is read once, at the end.
 
+use super::train_config::{OptimizerConfig, TrainConfig};
 use super::Batch;
 use crate::dist::ShardPlan;
 use crate::optim::{AdamWConfig, Optimizer};
-use crate::{Backend, Error, Result, Tensor};
+use crate::{Backend, DType, Error, Result, Tensor};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -140,4 +141,25 @@ pub(crate) fn pull_state<B: Backend>(
         moments.insert(format!("adam_v/{name}"), st.v.remove(name).ok_or_else(missing)?);
     }
     opt.load_state(st.steps, moments)
+}
+
+/// Why a compiled step cannot run `cfg` (`None`: it can): it runs AdamW without ZeRO-1, f32
+/// compute and one micro-batch per step. The one statement of these rules: the trainer
+/// refuses such a configuration with it, and front ends ask it before choosing a compiled
+/// step.
+pub fn ineligible(cfg: &TrainConfig) -> Option<String> {
+    match cfg.optimizer {
+        OptimizerConfig::Sgd { .. } => return Some("compiled steps run AdamW".into()),
+        OptimizerConfig::AdamW(c) if c.zero1 => {
+            return Some("compiled steps do not shard the optimizer state (ZeRO-1)".into())
+        }
+        OptimizerConfig::AdamW(_) => {}
+    }
+    if cfg.compute_dtype != DType::F32 {
+        return Some(format!("compiled steps compute in f32 (got {:?})", cfg.compute_dtype));
+    }
+    if cfg.accumulate != 1 {
+        return Some(format!("compiled steps take one micro-batch per step (got {})", cfg.accumulate));
+    }
+    None
 }

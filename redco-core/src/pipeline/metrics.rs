@@ -1,6 +1,7 @@
 //! Metrics: one JSONL line per optimizer step, and plain progress lines for humans.
 
 use crate::{Error, Result};
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::Path;
@@ -34,6 +35,8 @@ pub struct MetricsLog {
     start: Instant,
     total: u64,
     every: Option<u64>,
+    /// Every step's last entry: the file's lines when opened, then each one logged.
+    curve: BTreeMap<u64, StepMetrics>,
 }
 
 impl MetricsLog {
@@ -41,18 +44,32 @@ impl MetricsLog {
     /// `lines`, a progress line is printed every `every` steps and at the last.
     pub fn open(workdir: &Path, total: u64, every: u64, lines: bool) -> Result<Self> {
         let path = workdir.join("metrics.jsonl");
+        // the earlier lines (a resumed run's, already cut back to its step); one that does
+        // not parse is left out of the curve, as it was kept in the file
+        let curve = std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<StepMetrics>(l).ok())
+            .map(|m| (m.step, m))
+            .collect();
         let file = OpenOptions::new()
             .create(true)
             .append(true)
             .open(&path)
             .map_err(|e| Error::invalid("metrics", format!("cannot open {}: {e}", path.display())))?;
-        Ok(MetricsLog { file, start: Instant::now(), total, every: lines.then_some(every.max(1)) })
+        Ok(MetricsLog { file, start: Instant::now(), total, every: lines.then_some(every.max(1)), curve })
+    }
+
+    /// The whole curve, across resumed runs: the last entry of every step, in step order.
+    pub fn curve(&self) -> Vec<StepMetrics> {
+        self.curve.values().copied().collect()
     }
 
     /// Records one step (`first_step`: the step the run started from, for the ETA).
     pub fn log(&mut self, m: &StepMetrics, first_step: u64) -> Result<()> {
         let line = serde_json::to_string(m).map_err(|e| Error::invalid("metrics", e.to_string()))?;
         writeln!(self.file, "{line}").map_err(|e| Error::invalid("metrics", e.to_string()))?;
+        self.curve.insert(m.step, *m);
         let Some(every) = self.every else { return Ok(()) };
         if m.step.is_multiple_of(every) || m.step == self.total {
             let done = m.step.saturating_sub(first_step);

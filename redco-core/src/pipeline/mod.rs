@@ -4,22 +4,29 @@
 //! ([`observe::TrainObserver`]) that front ends watch a run through.
 
 pub mod agree;
+mod cadence;
 pub mod checkpoint;
 pub mod compiled;
 pub mod data;
 mod deployer;
+pub mod grad_sync;
 pub mod integrity;
 pub mod metrics;
 pub mod observe;
 mod predictor;
+mod rank_run;
+pub mod run_dir;
+mod step;
 pub mod synthetic;
 pub mod token_ids;
 mod train_config;
+mod train_state;
 mod trainer;
 pub mod workdir;
 
 pub use deployer::{Deployer, MakeBackend, StepCtx};
 pub use predictor::Predictor;
+pub use run_dir::{ClaimOptions, RunDir};
 pub use train_config::{NanPolicy, OptimizerConfig, TrainConfig};
 pub use trainer::{FitReport, Trainer};
 

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
 /// The lock file's name in the workdir.
 pub const LOCK_FILE: &str = ".redco.lock";
@@ -21,27 +21,19 @@ fn io(what: &str, p: &Path, e: std::io::Error) -> Error {
 
 /// An exclusive lock on a workdir, held until the last handle is dropped (the operating
 /// system releases it if the process dies, so a killed run never leaves the workdir
-/// locked). Within one process the lock is shared: a program that locks its workdir
-/// before setting a run up (as `redco train` does) can then call `Trainer::fit`, which
-/// locks it again.
+/// locked). A run holds it through its [`RunDir`](super::run_dir::RunDir): a program that
+/// claims its workdir before setting a run up (as `redco train` does) hands that claim to
+/// `Trainer::fit_in` instead of locking twice; a second lock, from this process or
+/// another, is refused.
 #[derive(Debug, Clone)]
 pub struct WorkdirLock {
     _file: Arc<File>,
 }
 
-/// The workdirs this process holds locked (canonical paths).
-static HELD: Mutex<Vec<(PathBuf, Weak<File>)>> = Mutex::new(Vec::new());
-
 impl WorkdirLock {
     /// Locks `workdir` (creating it), or fails naming the run that holds it.
     pub fn acquire(workdir: &Path) -> Result<WorkdirLock> {
         fs::create_dir_all(workdir).map_err(|e| io("cannot create", workdir, e))?;
-        let key = workdir.canonicalize().map_err(|e| io("cannot resolve", workdir, e))?;
-        let mut held = HELD.lock().unwrap_or_else(|p| p.into_inner());
-        held.retain(|(_, w)| w.strong_count() > 0);
-        if let Some(f) = held.iter().find(|(p, _)| *p == key).and_then(|(_, w)| w.upgrade()) {
-            return Ok(WorkdirLock { _file: f });
-        }
         let path = workdir.join(LOCK_FILE);
         let mut file = OpenOptions::new()
             .read(true)
@@ -75,9 +67,7 @@ impl WorkdirLock {
         );
         // who holds it is informative only: a failure to write it does not stop the run
         let _ = file.set_len(0).and_then(|()| file.write_all(me.as_bytes()));
-        let file = Arc::new(file);
-        held.push((key, Arc::downgrade(&file)));
-        Ok(WorkdirLock { _file: file })
+        Ok(WorkdirLock { _file: Arc::new(file) })
     }
 }
 

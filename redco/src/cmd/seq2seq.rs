@@ -33,8 +33,8 @@ pub struct Seq2SeqRun {
     pub compute: DType,
     /// The run's identity (checked on resume).
     pub identity: BTreeMap<String, String>,
-    /// Whether the run resumes.
-    pub resume: bool,
+    /// The claimed workdir (locked by the leader until the run ends).
+    pub run: redco_core::pipeline::RunDir,
     /// The step of the checkpoint it resumes from, when there is one.
     pub resumed: Option<u64>,
     /// Whether this process writes the run's files and prints.
@@ -226,7 +226,7 @@ pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<
                 if let Some(t) = timeout {
                     dep.opts.timeout = t;
                 }
-                trainer(&job, config).fit(&dep, &pairs, r.resume)
+                trainer(&job, config).fit_in(&dep, &pairs, &r.run)
             }
             #[cfg(feature = "wgpu")]
             common::BackendKind::Wgpu => {
@@ -235,7 +235,7 @@ pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<
                 if let Some(t) = timeout {
                     dep.opts.timeout = t;
                 }
-                trainer(&job, config).fit(&dep, &pairs, r.resume)
+                trainer(&job, config).fit_in(&dep, &pairs, &r.run)
             }
             #[cfg(feature = "tpu")]
             common::BackendKind::Pjrt => {
@@ -246,7 +246,7 @@ pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<
                 if let Some(t) = timeout {
                     dep.opts.timeout = t;
                 }
-                trainer(&job, config).fit(&dep, &pairs, r.resume)
+                trainer(&job, config).fit_in(&dep, &pairs, &r.run)
             }
             #[cfg(feature = "cuda")]
             common::BackendKind::Cuda => {
@@ -255,7 +255,7 @@ pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<
                 if let Some(t) = timeout {
                     dep.opts.timeout = t;
                 }
-                trainer(&job, config).fit(&dep, &pairs, r.resume)
+                trainer(&job, config).fit_in(&dep, &pairs, &r.run)
             }
         }
     };
@@ -278,7 +278,7 @@ pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<
     let first = report.losses.first().copied().unwrap_or(f64::NAN);
     let last = report.losses.last().copied().unwrap_or(f64::NAN);
     crate::outln!("\nloss {first:.4} -> {last:.4} over steps {}..{steps}", report.start_step + 1);
-    if let Some(e) = redco_core::pipeline::metrics::read_metrics(&w).map_err(err)?.iter().rev().find_map(|m| m.eval) {
+    if let Some((_, e)) = report.evals.last() {
         crate::outln!("held-out loss {e:.4}");
     }
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));

@@ -12,8 +12,8 @@ use redco_core::nn::lora::{add_lora, LoraConfig};
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
 use redco_core::pipeline::checkpoint::Checkpointer;
 use redco_core::pipeline::data::Dataset;
-use redco_core::pipeline::workdir::{self, WorkdirLock};
-use redco_core::pipeline::{Batch, Deployer, OptimizerConfig, StepCtx, TrainConfig, Trainer};
+use redco_core::pipeline::workdir;
+use redco_core::pipeline::{Batch, ClaimOptions, Deployer, OptimizerConfig, RunDir, StepCtx, TrainConfig, Trainer};
 use redco_core::{Backend, DType, Error, Result, Tensor};
 use redco_models::auto::AutoModel;
 use redco_models::generate::{generate_with, GenerationConfig, Sampling};
@@ -337,17 +337,14 @@ impl Job {
         leader: bool,
     ) -> Trainer<AutoModel<redco_tpu::Pjrt>, Vec<i64>, redco_tpu::Pjrt> {
         use redco_tpu::Tracer;
-        let why = match config.optimizer {
-            _ if eager => Some("--eager"),
-            _ if self.lora.is_some() => Some("LoRA freezes the base model; a compiled step trains every parameter"),
-            _ if super::launch::is_multi_process() => {
-                Some("ranks in several processes: a compiled step needs one client over every device")
-            }
-            OptimizerConfig::Sgd { .. } => Some("compiled steps run AdamW"),
-            OptimizerConfig::AdamW(c) if c.zero1 => Some("compiled steps do not shard the optimizer state"),
-            _ if config.compute_dtype != DType::F32 => Some("compiled steps compute in f32"),
-            _ if config.accumulate != 1 => Some("compiled steps take one micro-batch per step"),
-            _ => None,
+        let why = if eager {
+            Some("--eager".to_string())
+        } else if self.lora.is_some() {
+            Some("LoRA freezes the base model; a compiled step trains every parameter".into())
+        } else if super::launch::is_multi_process() {
+            Some("ranks in several processes: a compiled step needs one client over every device".into())
+        } else {
+            redco_core::pipeline::compiled::ineligible(&config)
         };
         let trainer = self.trainer(config);
         if let Some(why) = why {
@@ -437,27 +434,6 @@ fn run_identity(a: &TrainArgs) -> std::result::Result<BTreeMap<String, String>, 
     ]))
 }
 
-/// Before anything is written into the workdir: a run that resumes must be the run that
-/// wrote the checkpoint (its identity, the vocabulary aside, which is checked by the
-/// trainer); one that does not must not replace an earlier run unless `--overwrite`.
-fn claim_workdir(
-    a: &TrainArgs,
-    w: &Path,
-    resume: bool,
-    identity: &BTreeMap<String, String>,
-) -> std::result::Result<(), String> {
-    let ckpt = Checkpointer::new(w, 0);
-    if !resume {
-        return workdir::prepare_fresh(w, &ckpt, a.overwrite).map_err(err);
-    }
-    if let Some((_, dir)) = workdir::resume_target(&ckpt, a.resume_from.as_deref()).map_err(err)? {
-        let mut recorded = ckpt.extra(&dir).map_err(err)?;
-        recorded.remove(&format!("{}vocab", workdir::IDENTITY_PREFIX));
-        workdir::check_identity(&dir, &recorded, identity).map_err(err)?;
-    }
-    Ok(())
-}
-
 fn err(e: Error) -> String {
     e.to_string()
 }
@@ -531,14 +507,22 @@ pub fn run(mut a: TrainArgs) -> std::result::Result<(), String> {
     }
     // the workdir is this run's from here on (the trainer shares this lock), and nothing in
     // it is written before the run is known to be allowed there
-    let _lock = if leader { Some(WorkdirLock::acquire(&w).map_err(err)?) } else { None };
     let mut identity = run_identity(&a)?;
     if let Some(l) = &lora {
         identity.insert("lora".into(), super::lora::identity(l));
     }
-    if leader {
-        claim_workdir(&a, &w, resume, &identity)?;
-    }
+    // the workdir is this run's from here on: locked (by the leader) until the run ends, and
+    // claimed (a resumed run is the run that wrote its checkpoint, the vocabulary aside,
+    // which is known once the tokenizer is read; a fresh one replaces no earlier run unless
+    // --overwrite) before anything is written into it
+    let claim = ClaimOptions {
+        resume,
+        resume_from: a.resume_from.clone(),
+        overwrite: a.overwrite,
+        identity: identity.clone(),
+        pending: vec!["vocab".into()],
+    };
+    let run = RunDir::claim(&w, leader, &claim).map_err(err)?;
 
     // model configuration, tokenizer and data
     let synthetic = SyntheticText::new(64, a.seq(), a.seed ^ 0x5157);
@@ -559,8 +543,8 @@ pub fn run(mut a: TrainArgs) -> std::result::Result<(), String> {
     };
     if cfg.model_type == "t5" {
         let dir = a.model.clone().ok_or("T5 trains from a model directory (--model)")?;
-        let run = super::seq2seq::Seq2SeqRun { dir, kind, mesh, compute, identity, resume, resumed, leader, lora };
-        return super::seq2seq::run(&a, &cfg, run);
+        let t5 = super::seq2seq::Seq2SeqRun { dir, kind, mesh, compute, identity, run, resumed, leader, lora };
+        return super::seq2seq::run(&a, &cfg, t5);
     }
     if a.source_field.is_some() || a.target_field.is_some() || a.target_len.is_some() {
         return Err(format!(
@@ -671,7 +655,7 @@ pub fn run(mut a: TrainArgs) -> std::result::Result<(), String> {
             if let Some(t) = a.timeout {
                 dep.opts.timeout = std::time::Duration::from_secs_f64(t);
             }
-            job.trainer(config).fit(&dep, train.as_ref(), resume)
+            job.trainer(config).fit_in(&dep, train.as_ref(), &run)
         }
         // one device per rank
         #[cfg(feature = "wgpu")]
@@ -683,7 +667,7 @@ pub fn run(mut a: TrainArgs) -> std::result::Result<(), String> {
             if let Some(t) = a.timeout {
                 dep.opts.timeout = std::time::Duration::from_secs_f64(t);
             }
-            job.trainer(config).fit(&dep, train.as_ref(), resume)
+            job.trainer(config).fit_in(&dep, train.as_ref(), &run)
         }
         // one device of the plugin's client per rank
         #[cfg(feature = "tpu")]
@@ -696,7 +680,7 @@ pub fn run(mut a: TrainArgs) -> std::result::Result<(), String> {
             if let Some(t) = a.timeout {
                 dep.opts.timeout = std::time::Duration::from_secs_f64(t);
             }
-            job.pjrt_trainer(config, a.eager, dep.opts.timeout, leader).fit(&dep, train.as_ref(), resume)
+            job.pjrt_trainer(config, a.eager, dep.opts.timeout, leader).fit_in(&dep, train.as_ref(), &run)
         }
         // one GPU per rank, NCCL between them
         #[cfg(feature = "cuda")]
@@ -708,7 +692,7 @@ pub fn run(mut a: TrainArgs) -> std::result::Result<(), String> {
             if let Some(t) = a.timeout {
                 dep.opts.timeout = std::time::Duration::from_secs_f64(t);
             }
-            job.trainer(config).fit(&dep, train.as_ref(), resume)
+            job.trainer(config).fit_in(&dep, train.as_ref(), &run)
         }
     }
     .map_err(err)?;
@@ -742,7 +726,7 @@ pub fn run(mut a: TrainArgs) -> std::result::Result<(), String> {
             synthetic.corpus.entropy()
         );
     }
-    if let Some(e) = redco_core::pipeline::metrics::read_metrics(&w).map_err(err)?.iter().rev().find_map(|m| m.eval) {
+    if let Some((_, e)) = report.evals.last() {
         crate::outln!("held-out loss {e:.4}");
     }
     // the sample runs on this process alone

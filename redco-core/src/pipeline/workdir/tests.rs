@@ -8,15 +8,20 @@ fn fresh_dir(tag: &str) -> PathBuf {
 }
 
 #[test]
-fn the_lock_is_exclusive_between_runs_and_shared_within_one() {
+fn the_lock_is_exclusive_between_runs_and_within_one() {
     let d = fresh_dir("lock");
     let held = WorkdirLock::acquire(&d).unwrap();
-    // this process may lock it again (the CLI, then the trainer)
-    let again = WorkdirLock::acquire(&d).unwrap();
+    // no second lock, from this process either: a run holds its one lock (its RunDir) and
+    // hands it on; a clone of the handle shares it
+    let shared = held.clone();
+    let e = WorkdirLock::acquire(&d).unwrap_err().to_string();
+    assert!(e.contains("in use") && e.contains(&format!("pid {}", std::process::id())), "{e}");
     // another open of the lock file, as another process would, cannot take it
     let other = File::options().read(true).write(true).open(d.join(LOCK_FILE)).unwrap();
     assert!(matches!(other.try_lock(), Err(fs::TryLockError::WouldBlock)));
-    drop((held, again));
+    drop(held);
+    assert!(matches!(other.try_lock(), Err(fs::TryLockError::WouldBlock)), "a clone keeps it");
+    drop(shared);
     other.try_lock().unwrap();
     // and while another holds it, acquiring fails naming the workdir and the holder
     fs::write(d.join(LOCK_FILE), "pid 12345 on elsewhere").unwrap();

@@ -3,8 +3,8 @@
 //! optimizer), and the global norm over every shard. It is handed the rank's communicator;
 //! nothing here looks one up.
 
-use super::data_parallel::{sync_grads, OverlappedBuckets};
-use super::{Comm, Mesh};
+use crate::dist::data_parallel::{sync_grads, OverlappedBuckets};
+use crate::dist::{Comm, Mesh};
 use crate::optim::{clip_grad_norm, global_grad_norm};
 use crate::{Backend, GradStore, Result, Tensor};
 
@@ -48,7 +48,7 @@ impl<B: Backend> GradSync<B> {
         match self.strategy {
             SyncStrategy::Buckets(bytes) => sync_grads(self.comm(), params, grads, bytes),
             SyncStrategy::Zero1 if need_norm => {
-                sync_grads(self.comm(), params, grads, super::data_parallel::DEFAULT_BUCKET_BYTES)
+                sync_grads(self.comm(), params, grads, crate::dist::data_parallel::DEFAULT_BUCKET_BYTES)
             }
             SyncStrategy::Zero1 => Ok(()),
         }

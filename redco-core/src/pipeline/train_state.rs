@@ -1,0 +1,148 @@
+//! What a rank's training carries from step to step ([`TrainState`]): the f32 master
+//! weights, the optimizer, the f16 loss scale, the best eval so far and the step it
+//! starts from; restored from a checkpoint and saved as one.
+
+use super::checkpoint::Checkpointer;
+use super::train_config::TrainConfig;
+use super::workdir;
+use crate::dist::Comm;
+use crate::nn::{Module, ModuleExt};
+use crate::optim::Optimizer;
+use crate::{Backend, DType, Result, Tensor};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Dynamic loss scaling (f16): the scale the loss is multiplied by before backward, halved
+/// when gradients overflow, doubled after `growth_every` overflow-free steps; 1 otherwise.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LossScale {
+    /// The current scale.
+    pub scale: f64,
+    /// Overflow-free steps since the last change.
+    pub good: u64,
+    growth_every: u64,
+}
+
+impl LossScale {
+    /// The starting scale of `cfg` (its initial scale for f16, else 1).
+    pub(crate) fn new(cfg: &TrainConfig) -> Self {
+        let f16 = cfg.compute_dtype == DType::F16;
+        LossScale { scale: if f16 { cfg.loss_scale.0 } else { 1.0 }, good: 0, growth_every: cfg.loss_scale.1.max(1) }
+    }
+
+    /// Gradients overflowed: the step is skipped and the scale halves (not below 1).
+    pub(crate) fn overflowed(&mut self) {
+        self.scale = (self.scale / 2.0).max(1.0);
+        self.good = 0;
+    }
+
+    /// Gradients were finite: after `growth_every` such steps in a row the scale doubles.
+    pub(crate) fn finite(&mut self) {
+        self.good += 1;
+        if self.good.is_multiple_of(self.growth_every) {
+            self.scale *= 2.0;
+        }
+    }
+
+    /// As checkpoint manifest entries.
+    fn entries(&self) -> [(String, String); 2] {
+        [("loss_scale".into(), self.scale.to_string()), ("good_steps".into(), self.good.to_string())]
+    }
+
+    /// Restored from a checkpoint's manifest entries (kept as is when absent).
+    fn restore(&mut self, extra: &BTreeMap<String, String>) {
+        if let (Some(s), Some(g)) = (extra.get("loss_scale"), extra.get("good_steps")) {
+            self.scale = s.parse().unwrap_or(self.scale);
+            self.good = g.parse().unwrap_or(0);
+        }
+    }
+}
+
+/// A rank's training state: what a checkpoint holds, and what the step strategies update.
+pub(crate) struct TrainState<B: Backend> {
+    /// f32 master weights of the trainable parameters (the optimizer, checkpoints and the
+    /// export read them; the model computes with copies in the compute dtype).
+    pub masters: BTreeMap<String, Tensor<B>>,
+    /// The optimizer.
+    pub opt: Box<dyn Optimizer<B>>,
+    /// The f16 loss scale.
+    pub scale: LossScale,
+    /// The best eval so far (as rank 0 reads it).
+    pub best: Option<f64>,
+    /// The step the run starts from (0, or the resumed checkpoint's).
+    pub start: u64,
+}
+
+impl<B: Backend> TrainState<B> {
+    /// A fresh state for `model`'s trainable parameters.
+    pub(crate) fn new(model: &impl Module<B>, cfg: &TrainConfig, comm: &Comm<B>, best: Option<f64>) -> Self {
+        let mut opt = cfg.optimizer.build();
+        opt.set_comm(Some(comm.clone()));
+        TrainState {
+            masters: model.trainable_parameters().into_iter().collect(),
+            opt,
+            scale: LossScale::new(cfg),
+            best,
+            start: 0,
+        }
+    }
+
+    /// Loads checkpoint `dir` (of step `step`): its identity checked against `cfg`'s, the
+    /// masters, the optimizer state and the loss scale restored.
+    pub(crate) fn load(
+        &mut self,
+        ckpt: &Checkpointer,
+        comm: &Comm<B>,
+        (step, dir): (u64, &Path),
+        cfg: &TrainConfig,
+    ) -> Result<()> {
+        let extra = ckpt.extra(dir)?;
+        workdir::check_identity(dir, &extra, &cfg.identity)?;
+        self.start = ckpt
+            .load(Some(comm), dir, &mut self.masters, self.opt.as_mut())
+            .map_err(|e| workdir::with_older_hint(e, ckpt, step))?;
+        self.scale.restore(&extra);
+        Ok(())
+    }
+
+    /// Saves the state as the checkpoint of step `done`, recording the loss scale and the
+    /// run's identity; returns its directory.
+    pub(crate) fn save(&self, ckpt: &Checkpointer, comm: &Comm<B>, done: u64, cfg: &TrainConfig) -> Result<PathBuf> {
+        let mut extra: BTreeMap<String, String> = self.scale.entries().into_iter().collect();
+        extra.extend(workdir::identity_entries(&cfg.identity));
+        ckpt.save_with(Some(comm), done, &self.masters, self.opt.as_ref(), extra)
+    }
+
+    /// Whether eval value `v` beats the best so far (the first one always does); records it
+    /// when it does.
+    pub(crate) fn improves(&mut self, v: Option<f64>, lower_is_better: bool) -> bool {
+        let better = match (v, self.best) {
+            (Some(v), Some(b)) => {
+                if lower_is_better {
+                    v < b
+                } else {
+                    v > b
+                }
+            }
+            (Some(_), None) => true,
+            _ => false,
+        };
+        if better {
+            self.best = v;
+        }
+        better
+    }
+
+    /// Copies the masters into `model`'s trainable parameters in `dtype` (the compute
+    /// copies the next step runs with); frozen parameters are left alone.
+    pub(crate) fn refresh(&self, model: &mut impl Module<B>, dtype: DType) -> Result<()> {
+        let mut err = None;
+        model.visit_mut("", &mut |name, p| match self.masters.get(name).map(|m| m.cast(dtype)) {
+            Some(Ok(t)) => *p = t.detach().into_var(),
+            Some(Err(e)) => err = Some(e),
+            // frozen
+            None => {}
+        });
+        err.map_or(Ok(()), Err)
+    }
+}
