@@ -21,7 +21,7 @@ pub struct BadId {
 pub fn first_out_of_range(ids: &[i64], vocab_size: usize, labels: bool) -> Option<BadId> {
     let vocab = i64::try_from(vocab_size).unwrap_or(i64::MAX);
     ids.iter()
-        .position(|&id| !(0..vocab).contains(&id) && !(labels && id == IGNORE_INDEX))
+        .position(|&id| !((0..vocab).contains(&id) || (labels && id == IGNORE_INDEX)))
         .map(|position| BadId { position, id: ids[position] })
 }
 

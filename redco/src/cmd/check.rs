@@ -98,6 +98,21 @@ pub fn token_id(s: &str) -> Result<i64, String> {
     i64::try_from(v).map_err(|_| format!("{v} is beyond any token id"))
 }
 
+/// Parses `DPxMP`.
+pub fn mesh(s: &str) -> Result<redco_core::dist::Mesh, String> {
+    s.parse().map_err(|e: redco_core::Error| e.to_string())
+}
+
+/// Parses a parameter dtype.
+pub fn dtype(s: &str) -> Result<redco_core::DType, String> {
+    match s {
+        "f32" => Ok(redco_core::DType::F32),
+        "bf16" => Ok(redco_core::DType::BF16),
+        "f16" => Ok(redco_core::DType::F16),
+        d => Err(format!("unknown dtype `{d}` (use f32, bf16 or f16)")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,6 @@
 //!   into `config.json` + safetensors that transformers loads.
 
 use super::check;
-use super::common;
 use clap::Args;
 use redco_core::cpu::Cpu;
 use redco_core::dist::trace::plan_from_trace;
@@ -77,8 +76,8 @@ fn traced_plan(dir: &Path, mesh: Mesh) -> Result<redco_core::dist::ShardPlan> {
 }
 
 fn to_redco(a: &ConvertArgs) -> Result<PathBuf> {
-    let mesh = common::mesh(&a.mesh).map_err(|e| Error::invalid("convert", e))?;
-    let dtype = common::dtype(&a.dtype).map_err(|e| Error::invalid("convert", e))?;
+    let mesh = check::mesh(&a.mesh).map_err(|e| Error::invalid("convert", e))?;
+    let dtype = check::dtype(&a.dtype).map_err(|e| Error::invalid("convert", e))?;
     let t5 = HfConfig::from_dir(&a.input)?.model_type == "t5";
     let plan = traced_plan(&a.input, mesh)?;
     let ckpt = Checkpointer::new(&a.out, 0);
@@ -108,7 +107,7 @@ fn step_dir(input: &Path) -> Result<PathBuf> {
 }
 
 fn to_hf(a: &ConvertArgs) -> Result<PathBuf> {
-    let dtype = common::dtype(&a.dtype).map_err(|e| Error::invalid("convert", e))?;
+    let dtype = check::dtype(&a.dtype).map_err(|e| Error::invalid("convert", e))?;
     let dir = step_dir(&a.input)?;
     let manifest = Manifest::read(&dir)?;
     let mesh: Mesh = manifest.mesh.parse()?;

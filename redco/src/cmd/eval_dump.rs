@@ -2,8 +2,8 @@
 //! `input_ids`, `attention_mask`, `labels` and `gen_input_ids` (+ `gen_attention_mask`) from a
 //! safetensors file and writes `logits`, `loss`, `grad.<parameter>` and `generated_ids`.
 
-use super::check;
-use super::common;
+use super::backends::{self, CliBackend, Devices, OnBackend};
+use super::{check, cores, model_config};
 use clap::Args;
 use redco_core::dist::current_comm;
 use redco_core::nn::ModuleExt;
@@ -55,7 +55,7 @@ type Named = Vec<(String, HostData, Vec<usize>)>;
 fn dump<B: Backend>(b: &B, a: &EvalDumpArgs, inputs: &BTreeMap<String, HostTensor>, dtype: DType) -> Result<Named> {
     let cfg = HfConfig::from_dir(&a.model)?;
     check_inputs(a, inputs, &cfg).map_err(|e| redco_core::Error::invalid("eval-dump", e))?;
-    let plan = common::plan(&cfg, current_comm::<B>().map_or(redco_core::dist::Mesh::single(), |c| c.mesh()))
+    let plan = model_config::plan(&cfg, current_comm::<B>().map_or(redco_core::dist::Mesh::single(), |c| c.mesh()))
         .map_err(|e| redco_core::Error::invalid("eval-dump", e))?;
     let get = |k: &str| -> Result<Option<Tensor<B>>> {
         inputs.get(k).map(|t| Tensor::from_host(b, &t.data, t.shape.clone())).transpose()
@@ -197,15 +197,31 @@ fn dump_t5<B: Backend>(
     Ok(out)
 }
 
+/// The dump on every rank of the mesh, on the chosen backend.
+struct OnMesh<'a> {
+    a: &'a EvalDumpArgs,
+    inputs: &'a BTreeMap<String, HostTensor>,
+    dtype: redco_core::DType,
+    mesh: redco_core::dist::Mesh,
+    threads: usize,
+}
+
+impl OnBackend for OnMesh<'_> {
+    type Out = Named;
+    fn run<B: CliBackend>(self, d: Devices<B>) -> redco_core::Result<Self::Out> {
+        d.on_mesh(self.mesh, self.threads, |b| dump(b, self.a, self.inputs, self.dtype))
+    }
+}
+
 /// Runs `redco eval-dump`.
 pub fn run(a: EvalDumpArgs) -> std::result::Result<(), String> {
-    let mesh = common::mesh(&a.mesh)?;
-    let dtype = common::dtype(&a.dtype)?;
+    let mesh = check::mesh(&a.mesh)?;
+    let dtype = check::dtype(&a.dtype)?;
     let inputs = read_all(&a.inputs).map_err(|e| e.to_string())?;
-    let kind = common::backend(&a.backend)?;
-    let threads = common::threads_per_rank(a.threads, mesh);
-    let tensors =
-        common::on_backend!(kind, mesh, threads, |b| dump(b, &a, &inputs, dtype)).map_err(|e| e.to_string())?;
+    let kind = backends::backend(&a.backend)?;
+    let threads = cores::threads_per_rank(a.threads, mesh);
+    let on = OnMesh { a: &a, inputs: &inputs, dtype, mesh, threads };
+    let tensors = backends::dispatch(kind, mesh, on).map_err(|e| e.to_string())?;
     let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
     let bytes = safetensors_bytes(&tensors, meta).map_err(|e| e.to_string())?;
     // one writer: the process of rank 0

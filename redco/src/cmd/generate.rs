@@ -2,8 +2,8 @@
 //! one prompt, batched (left-padded) for several; greedy or sampled, on one device or split
 //! over a mesh.
 
-use super::check;
-use super::common;
+use super::backends::{self, BackendKind, CliBackend, Devices, OnBackend};
+use super::{check, cores, fits, model_config};
 use clap::Args;
 use redco_core::dist::current_comm;
 use redco_core::{Backend, Error, Result, Tensor};
@@ -100,8 +100,8 @@ const DEFAULT_NEW_TOKENS: usize = 32;
 fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<Vec<String>> {
     let cfg = HfConfig::from_dir(&a.model)?;
     let mesh = current_comm::<B>().map_or(redco_core::dist::Mesh::single(), |c| c.mesh());
-    let plan = common::plan(&cfg, mesh).map_err(|e| Error::invalid("generate", e))?;
-    let dtype = common::dtype(&a.dtype).map_err(|e| Error::invalid("generate", e))?;
+    let plan = model_config::plan(&cfg, mesh).map_err(|e| Error::invalid("generate", e))?;
+    let dtype = check::dtype(&a.dtype).map_err(|e| Error::invalid("generate", e))?;
     let tok = Tokenizer::from_dir(&a.model)?;
     let speak = current_comm::<B>().is_none_or(|c| c.rank() == 0);
     if let Some(w) = vocab::check_tokenizer(&tok, cfg.vocab)? {
@@ -117,8 +117,8 @@ fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<V
     let source = format!("the prompts, encoded by {}", tok.source().display());
     vocab::check_ids(&batch.ids, cfg.vocab, false, &source, Some(&tok))?;
     let max_new_tokens = new_tokens(&cfg, a.max_new_tokens, batch.seq, speak);
-    let threads = a.threads.unwrap_or_else(common::host_cores);
-    common::check_generation_fits(&cfg, (batch.batch * a.num_beams, batch.seq, max_new_tokens), dtype, threads)
+    let threads = a.threads.unwrap_or_else(cores::host_cores);
+    fits::check_generation_fits(&cfg, (batch.batch * a.num_beams, batch.seq, max_new_tokens), dtype, threads)
         .map_err(|e| Error::invalid("generate", e))?;
     let ids = Tensor::from_vec(b, batch.ids.clone(), [batch.batch, batch.seq])?;
     let mask = Tensor::from_vec(b, batch.mask.clone(), [batch.batch, batch.seq])?;
@@ -191,12 +191,27 @@ fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<V
     decode(g.rows, batch.seq)
 }
 
+/// The generation on every rank of the mesh, on the chosen backend.
+struct OnMesh<'a> {
+    a: &'a GenerateArgs,
+    prompts: &'a [String],
+    mesh: redco_core::dist::Mesh,
+    threads: usize,
+}
+
+impl OnBackend for OnMesh<'_> {
+    type Out = Vec<String>;
+    fn run<B: CliBackend>(self, d: Devices<B>) -> Result<Vec<String>> {
+        d.on_mesh(self.mesh, self.threads, |b| run_rank(b, self.a, self.prompts))
+    }
+}
+
 /// Runs `redco generate`.
 pub fn run(a: GenerateArgs) -> std::result::Result<(), String> {
-    let kind = common::backend(&a.backend)?;
-    let mesh = common::mesh(&a.mesh)?;
-    if kind == common::BackendKind::Cpu {
-        common::check_devices(mesh, a.threads, a.oversubscribe)?;
+    let kind = backends::backend(&a.backend)?;
+    let mesh = check::mesh(&a.mesh)?;
+    if kind == BackendKind::Cpu {
+        cores::check_devices(mesh, a.threads, a.oversubscribe)?;
     }
     let mut prompts = a.prompt.clone();
     if let Some(f) = &a.prompts_file {
@@ -210,10 +225,11 @@ pub fn run(a: GenerateArgs) -> std::result::Result<(), String> {
     if prompts.is_empty() {
         return Err("give a prompt: --prompt TEXT (repeatable) or --prompts-file FILE".into());
     }
-    let threads = common::threads_per_rank(a.threads, mesh);
-    let outs = common::on_backend!(kind, mesh, threads, |b| run_rank(b, &a, &prompts)).map_err(|e| e.to_string())?;
+    let threads = cores::threads_per_rank(a.threads, mesh);
+    let on = OnMesh { a: &a, prompts: &prompts, mesh, threads };
+    let outs = backends::dispatch(kind, mesh, on).map_err(|e| e.to_string())?;
     // one greedy/sampled prompt of a decoder-only model has been streamed already
-    let streamed = prompts.len() == 1 && a.num_beams <= 1 && !common::is_t5(&a.model);
+    let streamed = prompts.len() == 1 && a.num_beams <= 1 && !model_config::is_t5(&a.model);
     if !streamed && super::launch::is_leader() {
         for (p, o) in prompts.iter().zip(outs) {
             crate::outln!("{p}{}{o}", if p.ends_with(' ') { "" } else { " " });

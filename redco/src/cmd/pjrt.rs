@@ -60,3 +60,34 @@ pub fn describe() {
         }
     }
 }
+
+/// PJRT compiles a decoder-only model's whole training step into one program, unless the
+/// run must go op by op (said on the leader's output either way).
+impl super::backends::CliBackend for Pjrt {
+    fn with_lm_step(
+        trainer: redco_core::pipeline::Trainer<redco_models::auto::AutoModel<Pjrt>, Vec<i64>, Pjrt>,
+        step: &super::backends::LmStep,
+    ) -> redco_core::pipeline::Trainer<redco_models::auto::AutoModel<Pjrt>, Vec<i64>, Pjrt> {
+        use redco_models::auto::AutoModel;
+        use redco_tpu::Tracer;
+        if let Some(why) = &step.blocked {
+            if step.leader {
+                crate::outln!("pjrt: every op runs as its own program ({why})");
+            }
+            return trainer;
+        }
+        if step.leader {
+            crate::outln!("pjrt: the training step is compiled into one program");
+        }
+        let (cfg, seed) = (step.cfg.clone(), step.seed);
+        let compiler = redco_tpu::PjrtStepCompiler::new(
+            move |t: &Tracer| AutoModel::new(t, &cfg, redco_core::DType::F32, seed),
+            // the next-token loss: the model shifts the labels internally
+            |m: &AutoModel<Tracer>, b: &redco_core::pipeline::Batch<Tracer>| {
+                m.loss(&b["input_ids"], None, &b["input_ids"])
+            },
+            step.timeout,
+        );
+        trainer.with_compiled_step(std::sync::Arc::new(compiler))
+    }
+}

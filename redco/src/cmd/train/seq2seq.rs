@@ -6,46 +6,18 @@
 //! evaluated during training and their greedy outputs compared with the targets at the end.
 //! The workdir ends up a Hugging Face T5 directory.
 
-use super::common;
+use super::args::{already_past, train_config, TrainArgs};
 use super::data::{open_data, string_field};
-use super::train::{train_config, TrainArgs};
-use redco_core::dist::Mesh;
+use super::finish::{finish, own_threads, Ending};
+use super::{err, RunSetup};
+use crate::cmd::backends::{self, CliBackend, Devices, OnBackend};
 use redco_core::nn::lora::{add_lora, set_dropout_seed, LoraConfig};
-use redco_core::pipeline::checkpoint::write_atomic;
-use redco_core::pipeline::{Batch, Deployer, FitReport, StepCtx, TrainConfig, Trainer};
+use redco_core::pipeline::{Batch, FitReport, StepCtx, TrainConfig, Trainer};
 use redco_core::{Backend, DType, Error, Result};
-use redco_models::hf::config::HfConfig;
 use redco_models::hf::tokenizer::Tokenizer;
 use redco_models::seq2seq::{collate_pairs, generate_targets, seq2seq_loss, Pair};
 use redco_models::t5::T5;
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-
-/// What `redco train` has settled before it hands a T5 run over.
-pub struct Seq2SeqRun {
-    /// The T5 directory to fine-tune.
-    pub dir: PathBuf,
-    /// The backend.
-    pub kind: common::BackendKind,
-    /// The mesh.
-    pub mesh: Mesh,
-    /// The compute dtype.
-    pub compute: DType,
-    /// The run's identity (checked on resume).
-    pub identity: BTreeMap<String, String>,
-    /// The claimed workdir (locked by the leader until the run ends).
-    pub run: redco_core::pipeline::RunDir,
-    /// The step of the checkpoint it resumes from, when there is one.
-    pub resumed: Option<u64>,
-    /// Whether this process writes the run's files and prints.
-    pub leader: bool,
-    /// LoRA adapters (the base frozen), or full fine-tuning.
-    pub lora: Option<LoraConfig>,
-}
-
-fn err(e: Error) -> String {
-    e.to_string()
-}
+use std::path::Path;
 
 /// The pairs of the `--data` records (any format `data::open` reads), tokenised (the
 /// tokenizer's special tokens added: T5's `</s>`) and cut to `max_source` and `max_target` tokens (the last kept token is then the end of
@@ -127,14 +99,28 @@ fn trainer<B: Backend>(job: &Job<'_>, config: TrainConfig) -> Trainer<T5<B>, Pai
     .observe_all(redco::observe::standard())
 }
 
-/// What every rank's trainer is made from.
+/// What every rank's trainer is made from, and what it trains on.
 struct Job<'a> {
+    a: &'a TrainArgs,
     dir: &'a Path,
     pad: i64,
     held_out: &'a [Pair],
     every: u64,
     lora: Option<&'a LoraConfig>,
     seed: u64,
+    pairs: &'a Vec<Pair>,
+    config: TrainConfig,
+    setup: &'a RunSetup,
+}
+
+/// Trains the T5 on the chosen backend's ranks.
+impl OnBackend for &Job<'_> {
+    type Out = FitReport;
+    fn run<B: CliBackend>(self, d: Devices<B>) -> Result<FitReport> {
+        let (a, s) = (self.a, self.setup);
+        let dep = d.deployer(s.mesh, a.seed, &a.workdir, (a.threads, a.timeout))?;
+        trainer(self, self.config.clone()).fit_in(&dep, self.pairs, &s.run)
+    }
 }
 
 /// The held-out pairs' greedy outputs on device `b` from the trained model in `w`: the
@@ -158,7 +144,8 @@ fn report_outputs<B: Backend>(b: &B, w: &Path, tok: &Tokenizer, held_out: &[Pair
 }
 
 /// Runs the T5 part of `redco train`.
-pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<(), String> {
+pub(super) fn run(a: &TrainArgs, r: RunSetup) -> std::result::Result<(), String> {
+    let cfg = &r.cfg;
     let (Some(src_field), Some(tgt_field)) = (&a.source_field, &a.target_field) else {
         return Err(
             "a T5 trains on pairs: give --source-field and --target-field (fields of the --data records)".into()
@@ -169,9 +156,9 @@ pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<
                     --source-field and --target-field"
             .into());
     };
-    let tok = Tokenizer::from_dir(&r.dir).map_err(err)?;
+    let tok = Tokenizer::from_dir(&r.tok_dir).map_err(err)?;
     if let Some(w) = redco_models::hf::vocab::check_tokenizer(&tok, cfg.vocab).map_err(err)? {
-        super::out::warn(format_args!("redco: warning: {w}"));
+        crate::cmd::out::warn(format_args!("redco: warning: {w}"));
     }
     let max_target = a.target_len.unwrap_or(a.seq());
     let mut pairs =
@@ -185,20 +172,19 @@ pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<
     }
     let n_eval = (pairs.len() / 20).clamp(1, 64);
     let held_out = pairs.split_off(pairs.len() - n_eval);
-    let mut identity = r.identity;
+    let mut identity = r.identity.clone();
     identity.insert("pairs".into(), format!("{src_field} -> {tgt_field}, target {max_target}"));
     identity.insert("vocab".into(), tok.vocab_size().to_string());
     let mut config = train_config(a, pairs.len(), identity, r.compute, cfg.vocab)?;
     config.tokens_key = Some("labels".into());
-    if super::train::already_past(a, r.resumed, config.steps, r.leader) {
+    if already_past(a, r.resumed, config.steps, r.leader) {
         return Ok(());
     }
     if r.leader {
-        super::logging::log_to(&a.workdir.join("redco.log"))?;
+        crate::cmd::logging::log_to(&a.workdir.join("redco.log"))?;
     }
     let pad = cfg.pad_token_id.unwrap_or(0);
     let every = a.checkpoint_every.max(1);
-    let w = a.workdir.clone();
     if r.leader {
         crate::outln!(
             "training t5 ({} + {} layers, d_model {}, vocab {}) on mesh {} of {} ranks for {} steps of {} pairs \
@@ -216,73 +202,26 @@ pub fn run(a: &TrainArgs, cfg: &HfConfig, r: Seq2SeqRun) -> std::result::Result<
             a.seq()
         );
     }
-    let timeout = a.timeout.map(std::time::Duration::from_secs_f64);
-    let job = Job { dir: &r.dir, pad, held_out: &held_out, every, lora: r.lora.as_ref(), seed: a.seed };
-    let fit = |config: TrainConfig| -> Result<FitReport> {
-        match r.kind {
-            common::BackendKind::Cpu => {
-                let mut dep = Deployer::new(r.mesh, a.seed, &w)?.with_comm(super::launch::factory())?;
-                dep.opts.threads_per_rank = Some(common::threads_per_rank(a.threads, r.mesh));
-                if let Some(t) = timeout {
-                    dep.opts.timeout = t;
-                }
-                trainer(&job, config).fit_in(&dep, &pairs, &r.run)
-            }
-            #[cfg(feature = "wgpu")]
-            common::BackendKind::Wgpu => {
-                let mut dep = Deployer::with_backend(r.mesh, a.seed, &w, |_, _| redco_wgpu::Wgpu::new())?
-                    .with_comm(super::launch::factory())?;
-                if let Some(t) = timeout {
-                    dep.opts.timeout = t;
-                }
-                trainer(&job, config).fit_in(&dep, &pairs, &r.run)
-            }
-            #[cfg(feature = "tpu")]
-            common::BackendKind::Pjrt => {
-                let size = r.mesh.size();
-                let mut dep =
-                    Deployer::with_backend(r.mesh, a.seed, &w, move |rank, _| super::pjrt::backend(rank, size))?
-                        .with_comm(super::launch::factory())?;
-                if let Some(t) = timeout {
-                    dep.opts.timeout = t;
-                }
-                trainer(&job, config).fit_in(&dep, &pairs, &r.run)
-            }
-            #[cfg(feature = "cuda")]
-            common::BackendKind::Cuda => {
-                let mut dep = Deployer::with_backend(r.mesh, a.seed, &w, |rank, _| super::cuda::backend(rank))?
-                    .with_comm(super::cuda::factory())?;
-                if let Some(t) = timeout {
-                    dep.opts.timeout = t;
-                }
-                trainer(&job, config).fit_in(&dep, &pairs, &r.run)
-            }
-        }
-    };
     let steps = config.steps;
-    let report = fit(config).map_err(err)?;
-    if !r.leader {
+    let job = Job {
+        a,
+        dir: &r.tok_dir,
+        pad,
+        held_out: &held_out,
+        every,
+        lora: r.lora.as_ref(),
+        seed: a.seed,
+        pairs: &pairs,
+        config,
+        setup: &r,
+    };
+    let report = backends::dispatch(r.kind, r.mesh, &job).map_err(err)?;
+    let files = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"];
+    if !finish(a, &r, &report, steps, Ending { files: &files, task: "SEQ_2_SEQ_LM", note: None })? {
         return Ok(());
     }
-    if let Some(l) = &r.lora {
-        super::lora::finish(&w, l, a.lora.peft(), &r.dir, "SEQ_2_SEQ_LM")?;
-    }
-    // the workdir is now a Hugging Face T5 directory
-    let cfg_text = serde_json::to_string_pretty(&cfg.raw).map_err(|e| e.to_string())?;
-    write_atomic(&w.join("config.json"), cfg_text.as_bytes()).map_err(err)?;
-    for f in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"] {
-        if r.dir.join(f).exists() && r.dir != w {
-            std::fs::copy(r.dir.join(f), w.join(f)).map_err(|e| format!("copy {f}: {e}"))?;
-        }
-    }
-    let first = report.losses.first().copied().unwrap_or(f64::NAN);
-    let last = report.losses.last().copied().unwrap_or(f64::NAN);
-    crate::outln!("\nloss {first:.4} -> {last:.4} over steps {}..{steps}", report.start_step + 1);
-    if let Some((_, e)) = report.evals.last() {
-        crate::outln!("held-out loss {e:.4}");
-    }
-    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let b = redco_core::cpu::Cpu::try_new((threads / super::launch::world().local_size).max(1)).map_err(err)?;
-    report_outputs(&b, &w, &tok, &held_out, max_target).map_err(err)?;
-    super::lora::print_outputs(&w, r.lora.is_some() && a.lora.peft())
+    // the held-out outputs on this process alone
+    let b = redco_core::cpu::Cpu::try_new(own_threads(a)).map_err(err)?;
+    report_outputs(&b, &a.workdir, &tok, &held_out, max_target).map_err(err)?;
+    super::lora::print_outputs(&a.workdir, r.lora.is_some() && a.lora.peft())
 }

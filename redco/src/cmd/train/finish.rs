@@ -1,0 +1,88 @@
+//! How every training run ends ([`finish`]): each rank's collective counts (`--comm-stats`),
+//! then on the leader the LoRA export, the workdir made a Hugging Face model directory
+//! (config.json, the tokenizer files), and the loss and held-out lines.
+
+use super::{err, RunSetup, TrainArgs};
+use redco_core::pipeline::checkpoint::write_atomic;
+use redco_core::pipeline::FitReport;
+use redco_core::{Error, Result};
+use std::path::{Path, PathBuf};
+
+/// What a finished run reports besides its [`FitReport`].
+pub(super) struct Ending<'a> {
+    /// The files copied from the model's directory into the workdir, when they exist there.
+    pub files: &'a [&'a str],
+    /// The PEFT task type of a LoRA export.
+    pub task: &'a str,
+    /// A line printed after the loss line (e.g. the bundled corpus's entropy).
+    pub note: Option<String>,
+}
+
+/// Ends a run: `--comm-stats` on every process; on the leader, the LoRA export, the model
+/// directory and the summary lines. Returns whether this process is the leader (the one
+/// that goes on to print samples).
+pub(super) fn finish(
+    a: &TrainArgs,
+    s: &RunSetup,
+    report: &FitReport,
+    steps: u64,
+    end: Ending<'_>,
+) -> std::result::Result<bool, String> {
+    if let Some(path) = &a.comm_stats {
+        write_comm_stats(path, report).map_err(err)?;
+    }
+    if !s.leader {
+        return Ok(false);
+    }
+    let w = &a.workdir;
+    if let Some(l) = &s.lora {
+        let base = a.model.clone().unwrap_or_else(|| w.clone());
+        super::lora::finish(w, l, a.lora.peft(), &base, end.task)?;
+    }
+    // the workdir is now a Hugging Face model directory
+    let cfg_text = serde_json::to_string_pretty(&s.cfg.raw).map_err(|e| e.to_string())?;
+    write_atomic(&w.join("config.json"), cfg_text.as_bytes()).map_err(err)?;
+    if s.tok_dir != *w {
+        for f in end.files {
+            if s.tok_dir.join(f).exists() {
+                std::fs::copy(s.tok_dir.join(f), w.join(f)).map_err(|e| format!("copy {f}: {e}"))?;
+            }
+        }
+    }
+    let first = report.losses.first().copied().unwrap_or(f64::NAN);
+    let last = report.losses.last().copied().unwrap_or(f64::NAN);
+    crate::outln!("\nloss {first:.4} -> {last:.4} over steps {}..{steps}", report.start_step + 1);
+    if let Some(note) = end.note {
+        crate::outln!("{note}");
+    }
+    if let Some((_, e)) = report.evals.last() {
+        crate::outln!("held-out loss {e:.4}");
+    }
+    Ok(true)
+}
+
+/// CPU threads for work this process does alone after the run (a sample): its share of
+/// `--threads` (default every core) among the host's processes.
+pub(super) fn own_threads(a: &TrainArgs) -> usize {
+    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    (threads / super::super::launch::world().local_size).max(1)
+}
+
+/// Writes each local rank's collective counts as JSON, `{rank, stats: [{kind, axis, calls,
+/// bytes}]}`, one file per rank (`{rank}` in `path` replaced by it).
+fn write_comm_stats(path: &Path, report: &redco_core::pipeline::FitReport) -> Result<()> {
+    for (rank, stats) in &report.comm {
+        let file = PathBuf::from(path.to_string_lossy().replace("{rank}", &rank.to_string()));
+        let rows: Vec<serde_json::Value> = stats
+            .entries()
+            .into_iter()
+            .map(|(k, axis, c)| {
+                serde_json::json!({"kind": format!("{k:?}"), "axis": format!("{axis:?}"), "calls": c.calls, "bytes": c.bytes})
+            })
+            .collect();
+        let text = serde_json::to_string_pretty(&serde_json::json!({"rank": rank, "stats": rows}))
+            .map_err(|e| Error::invalid("comm-stats", e.to_string()))?;
+        redco_core::pipeline::checkpoint::write_atomic(&file, text.as_bytes())?;
+    }
+    Ok(())
+}
