@@ -25,7 +25,7 @@ pub(crate) struct Node<B: Backend> {
 }
 
 /// What a recorded op did beyond its name and shapes, for the dataflow analysis that
-/// derives sharding plans (`dist::trace`).
+/// derives sharding plans (`planning::trace`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum OpMeta {
     /// Nothing more to know.

@@ -342,7 +342,7 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     }
     /// Runs `f` on the backend's own compute threads when it has them (the CPU backend's
     /// pool), so the ops `f` issues need no hand-off from the calling thread; the default
-    /// runs `f` in place. Call it through [`crate::dist::on_backend`], which carries the
+    /// runs `f` in place. Call it through [`crate::runtime::on_backend`], which carries the
     /// thread's communicator and gradient mode over.
     fn enter(&self, f: &mut (dyn FnMut() + Send)) {
         f()

@@ -276,6 +276,36 @@ pub(crate) fn f32_to_bf16(x: f32) -> bf16 {
     bf16::from_bits(if x.is_nan() { nan } else { rounded })
 }
 
+/// Float values of a buffer in their compute type.
+pub(crate) enum Floats<'a> {
+    F32(std::borrow::Cow<'a, [f32]>),
+    F64(std::borrow::Cow<'a, [f64]>),
+}
+
+/// Borrows f32/f64 data, converts f16/bf16 to f32 and integers to f64.
+pub(crate) fn floats(h: &HostData) -> Floats<'_> {
+    match h {
+        HostData::F32(v) => Floats::F32(std::borrow::Cow::Borrowed(v)),
+        HostData::F64(v) => Floats::F64(std::borrow::Cow::Borrowed(v)),
+        HostData::F16(_) | HostData::BF16(_) => Floats::F32(std::borrow::Cow::Owned(h.to_f32_vec())),
+        _ => Floats::F64(std::borrow::Cow::Owned(h.to_f64_vec())),
+    }
+}
+
+/// `len` elements of `h` from flat offset `start`.
+pub(crate) fn narrow_flat(h: &HostData, start: usize, len: usize) -> HostData {
+    let r = start..start + len;
+    match h {
+        HostData::F32(v) => HostData::F32(v[r].to_vec()),
+        HostData::F64(v) => HostData::F64(v[r].to_vec()),
+        HostData::F16(v) => HostData::F16(v[r].to_vec()),
+        HostData::BF16(v) => HostData::BF16(v[r].to_vec()),
+        HostData::I64(v) => HostData::I64(v[r].to_vec()),
+        HostData::I32(v) => HostData::I32(v[r].to_vec()),
+        HostData::U8(v) => HostData::U8(v[r].to_vec()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

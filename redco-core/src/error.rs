@@ -88,6 +88,37 @@ pub enum Error {
         /// What is wrong with it.
         msg: String,
     },
+    /// A configuration value out of range or inconsistent with the rest: a model's
+    /// `config.json` field, a training or mesh setting.
+    #[error("{op}: {msg}")]
+    Config {
+        /// Where the value was read (`config`, `train`, `mesh`, ...).
+        op: &'static str,
+        /// Which value and what is wrong with it.
+        msg: String,
+    },
+    /// A feature, model variant or combination that redco does not support (yet): the
+    /// input may be valid, redco cannot run it.
+    #[error("{op}: {msg}")]
+    Unsupported {
+        /// The op or component that refuses.
+        op: &'static str,
+        /// What is not supported, and what to do instead where there is a way.
+        msg: String,
+    },
+    /// A file-system or stream operation that failed, with the path and the OS error.
+    #[error("{op}: {what} {}: {source}", path.display())]
+    Io {
+        /// The component that did the IO (`checkpoint`, `workdir`, `tensorboard`, ...).
+        op: &'static str,
+        /// What it was doing (`cannot read`, `cannot create`, ...).
+        what: String,
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// The OS error (shared, so the error stays `Clone`).
+        #[source]
+        source: std::sync::Arc<std::io::Error>,
+    },
     /// Any other invalid argument, described by `msg`.
     #[error("{op}: {msg}")]
     Invalid {
@@ -128,6 +159,30 @@ impl Error {
     /// Shorthand for [`Error::Invalid`].
     pub fn invalid(op: &'static str, msg: impl Into<String>) -> Self {
         Error::Invalid { op, msg: msg.into() }
+    }
+    /// Shorthand for [`Error::Config`].
+    pub fn config(op: &'static str, msg: impl Into<String>) -> Self {
+        Error::Config { op, msg: msg.into() }
+    }
+    /// Shorthand for [`Error::Unsupported`].
+    pub fn unsupported(op: &'static str, msg: impl Into<String>) -> Self {
+        Error::Unsupported { op, msg: msg.into() }
+    }
+    /// Shorthand for [`Error::Io`]: `op` failed to do `what` on `path`.
+    pub fn io(
+        op: &'static str,
+        what: impl Into<String>,
+        path: impl Into<std::path::PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
+        Error::Io { op, what: what.into(), path: path.into(), source: std::sync::Arc::new(source) }
+    }
+    /// The OS error kind of an [`Error::Io`], `None` for every other error.
+    pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
+        match self {
+            Error::Io { source, .. } => Some(source.kind()),
+            _ => None,
+        }
     }
 }
 

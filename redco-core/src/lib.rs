@@ -26,7 +26,6 @@ pub mod autograd;
 pub mod backend;
 pub mod cpu;
 pub mod display;
-pub mod dist;
 pub mod dtype;
 pub mod error;
 pub mod nn;
@@ -35,7 +34,10 @@ pub mod optim;
 #[cfg(feature = "pipeline")]
 pub mod pipeline;
 pub mod placement;
+pub mod planning;
+pub mod runtime;
 pub mod shape;
+pub mod sharding;
 pub mod tensor;
 
 pub use autograd::{is_grad_enabled, no_grad, GradModeGuard, GradStore, OpMeta};

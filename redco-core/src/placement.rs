@@ -1,7 +1,7 @@
 //! Placements: how a tensor's global value is laid out over each mesh axis.
 //!
-//! On one device every tensor is [`Placement::Replicate`] on every axis. The parallelism
-//! machinery (`dist/`) fills in shards and partial sums; the type lives here, beside
+//! On one device every tensor is [`Placement::Replicate`] on every axis. The sharding
+//! layer (`sharding/`) fills in shards and partial sums; the type lives here, beside
 //! [`Shape`](crate::Shape), because it is tensor metadata.
 
 /// The two axes of a device mesh.

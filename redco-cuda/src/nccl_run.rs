@@ -5,9 +5,9 @@
 
 use crate::context::Cuda;
 use crate::nccl::Nccl;
-use redco_core::dist::store::Store;
-use redco_core::dist::world::World;
-use redco_core::dist::{Collective, CommFactory, Mesh, RunComms};
+use redco_core::runtime::store::Store;
+use redco_core::runtime::world::World;
+use redco_core::runtime::{Collective, CommFactory, Mesh, RunComms};
 use redco_core::Result;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};

@@ -5,7 +5,7 @@
 //! Skipped without a GPU unless `REDCO_REQUIRE_CUDA=1`.
 
 use redco_core::cpu::Cpu;
-use redco_core::dist::{spmd, spmd_with, Mesh, SpmdOptions, Threads};
+use redco_core::runtime::{spmd, spmd_with, Mesh, SpmdOptions, Threads};
 use redco_cuda::{Cuda, NcclFactory};
 use redco_tests::check::assert_close;
 use redco_tests::one_step::{plan, step, worst, Step, TOL};

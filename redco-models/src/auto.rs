@@ -6,8 +6,8 @@ use crate::gptj::GptJ;
 use crate::hf::config::HfConfig;
 use crate::llama::Llama;
 use crate::opt::Opt;
-use redco_core::dist::ShardPlan;
 use redco_core::nn::{Linear, Module};
+use redco_core::planning::ShardPlan;
 use redco_core::{Backend, DType, Error, Result, Tensor};
 use std::path::Path;
 
@@ -75,7 +75,7 @@ impl<B: Backend> AutoModel<B> {
 }
 
 fn unsupported(t: &str) -> Error {
-    Error::invalid("model", format!("model_type `{t}` is not supported (supported: {})", SUPPORTED.join(", ")))
+    Error::unsupported("model", format!("model_type `{t}` is not supported (supported: {})", SUPPORTED.join(", ")))
 }
 
 impl<B: Backend> Module<B> for AutoModel<B> {

@@ -4,8 +4,8 @@
 use crate::hf::checkpoint::Checkpoint;
 use crate::hf::config::HfConfig;
 use crate::params::{CheckpointSource, ParamSource};
-use redco_core::dist::ShardPlan;
 use redco_core::nn::{Embedding, Init, LayerNorm, Linear, RmsNorm};
+use redco_core::planning::ShardPlan;
 use redco_core::{Backend, DType, Error, Result, Shape};
 use std::path::Path;
 

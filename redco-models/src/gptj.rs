@@ -8,8 +8,8 @@ use crate::build::{self, embedding, layer_norm, linear};
 use crate::generate::{CausalLm, KvCache};
 use crate::hf::config::HfConfig;
 use crate::params::{ParamSource, RandomInit};
-use redco_core::dist::ShardPlan;
 use redco_core::nn::{self, Activation, Embedding, LayerNorm, Linear, Mlp, RotaryEmbedding};
+use redco_core::planning::ShardPlan;
 use redco_core::{Backend, DType, Error, Result, RotaryMode, Tensor};
 use std::path::Path;
 

@@ -138,7 +138,7 @@ impl<B: Backend> Llama<B> {
         b: &B,
         dir: &std::path::Path,
         dtype: DType,
-        plan: Option<&redco_core::dist::ShardPlan>,
+        plan: Option<&redco_core::planning::ShardPlan>,
     ) -> Result<Self> {
         let cfg = HfConfig::from_dir(dir)?;
         Self::check_config(&cfg)?;

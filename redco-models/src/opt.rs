@@ -10,8 +10,8 @@ use crate::generate::{CausalLm, KvCache};
 use crate::hf::config::HfConfig;
 use crate::params::{ParamSource, RandomInit};
 use redco_core::backend::CmpOp;
-use redco_core::dist::ShardPlan;
 use redco_core::nn::{self, Activation, Embedding, LayerNorm, Linear};
+use redco_core::planning::ShardPlan;
 use redco_core::{Backend, DType, Error, Result, Tensor};
 use std::path::Path;
 
@@ -93,7 +93,7 @@ impl<B: Backend> Opt<B> {
             return Err(Error::invalid("opt", format!("config has model_type `{}`, not opt", cfg.model_type)));
         }
         if !cfg.flag("layer_norm_elementwise_affine", true) {
-            return Err(Error::invalid("opt", "layer_norm_elementwise_affine = false is not supported"));
+            return Err(Error::unsupported("opt", "layer_norm_elementwise_affine = false is not supported"));
         }
         Activation::from_hf(&cfg.hidden_act).map(|_| ())
     }

@@ -3,8 +3,8 @@
 //! [`ShardPlan`] places it. Models ask for `(name, shape, init)` and never see placements.
 
 use crate::hf::checkpoint::Checkpoint;
-use redco_core::dist::{current_comm, ShardPlan};
 use redco_core::nn::Init;
+use redco_core::{planning::ShardPlan, runtime::current_comm};
 use redco_core::{Backend, DType, Error, MeshAxis, Placement, Result, Shape, Tensor};
 use std::collections::BTreeSet;
 

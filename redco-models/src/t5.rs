@@ -9,8 +9,8 @@ use crate::build::{self, embedding, linear, rms_norm};
 use crate::hf::config::HfConfig;
 use crate::params::{ParamSource, RandomInit};
 use redco_core::backend::CmpOp;
-use redco_core::dist::ShardPlan;
 use redco_core::nn::{self, join, Activation, Embedding, Linear, Module, RmsNorm};
+use redco_core::planning::ShardPlan;
 use redco_core::{Backend, DType, Error, Result, Tensor};
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! processes can be compared bit for bit with the same run over threads. The
 //! `redco-mpi-check` program runs it under `mpirun`; the tests run it both ways.
 
-use redco_core::dist::{Comm, ReduceKind};
+use redco_core::runtime::{Comm, ReduceKind};
 use redco_core::{Backend, DType, Error, HostData, MeshAxis, Result};
 
 /// One checked call: its name and the FNV-1a digest of its result's bytes.

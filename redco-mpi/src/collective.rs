@@ -5,8 +5,8 @@
 use crate::env::Mpi;
 use crate::watchdog::{diagnose, kind_name};
 use crate::wire::Group;
-use redco_core::dist::host::{reduce_all, split_range, SPLIT_REDUCE_MIN};
-use redco_core::dist::{Collective, CollectiveKind, Mesh, Pending, ReduceKind};
+use redco_core::runtime::host::{reduce_all, split_range, SPLIT_REDUCE_MIN};
+use redco_core::runtime::{Collective, CollectiveKind, Mesh, Pending, ReduceKind};
 use redco_core::{Backend, DType, Error, HostData, MeshAxis, Result};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};

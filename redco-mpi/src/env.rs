@@ -8,8 +8,8 @@ use mpi::environment::Universe;
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::*;
 use mpi::Threading;
-use redco_core::dist::store::{Store, TcpStore};
-use redco_core::dist::{Collective, CommFactory, GroupAxis, Launcher, Mesh, ProcessGroup, RunComms, World};
+use redco_core::runtime::store::{Store, TcpStore};
+use redco_core::runtime::{Collective, CommFactory, GroupAxis, Launcher, Mesh, ProcessGroup, RunComms, World};
 use redco_core::{Backend, Error, Result};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
@@ -65,7 +65,7 @@ impl Mpi {
         let (rank, size) = (comm.rank() as usize, comm.size() as usize);
         let shared = comm.split_shared(rank as i32);
         let (local_rank, local_size) = (shared.rank() as usize, shared.size() as usize);
-        let host = mpi::environment::processor_name().unwrap_or_else(|_| redco_core::dist::world::hostname());
+        let host = mpi::environment::processor_name().unwrap_or_else(|_| redco_core::runtime::world::hostname());
         let master = match (std::env::var("MASTER_ADDR"), std::env::var("MASTER_PORT")) {
             (Ok(a), Ok(p)) => Some(format!("{a}:{p}")),
             _ => None,

@@ -1,17 +1,17 @@
 //! redco-rs over MPI: one rank per process, on one host or many.
 //!
 //! [`Mpi::init`] starts MPI (Open MPI, MPICH, or Slurm's PMIx under `srun --mpi=pmix`),
-//! reads this process's [`World`](redco_core::dist::World) from it, and brings up the
-//! job's bootstrap store (rank 0 serves a [`TcpStore`](redco_core::dist::store::TcpStore);
+//! reads this process's [`World`](redco_core::runtime::World) from it, and brings up the
+//! job's bootstrap store (rank 0 serves a [`TcpStore`](redco_core::runtime::store::TcpStore);
 //! its address travels by MPI broadcast). An [`Mpi`] is a
-//! [`CommFactory`](redco_core::dist::CommFactory): a `Deployer` holding it runs the
+//! [`CommFactory`](redco_core::runtime::CommFactory): a `Deployer` holding it runs the
 //! process's own rank of the mesh, with an [`MpiCollective`] that moves any backend's
 //! buffers through host memory:
 //!
 //! ```no_run
 //! # fn main() -> redco_core::Result<()> {
 //! let mpi = redco_mpi::Mpi::init()?;
-//! let mesh = redco_core::dist::Mesh::new(2, 2)?;
+//! let mesh = redco_core::runtime::Mesh::new(2, 2)?;
 //! let dep = redco_core::pipeline::Deployer::new(mesh, 42, "workdir".as_ref())?.with_comm(mpi.clone())?;
 //! # Ok(()) }
 //! ```

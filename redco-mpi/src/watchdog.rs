@@ -5,8 +5,8 @@
 //! MPI itself never notices a rank that stalls (only one that dies), so without this a
 //! stalled rank would hang every other rank forever.
 
-use redco_core::dist::store::{Store, TcpStore};
-use redco_core::dist::{CollectiveKind, GroupAxis, ProcessGroup};
+use redco_core::runtime::store::{Store, TcpStore};
+use redco_core::runtime::{CollectiveKind, GroupAxis, ProcessGroup};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -169,8 +169,8 @@ pub(crate) fn diagnose(store: &dyn Store, me: usize, group: &ProcessGroup, kind:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use redco_core::dist::store::MemStore;
-    use redco_core::dist::Mesh;
+    use redco_core::runtime::store::MemStore;
+    use redco_core::runtime::Mesh;
     use redco_core::MeshAxis;
 
     fn post(store: &MemStore, p: &Progress, age_ms: u64) {

@@ -4,7 +4,7 @@
 
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
-use redco_core::dist::ProcessGroup;
+use redco_core::runtime::ProcessGroup;
 use std::mem::ManuallyDrop;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};

@@ -4,7 +4,10 @@
 //! an error; a rank that never enters a collective is named by the others' watchdog and
 //! the job ends within the timeout.
 
-use redco_core::dist::{spmd_cpu, Mesh, SpmdOptions};
+use redco_core::{
+    cpu::spmd_cpu,
+    runtime::{Mesh, SpmdOptions},
+};
 use redco_mpi::check::battery;
 use redco_mpi::launch::Mpirun;
 use std::path::{Path, PathBuf};

@@ -7,7 +7,7 @@
 //! Replica `r` of the program is mesh rank `r` (`dp_index * mp + mp_index`).
 
 use crate::trace::{TVal, Tracer};
-use redco_core::dist::{Collective, Mesh, ReduceKind};
+use redco_core::runtime::{Collective, Mesh, ReduceKind};
 use redco_core::{MeshAxis, Result};
 
 /// A [`Collective`] over the [`Tracer`] for the ranks of `mesh`, all at once.

@@ -4,7 +4,7 @@
 //! topology and ids between the processes of a run. Keys are prefixed per client.
 
 use crate::ffi;
-use redco_core::dist::Store;
+use redco_core::runtime::Store;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -127,7 +127,7 @@ unsafe extern "C" fn kv_put(args: *mut ffi::PJRT_KeyValuePutCallback_Args) -> *m
 mod tests {
     use super::*;
     use crate::ffi::Sized as _;
-    use redco_core::dist::store::MemStore;
+    use redco_core::runtime::store::MemStore;
     use std::sync::atomic::{AtomicI32, Ordering};
 
     static LAST: AtomicI32 = AtomicI32::new(-1);

@@ -3,10 +3,13 @@
 //! meshes of several devices (data and tensor parallel) the same as on one.
 
 use redco_core::cpu::Cpu;
-use redco_core::dist::trace::plan_from_trace;
-use redco_core::dist::{CollectiveKind, Mesh, ShardPlan};
 use redco_core::nn::ModuleExt;
 use redco_core::optim::{clip_grad_norm, AdamW, AdamWConfig};
+use redco_core::planning::trace::plan_from_trace;
+use redco_core::{
+    planning::ShardPlan,
+    runtime::{CollectiveKind, Mesh},
+};
 use redco_core::{Backend, DType, MeshAxis, Placement, Tensor};
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;

@@ -34,8 +34,8 @@ func.func @main(%a: tensor<3xf32>, %b: tensor<3xf32>) -> tensor<3xf32> {
 #[test]
 fn a_client_with_key_value_callbacks_backed_by_the_bootstrap_store() {
     let api = Api::from_env().expect("set REDCO_PJRT_PLUGIN to a PJRT plugin");
-    let store: std::sync::Arc<dyn redco_core::dist::Store> =
-        std::sync::Arc::new(redco_core::dist::store::MemStore::new());
+    let store: std::sync::Arc<dyn redco_core::runtime::Store> =
+        std::sync::Arc::new(redco_core::runtime::store::MemStore::new());
     let kv = redco_tpu::KvStore::new(store, "pjrt/");
     let c = Client::with_store(api, &[("cpu_device_count".into(), OptionValue::Int(1))], Some(kv)).unwrap();
     assert_eq!(c.devices().len(), 1);

@@ -3,9 +3,9 @@
 //! checkpoint that ends where the uninterrupted one does.
 
 use redco_core::cpu::Cpu;
-use redco_core::dist::{CollectiveKind, Mesh};
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
 use redco_core::pipeline::{Batch, Deployer, FitReport, OptimizerConfig, TrainConfig, Trainer};
+use redco_core::runtime::{CollectiveKind, Mesh};
 use redco_core::{Backend, DType, MeshAxis, Result, Tensor};
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;

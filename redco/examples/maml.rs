@@ -194,7 +194,7 @@ fn evaluate(b: &Cpu, workdir: &std::path::Path, held: &[Task]) -> Result<[f64; 3
 type LossFn = fn(&Mlp<Cpu>, &Batch<Cpu>, bool) -> Result<Tensor<Cpu>>;
 
 fn train(
-    mesh: redco::dist::Mesh,
+    mesh: redco::runtime::Mesh,
     steps: u64,
     workdir: &std::path::Path,
     loss: LossFn,

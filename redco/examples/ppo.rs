@@ -25,11 +25,11 @@
 mod rng;
 
 use redco::cpu::Cpu;
-use redco::dist::on_backend;
 use redco::models::hf::safetensors::read_all;
 use redco::nn::{Linear, Module};
 use redco::optim::{AdamWConfig, Decay, Schedule};
 use redco::pipeline::{Batch, Deployer, OptimizerConfig, StepCtx, TrainConfig, Trainer};
+use redco::runtime::on_backend;
 use redco::{module, no_grad, DType, Result, Tensor};
 use rng::Rng;
 use std::path::Path;
@@ -303,7 +303,7 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let seed: u64 = args.first().and_then(|s| s.parse().ok()).unwrap_or(0);
     let budget: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(200_000);
-    let mesh: redco::dist::Mesh = args.get(2).map_or("1x1", |s| s.as_str()).parse()?;
+    let mesh: redco::runtime::Mesh = args.get(2).map_or("1x1", |s| s.as_str()).parse()?;
     let per_iter = ENVS * STEPS;
     let iters = budget.div_ceil(per_iter);
     let total_steps = iters as u64 * EPOCHS;

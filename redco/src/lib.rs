@@ -13,7 +13,7 @@
 
 pub use redco_core as core;
 pub use redco_core::*;
-pub use redco_core::{cpu, dist, nn, optim, pipeline};
+pub use redco_core::{cpu, nn, optim, pipeline, planning, runtime, sharding};
 /// The CUDA backend ([`redco_cuda`]), with the `cuda` feature.
 #[cfg(feature = "cuda")]
 pub use redco_cuda as cuda;

@@ -2,10 +2,10 @@
 //! parity tests (wgpu, CUDA): the logits, then loss, backward and one AdamW update.
 
 use redco_core::cpu::Cpu;
-use redco_core::dist::trace::plan_from_trace;
-use redco_core::dist::{Mesh, ShardPlan};
 use redco_core::nn::ModuleExt;
 use redco_core::optim::{AdamW, AdamWConfig};
+use redco_core::planning::trace::plan_from_trace;
+use redco_core::{planning::ShardPlan, runtime::Mesh};
 use redco_core::{Backend, DType, Result, Tensor};
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;

@@ -33,7 +33,6 @@ pub use block_cache::{BlockStats, LargeBlocks};
 use crate::backend::{BinaryOp, CmpOp, MatmulSpec, ReduceOp, RotaryMode, UnaryOp};
 use crate::ops::attention::AttentionSpec;
 use crate::{Backend, DType, Error, HostData, Result, Shape};
-use std::borrow::Cow;
 use std::sync::Arc;
 
 /// The CPU backend: a rayon pool of a chosen size.
@@ -107,21 +106,7 @@ impl CpuStorage {
     }
 }
 
-/// Float values of a buffer in their compute type.
-pub(crate) enum Floats<'a> {
-    F32(Cow<'a, [f32]>),
-    F64(Cow<'a, [f64]>),
-}
-
-/// Borrows f32/f64 data, converts f16/bf16 to f32 and integers to f64.
-pub(crate) fn floats(h: &HostData) -> Floats<'_> {
-    match h {
-        HostData::F32(v) => Floats::F32(Cow::Borrowed(v)),
-        HostData::F64(v) => Floats::F64(Cow::Borrowed(v)),
-        HostData::F16(_) | HostData::BF16(_) => Floats::F32(Cow::Owned(h.to_f32_vec())),
-        _ => Floats::F64(Cow::Owned(h.to_f64_vec())),
-    }
-}
+pub(crate) use crate::dtype::{floats, Floats};
 
 /// Stores compute values back in `dtype`.
 pub(crate) trait Store: Sized {
@@ -574,7 +559,10 @@ pub(crate) fn avx512f() -> bool {
     }
 }
 
-/// `len` elements of `h` from flat offset `start`.
-pub(crate) fn narrow_flat(h: &HostData, start: usize, len: usize) -> HostData {
-    any_kernel!(h, v => v[start..start + len].to_vec())
+/// [`spmd`](fn@crate::runtime::spmd) on CPU ranks that share the machine's cores.
+pub fn spmd_cpu<R: Send, F>(mesh: crate::runtime::Mesh, opts: &crate::runtime::SpmdOptions, f: F) -> Result<Vec<R>>
+where
+    F: Fn(&crate::runtime::Rank<Cpu>) -> Result<R> + Sync,
+{
+    crate::runtime::spmd(mesh, opts, |_, t| Cpu::try_new(t), f)
 }

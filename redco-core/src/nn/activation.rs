@@ -23,7 +23,7 @@ impl Activation {
             "gelu" => Activation::Gelu,
             "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Activation::GeluTanh,
             "silu" | "swish" => Activation::Silu,
-            other => return Err(Error::invalid("Activation", format!("unsupported activation `{other}`"))),
+            other => return Err(Error::unsupported("Activation", format!("unsupported activation `{other}`"))),
         })
     }
     /// Applies the activation.

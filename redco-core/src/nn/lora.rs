@@ -4,13 +4,12 @@
 //! [out, r]` zero (so training starts from the base model), as PEFT does; the adapters are
 //! the only variables, so gradients, the optimizer state and checkpoints cover them alone.
 //! Under tensor parallelism an adapter is split like its base layer
-//! ([`plan_adapters`]): a column-split layer's `B` splits its rows, a row-split layer's `A`
+//! ([`plan_adapters`](crate::planning::lora::plan_adapters)): a column-split layer's `B` splits its rows, a row-split layer's `A`
 //! its columns, the other factor replicated.
 
 use super::{Init, Linear, Module, ModuleExt};
-use crate::dist::{ParamPlan, Role, ShardPlan};
 use crate::ops::random::mix64;
-use crate::{Backend, Error, Placement, Result, Tensor};
+use crate::{Backend, Error, Result, Tensor};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -194,7 +193,7 @@ fn base_of(adapter: &str) -> Option<(&str, bool)> {
 }
 
 /// Removes every adapter from `model` and returns them by layer name (the planner traces
-/// the base model alone, then places the adapters with [`plan_adapters`]).
+/// the base model alone, then places the adapters with [`plan_adapters`](crate::planning::lora::plan_adapters)).
 pub fn take_adapters<B: Backend, M: Module<B> + ?Sized>(model: &mut M) -> Vec<(String, LoraAdapter<B>)> {
     let mut out = Vec::new();
     model.visit_linears_mut("", &mut |name, l| {
@@ -203,35 +202,6 @@ pub fn take_adapters<B: Backend, M: Module<B> + ?Sized>(model: &mut M) -> Vec<(S
         }
     });
     out
-}
-
-/// Adds the adapters to `plan`, each laid out like its base layer: with the base split on
-/// its output rows (column-parallel), `B` splits its rows and `A` is replicated; with the
-/// base split on its input columns (row-parallel), `A` splits its columns and `B` is
-/// replicated; otherwise both are replicated. The adapted layer's output is then laid out
-/// as the base's; a row-parallel adapter adds the sum of an `r`-wide partial product.
-pub fn plan_adapters<B: Backend>(plan: &mut ShardPlan, adapters: &[(String, LoraAdapter<B>)]) {
-    for (layer, a) in adapters {
-        let base = format!("{layer}.weight");
-        let bp = plan.params.get(&base).map_or(Placement::Replicate, |p| p.placement);
-        let (pa, pb, role) = match bp {
-            Placement::Shard(0) => (Placement::Replicate, Placement::Shard(0), Role::Column),
-            Placement::Shard(1) => (Placement::Shard(1), Placement::Replicate, Role::Row),
-            _ => (Placement::Replicate, Placement::Replicate, Role::Replicated),
-        };
-        for (factor, t, placement) in [("lora_A", &a.a, pa), ("lora_B", &a.b, pb)] {
-            let role = if placement == Placement::Replicate { Role::Replicated } else { role };
-            plan.params.insert(
-                format!("{layer}.{factor}.weight"),
-                ParamPlan {
-                    role,
-                    shape: t.shape().clone(),
-                    placement,
-                    reason: format!("LoRA adapter, laid out like {base}"),
-                },
-            );
-        }
-    }
 }
 
 /// The adapters of `params` folded into their base weights, `W + scale * B A` (computed in

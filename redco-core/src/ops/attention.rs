@@ -179,7 +179,7 @@ fn attention_layout<B: Backend>(
     if !(q.is_sharded() || k.is_sharded() || v.is_sharded() || mask.is_some_and(|m| m.is_sharded())) {
         return Ok((q.clone(), k.clone(), v.clone(), mask.cloned()));
     }
-    let sizes = crate::dist::axis_sizes::<B>();
+    let sizes = crate::sharding::axis_sizes::<B>();
     let mut qp = crate::placement::without_partial(q.placements());
     for (i, p) in qp.0.iter_mut().enumerate() {
         let ok = match *p {
@@ -193,7 +193,7 @@ fn attention_layout<B: Backend>(
     }
     let q = q.redistribute(qp)?;
     let (k, v) = (k.redistribute(qp)?, v.redistribute(qp)?);
-    let mask = mask.map(|m| crate::dist::rules::follow(m, qp, 4)).transpose()?;
+    let mask = mask.map(|m| crate::sharding::rules::follow(m, qp, 4)).transpose()?;
     Ok((q, k, v, mask))
 }
 

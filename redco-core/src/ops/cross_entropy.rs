@@ -73,7 +73,7 @@ impl<B: Backend> Tensor<B> {
         let x = self.reshape([n, v])?;
         let t = targets.reshape([n])?;
         if x.is_sharded() || t.is_sharded() {
-            return crate::dist::cross_entropy::cross_entropy_sharded(&x, &t, ignore_index)?
+            return crate::sharding::cross_entropy::cross_entropy_sharded(&x, &t, ignore_index)?
                 .reshape(targets.shape().clone());
         }
         let s = self.backend().cross_entropy(x.storage(), x.shape(), t.storage(), ignore_index)?;

@@ -1,7 +1,7 @@
 //! Elementwise ops: unary maps, broadcasting binary ops, comparisons, `where`, casts.
 
 use crate::backend::{BinaryOp, CmpOp, UnaryOp};
-use crate::dist::rules::{self, Linearity};
+use crate::sharding::rules::{self, Linearity};
 use crate::{Backend, DType, Result, Tensor};
 
 /// True for maps that commute with sums (safe on partial values).

@@ -1,6 +1,6 @@
 //! Indexing ops: `index_select` (embedding lookup), `index_add`, `gather`, `scatter_add`.
 
-use crate::dist::redistribute::replicate_all;
+use crate::sharding::redistribute::replicate_all;
 use crate::{Backend, Error, Result, Shape, Tensor};
 
 impl<B: Backend> Tensor<B> {
@@ -10,7 +10,7 @@ impl<B: Backend> Tensor<B> {
         ids.expect_int("index_select (ids)")?;
         let d = self.shape().resolve(dim, "index_select")?;
         if self.is_sharded() || ids.is_sharded() {
-            return crate::dist::embed::index_select_sharded(self, ids, d);
+            return crate::sharding::embed::index_select_sharded(self, ids, d);
         }
         let n = ids.elem_count();
         let s = self.backend().index_select(self.storage(), self.shape(), d, ids.storage(), n)?;

@@ -1,7 +1,7 @@
 //! Layout ops: reshape (free), permute/transpose, narrow, cat, expand, (un)squeeze.
 //! Every op but reshape copies: storage stays contiguous.
 
-use crate::dist::rules;
+use crate::sharding::rules;
 use crate::{Backend, Error, Placement, Result, Shape, Tensor};
 
 impl<B: Backend> Tensor<B> {
@@ -14,8 +14,8 @@ impl<B: Backend> Tensor<B> {
         if &shape == self.shape() {
             return Ok(self.clone());
         }
-        let (x, placed) = rules::reshape(self, &shape, crate::dist::axis_sizes::<B>())?;
-        let local = crate::placement::local_shape(&shape, placed, crate::dist::axis_sizes::<B>())?;
+        let (x, placed) = rules::reshape(self, &shape, crate::sharding::axis_sizes::<B>())?;
+        let local = crate::placement::local_shape(&shape, placed, crate::sharding::axis_sizes::<B>())?;
         let orig = x.shape().clone();
         let (be, s, dt) = (x.backend().clone(), x.storage().clone(), x.dtype());
         Ok(Tensor::from_op_placed(&be, s, shape, local, placed, dt, "reshape", &[&x], move |g| {
@@ -164,7 +164,7 @@ impl<B: Backend> Tensor<B> {
                 *p = Placement::Shard(d + off);
             }
         }
-        let local = crate::placement::local_shape(&shape, placed, crate::dist::axis_sizes::<B>())?;
+        let local = crate::placement::local_shape(&shape, placed, crate::sharding::axis_sizes::<B>())?;
         let s = self.backend().expand(self.storage(), self.local_shape(), &local)?;
         let orig = self.shape().clone();
         Ok(Tensor::from_op_placed(self.backend(), s, shape, local, placed, self.dtype(), "expand", &[self], move |g| {

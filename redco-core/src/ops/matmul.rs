@@ -1,7 +1,7 @@
 //! Matrix multiplication with batch dimensions and transpose flags.
 
 use crate::backend::MatmulSpec;
-use crate::dist::rules;
+use crate::sharding::rules;
 use crate::{Backend, Error, Result, Shape, Tensor};
 
 impl<B: Backend> Tensor<B> {

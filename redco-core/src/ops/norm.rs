@@ -1,7 +1,7 @@
 //! LayerNorm and RMSNorm over the last dimension (fused ops with composite defaults).
 
 use crate::autograd::GradModeGuard;
-use crate::dist::rules;
+use crate::sharding::rules;
 use crate::{Backend, Error, Result, Shape, Tensor};
 
 fn wrap<B: Backend>(b: &B, s: &B::Storage, shape: &Shape) -> Tensor<B> {

@@ -2,7 +2,7 @@
 //! broadcasting.
 
 use crate::backend::{CmpOp, ReduceOp};
-use crate::dist::rules;
+use crate::sharding::rules;
 use crate::{Backend, DType, Error, Result, Shape, Tensor};
 
 impl<B: Backend> Tensor<B> {

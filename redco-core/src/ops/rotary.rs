@@ -2,7 +2,7 @@
 
 use crate::autograd::GradModeGuard;
 use crate::backend::RotaryMode;
-use crate::dist::rules;
+use crate::sharding::rules;
 use crate::{Backend, Error, Result, Shape, Tensor};
 
 /// Composite rotary embedding, written with primitive ops.

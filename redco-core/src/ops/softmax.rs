@@ -1,7 +1,7 @@
 //! Softmax and log-softmax (fused ops with composite defaults).
 
 use crate::autograd::{is_grad_enabled, GradModeGuard};
-use crate::dist::rules;
+use crate::sharding::rules;
 use crate::{Backend, Result, Shape, Tensor};
 
 /// Composite softmax over the last dim, written with primitive ops.

@@ -3,10 +3,10 @@
 //! the parameter), which gives the same numbers as the replicated update.
 
 use super::{grad_of, local_view};
-use crate::dist::axis_index::own_chunk;
-use crate::dist::Comm;
 use crate::nn::Module;
 use crate::ops::adamw::{AdamItem, AdamStep};
+use crate::runtime::Comm;
+use crate::sharding::axis_index::own_chunk;
 use crate::{Backend, Error, GradStore, MeshAxis, PartialOp, Placement, Result, Shape, Tensor};
 use std::collections::BTreeMap;
 use std::sync::Arc;

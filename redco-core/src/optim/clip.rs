@@ -1,6 +1,6 @@
 //! Clipping by the global gradient norm over every shard of every parameter.
 
-use crate::dist::{Comm, ReduceKind};
+use crate::runtime::{Comm, ReduceKind};
 use crate::{no_grad, Backend, DType, GradStore, HostData, MeshAxis, Placement, Result, Tensor};
 
 /// The global L2 norm of the gradients of `params`, counting each element once across the

@@ -23,7 +23,7 @@ pub trait Optimizer<B: Backend>: Send {
     fn set_lr(&mut self, lr: f64);
     /// Hands the optimizer its rank's communicator (the trainer does, once), for updates
     /// that communicate (ZeRO-1); without one every update is local. The default ignores it.
-    fn set_comm(&mut self, comm: Option<crate::dist::Comm<B>>) {
+    fn set_comm(&mut self, comm: Option<crate::runtime::Comm<B>>) {
         let _ = comm;
     }
     /// One update of every parameter of `model` that has a gradient.
@@ -67,7 +67,7 @@ pub(crate) fn update_each<B: Backend, M: Module<B> + ?Sized>(
 }
 
 /// The gradient of `p`, which must be complete on this rank (summed over the
-/// data-parallel axis: see `dist::data_parallel::sync_grads`).
+/// data-parallel axis: see `pipeline::data_parallel::sync_grads`).
 pub(crate) fn grad_of<'a, B: Backend>(
     name: &str,
     p: &Tensor<B>,
@@ -78,7 +78,7 @@ pub(crate) fn grad_of<'a, B: Backend>(
         return Err(crate::Error::Parameter {
             name: name.into(),
             msg: format!(
-                "gradient laid out as {:?} but the parameter as {:?}; sum data-parallel gradients first (dist::data_parallel::sync_grads)",
+                "gradient laid out as {:?} but the parameter as {:?}; sum data-parallel gradients first (pipeline::data_parallel::sync_grads)",
                 g.placements(),
                 p.placements()
             ),

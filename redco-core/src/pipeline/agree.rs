@@ -2,7 +2,7 @@
 //! different hosts (each reading its own view of the files) never diverge. Also the check
 //! that every rank sees the same workdir.
 
-use crate::dist::Comm;
+use crate::runtime::Comm;
 use crate::{Backend, DType, Error, HostData, MeshAxis, Placement, Placements, Result, Shape, Tensor};
 use std::path::Path;
 
@@ -96,7 +96,10 @@ pub fn dp_shard<B: Backend>(t: Tensor<B>, dp: usize) -> Result<Tensor<B>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dist::{spmd_cpu, Mesh, SpmdOptions};
+    use crate::{
+        cpu::spmd_cpu,
+        runtime::{Mesh, SpmdOptions},
+    };
 
     #[test]
     fn rank_zeros_values_reach_every_rank_exactly() {

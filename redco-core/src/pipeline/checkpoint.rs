@@ -4,19 +4,15 @@
 //! consolidated export to one Hugging Face safetensors file.
 
 use super::integrity::FileSum;
-use crate::dist::{Comm, Mesh};
 use crate::nn::{Module, ModuleExt};
 use crate::optim::Optimizer;
+use crate::runtime::{Comm, Mesh};
 use crate::{Backend, DType, Error, HostData, Placement, Result, Shape, Tensor};
 use safetensors::tensor::TensorView;
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-
-fn io(what: &str, p: &Path, e: std::io::Error) -> Error {
-    Error::invalid("checkpoint", format!("{what} {}: {e}", p.display()))
-}
 
 /// Writes `bytes` to `path` atomically: a temporary sibling (named for this process and
 /// call, so processes writing the same file never share one), fsync, rename.
@@ -131,7 +127,7 @@ impl Manifest {
     /// Reads `<dir>/manifest.json`.
     pub fn read(dir: &Path) -> Result<Manifest> {
         let mpath = dir.join("manifest.json");
-        serde_json::from_slice(&fs::read(&mpath).map_err(|e| io("cannot read", &mpath, e))?)
+        serde_json::from_slice(&fs::read(&mpath).map_err(|e| Error::io("checkpoint", "cannot read", &mpath, e))?)
             .map_err(|e| Error::invalid("checkpoint", format!("{} is not a valid manifest: {e}", mpath.display())))
     }
 
@@ -210,7 +206,7 @@ impl Checkpointer {
     ) -> Result<PathBuf> {
         let (rank, mesh) = comm.map_or((0, Mesh::single()), |c| (c.rank(), c.mesh()));
         let tmp = self.dir.join(format!("step-{step:08}.tmp"));
-        fs::create_dir_all(&tmp).map_err(|e| io("cannot create", &tmp, e))?;
+        fs::create_dir_all(&tmp).map_err(|e| Error::io("checkpoint", "cannot create", &tmp, e))?;
         let mut tensors = Vec::new();
         let mut manifest =
             Manifest { step, mesh: mesh.to_string(), params: BTreeMap::new(), extra, files: BTreeMap::new() };
@@ -236,17 +232,18 @@ impl Checkpointer {
         if rank == 0 {
             for r in 0..mesh.size() {
                 let sp = tmp.join(format!("rank-{r}.sum"));
-                let sum: FileSum = serde_json::from_slice(&fs::read(&sp).map_err(|e| io("cannot read", &sp, e))?)
-                    .map_err(|e| Error::invalid("checkpoint", format!("{}: {e}", sp.display())))?;
+                let sum: FileSum =
+                    serde_json::from_slice(&fs::read(&sp).map_err(|e| Error::io("checkpoint", "cannot read", &sp, e))?)
+                        .map_err(|e| Error::invalid("checkpoint", format!("{}: {e}", sp.display())))?;
                 manifest.files.insert(format!("rank-{r}.safetensors"), sum);
-                fs::remove_file(&sp).map_err(|e| io("cannot remove", &sp, e))?;
+                fs::remove_file(&sp).map_err(|e| Error::io("checkpoint", "cannot remove", &sp, e))?;
             }
             let m = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::invalid("checkpoint", e.to_string()))?;
             write_atomic(&tmp.join("manifest.json"), &m)?;
             if fin.exists() {
-                fs::remove_dir_all(&fin).map_err(|e| io("cannot replace", &fin, e))?;
+                fs::remove_dir_all(&fin).map_err(|e| Error::io("checkpoint", "cannot replace", &fin, e))?;
             }
-            fs::rename(&tmp, &fin).map_err(|e| io("cannot publish", &tmp, e))?;
+            fs::rename(&tmp, &fin).map_err(|e| Error::io("checkpoint", "cannot publish", &tmp, e))?;
             sync_dir(&self.dir);
             write_atomic(&self.dir.join("latest"), fin.file_name().unwrap_or_default().to_string_lossy().as_bytes())?;
             self.prune()?;
@@ -271,7 +268,7 @@ impl Checkpointer {
         steps.sort();
         while steps.len() > self.keep_last {
             let (_, p) = steps.remove(0);
-            fs::remove_dir_all(&p).map_err(|e| io("cannot remove", &p, e))?;
+            fs::remove_dir_all(&p).map_err(|e| Error::io("checkpoint", "cannot remove", &p, e))?;
         }
         Ok(())
     }
@@ -361,7 +358,7 @@ impl Checkpointer {
         }
         let fname = format!("rank-{rank}.safetensors");
         let fpath = dir.join(&fname);
-        let bytes = fs::read(&fpath).map_err(|e| io("cannot read", &fpath, e))?;
+        let bytes = fs::read(&fpath).map_err(|e| Error::io("checkpoint", "cannot read", &fpath, e))?;
         manifest.verify(dir, &fname, &bytes)?;
         let st = safetensors::SafeTensors::deserialize(&bytes)
             .map_err(|e| Error::invalid("checkpoint", format!("{}: {e}", fpath.display())))?;

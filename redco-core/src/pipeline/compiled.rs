@@ -9,8 +9,8 @@
 
 use super::train_config::{OptimizerConfig, TrainConfig};
 use super::Batch;
-use crate::dist::ShardPlan;
 use crate::optim::{AdamWConfig, Optimizer};
+use crate::planning::ShardPlan;
 use crate::{Backend, DType, Error, Result, Tensor};
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,8 +1,8 @@
 //! The `Deployer`: where and how a pipeline runs.
 
 use crate::cpu::Cpu;
-use crate::dist::{spmd_with, CommFactory, Mesh, Rank, SpmdOptions, Threads, World};
 use crate::ops::random::mix64;
+use crate::runtime::{spmd_with, CommFactory, Mesh, Rank, SpmdOptions, Threads, World};
 use crate::{Backend, Error, Result};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -69,8 +69,7 @@ impl<B: Backend> Deployer<B> {
         workdir: &Path,
         make_backend: impl Fn(usize, usize) -> Result<B> + Send + Sync + 'static,
     ) -> Result<Self> {
-        std::fs::create_dir_all(workdir)
-            .map_err(|e| Error::invalid("deployer", format!("cannot create workdir {}: {e}", workdir.display())))?;
+        std::fs::create_dir_all(workdir).map_err(|e| Error::io("deployer", "cannot create workdir", workdir, e))?;
         Ok(Deployer {
             mesh,
             seed,

@@ -3,9 +3,9 @@
 //! optimizer), and the global norm over every shard. It is handed the rank's communicator;
 //! nothing here looks one up.
 
-use crate::dist::data_parallel::{sync_grads, OverlappedBuckets};
-use crate::dist::{Comm, Mesh};
 use crate::optim::{clip_grad_norm, global_grad_norm};
+use crate::pipeline::data_parallel::{sync_grads, OverlappedBuckets};
+use crate::runtime::{Comm, Mesh};
 use crate::{Backend, GradStore, Result, Tensor};
 
 /// How data-parallel gradients are summed.
@@ -48,7 +48,7 @@ impl<B: Backend> GradSync<B> {
         match self.strategy {
             SyncStrategy::Buckets(bytes) => sync_grads(self.comm(), params, grads, bytes),
             SyncStrategy::Zero1 if need_norm => {
-                sync_grads(self.comm(), params, grads, crate::dist::data_parallel::DEFAULT_BUCKET_BYTES)
+                sync_grads(self.comm(), params, grads, crate::runtime::DEFAULT_BUCKET_BYTES)
             }
             SyncStrategy::Zero1 => Ok(()),
         }

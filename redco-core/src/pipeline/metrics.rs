@@ -56,7 +56,7 @@ impl MetricsLog {
             .create(true)
             .append(true)
             .open(&path)
-            .map_err(|e| Error::invalid("metrics", format!("cannot open {}: {e}", path.display())))?;
+            .map_err(|e| Error::io("metrics", "cannot open", path, e))?;
         Ok(MetricsLog { file, start: Instant::now(), total, every: lines.then_some(every.max(1)), curve })
     }
 
@@ -96,8 +96,7 @@ impl MetricsLog {
 /// Reads a `metrics.jsonl` back.
 pub fn read_metrics(workdir: &Path) -> Result<Vec<StepMetrics>> {
     let path = workdir.join("metrics.jsonl");
-    let text =
-        std::fs::read_to_string(&path).map_err(|e| Error::invalid("metrics", format!("{}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io("metrics", "cannot read", &path, e))?;
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .enumerate()

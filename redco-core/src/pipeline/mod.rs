@@ -8,6 +8,7 @@ mod cadence;
 pub mod checkpoint;
 pub mod compiled;
 pub mod data;
+pub mod data_parallel;
 mod deployer;
 pub mod grad_sync;
 pub mod integrity;

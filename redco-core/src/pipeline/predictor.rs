@@ -3,8 +3,8 @@
 use super::data::Dataset;
 use super::{Batch, Deployer, StepCtx};
 use crate::cpu::Cpu;
-use crate::dist::ShardPlan;
 use crate::nn::Module;
+use crate::planning::ShardPlan;
 use crate::{no_grad, Backend, Error, MeshAxis, Result};
 
 type ModelFn<M, B> = Box<dyn Fn(&B) -> Result<M> + Send + Sync>;

@@ -13,9 +13,12 @@ use super::step::{params_of, shard_batch, train_ctx, StepOutcome, StepStrategy, 
 use super::train_state::TrainState;
 use super::trainer::{Eval, Trainer};
 use super::{Batch, Deployer, StepCtx};
-use crate::dist::data_parallel::DEFAULT_BUCKET_BYTES;
-use crate::dist::{CommStats, Rank, ShardPlan};
 use crate::nn::{Module, ModuleExt};
+use crate::runtime::DEFAULT_BUCKET_BYTES;
+use crate::{
+    planning::ShardPlan,
+    runtime::{CommStats, Rank},
+};
 use crate::{Backend, DType, Error, GradStore, MeshAxis, Result, Tensor};
 use std::collections::HashMap;
 use std::time::Instant;
@@ -189,7 +192,7 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
         let overlap =
             cfg.overlap_grad_sync && micro + 1 == cfg.accumulate && cfg.compute_dtype == DType::F32 && scale == 1.0;
         let (loss_fn, model, sync) = (&t.loss_fn, &self.model, &self.sync);
-        let value = crate::dist::on_backend(&self.rk.backend, || -> Result<f64> {
+        let value = crate::runtime::on_backend(&self.rk.backend, || -> Result<f64> {
             let loss = loss_fn(&ctx, model, &batch)?;
             let replicated = loss.replicate()?;
             // backward is queued before the loss is read (a device backend does not stall
@@ -242,7 +245,7 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
         // clipping, the update and the compute copies: many small ops per parameter, on the
         // backend's own threads with one hand-off
         let (state, model, sync, mesh) = (&mut self.state, &mut self.model, &self.sync, self.dep.mesh);
-        let norm = crate::dist::on_backend(&self.rk.backend, || -> Result<f64> {
+        let norm = crate::runtime::on_backend(&self.rk.backend, || -> Result<f64> {
             let norm = match cfg.clip_norm {
                 Some(c) => sync.clip(&params, &mut grads, c)?,
                 None if sync.all_summed(mesh) => sync.norm(&params, &grads)?,

@@ -5,9 +5,9 @@
 use super::checkpoint::Checkpointer;
 use super::train_config::TrainConfig;
 use super::workdir;
-use crate::dist::Comm;
 use crate::nn::{Module, ModuleExt};
 use crate::optim::Optimizer;
+use crate::runtime::Comm;
 use crate::{Backend, DType, Result, Tensor};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

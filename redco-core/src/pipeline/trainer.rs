@@ -14,10 +14,10 @@ use super::step::{CompiledRun, EagerStep, StepStrategy};
 use super::train_config::{OptimizerConfig, TrainConfig};
 use super::{Batch, Deployer, StepCtx};
 use crate::cpu::Cpu;
-use crate::dist::trace::plan_from_trace;
-use crate::dist::{CommStats, ShardPlan};
 use crate::nn::{Module, ModuleExt};
 use crate::ops::random::mix64;
+use crate::planning::trace::plan_from_trace;
+use crate::{planning::ShardPlan, runtime::CommStats};
 use crate::{Backend, DType, Error, Result, Tensor};
 use std::collections::BTreeMap;
 use std::collections::HashMap;
@@ -313,7 +313,7 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
         let loss = (self.loss_fn)(&ctx, &model, &batch)?;
         // frozen parameters are split too
         let mut plan = plan_from_trace(&model.named_parameters(), &[&loss], dep.mesh, false)?;
-        crate::nn::lora::plan_adapters(&mut plan, &adapters);
+        crate::planning::lora::plan_adapters(&mut plan, &adapters);
         Ok(plan)
     }
 

@@ -15,10 +15,6 @@ pub const LOCK_FILE: &str = ".redco.lock";
 /// The prefix of identity entries in a checkpoint manifest's `extra`.
 pub const IDENTITY_PREFIX: &str = "identity/";
 
-fn io(what: &str, p: &Path, e: std::io::Error) -> Error {
-    Error::invalid("workdir", format!("{what} {}: {e}", p.display()))
-}
-
 /// An exclusive lock on a workdir, held until the last handle is dropped (the operating
 /// system releases it if the process dies, so a killed run never leaves the workdir
 /// locked). A run holds it through its [`RunDir`](super::run_dir::RunDir): a program that
@@ -33,7 +29,7 @@ pub struct WorkdirLock {
 impl WorkdirLock {
     /// Locks `workdir` (creating it), or fails naming the run that holds it.
     pub fn acquire(workdir: &Path) -> Result<WorkdirLock> {
-        fs::create_dir_all(workdir).map_err(|e| io("cannot create", workdir, e))?;
+        fs::create_dir_all(workdir).map_err(|e| Error::io("workdir", "cannot create", workdir, e))?;
         let path = workdir.join(LOCK_FILE);
         let mut file = OpenOptions::new()
             .read(true)
@@ -41,7 +37,7 @@ impl WorkdirLock {
             .create(true)
             .truncate(false)
             .open(&path)
-            .map_err(|e| io("cannot open", &path, e))?;
+            .map_err(|e| Error::io("workdir", "cannot open", &path, e))?;
         match file.try_lock() {
             Ok(()) => {}
             Err(fs::TryLockError::WouldBlock) => {
@@ -57,7 +53,7 @@ impl WorkdirLock {
                     ),
                 ));
             }
-            Err(fs::TryLockError::Error(e)) => return Err(io("cannot lock", &path, e)),
+            Err(fs::TryLockError::Error(e)) => return Err(Error::io("workdir", "cannot lock", &path, e)),
         }
         let host = std::env::var("HOSTNAME").unwrap_or_default();
         let me = format!(
@@ -95,10 +91,10 @@ pub fn prepare_fresh(workdir: &Path, ckpt: &Checkpointer, overwrite: bool) -> Re
             ));
         }
         if ckpt.dir.exists() {
-            fs::remove_dir_all(&ckpt.dir).map_err(|e| io("cannot remove", &ckpt.dir, e))?;
+            fs::remove_dir_all(&ckpt.dir).map_err(|e| Error::io("workdir", "cannot remove", &ckpt.dir, e))?;
         }
         if metrics.exists() {
-            fs::remove_file(&metrics).map_err(|e| io("cannot remove", &metrics, e))?;
+            fs::remove_file(&metrics).map_err(|e| Error::io("workdir", "cannot remove", &metrics, e))?;
         }
     }
     remove_partial(ckpt)
@@ -111,7 +107,7 @@ pub fn remove_partial(ckpt: &Checkpointer) -> Result<()> {
         let name = e.file_name().to_string_lossy().to_string();
         if name.starts_with("step-") && name.ends_with(".tmp") {
             let p = e.path();
-            fs::remove_dir_all(&p).map_err(|e| io("cannot remove the partial checkpoint", &p, e))?;
+            fs::remove_dir_all(&p).map_err(|e| Error::io("workdir", "cannot remove the partial checkpoint", &p, e))?;
         }
     }
     Ok(())

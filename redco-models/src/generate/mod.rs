@@ -20,7 +20,7 @@ pub use fixed_cache::{FixedKvCache, LayerKv};
 pub use sampling::{argmax, Sampling};
 
 use crate::hf::config::HfConfig;
-use redco_core::dist::on_backend;
+use redco_core::runtime::on_backend;
 use redco_core::{no_grad, Backend, Error, Result, Tensor};
 
 /// A decoder-only language model that can run step by step over a [`KvCache`].

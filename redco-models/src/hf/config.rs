@@ -2,7 +2,7 @@
 //! and the parameter names and shapes that transformers uses for it.
 
 use super::fields;
-use redco_core::dist::planner::ModelDims;
+use redco_core::planning::planner::ModelDims;
 use redco_core::{Error, Result, Shape};
 use serde_json::Value;
 use std::path::Path;
@@ -65,18 +65,21 @@ impl HfConfig {
     /// Reads `<dir>/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         if !dir.is_dir() {
-            return Err(Error::invalid("config", format!("model directory {} does not exist", dir.display())));
+            return Err(Error::config("config", format!("model directory {} does not exist", dir.display())));
         }
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| Error::invalid("config", format!("cannot read {}: {e}", path.display())))?;
-        let mut cfg =
-            Self::from_json(&text).map_err(|e| Error::invalid("config", format!("{}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io("config", "cannot read", &path, e))?;
+        // the error keeps its kind (a bad value, an unsupported variant) and gains the path
+        let mut cfg = Self::from_json(&text).map_err(|e| match e {
+            Error::Config { op, msg } => Error::Config { op, msg: format!("{}: {msg}", path.display()) },
+            Error::Unsupported { op, msg } => Error::Unsupported { op, msg: format!("{}: {msg}", path.display()) },
+            other => Error::config("config", format!("{}: {other}", path.display())),
+        })?;
         // generation_config.json, when present, holds the ids generation stops and pads with
         let gen = dir.join("generation_config.json");
         if let Ok(text) = std::fs::read_to_string(&gen) {
             let v: Value = serde_json::from_str(&text)
-                .map_err(|e| Error::invalid("config", format!("{}: not valid JSON: {e}", gen.display())))?;
+                .map_err(|e| Error::config("config", format!("{}: not valid JSON: {e}", gen.display())))?;
             let eos = ids(v.get("eos_token_id"));
             if !eos.is_empty() {
                 cfg.eos_token_ids = eos;
@@ -91,29 +94,29 @@ impl HfConfig {
     /// Parses the text of a `config.json`.
     pub fn from_json(text: &str) -> Result<Self> {
         let v: Value =
-            serde_json::from_str(text).map_err(|e| Error::invalid("config", format!("not valid JSON: {e}")))?;
+            serde_json::from_str(text).map_err(|e| Error::config("config", format!("not valid JSON: {e}")))?;
         let model_type = fields::string(&v, &["model_type"])?.unwrap_or("").to_string();
         let need = |keys: &[&str]| -> Result<usize> {
             fields::uint(&v, keys)?.map(|x| x as usize).ok_or_else(|| {
-                Error::invalid("config", format!("model_type `{model_type}`: missing `{}`", keys.join("` or `")))
+                Error::config("config", format!("model_type `{model_type}`: missing `{}`", keys.join("` or `")))
             })
         };
         let opt = |keys: &[&str]| -> Result<Option<usize>> { Ok(fields::uint(&v, keys)?.map(|x| x as usize)) };
         let hidden = need(&["hidden_size", "n_embd", "d_model"])?;
         let heads = need(&["num_attention_heads", "n_head", "num_heads"])?;
         if heads == 0 || hidden == 0 {
-            return Err(Error::invalid("config", "hidden size and heads must be positive"));
+            return Err(Error::config("config", "hidden size and heads must be positive"));
         }
         let explicit_head_dim = opt(&["head_dim", "d_kv"])?;
         if explicit_head_dim.is_none() && !hidden.is_multiple_of(heads) {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 "config",
                 format!("{heads} attention heads do not divide the hidden size {hidden} (and no `head_dim` is given)"),
             ));
         }
         let kv_heads = opt(&["num_key_value_heads"])?.unwrap_or(heads);
         if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 "config",
                 format!("`num_key_value_heads` = {kv_heads} must be positive and divide the {heads} attention heads"),
             ));
@@ -168,7 +171,7 @@ impl HfConfig {
             } else {
                 "head_dim"
             };
-            return Err(Error::invalid("config", format!("`{field}` is 0: a model needs at least one")));
+            return Err(Error::config("config", format!("`{field}` is 0: a model needs at least one")));
         }
         fields::within("layers", "num_hidden_layers", self.layers)?;
         fields::within("hidden size", "hidden_size", self.hidden)?;
@@ -182,7 +185,7 @@ impl HfConfig {
         // a norm divides by sqrt(variance + eps) and RoPE raises the base to fractional powers:
         // either at zero or below gives infinities or NaNs in the first forward pass
         if !(self.norm_eps > 0.0 && self.norm_eps < 1.0) {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 "config",
                 format!(
                     "the norm epsilon (`rms_norm_eps` / `layer_norm_epsilon`) is {}: expected 0 < eps < 1",
@@ -191,7 +194,7 @@ impl HfConfig {
             ));
         }
         if self.rope_theta.is_nan() || self.rope_theta <= 1.0 {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 "config",
                 format!("`rope_theta` is {}: expected a base above 1", self.rope_theta),
             ));
@@ -200,7 +203,7 @@ impl HfConfig {
         let attn = 2 * h * (self.heads * self.head_dim) as u128 + 2 * h * (self.kv_heads * self.head_dim) as u128;
         let params = l * (attn + 3 * h * f) + 2 * v * h;
         if params > fields::MAX_PARAMS {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 "config",
                 format!(
                     "these sizes describe about {params} parameters, beyond any model redco can hold (at most {})",
@@ -240,7 +243,7 @@ impl HfConfig {
             "gptj" => Ok(self.gptj_params()),
             "opt" => Ok(self.opt_params()),
             "t5" => Ok(self.t5_params()),
-            other => Err(Error::invalid(
+            other => Err(Error::unsupported(
                 "config",
                 format!("model_type `{other}` is not supported yet (supported: llama, mistral, gptj, opt, t5)"),
             )),

@@ -10,7 +10,7 @@ use redco_core::{Error, Result};
 use serde_json::Value;
 
 fn bad(key: &str, x: &Value, want: &str) -> Error {
-    Error::invalid("config", format!("`{key}` is {x}: expected {want}"))
+    Error::config("config", format!("`{key}` is {x}: expected {want}"))
 }
 
 /// The first of `keys` present (and not null) as a whole number.
@@ -75,7 +75,7 @@ pub(crate) const MAX_PARAMS: u128 = 100_000_000_000_000;
 pub(crate) fn within(what: &str, key: &str, value: usize) -> Result<()> {
     let limit = LIMITS.iter().find(|(w, _)| *w == what).map_or(u64::MAX, |(_, l)| *l);
     if value as u64 > limit {
-        return Err(Error::invalid(
+        return Err(Error::config(
             "config",
             format!("`{key}` = {value} is beyond any model redco can hold (the {what} may be at most {limit})"),
         ));
@@ -90,7 +90,7 @@ pub(crate) fn plain_rope(v: &Value) -> Result<()> {
         let Some(r) = v.get(key).filter(|r| !r.is_null()) else { continue };
         let kind = r.get("rope_type").or_else(|| r.get("type")).and_then(Value::as_str).unwrap_or("default");
         if kind != "default" {
-            return Err(Error::invalid(
+            return Err(Error::unsupported(
                 "config",
                 format!("`{key}` of type `{kind}` is not supported: redco's models use plain RoPE, which would give other outputs"),
             ));
@@ -108,13 +108,13 @@ pub(crate) fn t5_buckets(v: &Value) -> Result<()> {
     let nb = uint(v, &["relative_attention_num_buckets"])?.unwrap_or(32);
     let md = uint(v, &["relative_attention_max_distance"])?.unwrap_or(128);
     if !(4..=1 << 16).contains(&nb) {
-        return Err(Error::invalid(
+        return Err(Error::config(
             "config",
             format!("`relative_attention_num_buckets` = {nb}: expected 4 to 65536 buckets (T5 uses 32)"),
         ));
     }
     if md <= nb / 2 || md > 1 << 24 {
-        return Err(Error::invalid(
+        return Err(Error::config(
             "config",
             format!(
                 "`relative_attention_max_distance` = {md}: expected more than half of \

@@ -5,9 +5,9 @@
 //! so no rank holds more than one shard file's tensors at once.
 
 use super::config::HfConfig;
-use redco_core::dist::current_comm;
 use redco_core::nn::{Module, ModuleExt};
 use redco_core::pipeline::checkpoint::{safetensors_bytes, write_atomic};
+use redco_core::runtime::current_comm;
 use redco_core::{Backend, Error, Result};
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -6,7 +6,7 @@
 //! before a barrier (alive, heartbeat running) to show the watchdog naming it.
 
 use redco_core::cpu::Cpu;
-use redco_core::dist::{spmd_with, Mesh, ReduceKind, SpmdOptions};
+use redco_core::runtime::{spmd_with, Mesh, ReduceKind, SpmdOptions};
 use redco_core::{Backend, Error, HostData, MeshAxis, Result};
 use redco_mpi::check::battery;
 use redco_mpi::Mpi;
@@ -46,7 +46,7 @@ fn run(mpi: &Mpi, a: &Args) -> Result<()> {
     let w = mpi.world().clone();
     let mesh = a.mesh.unwrap_or(Mesh { dp: 1, mp: w.size });
     let opts = SpmdOptions { timeout: Duration::from_secs_f64(a.timeout), threads_per_rank: Some(1) };
-    let factory: &dyn redco_core::dist::CommFactory<Cpu> = mpi;
+    let factory: &dyn redco_core::runtime::CommFactory<Cpu> = mpi;
     spmd_with(
         factory,
         mesh,
@@ -102,11 +102,11 @@ fn run(mpi: &Mpi, a: &Args) -> Result<()> {
                 );
             }
             if let Some(dir) = &a.out {
-                std::fs::create_dir_all(dir).map_err(|e| Error::invalid("check", format!("{}: {e}", dir.display())))?;
+                std::fs::create_dir_all(dir).map_err(|e| Error::io("check", "cannot create", dir, e))?;
                 let rows: Vec<String> = checks.iter().map(|c| format!("{} {:016x}", c.name, c.digest)).collect();
                 let path = dir.join(format!("rank-{}.txt", rk.rank));
                 std::fs::write(&path, rows.join("\n") + "\n")
-                    .map_err(|e| Error::invalid("check", format!("{}: {e}", path.display())))?;
+                    .map_err(|e| Error::io("check", "cannot write", &path, e))?;
             }
             let _ = rk.backend.sync();
             Ok(())

@@ -27,10 +27,13 @@ use crate::proto::CompileOptions;
 use crate::storage::PjrtStorage;
 use crate::trace::{Input, TVal, Tracer};
 use redco_core::cpu::Cpu;
-use redco_core::dist::{Comm, CommGuard, CommStats, Mesh, ReduceKind, ShardPlan};
 use redco_core::nn::{Module, ModuleExt};
 use redco_core::optim::AdamWConfig;
 use redco_core::placement::local_shape;
+use redco_core::{
+    planning::ShardPlan,
+    runtime::{Comm, CommGuard, CommStats, Mesh, ReduceKind},
+};
 use redco_core::{DType, HostData, MeshAxis, Placement, Placements, Result, Shape, Tensor};
 use std::sync::Arc;
 

@@ -8,8 +8,8 @@
 
 use crate::cmd::launch;
 use redco_core::cpu::Cpu;
-use redco_core::dist::{spmd_with, CommFactory, Mesh, SpmdOptions};
 use redco_core::pipeline::{Deployer, Trainer};
+use redco_core::runtime::{spmd_with, CommFactory, Mesh, SpmdOptions};
 use redco_core::{Backend, Result};
 use redco_models::auto::AutoModel;
 use redco_models::hf::config::HfConfig;
@@ -74,7 +74,9 @@ pub fn backend(name: &str) -> std::result::Result<BackendKind, String> {
     }
 }
 
-/// The compiled training step of a decoder-only model, as `redco train` asks for it.
+/// The compiled training step of a decoder-only model, as `redco train` asks for it (read
+/// by the backends that compile whole steps: PJRT, with the `tpu` feature).
+#[cfg_attr(not(feature = "tpu"), allow(dead_code))]
 pub struct LmStep {
     /// The model's configuration.
     pub cfg: HfConfig,

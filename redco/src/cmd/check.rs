@@ -99,7 +99,7 @@ pub fn token_id(s: &str) -> Result<i64, String> {
 }
 
 /// Parses `DPxMP`.
-pub fn mesh(s: &str) -> Result<redco_core::dist::Mesh, String> {
+pub fn mesh(s: &str) -> Result<redco_core::runtime::Mesh, String> {
     s.parse().map_err(|e: redco_core::Error| e.to_string())
 }
 

@@ -10,11 +10,14 @@
 use super::check;
 use clap::Args;
 use redco_core::cpu::Cpu;
-use redco_core::dist::trace::plan_from_trace;
-use redco_core::dist::{spmd_cpu, Mesh, SpmdOptions};
 use redco_core::nn::ModuleExt;
 use redco_core::optim::Sgd;
 use redco_core::pipeline::checkpoint::{Checkpointer, Manifest};
+use redco_core::planning::trace::plan_from_trace;
+use redco_core::{
+    cpu::spmd_cpu,
+    runtime::{Mesh, SpmdOptions},
+};
 use redco_core::{DType, Error, Result, Shape, Tensor};
 use redco_models::auto::AutoModel;
 use redco_models::hf::checkpoint::Checkpoint;
@@ -62,7 +65,7 @@ fn copy_side_files(from: &Path, to: &Path) -> std::result::Result<(), String> {
 }
 
 /// The trainer's plan: traced from a forward pass of the model on one device.
-fn traced_plan(dir: &Path, mesh: Mesh) -> Result<redco_core::dist::ShardPlan> {
+fn traced_plan(dir: &Path, mesh: Mesh) -> Result<redco_core::planning::ShardPlan> {
     let b = Cpu::try_new(1)?;
     let ids = Tensor::from_vec(&b, vec![1i64, 2, 3, 4], [1, 4])?;
     if HfConfig::from_dir(dir)?.model_type == "t5" {

@@ -1,7 +1,7 @@
 //! The CPU backend's devices are this host's cores: how many there are, how the ranks on
 //! this host share them, and whether a mesh fits them.
 
-use redco_core::dist::Mesh;
+use redco_core::runtime::Mesh;
 
 /// Threads per rank when `total` threads (default: the host's cores) are shared by the
 /// `ranks` ranks of `mesh` that run on this host (every rank for thread ranks; the host's

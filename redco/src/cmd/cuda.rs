@@ -2,7 +2,7 @@
 //! among this process's ranks, or the process's local rank under a launcher), NCCL
 //! between them.
 
-use redco_core::dist::CommFactory;
+use redco_core::runtime::CommFactory;
 use redco_cuda::{Cuda, NcclFactory};
 use std::sync::Arc;
 

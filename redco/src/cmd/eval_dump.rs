@@ -5,9 +5,9 @@
 use super::backends::{self, CliBackend, Devices, OnBackend};
 use super::{check, cores, model_config};
 use clap::Args;
-use redco_core::dist::current_comm;
 use redco_core::nn::ModuleExt;
 use redco_core::pipeline::checkpoint::{safetensors_bytes, write_atomic};
+use redco_core::runtime::current_comm;
 use redco_core::{Backend, DType, HostData, Result, Tensor};
 use redco_models::auto::AutoModel;
 use redco_models::generate::{generate, BeamConfig, CausalLm, GenerationConfig};
@@ -55,7 +55,7 @@ type Named = Vec<(String, HostData, Vec<usize>)>;
 fn dump<B: Backend>(b: &B, a: &EvalDumpArgs, inputs: &BTreeMap<String, HostTensor>, dtype: DType) -> Result<Named> {
     let cfg = HfConfig::from_dir(&a.model)?;
     check_inputs(a, inputs, &cfg).map_err(|e| redco_core::Error::invalid("eval-dump", e))?;
-    let plan = model_config::plan(&cfg, current_comm::<B>().map_or(redco_core::dist::Mesh::single(), |c| c.mesh()))
+    let plan = model_config::plan(&cfg, current_comm::<B>().map_or(redco_core::runtime::Mesh::single(), |c| c.mesh()))
         .map_err(|e| redco_core::Error::invalid("eval-dump", e))?;
     let get = |k: &str| -> Result<Option<Tensor<B>>> {
         inputs.get(k).map(|t| Tensor::from_host(b, &t.data, t.shape.clone())).transpose()
@@ -202,7 +202,7 @@ struct OnMesh<'a> {
     a: &'a EvalDumpArgs,
     inputs: &'a BTreeMap<String, HostTensor>,
     dtype: redco_core::DType,
-    mesh: redco_core::dist::Mesh,
+    mesh: redco_core::runtime::Mesh,
     threads: usize,
 }
 

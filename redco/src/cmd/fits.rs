@@ -1,8 +1,8 @@
 //! Refusing work that cannot fit this machine before anything is allocated for it: a
 //! training run's memory (the planner's estimate) and a generation's context and memory.
 
-use redco_core::dist::heuristics::plan_by_names;
-use redco_core::dist::Mesh;
+use redco_core::planning::heuristics::plan_by_names;
+use redco_core::runtime::Mesh;
 use redco_core::DType;
 use redco_models::hf::config::HfConfig;
 
@@ -20,7 +20,7 @@ pub fn available_memory() -> Option<u64> {
 /// beyond what the machine has available, before anything is allocated: a clear error
 /// instead of an aborted allocation of tens of gigabytes.
 pub fn check_training_fits(cfg: &HfConfig, mesh: Mesh, batch: usize, seq: usize, compute: DType) -> Result<(), String> {
-    use redco_core::dist::planner::{train_memory, Workload};
+    use redco_core::planning::planner::{train_memory, Workload};
     let (Ok(shapes), Some(avail)) = (cfg.param_shapes(), available_memory()) else { return Ok(()) };
     let plan = plan_by_names(&shapes, mesh);
     let dtype_bytes = if compute == DType::F32 { 4 } else { 2 };
@@ -35,8 +35,8 @@ pub fn check_training_fits(cfg: &HfConfig, mesh: Mesh, batch: usize, seq: usize,
             "training with --batch-size {batch} --seq-len {seq} on mesh {mesh} needs about {} of memory (parameters, \
              gradients, optimizer state and activations), but this machine has {} available; lower --batch-size or \
              --seq-len, or split the model over more ranks (see `redco plan`)",
-            redco_core::dist::planner::human(need),
-            redco_core::dist::planner::human(avail)
+            redco_core::planning::planner::human(need),
+            redco_core::planning::planner::human(avail)
         ));
     }
     Ok(())
@@ -90,8 +90,8 @@ pub fn check_generation_fits(
             "generating {rows} sequence(s) (prompts x beams) of {seq} prompt tokens and {new} new ones needs about {} \
              of memory (weights, KV cache, logits and attention scores), but this machine has {} available; shorten \
              the prompts, or lower --num-beams or --max-new-tokens",
-            redco_core::dist::planner::human(need),
-            redco_core::dist::planner::human(avail)
+            redco_core::planning::planner::human(need),
+            redco_core::planning::planner::human(avail)
         ));
     }
     Ok(())

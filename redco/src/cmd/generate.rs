@@ -5,7 +5,7 @@
 use super::backends::{self, BackendKind, CliBackend, Devices, OnBackend};
 use super::{check, cores, fits, model_config};
 use clap::Args;
-use redco_core::dist::current_comm;
+use redco_core::runtime::current_comm;
 use redco_core::{Backend, Error, Result, Tensor};
 use redco_models::auto::AutoModel;
 use redco_models::generate::{generate_beam, generate_with, BeamConfig, GenerationConfig, Sampling};
@@ -99,7 +99,7 @@ const DEFAULT_NEW_TOKENS: usize = 32;
 
 fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<Vec<String>> {
     let cfg = HfConfig::from_dir(&a.model)?;
-    let mesh = current_comm::<B>().map_or(redco_core::dist::Mesh::single(), |c| c.mesh());
+    let mesh = current_comm::<B>().map_or(redco_core::runtime::Mesh::single(), |c| c.mesh());
     let plan = model_config::plan(&cfg, mesh).map_err(|e| Error::invalid("generate", e))?;
     let dtype = check::dtype(&a.dtype).map_err(|e| Error::invalid("generate", e))?;
     let tok = Tokenizer::from_dir(&a.model)?;
@@ -195,7 +195,7 @@ fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<V
 struct OnMesh<'a> {
     a: &'a GenerateArgs,
     prompts: &'a [String],
-    mesh: redco_core::dist::Mesh,
+    mesh: redco_core::runtime::Mesh,
     threads: usize,
 }
 

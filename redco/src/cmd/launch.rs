@@ -2,8 +2,8 @@
 //! or one rank per process under an MPI launcher (`mpirun`, `srun --mpi=pmix`; the `mpi`
 //! feature). Chosen once, at start, from the environment.
 
-use redco_core::dist::world::detect_launcher_env;
-use redco_core::dist::{CommFactory, Launcher, Mesh, Threads, World};
+use redco_core::runtime::world::detect_launcher_env;
+use redco_core::runtime::{CommFactory, Launcher, Mesh, Threads, World};
 use redco_core::Backend;
 use std::sync::{Arc, Mutex};
 
@@ -49,7 +49,7 @@ fn mpi_transport() -> Result<Transport, String> {
 
 #[cfg(not(feature = "mpi"))]
 fn mpi_transport() -> Result<Transport, String> {
-    match redco_core::dist::world::mpi_env_size(|k| std::env::var(k).ok()) {
+    match redco_core::runtime::world::mpi_env_size(|k| std::env::var(k).ok()) {
         Some(n) if n > 1 => Err(format!(
             "started by an MPI launcher with {n} processes, but this redco is built without MPI: rebuild with \
              `cargo build --release -p redco --features mpi` (needs Open MPI or MPICH and libclang), or run \

@@ -1,8 +1,8 @@
 //! What the commands read off a model's `config.json` beyond its fields: the split of its
 //! parameters over a mesh (by name), and whether it is an encoder-decoder (T5).
 
-use redco_core::dist::heuristics::plan_by_names;
-use redco_core::dist::{Mesh, ShardPlan};
+use redco_core::planning::heuristics::plan_by_names;
+use redco_core::{planning::ShardPlan, runtime::Mesh};
 use redco_models::hf::config::HfConfig;
 
 /// The split of the model `cfg` describes over `mesh` (none for one device).

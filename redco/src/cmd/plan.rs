@@ -2,9 +2,9 @@
 
 use super::check;
 use clap::Args;
-use redco_core::dist::heuristics::plan_by_names;
-use redco_core::dist::planner::{human, smallest_mp, PlanReport, Workload};
-use redco_core::dist::Mesh;
+use redco_core::planning::heuristics::plan_by_names;
+use redco_core::planning::planner::{human, smallest_mp, PlanReport, Workload};
+use redco_core::runtime::Mesh;
 use redco_core::Placement;
 use redco_models::hf::config::HfConfig;
 use std::path::PathBuf;
@@ -210,7 +210,7 @@ fn json(a: &PlanArgs, cfg: &HfConfig, mesh: Mesh, r: &PlanReport, fit: Option<Fi
         .into_iter()
         .map(|(k, axis, c)| json!({"kind": format!("{k:?}"), "axis": format!("{axis:?}"), "calls": c.calls, "bytes": c.bytes}))
         .collect();
-    let mem = |m: &redco_core::dist::planner::Memory| json!({"params": m.params, "grads": m.grads, "optimizer": m.optimizer, "activations": m.activations, "total": m.total()});
+    let mem = |m: &redco_core::planning::planner::Memory| json!({"params": m.params, "grads": m.grads, "optimizer": m.optimizer, "activations": m.activations, "total": m.total()});
     json!({
         "model": {"model_type": cfg.model_type, "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads, "vocab": cfg.vocab},
         "mesh": {"dp": mesh.dp, "mp": mesh.mp},

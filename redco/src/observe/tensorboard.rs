@@ -78,12 +78,15 @@ impl EventWriter {
     /// made, so two runs in one second get two files), starting with the file-version event.
     pub fn create(dir: &Path) -> Result<Self> {
         static SEQ: AtomicU64 = AtomicU64::new(0);
-        std::fs::create_dir_all(dir).map_err(|e| io("cannot create", dir, e))?;
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("tensorboard", "cannot create", dir, e))?;
         let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let path = dir.join(format!("events.out.tfevents.{secs}.{}.{}.{n}", host(), std::process::id()));
-        let file =
-            OpenOptions::new().create_new(true).append(true).open(&path).map_err(|e| io("cannot create", &path, e))?;
+        let file = OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| Error::io("tensorboard", "cannot create", &path, e))?;
         let mut w = EventWriter { file, path };
         let first = Event { wall_time: now(), step: 0, file_version: Some(FILE_VERSION.into()), summary: None };
         w.write(&first)?;
@@ -107,7 +110,10 @@ impl EventWriter {
 
     fn write(&mut self, ev: &Event) -> Result<()> {
         let rec = tfrecord(&prost::Message::encode_to_vec(ev));
-        self.file.write_all(&rec).and_then(|()| self.file.flush()).map_err(|e| io("cannot write", &self.path, e))
+        self.file
+            .write_all(&rec)
+            .and_then(|()| self.file.flush())
+            .map_err(|e| Error::io("tensorboard", "cannot write", &self.path, e))
     }
 }
 
@@ -177,7 +183,7 @@ impl TrainObserver for TensorBoard {
 
     fn on_end(&mut self, _workdir: &Path, _curve: &[StepMetrics]) -> Result<()> {
         if let Some(w) = self.writer.take() {
-            w.file.sync_all().map_err(|e| io("cannot sync", &w.path, e))?;
+            w.file.sync_all().map_err(|e| Error::io("tensorboard", "cannot sync", &w.path, e))?;
         }
         Ok(())
     }
@@ -193,7 +199,7 @@ fn remove_event_files(dir: &Path) -> Result<()> {
     for e in rd.flatten() {
         if e.file_name().to_string_lossy().starts_with("events.out.tfevents.") {
             let p = e.path();
-            std::fs::remove_file(&p).map_err(|e| io("cannot remove", &p, e))?;
+            std::fs::remove_file(&p).map_err(|e| Error::io("tensorboard", "cannot remove", &p, e))?;
         }
     }
     Ok(())
@@ -217,8 +223,4 @@ fn host() -> String {
     } else {
         h
     }
-}
-
-fn io(what: &str, path: &Path, e: std::io::Error) -> Error {
-    Error::invalid("tensorboard", format!("{what} {}: {e}", path.display()))
 }

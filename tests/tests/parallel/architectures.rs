@@ -2,9 +2,13 @@
 //! dataflow (also with opaque names), and the split run equal to the single-device run.
 
 use redco_core::cpu::Cpu;
-use redco_core::dist::trace::plan_from_trace;
-use redco_core::dist::{spmd_cpu, Mesh, ShardPlan, SpmdOptions};
 use redco_core::nn::{Module, ModuleExt};
+use redco_core::planning::trace::plan_from_trace;
+use redco_core::{
+    cpu::spmd_cpu,
+    planning::ShardPlan,
+    runtime::{Mesh, SpmdOptions},
+};
 use redco_core::{Placement, Result, Tensor};
 use redco_tests::blocks::{GptJ, Opt, T5};
 use redco_tests::check::assert_close;
@@ -90,7 +94,7 @@ fn check<M: Arch>() {
     assert_eq!(plan::<M>(mesh, true).summary(), p.summary(), "opaque names give the same plan");
     let shapes: Vec<_> = p.params.iter().map(|(n, pp)| (n.clone(), pp.shape.clone())).collect();
     assert_eq!(
-        redco_core::dist::heuristics::plan_by_names(&shapes, mesh).summary(),
+        redco_core::planning::heuristics::plan_by_names(&shapes, mesh).summary(),
         p.summary(),
         "the name heuristics agree with the trace"
     );

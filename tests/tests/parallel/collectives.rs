@@ -1,6 +1,9 @@
 //! The in-process collective over a mesh: values, ordering, counts and failures.
 
-use redco_core::dist::{spmd_cpu, CollectiveKind, Mesh, ReduceKind, SpmdOptions};
+use redco_core::{
+    cpu::spmd_cpu,
+    runtime::{CollectiveKind, Mesh, ReduceKind, SpmdOptions},
+};
 use redco_core::{Backend, DType, Error, HostData, MeshAxis, Tensor};
 use std::time::{Duration, Instant};
 

@@ -3,9 +3,13 @@
 //! on one device, Megatron's placements and Megatron's communication count.
 
 use redco_core::cpu::Cpu;
-use redco_core::dist::trace::plan_from_trace;
-use redco_core::dist::{current_comm, spmd_cpu, CollectiveKind, CommStats, Mesh, ShardPlan, SpmdOptions};
 use redco_core::nn::{Module, ModuleExt};
+use redco_core::planning::trace::plan_from_trace;
+use redco_core::{
+    cpu::spmd_cpu,
+    planning::ShardPlan,
+    runtime::{current_comm, CollectiveKind, CommStats, Mesh, SpmdOptions},
+};
 use redco_core::{DType, MeshAxis, Placement, Result, Tensor};
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;

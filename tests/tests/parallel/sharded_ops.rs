@@ -2,7 +2,10 @@
 //! the propagation rules, the redistributions and their conjugates in backward.
 
 use redco_core::cpu::Cpu;
-use redco_core::dist::{spmd_cpu, Mesh, SpmdOptions};
+use redco_core::{
+    cpu::spmd_cpu,
+    runtime::{Mesh, SpmdOptions},
+};
 use redco_core::{DType, HostData, MeshAxis, Placement, Placements, Result, RotaryMode, Tensor};
 use redco_tests::check::{assert_close, values};
 

@@ -2,8 +2,12 @@
 //! Megatron's communication count.
 
 use redco_core::cpu::Cpu;
-use redco_core::dist::{spmd_cpu, CollectiveKind, CommStats, Mesh, ShardPlan, SpmdOptions};
 use redco_core::nn::ModuleExt;
+use redco_core::{
+    cpu::spmd_cpu,
+    planning::ShardPlan,
+    runtime::{CollectiveKind, CommStats, Mesh, SpmdOptions},
+};
 use redco_core::{DType, MeshAxis, Result, Tensor};
 use redco_tests::check::assert_close;
 use redco_tests::models::{Config, Lm};
@@ -39,12 +43,12 @@ fn step(b: &Cpu, cfg: Config, plan: Option<&ShardPlan>) -> Result<Run> {
         p.apply(&mut m)?;
     }
     let (ids, labels, mask) = batch(b, cfg.vocab)?;
-    if let Some(c) = redco_core::dist::current_comm::<Cpu>() {
+    if let Some(c) = redco_core::runtime::current_comm::<Cpu>() {
         c.reset_stats();
     }
     let loss = m.loss(&ids, Some(&mask), &labels)?;
     let grads = loss.backward()?;
-    let stats = redco_core::dist::current_comm::<Cpu>().map(|c| c.stats()).unwrap_or_default();
+    let stats = redco_core::runtime::current_comm::<Cpu>().map(|c| c.stats()).unwrap_or_default();
     let mut out = BTreeMap::new();
     for (name, p) in m.named_parameters() {
         let g = grads.get(&p).unwrap_or_else(|| panic!("no gradient for {name}"));

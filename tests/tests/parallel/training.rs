@@ -3,10 +3,14 @@
 //! the same parameters as the replicated optimizer.
 
 use redco_core::cpu::Cpu;
-use redco_core::dist::data_parallel::{sync_grads, DEFAULT_BUCKET_BYTES};
-use redco_core::dist::{spmd_cpu, CollectiveKind, Mesh, ShardPlan, SpmdOptions};
 use redco_core::nn::ModuleExt;
 use redco_core::optim::{AdamW, AdamWConfig};
+use redco_core::pipeline::data_parallel::{sync_grads, DEFAULT_BUCKET_BYTES};
+use redco_core::{
+    cpu::spmd_cpu,
+    planning::ShardPlan,
+    runtime::{CollectiveKind, Mesh, SpmdOptions},
+};
 use redco_core::{DType, MeshAxis, Result, Tensor};
 use redco_tests::check::assert_close;
 use redco_tests::models::{Config, Lm};
@@ -58,7 +62,7 @@ fn train_steps(
     // eps 1e-6: the gradient of a key bias is zero in exact arithmetic (softmax ignores a
     // per-row constant), so with a tiny eps Adam would turn rounding noise into full steps
     // of either sign and no two summation orders could agree.
-    let comm = redco_core::dist::current_comm::<Cpu>();
+    let comm = redco_core::runtime::current_comm::<Cpu>();
     let mut opt = AdamW::new(AdamWConfig { lr: 1e-2, weight_decay: 0.01, eps: 1e-6, zero1, ..Default::default() })
         .with_comm(comm.clone());
     let mut losses = Vec::new();
@@ -82,7 +86,7 @@ fn train_steps(
     for (n, p) in m.named_parameters() {
         params.insert(n, p.replicate()?.to_vec_f64()?);
     }
-    let stats = redco_core::dist::current_comm::<Cpu>().map(|c| c.stats()).unwrap_or_default();
+    let stats = redco_core::runtime::current_comm::<Cpu>().map(|c| c.stats()).unwrap_or_default();
     let dp_all_reduces = stats.get(CollectiveKind::AllReduce, MeshAxis::Dp).calls;
     Ok(Trained { losses, params, dp_all_reduces })
 }
@@ -147,7 +151,7 @@ fn zero1_gives_the_same_parameters() {
 /// parameters back for the comparisons are excluded by measuring before them.)
 #[test]
 fn planner_predicts_the_measured_communication() {
-    use redco_core::dist::planner::{predict_comm, ModelDims, Workload};
+    use redco_core::planning::planner::{predict_comm, ModelDims, Workload};
     let mesh: Mesh = "2x2".parse().unwrap();
     let plan = crate::rules::traced(LLAMA, mesh, false, true).unwrap();
     let dims = ModelDims {
@@ -197,7 +201,7 @@ fn global_grad_norm_counts_every_shard_once() {
         }
         let mut grads = m.loss(&ids, Some(&mask), &labels)?.backward()?;
         let params: Vec<Tensor<Cpu>> = m.named_parameters().into_iter().map(|(_, t)| t).collect();
-        let comm = redco_core::dist::current_comm::<Cpu>();
+        let comm = redco_core::runtime::current_comm::<Cpu>();
         sync_grads(comm.as_ref(), &params, &mut grads, DEFAULT_BUCKET_BYTES)?;
         let before = clip_grad_norm(comm.as_ref(), &params, &mut grads, 0.5)?;
         Ok((before, global_grad_norm(comm.as_ref(), &params, &grads)?))
@@ -228,7 +232,7 @@ fn schedules_warm_up_and_decay() {
 /// the same bits as `sync_grads` after backward, at 2x2.
 #[test]
 fn overlapped_buckets_sum_the_same_bits_as_sync_grads() {
-    use redco_core::dist::data_parallel::OverlappedBuckets;
+    use redco_core::pipeline::data_parallel::OverlappedBuckets;
     use redco_core::{GradStore, Placement};
     let mesh: Mesh = "2x2".parse().unwrap();
     let plan = crate::rules::traced(LLAMA, mesh, false, true).unwrap();

@@ -2,8 +2,11 @@
 //! model) and refusing broken files and configs with errors that say what is wrong.
 
 use redco_core::cpu::Cpu;
-use redco_core::dist::{spmd_cpu, Mesh, SpmdOptions};
 use redco_core::nn::ModuleExt;
+use redco_core::{
+    cpu::spmd_cpu,
+    runtime::{Mesh, SpmdOptions},
+};
 use redco_core::{DType, Tensor};
 use redco_models::generate::{generate, GenerationConfig};
 use redco_models::hf::checkpoint::Checkpoint;
@@ -35,7 +38,7 @@ fn a_split_model_saves_back_whole_and_in_shards() {
     let plan = {
         let m = Llama::from_pretrained(&Cpu::new(1), &fixture(), DType::F32).unwrap();
         let shapes: Vec<_> = m.named_parameters().into_iter().map(|(n, p)| (n, p.shape().clone())).collect();
-        redco_core::dist::heuristics::plan_by_names(&shapes, mesh)
+        redco_core::planning::heuristics::plan_by_names(&shapes, mesh)
     };
     for (name, shard_bytes) in [("whole", usize::MAX), ("sharded", 20_000)] {
         let out = tmp(name);

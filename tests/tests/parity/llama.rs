@@ -2,9 +2,12 @@
 //! row is left-padded, with grouped-query attention and rope theta 500000, at 1x1, 1x2, 2x2.
 
 use redco_core::cpu::Cpu;
-use redco_core::dist::trace::plan_from_trace;
-use redco_core::dist::{spmd_cpu, Mesh, SpmdOptions};
 use redco_core::nn::ModuleExt;
+use redco_core::planning::trace::plan_from_trace;
+use redco_core::{
+    cpu::spmd_cpu,
+    runtime::{Mesh, SpmdOptions},
+};
 use redco_core::{DType, Result, Tensor};
 use redco_models::generate::{generate_with, CausalLm, GenerationConfig};
 use redco_models::hf::safetensors::read_all;
@@ -28,7 +31,7 @@ struct Out {
     grads: BTreeMap<String, Vec<f64>>,
 }
 
-fn run(b: &Cpu, split: Option<&redco_core::dist::ShardPlan>) -> Result<Out> {
+fn run(b: &Cpu, split: Option<&redco_core::planning::ShardPlan>) -> Result<Out> {
     // each rank reads only its slice of every tensor
     let m = Llama::from_pretrained_split(b, &dir(), DType::F32, split)?;
     let inp = read_all(&dir().join("inputs.safetensors"))?;
@@ -68,7 +71,7 @@ fn check(o: &Out, what: &str) {
 }
 
 /// The plan the rules derive from one traced training step.
-fn traced_plan(mesh: Mesh) -> redco_core::dist::ShardPlan {
+fn traced_plan(mesh: Mesh) -> redco_core::planning::ShardPlan {
     let b = Cpu::new(1);
     let m = Llama::from_pretrained(&b, &dir(), DType::F32).unwrap();
     let inp = read_all(&dir().join("inputs.safetensors")).unwrap();
@@ -90,7 +93,7 @@ fn llama_matches_transformers_at_1x1_1x2_2x2() {
 }
 
 /// Greedy generation (8 new tokens, KV cache, left-padded second row) on rank `b`'s shard.
-fn greedy(b: &Cpu, split: Option<&redco_core::dist::ShardPlan>) -> Result<Vec<i64>> {
+fn greedy(b: &Cpu, split: Option<&redco_core::planning::ShardPlan>) -> Result<Vec<i64>> {
     let mut m = Llama::from_pretrained(b, &dir(), DType::F32)?;
     if let Some(p) = split {
         p.apply(&mut m)?;

@@ -4,9 +4,13 @@
 //! the rules' placements equal Megatron's split with every parameter renamed.
 
 use redco_core::cpu::Cpu;
-use redco_core::dist::trace::plan_from_trace;
-use redco_core::dist::{spmd_cpu, Mesh, ShardPlan, SpmdOptions};
 use redco_core::nn::ModuleExt;
+use redco_core::planning::trace::plan_from_trace;
+use redco_core::{
+    cpu::spmd_cpu,
+    planning::ShardPlan,
+    runtime::{Mesh, SpmdOptions},
+};
 use redco_core::{DType, Placement, Result, Tensor};
 use redco_models::auto::AutoModel;
 use redco_models::generate::{generate, BeamConfig, GenerationConfig};

@@ -4,12 +4,12 @@
 //! computes the adapted model's logits.
 
 use redco_core::cpu::Cpu;
-use redco_core::dist::Mesh;
 use redco_core::nn::lora::{add_lora, merge, LoraConfig};
 use redco_core::nn::{Module, ModuleExt};
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
 use redco_core::pipeline::synthetic::MarkovCorpus;
 use redco_core::pipeline::{Deployer, FitReport, OptimizerConfig, StepCtx, TrainConfig, Trainer};
+use redco_core::runtime::Mesh;
 use redco_core::{DType, Placement, Tensor};
 use redco_models::auto::AutoModel;
 use redco_models::hf::safetensors::read_all;

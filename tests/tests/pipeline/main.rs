@@ -1,12 +1,12 @@
 //! The three-function pipeline: learning, accumulation, kill-and-resume, bad input.
 
 use redco_core::cpu::Cpu;
-use redco_core::dist::Mesh;
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
 use redco_core::pipeline::data::{Dataset, JsonlDataset};
 use redco_core::pipeline::metrics::read_metrics;
 use redco_core::pipeline::synthetic::MarkovCorpus;
 use redco_core::pipeline::{Batch, Deployer, NanPolicy, OptimizerConfig, Predictor, StepCtx, TrainConfig, Trainer};
+use redco_core::runtime::Mesh;
 use redco_core::{Backend, DType, Result, Tensor};
 use redco_tests::models::{Config, Lm};
 use std::path::{Path, PathBuf};
@@ -397,7 +397,7 @@ fn the_predictor_returns_outputs_in_input_order_with_a_padded_last_batch() {
         s2.lock().unwrap().push((i, *o));
         Ok(())
     });
-    let plan = redco_core::dist::heuristics::plan_by_names(&[], "2x1".parse().unwrap());
+    let plan = redco_core::planning::heuristics::plan_by_names(&[], "2x1".parse().unwrap());
     let out = pred.predict(&dep, &data, &plan).unwrap();
     let want: Vec<i64> = data.iter().map(|s| s[0]).collect();
     assert_eq!(out, want);

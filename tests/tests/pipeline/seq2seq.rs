@@ -4,9 +4,9 @@
 //! has transformers, generates the same tokens in transformers).
 
 use redco_core::cpu::Cpu;
-use redco_core::dist::Mesh;
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
 use redco_core::pipeline::{Deployer, OptimizerConfig, StepCtx, TrainConfig, Trainer};
+use redco_core::runtime::Mesh;
 use redco_core::{DType, Result};
 use redco_models::hf::config::HfConfig;
 use redco_models::seq2seq::{collate_pairs, generate_targets, seq2seq_loss, Pair};

@@ -5,12 +5,16 @@
 
 use super::decode::redco_once;
 use super::llm::{hf_config, Shape, ADAMW, BATCH, PROMPT, SEQ};
-use redco_core::dist::data_parallel::{sync_grads, OverlappedBuckets, DEFAULT_BUCKET_BYTES};
-use redco_core::dist::trace::plan_from_trace;
-use redco_core::dist::{on_backend, spmd_cpu, Mesh, Rank, ShardPlan, SpmdOptions};
 use redco_core::nn::Module;
 use redco_core::nn::ModuleExt;
 use redco_core::optim::{AdamW, Optimizer};
+use redco_core::pipeline::data_parallel::{sync_grads, OverlappedBuckets, DEFAULT_BUCKET_BYTES};
+use redco_core::planning::trace::plan_from_trace;
+use redco_core::{
+    cpu::spmd_cpu,
+    planning::ShardPlan,
+    runtime::{on_backend, Mesh, Rank, SpmdOptions},
+};
 use redco_core::{no_grad, Backend, DType, Error, MeshAxis, Tensor};
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;
@@ -94,7 +98,7 @@ impl Job<'_> {
         }
         let whole = Tensor::from_vec(b, self.ids.to_vec(), [BATCH, SEQ])?;
         let ids = if self.mesh.dp > 1 { whole.shard_along(MeshAxis::Dp, 0)? } else { whole };
-        let comm = redco_core::dist::current_comm::<B>();
+        let comm = redco_core::runtime::current_comm::<B>();
         let mut opt = AdamW::new(ADAMW).with_comm(comm.clone());
         let mut out = RankTimes { train: vec![], phases: vec![], fwd: vec![], decode: vec![], loss: f64::NAN };
         for i in (0..=steps).filter(|_| self.want("train")) {
@@ -227,13 +231,13 @@ pub fn child(
         // one device per rank
         #[cfg(feature = "wgpu")]
         "wgpu" => {
-            redco_core::dist::spmd(mesh, &opts, |_, _| redco_wgpu::Wgpu::new(), |rk| job.measure(rk).map(with_rss))
+            redco_core::runtime::spmd(mesh, &opts, |_, _| redco_wgpu::Wgpu::new(), |rk| job.measure(rk).map(with_rss))
         }
         // one GPU per rank, NCCL between them
         #[cfg(feature = "cuda")]
         "cuda" => {
-            let nccl = redco_cuda::NcclFactory::new(std::sync::Arc::new(redco_core::dist::Threads::new()));
-            redco_core::dist::spmd_with(
+            let nccl = redco_cuda::NcclFactory::new(std::sync::Arc::new(redco_core::runtime::Threads::new()));
+            redco_core::runtime::spmd_with(
                 &nccl,
                 mesh,
                 &opts,
@@ -245,8 +249,8 @@ pub fn child(
         #[cfg(feature = "mpi")]
         "cpu-mpi" => {
             let mpi = redco_mpi::Mpi::init().map_err(|e| e.to_string())?;
-            let f: &dyn redco_core::dist::CommFactory<redco_core::cpu::Cpu> = &*mpi;
-            let r = redco_core::dist::spmd_with(
+            let f: &dyn redco_core::runtime::CommFactory<redco_core::cpu::Cpu> = &*mpi;
+            let r = redco_core::runtime::spmd_with(
                 f,
                 mesh,
                 &opts,
@@ -265,7 +269,7 @@ pub fn child(
         #[cfg(feature = "tpu")]
         "pjrt-eager" => {
             let base = redco_tpu::Pjrt::from_env(mesh.size()).map_err(|e| e.to_string())?;
-            redco_core::dist::spmd(mesh, &opts, |rank, _| base.on_device(rank), |rk| job.measure(rk).map(with_rss))
+            redco_core::runtime::spmd(mesh, &opts, |rank, _| base.on_device(rank), |rk| job.measure(rk).map(with_rss))
         }
         // the training step compiled into one SPMD program over the mesh's devices
         #[cfg(feature = "tpu")]

@@ -10,9 +10,9 @@
 
 use crate::args::Args;
 use redco_core::cpu::Cpu;
-use redco_core::dist::heuristics::plan_by_names;
-use redco_core::dist::{Collective, Comm, CommGuard, Mesh, ReduceKind};
 use redco_core::nn::ModuleExt;
+use redco_core::planning::heuristics::plan_by_names;
+use redco_core::runtime::{Collective, Comm, CommGuard, Mesh, ReduceKind};
 use redco_core::{DType, Error, MeshAxis, Result};
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::save::save_pretrained;
@@ -115,7 +115,7 @@ fn child(dir: &Path, rank: usize, mp: usize) -> std::result::Result<(), String> 
 /// baseline is taken after MPI starts (MPI's own memory is not the model's).
 #[cfg(feature = "mpi")]
 fn child_mpi(dir: &Path, mp: usize) -> std::result::Result<(), String> {
-    use redco_core::dist::{spmd_with, CommFactory, SpmdOptions};
+    use redco_core::runtime::{spmd_with, CommFactory, SpmdOptions};
     let mpi = redco_mpi::Mpi::init().map_err(|e| e.to_string())?;
     let (base, _) = memory();
     let cfg = HfConfig::from_dir(dir).map_err(|e| e.to_string())?;

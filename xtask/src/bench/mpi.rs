@@ -30,11 +30,11 @@ pub fn run_under_mpirun(_exe: &Path, _args: &[&str], _np: usize) -> Result<Strin
 
 /// `v` summed over every rank of the mesh (an all-reduce along `mp`, then `dp`).
 #[cfg(feature = "mpi")]
-pub fn sum_over_mesh<B: redco_core::Backend>(rk: &redco_core::dist::Rank<B>, v: f64) -> redco_core::Result<f64> {
+pub fn sum_over_mesh<B: redco_core::Backend>(rk: &redco_core::runtime::Rank<B>, v: f64) -> redco_core::Result<f64> {
     use redco_core::{HostData, MeshAxis};
     let mut s = rk.backend.upload(&HostData::F32(vec![v as f32]))?;
     for axis in [MeshAxis::Mp, MeshAxis::Dp] {
-        s = rk.comm.all_reduce(axis, &s, redco_core::dist::ReduceKind::Sum, 4)?;
+        s = rk.comm.all_reduce(axis, &s, redco_core::runtime::ReduceKind::Sum, 4)?;
     }
     Ok(rk.backend.download(&s)?.to_f64_vec()[0])
 }

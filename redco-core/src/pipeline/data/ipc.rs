@@ -163,8 +163,7 @@ fn index_stream(f: &mut File, size: u64, path: &Path) -> Result<Index> {
 impl IpcFile {
     /// Indexes `path`, in whichever format it is.
     pub(crate) fn open(path: &Path) -> Result<Self> {
-        let mut file =
-            File::open(path).map_err(|e| Error::invalid("data", format!("cannot read {}: {e}", path.display())))?;
+        let mut file = File::open(path).map_err(|e| Error::io("data", "cannot read", path, e))?;
         let size = file.metadata().map_err(|e| bad(path, e))?.len();
         let is_file_format = size >= 6 && read_at(&mut file, 0, 6, size, path)? == MAGIC;
         let index = guard(path, || {

@@ -28,8 +28,7 @@ fn bad(path: &Path, what: impl std::fmt::Display) -> Error {
 impl ParquetFile {
     /// Reads `path`'s footer.
     pub(crate) fn open(path: &Path) -> Result<Self> {
-        let file =
-            File::open(path).map_err(|e| Error::invalid("data", format!("cannot read {}: {e}", path.display())))?;
+        let file = File::open(path).map_err(|e| Error::io("data", "cannot read", path, e))?;
         let meta =
             guard(path, || ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(|e| bad(path, e)))?;
         let rows = meta

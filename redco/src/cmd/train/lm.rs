@@ -62,7 +62,7 @@ struct Job<'a> {
     /// The claimed workdir.
     run: &'a redco_core::pipeline::RunDir,
     /// The mesh.
-    mesh: redco_core::dist::Mesh,
+    mesh: redco_core::runtime::Mesh,
 }
 
 impl Job<'_> {
@@ -111,47 +111,28 @@ impl OnBackend for Sample<'_> {
     }
 }
 
-/// Trains a decoder-only model.
-pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String> {
-    let cfg = &s.cfg;
-    if a.source_field.is_some() || a.target_field.is_some() || a.target_len.is_some() {
-        return Err(format!(
-            "--source-field, --target-field and --target-len are for encoder-decoder models (T5); this model is {} \
-             (decoder-only: it trains on --text-field)",
-            cfg.model_type
-        ));
-    }
-    let corpus = SyntheticText::new(64, a.seq(), a.seed ^ SEED_MIX);
-    let seq_len = a.seq();
-    if let Some(ctx) = cfg.max_positions {
-        if seq_len + 1 > ctx {
-            return Err(format!(
-                "--seq-len {seq_len} needs {} positions (the labels are the inputs shifted by one), beyond the \
-                 model's context of {ctx}",
-                seq_len + 1
-            ));
-        }
-    }
-    fits::check_training_fits(cfg, s.mesh, a.batch_size, seq_len, s.compute)?;
-    let tok = Tokenizer::from_dir(&s.tok_dir).map_err(err)?;
-    if let Some(w) = vocab::check_tokenizer(&tok, cfg.vocab).map_err(err)? {
-        super::super::out::warn(format_args!("redco: warning: {w}"));
-    }
-    let mut identity = s.identity.clone();
-    identity.insert("vocab".into(), tok.vocab_size().to_string());
-    let (train, held_out): (Box<dyn Dataset<Vec<i64>> + Send>, Vec<Vec<i64>>) = match &a.data {
+/// A run's training sequences and its held-out ones.
+type LmData = (Box<dyn Dataset<Vec<i64>> + Send>, Vec<Vec<i64>>);
+
+/// The training and held-out sequences of `seq_len + 1` tokens: `--data` encoded by the
+/// model's tokenizer, the bundled corpus (a preset: its own words are the tokens), or the
+/// bundled corpus's text encoded by the model's tokenizer; every id checked against `cfg`'s
+/// vocabulary before anything is allocated.
+fn lm_data(a: &TrainArgs, cfg: &HfConfig, tok: &Tokenizer, seq_len: usize) -> std::result::Result<LmData, String> {
+    Ok(match &a.data {
         Some(path) => {
             let data = super::data::open_data(path, a.data_split.as_deref(), &[(&a.text_field, "--text-field")])
                 .map_err(err)?;
-            let mut seqs = super::data::pack_text(&*data, path, &a.text_field, &tok, seq_len + 1).map_err(err)?;
+            let mut seqs = super::data::pack_text(&*data, path, &a.text_field, tok, seq_len + 1).map_err(err)?;
             let source = format!("{} encoded by {}", path.display(), tok.source().display());
-            vocab::check_ids(&seqs.concat(), cfg.vocab, false, &source, Some(&tok)).map_err(err)?;
+            vocab::check_ids(&seqs.concat(), cfg.vocab, false, &source, Some(tok)).map_err(err)?;
             let n_eval = (seqs.len() / 20).clamp(1, 64);
             let eval = seqs.split_off(seqs.len() - n_eval);
             (Box::new(seqs), eval)
         }
         // a preset: the corpus's own words are its tokenizer
         None if a.preset.is_some() => {
+            let corpus = SyntheticText::new(64, seq_len, a.seed ^ SEED_MIX);
             let eval = (0..64).map(|i| corpus.ids((1 << 40) + i)).collect();
             (Box::new(Synthetic(SyntheticText::new(64, seq_len, a.seed ^ SEED_MIX), 0, 1 << 20)), eval)
         }
@@ -172,7 +153,37 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
             train.get(0).map_err(err)?;
             (Box::new(train), held_out)
         }
-    };
+    })
+}
+
+/// Trains a decoder-only model.
+pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String> {
+    let cfg = &s.cfg;
+    if a.source_field.is_some() || a.target_field.is_some() || a.target_len.is_some() {
+        return Err(format!(
+            "--source-field, --target-field and --target-len are for encoder-decoder models (T5); this model is {} \
+             (decoder-only: it trains on --text-field)",
+            cfg.model_type
+        ));
+    }
+    let seq_len = a.seq();
+    if let Some(ctx) = cfg.max_positions {
+        if seq_len + 1 > ctx {
+            return Err(format!(
+                "--seq-len {seq_len} needs {} positions (the labels are the inputs shifted by one), beyond the \
+                 model's context of {ctx}",
+                seq_len + 1
+            ));
+        }
+    }
+    fits::check_training_fits(cfg, s.mesh, a.batch_size, seq_len, s.compute)?;
+    let tok = Tokenizer::from_dir(&s.tok_dir).map_err(err)?;
+    if let Some(w) = vocab::check_tokenizer(&tok, cfg.vocab).map_err(err)? {
+        super::super::out::warn(format_args!("redco: warning: {w}"));
+    }
+    let mut identity = s.identity.clone();
+    identity.insert("vocab".into(), tok.vocab_size().to_string());
+    let (train, held_out) = lm_data(a, cfg, &tok, seq_len)?;
     let config = train_config(a, train.len(), identity, s.compute, cfg.vocab)?;
     let steps = config.steps;
     if already_past(a, s.resumed, steps, s.leader) {
@@ -237,7 +248,7 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
     let note = (a.data.is_none() && a.preset.is_some()).then(|| {
         format!(
             "(the bundled corpus has an entropy of {:.4} nats per token: the best a model can do)",
-            corpus.corpus.entropy()
+            SyntheticText::new(64, seq_len, a.seed ^ SEED_MIX).corpus.entropy()
         )
     });
     let files = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"];

@@ -3,10 +3,10 @@
 //! the smallest model-parallel size that fits a device. Redco users guess
 //! `n_model_shards` by trial; ours are told.
 
-use super::collective::{CollectiveKind, CommCount, CommStats};
-use super::data_parallel::DEFAULT_BUCKET_BYTES;
 use super::plan::{Role, ShardPlan};
-use super::Mesh;
+use crate::runtime::collective::{CollectiveKind, CommCount, CommStats};
+use crate::runtime::Mesh;
+use crate::runtime::DEFAULT_BUCKET_BYTES;
 use crate::{MeshAxis, Placement};
 use std::fmt;
 

@@ -3,10 +3,13 @@
 //! Collectives are flat, as in NCCL: all-reduce combines equal-sized buffers elementwise,
 //! all-gather concatenates the group's buffers in axis order, reduce-scatter sums and hands
 //! each member its contiguous chunk. Layout along a tensor dimension is the caller's job
-//! (`dist::redistribute`). Every call has a timeout: a dead or diverging rank makes the
+//! (`sharding::redistribute`). Every call has a timeout: a dead or diverging rank makes the
 //! others return an error instead of hanging.
 
 use super::mesh::Mesh;
+
+/// Default size of a gradient bucket (one all-reduce): 25 MB, as in PyTorch DDP.
+pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
 use crate::{Backend, HostData, MeshAxis, Result, Shape};
 use std::collections::BTreeMap;
 use std::fmt;

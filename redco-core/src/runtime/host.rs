@@ -3,7 +3,7 @@
 //! transport, gets bit-identical sums), flat concatenation and equal chunks.
 
 use super::ReduceKind;
-use crate::cpu::{floats, Floats};
+use crate::dtype::{floats, Floats};
 use crate::HostData;
 use std::sync::Arc;
 
@@ -65,7 +65,7 @@ pub fn reduce_range(parts: &[Arc<HostData>], op: ReduceKind, a: usize, b: usize)
         HostData::F64(_) => fold!(F64),
         _ => {
             let slices: Vec<Arc<HostData>> =
-                parts.iter().map(|p| Arc::new(crate::cpu::narrow_flat(p, a, b - a))).collect();
+                parts.iter().map(|p| Arc::new(crate::dtype::narrow_flat(p, a, b - a))).collect();
             reduce_all(&slices, op)
         }
     }
@@ -191,5 +191,5 @@ pub fn split_range(len: usize, n: usize, i: usize) -> (usize, usize) {
 /// The `i`-th of `n` equal contiguous chunks.
 pub fn chunk(h: &HostData, i: usize, n: usize) -> HostData {
     let len = h.len() / n;
-    crate::cpu::narrow_flat(h, i * len, len)
+    crate::dtype::narrow_flat(h, i * len, len)
 }

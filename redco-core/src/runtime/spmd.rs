@@ -4,7 +4,6 @@
 use super::collective::{Collective, CollectiveKind, CommStats, ReduceKind};
 use super::factory::{CommFactory, Threads};
 use super::mesh::Mesh;
-use crate::cpu::Cpu;
 use crate::{Backend, Error, MeshAxis, Result};
 use std::any::Any;
 use std::cell::RefCell;
@@ -257,14 +256,6 @@ where
         return Err(Error::RankFailed { rank: rank.unwrap_or(0), msg: first });
     }
     results.into_iter().collect()
-}
-
-/// [`spmd`] on CPU ranks that share the machine's cores.
-pub fn spmd_cpu<R: Send, F>(mesh: Mesh, opts: &SpmdOptions, f: F) -> Result<Vec<R>>
-where
-    F: Fn(&Rank<Cpu>) -> Result<R> + Sync,
-{
-    spmd(mesh, opts, |_, t| Cpu::try_new(t), f)
 }
 
 /// Runs `f` on `b`'s own compute threads ([`Backend::enter`]) with this thread's

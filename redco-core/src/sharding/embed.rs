@@ -83,7 +83,7 @@ pub(crate) fn index_select_sharded<B: Backend>(x: &Tensor<B>, ids: &Tensor<B>, d
     let bc = b.clone();
     Ok(Tensor::from_op_placed(&b, masked, out_s, Shape::new(local), placed, dt, "index_select", &[&x], move |g| {
         if crate::is_grad_enabled() {
-            return Err(crate::Error::invalid(
+            return Err(crate::Error::unsupported(
                 "backward_graph",
                 "second-order gradients through the vocabulary-parallel embedding are not supported (keep the embedding unsplit along mp)",
             ));

@@ -1,11 +1,10 @@
 //! Data parallelism: gradients that are partial sums over the data-parallel axis are
 //! summed in flat buckets (few large all-reduces instead of one per parameter).
 
-use super::Comm;
+use crate::runtime::Comm;
 use crate::{Backend, GradStore, MeshAxis, PartialOp, Placement, Result, Tensor};
 
-/// Default bucket size: 25 MB, as in PyTorch DDP.
-pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
+pub use crate::runtime::DEFAULT_BUCKET_BYTES;
 
 /// Sums, over the data-parallel axis, every gradient of `params` that is a partial sum
 /// there, packing them into buckets of about `bucket_bytes`. Afterwards each gradient is
@@ -43,7 +42,7 @@ pub fn sync_grads<B: Backend>(
 }
 
 /// All-reduces one bucket: the gradients' local storages flattened and concatenated.
-fn flush<B: Backend>(c: &super::Comm<B>, bucket: &mut Vec<Tensor<B>>, grads: &mut GradStore<B>) -> Result<()> {
+fn flush<B: Backend>(c: &crate::runtime::Comm<B>, bucket: &mut Vec<Tensor<B>>, grads: &mut GradStore<B>) -> Result<()> {
     if bucket.is_empty() {
         return Ok(());
     }
@@ -57,17 +56,17 @@ fn flush<B: Backend>(c: &super::Comm<B>, bucket: &mut Vec<Tensor<B>>, grads: &mu
 /// sums of the gradients' local storages, reduced as one flat buffer.
 struct InFlight<B: Backend> {
     pairs: Vec<(Tensor<B>, Tensor<B>)>,
-    sums: super::Pending<Vec<B::Storage>>,
+    sums: crate::runtime::Pending<Vec<B::Storage>>,
 }
 
-fn start_bucket<B: Backend>(c: &super::Comm<B>, pairs: Vec<(Tensor<B>, Tensor<B>)>) -> Result<InFlight<B>> {
+fn start_bucket<B: Backend>(c: &crate::runtime::Comm<B>, pairs: Vec<(Tensor<B>, Tensor<B>)>) -> Result<InFlight<B>> {
     let b = pairs[0].1.backend().clone();
     // gradients share the parameters' dtype
     let dt = pairs[0].1.dtype();
     let xs: Vec<(B::Storage, usize)> =
         pairs.iter().map(|(_, g)| (g.storage().clone(), g.local_shape().elem_count())).collect();
     let bytes = xs.iter().map(|x| x.1).sum::<usize>() * dt.size_in_bytes();
-    let sums = c.all_reduce_bucket_async(&b, MeshAxis::Dp, &xs, super::ReduceKind::Sum, bytes)?;
+    let sums = c.all_reduce_bucket_async(&b, MeshAxis::Dp, &xs, crate::runtime::ReduceKind::Sum, bytes)?;
     Ok(InFlight { pairs, sums })
 }
 

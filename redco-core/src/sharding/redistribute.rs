@@ -3,9 +3,9 @@
 //! all-gather <-> reduce-scatter or slice).
 
 use super::axis_index::{on_first_only, own_chunk};
-use super::spmd::{current_comm, Comm};
-use super::ReduceKind;
 use crate::placement::{local_shape, without_partial};
+use crate::runtime::spmd::{current_comm, Comm};
+use crate::runtime::ReduceKind;
 use crate::{Backend, Error, MeshAxis, PartialOp, Placement, Placements, Result, Shape, Tensor};
 
 /// The communicator of this thread, or an error naming `op` (a sharded tensor is only

@@ -3,8 +3,8 @@
 //! their input dim (row); embeddings and heads split the vocabulary; the rest is
 //! replicated. Dims the mesh does not divide are replicated, and the plan says so.
 
-use super::mesh::Mesh;
 use super::plan::{ParamPlan, Role, ShardPlan};
+use crate::runtime::mesh::Mesh;
 use crate::{Placement, Shape};
 use std::collections::BTreeMap;
 

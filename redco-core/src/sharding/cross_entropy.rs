@@ -5,9 +5,9 @@
 
 use super::axis_index::{axis_offset, index_dtype};
 use super::redistribute::comm;
-use super::ReduceKind;
 use crate::autograd::GradModeGuard;
 use crate::backend::CmpOp;
+use crate::runtime::ReduceKind;
 use crate::{Backend, DType, MeshAxis, Placement, Placements, Result, Shape, Tensor};
 
 fn view<B: Backend>(t: &Tensor<B>) -> Tensor<B> {
@@ -83,7 +83,7 @@ pub(crate) fn cross_entropy_sharded<B: Backend>(
         &[&x],
         move |g| {
             if crate::is_grad_enabled() {
-                return Err(crate::Error::invalid(
+                return Err(crate::Error::unsupported(
                     "backward_graph",
                     "second-order gradients through the vocabulary-parallel cross-entropy are not supported (keep the head unsplit along mp)",
                 ));

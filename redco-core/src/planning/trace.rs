@@ -14,10 +14,10 @@
 //!
 //! Names play no part: the plan is the same after every parameter is renamed.
 
-use super::mesh::Mesh;
 use super::plan::{ParamPlan, Role, ShardPlan};
-use super::rules::reshape_dim;
 use crate::autograd::OpMeta;
+use crate::runtime::mesh::Mesh;
+use crate::sharding::rules::reshape_dim;
 use crate::{Backend, Error, Placement, Result, Tensor, TensorId};
 use std::collections::{BTreeMap, HashMap, HashSet};
 

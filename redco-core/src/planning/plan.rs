@@ -1,8 +1,8 @@
 //! A sharding plan: a placement for every parameter, why it was chosen, and applying it
 //! to a module (each rank keeps only its slice).
 
-use super::mesh::Mesh;
 use crate::nn::Module;
+use crate::runtime::mesh::Mesh;
 use crate::{Backend, Error, MeshAxis, Placement, Placements, Result, Shape};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -111,7 +111,7 @@ impl ShardPlan {
     /// Lays out every parameter of `model` as planned: each rank keeps its slice (no
     /// communication) as a fresh variable. Run inside an SPMD run whose mesh is the plan's.
     pub fn apply<B: Backend, M: Module<B> + ?Sized>(&self, model: &mut M) -> Result<()> {
-        if let Some(c) = super::current_comm::<B>() {
+        if let Some(c) = crate::runtime::current_comm::<B>() {
             if c.mesh() != self.mesh {
                 return Err(Error::invalid(
                     "apply plan",

@@ -1,0 +1,14 @@
+//! Planning: from a model to a [`ShardPlan`] (each parameter's placement and role), by
+//! tracing one forward pass and applying the rules ([`trace`]) or by names
+//! ([`heuristics`]); the placement of LoRA adapters ([`lora`]); and the estimate of a
+//! plan's memory and communication per step ([`planner`]).
+//!
+//! Planning reads models (`nn`) and the sharding rules; it runs nothing and moves no data.
+
+pub mod heuristics;
+pub mod lora;
+pub mod plan;
+pub mod planner;
+pub mod trace;
+
+pub use plan::{ParamPlan, Role, ShardPlan};
