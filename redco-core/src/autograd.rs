@@ -200,8 +200,36 @@ impl<B: Backend> Tensor<B> {
         Ok(want.into_iter().map(|(_, g)| g).collect())
     }
 
+    /// The gradients of this tensor, seeded with `seed` (the gradient of a later loss with
+    /// respect to it), with respect to `wrt`; `None` where it does not depend on one. No
+    /// graph is recorded. The backward pass of a recomputed block runs through this.
+    pub(crate) fn grads_seeded(&self, seed: Tensor<B>, wrt: &[&Tensor<B>]) -> Result<Vec<Option<Tensor<B>>>> {
+        let mut want: Vec<(TensorId, Option<Tensor<B>>)> = wrt.iter().map(|t| (t.id(), None)).collect();
+        let mut store = GradStore::new();
+        self.walk_from(Some(seed), &mut store, &mut |_, _| Ok(()), false, &mut want)?;
+        // a variable reached that is not in `wrt` would lose its gradient here
+        if store.iter().any(|(id, _)| !want.iter().any(|(w, _)| w == id)) {
+            return Err(Error::invalid(
+                "recompute",
+                "the recomputed block reads a variable not listed in its params: its gradient would be lost",
+            ));
+        }
+        Ok(want.into_iter().map(|(_, g)| g).collect())
+    }
+
     fn walk(
         &self,
+        store: &mut GradStore<B>,
+        on_ready: &mut OnGradReady<'_, B>,
+        create_graph: bool,
+        want: &mut [(TensorId, Option<Tensor<B>>)],
+    ) -> Result<()> {
+        self.walk_from(None, store, on_ready, create_graph, want)
+    }
+
+    fn walk_from(
+        &self,
+        seed: Option<Tensor<B>>,
         store: &mut GradStore<B>,
         on_ready: &mut OnGradReady<'_, B>,
         create_graph: bool,
@@ -216,7 +244,11 @@ impl<B: Backend> Tensor<B> {
         let _mode = GradModeGuard::set(create_graph);
         let order = topo_order(self);
         let mut pending: HashMap<TensorId, Tensor<B>> = HashMap::new();
-        pending.insert(self.id(), self.ones_like()?);
+        let seed = match seed {
+            Some(s) => s,
+            None => self.ones_like()?,
+        };
+        pending.insert(self.id(), seed);
         for t in order.iter().rev() {
             let Some(g) = pending.remove(&t.id()) else { continue };
             let g = deliver(t, g)?;

@@ -11,6 +11,7 @@ pub mod layout;
 pub mod matmul;
 pub mod norm;
 pub mod random;
+pub mod recompute;
 pub mod reduce;
 pub mod rotary;
 pub mod softmax;

@@ -189,14 +189,14 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
     ) -> Result<Arc<dyn CompiledStep<B>>> {
         let cfg = &self.config;
         if let Some(why) = super::compiled::ineligible(cfg) {
-            return Err(Error::invalid("fit (compiled step)", why));
+            return Err(Error::unsupported("fit (compiled step)", why));
         }
         let OptimizerConfig::AdamW(adamw) = cfg.optimizer else {
-            return Err(Error::invalid("fit (compiled step)", "compiled steps run AdamW"));
+            return Err(Error::unsupported("fit (compiled step)", "compiled steps run AdamW"));
         };
         let local = dep.local_ranks()?;
         if local.len() != dep.mesh.size() {
-            return Err(Error::invalid(
+            return Err(Error::unsupported(
                 "fit (compiled step)",
                 format!(
                     "a compiled step drives every rank of the mesh from one process, but this process runs {} of its {} ranks",
@@ -325,7 +325,7 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
             return Err(Error::invalid("fit", "the dataset is empty"));
         }
         if cfg.batch_size == 0 || cfg.accumulate == 0 || !cfg.batch_size.is_multiple_of(dep.mesh.dp) {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 "fit",
                 format!("batch size {} must be positive and divisible by dp={}", cfg.batch_size, dep.mesh.dp),
             ));

@@ -80,7 +80,7 @@ impl ShardPlan {
     pub fn with_overrides(mut self, rules: &[(&str, Placement)]) -> Result<Self> {
         for (pat, pl) in rules {
             let re = regex::Regex::new(pat)
-                .map_err(|e| Error::invalid("sharding override", format!("`{pat}` is not a valid regex: {e}")))?;
+                .map_err(|e| Error::config("sharding override", format!("`{pat}` is not a valid regex: {e}")))?;
             let mut hit = false;
             for (name, p) in self.params.iter_mut() {
                 if re.is_match(name) {
@@ -102,7 +102,7 @@ impl ShardPlan {
                 }
             }
             if !hit {
-                return Err(Error::invalid("sharding override", format!("`{pat}` matches no parameter")));
+                return Err(Error::config("sharding override", format!("`{pat}` matches no parameter")));
             }
         }
         Ok(self)

@@ -17,7 +17,7 @@ impl Mesh {
     /// A mesh; both sizes must be at least 1.
     pub fn new(dp: usize, mp: usize) -> Result<Self> {
         if dp == 0 || mp == 0 {
-            return Err(Error::invalid("mesh", format!("sizes must be >= 1, got {dp}x{mp}")));
+            return Err(Error::config("mesh", format!("sizes must be >= 1, got {dp}x{mp}")));
         }
         Ok(Mesh { dp, mp })
     }
@@ -81,7 +81,7 @@ impl FromStr for Mesh {
     type Err = Error;
     /// Parses `DPxMP`, e.g. `2x4`.
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || Error::invalid("mesh", format!("`{s}` is not of the form DPxMP (for example 1x2)"));
+        let bad = || Error::config("mesh", format!("`{s}` is not of the form DPxMP (for example 1x2)"));
         let (a, b) = s.trim().split_once(['x', 'X']).ok_or_else(bad)?;
         Mesh::new(a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?)
     }

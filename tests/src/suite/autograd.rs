@@ -130,3 +130,47 @@ pub fn deep_chain<B: Backend>(b: &B) {
         std::panic::resume_unwind(e);
     }
 }
+
+/// A recomputed block (`Tensor::recompute`) gives the gradients the recorded block gives,
+/// for its input and the weights it reads, without recording its inside in the forward;
+/// a second-order graph through it and a weight it reads but does not list are refused.
+pub fn recompute_matches_recorded<B: Backend>(b: &B) {
+    use redco_core::Tensor;
+    let dt = check_dtype(b);
+    let x = tensor(b, &values(12, 7, -1.0, 1.0), [3, 4], dt).into_var();
+    let w1 = tensor(b, &values(20, 8, -0.5, 0.5), [4, 5], dt).into_var();
+    let w2 = tensor(b, &values(20, 9, -0.5, 0.5), [5, 4], dt).into_var();
+    let mask = tensor(b, &values(4, 10, 0.0, 1.0), [4], dt);
+    // a residual MLP block: x + silu(x W1) W2 * mask
+    let block = |w1: Tensor<B>, w2: Tensor<B>| {
+        move |xs: &[Tensor<B>]| -> redco_core::Result<Tensor<B>> {
+            let h = xs[0].matmul(&w1)?.silu()?.matmul(&w2)?;
+            xs[0].add(&h.mul(&xs[1])?)
+        }
+    };
+    let loss_of = |y: Tensor<B>| y.square().unwrap().sum_all().unwrap();
+    // two blocks in a row, the second fed by the first
+    let f = block(w1.clone(), w2.clone());
+    let recorded = f(&[f(&[x.clone(), mask.clone()]).unwrap(), mask.clone()]).unwrap();
+    let want = loss_of(recorded).backward().unwrap();
+    let r1 = Tensor::recompute(&[&x, &mask], &[&w1, &w2], block(w1.clone(), w2.clone())).unwrap();
+    let r2 = Tensor::recompute(&[&r1, &mask], &[&w1, &w2], block(w1.clone(), w2.clone())).unwrap();
+    // the block's inside is not recorded: the output's node is the recompute itself
+    assert_eq!(r2.op_name(), Some("recompute"));
+    let got = loss_of(r2.clone()).backward().unwrap();
+    for (t, name) in [(&x, "x"), (&w1, "w1"), (&w2, "w2")] {
+        let e = want.get(t).unwrap().to_vec_f64().unwrap();
+        assert_close(&got.get(t).unwrap().to_vec_f64().unwrap(), &e, tol(dt), name);
+    }
+    assert!(got.get(&mask).is_none(), "the mask needs no gradient");
+    // without gradients it is the block
+    let plain = no_grad(|| Tensor::recompute(&[&x, &mask], &[&w1, &w2], block(w1.clone(), w2.clone()))).unwrap();
+    assert!(!plain.requires_grad());
+    // second order: refused, naming recompute
+    let e = loss_of(r2).backward_graph().unwrap_err();
+    assert!(matches!(e, Error::Unsupported { op: "recompute", .. }), "{e}");
+    // a weight read but not listed would lose its gradient: refused
+    let r = Tensor::recompute(&[&x, &mask], &[&w1], block(w1.clone(), w2.clone())).unwrap();
+    let e = loss_of(r).backward().unwrap_err();
+    assert!(e.to_string().contains("not listed in its params"), "{e}");
+}

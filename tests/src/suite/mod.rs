@@ -96,6 +96,10 @@ macro_rules! suite {
             fn deep_chain() {
                 $crate::suite::autograd::deep_chain(&$make)
             }
+            #[test]
+            fn recompute_matches_recorded() {
+                $crate::suite::autograd::recompute_matches_recorded(&$make)
+            }
         }
         mod cross_entropy {
             #[allow(unused_imports)]

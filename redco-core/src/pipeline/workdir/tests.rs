@@ -90,3 +90,25 @@ fn metrics_are_cut_back_to_the_resumed_step() {
     assert_eq!(left.len(), 1, "no temporary files left: {left:?}");
     fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn an_io_failure_keeps_its_kind_path_and_os_error() {
+    let d = fresh_dir("io-kind");
+    // a workdir under a regular file cannot be created
+    fs::write(d.join("file"), "not a directory").unwrap();
+    let under = d.join("file").join("run");
+    let e = WorkdirLock::acquire(&under).unwrap_err();
+    match &e {
+        Error::Io { op, what, path, source } => {
+            assert_eq!((*op, what.as_str(), path.as_path()), ("workdir", "cannot create", under.as_path()));
+            assert_eq!(e.io_kind(), Some(source.kind()));
+        }
+        other => panic!("expected Error::Io, got {other:?}"),
+    }
+    // the message reads as before: component, what, path, OS error
+    let msg = e.to_string();
+    assert!(msg.starts_with(&format!("workdir: cannot create {}: ", under.display())), "{msg}");
+    // a caller can walk to the OS error through `source()`
+    assert!(std::error::Error::source(&e).is_some());
+    assert_eq!(Error::invalid("x", "y").io_kind(), None);
+}
