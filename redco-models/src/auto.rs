@@ -25,6 +25,26 @@ pub enum AutoModel<B: Backend> {
 pub const SUPPORTED: [&str; 4] = ["llama", "mistral", "gptj", "opt"];
 
 impl<B: Backend> AutoModel<B> {
+    /// Activation checkpointing per decoder layer (see [`Llama::set_recompute`]); LLaMA
+    /// only for now: the other architectures refuse it.
+    pub fn set_recompute(&mut self, on: bool) -> Result<()> {
+        match self {
+            AutoModel::Llama(m) => {
+                m.set_recompute(on);
+                Ok(())
+            }
+            _ if !on => Ok(()),
+            AutoModel::GptJ(_) => Err(Error::unsupported(
+                "recompute",
+                "block recompute is implemented for LLaMA only; gptj keeps its activations",
+            )),
+            AutoModel::Opt(_) => Err(Error::unsupported(
+                "recompute",
+                "block recompute is implemented for LLaMA only; opt keeps its activations",
+            )),
+        }
+    }
+
     /// Loads `dir` (under a plan, each rank reads only its slices).
     pub fn from_pretrained(b: &B, dir: &Path, dtype: DType, plan: Option<&ShardPlan>) -> Result<Self> {
         let cfg = HfConfig::from_dir(dir)?;

@@ -7,13 +7,14 @@ use crate::generate::{CausalLm, FixedKvCache, KvCache};
 use crate::hf::checkpoint::Checkpoint;
 use crate::hf::config::HfConfig;
 use crate::params::{CheckpointSource, ParamSource, RandomInit};
-use redco_core::nn::{self, Activation, Embedding, GatedMlp, Init, Linear, RmsNorm, RotaryEmbedding};
+use redco_core::nn::{self, Activation, Embedding, GatedMlp, Init, Linear, Module, RmsNorm, RotaryEmbedding};
 use redco_core::{Backend, DType, Error, Result, RotaryMode, Shape, Tensor};
 
 /// A layer's attention given its index, queries, keys and values (with its cache).
 type Attend<'a, B> = dyn FnMut(usize, Tensor<B>, Tensor<B>, Tensor<B>) -> Result<Tensor<B>> + 'a;
 
 /// One decoder layer.
+#[derive(Clone)]
 pub struct LlamaLayer<B: Backend> {
     input_layernorm: RmsNorm<B>,
     q_proj: Linear<B>,
@@ -22,6 +23,37 @@ pub struct LlamaLayer<B: Backend> {
     o_proj: Linear<B>,
     post_attention_layernorm: RmsNorm<B>,
     mlp: GatedMlp<B>,
+}
+
+/// A layer's attention sizes.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl<B: Backend> LlamaLayer<B> {
+    /// The layer over hidden states `h` `[batch, seq, hidden]` with rotary tables `cos`,
+    /// `sin`; `attend(q, k, v)` is its attention (with its cache, if any).
+    fn forward(
+        &self,
+        d: Dims,
+        h: &Tensor<B>,
+        cos: &Tensor<B>,
+        sin: &Tensor<B>,
+        attend: &mut dyn FnMut(Tensor<B>, Tensor<B>, Tensor<B>) -> Result<Tensor<B>>,
+    ) -> Result<Tensor<B>> {
+        let (bs, t) = (h.dims()[0], h.dims()[1]);
+        let x = self.input_layernorm.forward(h)?;
+        let split = |y: Tensor<B>, n: usize| y.reshape([bs, t, n, d.head_dim])?.transpose(1, 2);
+        let q = split(self.q_proj.forward(&x)?, d.heads)?.rotary(cos, sin, RotaryMode::HalfSplit)?;
+        let k = split(self.k_proj.forward(&x)?, d.kv_heads)?.rotary(cos, sin, RotaryMode::HalfSplit)?;
+        let v = split(self.v_proj.forward(&x)?, d.kv_heads)?;
+        let a = attend(q, k, v)?;
+        let h = h.add(&self.o_proj.forward(&a.transpose(1, 2)?.reshape([bs, t, d.heads * d.head_dim])?)?)?;
+        h.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)
+    }
 }
 
 redco_core::module!(LlamaLayer {
@@ -42,6 +74,8 @@ pub struct Llama<B: Backend> {
     layers: Vec<LlamaLayer<B>>,
     norm: RmsNorm<B>,
     lm_head: Option<Linear<B>>,
+    /// Recompute each layer in the backward pass instead of keeping its activations.
+    recompute: bool,
 }
 
 redco_core::module!(Llama {
@@ -122,7 +156,14 @@ impl<B: Backend> Llama<B> {
             .collect::<Result<_>>()?;
         let norm = norm("model.norm.weight".into())?;
         let embed = src.param("model.embed_tokens.weight", Shape::new([cfg.vocab, h]), Init::Normal(0.02))?;
-        Ok(Llama { cfg: cfg.clone(), embed_tokens: Embedding { weight: embed }, layers, norm, lm_head })
+        Ok(Llama {
+            cfg: cfg.clone(),
+            embed_tokens: Embedding { weight: embed },
+            layers,
+            norm,
+            lm_head,
+            recompute: false,
+        })
     }
 
     /// Loads `dir` (config.json + safetensors, single or sharded) into a model whose
@@ -192,6 +233,9 @@ impl<B: Backend> Llama<B> {
                 &default_pos
             }
         };
+        if cache.is_none() && self.recompute && redco_core::is_grad_enabled() {
+            return self.layers_recomputed(ids, pos, mask);
+        }
         self.layers_at(ids, pos, &mut |i, q, k, v| {
             let (k, v) = match cache.as_deref_mut() {
                 Some(cache) => cache.append(i, k, v)?,
@@ -230,20 +274,42 @@ impl<B: Backend> Llama<B> {
     /// attention (with its cache).
     fn layers_at(&self, ids: &Tensor<B>, pos: &Tensor<B>, attend: &mut Attend<'_, B>) -> Result<Tensor<B>> {
         let c = &self.cfg;
-        let hd = c.head_dim;
-        let (bs, t) = (ids.dims()[0], ids.dims()[1]);
-        let rope = RotaryEmbedding::new(hd, c.rope_theta, RotaryMode::HalfSplit)?;
+        let rope = RotaryEmbedding::new(c.head_dim, c.rope_theta, RotaryMode::HalfSplit)?;
         let (cos, sin) = rope.tables(pos, self.embed_tokens.weight.dtype())?;
         let mut h = self.embed_tokens.forward(ids)?;
+        let dims = Dims { heads: c.heads, kv_heads: c.kv_heads, head_dim: c.head_dim };
         for (i, l) in self.layers.iter().enumerate() {
-            let x = l.input_layernorm.forward(&h)?;
-            let split = |y: Tensor<B>, n: usize| y.reshape([bs, t, n, hd])?.transpose(1, 2);
-            let q = split(l.q_proj.forward(&x)?, c.heads)?.rotary(&cos, &sin, RotaryMode::HalfSplit)?;
-            let k = split(l.k_proj.forward(&x)?, c.kv_heads)?.rotary(&cos, &sin, RotaryMode::HalfSplit)?;
-            let v = split(l.v_proj.forward(&x)?, c.kv_heads)?;
-            let a = attend(i, q, k, v)?;
-            h = h.add(&l.o_proj.forward(&a.transpose(1, 2)?.reshape([bs, t, c.heads * hd])?)?)?;
-            h = h.add(&l.mlp.forward(&l.post_attention_layernorm.forward(&h)?)?)?;
+            h = l.forward(dims, &h, &cos, &sin, &mut |q, k, v| attend(i, q, k, v))?;
+        }
+        self.norm.forward(&h)
+    }
+
+    /// Recompute each layer in the backward pass (activation checkpointing: one hidden
+    /// state kept per layer instead of every activation inside it), or keep them (the
+    /// default). Applies to training forwards without a KV cache.
+    pub fn set_recompute(&mut self, on: bool) {
+        self.recompute = on;
+    }
+
+    /// [`Llama::layers_at`] for training, each layer a [`Tensor::recompute`] block.
+    fn layers_recomputed(&self, ids: &Tensor<B>, pos: &Tensor<B>, mask: Option<&Tensor<B>>) -> Result<Tensor<B>> {
+        let c = &self.cfg;
+        let dims = Dims { heads: c.heads, kv_heads: c.kv_heads, head_dim: c.head_dim };
+        let rope = RotaryEmbedding::new(c.head_dim, c.rope_theta, RotaryMode::HalfSplit)?;
+        let (cos, sin) = rope.tables(pos, self.embed_tokens.weight.dtype())?;
+        let mut h = self.embed_tokens.forward(ids)?;
+        for l in &self.layers {
+            let mut params = Vec::new();
+            l.visit("", &mut |_, p| params.push(p.clone()));
+            let mut inputs = vec![h, cos.clone(), sin.clone()];
+            inputs.extend(mask.cloned());
+            let layer = l.clone();
+            h = Tensor::recompute(&inputs.iter().collect::<Vec<_>>(), &params.iter().collect::<Vec<_>>(), move |xs| {
+                let mask = xs.get(3);
+                layer.forward(dims, &xs[0], &xs[1], &xs[2], &mut |q, k, v| {
+                    nn::scaled_dot_product_attention(&q, &k, &v, mask, true, None)
+                })
+            })?;
         }
         self.norm.forward(&h)
     }
