@@ -46,6 +46,38 @@ pub enum OpMeta {
 
 thread_local! {
     static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+    static RECOMPUTE_ENABLED: Cell<bool> = const { Cell::new(true) };
+}
+
+/// True unless the current thread is inside a [`record_inside_recompute`] scope: blocks
+/// given to [`Tensor::recompute`] then drop their activations.
+pub fn is_recompute_enabled() -> bool {
+    RECOMPUTE_ENABLED.with(|g| g.get())
+}
+
+/// Sets whether [`Tensor::recompute`] blocks drop their activations on this thread until
+/// the guard drops (the previous mode comes back).
+pub struct RecomputeGuard(bool);
+
+impl RecomputeGuard {
+    /// Sets the mode to `enabled`.
+    pub fn set(enabled: bool) -> Self {
+        RecomputeGuard(RECOMPUTE_ENABLED.with(|g| g.replace(enabled)))
+    }
+}
+
+impl Drop for RecomputeGuard {
+    fn drop(&mut self) {
+        RECOMPUTE_ENABLED.with(|g| g.set(self.0));
+    }
+}
+
+/// Runs `f` with every [`Tensor::recompute`] block recorded op by op, as if it were not a
+/// block: a planning trace reads the ops inside (the two rules need them), a run that
+/// recomputes does not.
+pub fn record_inside_recompute<R>(f: impl FnOnce() -> R) -> R {
+    let _g = RecomputeGuard::set(false);
+    f()
 }
 
 /// True unless the current thread is inside a [`no_grad`] scope.

@@ -9,7 +9,7 @@
 //! communication (its all-reduces), as Megatron's recompute does: one more all-reduce per
 //! row-parallel layer per step.
 
-use crate::autograd::{is_grad_enabled, no_grad, GradModeGuard};
+use crate::autograd::{is_grad_enabled, is_recompute_enabled, no_grad, GradModeGuard};
 use crate::{Backend, Error, Result, Tensor};
 use std::sync::Arc;
 
@@ -19,14 +19,17 @@ impl<B: Backend> Tensor<B> {
     /// `params` are the variables `f` reads besides `inputs` (a block's weights): their
     /// gradients reach the store as if `f` had been recorded. `f` must compute the same
     /// values when called again (no dropout drawn from a changing state). With gradients
-    /// off, or when nothing needs them, this is just `f(inputs)`. Second-order gradients
-    /// through a recomputed block are refused.
+    /// off, or when nothing needs them, or inside
+    /// [`record_inside_recompute`](crate::autograd::record_inside_recompute) (a planning
+    /// trace), this is just `f(inputs)`, recorded. Second-order gradients through a
+    /// recomputed block are refused.
     pub fn recompute<F>(inputs: &[&Tensor<B>], params: &[&Tensor<B>], f: F) -> Result<Tensor<B>>
     where
         F: Fn(&[Tensor<B>]) -> Result<Tensor<B>> + Send + Sync + 'static,
     {
         let owned: Vec<Tensor<B>> = inputs.iter().map(|t| (*t).clone()).collect();
-        if !is_grad_enabled() || !inputs.iter().chain(params).any(|t| t.requires_grad()) {
+        let needed = inputs.iter().chain(params).any(|t| t.requires_grad());
+        if !is_grad_enabled() || !is_recompute_enabled() || !needed {
             return f(&owned);
         }
         let out = no_grad(|| f(&owned))?;

@@ -310,7 +310,8 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
             }
         }
         let ctx = StepCtx { backend: &b, rank: 0, mesh: dep.mesh, step: 0, micro: 0, train: false, seed: dep.seed };
-        let loss = (self.loss_fn)(&ctx, &model, &batch)?;
+        // the trace reads every op, those inside recomputed blocks too
+        let loss = crate::autograd::record_inside_recompute(|| (self.loss_fn)(&ctx, &model, &batch))?;
         // frozen parameters are split too
         let mut plan = plan_from_trace(&model.named_parameters(), &[&loss], dep.mesh, false)?;
         crate::planning::lora::plan_adapters(&mut plan, &adapters);

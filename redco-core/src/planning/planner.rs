@@ -36,6 +36,9 @@ pub struct Workload {
     pub dtype_bytes: usize,
     /// Shard the optimizer state over `dp` (ZeRO-1).
     pub zero1: bool,
+    /// Recompute each transformer layer in the backward pass (activation checkpointing):
+    /// one hidden state kept per layer, one more forward per layer.
+    pub recompute: bool,
 }
 
 /// Per-rank memory estimate in bytes.
@@ -99,7 +102,9 @@ pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> Comm
     if mesh.mp > 1 {
         let n = |r: Role| plan.params.values().filter(|p| p.role == r && count(p.placement)).count() as u64;
         let (rows, tables, heads) = (n(Role::Row), n(Role::VocabTable), n(Role::VocabHead));
-        for _ in 0..(2 * rows + tables + heads) {
+        // a recomputed layer runs its forward twice: once more each row-parallel all-reduce
+        let again = if work.recompute { rows } else { 0 };
+        for _ in 0..(2 * rows + again + tables + heads) {
             st.record(CollectiveKind::AllReduce, MeshAxis::Mp, act);
         }
         for _ in 0..3 * heads {
@@ -144,7 +149,9 @@ pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> Comm
 }
 
 /// Training memory per rank. Activations follow Korthikanti et al. (2022), per layer
-/// `s*b*h*(10 + 24/t + 5*a*s/(h*t))` bytes at 2-byte precision, scaled to `dtype_bytes`.
+/// `s*b*h*(10 + 24/t + 5*a*s/(h*t))` bytes at 2-byte precision, scaled to `dtype_bytes`;
+/// with recompute, each layer keeps only its input (`s*b*h` elements) and one layer's
+/// activations live at a time, during its recomputation.
 pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero1: bool) -> Memory {
     let mesh = plan.mesh;
     let params = plan.bytes_per_rank(work.dtype_bytes) as u64;
@@ -154,7 +161,9 @@ pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero1: 
         (work.seq as f64, (work.batch / mesh.dp).max(1) as f64, dims.hidden as f64, dims.heads as f64, mesh.mp as f64);
     let per_layer = s * b * h * (10.0 + 24.0 / t + 5.0 * a * s / (h * t)) * work.dtype_bytes as f64 / 2.0;
     let logits = s * b * dims.vocab as f64 / t * 4.0;
-    Memory { params, grads: params, optimizer, activations: (per_layer * dims.layers as f64 + logits) as u64 }
+    let layers = dims.layers as f64;
+    let kept = if work.recompute { s * b * h * work.dtype_bytes as f64 * layers + per_layer } else { per_layer * layers };
+    Memory { params, grads: params, optimizer, activations: (kept + logits) as u64 }
 }
 
 /// Inference memory per rank: parameters plus a KV cache of `batch x seq` tokens with the
@@ -243,7 +252,12 @@ impl fmt::Display for PlanReport {
         writeln!(f)?;
         let m = &self.train;
         let o = &self.train_other;
-        writeln!(f, "memory per device, training (AdamW{}):", if self.work.zero1 { ", ZeRO-1" } else { "" })?;
+        writeln!(
+            f,
+            "memory per device, training (AdamW{}{}):",
+            if self.work.zero1 { ", ZeRO-1" } else { "" },
+            if self.work.recompute { ", each layer recomputed" } else { "" }
+        )?;
         writeln!(
             f,
             "  params {}  grads {}  optimizer {}  activations {}  total {}",
@@ -261,5 +275,32 @@ impl fmt::Display for PlanReport {
             self.work.seq,
             human(self.infer)
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::planning::heuristics::plan_by_names;
+    use crate::Shape;
+
+    #[test]
+    fn recompute_keeps_one_hidden_state_per_layer_and_one_layer_of_activations() {
+        // a 0.7B-class LLaMA at sequence 512
+        let dims = ModelDims { layers: 24, hidden: 1536, heads: 16, kv_heads: 16, vocab: 32000 };
+        let shapes = vec![("model.embed_tokens.weight".to_string(), Shape::new([32000, 1536]))];
+        let plan = plan_by_names(&shapes, Mesh { dp: 1, mp: 1 });
+        let work = Workload { batch: 4, seq: 512, dtype_bytes: 4, zero1: false, recompute: false };
+        let kept = train_memory(&plan, &dims, &work, false);
+        let again = train_memory(&plan, &dims, &Workload { recompute: true, ..work }, false);
+        let (s, b, h) = (512.0, 4.0, 1536.0);
+        let per_layer = s * b * h * (10.0 + 24.0 + 5.0 * 16.0 * s / h) * 4.0 / 2.0;
+        let logits = s * b * 32000.0 * 4.0;
+        assert_eq!(kept.activations, (per_layer * 24.0 + logits) as u64);
+        assert_eq!(again.activations, (s * b * h * 4.0 * 24.0 + per_layer + logits) as u64);
+        // the layers' share of activations shrinks more than tenfold; the rest is unchanged
+        let layers = |m: &Memory| m.activations as f64 - logits;
+        assert!(layers(&kept) / layers(&again) > 10.0, "{kept:?} {again:?}");
+        assert_eq!((kept.params, kept.grads, kept.optimizer), (again.params, again.grads, again.optimizer));
     }
 }

@@ -259,16 +259,18 @@ where
 }
 
 /// Runs `f` on `b`'s own compute threads ([`Backend::enter`]) with this thread's
-/// communicator and gradient mode, and returns its result. A step of many small ops (a
+/// communicator, gradient mode and recompute mode, and returns its result. A step of many small ops (a
 /// decode step, a small model's forward) then pays one hand-off instead of one per op.
 pub fn on_backend<B: Backend, R: Send>(b: &B, f: impl FnOnce() -> R + Send) -> R {
     let comm = current_comm::<B>();
     let grad = crate::is_grad_enabled();
+    let recompute = crate::autograd::is_recompute_enabled();
     let mut f = Some(f);
     let mut out = None;
     b.enter(&mut || {
         let _c = comm.clone().map(CommGuard::install);
         let _g = crate::GradModeGuard::set(grad);
+        let _r = crate::autograd::RecomputeGuard::set(recompute);
         if let Some(f) = f.take() {
             out = Some(f());
         }

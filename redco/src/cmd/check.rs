@@ -138,3 +138,29 @@ mod tests {
         assert_eq!(token_id("0"), Ok(0));
     }
 }
+
+/// `--recompute`: which activations a training step recomputes in its backward pass
+/// instead of keeping them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Recompute {
+    /// Keep every activation (the fastest step).
+    None,
+    /// Recompute each transformer layer from its input (one hidden state kept per layer;
+    /// one more forward per layer).
+    Block,
+}
+
+impl Recompute {
+    /// Whether anything is recomputed.
+    pub fn on(self) -> bool {
+        self != Recompute::None
+    }
+
+    /// The flag's value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Recompute::None => "none",
+            Recompute::Block => "block",
+        }
+    }
+}

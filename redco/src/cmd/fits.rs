@@ -19,12 +19,18 @@ pub fn available_memory() -> Option<u64> {
 /// moments and activations: the planner's per-rank estimate, for this host's ranks) is
 /// beyond what the machine has available, before anything is allocated: a clear error
 /// instead of an aborted allocation of tens of gigabytes.
-pub fn check_training_fits(cfg: &HfConfig, mesh: Mesh, batch: usize, seq: usize, compute: DType) -> Result<(), String> {
+pub fn check_training_fits(
+    cfg: &HfConfig,
+    mesh: Mesh,
+    (batch, seq): (usize, usize),
+    compute: DType,
+    recompute: bool,
+) -> Result<(), String> {
     use redco_core::planning::planner::{train_memory, Workload};
     let (Ok(shapes), Some(avail)) = (cfg.param_shapes(), available_memory()) else { return Ok(()) };
     let plan = plan_by_names(&shapes, mesh);
     let dtype_bytes = if compute == DType::F32 { 4 } else { 2 };
-    let work = Workload { batch, seq, dtype_bytes, zero1: false };
+    let work = Workload { batch, seq, dtype_bytes, zero1: false, recompute };
     let m = train_memory(&plan, &cfg.dims(), &work, false);
     // master weights stay f32 whatever the compute dtype; every rank of a process shares
     // this host's memory
@@ -34,7 +40,8 @@ pub fn check_training_fits(cfg: &HfConfig, mesh: Mesh, batch: usize, seq: usize,
         return Err(format!(
             "training with --batch-size {batch} --seq-len {seq} on mesh {mesh} needs about {} of memory (parameters, \
              gradients, optimizer state and activations), but this machine has {} available; lower --batch-size or \
-             --seq-len, or split the model over more ranks (see `redco plan`)",
+             --seq-len, recompute activations (--recompute block), or split the model over more ranks (see \
+             `redco plan`)",
             redco_core::planning::planner::human(need),
             redco_core::planning::planner::human(avail)
         ));

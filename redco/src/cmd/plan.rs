@@ -1,6 +1,6 @@
 //! `redco plan`: the sharding plan, communication and memory of a model on a mesh.
 
-use super::check;
+use super::check::{self, Recompute};
 use clap::Args;
 use redco_core::planning::heuristics::plan_by_names;
 use redco_core::planning::planner::{human, smallest_mp, PlanReport, Workload};
@@ -32,6 +32,10 @@ pub struct PlanArgs {
     /// Shard the optimizer state over DP (ZeRO-1).
     #[arg(long)]
     pub zero1: bool,
+    /// Activation recompute, as `train --recompute`: none, or block (each layer recomputed
+    /// in the backward pass; memory and communication estimated so).
+    #[arg(long, value_enum, default_value_t = Recompute::None)]
+    pub recompute: Recompute,
     /// Device memory (e.g. 80GB, 24GiB): report the smallest MP that fits.
     #[arg(long)]
     pub device_memory: Option<String>,
@@ -134,7 +138,7 @@ pub fn run(mut a: PlanArgs) -> Result<(), String> {
             return Err(format!("{n}: {}", p.reason));
         }
     }
-    let work = Workload { batch: a.batch, seq, dtype_bytes, zero1: a.zero1 };
+    let work = Workload { batch: a.batch, seq, dtype_bytes, zero1: a.zero1, recompute: a.recompute.on() };
     let fit = match &a.device_memory {
         Some(mem) => {
             let bytes = parse_bytes(mem)?;
@@ -214,7 +218,7 @@ fn json(a: &PlanArgs, cfg: &HfConfig, mesh: Mesh, r: &PlanReport, fit: Option<Fi
     json!({
         "model": {"model_type": cfg.model_type, "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads, "vocab": cfg.vocab},
         "mesh": {"dp": mesh.dp, "mp": mesh.mp},
-        "workload": {"batch_size": a.batch, "seq_len": a.seq.unwrap_or(0), "dtype": a.dtype, "zero1": a.zero1},
+        "workload": {"batch_size": a.batch, "seq_len": a.seq.unwrap_or(0), "dtype": a.dtype, "zero1": a.zero1, "recompute": a.recompute.name()},
         "rules": "name heuristics (config only)",
         "params": params,
         "comm_per_step": comm,

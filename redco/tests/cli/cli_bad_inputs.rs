@@ -151,6 +151,7 @@ fn cases(t: &Scratch) -> Vec<Case> {
     let good = s(&fixture_named("llama-tiny")).to_string();
     let t5 = s(&fixture_named("t5-tiny")).to_string();
     let g = good.as_str();
+    let opt = s(&fixture_named("opt-tiny")).to_string();
     let inputs = s(&fixture_named("llama-tiny").join("inputs.safetensors")).to_string();
     let out = s(&t.path("dump.safetensors")).to_string();
     let w = s(&t.path("w")).to_string();
@@ -199,6 +200,9 @@ fn cases(t: &Scratch) -> Vec<Case> {
         train_case("flag", &["--warmup", "-1"], &["--warmup"]),
         train_case("flag", &["--schedule", "step"], &["--schedule", "step"]),
         train_case("flag", &["--optimizer", "lamb"], &["--optimizer", "lamb"]),
+        train_case("flag", &["--recompute", "everything"], &["--recompute", "everything"]),
+        train_with("flag", &["--model", &opt], &["--recompute", "block"], &["--recompute block", "opt"]),
+        plan_case("flag", g, &["--recompute", "half"], &["--recompute", "half"]),
         train_case("flag", &["--dtype", "f8"], &["f8"]),
         train_case("flag", &["--steps", "abc"], &["--steps"]),
         train_case("flag", &["--steps", "-5"], &["--steps"]),

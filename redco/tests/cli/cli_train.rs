@@ -195,3 +195,45 @@ fn a_hugging_face_model_without_data_trains_on_the_corpus_through_its_own_tokeni
         let _ = std::fs::remove_dir_all(&w);
     }
 }
+
+/// Each step's loss of a run, from its metrics.
+fn losses(w: &std::path::Path) -> Vec<f64> {
+    std::fs::read_to_string(w.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
+        .collect()
+}
+
+#[test]
+fn recompute_block_trains_as_keeping_activations_does_and_other_models_refuse_it() {
+    // the same run with and without each layer recomputed, at 1x1 and tensor-parallel 1x2:
+    // every step's loss equal
+    for mesh in ["1x1", "1x2"] {
+        let runs: Vec<Vec<f64>> = ["none", "block"]
+            .iter()
+            .map(|r| {
+                let w = tmp(&format!("recompute-{mesh}-{r}"));
+                let (code, out, err) = redco(&[
+                    "train", "--preset", "llama-tiny", "--steps", "8", "--batch-size", "4", "--seq-len", "32",
+                    "--mesh", mesh, "--threads", "2", "--recompute", r, "--workdir", s(&w),
+                ]);
+                assert_eq!(code, 0, "{out}\n{err}");
+                let l = losses(&w);
+                let _ = std::fs::remove_dir_all(&w);
+                l
+            })
+            .collect();
+        assert_eq!(runs[0].len(), 8);
+        for (i, (a, b)) in runs[0].iter().zip(&runs[1]).enumerate() {
+            assert!((a - b).abs() <= 1e-5 * a.abs(), "step {} at {mesh}: {a} kept, {b} recomputed", i + 1);
+        }
+    }
+    // an architecture without it is refused, naming the flag and the model
+    let model = crate::common::fixture_named("opt-tiny");
+    let w = tmp("recompute-opt");
+    let (code, _, err) = redco(&["train", "--model", s(&model), "--steps", "2", "--recompute", "block", "--workdir", s(&w)]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--recompute block") && err.contains("opt"), "{err}");
+    let _ = std::fs::remove_dir_all(&w);
+}

@@ -158,4 +158,9 @@ fn llama_with_each_layer_recomputed_equals_keeping_activations_at_1x1_and_1x2() 
     let ar = s.get(CollectiveKind::AllReduce, MeshAxis::Mp);
     assert_eq!(ar.calls, (2 * l + 1) * 2 + 3 + 2 * l, "all-reduce calls, recomputed:\n{s}");
     assert_eq!(ar.bytes, ((2 * l + 1) * 2 + 2 * l) * act + 3 * tok, "all-reduce bytes, recomputed:\n{s}");
+    // and the planner predicts exactly that
+    use redco_core::planning::planner::{predict_comm, Workload};
+    let work = Workload { batch: BATCH, seq: SEQ, dtype_bytes: 4, zero1: false, recompute: true };
+    let predicted = predict_comm(&plan, &c.dims(), &work).get(CollectiveKind::AllReduce, MeshAxis::Mp);
+    assert_eq!((predicted.calls, predicted.bytes), (ar.calls, ar.bytes), "predicted against measured:\n{s}");
 }

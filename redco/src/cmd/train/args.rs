@@ -2,7 +2,7 @@
 //! default, the Trainer's options, the run's identity, and whether a resumed run is
 //! already past its steps.
 
-use super::super::check;
+use super::super::check::{self, Recompute};
 use super::err;
 use clap::Args;
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
@@ -65,6 +65,11 @@ pub struct TrainArgs {
     /// into one (for debugging; bf16/f16, SGD and ZeRO-1 always run op by op).
     #[arg(long)]
     pub eager: bool,
+    /// Activation recompute: none, or block (each transformer layer recomputed in the
+    /// backward pass from its input: one hidden state kept per layer instead of every
+    /// activation, for one more forward per layer; LLaMA models; runs op by op on pjrt).
+    #[arg(long, value_enum, default_value_t = Recompute::None)]
+    pub recompute: Recompute,
     /// Compute dtype: f32, or bf16 / f16 (with f32 master weights).
     #[arg(long, default_value = "f32")]
     pub dtype: String,

@@ -70,6 +70,7 @@ impl Job<'_> {
     /// keeps each rank's slice), with the backend's compiled step where it has one.
     fn trainer<B: CliBackend>(&self) -> Trainer<AutoModel<B>, Vec<i64>, B> {
         let (cfg, seed, from, lora) = (self.cfg.clone(), self.a.seed, self.from.clone(), self.lora.clone());
+        let recompute = self.a.recompute.on();
         let model_fn = move |b: &B| {
             let mut m = match &from {
                 Some(dir) => AutoModel::from_pretrained(b, dir, DType::F32, None)?,
@@ -78,6 +79,7 @@ impl Job<'_> {
             if let Some(l) = &lora {
                 add_lora(&mut m, l, seed)?;
             }
+            m.set_recompute(recompute)?;
             Ok(m)
         };
         let trainer = Trainer::for_backend(model_fn, collate_fn::<B>, loss_fn::<B>, self.config.clone())
@@ -176,7 +178,7 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
             ));
         }
     }
-    fits::check_training_fits(cfg, s.mesh, a.batch_size, seq_len, s.compute)?;
+    fits::check_training_fits(cfg, s.mesh, (a.batch_size, seq_len), s.compute, a.recompute.on())?;
     let tok = Tokenizer::from_dir(&s.tok_dir).map_err(err)?;
     if let Some(w) = vocab::check_tokenizer(&tok, cfg.vocab).map_err(err)? {
         super::super::out::warn(format_args!("redco: warning: {w}"));
@@ -223,6 +225,8 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
     }
     let blocked = if a.eager {
         Some("--eager".to_string())
+    } else if a.recompute.on() {
+        Some(format!("--recompute {} runs op by op", a.recompute.name()))
     } else if s.lora.is_some() {
         Some("LoRA freezes the base model; a compiled step trains every parameter".into())
     } else if super::super::launch::is_multi_process() {

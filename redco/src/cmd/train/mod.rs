@@ -138,6 +138,13 @@ pub fn run(mut a: TrainArgs) -> Result<(), String> {
         (None, None) => return Err("give a model: --preset llama-tiny, or --model DIR".into()),
     };
     let t5 = cfg.model_type == "t5";
+    if a.recompute.on() && !matches!(cfg.model_type.as_str(), "llama" | "mistral") {
+        return Err(format!(
+            "--recompute {} is implemented for LLaMA models; this model is {} (train it without --recompute)",
+            a.recompute.name(),
+            cfg.model_type
+        ));
+    }
     let setup = RunSetup { kind, mesh, compute, identity, run, resumed, leader, lora, cfg, tok_dir, seq_from };
     if t5 {
         return seq2seq::run(&a, setup);
