@@ -162,7 +162,8 @@ pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero1: 
     let per_layer = s * b * h * (10.0 + 24.0 / t + 5.0 * a * s / (h * t)) * work.dtype_bytes as f64 / 2.0;
     let logits = s * b * dims.vocab as f64 / t * 4.0;
     let layers = dims.layers as f64;
-    let kept = if work.recompute { s * b * h * work.dtype_bytes as f64 * layers + per_layer } else { per_layer * layers };
+    let kept =
+        if work.recompute { s * b * h * work.dtype_bytes as f64 * layers + per_layer } else { per_layer * layers };
     Memory { params, grads: params, optimizer, activations: (kept + logits) as u64 }
 }
 

@@ -215,8 +215,23 @@ fn recompute_block_trains_as_keeping_activations_does_and_other_models_refuse_it
             .map(|r| {
                 let w = tmp(&format!("recompute-{mesh}-{r}"));
                 let (code, out, err) = redco(&[
-                    "train", "--preset", "llama-tiny", "--steps", "8", "--batch-size", "4", "--seq-len", "32",
-                    "--mesh", mesh, "--threads", "2", "--recompute", r, "--workdir", s(&w),
+                    "train",
+                    "--preset",
+                    "llama-tiny",
+                    "--steps",
+                    "8",
+                    "--batch-size",
+                    "4",
+                    "--seq-len",
+                    "32",
+                    "--mesh",
+                    mesh,
+                    "--threads",
+                    "2",
+                    "--recompute",
+                    r,
+                    "--workdir",
+                    s(&w),
                 ]);
                 assert_eq!(code, 0, "{out}\n{err}");
                 let l = losses(&w);
@@ -232,7 +247,8 @@ fn recompute_block_trains_as_keeping_activations_does_and_other_models_refuse_it
     // an architecture without it is refused, naming the flag and the model
     let model = crate::common::fixture_named("opt-tiny");
     let w = tmp("recompute-opt");
-    let (code, _, err) = redco(&["train", "--model", s(&model), "--steps", "2", "--recompute", "block", "--workdir", s(&w)]);
+    let (code, _, err) =
+        redco(&["train", "--model", s(&model), "--steps", "2", "--recompute", "block", "--workdir", s(&w)]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--recompute block") && err.contains("opt"), "{err}");
     let _ = std::fs::remove_dir_all(&w);
