@@ -1,7 +1,8 @@
 //! Planning: from a model to a [`ShardPlan`] (each parameter's placement and role), by
 //! tracing one forward pass and applying the rules ([`trace`]) or by names
-//! ([`heuristics`]); the placement of LoRA adapters ([`lora`]); and the estimate of a
-//! plan's memory and communication per step ([`planner`]).
+//! ([`heuristics`]); the placement of LoRA adapters ([`lora`]); the estimate of a plan's
+//! memory and communication per step ([`planner`]); and the choice of memory tools that
+//! fits a device ([`strategy`]).
 //!
 //! Planning reads models (`nn`) and the sharding rules; it runs nothing and moves no data.
 
@@ -9,6 +10,7 @@ pub mod heuristics;
 pub mod lora;
 pub mod plan;
 pub mod planner;
+pub mod strategy;
 pub mod trace;
 
 pub use plan::{ParamPlan, Role, ShardPlan};

@@ -2,6 +2,7 @@
 //! training run's memory (the planner's estimate) and a generation's context and memory.
 
 use redco_core::planning::heuristics::plan_by_names;
+use redco_core::planning::strategy::Strategy;
 use redco_core::runtime::Mesh;
 use redco_core::DType;
 use redco_models::hf::config::HfConfig;
@@ -15,38 +16,61 @@ pub fn available_memory() -> Option<u64> {
     Some(kib.saturating_mul(1024))
 }
 
-/// Refuses a training run whose estimated memory (f32 master weights, gradients, AdamW
-/// moments and activations: the planner's per-rank estimate, for this host's ranks) is
-/// beyond what the machine has available, before anything is allocated: a clear error
-/// instead of an aborted allocation of tens of gigabytes.
-pub fn check_training_fits(
+/// The memory tools of a training run and why: an explicit `--recompute`, or (without
+/// one) the planner's pick among those this model has that fit this host's available memory
+/// per rank (`redco_core::planning::strategy`); refused before anything is allocated when
+/// none fits, with the numbers. ZeRO-1 is left to `redco plan` and the Trainer API for now:
+/// a `redco train` checkpoint holds the optimizer state unsharded.
+pub fn choose_strategy(
     cfg: &HfConfig,
     mesh: Mesh,
     (batch, seq): (usize, usize),
     compute: DType,
-    recompute: bool,
-) -> Result<(), String> {
-    use redco_core::planning::planner::{train_memory, Workload};
-    let (Ok(shapes), Some(avail)) = (cfg.param_shapes(), available_memory()) else { return Ok(()) };
+    recompute: Option<bool>,
+) -> Result<(Strategy, String), String> {
+    use redco_core::planning::planner::{human, Workload};
+    use redco_core::planning::strategy::{pick, strategies};
+    let can_recompute = matches!(cfg.model_type.as_str(), "llama" | "mistral");
+    let chosen = |r: bool| Strategy { zero1: false, recompute: r };
+    let Ok(shapes) = cfg.param_shapes() else {
+        return Ok((chosen(recompute.unwrap_or(false)), "no estimate for this model".into()));
+    };
     let plan = plan_by_names(&shapes, mesh);
     let dtype_bytes = if compute == DType::F32 { 4 } else { 2 };
-    let work = Workload { batch, seq, dtype_bytes, zero1: false, recompute };
-    let m = train_memory(&plan, &cfg.dims(), &work, false);
-    // master weights stay f32 whatever the compute dtype; every rank of a process shares
-    // this host's memory
-    let ranks = mesh.size() as u64 / super::launch::world().size.max(1) as u64;
-    let need = m.total().saturating_add(m.params / dtype_bytes as u64 * 4).saturating_mul(ranks.max(1));
-    if need > avail {
-        return Err(format!(
-            "training with --batch-size {batch} --seq-len {seq} on mesh {mesh} needs about {} of memory (parameters, \
-             gradients, optimizer state and activations), but this machine has {} available; lower --batch-size or \
-             --seq-len, recompute activations (--recompute block), or split the model over more ranks (see \
-             `redco plan`)",
-            redco_core::planning::planner::human(need),
-            redco_core::planning::planner::human(avail)
-        ));
+    let work = Workload { batch, seq, dtype_bytes, zero1: false, recompute: false };
+    // every rank of a process shares this host's memory
+    let ranks = (mesh.size() / super::launch::world().size.max(1)).max(1) as u64;
+    let avail = available_memory();
+    let budget = avail.map_or(u64::MAX, |a| a / ranks);
+    // master weights stay f32 whatever the compute dtype
+    let masters = if dtype_bytes == 4 { 0 } else { plan.bytes_per_rank(4) as u64 };
+    let rows: Vec<_> = strategies(&plan, &cfg.dims(), &work, budget, masters)
+        .into_iter()
+        .filter(|r| !r.strategy.zero1 && recompute.is_none_or(|want| r.strategy.recompute == want))
+        .filter(|r| can_recompute || !r.strategy.recompute)
+        .collect();
+    if let Some(i) = pick(&rows) {
+        let r = &rows[i];
+        let peak = human(r.memory.total().saturating_add(masters));
+        let why = match (recompute, avail) {
+            (Some(_), _) => format!("--recompute; about {peak} per rank"),
+            (None, Some(_)) => format!("auto: about {peak} per rank of {} available", human(budget)),
+            (None, None) => format!("auto: about {peak} per rank (available memory unknown)"),
+        };
+        return Ok((r.strategy, why));
     }
-    Ok(())
+    // nothing fits: the smallest of the candidates, against what there is
+    let least = rows.iter().map(|r| r.memory.total().saturating_add(masters)).min().unwrap_or(u64::MAX);
+    let need = least.saturating_mul(ranks);
+    let hint =
+        if can_recompute && recompute != Some(true) { "recompute activations (--recompute block), " } else { "" };
+    Err(format!(
+        "training with --batch-size {batch} --seq-len {seq} on mesh {mesh} needs about {} of memory (parameters, \
+         gradients, optimizer state and activations), but this machine has {} available; lower --batch-size or \
+         --seq-len, {hint}or split the model over more ranks (see `redco plan`)",
+        human(need),
+        human(avail.unwrap_or(0))
+    ))
 }
 
 /// Refuses a generation that cannot fit before anything is allocated for it: beyond the

@@ -4,6 +4,7 @@ use super::check::{self, Recompute};
 use clap::Args;
 use redco_core::planning::heuristics::plan_by_names;
 use redco_core::planning::planner::{human, smallest_mp, PlanReport, Workload};
+use redco_core::planning::strategy::{pick, strategies, StrategyRow};
 use redco_core::runtime::Mesh;
 use redco_core::Placement;
 use redco_models::hf::config::HfConfig;
@@ -149,9 +150,21 @@ pub fn run(mut a: PlanArgs) -> Result<(), String> {
         }
         None => None,
     };
+    // the memory tools on this mesh against the device budget (--device-memory, or this
+    // host's available memory shared by the mesh's ranks)
+    let (budget, budget_from) = match (fit.as_ref(), super::fits::available_memory()) {
+        (Some((bytes, _, _)), _) => (*bytes, "--device-memory".to_string()),
+        (None, Some(avail)) => {
+            (avail / mesh.size() as u64, format!("this host's available memory / {} ranks", mesh.size()))
+        }
+        (None, None) => (u64::MAX, "unknown: every strategy fits".to_string()),
+    };
+    let rows = strategies(&plan, &cfg.dims(), &work, budget, 0);
+    let picked = pick(&rows);
     let report = PlanReport::new(plan, cfg.dims(), work);
     if a.json {
         let mut v = json(&a, &cfg, mesh, &report, fit);
+        v["strategies"] = strategies_json(&rows, picked, budget, &budget_from);
         v["workload"]["seq_len_from"] = serde_json::json!(seq_from.as_deref().unwrap_or("--seq-len"));
         let text = serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?;
         crate::outln!("{text}");
@@ -168,6 +181,7 @@ pub fn run(mut a: PlanArgs) -> Result<(), String> {
     let from = seq_from.map_or(String::new(), |why| format!(" (--seq-len default: {why})"));
     crate::outln!("workload: batch {} x sequence {seq}{from}, {}\n", a.batch, a.dtype);
     crate::out!("{report}");
+    print_strategies(&rows, picked, budget, &budget_from);
     match fit {
         Some((bytes, _, Some((mp, need)))) => crate::outln!(
             "\nsmallest mp that fits {} per device for {}: mp={mp} ({} per device)",
@@ -182,6 +196,53 @@ pub fn run(mut a: PlanArgs) -> Result<(), String> {
         None => {}
     }
     Ok(())
+}
+
+/// The memory tools table: every strategy with its per-rank peak, bytes moved and
+/// recomputed per step, whether it fits, and the pick.
+fn print_strategies(rows: &[StrategyRow], picked: Option<usize>, budget: u64, from: &str) {
+    let b = if budget == u64::MAX { "no limit".to_string() } else { human(budget) };
+    crate::outln!("\nmemory tools for training, against {b} per rank ({from}):");
+    crate::outln!("  {:<26} {:>12} {:>12} {:>12}  fits", "strategy", "peak/rank", "moved/step", "recomputed");
+    for (i, r) in rows.iter().enumerate() {
+        crate::outln!(
+            "  {:<26} {:>12} {:>12} {:>12}  {}{}",
+            r.strategy.to_string(),
+            human(r.memory.total()),
+            human(r.comm_bytes),
+            human(r.recomputed_bytes),
+            if r.fits { "yes" } else { "no" },
+            if picked == Some(i) { "  <- pick (fewest bytes moved and recomputed)" } else { "" }
+        );
+    }
+    if picked.is_none() {
+        crate::outln!(
+            "  none fits: split the model over more ranks (see the smallest mp), or lower the batch or sequence"
+        );
+    }
+}
+
+/// The memory tools table as JSON.
+fn strategies_json(rows: &[StrategyRow], picked: Option<usize>, budget: u64, from: &str) -> serde_json::Value {
+    let rows: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "zero": if r.strategy.zero1 { 1 } else { 0 },
+                "recompute": if r.strategy.recompute { "block" } else { "none" },
+                "peak_bytes_per_rank": r.memory.total(),
+                "comm_bytes_per_step": r.comm_bytes,
+                "recomputed_bytes_per_step": r.recomputed_bytes,
+                "fits": r.fits,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "budget_bytes_per_rank": (budget != u64::MAX).then_some(budget),
+        "budget_from": from,
+        "rows": rows,
+        "pick": picked,
+    })
 }
 
 /// `--device-memory`'s answer: the bytes per device, the largest mp tried, and the smallest

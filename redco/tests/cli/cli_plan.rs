@@ -140,3 +140,45 @@ fn info_json_parses_and_version_names_the_revision() {
     let (code, script, _) = redco(&["completions", "bash"]);
     assert!(code == 0 && script.contains("redco") && script.contains("--seq-len"), "bash completion");
 }
+
+#[test]
+fn plan_lists_the_memory_tools_and_picks_the_cheapest_that_fits() {
+    let d = model_dir("tools", 8);
+    let m = d.to_str().unwrap();
+    let base = ["plan", "--model", m, "--mesh", "2x1", "--batch-size", "8", "--seq-len", "256", "--dtype", "f32"];
+    let rows = |mem: &str| -> serde_json::Value {
+        let mut args = base.to_vec();
+        args.extend(["--device-memory", mem, "--json"]);
+        let (code, out, err) = redco(&args);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["strategies"].clone()
+    };
+    // no limit that binds: everything fits and the pick keeps activations without ZeRO
+    let s = rows("1TB");
+    let all = s["rows"].as_array().unwrap().clone();
+    assert_eq!(all.len(), 4, "{s}");
+    let peak = |i: usize| all[i]["peak_bytes_per_rank"].as_u64().unwrap();
+    let p = s["pick"].as_u64().unwrap() as usize;
+    assert_eq!((all[p]["zero"].as_u64(), all[p]["recompute"].as_str()), (Some(0), Some("none")), "{s}");
+    // a budget just under the plain peak: the pick is the cheapest of those under it
+    let plain = peak(0);
+    let s = rows(&format!("{}B", plain - 1));
+    let picked = &s["rows"][s["pick"].as_u64().unwrap() as usize];
+    assert!(picked["peak_bytes_per_rank"].as_u64().unwrap() < plain, "{s}");
+    let cost = |r: &serde_json::Value| {
+        r["comm_bytes_per_step"].as_u64().unwrap() + r["recomputed_bytes_per_step"].as_u64().unwrap()
+    };
+    for r in s["rows"].as_array().unwrap() {
+        assert!(!r["fits"].as_bool().unwrap() || cost(r) >= cost(picked), "{s}");
+    }
+    // nothing fits a tiny device: no pick, and the table says so
+    assert!(rows("1KB")["pick"].is_null());
+    let mut args = base.to_vec();
+    args.extend(["--device-memory", "1KB"]);
+    let (_, out, _) = redco(&args);
+    assert!(out.contains("memory tools for training") && out.contains("none fits"), "{out}");
+    let mut args = base.to_vec();
+    args.extend(["--device-memory", "1TB"]);
+    let (_, out, _) = redco(&args);
+    assert!(out.contains("ZeRO-0, recompute none") && out.contains("<- pick"), "{out}");
+}

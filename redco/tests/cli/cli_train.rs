@@ -244,6 +244,13 @@ fn recompute_block_trains_as_keeping_activations_does_and_other_models_refuse_it
             assert!((a - b).abs() <= 1e-5 * a.abs(), "step {} at {mesh}: {a} kept, {b} recomputed", i + 1);
         }
     }
+    // without the flag the planner chooses, and the run says what and why
+    let w = tmp("recompute-auto");
+    let args = ["train", "--preset", "llama-tiny", "--steps", "1", "--batch-size", "2", "--seq-len", "16"];
+    let (code, out, err) = redco(&[&args[..], &["--threads", "2", "--workdir", s(&w)]].concat());
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("memory: activations kept (auto: about"), "{out}");
+    let _ = std::fs::remove_dir_all(&w);
     // an architecture without it is refused, naming the flag and the model
     let model = crate::common::fixture_named("opt-tiny");
     let w = tmp("recompute-opt");

@@ -68,8 +68,10 @@ pub struct TrainArgs {
     /// Activation recompute: none, or block (each transformer layer recomputed in the
     /// backward pass from its input: one hidden state kept per layer instead of every
     /// activation, for one more forward per layer; LLaMA models; runs op by op on pjrt).
-    #[arg(long, value_enum, default_value_t = Recompute::None)]
-    pub recompute: Recompute,
+    /// Default: the planner's pick, block only when the run does not fit this host's
+    /// memory otherwise (printed with the run).
+    #[arg(long, value_enum)]
+    pub recompute: Option<Recompute>,
     /// Compute dtype: f32, or bf16 / f16 (with f32 master weights).
     #[arg(long, default_value = "f32")]
     pub dtype: String,

@@ -63,6 +63,8 @@ struct Job<'a> {
     run: &'a redco_core::pipeline::RunDir,
     /// The mesh.
     mesh: redco_core::runtime::Mesh,
+    /// Recompute each layer in the backward pass.
+    recompute: bool,
 }
 
 impl Job<'_> {
@@ -70,7 +72,7 @@ impl Job<'_> {
     /// keeps each rank's slice), with the backend's compiled step where it has one.
     fn trainer<B: CliBackend>(&self) -> Trainer<AutoModel<B>, Vec<i64>, B> {
         let (cfg, seed, from, lora) = (self.cfg.clone(), self.a.seed, self.from.clone(), self.lora.clone());
-        let recompute = self.a.recompute.on();
+        let recompute = self.recompute;
         let model_fn = move |b: &B| {
             let mut m = match &from {
                 Some(dir) => AutoModel::from_pretrained(b, dir, DType::F32, None)?,
@@ -178,7 +180,8 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
             ));
         }
     }
-    fits::check_training_fits(cfg, s.mesh, (a.batch_size, seq_len), s.compute, a.recompute.on())?;
+    let (strategy, why) =
+        fits::choose_strategy(cfg, s.mesh, (a.batch_size, seq_len), s.compute, a.recompute.map(|r| r.on()))?;
     let tok = Tokenizer::from_dir(&s.tok_dir).map_err(err)?;
     if let Some(w) = vocab::check_tokenizer(&tok, cfg.vocab).map_err(err)? {
         super::super::out::warn(format_args!("redco: warning: {w}"));
@@ -213,6 +216,10 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
             s.mesh,
             a.batch_size,
         );
+        crate::outln!(
+            "memory: {} ({why})",
+            if strategy.recompute { "each layer recomputed in the backward pass" } else { "activations kept" }
+        );
         if let Some(why) = &s.seq_from {
             crate::outln!("sequence length {seq_len} (--seq-len default: {why})");
         }
@@ -225,8 +232,8 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
     }
     let blocked = if a.eager {
         Some("--eager".to_string())
-    } else if a.recompute.on() {
-        Some(format!("--recompute {} runs op by op", a.recompute.name()))
+    } else if strategy.recompute {
+        Some("recomputed layers run op by op".into())
     } else if s.lora.is_some() {
         Some("LoRA freezes the base model; a compiled step trains every parameter".into())
     } else if super::super::launch::is_multi_process() {
@@ -247,6 +254,7 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
         step,
         run: &s.run,
         mesh: s.mesh,
+        recompute: strategy.recompute,
     };
     let report = backends::dispatch(s.kind, s.mesh, &job).map_err(err)?;
     let note = (a.data.is_none() && a.preset.is_some()).then(|| {

@@ -138,10 +138,10 @@ pub fn run(mut a: TrainArgs) -> Result<(), String> {
         (None, None) => return Err("give a model: --preset llama-tiny, or --model DIR".into()),
     };
     let t5 = cfg.model_type == "t5";
-    if a.recompute.on() && !matches!(cfg.model_type.as_str(), "llama" | "mistral") {
+    if let Some(r) = a.recompute.filter(|r| r.on() && !matches!(cfg.model_type.as_str(), "llama" | "mistral")) {
         return Err(format!(
             "--recompute {} is implemented for LLaMA models; this model is {} (train it without --recompute)",
-            a.recompute.name(),
+            r.name(),
             cfg.model_type
         ));
     }

@@ -1,0 +1,143 @@
+//! Choosing the memory tools of a training run: for a plan on its mesh, every combination
+//! of the tools redco has (ZeRO-1 over `dp`, per-layer activation recompute) with its
+//! predicted per-rank peak memory, the bytes it moves per step and the activation bytes it
+//! recomputes, whether it fits a device budget, and the pick: among those that fit, the one
+//! that moves and recomputes the fewest bytes (the tool's promise is that the user does not
+//! configure this).
+
+use super::planner::{predict_comm, train_memory, Memory, ModelDims, Workload};
+use super::ShardPlan;
+use std::fmt;
+
+/// One combination of memory tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strategy {
+    /// Shard the AdamW state over `dp` (ZeRO-1).
+    pub zero1: bool,
+    /// Recompute each transformer layer in the backward pass.
+    pub recompute: bool,
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ZeRO-{}, recompute {}",
+            if self.zero1 { 1 } else { 0 },
+            if self.recompute { "block" } else { "none" }
+        )
+    }
+}
+
+/// A strategy with its predicted costs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StrategyRow {
+    /// The strategy.
+    pub strategy: Strategy,
+    /// Per-rank training memory (its total is the predicted peak).
+    pub memory: Memory,
+    /// Bytes moved by one step's collectives, per rank.
+    pub comm_bytes: u64,
+    /// Activation bytes recomputed per step (those not kept), per rank.
+    pub recomputed_bytes: u64,
+    /// Whether the peak fits the budget.
+    pub fits: bool,
+}
+
+impl StrategyRow {
+    /// What the pick minimises: bytes moved plus bytes recomputed.
+    pub fn cost(&self) -> u64 {
+        self.comm_bytes.saturating_add(self.recomputed_bytes)
+    }
+}
+
+/// Every strategy for `plan` (ZeRO-1 only where `dp > 1`: on one data-parallel rank it
+/// changes nothing), costed for `work` (whose own `zero1`/`recompute` are ignored) against
+/// `budget` bytes per rank; `extra` bytes per rank are added to each peak (f32 master
+/// weights of a 16-bit run, say).
+pub fn strategies(plan: &ShardPlan, dims: &ModelDims, work: &Workload, budget: u64, extra: u64) -> Vec<StrategyRow> {
+    let zeros: &[bool] = if plan.mesh.dp > 1 { &[false, true] } else { &[false] };
+    let kept = train_memory(plan, dims, &Workload { recompute: false, ..*work }, false).activations;
+    let mut rows = Vec::new();
+    for &zero1 in zeros {
+        for recompute in [false, true] {
+            let w = Workload { zero1, recompute, ..*work };
+            let memory = train_memory(plan, dims, &w, zero1);
+            let comm_bytes = predict_comm(plan, dims, &w).entries().into_iter().map(|(_, _, c)| c.bytes).sum();
+            let recomputed_bytes = if recompute { kept.saturating_sub(memory.activations) } else { 0 };
+            let fits = memory.total().saturating_add(extra) <= budget;
+            rows.push(StrategyRow {
+                strategy: Strategy { zero1, recompute },
+                memory,
+                comm_bytes,
+                recomputed_bytes,
+                fits,
+            });
+        }
+    }
+    rows
+}
+
+/// The index of the row to run: the cheapest (bytes moved plus recomputed) of those that
+/// fit, the first on a tie; `None` when none fits.
+pub fn pick(rows: &[StrategyRow]) -> Option<usize> {
+    rows.iter().enumerate().filter(|(_, r)| r.fits).min_by_key(|(i, r)| (r.cost(), *i)).map(|(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::planning::heuristics::plan_by_names;
+    use crate::runtime::Mesh;
+    use crate::Shape;
+
+    fn llama(mesh: Mesh) -> (ShardPlan, ModelDims) {
+        let (h, i, l, v) = (1536, 4096, 24, 32000);
+        let mut shapes = vec![("model.embed_tokens.weight".to_string(), Shape::new([v, h]))];
+        for n in 0..l {
+            let p = |s: &str| format!("model.layers.{n}.{s}.weight");
+            for s in ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"] {
+                shapes.push((p(s), Shape::new([h, h])));
+            }
+            shapes.push((p("mlp.gate_proj"), Shape::new([i, h])));
+            shapes.push((p("mlp.up_proj"), Shape::new([i, h])));
+            shapes.push((p("mlp.down_proj"), Shape::new([h, i])));
+        }
+        shapes.push(("lm_head.weight".to_string(), Shape::new([v, h])));
+        (plan_by_names(&shapes, mesh), ModelDims { layers: l, hidden: h, heads: 16, kv_heads: 16, vocab: v })
+    }
+
+    #[test]
+    fn the_pick_is_the_cheapest_that_fits_and_none_when_nothing_does() {
+        let (plan, dims) = llama(Mesh { dp: 2, mp: 1 });
+        let work = Workload { batch: 8, seq: 512, dtype_bytes: 4, zero1: false, recompute: false };
+        let all = strategies(&plan, &dims, &work, u64::MAX, 0);
+        assert_eq!(all.len(), 4);
+        // everything fits: nothing recomputed, no ZeRO (DDP's buckets move the fewest bytes)
+        assert_eq!(all[pick(&all).unwrap()].strategy, Strategy { zero1: false, recompute: false });
+        let peak = |s: Strategy| all.iter().find(|r| r.strategy == s).unwrap().memory.total();
+        let (plain, zero, rec, both) = (
+            peak(Strategy { zero1: false, recompute: false }),
+            peak(Strategy { zero1: true, recompute: false }),
+            peak(Strategy { zero1: false, recompute: true }),
+            peak(Strategy { zero1: true, recompute: true }),
+        );
+        assert!(both < zero && both < rec && zero < plain && rec < plain);
+        // a budget between each peak picks the cheapest strategy under it
+        for budget in [plain, zero.max(rec), zero.min(rec), both] {
+            let rows = strategies(&plan, &dims, &work, budget, 0);
+            let i = pick(&rows).unwrap();
+            assert!(rows[i].memory.total() <= budget);
+            let cheaper_fit = rows.iter().any(|r| r.fits && r.cost() < rows[i].cost());
+            assert!(!cheaper_fit, "budget {budget}: picked {}", rows[i].strategy);
+        }
+        assert_eq!(pick(&strategies(&plan, &dims, &work, both - 1, 0)), None);
+        // the recomputed bytes are the activations not kept; recompute moves bytes only under mp
+        let r = all.iter().find(|r| r.strategy == Strategy { zero1: false, recompute: true }).unwrap();
+        assert_eq!(r.recomputed_bytes, all[0].memory.activations - r.memory.activations);
+        assert_eq!(r.comm_bytes, all[0].comm_bytes);
+        // on one data-parallel rank ZeRO is not offered
+        let (one, _) = llama(Mesh { dp: 1, mp: 2 });
+        assert!(strategies(&one, &dims, &work, u64::MAX, 0).iter().all(|r| !r.strategy.zero1));
+    }
+}
