@@ -19,19 +19,21 @@ pub fn available_memory() -> Option<u64> {
 /// The memory tools of a training run and why: an explicit `--recompute`, or (without
 /// one) the planner's pick among those this model has that fit this host's available memory
 /// per rank (`redco_core::planning::strategy`); refused before anything is allocated when
-/// none fits, with the numbers. ZeRO-1 is left to `redco plan` and the Trainer API for now:
-/// a `redco train` checkpoint holds the optimizer state unsharded.
+/// none fits, with the numbers. ZeRO-1 is taken as given (`--zero 1`): it changes the
+/// layout of the optimizer state in the run's checkpoints, so the planner does not switch it.
 pub fn choose_strategy(
     cfg: &HfConfig,
     mesh: Mesh,
     (batch, seq): (usize, usize),
     compute: DType,
-    recompute: Option<bool>,
+    (zero1, recompute): (bool, Option<bool>),
 ) -> Result<(Strategy, String), String> {
     use redco_core::planning::planner::{human, Workload};
     use redco_core::planning::strategy::{pick, strategies};
     let can_recompute = matches!(cfg.model_type.as_str(), "llama" | "mistral");
-    let chosen = |r: bool| Strategy { zero1: false, recompute: r };
+    // ZeRO-1 on one data-parallel rank changes nothing
+    let zero1 = zero1 && mesh.dp > 1;
+    let chosen = |r: bool| Strategy { zero1, recompute: r };
     let Ok(shapes) = cfg.param_shapes() else {
         return Ok((chosen(recompute.unwrap_or(false)), "no estimate for this model".into()));
     };
@@ -46,7 +48,7 @@ pub fn choose_strategy(
     let masters = if dtype_bytes == 4 { 0 } else { plan.bytes_per_rank(4) as u64 };
     let rows: Vec<_> = strategies(&plan, &cfg.dims(), &work, budget, masters)
         .into_iter()
-        .filter(|r| !r.strategy.zero1 && recompute.is_none_or(|want| r.strategy.recompute == want))
+        .filter(|r| r.strategy.zero1 == zero1 && recompute.is_none_or(|want| r.strategy.recompute == want))
         .filter(|r| can_recompute || !r.strategy.recompute)
         .collect();
     if let Some(i) = pick(&rows) {

@@ -260,3 +260,66 @@ fn recompute_block_trains_as_keeping_activations_does_and_other_models_refuse_it
     assert!(err.contains("--recompute block") && err.contains("opt"), "{err}");
     let _ = std::fs::remove_dir_all(&w);
 }
+
+#[test]
+fn zero1_trains_as_replicated_adamw_does_and_a_resume_keeps_the_stage() {
+    // the same run at 2x1 with the AdamW state whole on each rank and sharded over dp
+    let run = |zero: &str, w: &std::path::Path| {
+        redco(&[
+            "train",
+            "--preset",
+            "llama-tiny",
+            "--steps",
+            "6",
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "16",
+            "--mesh",
+            "2x1",
+            "--threads",
+            "2",
+            "--zero",
+            zero,
+            "--checkpoint-every",
+            "3",
+            "--workdir",
+            s(w),
+        ])
+    };
+    let (w0, w1) = (tmp("zero-0"), tmp("zero-1"));
+    let (code, out, err) = run("0", &w0);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let (code, out, err) = run("1", &w1);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("AdamW state sharded over dp (ZeRO-1)"), "{out}");
+    let (a, b) = (losses(&w0), losses(&w1));
+    assert_eq!(a.len(), 6);
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!((x - y).abs() <= 1e-5 * x.abs(), "step {}: {x} replicated, {y} ZeRO-1", i + 1);
+    }
+    // a ZeRO-1 run resumed without it is refused, naming the stage
+    let (code, _, err) = redco(&[
+        "train",
+        "--preset",
+        "llama-tiny",
+        "--steps",
+        "8",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "16",
+        "--mesh",
+        "2x1",
+        "--threads",
+        "2",
+        "--resume",
+        "--workdir",
+        s(&w1),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("zero"), "{err}");
+    for w in [w0, w1] {
+        let _ = std::fs::remove_dir_all(&w);
+    }
+}

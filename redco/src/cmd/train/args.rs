@@ -72,6 +72,11 @@ pub struct TrainArgs {
     /// memory otherwise (printed with the run).
     #[arg(long, value_enum)]
     pub recompute: Option<Recompute>,
+    /// ZeRO stage over the data-parallel ranks: 0 (every rank holds the whole AdamW state)
+    /// or 1 (AdamW's moments sharded over dp, with identical results; a run resumes with
+    /// the stage it was written with). 2 and 3 are not implemented yet.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub zero: Option<u8>,
     /// Compute dtype: f32, or bf16 / f16 (with f32 master weights).
     #[arg(long, default_value = "f32")]
     pub dtype: String,
@@ -204,7 +209,11 @@ pub(super) fn train_config(
         s => return Err(format!("--schedule {s}: unknown schedule (use cosine, linear or constant)")),
     };
     let optimizer = match a.optimizer.as_str() {
-        "adamw" => OptimizerConfig::AdamW(AdamWConfig { weight_decay: a.weight_decay, ..Default::default() }),
+        "adamw" => OptimizerConfig::AdamW(AdamWConfig {
+            weight_decay: a.weight_decay,
+            zero1: a.zero == Some(1),
+            ..Default::default()
+        }),
         "sgd" => OptimizerConfig::Sgd { momentum: 0.9, weight_decay: a.weight_decay },
         o => return Err(format!("--optimizer {o}: unknown optimizer (use adamw or sgd)")),
     };
@@ -243,13 +252,14 @@ pub(super) fn run_identity(a: &TrainArgs) -> std::result::Result<BTreeMap<String
         }
         None => "the bundled synthetic corpus".into(),
     };
-    Ok(BTreeMap::from([
+    let zero = a.zero.filter(|z| *z > 0).map(|z| ("zero".to_string(), z.to_string()));
+    Ok(BTreeMap::from_iter(zero.into_iter().chain([
         ("seed".to_string(), a.seed.to_string()),
         ("model".to_string(), model),
         ("data".to_string(), data),
         ("dtype".to_string(), a.dtype.clone()),
         ("seq_len".to_string(), a.seq().to_string()),
-    ]))
+    ])))
 }
 
 /// The step of the checkpoint a `--resume` run would continue from, when the workdir holds

@@ -180,8 +180,13 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
             ));
         }
     }
-    let (strategy, why) =
-        fits::choose_strategy(cfg, s.mesh, (a.batch_size, seq_len), s.compute, a.recompute.map(|r| r.on()))?;
+    let (strategy, why) = fits::choose_strategy(
+        cfg,
+        s.mesh,
+        (a.batch_size, seq_len),
+        s.compute,
+        (a.zero == Some(1), a.recompute.map(|r| r.on())),
+    )?;
     let tok = Tokenizer::from_dir(&s.tok_dir).map_err(err)?;
     if let Some(w) = vocab::check_tokenizer(&tok, cfg.vocab).map_err(err)? {
         super::super::out::warn(format_args!("redco: warning: {w}"));
@@ -217,7 +222,8 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
             a.batch_size,
         );
         crate::outln!(
-            "memory: {} ({why})",
+            "memory: {}{} ({why})",
+            if strategy.zero1 { "AdamW state sharded over dp (ZeRO-1), " } else { "" },
             if strategy.recompute { "each layer recomputed in the backward pass" } else { "activations kept" }
         );
         if let Some(why) = &s.seq_from {

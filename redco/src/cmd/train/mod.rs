@@ -77,6 +77,19 @@ pub fn run(mut a: TrainArgs) -> Result<(), String> {
         cores::check_devices(mesh, a.threads, a.oversubscribe)?;
     }
     let compute = check::dtype(&a.dtype)?;
+    match a.zero {
+        Some(z @ (2 | 3)) => {
+            return Err(format!(
+                "--zero {z}: ZeRO-{z} (gradients{} sharded over dp) is not implemented yet; --zero 1 shards the \
+                 AdamW state, --recompute block drops activations",
+                if z == 3 { " and parameters" } else { "" }
+            ))
+        }
+        Some(1) if a.optimizer != "adamw" => {
+            return Err(format!("--zero 1 shards AdamW's moments; --optimizer {} has none to shard", a.optimizer))
+        }
+        _ => {}
+    }
     let lora = a.lora.config()?;
     if lora.is_some() && a.lora.peft() && a.model.is_none() {
         return Err("--lora-export peft writes adapters for a base model on disk: give it with --model".into());
