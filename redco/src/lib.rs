@@ -1,10 +1,15 @@
 //! `redco`: the facade of redco-rs.
 //!
-//! Re-exports [`redco_core`] (tensors, autograd, `nn`, the CPU backend) and
-//! [`redco_models`]. Backends are picked with Cargo features: `cpu` (default) and `wgpu`
-//! (the portable GPU backend, as `redco::wgpu`); `mpi` (ranks as
-//! processes, as `redco::mpi`); `tpu` (the PJRT backend: TPUs, and GPUs and CPUs through
-//! XLA's plugins, as `redco::tpu`); `cuda` arrives with its crate. The `redco`
+//! Re-exports [`redco_core`] (tensors, autograd, `nn`, the CPU backend, and its layers:
+//! `runtime`, `sharding`, `planning`, `pipeline`) and [`redco_models`]. Backends are picked
+//! with Cargo features, one name each across feature, module, type and `--backend` flag:
+//! `cpu` (default; `cpu::Cpu`, `--backend cpu`), `wgpu` (the portable GPU backend;
+//! `redco::wgpu`, `Wgpu`, `--backend wgpu`), `cuda` (`redco::cuda`, `Cuda`, `--backend
+//! cuda`), and `mpi` (ranks as processes, `redco::mpi`; a transport, not a backend). One
+//! backend keeps two names, for a reason: the PJRT backend's crate and feature are named
+//! for the devices it exists for (`redco-tpu`, feature `tpu`, `redco::tpu`), its type and
+//! flag for the API it drives (`Pjrt`, `--backend pjrt`), because PJRT runs XLA's CPU and
+//! GPU plugins as well as TPUs; `--backend tpu` is accepted as an alias. The `redco`
 //! command-line program (train, generate, plan, eval-dump, convert, info) is built on it.
 //!
 //! What core leaves to front ends is here too: [`observe`] (TensorBoard event files, a
