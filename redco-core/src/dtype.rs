@@ -65,6 +65,20 @@ pub enum HostData {
 }
 
 impl HostData {
+    /// Elements `start..start + len` of the flat buffer, as a new buffer of the same dtype.
+    pub fn range(&self, start: usize, len: usize) -> HostData {
+        let r = start..start + len;
+        match self {
+            HostData::F32(v) => HostData::F32(v[r].to_vec()),
+            HostData::F64(v) => HostData::F64(v[r].to_vec()),
+            HostData::F16(v) => HostData::F16(v[r].to_vec()),
+            HostData::BF16(v) => HostData::BF16(v[r].to_vec()),
+            HostData::I64(v) => HostData::I64(v[r].to_vec()),
+            HostData::I32(v) => HostData::I32(v[r].to_vec()),
+            HostData::U8(v) => HostData::U8(v[r].to_vec()),
+        }
+    }
+
     /// The element type.
     pub fn dtype(&self) -> DType {
         match self {
@@ -289,20 +303,6 @@ pub(crate) fn floats(h: &HostData) -> Floats<'_> {
         HostData::F64(v) => Floats::F64(std::borrow::Cow::Borrowed(v)),
         HostData::F16(_) | HostData::BF16(_) => Floats::F32(std::borrow::Cow::Owned(h.to_f32_vec())),
         _ => Floats::F64(std::borrow::Cow::Owned(h.to_f64_vec())),
-    }
-}
-
-/// `len` elements of `h` from flat offset `start`.
-pub(crate) fn narrow_flat(h: &HostData, start: usize, len: usize) -> HostData {
-    let r = start..start + len;
-    match h {
-        HostData::F32(v) => HostData::F32(v[r].to_vec()),
-        HostData::F64(v) => HostData::F64(v[r].to_vec()),
-        HostData::F16(v) => HostData::F16(v[r].to_vec()),
-        HostData::BF16(v) => HostData::BF16(v[r].to_vec()),
-        HostData::I64(v) => HostData::I64(v[r].to_vec()),
-        HostData::I32(v) => HostData::I32(v[r].to_vec()),
-        HostData::U8(v) => HostData::U8(v[r].to_vec()),
     }
 }
 

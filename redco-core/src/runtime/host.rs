@@ -64,8 +64,7 @@ pub fn reduce_range(parts: &[Arc<HostData>], op: ReduceKind, a: usize, b: usize)
         HostData::F32(_) => fold!(F32),
         HostData::F64(_) => fold!(F64),
         _ => {
-            let slices: Vec<Arc<HostData>> =
-                parts.iter().map(|p| Arc::new(crate::dtype::narrow_flat(p, a, b - a))).collect();
+            let slices: Vec<Arc<HostData>> = parts.iter().map(|p| Arc::new(p.range(a, b - a))).collect();
             reduce_all(&slices, op)
         }
     }
@@ -191,5 +190,5 @@ pub fn split_range(len: usize, n: usize, i: usize) -> (usize, usize) {
 /// The `i`-th of `n` equal contiguous chunks.
 pub fn chunk(h: &HostData, i: usize, n: usize) -> HostData {
     let len = h.len() / n;
-    crate::dtype::narrow_flat(h, i * len, len)
+    h.range(i * len, len)
 }

@@ -38,7 +38,7 @@ impl CompiledTrainStep {
             let mut v = Vec::new();
             for (h, (s, _)) in host.iter().zip(&self.batch) {
                 let n = s.elem_count() / dp;
-                v.push(rep.b.store(slice(h, d * n, n))?);
+                v.push(rep.b.store(h.range(d * n, n))?);
             }
             per.push(v);
         }
@@ -204,19 +204,5 @@ impl CompiledTrainStep {
         rep.params = parts.pop().unwrap_or_default();
         self.step = steps;
         Ok(())
-    }
-}
-
-/// Elements `start..start + len` of `h`.
-fn slice(h: &HostData, start: usize, len: usize) -> HostData {
-    let r = start..start + len;
-    match h {
-        HostData::F32(v) => HostData::F32(v[r].to_vec()),
-        HostData::F64(v) => HostData::F64(v[r].to_vec()),
-        HostData::F16(v) => HostData::F16(v[r].to_vec()),
-        HostData::BF16(v) => HostData::BF16(v[r].to_vec()),
-        HostData::I64(v) => HostData::I64(v[r].to_vec()),
-        HostData::I32(v) => HostData::I32(v[r].to_vec()),
-        HostData::U8(v) => HostData::U8(v[r].to_vec()),
     }
 }

@@ -185,11 +185,7 @@ fn a_hugging_face_model_without_data_trains_on_the_corpus_through_its_own_tokeni
         if extra.is_empty() {
             assert!(out.contains("4 x 63 tokens") && out.contains("the model's context of 64 less one"), "{out}");
         }
-        let losses: Vec<f64> = std::fs::read_to_string(w.join("metrics.jsonl"))
-            .unwrap()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
-            .collect();
+        let losses = losses(&w);
         assert_eq!(losses.len(), 20, "{out}");
         assert!(losses.iter().all(|l| l.is_finite()) && losses[19] < losses[0], "{losses:?}");
         let _ = std::fs::remove_dir_all(&w);

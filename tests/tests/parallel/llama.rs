@@ -69,6 +69,14 @@ fn step_with(b: &Cpu, plan: Option<&ShardPlan>, recompute: bool) -> Result<Run> 
     Ok(Run { loss: loss.replicate()?.to_scalar()?, grads, stats })
 }
 
+/// `run`'s loss and gradients against `base`'s, within `(loss, gradient)` tolerances.
+fn assert_same(run: &Run, base: &Run, (loss_tol, grad_tol): (f64, f64), what: &str) {
+    assert_close(&[run.loss], &[base.loss], loss_tol, &format!("loss, {what}"));
+    for (n, g) in &base.grads {
+        assert_close(&run.grads[n], g, grad_tol, &format!("gradient of {n}, {what}"));
+    }
+}
+
 /// The plan from the traced step with every parameter renamed `p<i>`: only dataflow counts.
 fn opaque_plan(mesh: Mesh) -> ShardPlan {
     let b = Cpu::new(1);
@@ -107,10 +115,7 @@ fn llama_split_by_the_rules_equals_one_device_at_1x2_and_1x4_with_megatron_comm(
         }
         let split =
             spmd_cpu(mesh, &SpmdOptions::default(), |rk| step(&rk.backend, Some(&plan))).unwrap().swap_remove(0);
-        assert_close(&[split.loss], &[single.loss], 1e-5, &format!("loss at {mesh}"));
-        for (n, g) in &single.grads {
-            assert_close(&split.grads[n], g, 2e-4, &format!("gradient of {n} at {mesh}"));
-        }
+        assert_same(&split, &single, (1e-5, 2e-4), &format!("at {mesh}"));
         // Megatron: forward, one all-reduce of batch x seq x hidden after the embedding and
         // after each attention and MLP block; backward, one per norm input; three of
         // batch x seq scalars in the vocabulary-parallel cross-entropy (the labels are
@@ -136,10 +141,7 @@ fn llama_split_by_the_rules_equals_one_device_at_1x2_and_1x4_with_megatron_comm(
 fn llama_with_each_layer_recomputed_equals_keeping_activations_at_1x1_and_1x2() {
     let kept = step(&Cpu::new(2), None).unwrap();
     let again = step_with(&Cpu::new(2), None, true).unwrap();
-    assert_close(&[again.loss], &[kept.loss], 1e-6, "loss, recomputed");
-    for (n, g) in &kept.grads {
-        assert_close(&again.grads[n], g, 1e-5, &format!("gradient of {n}, recomputed"));
-    }
+    assert_same(&again, &kept, (1e-6, 1e-5), "recomputed");
     // tensor-parallel: the recomputed forward repeats each layer's two forward all-reduces
     // (after attention and after the MLP), as Megatron's full recompute does; nothing else
     let c = cfg();
@@ -147,10 +149,7 @@ fn llama_with_each_layer_recomputed_equals_keeping_activations_at_1x1_and_1x2() 
     let plan = opaque_plan(mesh);
     let split =
         spmd_cpu(mesh, &SpmdOptions::default(), |rk| step_with(&rk.backend, Some(&plan), true)).unwrap().swap_remove(0);
-    assert_close(&[split.loss], &[kept.loss], 1e-5, "loss, recomputed at 1x2");
-    for (n, g) in &kept.grads {
-        assert_close(&split.grads[n], g, 2e-4, &format!("gradient of {n}, recomputed at 1x2"));
-    }
+    assert_same(&split, &kept, (1e-5, 2e-4), "recomputed at 1x2");
     let s = &split.stats;
     let l = c.layers as u64;
     let act = (BATCH * SEQ * c.hidden * 4) as u64;
