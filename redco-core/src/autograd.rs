@@ -184,7 +184,7 @@ impl<B: Backend> GradStore<B> {
 }
 
 /// What [`Tensor::backward_into_with`] calls with each variable whose gradient is complete.
-pub type OnGradReady<'a, B> = dyn FnMut(&Tensor<B>, &GradStore<B>) -> Result<()> + 'a;
+pub type OnGradReady<'a, B> = dyn FnMut(&Tensor<B>, &mut GradStore<B>) -> Result<()> + 'a;
 
 impl<B: Backend> Tensor<B> {
     /// Gradients of this tensor (seeded with ones) with respect to every variable it
@@ -206,7 +206,7 @@ impl<B: Backend> Tensor<B> {
     /// differentiated: reverse topological order reaches a tensor after all its
     /// consumers). The order of the calls is the same on every rank running the same
     /// model: data-parallel gradient buckets start their all-reduce from here while the
-    /// rest of the backward pass runs.
+    /// rest of the backward pass runs, and ZeRO-2 swaps the gradient for its slice.
     pub fn backward_into_with(&self, store: &mut GradStore<B>, on_ready: &mut OnGradReady<'_, B>) -> Result<()> {
         self.walk(store, on_ready, false, &mut [])
     }

@@ -6,8 +6,8 @@ use super::{grad_of, local_view};
 use crate::nn::Module;
 use crate::ops::adamw::{AdamItem, AdamStep};
 use crate::runtime::Comm;
-use crate::sharding::axis_index::own_chunk;
-use crate::{Backend, Error, GradStore, MeshAxis, PartialOp, Placement, Result, Shape, Tensor};
+use crate::sharding::FlatShard;
+use crate::{Backend, Error, GradStore, Result, Tensor};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -128,35 +128,13 @@ impl<B: Backend> AdamW<B> {
         };
         super::update_each(model, |name, p| {
             let Some(g) = grads.get(p) else { return Ok(None) };
-            // ZeRO-1: this dp rank owns one contiguous slice of the flat local shard.
-            let b = p.backend();
-            let n = p.local_shape().elem_count();
-            let per = n.div_ceil(dp);
-            let padded = per * dp;
-            let flat = |t: &Tensor<B>| -> Result<Tensor<B>> {
-                let v = local_view(t).reshape([n])?;
-                if padded == n {
-                    Ok(v)
-                } else {
-                    Tensor::cat(&[&v, &Tensor::zeros(b, [padded - n], t.dtype())?], 0)
-                }
-            };
-            // this rank's slice, from its index on the device
-            let own = |t: &Tensor<B>| -> Result<Tensor<B>> {
-                let s = own_chunk(cm, b, flat(t)?.storage(), &Shape::new([padded]), 0, MeshAxis::Dp)?;
-                Ok(Tensor::from_storage(b, s, [per], t.dtype()))
-            };
-            let gslice = if g.placements().get(MeshAxis::Dp) == Placement::Partial(PartialOp::Sum) {
-                let s = cm.reduce_scatter(MeshAxis::Dp, flat(g)?.storage(), padded * g.dtype().size_in_bytes())?;
-                Tensor::from_storage(b, s, [per], g.dtype())
-            } else {
-                own(g)?
-            };
-            let xslice = own(p)?;
+            // ZeRO-1: this dp rank owns one contiguous slice of the flat local shard
+            let shard = FlatShard::of(p, cm);
+            let gslice = shard.reduce_scatter(cm, g)?;
+            let xslice = shard.own(cm, p)?;
             moments(state, name, &xslice)?;
             let nx = update(&xslice, &gslice, state.get_mut(name).expect("inserted above"))?;
-            let full = cm.all_gather(MeshAxis::Dp, nx.storage(), padded * p.dtype().size_in_bytes())?;
-            Ok(Some(b.narrow(&full, &Shape::new([padded]), 0, 0, n)?))
+            Ok(Some(shard.gather(cm, &nx, p)?.storage().clone()))
         })
     }
 }

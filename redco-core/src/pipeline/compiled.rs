@@ -7,7 +7,7 @@
 //! The learning rate, the loss scale and the clipping norm are runtime inputs of every
 //! step ([`StepInputs`]); what comes back ([`StepReport`]) is read once, at the end.
 
-use super::train_config::{OptimizerConfig, TrainConfig};
+use super::train_config::{OptimizerConfig, TrainConfig, ZeroStage};
 use super::Batch;
 use crate::optim::{AdamWConfig, Optimizer};
 use crate::planning::ShardPlan;
@@ -143,17 +143,17 @@ pub(crate) fn pull_state<B: Backend>(
     opt.load_state(st.steps, moments)
 }
 
-/// Why a compiled step cannot run `cfg` (`None`: it can): it runs AdamW without ZeRO-1, f32
+/// Why a compiled step cannot run `cfg` (`None`: it can): it runs AdamW without ZeRO, f32
 /// compute and one micro-batch per step. The one statement of these rules: the trainer
 /// refuses such a configuration with it, and front ends ask it before choosing a compiled
 /// step.
 pub fn ineligible(cfg: &TrainConfig) -> Option<String> {
-    match cfg.optimizer {
-        OptimizerConfig::Sgd { .. } => return Some("compiled steps run AdamW".into()),
-        OptimizerConfig::AdamW(c) if c.zero1 => {
-            return Some("compiled steps do not shard the optimizer state (ZeRO-1)".into())
-        }
-        OptimizerConfig::AdamW(_) => {}
+    if let OptimizerConfig::Sgd { .. } = cfg.optimizer {
+        return Some("compiled steps run AdamW".into());
+    }
+    let zero = cfg.zero_stage();
+    if zero != ZeroStage::Off {
+        return Some(format!("compiled steps do not shard the training state over dp (ZeRO-{})", zero.number()));
     }
     if cfg.compute_dtype != DType::F32 {
         return Some(format!("compiled steps compute in f32 (got {:?})", cfg.compute_dtype));

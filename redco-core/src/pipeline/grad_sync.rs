@@ -1,10 +1,11 @@
 //! The trainer's gradient communication policy, in one place: how gradients that are
-//! partial sums over `dp` are summed (DDP-style buckets, or ZeRO-1's reduce-scatter in the
-//! optimizer), and the global norm over every shard. It is handed the rank's communicator;
-//! nothing here looks one up.
+//! partial sums over `dp` are summed (DDP-style buckets, ZeRO-1's reduce-scatter in the
+//! optimizer, or ZeRO-2's reduce-scatter during backward into slices), and the global norm
+//! over every shard. It is handed the rank's communicator; nothing here looks one up.
 
 use crate::optim::{clip_grad_norm, global_grad_norm};
 use crate::pipeline::data_parallel::{sync_grads, OverlappedBuckets};
+use crate::pipeline::zero::{clip_slices, slice_norm, SliceOnReady};
 use crate::runtime::{Comm, Mesh};
 use crate::{Backend, GradStore, Result, Tensor};
 
@@ -18,6 +19,36 @@ pub enum SyncStrategy {
     /// gradients are summed here only when a global norm is needed (clipping, f16 overflow
     /// checks).
     Zero1,
+    /// ZeRO stage 2: each gradient is reduce-scattered into this rank's f32 slice as the
+    /// backward pass of a step's last micro-batch completes it ([`SliceOnReady`]); the
+    /// masters and the optimizer state are slices too.
+    Zero2,
+}
+
+/// What runs during a step's last backward pass: bucketed all-reduces, or ZeRO-2's slicing.
+pub enum DuringBackward<B: Backend> {
+    /// DDP buckets ([`OverlappedBuckets`]).
+    Buckets(OverlappedBuckets<B>),
+    /// ZeRO-2 slices ([`SliceOnReady`]).
+    Slices(SliceOnReady<B>),
+}
+
+impl<B: Backend> DuringBackward<B> {
+    /// `p`'s gradient in `grads` is complete.
+    pub fn ready(&mut self, p: &Tensor<B>, grads: &mut GradStore<B>) -> Result<()> {
+        match self {
+            DuringBackward::Buckets(b) => b.ready(p, grads),
+            DuringBackward::Slices(s) => s.ready(p, grads),
+        }
+    }
+
+    /// Completes what is in flight into `grads`.
+    pub fn finish(self, grads: &mut GradStore<B>) -> Result<()> {
+        match self {
+            DuringBackward::Buckets(b) => b.finish(grads),
+            DuringBackward::Slices(_) => Ok(()),
+        }
+    }
 }
 
 /// A rank's gradient sync: the strategy and the communicator it runs over.
@@ -50,7 +81,18 @@ impl<B: Backend> GradSync<B> {
             SyncStrategy::Zero1 if need_norm => {
                 sync_grads(self.comm(), params, grads, crate::runtime::DEFAULT_BUCKET_BYTES)
             }
-            SyncStrategy::Zero1 => Ok(()),
+            SyncStrategy::Zero1 | SyncStrategy::Zero2 => Ok(()),
+        }
+    }
+
+    /// What runs during the backward pass of a step's last micro-batch: ZeRO-2's slicing
+    /// (always: it is what keeps the full gradients from piling up), or, with `overlap`,
+    /// the DDP buckets; `None` otherwise.
+    pub fn during_backward(&self, params: &[Tensor<B>], overlap: bool) -> Option<DuringBackward<B>> {
+        match (self.strategy, &self.comm) {
+            (SyncStrategy::Zero2, Some(c)) => Some(DuringBackward::Slices(SliceOnReady::new(c.clone(), params))),
+            _ if overlap => self.overlap(params).map(DuringBackward::Buckets),
+            _ => None,
         }
     }
 
@@ -68,16 +110,31 @@ impl<B: Backend> GradSync<B> {
 
     /// Whether, after [`GradSync::sync`] without a norm, every gradient is summed over `dp`.
     pub fn all_summed(&self, mesh: Mesh) -> bool {
-        matches!(self.strategy, SyncStrategy::Buckets(_)) || mesh.dp == 1
+        matches!(self.strategy, SyncStrategy::Buckets(_) | SyncStrategy::Zero2) || mesh.dp == 1
     }
 
-    /// The global gradient norm over every shard (gradients already summed over `dp`).
-    pub fn norm(&self, params: &[Tensor<B>], grads: &GradStore<B>) -> Result<f64> {
-        global_grad_norm(self.comm(), params, grads)
+    /// The global gradient norm over every shard (gradients already summed over `dp`, or
+    /// ZeRO-2's slices, for which `mp_split[i]` says whether `params[i]` is split over
+    /// `mp`: slices carry no placement).
+    pub fn norm(&self, params: &[Tensor<B>], grads: &GradStore<B>, mp_split: &[bool]) -> Result<f64> {
+        match (self.strategy, &self.comm) {
+            (SyncStrategy::Zero2, Some(c)) => slice_norm(c, params, mp_split, grads),
+            _ => global_grad_norm(self.comm(), params, grads),
+        }
     }
 
-    /// Clips to `max_norm` by the global norm; returns the norm before clipping.
-    pub fn clip(&self, params: &[Tensor<B>], grads: &mut GradStore<B>, max_norm: f64) -> Result<f64> {
-        clip_grad_norm(self.comm(), params, grads, max_norm)
+    /// Clips to `max_norm` by the global norm ([`GradSync::norm`]); returns the norm
+    /// before clipping.
+    pub fn clip(
+        &self,
+        params: &[Tensor<B>],
+        grads: &mut GradStore<B>,
+        max_norm: f64,
+        mp_split: &[bool],
+    ) -> Result<f64> {
+        match (self.strategy, &self.comm) {
+            (SyncStrategy::Zero2, Some(c)) => clip_slices(c, params, mp_split, grads, max_norm),
+            _ => clip_grad_norm(self.comm(), params, grads, max_norm),
+        }
     }
 }

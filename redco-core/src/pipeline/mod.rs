@@ -24,11 +24,12 @@ mod train_config;
 mod train_state;
 mod trainer;
 pub mod workdir;
+pub mod zero;
 
 pub use deployer::{Deployer, MakeBackend, StepCtx};
 pub use predictor::Predictor;
 pub use run_dir::{ClaimOptions, RunDir};
-pub use train_config::{NanPolicy, OptimizerConfig, TrainConfig};
+pub use train_config::{NanPolicy, OptimizerConfig, TrainConfig, ZeroStage};
 pub use trainer::{FitReport, Trainer};
 
 use crate::Tensor;

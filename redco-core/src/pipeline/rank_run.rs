@@ -10,6 +10,7 @@ use super::grad_sync::{GradSync, SyncStrategy};
 use super::metrics::{MetricsLog, StepMetrics};
 use super::run_dir::RunDir;
 use super::step::{params_of, shard_batch, train_ctx, StepOutcome, StepStrategy, Trained};
+use super::train_config::ZeroStage;
 use super::train_state::TrainState;
 use super::trainer::{Eval, Trainer};
 use super::{Batch, Deployer, StepCtx};
@@ -19,7 +20,7 @@ use crate::{
     planning::ShardPlan,
     runtime::{CommStats, Rank},
 };
-use crate::{Backend, DType, Error, GradStore, MeshAxis, Result, Tensor};
+use crate::{Backend, DType, Error, GradStore, MeshAxis, Result};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -71,7 +72,8 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
         let best = Some(from_leader(&rk.comm, &rk.backend, &[best0])?[0]).filter(|v| !v.is_nan());
         // only variables train; frozen parameters (e.g. a LoRA base) keep one copy in the
         // compute dtype, no gradient and no optimizer state
-        let mut state = TrainState::new(&model, cfg, &rk.comm, best);
+        let zero = if dep.mesh.dp > 1 { cfg.zero_stage() } else { ZeroStage::Off };
+        let mut state = TrainState::new(&model, cfg, &rk.comm, best, zero)?;
         if state.masters.is_empty() {
             return Err(Error::invalid("fit", "the model has no trainable parameters (every parameter is frozen)"));
         }
@@ -85,8 +87,11 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
             }
         }
         state.refresh(&mut model, cfg.compute_dtype)?;
-        let strategy =
-            if cfg.optimizer.zero1() { SyncStrategy::Zero1 } else { SyncStrategy::Buckets(DEFAULT_BUCKET_BYTES) };
+        let strategy = match zero {
+            ZeroStage::Off => SyncStrategy::Buckets(DEFAULT_BUCKET_BYTES),
+            ZeroStage::Optimizer => SyncStrategy::Zero1,
+            ZeroStage::Gradients => SyncStrategy::Zero2,
+        };
         let sync = GradSync::new(Some(rk.comm.clone()), strategy);
         Ok(RankRun { trainer, dep, rk, data, model, state, frozen, sync, cache: HashMap::new() })
     }
@@ -176,7 +181,7 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
     /// batch's first example and its tokens. Runs on the backend's own threads (one hand-off
     /// per micro-batch instead of one per op); with `overlap_grad_sync`, the last
     /// micro-batch of an f32 step sums its dp gradients in buckets that start during
-    /// backward.
+    /// backward; under ZeRO-2 the last micro-batch's backward slices every gradient.
     pub(crate) fn forward_backward(
         &mut self,
         step: u64,
@@ -198,10 +203,11 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
             // backward is queued before the loss is read (a device backend does not stall
             // on the read); a non-finite loss discards the gradients
             let scaled = loss.scale(scale / cfg.accumulate as f64)?;
-            match if overlap { sync.overlap(&params_of(model)) } else { None } {
-                Some(mut buckets) => {
-                    scaled.backward_into_with(grads, &mut |p, g| buckets.ready(p, g))?;
-                    buckets.finish(grads)?;
+            let last = micro + 1 == cfg.accumulate;
+            match if last { sync.during_backward(&params_of(model), overlap) } else { None } {
+                Some(mut during) => {
+                    scaled.backward_into_with(grads, &mut |p, g| during.ready(p, g))?;
+                    during.finish(grads)?;
                 }
                 None => scaled.backward_into(grads)?,
             }
@@ -219,19 +225,24 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
         let cfg = &t.config;
         let scale = self.state.scale.scale;
         let f16 = cfg.compute_dtype == DType::F16;
+        // the gradients as the masters' (ZeRO-2: already f32 slices), and whether each
+        // master's parameter is split over mp (slices do not say)
         let mut g32 = GradStore::new();
+        let (mut params, mut split) = (Vec::new(), Vec::new());
         for (name, p) in self.model.named_parameters() {
-            if let Some(g) = grads.get(&p) {
+            if let (Some(g), Some(m)) = (grads.get(&p), self.state.masters.get(&name)) {
                 let g = g.cast(DType::F32)?;
                 let g = if scale != 1.0 { crate::no_grad(|| g.scale(1.0 / scale))? } else { g };
-                g32.insert(&self.state.masters[&name], g);
+                g32.insert(m, g);
+                params.push(m.clone());
+                split.push(matches!(p.placements().get(MeshAxis::Mp), crate::Placement::Shard(_)));
             }
         }
+        drop(grads);
         let mut grads = g32;
-        let params: Vec<Tensor<B>> = self.state.masters.values().cloned().collect();
         self.sync.sync(&params, &mut grads, f16 || cfg.clip_norm.is_some())?;
         if f16 {
-            if !self.sync.norm(&params, &grads)?.is_finite() {
+            if !self.sync.norm(&params, &grads, &split)?.is_finite() {
                 // overflow in f16: skip the update, halve the scale
                 self.state.scale.overflowed();
                 if self.rk.rank == 0 {
@@ -247,8 +258,8 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
         let (state, model, sync, mesh) = (&mut self.state, &mut self.model, &self.sync, self.dep.mesh);
         let norm = crate::runtime::on_backend(&self.rk.backend, || -> Result<f64> {
             let norm = match cfg.clip_norm {
-                Some(c) => sync.clip(&params, &mut grads, c)?,
-                None if sync.all_summed(mesh) => sync.norm(&params, &grads)?,
+                Some(c) => sync.clip(&params, &mut grads, c, &split)?,
+                None if sync.all_summed(mesh) => sync.norm(&params, &grads, &split)?,
                 None => f64::NAN,
             };
             state.opt.update(&mut state.masters, &grads)?;
@@ -301,7 +312,7 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
     /// Writes `model.safetensors`: every parameter, the trained ones and the frozen ones
     /// (in f32).
     fn export(&self) -> Result<()> {
-        let mut all = self.state.masters.clone();
+        let mut all = self.state.whole_masters(&self.model)?;
         if self.frozen > 0 {
             for (name, p) in self.model.named_parameters() {
                 if !p.is_var() {

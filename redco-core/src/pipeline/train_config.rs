@@ -29,13 +29,59 @@ pub enum OptimizerConfig {
     },
 }
 
-impl OptimizerConfig {
-    pub(crate) fn zero1(&self) -> bool {
-        matches!(self, OptimizerConfig::AdamW(c) if c.zero1)
+/// How much of a rank's training state is sharded over the data-parallel axis: ZeRO's
+/// stages. Every stage computes the same update as the replicated one; each keeps less
+/// per rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum ZeroStage {
+    /// Nothing sharded: DDP (gradients all-reduced in buckets, every rank updates all).
+    #[default]
+    Off,
+    /// Stage 1: AdamW's moments sharded (each gradient reduce-scattered in the optimizer,
+    /// the updated slice all-gathered).
+    Optimizer,
+    /// Stage 2: the f32 masters, the optimizer state and the gradients sharded. Each
+    /// gradient is reduce-scattered (in f32) as soon as the backward pass completes it and
+    /// the full one dropped; clipping takes the global norm over the slices; the optimizer
+    /// updates the slices (any elementwise optimizer: AdamW, SGD); the compute copies are
+    /// all-gathered in the compute dtype.
+    Gradients,
+}
+
+impl ZeroStage {
+    /// The stage's number (0, 1, 2).
+    pub fn number(self) -> u8 {
+        match self {
+            ZeroStage::Off => 0,
+            ZeroStage::Optimizer => 1,
+            ZeroStage::Gradients => 2,
+        }
     }
-    pub(crate) fn build<B: Backend>(&self) -> Box<dyn Optimizer<B>> {
+
+    /// The stage numbered `n`; `None` for a stage redco does not have.
+    pub fn from_number(n: u8) -> Option<Self> {
+        match n {
+            0 => Some(ZeroStage::Off),
+            1 => Some(ZeroStage::Optimizer),
+            2 => Some(ZeroStage::Gradients),
+            _ => None,
+        }
+    }
+}
+
+impl OptimizerConfig {
+    /// The optimizer for a run at ZeRO stage `zero` (AdamW shards its own moments at
+    /// stage 1; at stage 2 it updates slices the trainer already cut).
+    pub(crate) fn build<B: Backend>(&self, zero: ZeroStage) -> Box<dyn Optimizer<B>> {
         match *self {
-            OptimizerConfig::AdamW(c) => Box::new(AdamW::new(c)),
+            OptimizerConfig::AdamW(c) => {
+                let zero1 = match zero {
+                    ZeroStage::Off => c.zero1,
+                    ZeroStage::Optimizer => true,
+                    ZeroStage::Gradients => false,
+                };
+                Box::new(AdamW::new(AdamWConfig { zero1, ..c }))
+            }
             OptimizerConfig::Sgd { momentum, weight_decay } => Box::new(Sgd::new(0.0, momentum, weight_decay)),
         }
     }
@@ -64,6 +110,9 @@ pub struct TrainConfig {
     pub keep_last: usize,
     /// Non-finite losses.
     pub nan: NanPolicy,
+    /// ZeRO stage over the data-parallel axis (see [`TrainConfig::zero_stage`]; `Off` with
+    /// an [`AdamWConfig::zero1`] optimizer is stage 1). Inert at dp = 1.
+    pub zero: ZeroStage,
     /// Print a progress line every N steps (with `progress_lines`).
     pub log_every: u64,
     /// Print plain progress lines on stderr (every `log_every` steps, from the logging
@@ -102,6 +151,17 @@ pub struct TrainConfig {
     pub overwrite: bool,
 }
 
+impl TrainConfig {
+    /// The ZeRO stage the run uses: [`TrainConfig::zero`], or stage 1 when it is `Off` and
+    /// the optimizer is AdamW with [`AdamWConfig::zero1`].
+    pub fn zero_stage(&self) -> ZeroStage {
+        match (self.zero, self.optimizer) {
+            (ZeroStage::Off, OptimizerConfig::AdamW(c)) if c.zero1 => ZeroStage::Optimizer,
+            (z, _) => z,
+        }
+    }
+}
+
 impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
@@ -115,6 +175,7 @@ impl Default for TrainConfig {
             checkpoint_at_epoch_end: true,
             keep_last: 2,
             nan: NanPolicy::Error,
+            zero: ZeroStage::Off,
             log_every: 10,
             progress_lines: true,
             tokens_key: Some("input_ids".into()),

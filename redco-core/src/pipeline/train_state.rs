@@ -3,11 +3,12 @@
 //! starts from; restored from a checkpoint and saved as one.
 
 use super::checkpoint::Checkpointer;
-use super::train_config::TrainConfig;
+use super::train_config::{TrainConfig, ZeroStage};
 use super::workdir;
 use crate::nn::{Module, ModuleExt};
 use crate::optim::Optimizer;
 use crate::runtime::Comm;
+use crate::sharding::FlatShard;
 use crate::{Backend, DType, Result, Tensor};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -71,20 +72,46 @@ pub(crate) struct TrainState<B: Backend> {
     pub best: Option<f64>,
     /// The step the run starts from (0, or the resumed checkpoint's).
     pub start: u64,
+    /// ZeRO-2: the masters (and so the optimizer state) are this rank's dp-slices
+    /// ([`FlatShard`]) over this communicator; `None`: whole local shards.
+    pub sliced: Option<Comm<B>>,
 }
 
 impl<B: Backend> TrainState<B> {
-    /// A fresh state for `model`'s trainable parameters.
-    pub(crate) fn new(model: &impl Module<B>, cfg: &TrainConfig, comm: &Comm<B>, best: Option<f64>) -> Self {
-        let mut opt = cfg.optimizer.build();
+    /// A fresh state for `model`'s trainable parameters at ZeRO stage `zero` (stage 2:
+    /// each master is this rank's dp-slice).
+    pub(crate) fn new(
+        model: &impl Module<B>,
+        cfg: &TrainConfig,
+        comm: &Comm<B>,
+        best: Option<f64>,
+        zero: ZeroStage,
+    ) -> Result<Self> {
+        let mut opt = cfg.optimizer.build(zero);
         opt.set_comm(Some(comm.clone()));
-        TrainState {
-            masters: model.trainable_parameters().into_iter().collect(),
-            opt,
-            scale: LossScale::new(cfg),
-            best,
-            start: 0,
+        let sliced = (zero == ZeroStage::Gradients).then(|| comm.clone());
+        let mut masters = BTreeMap::new();
+        for (name, p) in model.trainable_parameters() {
+            let m = match &sliced {
+                Some(c) => crate::no_grad(|| FlatShard::of(&p, c).own(c, &p.cast(DType::F32)?))?.into_var(),
+                None => p,
+            };
+            masters.insert(name, m);
         }
+        Ok(TrainState { masters, opt, scale: LossScale::new(cfg), best, start: 0, sliced })
+    }
+
+    /// The masters as whole local shards laid out as `model`'s parameters (ZeRO-2's slices
+    /// all-gathered, one all-gather each; otherwise the masters as they are).
+    pub(crate) fn whole_masters(&self, model: &impl Module<B>) -> Result<BTreeMap<String, Tensor<B>>> {
+        let Some(c) = &self.sliced else { return Ok(self.masters.clone()) };
+        let mut out = BTreeMap::new();
+        for (name, p) in model.named_parameters() {
+            if let Some(m) = self.masters.get(&name) {
+                out.insert(name, FlatShard::of(&p, c).gather(c, m, &p)?);
+            }
+        }
+        Ok(out)
     }
 
     /// Loads checkpoint `dir` (of step `step`): its identity checked against `cfg`'s, the
@@ -98,6 +125,19 @@ impl<B: Backend> TrainState<B> {
     ) -> Result<()> {
         let extra = ckpt.extra(dir)?;
         workdir::check_identity(dir, &extra, &cfg.identity)?;
+        let sliced = |z: Option<&String>| z.is_some_and(|z| z == "2");
+        let saved = extra.get("zero_stage");
+        if sliced(saved) != self.sliced.is_some() {
+            return Err(crate::Error::config(
+                "resume",
+                format!(
+                    "{} holds {} but this run {}: resume with the stage it was saved with",
+                    dir.display(),
+                    if sliced(saved) { "ZeRO-2 slices of the masters" } else { "whole masters" },
+                    if self.sliced.is_some() { "slices them (ZeRO-2)" } else { "keeps them whole" },
+                ),
+            ));
+        }
         self.start = ckpt
             .load(Some(comm), dir, &mut self.masters, self.opt.as_mut())
             .map_err(|e| workdir::with_older_hint(e, ckpt, step))?;
@@ -109,6 +149,8 @@ impl<B: Backend> TrainState<B> {
     /// run's identity; returns its directory.
     pub(crate) fn save(&self, ckpt: &Checkpointer, comm: &Comm<B>, done: u64, cfg: &TrainConfig) -> Result<PathBuf> {
         let mut extra: BTreeMap<String, String> = self.scale.entries().into_iter().collect();
+        let stage = if self.sliced.is_some() { "2" } else { "0" };
+        extra.insert("zero_stage".into(), stage.into());
         extra.extend(workdir::identity_entries(&cfg.identity));
         ckpt.save_with(Some(comm), done, &self.masters, self.opt.as_ref(), extra)
     }
@@ -134,10 +176,18 @@ impl<B: Backend> TrainState<B> {
     }
 
     /// Copies the masters into `model`'s trainable parameters in `dtype` (the compute
-    /// copies the next step runs with); frozen parameters are left alone.
+    /// copies the next step runs with; ZeRO-2's slices cast, then all-gathered); frozen
+    /// parameters are left alone.
     pub(crate) fn refresh(&self, model: &mut impl Module<B>, dtype: DType) -> Result<()> {
         let mut err = None;
-        model.visit_mut("", &mut |name, p| match self.masters.get(name).map(|m| m.cast(dtype)) {
+        let copy = |m: &Tensor<B>, p: &Tensor<B>| -> Result<Tensor<B>> {
+            let m = m.cast(dtype)?;
+            match &self.sliced {
+                Some(c) => FlatShard::of(p, c).gather(c, &m, p),
+                None => Ok(m),
+            }
+        };
+        model.visit_mut("", &mut |name, p| match self.masters.get(name).map(|m| copy(m, p)) {
             Some(Ok(t)) => *p = t.detach().into_var(),
             Some(Err(e)) => err = Some(e),
             // frozen

@@ -11,7 +11,7 @@ use super::observe::{Observers, TrainObserver};
 use super::rank_run::RankRun;
 use super::run_dir::{ClaimOptions, RunDir};
 use super::step::{CompiledRun, EagerStep, StepStrategy};
-use super::train_config::{OptimizerConfig, TrainConfig};
+use super::train_config::{OptimizerConfig, TrainConfig, ZeroStage};
 use super::{Batch, Deployer, StepCtx};
 use crate::cpu::Cpu;
 use crate::nn::{Module, ModuleExt};
@@ -329,6 +329,13 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
             return Err(Error::config(
                 "fit",
                 format!("batch size {} must be positive and divisible by dp={}", cfg.batch_size, dep.mesh.dp),
+            ));
+        }
+        if cfg.zero_stage() == ZeroStage::Optimizer && matches!(cfg.optimizer, OptimizerConfig::Sgd { .. }) {
+            return Err(Error::config(
+                "fit",
+                "ZeRO-1 shards AdamW's moments and SGD has none to shard: use ZeRO-2 (its masters and gradients \
+                 are sharded with any optimizer) or AdamW",
             ));
         }
         match cfg.compute_dtype {

@@ -9,7 +9,9 @@
 pub(crate) mod axis_index;
 pub(crate) mod cross_entropy;
 pub(crate) mod embed;
+pub mod flat_shard;
 pub mod redistribute;
 pub(crate) mod rules;
 
+pub use flat_shard::FlatShard;
 pub use redistribute::axis_sizes;

@@ -15,6 +15,7 @@ mod lora;
 mod observe;
 mod seq2seq;
 mod wgpu;
+mod zero;
 
 const CFG: Config = Config { vocab: 16, hidden: 32, layers: 1, heads: 4, kv_heads: 4, inter: 64, llama: true };
 

@@ -1,0 +1,103 @@
+//! ZeRO-2 on the training path: the f32 masters and the gradients held as this rank's
+//! dp-slices ([`FlatShard`]). Gradients are reduce-scattered as the backward pass completes
+//! them ([`SliceOnReady`]), the global norm is taken over the slices ([`slice_norm`]), and
+//! the compute copies are all-gathered from the updated slices
+//! ([`TrainState::refresh`](super::train_state::TrainState::refresh)).
+
+use crate::runtime::{Comm, ReduceKind};
+use crate::sharding::FlatShard;
+use crate::{no_grad, Backend, DType, GradStore, MeshAxis, Result, Tensor, TensorId};
+use std::collections::HashSet;
+
+/// Reduce-scatters each gradient of the wanted parameters (in f32) as soon as the backward
+/// pass completes it, and keeps only this rank's slice in the store: the full gradient is
+/// dropped at once, so a rank never holds more than the gradients still being computed.
+/// Hand [`SliceOnReady::ready`] to
+/// [`backward_into_with`](crate::Tensor::backward_into_with) on the last micro-batch of a
+/// step (earlier ones accumulate full gradients).
+pub struct SliceOnReady<B: Backend> {
+    comm: Comm<B>,
+    wanted: HashSet<TensorId>,
+}
+
+impl<B: Backend> SliceOnReady<B> {
+    /// Slices the gradients of `params` over `comm`'s data-parallel axis.
+    pub fn new(comm: Comm<B>, params: &[Tensor<B>]) -> Self {
+        SliceOnReady { comm, wanted: params.iter().map(Tensor::id).collect() }
+    }
+
+    /// `p`'s gradient in `grads` is complete: replaced by this rank's f32 slice of its sum
+    /// over `dp`.
+    pub fn ready(&mut self, p: &Tensor<B>, grads: &mut GradStore<B>) -> Result<()> {
+        if !self.wanted.contains(&p.id()) {
+            return Ok(());
+        }
+        let Some(g) = grads.remove(p) else { return Ok(()) };
+        let slice = no_grad(|| {
+            let g = if g.dtype() == DType::F32 { g } else { g.cast(DType::F32)? };
+            FlatShard::of(p, &self.comm).reduce_scatter(&self.comm, &g)
+        })?;
+        grads.insert(p, slice);
+        Ok(())
+    }
+}
+
+/// The global L2 norm of gradient slices: `grads`' entries for `params` are dp-slices
+/// (disjoint over `dp`); `split[i]` says whether `params[i]` is split over `mp` (its slices
+/// add up over `mp` too) or replicated there (counted once). Two scalar all-reduces.
+pub fn slice_norm<B: Backend>(
+    comm: &Comm<B>,
+    params: &[Tensor<B>],
+    split: &[bool],
+    grads: &GradStore<B>,
+) -> Result<f64> {
+    let Some(b) = params.first().map(|p| p.backend().clone()) else { return Ok(0.0) };
+    // squares summed on the device (in f64 where the backend has it), read once
+    let dt = if b.supports(DType::F64) { DType::F64 } else { DType::F32 };
+    no_grad(|| {
+        let zero = || Tensor::zeros(&b, [], dt);
+        let (mut over_mp, mut once) = (zero()?, zero()?);
+        for (p, &s) in params.iter().zip(split) {
+            let Some(g) = grads.get(p) else { continue };
+            let sq = g.cast(dt)?.square()?.sum_all()?;
+            if s {
+                over_mp = over_mp.add(&sq)?;
+            } else {
+                once = once.add(&sq)?;
+            }
+        }
+        let sum = |axis: MeshAxis, v: Tensor<B>| -> Result<Tensor<B>> {
+            if comm.mesh().axis_size(axis) == 1 {
+                return Ok(v);
+            }
+            let r = comm.all_reduce(axis, v.storage(), ReduceKind::Sum, dt.size_in_bytes())?;
+            Ok(Tensor::from_storage(&b, r, [], dt))
+        };
+        let total = sum(MeshAxis::Mp, over_mp)?.add(&once)?;
+        sum(MeshAxis::Dp, total)?.sqrt()?.to_scalar()
+    })
+}
+
+/// Scales the gradient slices of `params` so that their global norm ([`slice_norm`]) is
+/// at most `max_norm`; returns the norm before clipping (a non-finite one unchanged).
+pub fn clip_slices<B: Backend>(
+    comm: &Comm<B>,
+    params: &[Tensor<B>],
+    split: &[bool],
+    grads: &mut GradStore<B>,
+    max_norm: f64,
+) -> Result<f64> {
+    let norm = slice_norm(comm, params, split, grads)?;
+    if norm.is_finite() && norm > max_norm && norm > 0.0 {
+        let s = max_norm / norm;
+        no_grad(|| -> Result<()> {
+            for p in params {
+                if let Some(g) = grads.get(p).cloned() {
+                    grads.insert(p, g.scale(s)?);
+                }
+            }
+            Ok(())
+        })?;
+    }
+    Ok(norm)
+}

@@ -1,0 +1,80 @@
+//! A rank's local shard cut once more over the data-parallel axis, as a flat buffer (the
+//! ZeRO layout): the local shard's `n` elements, flattened and zero-padded to `dp * per`,
+//! and the member at position `d` along `dp` owns elements `d * per .. (d + 1) * per`.
+//! ZeRO-1 keeps the optimizer's moments this way, ZeRO-2 also the f32 masters and the
+//! gradients. The padding is zeros in every slice and stays zero under any elementwise
+//! optimizer (its gradient is zero).
+
+use crate::runtime::Comm;
+use crate::sharding::axis_index::own_chunk;
+use crate::{Backend, MeshAxis, PartialOp, Placement, Result, Shape, Tensor};
+
+/// The flat dp-slicing of a local shard of `n` elements over `dp` members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlatShard {
+    /// Elements of the local shard.
+    pub n: usize,
+    /// Elements of each member's slice (`n` divided by `dp`, rounded up).
+    pub per: usize,
+    /// Members along `dp`.
+    pub dp: usize,
+}
+
+impl FlatShard {
+    /// The slicing of a local shard of `n` elements over `dp` members.
+    pub fn new(n: usize, dp: usize) -> Self {
+        let dp = dp.max(1);
+        FlatShard { n, per: n.div_ceil(dp), dp }
+    }
+
+    /// The slicing of `t`'s local shard over `comm`'s data-parallel axis.
+    pub fn of<B: Backend>(t: &Tensor<B>, comm: &Comm<B>) -> Self {
+        FlatShard::new(t.local_shape().elem_count(), comm.mesh().dp)
+    }
+
+    /// Elements of the padded flat buffer (`dp * per`).
+    pub fn padded(&self) -> usize {
+        self.per * self.dp
+    }
+
+    /// `t`'s local shard flattened and zero-padded to [`FlatShard::padded`] elements.
+    fn flat<B: Backend>(&self, t: &Tensor<B>) -> Result<Tensor<B>> {
+        let v = Tensor::from_storage(t.backend(), t.storage().clone(), [self.n], t.dtype());
+        if self.padded() == self.n {
+            return Ok(v);
+        }
+        Tensor::cat(&[&v, &Tensor::zeros(t.backend(), [self.padded() - self.n], t.dtype())?], 0)
+    }
+
+    /// This member's slice of `t`'s local shard (`[per]`, a plain local tensor), cut on the
+    /// device from the rank's index along `dp`.
+    pub fn own<B: Backend>(&self, comm: &Comm<B>, t: &Tensor<B>) -> Result<Tensor<B>> {
+        let b = t.backend();
+        let s = own_chunk(comm, b, self.flat(t)?.storage(), &Shape::new([self.padded()]), 0, MeshAxis::Dp)?;
+        Ok(Tensor::from_storage(b, s, [self.per], t.dtype()))
+    }
+
+    /// This member's slice of the sum over `dp` of `g` (one reduce-scatter when `g` is a
+    /// partial sum over `dp`; the own slice when it is already summed).
+    pub fn reduce_scatter<B: Backend>(&self, comm: &Comm<B>, g: &Tensor<B>) -> Result<Tensor<B>> {
+        if g.placements().get(MeshAxis::Dp) != Placement::Partial(PartialOp::Sum) {
+            return self.own(comm, g);
+        }
+        let bytes = self.padded() * g.dtype().size_in_bytes();
+        let s = comm.reduce_scatter(MeshAxis::Dp, self.flat(g)?.storage(), bytes)?;
+        Ok(Tensor::from_storage(g.backend(), s, [self.per], g.dtype()))
+    }
+
+    /// The members' slices gathered back into a local shard laid out as `like` (its global
+    /// shape, local shape and placements, replicated over `dp`), in the slice's dtype: one
+    /// all-gather of `slice`.
+    pub fn gather<B: Backend>(&self, comm: &Comm<B>, slice: &Tensor<B>, like: &Tensor<B>) -> Result<Tensor<B>> {
+        let b = slice.backend();
+        let bytes = self.padded() * slice.dtype().size_in_bytes();
+        let full = comm.all_gather(MeshAxis::Dp, slice.storage(), bytes)?;
+        let local =
+            if self.padded() == self.n { full } else { b.narrow(&full, &Shape::new([self.padded()]), 0, 0, self.n)? };
+        let placed = like.placements().with(MeshAxis::Dp, Placement::Replicate);
+        Ok(Tensor::from_local(b, local, like.shape().clone(), like.local_shape().clone(), placed, slice.dtype()))
+    }
+}
