@@ -34,8 +34,9 @@ pub struct Workload {
     pub seq: usize,
     /// Bytes per parameter and activation element (4 for f32, 2 for bf16).
     pub dtype_bytes: usize,
-    /// Shard the optimizer state over `dp` (ZeRO-1).
-    pub zero1: bool,
+    /// ZeRO stage over `dp`: 0 (nothing sharded), 1 (AdamW's moments), 2 (the f32
+    /// masters, the moments and the gradients).
+    pub zero: u8,
     /// Recompute each transformer layer in the backward pass (activation checkpointing):
     /// one hidden state kept per layer, one more forward per layer.
     pub recompute: bool,
@@ -48,7 +49,8 @@ pub struct Memory {
     pub params: u64,
     /// Gradients.
     pub grads: u64,
-    /// AdamW moments (f32).
+    /// AdamW moments (f32), and the f32 master weights where they are not the parameters
+    /// (a 16-bit run, or ZeRO-2's slices).
     pub optimizer: u64,
     /// Activations kept for backward.
     pub activations: u64,
@@ -74,8 +76,9 @@ pub struct PlanReport {
     pub comm: CommStats,
     /// Training memory per rank, with the optimizer as configured.
     pub train: Memory,
-    /// Training memory per rank with ZeRO-1 toggled the other way.
-    pub train_other: Memory,
+    /// Training memory per rank at the other ZeRO stages (0, 1, 2 where `dp > 1`), as
+    /// (stage, memory).
+    pub train_other: Vec<(u8, Memory)>,
     /// Inference memory per rank: parameters plus the KV cache at `batch x seq`.
     pub infer: u64,
 }
@@ -91,8 +94,10 @@ fn count(pl: Placement) -> bool {
 /// per vocabulary-split head in the backward pass, and three all-reduces of
 /// `local_batch x seq` scalars per vocabulary-split head (max, sum, target logit).
 /// Data-parallel axis: one scalar all-reduce (the token count of the mean loss), then the
-/// gradients summed in 25 MB buckets, or, with ZeRO-1, a reduce-scatter and an all-gather
-/// per parameter.
+/// gradients summed in 25 MB buckets, or, with ZeRO-1 and ZeRO-2, a reduce-scatter (of the
+/// f32 gradient) and an all-gather per parameter (ZeRO-1: of the f32 master; ZeRO-2: of
+/// the compute copy, in the compute dtype) of its local shard padded to a multiple of
+/// `dp`. Gradient clipping's norm (one scalar all-reduce per axis) is not counted.
 pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> CommStats {
     let mesh = plan.mesh;
     let mut st = CommStats::default();
@@ -125,11 +130,12 @@ pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> Comm
                 }
             })
             .collect();
-        if work.zero1 {
+        if work.zero > 0 {
+            let gathered = if work.zero == 1 { 4 } else { work.dtype_bytes as u64 };
             for n in local {
-                let padded = n.div_ceil(mesh.dp as u64) * mesh.dp as u64 * work.dtype_bytes as u64;
-                st.record(CollectiveKind::ReduceScatter, MeshAxis::Dp, padded);
-                st.record(CollectiveKind::AllGather, MeshAxis::Dp, padded);
+                let padded = n.div_ceil(mesh.dp as u64) * mesh.dp as u64;
+                st.record(CollectiveKind::ReduceScatter, MeshAxis::Dp, padded * 4);
+                st.record(CollectiveKind::AllGather, MeshAxis::Dp, padded * gathered);
             }
         } else {
             let mut bucket = 0u64;
@@ -151,12 +157,22 @@ pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> Comm
 /// Training memory per rank. Activations follow Korthikanti et al. (2022), per layer
 /// `s*b*h*(10 + 24/t + 5*a*s/(h*t))` bytes at 2-byte precision, scaled to `dtype_bytes`;
 /// with recompute, each layer keeps only its input (`s*b*h` elements) and one layer's
-/// activations live at a time, during its recomputation.
-pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero1: bool) -> Memory {
+/// activations live at a time, during its recomputation. ZeRO stage `zero`: 1 divides the
+/// moments by `dp`; 2 also the f32 masters and the gradients (kept as f32 slices, plus one
+/// layer's full gradients in flight during backward).
+pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero: u8) -> Memory {
     let mesh = plan.mesh;
     let params = plan.bytes_per_rank(work.dtype_bytes) as u64;
     let n_local = params / work.dtype_bytes as u64;
-    let optimizer = 2 * 4 * n_local / if zero1 { mesh.dp as u64 } else { 1 };
+    let dp = if zero > 0 { mesh.dp as u64 } else { 1 };
+    let moments = 2 * 4 * n_local / dp;
+    // f32 masters: the parameters themselves in an f32 run below stage 2
+    let masters = match (zero, work.dtype_bytes) {
+        (2, _) => 4 * n_local / dp,
+        (_, 4) => 0,
+        _ => 4 * n_local,
+    };
+    let grads = if zero == 2 && mesh.dp > 1 { 4 * n_local / dp + params / dims.layers.max(1) as u64 } else { params };
     let (s, b, h, a, t) =
         (work.seq as f64, (work.batch / mesh.dp).max(1) as f64, dims.hidden as f64, dims.heads as f64, mesh.mp as f64);
     let per_layer = s * b * h * (10.0 + 24.0 / t + 5.0 * a * s / (h * t)) * work.dtype_bytes as f64 / 2.0;
@@ -164,7 +180,7 @@ pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero1: 
     let layers = dims.layers as f64;
     let kept =
         if work.recompute { s * b * h * work.dtype_bytes as f64 * layers + per_layer } else { per_layer * layers };
-    Memory { params, grads: params, optimizer, activations: (kept + logits) as u64 }
+    Memory { params, grads, optimizer: moments + masters, activations: (kept + logits) as u64 }
 }
 
 /// Inference memory per rank: parameters plus a KV cache of `batch x seq` tokens with the
@@ -182,8 +198,10 @@ impl PlanReport {
     /// Builds the report for `plan`.
     pub fn new(plan: ShardPlan, dims: ModelDims, work: Workload) -> Self {
         let comm = predict_comm(&plan, &dims, &work);
-        let train = train_memory(&plan, &dims, &work, work.zero1);
-        let train_other = train_memory(&plan, &dims, &work, !work.zero1);
+        let train = train_memory(&plan, &dims, &work, work.zero);
+        let stages: &[u8] = if plan.mesh.dp > 1 { &[0, 1, 2] } else { &[0] };
+        let train_other =
+            stages.iter().filter(|z| **z != work.zero).map(|&z| (z, train_memory(&plan, &dims, &work, z))).collect();
         let infer = infer_memory(&plan, &dims, &work);
         PlanReport { plan, dims, work, comm, train, train_other, infer }
     }
@@ -204,7 +222,7 @@ pub fn smallest_mp(
     (1..=max_mp).filter(|m| dims.heads.is_multiple_of(*m) && dims.kv_heads.is_multiple_of(*m)).find_map(|mp| {
         let plan = make_plan(Mesh { dp, mp });
         let need =
-            if train { train_memory(&plan, dims, work, work.zero1).total() } else { infer_memory(&plan, dims, work) };
+            if train { train_memory(&plan, dims, work, work.zero).total() } else { infer_memory(&plan, dims, work) };
         (need <= device_bytes).then_some((mp, need))
     })
 }
@@ -256,7 +274,7 @@ impl fmt::Display for PlanReport {
         writeln!(
             f,
             "memory per device, training (AdamW{}{}):",
-            if self.work.zero1 { ", ZeRO-1" } else { "" },
+            if self.work.zero > 0 { format!(", ZeRO-{}", self.work.zero) } else { String::new() },
             if self.work.recompute { ", each layer recomputed" } else { "" }
         )?;
         writeln!(
@@ -268,7 +286,9 @@ impl fmt::Display for PlanReport {
             human(m.activations),
             human(m.total())
         )?;
-        writeln!(f, "  ({} ZeRO-1: total {})", if self.work.zero1 { "without" } else { "with" }, human(o.total()))?;
+        for (z, o) in o {
+            writeln!(f, "  (at ZeRO-{z}: total {})", human(o.total()))?;
+        }
         writeln!(
             f,
             "memory per device, inference with a KV cache of {} x {} tokens: {}",
@@ -291,9 +311,9 @@ mod tests {
         let dims = ModelDims { layers: 24, hidden: 1536, heads: 16, kv_heads: 16, vocab: 32000 };
         let shapes = vec![("model.embed_tokens.weight".to_string(), Shape::new([32000, 1536]))];
         let plan = plan_by_names(&shapes, Mesh { dp: 1, mp: 1 });
-        let work = Workload { batch: 4, seq: 512, dtype_bytes: 4, zero1: false, recompute: false };
-        let kept = train_memory(&plan, &dims, &work, false);
-        let again = train_memory(&plan, &dims, &Workload { recompute: true, ..work }, false);
+        let work = Workload { batch: 4, seq: 512, dtype_bytes: 4, zero: 0, recompute: false };
+        let kept = train_memory(&plan, &dims, &work, 0);
+        let again = train_memory(&plan, &dims, &Workload { recompute: true, ..work }, 0);
         let (s, b, h) = (512.0, 4.0, 1536.0);
         let per_layer = s * b * h * (10.0 + 24.0 + 5.0 * 16.0 * s / h) * 4.0 / 2.0;
         let logits = s * b * 32000.0 * 4.0;

@@ -1,5 +1,5 @@
 //! Choosing the memory tools of a training run: for a plan on its mesh, every combination
-//! of the tools redco has (ZeRO-1 over `dp`, per-layer activation recompute) with its
+//! of the tools redco has (ZeRO-1 and ZeRO-2 over `dp`, per-layer activation recompute) with its
 //! predicted per-rank peak memory, the bytes it moves per step and the activation bytes it
 //! recomputes, whether it fits a device budget, and the pick: among those that fit, the one
 //! that moves and recomputes the fewest bytes (the tool's promise is that the user does not
@@ -12,20 +12,15 @@ use std::fmt;
 /// One combination of memory tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Strategy {
-    /// Shard the AdamW state over `dp` (ZeRO-1).
-    pub zero1: bool,
+    /// ZeRO stage over `dp` (0, 1 or 2).
+    pub zero: u8,
     /// Recompute each transformer layer in the backward pass.
     pub recompute: bool,
 }
 
 impl fmt::Display for Strategy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "ZeRO-{}, recompute {}",
-            if self.zero1 { 1 } else { 0 },
-            if self.recompute { "block" } else { "none" }
-        )
+        write!(f, "ZeRO-{}, recompute {}", self.zero, if self.recompute { "block" } else { "none" })
     }
 }
 
@@ -51,23 +46,23 @@ impl StrategyRow {
     }
 }
 
-/// Every strategy for `plan` (ZeRO-1 only where `dp > 1`: on one data-parallel rank it
-/// changes nothing), costed for `work` (whose own `zero1`/`recompute` are ignored) against
+/// Every strategy for `plan` (ZeRO only where `dp > 1`: on one data-parallel rank it
+/// changes nothing), costed for `work` (whose own `zero`/`recompute` are ignored) against
 /// `budget` bytes per rank; `extra` bytes per rank are added to each peak (f32 master
 /// weights of a 16-bit run, say).
 pub fn strategies(plan: &ShardPlan, dims: &ModelDims, work: &Workload, budget: u64, extra: u64) -> Vec<StrategyRow> {
-    let zeros: &[bool] = if plan.mesh.dp > 1 { &[false, true] } else { &[false] };
-    let kept = train_memory(plan, dims, &Workload { recompute: false, ..*work }, false).activations;
+    let zeros: &[u8] = if plan.mesh.dp > 1 { &[0, 1, 2] } else { &[0] };
+    let kept = train_memory(plan, dims, &Workload { recompute: false, ..*work }, 0).activations;
     let mut rows = Vec::new();
-    for &zero1 in zeros {
+    for &zero in zeros {
         for recompute in [false, true] {
-            let w = Workload { zero1, recompute, ..*work };
-            let memory = train_memory(plan, dims, &w, zero1);
+            let w = Workload { zero, recompute, ..*work };
+            let memory = train_memory(plan, dims, &w, zero);
             let comm_bytes = predict_comm(plan, dims, &w).entries().into_iter().map(|(_, _, c)| c.bytes).sum();
             let recomputed_bytes = if recompute { kept.saturating_sub(memory.activations) } else { 0 };
             let fits = memory.total().saturating_add(extra) <= budget;
             rows.push(StrategyRow {
-                strategy: Strategy { zero1, recompute },
+                strategy: Strategy { zero, recompute },
                 memory,
                 comm_bytes,
                 recomputed_bytes,
@@ -109,35 +104,39 @@ mod tests {
 
     #[test]
     fn the_pick_is_the_cheapest_that_fits_and_none_when_nothing_does() {
-        let (plan, dims) = llama(Mesh { dp: 2, mp: 1 });
-        let work = Workload { batch: 8, seq: 512, dtype_bytes: 4, zero1: false, recompute: false };
+        // at dp=4 (at dp=2 in f32, ZeRO-2's master slices cost what its gradient slices save)
+        let (plan, dims) = llama(Mesh { dp: 4, mp: 1 });
+        let work = Workload { batch: 8, seq: 512, dtype_bytes: 4, zero: 0, recompute: false };
         let all = strategies(&plan, &dims, &work, u64::MAX, 0);
-        assert_eq!(all.len(), 4);
+        assert_eq!(all.len(), 6);
         // everything fits: nothing recomputed, no ZeRO (DDP's buckets move the fewest bytes)
-        assert_eq!(all[pick(&all).unwrap()].strategy, Strategy { zero1: false, recompute: false });
+        assert_eq!(all[pick(&all).unwrap()].strategy, Strategy { zero: 0, recompute: false });
         let peak = |s: Strategy| all.iter().find(|r| r.strategy == s).unwrap().memory.total();
         let (plain, zero, rec, both) = (
-            peak(Strategy { zero1: false, recompute: false }),
-            peak(Strategy { zero1: true, recompute: false }),
-            peak(Strategy { zero1: false, recompute: true }),
-            peak(Strategy { zero1: true, recompute: true }),
+            peak(Strategy { zero: 0, recompute: false }),
+            peak(Strategy { zero: 1, recompute: false }),
+            peak(Strategy { zero: 0, recompute: true }),
+            peak(Strategy { zero: 1, recompute: true }),
         );
+        let (zero2, least) =
+            (peak(Strategy { zero: 2, recompute: false }), peak(Strategy { zero: 2, recompute: true }));
         assert!(both < zero && both < rec && zero < plain && rec < plain);
+        assert!(zero2 < zero && least < both && least < zero2);
         // a budget between each peak picks the cheapest strategy under it
-        for budget in [plain, zero.max(rec), zero.min(rec), both] {
+        for budget in [plain, zero.max(rec), zero.min(rec), both, zero2, least] {
             let rows = strategies(&plan, &dims, &work, budget, 0);
             let i = pick(&rows).unwrap();
             assert!(rows[i].memory.total() <= budget);
             let cheaper_fit = rows.iter().any(|r| r.fits && r.cost() < rows[i].cost());
             assert!(!cheaper_fit, "budget {budget}: picked {}", rows[i].strategy);
         }
-        assert_eq!(pick(&strategies(&plan, &dims, &work, both - 1, 0)), None);
+        assert_eq!(pick(&strategies(&plan, &dims, &work, least - 1, 0)), None);
         // the recomputed bytes are the activations not kept; recompute moves bytes only under mp
-        let r = all.iter().find(|r| r.strategy == Strategy { zero1: false, recompute: true }).unwrap();
+        let r = all.iter().find(|r| r.strategy == Strategy { zero: 0, recompute: true }).unwrap();
         assert_eq!(r.recomputed_bytes, all[0].memory.activations - r.memory.activations);
         assert_eq!(r.comm_bytes, all[0].comm_bytes);
         // on one data-parallel rank ZeRO is not offered
         let (one, _) = llama(Mesh { dp: 1, mp: 2 });
-        assert!(strategies(&one, &dims, &work, u64::MAX, 0).iter().all(|r| !r.strategy.zero1));
+        assert!(strategies(&one, &dims, &work, u64::MAX, 0).iter().all(|r| r.strategy.zero == 0));
     }
 }

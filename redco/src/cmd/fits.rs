@@ -19,36 +19,36 @@ pub fn available_memory() -> Option<u64> {
 /// The memory tools of a training run and why: an explicit `--recompute`, or (without
 /// one) the planner's pick among those this model has that fit this host's available memory
 /// per rank (`redco_core::planning::strategy`); refused before anything is allocated when
-/// none fits, with the numbers. ZeRO-1 is taken as given (`--zero 1`): it changes the
-/// layout of the optimizer state in the run's checkpoints, so the planner does not switch it.
+/// none fits, with the numbers. The ZeRO stage is taken as given (`--zero`): it changes the
+/// layout of the run's checkpoints, so the planner does not switch it.
 pub fn choose_strategy(
     cfg: &HfConfig,
     mesh: Mesh,
     (batch, seq): (usize, usize),
     compute: DType,
-    (zero1, recompute): (bool, Option<bool>),
+    (zero, recompute): (u8, Option<bool>),
 ) -> Result<(Strategy, String), String> {
     use redco_core::planning::planner::{human, Workload};
     use redco_core::planning::strategy::{pick, strategies};
     let can_recompute = matches!(cfg.model_type.as_str(), "llama" | "mistral");
-    // ZeRO-1 on one data-parallel rank changes nothing
-    let zero1 = zero1 && mesh.dp > 1;
-    let chosen = |r: bool| Strategy { zero1, recompute: r };
+    // ZeRO on one data-parallel rank changes nothing
+    let zero = if mesh.dp > 1 { zero } else { 0 };
+    let chosen = |r: bool| Strategy { zero, recompute: r };
     let Ok(shapes) = cfg.param_shapes() else {
         return Ok((chosen(recompute.unwrap_or(false)), "no estimate for this model".into()));
     };
     let plan = plan_by_names(&shapes, mesh);
     let dtype_bytes = if compute == DType::F32 { 4 } else { 2 };
-    let work = Workload { batch, seq, dtype_bytes, zero1: false, recompute: false };
+    let work = Workload { batch, seq, dtype_bytes, zero: 0, recompute: false };
     // every rank of a process shares this host's memory
     let ranks = (mesh.size() / super::launch::world().size.max(1)).max(1) as u64;
     let avail = available_memory();
     let budget = avail.map_or(u64::MAX, |a| a / ranks);
-    // master weights stay f32 whatever the compute dtype
-    let masters = if dtype_bytes == 4 { 0 } else { plan.bytes_per_rank(4) as u64 };
+    // (the estimate counts the f32 master weights of a 16-bit run)
+    let masters = 0;
     let rows: Vec<_> = strategies(&plan, &cfg.dims(), &work, budget, masters)
         .into_iter()
-        .filter(|r| r.strategy.zero1 == zero1 && recompute.is_none_or(|want| r.strategy.recompute == want))
+        .filter(|r| r.strategy.zero == zero && recompute.is_none_or(|want| r.strategy.recompute == want))
         .filter(|r| can_recompute || !r.strategy.recompute)
         .collect();
     if let Some(i) = pick(&rows) {

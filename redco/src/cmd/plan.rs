@@ -30,9 +30,10 @@ pub struct PlanArgs {
     /// Parameter and activation dtype: f32, bf16 or f16.
     #[arg(long, default_value = "bf16")]
     pub dtype: String,
-    /// Shard the optimizer state over DP (ZeRO-1).
-    #[arg(long)]
-    pub zero1: bool,
+    /// ZeRO stage over dp, as `train --zero`: 0, 1 (AdamW's moments sharded) or 2 (also
+    /// the f32 masters and the gradients).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
+    pub zero: u8,
     /// Activation recompute, as `train --recompute`: none, or block (each layer recomputed
     /// in the backward pass; memory and communication estimated so).
     #[arg(long, value_enum, default_value_t = Recompute::None)]
@@ -139,7 +140,7 @@ pub fn run(mut a: PlanArgs) -> Result<(), String> {
             return Err(format!("{n}: {}", p.reason));
         }
     }
-    let work = Workload { batch: a.batch, seq, dtype_bytes, zero1: a.zero1, recompute: a.recompute.on() };
+    let work = Workload { batch: a.batch, seq, dtype_bytes, zero: a.zero, recompute: a.recompute.on() };
     let fit = match &a.device_memory {
         Some(mem) => {
             let bytes = parse_bytes(mem)?;
@@ -190,7 +191,7 @@ pub fn run(mut a: PlanArgs) -> Result<(), String> {
             human(need)
         ),
         Some((bytes, max_mp, None)) => crate::outln!(
-            "\nno mp up to {max_mp} fits {} per device; add data-parallel ZeRO-1 or smaller batches",
+            "\nno mp up to {max_mp} fits {} per device; add data-parallel ranks with ZeRO-2 (--zero 2), recompute, or smaller batches",
             human(bytes)
         ),
         None => {}
@@ -228,7 +229,7 @@ fn strategies_json(rows: &[StrategyRow], picked: Option<usize>, budget: u64, fro
         .iter()
         .map(|r| {
             serde_json::json!({
-                "zero": if r.strategy.zero1 { 1 } else { 0 },
+                "zero": r.strategy.zero,
                 "recompute": if r.strategy.recompute { "block" } else { "none" },
                 "peak_bytes_per_rank": r.memory.total(),
                 "comm_bytes_per_step": r.comm_bytes,
@@ -279,7 +280,7 @@ fn json(a: &PlanArgs, cfg: &HfConfig, mesh: Mesh, r: &PlanReport, fit: Option<Fi
     json!({
         "model": {"model_type": cfg.model_type, "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads, "vocab": cfg.vocab},
         "mesh": {"dp": mesh.dp, "mp": mesh.mp},
-        "workload": {"batch_size": a.batch, "seq_len": a.seq.unwrap_or(0), "dtype": a.dtype, "zero1": a.zero1, "recompute": a.recompute.name()},
+        "workload": {"batch_size": a.batch, "seq_len": a.seq.unwrap_or(0), "dtype": a.dtype, "zero": a.zero, "recompute": a.recompute.name()},
         "rules": "name heuristics (config only)",
         "params": params,
         "comm_per_step": comm,

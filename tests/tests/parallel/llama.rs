@@ -159,7 +159,7 @@ fn llama_with_each_layer_recomputed_equals_keeping_activations_at_1x1_and_1x2() 
     assert_eq!(ar.bytes, ((2 * l + 1) * 2 + 2 * l) * act + 3 * tok, "all-reduce bytes, recomputed:\n{s}");
     // and the planner predicts exactly that
     use redco_core::planning::planner::{predict_comm, Workload};
-    let work = Workload { batch: BATCH, seq: SEQ, dtype_bytes: 4, zero1: false, recompute: true };
+    let work = Workload { batch: BATCH, seq: SEQ, dtype_bytes: 4, zero: 0, recompute: true };
     let predicted = predict_comm(&plan, &c.dims(), &work).get(CollectiveKind::AllReduce, MeshAxis::Mp);
     assert_eq!((predicted.calls, predicted.bytes), (ar.calls, ar.bytes), "predicted against measured:\n{s}");
 }

@@ -179,8 +179,11 @@ fn planner_predicts_the_measured_communication() {
         })
         .unwrap()
         .swap_remove(0);
-        let predicted =
-            predict_comm(&plan, &dims, &Workload { batch: BATCH, seq: SEQ, dtype_bytes: 4, zero1, recompute: false });
+        let predicted = predict_comm(
+            &plan,
+            &dims,
+            &Workload { batch: BATCH, seq: SEQ, dtype_bytes: 4, zero: zero1 as u8, recompute: false },
+        );
         assert_eq!(predicted, measured, "zero1 {zero1}\npredicted:\n{predicted}\nmeasured:\n{measured}");
     }
 }

@@ -8,7 +8,7 @@ use clap::Args;
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
 use redco_core::pipeline::checkpoint::Checkpointer;
 use redco_core::pipeline::workdir;
-use redco_core::pipeline::{OptimizerConfig, TrainConfig};
+use redco_core::pipeline::{OptimizerConfig, TrainConfig, ZeroStage};
 use redco_core::DType;
 use redco_models::hf::config::HfConfig;
 use std::collections::BTreeMap;
@@ -72,9 +72,11 @@ pub struct TrainArgs {
     /// memory otherwise (printed with the run).
     #[arg(long, value_enum)]
     pub recompute: Option<Recompute>,
-    /// ZeRO stage over the data-parallel ranks: 0 (every rank holds the whole AdamW state)
-    /// or 1 (AdamW's moments sharded over dp, with identical results; a run resumes with
-    /// the stage it was written with). 2 and 3 are not implemented yet.
+    /// ZeRO stage over the data-parallel ranks: 0 (every rank holds the whole training
+    /// state), 1 (AdamW's moments sharded over dp) or 2 (also the f32 master weights and
+    /// the gradients, reduce-scattered during backward; any optimizer). Every stage gives
+    /// the same results; a run resumes with the stage it was written with. 3 is not
+    /// implemented yet.
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: Option<u8>,
     /// Compute dtype: f32, or bf16 / f16 (with f32 master weights).
@@ -209,11 +211,7 @@ pub(super) fn train_config(
         s => return Err(format!("--schedule {s}: unknown schedule (use cosine, linear or constant)")),
     };
     let optimizer = match a.optimizer.as_str() {
-        "adamw" => OptimizerConfig::AdamW(AdamWConfig {
-            weight_decay: a.weight_decay,
-            zero1: a.zero == Some(1),
-            ..Default::default()
-        }),
+        "adamw" => OptimizerConfig::AdamW(AdamWConfig { weight_decay: a.weight_decay, ..Default::default() }),
         "sgd" => OptimizerConfig::Sgd { momentum: 0.9, weight_decay: a.weight_decay },
         o => return Err(format!("--optimizer {o}: unknown optimizer (use adamw or sgd)")),
     };
@@ -231,6 +229,7 @@ pub(super) fn train_config(
         resume_from: a.resume_from.clone(),
         identity,
         overwrite: a.overwrite,
+        zero: ZeroStage::from_number(a.zero.unwrap_or(0)).unwrap_or_default(),
         ..Default::default()
     })
 }

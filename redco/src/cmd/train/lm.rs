@@ -185,7 +185,7 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
         s.mesh,
         (a.batch_size, seq_len),
         s.compute,
-        (a.zero == Some(1), a.recompute.map(|r| r.on())),
+        (a.zero.unwrap_or(0), a.recompute.map(|r| r.on())),
     )?;
     let tok = Tokenizer::from_dir(&s.tok_dir).map_err(err)?;
     if let Some(w) = vocab::check_tokenizer(&tok, cfg.vocab).map_err(err)? {
@@ -223,7 +223,11 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
         );
         crate::outln!(
             "memory: {}{} ({why})",
-            if strategy.zero1 { "AdamW state sharded over dp (ZeRO-1), " } else { "" },
+            match strategy.zero {
+                1 => "AdamW state sharded over dp (ZeRO-1), ",
+                2 => "f32 masters, AdamW state and gradients sharded over dp (ZeRO-2), ",
+                _ => "",
+            },
             if strategy.recompute { "each layer recomputed in the backward pass" } else { "activations kept" }
         );
         if let Some(why) = &s.seq_from {

@@ -78,15 +78,17 @@ pub fn run(mut a: TrainArgs) -> Result<(), String> {
     }
     let compute = check::dtype(&a.dtype)?;
     match a.zero {
-        Some(z @ (2 | 3)) => {
-            return Err(format!(
-                "--zero {z}: ZeRO-{z} (gradients{} sharded over dp) is not implemented yet; --zero 1 shards the \
-                 AdamW state, --recompute block drops activations",
-                if z == 3 { " and parameters" } else { "" }
-            ))
+        Some(3) => {
+            return Err("--zero 3: ZeRO-3 (parameters sharded over dp) is not implemented yet; --zero 2 shards the \
+                        masters, optimizer state and gradients, --recompute block drops activations"
+                .into())
         }
         Some(1) if a.optimizer != "adamw" => {
-            return Err(format!("--zero 1 shards AdamW's moments; --optimizer {} has none to shard", a.optimizer))
+            return Err(format!(
+                "--zero 1 shards AdamW's moments; --optimizer {} has none to shard (--zero 2 shards its masters and \
+                 gradients)",
+                a.optimizer
+            ))
         }
         _ => {}
     }
