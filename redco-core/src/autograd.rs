@@ -321,14 +321,18 @@ impl<B: Backend> Tensor<B> {
 /// consumer of `t` accumulate first, so a replicated activation feeding several split
 /// layers costs one all-reduce (Megatron's conjugate of the identity). A variable's
 /// gradient keeps a partial sum over the data-parallel axis: the optimizer reduces those
-/// in buckets.
+/// in buckets (as does the gradient of a ZeRO-3 parameter gathered for a unit: its gather's
+/// backward reduce-scatters it).
 fn deliver<B: Backend>(t: &Tensor<B>, g: Tensor<B>) -> Result<Tensor<B>> {
     use crate::{MeshAxis, PartialOp, Placement};
     if !t.is_sharded() && !g.is_sharded() {
         return Ok(g);
     }
     let mut target = crate::placement::without_partial(t.placements());
-    if t.is_var() && g.placements().get(MeshAxis::Dp) == Placement::Partial(PartialOp::Sum) {
+    // a variable's gradient, and a gathered ZeRO-3 parameter's (its backward
+    // reduce-scatters), keep their partial sum over dp
+    let gathered = t.0.node.as_ref().is_some_and(|n| n.op == crate::ops::gather_piece::GATHER_PIECE);
+    if (t.is_var() || gathered) && g.placements().get(MeshAxis::Dp) == Placement::Partial(PartialOp::Sum) {
         target = target.with(MeshAxis::Dp, Placement::Partial(PartialOp::Sum));
     }
     if g.placements() == target {

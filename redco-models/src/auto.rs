@@ -127,6 +127,22 @@ impl<B: Backend> Module<B> for AutoModel<B> {
             AutoModel::Opt(m) => m.visit_linears_mut(p, f),
         }
     }
+    fn gather_units(&self) -> Vec<String> {
+        match self {
+            AutoModel::Llama(m) => m.gather_units(),
+            AutoModel::GptJ(_) | AutoModel::Opt(_) => Vec::new(),
+        }
+    }
+    fn set_param_gather(&mut self, g: Option<std::sync::Arc<dyn redco_core::nn::ParamGather<B>>>) -> Result<()> {
+        match self {
+            AutoModel::Llama(m) => m.set_param_gather(g),
+            AutoModel::GptJ(_) | AutoModel::Opt(_) => Err(Error::unsupported(
+                "zero3",
+                "ZeRO-3 gathers parameters per decoder layer in LLaMA models only; gptj and opt keep them whole \
+                 (ZeRO-2 shards their masters, optimizer state and gradients)",
+            )),
+        }
+    }
 }
 
 impl<B: Backend> CausalLm<B> for AutoModel<B> {

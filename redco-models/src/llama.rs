@@ -7,8 +7,11 @@ use crate::generate::{CausalLm, FixedKvCache, KvCache};
 use crate::hf::checkpoint::Checkpoint;
 use crate::hf::config::HfConfig;
 use crate::params::{CheckpointSource, ParamSource, RandomInit};
-use redco_core::nn::{self, Activation, Embedding, GatedMlp, Init, Linear, Module, RmsNorm, RotaryEmbedding};
+use redco_core::nn::{
+    self, gathered, Activation, Embedding, GatedMlp, Init, Linear, Module, ParamGather, RmsNorm, RotaryEmbedding,
+};
 use redco_core::{Backend, DType, Error, Result, RotaryMode, Shape, Tensor};
+use std::sync::Arc;
 
 /// A layer's attention given its index, queries, keys and values (with its cache).
 type Attend<'a, B> = dyn FnMut(usize, Tensor<B>, Tensor<B>, Tensor<B>) -> Result<Tensor<B>> + 'a;
@@ -76,6 +79,8 @@ pub struct Llama<B: Backend> {
     lm_head: Option<Linear<B>>,
     /// Recompute each layer in the backward pass instead of keeping its activations.
     recompute: bool,
+    /// ZeRO-3: what makes a layer's parameters whole when they are held in pieces.
+    gather: Option<Arc<dyn ParamGather<B>>>,
 }
 
 redco_core::module!(Llama {
@@ -83,7 +88,16 @@ redco_core::module!(Llama {
     layers: "model.layers",
     norm: "model.norm",
     lm_head: "lm_head"
-});
+}
+    /// The decoder layers.
+    fn gather_units(&self) -> Vec<String> {
+        (0..self.layers.len()).map(|i| format!("model.layers.{i}")).collect()
+    }
+    fn set_param_gather(&mut self, g: Option<std::sync::Arc<dyn redco_core::nn::ParamGather<B>>>) -> redco_core::Result<()> {
+        self.gather = g;
+        Ok(())
+    }
+);
 
 impl<B: Backend> Llama<B> {
     /// A randomly initialised model for `cfg` (PyTorch's default initialisation).
@@ -163,6 +177,7 @@ impl<B: Backend> Llama<B> {
             norm,
             lm_head,
             recompute: false,
+            gather: None,
         })
     }
 
@@ -279,6 +294,12 @@ impl<B: Backend> Llama<B> {
         let mut h = self.embed_tokens.forward(ids)?;
         let dims = Dims { heads: c.heads, kv_heads: c.kv_heads, head_dim: c.head_dim };
         for (i, l) in self.layers.iter().enumerate() {
+            // under ZeRO-3 the layer runs on whole parameters gathered for it
+            let whole = match &self.gather {
+                Some(g) => Some(gathered(l, &format!("model.layers.{i}"), g.as_ref())?),
+                None => None,
+            };
+            let l = whole.as_ref().unwrap_or(l);
             h = l.forward(dims, &h, &cos, &sin, &mut |q, k, v| attend(i, q, k, v))?;
         }
         self.norm.forward(&h)
@@ -298,15 +319,21 @@ impl<B: Backend> Llama<B> {
         let rope = RotaryEmbedding::new(c.head_dim, c.rope_theta, RotaryMode::HalfSplit)?;
         let (cos, sin) = rope.tables(pos, self.embed_tokens.weight.dtype())?;
         let mut h = self.embed_tokens.forward(ids)?;
-        for l in &self.layers {
+        for (i, l) in self.layers.iter().enumerate() {
             let mut params = Vec::new();
             l.visit("", &mut |_, p| params.push(p.clone()));
             let mut inputs = vec![h, cos.clone(), sin.clone()];
             inputs.extend(mask.cloned());
-            let layer = l.clone();
+            let (layer, gather) = (l.clone(), self.gather.clone());
+            let prefix = format!("model.layers.{i}");
             h = Tensor::recompute(&inputs.iter().collect::<Vec<_>>(), &params.iter().collect::<Vec<_>>(), move |xs| {
                 let mask = xs.get(3);
-                layer.forward(dims, &xs[0], &xs[1], &xs[2], &mut |q, k, v| {
+                // under ZeRO-3, gathered for the forward and again for the recomputation
+                let whole = match &gather {
+                    Some(g) => Some(gathered(&layer, &prefix, g.as_ref())?),
+                    None => None,
+                };
+                whole.as_ref().unwrap_or(&layer).forward(dims, &xs[0], &xs[1], &xs[2], &mut |q, k, v| {
                     nn::scaled_dot_product_attention(&q, &k, &v, mask, true, None)
                 })
             })?;

@@ -8,6 +8,7 @@ mod activation;
 mod attention;
 mod dropout;
 mod embedding;
+pub mod gather;
 mod init;
 mod linear;
 pub mod lora;
@@ -20,6 +21,7 @@ pub use activation::Activation;
 pub use attention::{padding_mask, scaled_dot_product_attention};
 pub use dropout::Dropout;
 pub use embedding::Embedding;
+pub use gather::{gathered, ParamGather};
 pub use init::Init;
 pub use linear::Linear;
 pub use loss::{cross_entropy, IGNORE_INDEX};
@@ -45,13 +47,26 @@ pub trait Module<B: Backend> {
     fn visit_linears(&self, _prefix: &str, _f: &mut dyn FnMut(&str, &Linear<B>)) {}
     /// [`Module::visit_linears`] with mutable access (to attach adapters).
     fn visit_linears_mut(&mut self, _prefix: &str, _f: &mut dyn FnMut(&str, &mut Linear<B>)) {}
+    /// The units whose parameters may be held in pieces and gathered just before the unit
+    /// runs (ZeRO-3): name prefixes as [`Module::visit`] gives them from the root (a
+    /// transformer's blocks). The default has none.
+    fn gather_units(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Hands the module what makes its units' parameters whole ([`ParamGather`]); `None`
+    /// takes it back (the parameters must be whole again by then). The default refuses: a
+    /// module without units runs on whole parameters only.
+    fn set_param_gather(&mut self, _g: Option<std::sync::Arc<dyn ParamGather<B>>>) -> Result<()> {
+        Err(Error::unsupported("set_param_gather", "this model has no units to gather parameters for (ZeRO-3)"))
+    }
 }
 
 /// Implements [`Module`] for a struct generic over `B: Backend` by visiting the listed fields
 /// under their Hugging Face names, in order: `module!(Block { ln: "ln_1", q: "attn.q_proj" });`.
+/// Further items of the impl (the ZeRO-3 hooks, say) may follow the field list.
 #[macro_export]
 macro_rules! module {
-    ($ty:ident { $($field:ident : $name:expr),* $(,)? }) => {
+    ($ty:ident { $($field:ident : $name:expr),* $(,)? } $($extra:tt)*) => {
         impl<B: $crate::Backend> $crate::nn::Module<B> for $ty<B> {
             fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &$crate::Tensor<B>)) {
                 $( $crate::nn::Module::visit(&self.$field, &$crate::nn::join(p, $name), f); )*
@@ -65,6 +80,7 @@ macro_rules! module {
             fn visit_linears_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut $crate::nn::Linear<B>)) {
                 $( $crate::nn::Module::visit_linears_mut(&mut self.$field, &$crate::nn::join(p, $name), f); )*
             }
+            $($extra)*
         }
     };
 }

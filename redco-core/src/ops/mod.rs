@@ -6,6 +6,7 @@ pub mod attention;
 pub mod attention_grad;
 pub mod cross_entropy;
 pub mod elementwise;
+pub mod gather_piece;
 pub mod index;
 pub mod layout;
 pub mod matmul;

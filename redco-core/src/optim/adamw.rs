@@ -6,7 +6,7 @@ use super::{grad_of, local_view};
 use crate::nn::Module;
 use crate::ops::adamw::{AdamItem, AdamStep};
 use crate::runtime::Comm;
-use crate::sharding::FlatShard;
+use crate::sharding::{FlatShard, ShardLayout};
 use crate::{Backend, Error, GradStore, Result, Tensor};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -134,7 +134,7 @@ impl<B: Backend> AdamW<B> {
             let xslice = shard.own(cm, p)?;
             moments(state, name, &xslice)?;
             let nx = update(&xslice, &gslice, state.get_mut(name).expect("inserted above"))?;
-            Ok(Some(shard.gather(cm, &nx, p)?.storage().clone()))
+            Ok(Some(shard.gather(cm, &nx, &ShardLayout::of(p))?.storage().clone()))
         })
     }
 }

@@ -19,10 +19,11 @@ pub enum SyncStrategy {
     /// gradients are summed here only when a global norm is needed (clipping, f16 overflow
     /// checks).
     Zero1,
-    /// ZeRO stage 2: each gradient is reduce-scattered into this rank's f32 slice as the
-    /// backward pass of a step's last micro-batch completes it ([`SliceOnReady`]); the
-    /// masters and the optimizer state are slices too.
-    Zero2,
+    /// ZeRO stages 2 and 3: each gradient is reduce-scattered into this rank's f32 slice
+    /// as the backward pass of a step's last micro-batch completes it ([`SliceOnReady`];
+    /// ZeRO-3's pieces get theirs from their gather's backward); the masters and the
+    /// optimizer state are slices too.
+    Slices,
 }
 
 /// What runs during a step's last backward pass: bucketed all-reduces, or ZeRO-2's slicing.
@@ -81,7 +82,7 @@ impl<B: Backend> GradSync<B> {
             SyncStrategy::Zero1 if need_norm => {
                 sync_grads(self.comm(), params, grads, crate::runtime::DEFAULT_BUCKET_BYTES)
             }
-            SyncStrategy::Zero1 | SyncStrategy::Zero2 => Ok(()),
+            SyncStrategy::Zero1 | SyncStrategy::Slices => Ok(()),
         }
     }
 
@@ -90,7 +91,7 @@ impl<B: Backend> GradSync<B> {
     /// the DDP buckets; `None` otherwise.
     pub fn during_backward(&self, params: &[Tensor<B>], overlap: bool) -> Option<DuringBackward<B>> {
         match (self.strategy, &self.comm) {
-            (SyncStrategy::Zero2, Some(c)) => Some(DuringBackward::Slices(SliceOnReady::new(c.clone(), params))),
+            (SyncStrategy::Slices, Some(c)) => Some(DuringBackward::Slices(SliceOnReady::new(c.clone(), params))),
             _ if overlap => self.overlap(params).map(DuringBackward::Buckets),
             _ => None,
         }
@@ -110,7 +111,7 @@ impl<B: Backend> GradSync<B> {
 
     /// Whether, after [`GradSync::sync`] without a norm, every gradient is summed over `dp`.
     pub fn all_summed(&self, mesh: Mesh) -> bool {
-        matches!(self.strategy, SyncStrategy::Buckets(_) | SyncStrategy::Zero2) || mesh.dp == 1
+        matches!(self.strategy, SyncStrategy::Buckets(_) | SyncStrategy::Slices) || mesh.dp == 1
     }
 
     /// The global gradient norm over every shard (gradients already summed over `dp`, or
@@ -118,7 +119,7 @@ impl<B: Backend> GradSync<B> {
     /// `mp`: slices carry no placement).
     pub fn norm(&self, params: &[Tensor<B>], grads: &GradStore<B>, mp_split: &[bool]) -> Result<f64> {
         match (self.strategy, &self.comm) {
-            (SyncStrategy::Zero2, Some(c)) => slice_norm(c, params, mp_split, grads),
+            (SyncStrategy::Slices, Some(c)) => slice_norm(c, params, mp_split, grads),
             _ => global_grad_norm(self.comm(), params, grads),
         }
     }
@@ -133,7 +134,7 @@ impl<B: Backend> GradSync<B> {
         mp_split: &[bool],
     ) -> Result<f64> {
         match (self.strategy, &self.comm) {
-            (SyncStrategy::Zero2, Some(c)) => clip_slices(c, params, mp_split, grads, max_norm),
+            (SyncStrategy::Slices, Some(c)) => clip_slices(c, params, mp_split, grads, max_norm),
             _ => clip_grad_norm(self.comm(), params, grads, max_norm),
         }
     }

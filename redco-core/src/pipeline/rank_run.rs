@@ -90,8 +90,12 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
         let strategy = match zero {
             ZeroStage::Off => SyncStrategy::Buckets(DEFAULT_BUCKET_BYTES),
             ZeroStage::Optimizer => SyncStrategy::Zero1,
-            ZeroStage::Gradients => SyncStrategy::Zero2,
+            ZeroStage::Gradients | ZeroStage::Parameters => SyncStrategy::Slices,
         };
+        if let Some(pieces) = &state.pieces {
+            // ZeRO-3: the model holds its units' pieces (the refresh above put them in)
+            model.set_param_gather(Some(pieces.clone() as std::sync::Arc<dyn crate::nn::ParamGather<B>>))?;
+        }
         let sync = GradSync::new(Some(rk.comm.clone()), strategy);
         Ok(RankRun { trainer, dep, rk, data, model, state, frozen, sync, cache: HashMap::new() })
     }
@@ -235,7 +239,10 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
                 let g = if scale != 1.0 { crate::no_grad(|| g.scale(1.0 / scale))? } else { g };
                 g32.insert(m, g);
                 params.push(m.clone());
-                split.push(matches!(p.placements().get(MeshAxis::Mp), crate::Placement::Shard(_)));
+                // a ZeRO-3 piece's split is its whole parameter's
+                let layout = self.state.pieces.as_ref().and_then(|u| u.layout(&name)).map(|(_, l)| l.placements);
+                let placed = layout.unwrap_or_else(|| p.placements());
+                split.push(matches!(placed.get(MeshAxis::Mp), crate::Placement::Shard(_)));
             }
         }
         drop(grads);

@@ -46,15 +46,25 @@ pub enum ZeroStage {
     /// updates the slices (any elementwise optimizer: AdamW, SGD); the compute copies are
     /// all-gathered in the compute dtype.
     Gradients,
+    /// Stage 3 (FSDP): stage 2, and the parameters of the model's units
+    /// ([`Module::gather_units`](crate::nn::Module::gather_units), a transformer's blocks)
+    /// are held only as f32 dp-slices: a unit's are all-gathered (in the compute dtype)
+    /// just before it runs and dropped after, gathered again when a recomputed unit runs
+    /// in backward, and their gradients reduce-scattered by the gather's backward. Without
+    /// activation recompute a unit's gathered parameters stay alive, as the activations
+    /// do, until its backward. Parameters outside the units (embeddings, the final norm,
+    /// the head) are treated as at stage 2.
+    Parameters,
 }
 
 impl ZeroStage {
-    /// The stage's number (0, 1, 2).
+    /// The stage's number (0 to 3).
     pub fn number(self) -> u8 {
         match self {
             ZeroStage::Off => 0,
             ZeroStage::Optimizer => 1,
             ZeroStage::Gradients => 2,
+            ZeroStage::Parameters => 3,
         }
     }
 
@@ -64,6 +74,7 @@ impl ZeroStage {
             0 => Some(ZeroStage::Off),
             1 => Some(ZeroStage::Optimizer),
             2 => Some(ZeroStage::Gradients),
+            3 => Some(ZeroStage::Parameters),
             _ => None,
         }
     }
@@ -78,7 +89,7 @@ impl OptimizerConfig {
                 let zero1 = match zero {
                     ZeroStage::Off => c.zero1,
                     ZeroStage::Optimizer => true,
-                    ZeroStage::Gradients => false,
+                    ZeroStage::Gradients | ZeroStage::Parameters => false,
                 };
                 Box::new(AdamW::new(AdamWConfig { zero1, ..c }))
             }

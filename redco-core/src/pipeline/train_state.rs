@@ -5,13 +5,15 @@
 use super::checkpoint::Checkpointer;
 use super::train_config::{TrainConfig, ZeroStage};
 use super::workdir;
+use super::zero::UnitPieces;
 use crate::nn::{Module, ModuleExt};
 use crate::optim::Optimizer;
 use crate::runtime::Comm;
-use crate::sharding::FlatShard;
+use crate::sharding::{FlatShard, ShardLayout};
 use crate::{Backend, DType, Result, Tensor};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Dynamic loss scaling (f16): the scale the loss is multiplied by before backward, halved
 /// when gradients overflow, doubled after `growth_every` overflow-free steps; 1 otherwise.
@@ -72,14 +74,20 @@ pub(crate) struct TrainState<B: Backend> {
     pub best: Option<f64>,
     /// The step the run starts from (0, or the resumed checkpoint's).
     pub start: u64,
-    /// ZeRO-2: the masters (and so the optimizer state) are this rank's dp-slices
+    /// The ZeRO stage the run uses (stages 2 and 3 change what a checkpoint holds).
+    pub zero: ZeroStage,
+    /// ZeRO-2 and 3: the masters (and so the optimizer state) are this rank's dp-slices
     /// ([`FlatShard`]) over this communicator; `None`: whole local shards.
     pub sliced: Option<Comm<B>>,
+    /// ZeRO-3: the parameters the model holds in pieces (its units'), and how to gather
+    /// them; handed to the model ([`Module::set_param_gather`]).
+    pub pieces: Option<Arc<UnitPieces<B>>>,
 }
 
 impl<B: Backend> TrainState<B> {
     /// A fresh state for `model`'s trainable parameters at ZeRO stage `zero` (stage 2:
-    /// each master is this rank's dp-slice).
+    /// each master is this rank's dp-slice; stage 3: the masters of the model's units are
+    /// pieces the model will hold itself, [`TrainState::pieces`]).
     pub(crate) fn new(
         model: &impl Module<B>,
         cfg: &TrainConfig,
@@ -89,27 +97,51 @@ impl<B: Backend> TrainState<B> {
     ) -> Result<Self> {
         let mut opt = cfg.optimizer.build(zero);
         opt.set_comm(Some(comm.clone()));
-        let sliced = (zero == ZeroStage::Gradients).then(|| comm.clone());
-        let mut masters = BTreeMap::new();
+        let sliced = (zero >= ZeroStage::Gradients).then(|| comm.clone());
+        let units = if zero == ZeroStage::Parameters { model.gather_units() } else { Vec::new() };
+        if zero == ZeroStage::Parameters && units.is_empty() {
+            return Err(crate::Error::unsupported(
+                "fit (ZeRO-3)",
+                "this model has no units to gather parameters for (Module::gather_units): use ZeRO-2",
+            ));
+        }
+        let in_unit =
+            |name: &str| units.iter().any(|u| name.strip_prefix(u.as_str()).is_some_and(|r| r.starts_with('.')));
+        let (mut masters, mut layouts) = (BTreeMap::new(), BTreeMap::new());
         for (name, p) in model.trainable_parameters() {
             let m = match &sliced {
-                Some(c) => crate::no_grad(|| FlatShard::of(&p, c).own(c, &p.cast(DType::F32)?))?.into_var(),
+                Some(c) => {
+                    let shard = FlatShard::of(&p, c);
+                    let slice = crate::no_grad(|| shard.own(c, &p.cast(DType::F32)?))?;
+                    if in_unit(&name) {
+                        layouts.insert(name.clone(), (shard, ShardLayout::of(&p)));
+                        shard.piece(&slice).into_var()
+                    } else {
+                        slice.into_var()
+                    }
+                }
                 None => p,
             };
             masters.insert(name, m);
         }
-        Ok(TrainState { masters, opt, scale: LossScale::new(cfg), best, start: 0, sliced })
+        let pieces = (zero == ZeroStage::Parameters)
+            .then(|| Arc::new(UnitPieces::new(comm.clone(), cfg.compute_dtype, layouts)));
+        Ok(TrainState { masters, opt, scale: LossScale::new(cfg), best, start: 0, zero, sliced, pieces })
     }
 
     /// The masters as whole local shards laid out as `model`'s parameters (ZeRO-2's slices
-    /// all-gathered, one all-gather each; otherwise the masters as they are).
+    /// and ZeRO-3's pieces all-gathered, one all-gather each; otherwise the masters as they
+    /// are).
     pub(crate) fn whole_masters(&self, model: &impl Module<B>) -> Result<BTreeMap<String, Tensor<B>>> {
         let Some(c) = &self.sliced else { return Ok(self.masters.clone()) };
         let mut out = BTreeMap::new();
         for (name, p) in model.named_parameters() {
-            if let Some(m) = self.masters.get(&name) {
-                out.insert(name, FlatShard::of(&p, c).gather(c, m, &p)?);
-            }
+            let Some(m) = self.masters.get(&name) else { continue };
+            let whole = match self.pieces.as_ref().filter(|u| u.layout(&name).is_some()) {
+                Some(u) => u.whole_f32(&name, m)?,
+                None => FlatShard::of(&p, c).gather(c, m, &ShardLayout::of(&p))?,
+            };
+            out.insert(name, whole);
         }
         Ok(out)
     }
@@ -125,16 +157,15 @@ impl<B: Backend> TrainState<B> {
     ) -> Result<()> {
         let extra = ckpt.extra(dir)?;
         workdir::check_identity(dir, &extra, &cfg.identity)?;
-        let sliced = |z: Option<&String>| z.is_some_and(|z| z == "2");
-        let saved = extra.get("zero_stage");
-        if sliced(saved) != self.sliced.is_some() {
+        let saved = extra.get("zero_stage").and_then(|z| z.parse::<u8>().ok()).unwrap_or(0);
+        let ours = self.zero.number();
+        if saved != ours && saved.max(ours) >= 2 {
             return Err(crate::Error::config(
                 "resume",
                 format!(
-                    "{} holds {} but this run {}: resume with the stage it was saved with",
-                    dir.display(),
-                    if sliced(saved) { "ZeRO-2 slices of the masters" } else { "whole masters" },
-                    if self.sliced.is_some() { "slices them (ZeRO-2)" } else { "keeps them whole" },
+                    "{} was written at ZeRO-{saved} and this run uses ZeRO-{ours}: stages 2 and 3 hold the masters \
+                     in slices; resume with the stage the checkpoint was saved with",
+                    dir.display()
                 ),
             ));
         }
@@ -149,8 +180,7 @@ impl<B: Backend> TrainState<B> {
     /// run's identity; returns its directory.
     pub(crate) fn save(&self, ckpt: &Checkpointer, comm: &Comm<B>, done: u64, cfg: &TrainConfig) -> Result<PathBuf> {
         let mut extra: BTreeMap<String, String> = self.scale.entries().into_iter().collect();
-        let stage = if self.sliced.is_some() { "2" } else { "0" };
-        extra.insert("zero_stage".into(), stage.into());
+        extra.insert("zero_stage".into(), self.zero.number().to_string());
         extra.extend(workdir::identity_entries(&cfg.identity));
         ckpt.save_with(Some(comm), done, &self.masters, self.opt.as_ref(), extra)
     }
@@ -180,14 +210,18 @@ impl<B: Backend> TrainState<B> {
     /// parameters are left alone.
     pub(crate) fn refresh(&self, model: &mut impl Module<B>, dtype: DType) -> Result<()> {
         let mut err = None;
-        let copy = |m: &Tensor<B>, p: &Tensor<B>| -> Result<Tensor<B>> {
+        let copy = |name: &str, m: &Tensor<B>, p: &Tensor<B>| -> Result<Tensor<B>> {
+            if self.pieces.as_ref().is_some_and(|u| u.layout(name).is_some()) {
+                // ZeRO-3: the model holds the f32 piece and gathers it where it runs
+                return Ok(m.clone());
+            }
             let m = m.cast(dtype)?;
             match &self.sliced {
-                Some(c) => FlatShard::of(p, c).gather(c, &m, p),
+                Some(c) => FlatShard::of(p, c).gather(c, &m, &ShardLayout::of(p)),
                 None => Ok(m),
             }
         };
-        model.visit_mut("", &mut |name, p| match self.masters.get(name).map(|m| copy(m, p)) {
+        model.visit_mut("", &mut |name, p| match self.masters.get(name).map(|m| copy(name, m, p)) {
             Some(Ok(t)) => *p = t.detach().into_var(),
             Some(Err(e)) => err = Some(e),
             // frozen

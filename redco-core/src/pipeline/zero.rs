@@ -1,13 +1,54 @@
-//! ZeRO-2 on the training path: the f32 masters and the gradients held as this rank's
-//! dp-slices ([`FlatShard`]). Gradients are reduce-scattered as the backward pass completes
-//! them ([`SliceOnReady`]), the global norm is taken over the slices ([`slice_norm`]), and
-//! the compute copies are all-gathered from the updated slices
-//! ([`TrainState::refresh`](super::train_state::TrainState::refresh)).
+//! ZeRO-2 and ZeRO-3 on the training path: the f32 masters and the gradients held as this
+//! rank's dp-slices ([`FlatShard`]). Gradients are reduce-scattered as the backward pass
+//! completes them ([`SliceOnReady`]), the global norm is taken over the slices
+//! ([`slice_norm`]), and the compute copies are all-gathered from the updated slices
+//! ([`TrainState::refresh`](super::train_state::TrainState::refresh)). Under ZeRO-3 the
+//! parameters of the model's units (its blocks) are not kept whole at all: the model holds
+//! the f32 pieces themselves and gathers a unit's just before it runs ([`UnitPieces`]).
 
+use crate::nn::ParamGather;
 use crate::runtime::{Comm, ReduceKind};
-use crate::sharding::FlatShard;
-use crate::{no_grad, Backend, DType, GradStore, MeshAxis, Result, Tensor, TensorId};
-use std::collections::HashSet;
+use crate::sharding::{FlatShard, ShardLayout};
+use crate::{no_grad, Backend, DType, GradStore, MeshAxis, Placement, Result, Tensor, TensorId};
+use std::collections::{BTreeMap, HashSet};
+
+/// ZeRO-3's pieces: for each parameter of the model's units held in pieces, its slicing
+/// and its whole layout; gathered over the rank's communicator in the compute dtype.
+pub struct UnitPieces<B: Backend> {
+    comm: Comm<B>,
+    dtype: DType,
+    layouts: BTreeMap<String, (FlatShard, ShardLayout)>,
+}
+
+impl<B: Backend> UnitPieces<B> {
+    /// Pieces gathered over `comm` in `dtype`, for the parameters in `layouts`.
+    pub fn new(comm: Comm<B>, dtype: DType, layouts: BTreeMap<String, (FlatShard, ShardLayout)>) -> Self {
+        UnitPieces { comm, dtype, layouts }
+    }
+
+    /// The slicing and whole layout of parameter `name`, when it is held in pieces.
+    pub fn layout(&self, name: &str) -> Option<&(FlatShard, ShardLayout)> {
+        self.layouts.get(name)
+    }
+
+    /// The whole f32 parameter `name` from its piece (for an export or a checkpoint read
+    /// elsewhere): one all-gather, not recorded.
+    pub fn whole_f32(&self, name: &str, piece: &Tensor<B>) -> Result<Tensor<B>> {
+        match self.layouts.get(name) {
+            Some((shard, layout)) => no_grad(|| shard.gather(&self.comm, piece, layout)),
+            None => Ok(piece.clone()),
+        }
+    }
+}
+
+impl<B: Backend> ParamGather<B> for UnitPieces<B> {
+    fn gather(&self, name: &str, piece: &Tensor<B>) -> Result<Tensor<B>> {
+        match self.layouts.get(name) {
+            Some((shard, layout)) => piece.gather_piece(*shard, &self.comm, layout, self.dtype),
+            None => Ok(piece.clone()),
+        }
+    }
+}
 
 /// Reduce-scatters each gradient of the wanted parameters (in f32) as soon as the backward
 /// pass completes it, and keeps only this rank's slice in the store: the full gradient is
@@ -29,7 +70,8 @@ impl<B: Backend> SliceOnReady<B> {
     /// `p`'s gradient in `grads` is complete: replaced by this rank's f32 slice of its sum
     /// over `dp`.
     pub fn ready(&mut self, p: &Tensor<B>, grads: &mut GradStore<B>) -> Result<()> {
-        if !self.wanted.contains(&p.id()) {
+        // ZeRO-3's pieces get their slices from their gather's backward
+        if !self.wanted.contains(&p.id()) || matches!(p.placements().get(MeshAxis::Dp), Placement::Shard(_)) {
             return Ok(());
         }
         let Some(g) = grads.remove(p) else { return Ok(()) };
@@ -59,7 +101,8 @@ pub fn slice_norm<B: Backend>(
         let (mut over_mp, mut once) = (zero()?, zero()?);
         for (p, &s) in params.iter().zip(split) {
             let Some(g) = grads.get(p) else { continue };
-            let sq = g.cast(dt)?.square()?.sum_all()?;
+            let local = Tensor::from_storage(g.backend(), g.storage().clone(), g.local_shape().clone(), g.dtype());
+            let sq = local.cast(dt)?.square()?.sum_all()?;
             if s {
                 over_mp = over_mp.add(&sq)?;
             } else {

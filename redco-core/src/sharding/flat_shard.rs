@@ -7,7 +7,25 @@
 
 use crate::runtime::Comm;
 use crate::sharding::axis_index::own_chunk;
-use crate::{Backend, MeshAxis, PartialOp, Placement, Result, Shape, Tensor};
+use crate::{Backend, MeshAxis, PartialOp, Placement, Placements, Result, Shape, Tensor};
+
+/// Where a rank's local shard sits in its global tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardLayout {
+    /// The global shape.
+    pub shape: Shape,
+    /// The local shard's shape.
+    pub local: Shape,
+    /// The placements.
+    pub placements: Placements,
+}
+
+impl ShardLayout {
+    /// `t`'s layout.
+    pub fn of<B: Backend>(t: &Tensor<B>) -> Self {
+        ShardLayout { shape: t.shape().clone(), local: t.local_shape().clone(), placements: t.placements() }
+    }
+}
 
 /// The flat dp-slicing of a local shard of `n` elements over `dp` members.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,16 +83,24 @@ impl FlatShard {
         Ok(Tensor::from_storage(g.backend(), s, [self.per], g.dtype()))
     }
 
+    /// This member's slice `slice` (`[per]`, plain) as a piece of the padded flat buffer:
+    /// global shape `[dp * per]`, split over `dp` (ZeRO-3 holds parameters so).
+    pub fn piece<B: Backend>(&self, slice: &Tensor<B>) -> Tensor<B> {
+        let placed = Placements::default().with(MeshAxis::Dp, Placement::Shard(0));
+        let (shape, local) = (Shape::new([self.padded()]), Shape::new([self.per]));
+        Tensor::from_local(slice.backend(), slice.storage().clone(), shape, local, placed, slice.dtype())
+    }
+
     /// The members' slices gathered back into a local shard laid out as `like` (its global
     /// shape, local shape and placements, replicated over `dp`), in the slice's dtype: one
-    /// all-gather of `slice`.
-    pub fn gather<B: Backend>(&self, comm: &Comm<B>, slice: &Tensor<B>, like: &Tensor<B>) -> Result<Tensor<B>> {
+    /// all-gather of `slice` (its local storage).
+    pub fn gather<B: Backend>(&self, comm: &Comm<B>, slice: &Tensor<B>, like: &ShardLayout) -> Result<Tensor<B>> {
         let b = slice.backend();
         let bytes = self.padded() * slice.dtype().size_in_bytes();
         let full = comm.all_gather(MeshAxis::Dp, slice.storage(), bytes)?;
         let local =
             if self.padded() == self.n { full } else { b.narrow(&full, &Shape::new([self.padded()]), 0, 0, self.n)? };
-        let placed = like.placements().with(MeshAxis::Dp, Placement::Replicate);
-        Ok(Tensor::from_local(b, local, like.shape().clone(), like.local_shape().clone(), placed, slice.dtype()))
+        let placed = like.placements.with(MeshAxis::Dp, Placement::Replicate);
+        Ok(Tensor::from_local(b, local, like.shape.clone(), like.local.clone(), placed, slice.dtype()))
     }
 }

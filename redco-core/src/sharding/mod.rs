@@ -13,5 +13,5 @@ pub mod flat_shard;
 pub mod redistribute;
 pub(crate) mod rules;
 
-pub use flat_shard::FlatShard;
+pub use flat_shard::{FlatShard, ShardLayout};
 pub use redistribute::axis_sizes;

@@ -104,3 +104,125 @@ fn zero2_resumes_exactly_and_refuses_a_checkpoint_of_another_stage() {
     assert_eq!(resumed.losses, all.losses[4..].to_vec(), "the continued losses");
     assert_eq!(read_model(&split.workdir), read_model(&whole.workdir), "masters and moments are checkpointed");
 }
+
+mod zero3 {
+    //! ZeRO-3 on the real LLaMA: its decoder layers held as f32 pieces and gathered per
+    //! layer, against DDP at the same mesh.
+
+    use super::{corpus, workdir};
+    use redco_core::nn::{Module, ModuleExt};
+    use redco_core::optim::{AdamWConfig, Decay, Schedule};
+    use redco_core::pipeline::{Batch, Deployer, FitReport, OptimizerConfig, StepCtx, TrainConfig, Trainer, ZeroStage};
+    use redco_core::runtime::CollectiveKind;
+    use redco_core::{Backend, DType, MeshAxis, Result, Tensor};
+    use redco_models::hf::config::HfConfig;
+    use redco_models::llama::Llama;
+
+    fn cfg() -> HfConfig {
+        HfConfig::from_json(
+            r#"{"model_type":"llama","hidden_size":32,"intermediate_size":48,"num_attention_heads":4,
+                "num_key_value_heads":2,"num_hidden_layers":2,"vocab_size":16,"rope_theta":10000.0,
+                "tie_word_embeddings":false,"max_position_embeddings":64}"#,
+        )
+        .unwrap()
+    }
+
+    fn collate<B: Backend>(b: &B, ex: &[Vec<i64>]) -> Result<Batch<B>> {
+        let t = ex[0].len();
+        let ids: Vec<i64> = ex.iter().flatten().copied().collect();
+        Ok(Batch::from([("input_ids".to_string(), Tensor::from_vec(b, ids, [ex.len(), t])?)]))
+    }
+
+    fn train_config(zero: ZeroStage, dtype: DType, steps: u64) -> TrainConfig {
+        TrainConfig {
+            batch_size: 8,
+            steps,
+            schedule: Schedule { peak: 3e-3, warmup: 2, total: steps, decay: Decay::Cosine },
+            optimizer: OptimizerConfig::AdamW(AdamWConfig { weight_decay: 0.01, ..Default::default() }),
+            clip_norm: Some(1.0),
+            log_every: 100,
+            compute_dtype: dtype,
+            zero,
+            ..Default::default()
+        }
+    }
+
+    fn run(
+        name: &str,
+        mesh: &str,
+        zero: ZeroStage,
+        dtype: DType,
+        recompute: bool,
+    ) -> (FitReport, Vec<(String, Vec<u8>)>) {
+        let data = corpus().sequences(0, 256);
+        let dep = Deployer::new(mesh.parse().unwrap(), 3, &workdir(name)).unwrap();
+        let trainer = Trainer::new(
+            move |b| {
+                let mut m = Llama::new(b, &cfg(), DType::F32, 9)?;
+                m.set_recompute(recompute);
+                Ok(m)
+            },
+            collate,
+            |_: &StepCtx<_>, m: &Llama<_>, b: &Batch<_>| m.loss(&b["input_ids"], None, &b["input_ids"]),
+            train_config(zero, dtype, 20),
+        );
+        let r = trainer.fit(&dep, &data, false).unwrap();
+        (r, super::read_model(&dep.workdir))
+    }
+
+    fn floats(v: &[u8]) -> Vec<f64> {
+        v.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect()
+    }
+
+    #[test]
+    fn zero3_trains_as_ddp_does_with_and_without_recompute_at_4x1_and_2x2_in_f32_and_bf16() {
+        let cases = [
+            ("4x1", DType::F32, false),
+            ("4x1", DType::F32, true),
+            ("2x2", DType::F32, true),
+            ("2x2", DType::BF16, false),
+            ("2x1", DType::BF16, true),
+        ];
+        for (mesh, dtype, recompute) in cases {
+            let tag = format!("{mesh}-{dtype:?}-{recompute}");
+            let (a, ma) = run(&format!("z3-ddp-{tag}"), mesh, ZeroStage::Off, dtype, recompute);
+            let (b, mb) = run(&format!("z3-{tag}"), mesh, ZeroStage::Parameters, dtype, recompute);
+            for (i, (x, y)) in a.losses.iter().zip(&b.losses).enumerate() {
+                assert!((x - y).abs() <= 1e-5 * x.abs(), "{tag}: step {i}: DDP {x}, ZeRO-3 {y}");
+            }
+            assert_eq!(a.losses.len(), 20);
+            for ((n, x), (m, y)) in ma.iter().zip(&mb) {
+                assert_eq!(n, m);
+                redco_tests::check::assert_close(&floats(x), &floats(y), 1e-5, &format!("{tag}: {n}"));
+            }
+        }
+    }
+
+    /// Per step at dp = 4 (one micro-batch): one all-gather per layer parameter for the
+    /// forward and one more where the layer is recomputed; one all-gather of every other
+    /// parameter's compute copy after the update; one reduce-scatter per parameter.
+    #[test]
+    fn zero3_gathers_each_layer_for_its_forward_and_again_for_its_recomputation() {
+        let model = Llama::<redco_core::cpu::Cpu>::new(&Default::default(), &cfg(), DType::F32, 9).unwrap();
+        let names: Vec<String> = model.named_parameters().into_iter().map(|(n, _)| n).collect();
+        let units = model.gather_units();
+        let in_unit = names.iter().filter(|n| units.iter().any(|u| n.starts_with(&format!("{u}.")))).count() as u64;
+        let others = names.len() as u64 - in_unit;
+        assert!(in_unit > 0 && others > 0);
+        for recompute in [false, true] {
+            let (r, _) = run(&format!("z3-count-{recompute}"), "4x1", ZeroStage::Parameters, DType::F32, recompute);
+            let steps = 20u64;
+            for (rank, st) in &r.comm {
+                let ag = st.get(CollectiveKind::AllGather, MeshAxis::Dp).calls;
+                let rs = st.get(CollectiveKind::ReduceScatter, MeshAxis::Dp).calls;
+                let per_unit = if recompute { 2 } else { 1 };
+                assert_eq!(
+                    ag,
+                    steps * (in_unit * per_unit + others),
+                    "rank {rank}, recompute {recompute}: all-gathers"
+                );
+                assert_eq!(rs, steps * (in_unit + others), "rank {rank}, recompute {recompute}: reduce-scatters");
+            }
+        }
+    }
+}
