@@ -35,7 +35,8 @@ pub struct Workload {
     /// Bytes per parameter and activation element (4 for f32, 2 for bf16).
     pub dtype_bytes: usize,
     /// ZeRO stage over `dp`: 0 (nothing sharded), 1 (AdamW's moments), 2 (the f32
-    /// masters, the moments and the gradients).
+    /// masters, the moments and the gradients), 3 (also the parameters of the decoder
+    /// layers, gathered per layer: [`is_unit_param`]).
     pub zero: u8,
     /// Recompute each transformer layer in the backward pass (activation checkpointing):
     /// one hidden state kept per layer, one more forward per layer.
@@ -87,6 +88,26 @@ fn count(pl: Placement) -> bool {
     matches!(pl, Placement::Shard(_))
 }
 
+/// Whether parameter `name` belongs to a decoder layer (a ZeRO-3 unit: Hugging Face's
+/// `model.layers.N.`, `model.decoder.layers.N.`, `transformer.h.N.`).
+pub fn is_unit_param(name: &str) -> bool {
+    name.contains("layers.") || name.starts_with("transformer.h.")
+}
+
+/// Elements of `plan`'s local shards per rank: (in decoder layers, elsewhere).
+fn local_elems(plan: &ShardPlan) -> (u64, u64) {
+    let (mut unit, mut other) = (0u64, 0u64);
+    for (name, p) in &plan.params {
+        let n = p.shape.elem_count() as u64 / if count(p.placement) { plan.mesh.mp as u64 } else { 1 };
+        if is_unit_param(name) {
+            unit += n;
+        } else {
+            other += n;
+        }
+    }
+    (unit, other)
+}
+
 /// Predicts one training step's collectives for `plan`.
 ///
 /// Model-parallel axis (Megatron): one all-reduce of `local_batch x seq x hidden` per pair
@@ -97,7 +118,8 @@ fn count(pl: Placement) -> bool {
 /// gradients summed in 25 MB buckets, or, with ZeRO-1 and ZeRO-2, a reduce-scatter (of the
 /// f32 gradient) and an all-gather per parameter (ZeRO-1: of the f32 master; ZeRO-2: of
 /// the compute copy, in the compute dtype) of its local shard padded to a multiple of
-/// `dp`. Gradient clipping's norm (one scalar all-reduce per axis) is not counted.
+/// `dp`; ZeRO-3 gathers a decoder layer's parameters for its forward, and again for its
+/// recomputation. Gradient clipping's norm (one scalar all-reduce per axis) is not counted.
 pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> CommStats {
     let mesh = plan.mesh;
     let mut st = CommStats::default();
@@ -118,26 +140,26 @@ pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> Comm
     }
     if mesh.dp > 1 {
         st.record(CollectiveKind::AllReduce, MeshAxis::Dp, work.dtype_bytes as u64);
-        let local: Vec<u64> = plan
+        let local: Vec<(u64, bool)> = plan
             .params
-            .values()
-            .map(|p| {
+            .iter()
+            .map(|(name, p)| {
                 let n = p.shape.elem_count() as u64;
-                if count(p.placement) {
-                    n / mesh.mp as u64
-                } else {
-                    n
-                }
+                (if count(p.placement) { n / mesh.mp as u64 } else { n }, is_unit_param(name))
             })
             .collect();
         if work.zero > 0 {
             let gathered = if work.zero == 1 { 4 } else { work.dtype_bytes as u64 };
-            for n in local {
+            for (n, unit) in local {
                 let padded = n.div_ceil(mesh.dp as u64) * mesh.dp as u64;
                 st.record(CollectiveKind::ReduceScatter, MeshAxis::Dp, padded * 4);
-                st.record(CollectiveKind::AllGather, MeshAxis::Dp, padded * gathered);
+                let times = if work.zero == 3 && unit && work.recompute { 2 } else { 1 };
+                for _ in 0..times {
+                    st.record(CollectiveKind::AllGather, MeshAxis::Dp, padded * gathered);
+                }
             }
         } else {
+            let local = local.into_iter().map(|(n, _)| n);
             let mut bucket = 0u64;
             for n in local {
                 bucket += n * work.dtype_bytes as u64;
@@ -159,7 +181,10 @@ pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> Comm
 /// with recompute, each layer keeps only its input (`s*b*h` elements) and one layer's
 /// activations live at a time, during its recomputation. ZeRO stage `zero`: 1 divides the
 /// moments by `dp`; 2 also the f32 masters and the gradients (kept as f32 slices, plus one
-/// layer's full gradients in flight during backward).
+/// layer's full gradients in flight during backward); 3 also the decoder layers'
+/// parameters, held as f32 slices (they are the masters) and gathered per layer: two
+/// layers whole at a time with recompute (the one running and the one being
+/// differentiated), every layer whole from its forward to its backward without.
 pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero: u8) -> Memory {
     let mesh = plan.mesh;
     let params = plan.bytes_per_rank(work.dtype_bytes) as u64;
@@ -168,11 +193,21 @@ pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero: u
     let moments = 2 * 4 * n_local / dp;
     // f32 masters: the parameters themselves in an f32 run below stage 2
     let masters = match (zero, work.dtype_bytes) {
-        (2, _) => 4 * n_local / dp,
+        (2 | 3, _) => 4 * n_local / dp,
         (_, 4) => 0,
         _ => 4 * n_local,
     };
-    let grads = if zero == 2 && mesh.dp > 1 { 4 * n_local / dp + params / dims.layers.max(1) as u64 } else { params };
+    let layer = params / dims.layers.max(1) as u64;
+    let grads = if zero >= 2 && mesh.dp > 1 { 4 * n_local / dp + layer } else { params };
+    let (params, masters) = if zero == 3 && mesh.dp > 1 {
+        let (unit, other) = local_elems(plan);
+        let db = work.dtype_bytes as u64;
+        let whole = if work.recompute { 2 * unit / dims.layers.max(1) as u64 } else { unit };
+        // pieces (the units' masters), the others' compute copies, the units gathered
+        (4 * unit / dp + other * db + whole * db, 4 * other / dp)
+    } else {
+        (params, masters)
+    };
     let (s, b, h, a, t) =
         (work.seq as f64, (work.batch / mesh.dp).max(1) as f64, dims.hidden as f64, dims.heads as f64, mesh.mp as f64);
     let per_layer = s * b * h * (10.0 + 24.0 / t + 5.0 * a * s / (h * t)) * work.dtype_bytes as f64 / 2.0;

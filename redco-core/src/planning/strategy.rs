@@ -1,5 +1,5 @@
 //! Choosing the memory tools of a training run: for a plan on its mesh, every combination
-//! of the tools redco has (ZeRO-1 and ZeRO-2 over `dp`, per-layer activation recompute) with its
+//! of the tools redco has (ZeRO-1, 2 and 3 over `dp`, per-layer activation recompute) with its
 //! predicted per-rank peak memory, the bytes it moves per step and the activation bytes it
 //! recomputes, whether it fits a device budget, and the pick: among those that fit, the one
 //! that moves and recomputes the fewest bytes (the tool's promise is that the user does not
@@ -12,7 +12,7 @@ use std::fmt;
 /// One combination of memory tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Strategy {
-    /// ZeRO stage over `dp` (0, 1 or 2).
+    /// ZeRO stage over `dp` (0 to 3).
     pub zero: u8,
     /// Recompute each transformer layer in the backward pass.
     pub recompute: bool,
@@ -51,7 +51,7 @@ impl StrategyRow {
 /// `budget` bytes per rank; `extra` bytes per rank are added to each peak (f32 master
 /// weights of a 16-bit run, say).
 pub fn strategies(plan: &ShardPlan, dims: &ModelDims, work: &Workload, budget: u64, extra: u64) -> Vec<StrategyRow> {
-    let zeros: &[u8] = if plan.mesh.dp > 1 { &[0, 1, 2] } else { &[0] };
+    let zeros: &[u8] = if plan.mesh.dp > 1 { &[0, 1, 2, 3] } else { &[0] };
     let kept = train_memory(plan, dims, &Workload { recompute: false, ..*work }, 0).activations;
     let mut rows = Vec::new();
     for &zero in zeros {
@@ -108,7 +108,7 @@ mod tests {
         let (plan, dims) = llama(Mesh { dp: 4, mp: 1 });
         let work = Workload { batch: 8, seq: 512, dtype_bytes: 4, zero: 0, recompute: false };
         let all = strategies(&plan, &dims, &work, u64::MAX, 0);
-        assert_eq!(all.len(), 6);
+        assert_eq!(all.len(), 8);
         // everything fits: nothing recomputed, no ZeRO (DDP's buckets move the fewest bytes)
         assert_eq!(all[pick(&all).unwrap()].strategy, Strategy { zero: 0, recompute: false });
         let peak = |s: Strategy| all.iter().find(|r| r.strategy == s).unwrap().memory.total();
@@ -122,15 +122,18 @@ mod tests {
             (peak(Strategy { zero: 2, recompute: false }), peak(Strategy { zero: 2, recompute: true }));
         assert!(both < zero && both < rec && zero < plain && rec < plain);
         assert!(zero2 < zero && least < both && least < zero2);
+        let (zero3, fsdp) = (peak(Strategy { zero: 3, recompute: false }), peak(Strategy { zero: 3, recompute: true }));
+        // without recompute every layer is whole from its forward to its backward: the peak of ZeRO-2
+        assert!(zero3 <= zero2 && fsdp < least && fsdp < zero3, "ZeRO-3 with recompute holds the least");
         // a budget between each peak picks the cheapest strategy under it
-        for budget in [plain, zero.max(rec), zero.min(rec), both, zero2, least] {
+        for budget in [plain, zero.max(rec), zero.min(rec), both, zero2, least, zero3, fsdp] {
             let rows = strategies(&plan, &dims, &work, budget, 0);
             let i = pick(&rows).unwrap();
             assert!(rows[i].memory.total() <= budget);
             let cheaper_fit = rows.iter().any(|r| r.fits && r.cost() < rows[i].cost());
             assert!(!cheaper_fit, "budget {budget}: picked {}", rows[i].strategy);
         }
-        assert_eq!(pick(&strategies(&plan, &dims, &work, least - 1, 0)), None);
+        assert_eq!(pick(&strategies(&plan, &dims, &work, fsdp - 1, 0)), None);
         // the recomputed bytes are the activations not kept; recompute moves bytes only under mp
         let r = all.iter().find(|r| r.strategy == Strategy { zero: 0, recompute: true }).unwrap();
         assert_eq!(r.recomputed_bytes, all[0].memory.activations - r.memory.activations);

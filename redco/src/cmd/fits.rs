@@ -49,7 +49,7 @@ pub fn choose_strategy(
     let rows: Vec<_> = strategies(&plan, &cfg.dims(), &work, budget, masters)
         .into_iter()
         .filter(|r| r.strategy.zero == zero && recompute.is_none_or(|want| r.strategy.recompute == want))
-        .filter(|r| can_recompute || !r.strategy.recompute)
+        .filter(|r| can_recompute || (!r.strategy.recompute && r.strategy.zero < 3))
         .collect();
     if let Some(i) = pick(&rows) {
         let r = &rows[i];

@@ -30,9 +30,9 @@ pub struct PlanArgs {
     /// Parameter and activation dtype: f32, bf16 or f16.
     #[arg(long, default_value = "bf16")]
     pub dtype: String,
-    /// ZeRO stage over dp, as `train --zero`: 0, 1 (AdamW's moments sharded) or 2 (also
-    /// the f32 masters and the gradients).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
+    /// ZeRO stage over dp, as `train --zero`: 0, 1 (AdamW's moments sharded), 2 (also the
+    /// f32 masters and the gradients) or 3 (also the decoder layers' parameters).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: u8,
     /// Activation recompute, as `train --recompute`: none, or block (each layer recomputed
     /// in the backward pass; memory and communication estimated so).

@@ -201,7 +201,7 @@ fn cases(t: &Scratch) -> Vec<Case> {
         train_case("flag", &["--schedule", "step"], &["--schedule", "step"]),
         train_case("flag", &["--optimizer", "lamb"], &["--optimizer", "lamb"]),
         train_case("flag", &["--recompute", "everything"], &["--recompute", "everything"]),
-        train_case("flag", &["--zero", "3"], &["--zero 3", "not implemented"]),
+        train_with("flag", &["--model", &opt], &["--zero", "3", "--mesh", "2x1"], &["--zero 3", "opt"]),
         train_case("flag", &["--zero", "4"], &["--zero", "4"]),
         train_case("flag", &["--zero", "1", "--optimizer", "sgd"], &["--zero 1", "sgd"]),
         train_with("flag", &["--model", &opt], &["--recompute", "block"], &["--recompute block", "opt"]),

@@ -258,7 +258,7 @@ fn recompute_block_trains_as_keeping_activations_does_and_other_models_refuse_it
 }
 
 #[test]
-fn zero1_and_zero2_train_as_replicated_adamw_does_and_a_resume_keeps_the_stage() {
+fn zero_stages_1_to_3_train_as_replicated_adamw_does_and_a_resume_keeps_the_stage() {
     // the same run at 2x1 with the training state whole on each rank and sharded over dp
     let run = |zero: &str, w: &std::path::Path| {
         redco(&[
@@ -283,7 +283,7 @@ fn zero1_and_zero2_train_as_replicated_adamw_does_and_a_resume_keeps_the_stage()
             s(w),
         ])
     };
-    let (w0, w1, w2) = (tmp("zero-0"), tmp("zero-1"), tmp("zero-2"));
+    let (w0, w1, w2, w3) = (tmp("zero-0"), tmp("zero-1"), tmp("zero-2"), tmp("zero-3"));
     let (code, out, err) = run("0", &w0);
     assert_eq!(code, 0, "{out}\n{err}");
     let (code, out, err) = run("1", &w1);
@@ -292,9 +292,12 @@ fn zero1_and_zero2_train_as_replicated_adamw_does_and_a_resume_keeps_the_stage()
     let (code, out, err) = run("2", &w2);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("gradients sharded over dp (ZeRO-2)"), "{out}");
+    let (code, out, err) = run("3", &w3);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("each layer gathered where it runs (ZeRO-3)"), "{out}");
     let a = losses(&w0);
     assert_eq!(a.len(), 6);
-    for (stage, b) in [("ZeRO-1", losses(&w1)), ("ZeRO-2", losses(&w2))] {
+    for (stage, b) in [("ZeRO-1", losses(&w1)), ("ZeRO-2", losses(&w2)), ("ZeRO-3", losses(&w3))] {
         for (i, (x, y)) in a.iter().zip(&b).enumerate() {
             assert!((x - y).abs() <= 1e-5 * x.abs(), "step {}: {x} replicated, {y} {stage}", i + 1);
         }
@@ -303,6 +306,11 @@ fn zero1_and_zero2_train_as_replicated_adamw_does_and_a_resume_keeps_the_stage()
         std::fs::read(w0.join("model.safetensors")).unwrap().len(),
         std::fs::read(w2.join("model.safetensors")).unwrap().len(),
         "ZeRO-2 exports the whole model"
+    );
+    assert_eq!(
+        std::fs::read(w0.join("model.safetensors")).unwrap().len(),
+        std::fs::read(w3.join("model.safetensors")).unwrap().len(),
+        "ZeRO-3 exports the whole model"
     );
     // a ZeRO-1 run resumed without it is refused, naming the stage
     let (code, _, err) = redco(&[
@@ -325,7 +333,7 @@ fn zero1_and_zero2_train_as_replicated_adamw_does_and_a_resume_keeps_the_stage()
     ]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("zero"), "{err}");
-    for w in [w0, w1, w2] {
+    for w in [w0, w1, w2, w3] {
         let _ = std::fs::remove_dir_all(&w);
     }
 }

@@ -73,10 +73,11 @@ pub struct TrainArgs {
     #[arg(long, value_enum)]
     pub recompute: Option<Recompute>,
     /// ZeRO stage over the data-parallel ranks: 0 (every rank holds the whole training
-    /// state), 1 (AdamW's moments sharded over dp) or 2 (also the f32 master weights and
-    /// the gradients, reduce-scattered during backward; any optimizer). Every stage gives
-    /// the same results; a run resumes with the stage it was written with. 3 is not
-    /// implemented yet.
+    /// state), 1 (AdamW's moments sharded over dp), 2 (also the f32 master weights and
+    /// the gradients, reduce-scattered during backward; any optimizer) or 3 (FSDP: also
+    /// the decoder layers' parameters, each layer gathered just before it runs; LLaMA
+    /// models). Every stage gives the same results; a run resumes with the stage it was
+    /// written with.
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: Option<u8>,
     /// Compute dtype: f32, or bf16 / f16 (with f32 master weights).

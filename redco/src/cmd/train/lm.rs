@@ -226,6 +226,9 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
             match strategy.zero {
                 1 => "AdamW state sharded over dp (ZeRO-1), ",
                 2 => "f32 masters, AdamW state and gradients sharded over dp (ZeRO-2), ",
+                3 =>
+                    "parameters, f32 masters, AdamW state and gradients sharded over dp, each layer gathered where \
+                      it runs (ZeRO-3), ",
                 _ => "",
             },
             if strategy.recompute { "each layer recomputed in the backward pass" } else { "activations kept" }

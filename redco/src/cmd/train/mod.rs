@@ -78,11 +78,6 @@ pub fn run(mut a: TrainArgs) -> Result<(), String> {
     }
     let compute = check::dtype(&a.dtype)?;
     match a.zero {
-        Some(3) => {
-            return Err("--zero 3: ZeRO-3 (parameters sharded over dp) is not implemented yet; --zero 2 shards the \
-                        masters, optimizer state and gradients, --recompute block drops activations"
-                .into())
-        }
         Some(1) if a.optimizer != "adamw" => {
             return Err(format!(
                 "--zero 1 shards AdamW's moments; --optimizer {} has none to shard (--zero 2 shards its masters and \
@@ -157,6 +152,13 @@ pub fn run(mut a: TrainArgs) -> Result<(), String> {
         return Err(format!(
             "--recompute {} is implemented for LLaMA models; this model is {} (train it without --recompute)",
             r.name(),
+            cfg.model_type
+        ));
+    }
+    if a.zero == Some(3) && !matches!(cfg.model_type.as_str(), "llama" | "mistral") {
+        return Err(format!(
+            "--zero 3 gathers parameters per decoder layer, implemented for LLaMA models; this model is {} (--zero 2 \
+             shards its masters, optimizer state and gradients)",
             cfg.model_type
         ));
     }
