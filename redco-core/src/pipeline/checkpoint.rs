@@ -204,6 +204,21 @@ impl Checkpointer {
         opt: &dyn Optimizer<B>,
         extra: BTreeMap<String, String>,
     ) -> Result<PathBuf> {
+        self.save_laid_out(comm, step, model, opt, extra, None)
+    }
+
+    /// [`Checkpointer::save_with`] for state held in pieces (ZeRO-2/3 slices): the manifest
+    /// records each parameter's whole layout from `layouts` (global shape, model-parallel
+    /// placement), so a run at another mesh or stage can reassemble it.
+    pub(crate) fn save_laid_out<B: Backend, M: Module<B> + ?Sized>(
+        &self,
+        comm: Option<&Comm<B>>,
+        step: u64,
+        model: &M,
+        opt: &dyn Optimizer<B>,
+        extra: BTreeMap<String, String>,
+        layouts: Option<&BTreeMap<String, crate::sharding::ShardLayout>>,
+    ) -> Result<PathBuf> {
         let (rank, mesh) = comm.map_or((0, Mesh::single()), |c| (c.rank(), c.mesh()));
         let tmp = self.dir.join(format!("step-{step:08}.tmp"));
         fs::create_dir_all(&tmp).map_err(|e| Error::io("checkpoint", "cannot create", &tmp, e))?;
@@ -212,7 +227,11 @@ impl Checkpointer {
             Manifest { step, mesh: mesh.to_string(), params: BTreeMap::new(), extra, files: BTreeMap::new() };
         for (name, p) in model.named_parameters() {
             tensors.push((format!("param/{name}"), p.local_to_host()?, p.local_shape().dims().to_vec()));
-            manifest.params.insert(name, (p.dims().to_vec(), placement_str(p.placements().get(crate::MeshAxis::Mp))));
+            let (dims, placed) = match layouts.and_then(|l| l.get(&name)) {
+                Some(l) => (l.shape.dims().to_vec(), l.placements),
+                None => (p.dims().to_vec(), p.placements()),
+            };
+            manifest.params.insert(name, (dims, placement_str(placed.get(crate::MeshAxis::Mp))));
         }
         for (key, t) in opt.state_tensors() {
             tensors.push((format!("opt/{key}"), t.local_to_host()?, t.local_shape().dims().to_vec()));

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod observe;
 mod predictor;
 mod rank_run;
+mod reshard;
 pub mod run_dir;
 mod step;
 pub mod synthetic;

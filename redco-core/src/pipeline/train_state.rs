@@ -2,7 +2,8 @@
 //! weights, the optimizer, the f16 loss scale, the best eval so far and the step it
 //! starts from; restored from a checkpoint and saved as one.
 
-use super::checkpoint::Checkpointer;
+use super::checkpoint::{Checkpointer, Manifest};
+use super::reshard::{self, Saved, SavedFiles};
 use super::train_config::{TrainConfig, ZeroStage};
 use super::workdir;
 use super::zero::UnitPieces;
@@ -82,6 +83,9 @@ pub(crate) struct TrainState<B: Backend> {
     /// ZeRO-3: the parameters the model holds in pieces (its units'), and how to gather
     /// them; handed to the model ([`Module::set_param_gather`]).
     pub pieces: Option<Arc<UnitPieces<B>>>,
+    /// Each trainable parameter's whole layout at this mesh (what a checkpoint records, and
+    /// what a checkpoint of another mesh or stage is cut for).
+    pub layouts: BTreeMap<String, ShardLayout>,
 }
 
 impl<B: Backend> TrainState<B> {
@@ -107,8 +111,9 @@ impl<B: Backend> TrainState<B> {
         }
         let in_unit =
             |name: &str| units.iter().any(|u| name.strip_prefix(u.as_str()).is_some_and(|r| r.starts_with('.')));
-        let (mut masters, mut layouts) = (BTreeMap::new(), BTreeMap::new());
+        let (mut masters, mut layouts, mut whole) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
         for (name, p) in model.trainable_parameters() {
+            whole.insert(name.clone(), ShardLayout::of(&p));
             let m = match &sliced {
                 Some(c) => {
                     let shard = FlatShard::of(&p, c);
@@ -126,7 +131,8 @@ impl<B: Backend> TrainState<B> {
         }
         let pieces = (zero == ZeroStage::Parameters)
             .then(|| Arc::new(UnitPieces::new(comm.clone(), cfg.compute_dtype, layouts)));
-        Ok(TrainState { masters, opt, scale: LossScale::new(cfg), best, start: 0, zero, sliced, pieces })
+        let scale = LossScale::new(cfg);
+        Ok(TrainState { masters, opt, scale, best, start: 0, zero, sliced, pieces, layouts: whole })
     }
 
     /// The masters as whole local shards laid out as `model`'s parameters (ZeRO-2's slices
@@ -157,21 +163,31 @@ impl<B: Backend> TrainState<B> {
     ) -> Result<()> {
         let extra = ckpt.extra(dir)?;
         workdir::check_identity(dir, &extra, &cfg.identity)?;
-        let saved = extra.get("zero_stage").and_then(|z| z.parse::<u8>().ok()).unwrap_or(0);
+        let saved_stage = extra.get("zero_stage").and_then(|z| z.parse::<u8>().ok()).unwrap_or(0);
         let ours = self.zero.number();
-        if saved != ours && saved.max(ours) >= 2 {
-            return Err(crate::Error::config(
-                "resume",
-                format!(
-                    "{} was written at ZeRO-{saved} and this run uses ZeRO-{ours}: stages 2 and 3 hold the masters \
-                     in slices; resume with the stage the checkpoint was saved with",
-                    dir.display()
-                ),
-            ));
-        }
-        self.start = ckpt
-            .load(Some(comm), dir, &mut self.masters, self.opt.as_mut())
-            .map_err(|e| workdir::with_older_hint(e, ckpt, step))?;
+        let manifest = Manifest::read(dir)?;
+        let mesh = comm.mesh();
+        self.start = if manifest.mesh == mesh.to_string() && saved_stage == ours && ours < 2 {
+            ckpt.load(Some(comm), dir, &mut self.masters, self.opt.as_mut())
+                .map_err(|e| workdir::with_older_hint(e, ckpt, step))?
+        } else {
+            // another mesh or stage, or state in slices: each tensor reassembled and cut
+            let saved = Saved::of(&manifest, saved_stage)?;
+            let files = SavedFiles::open(dir, &manifest, saved)?;
+            let opt_sliced = ours >= 1 && mesh.dp > 1;
+            let state =
+                reshard::restore(&files, comm, &self.layouts, &mut self.masters, (self.sliced.is_some(), opt_sliced))
+                    .map_err(|e| workdir::with_older_hint(e, ckpt, step))?;
+            self.opt.load_state(files.opt_steps().unwrap_or(manifest.step), state)?;
+            if comm.rank() == 0 && (manifest.mesh != mesh.to_string() || saved_stage != ours) {
+                tracing::info!(
+                    from = %format!("mesh {} ZeRO-{saved_stage}", manifest.mesh),
+                    to = %format!("mesh {mesh} ZeRO-{ours}"),
+                    "checkpoint resharded"
+                );
+            }
+            manifest.step
+        };
         self.scale.restore(&extra);
         Ok(())
     }
@@ -182,7 +198,8 @@ impl<B: Backend> TrainState<B> {
         let mut extra: BTreeMap<String, String> = self.scale.entries().into_iter().collect();
         extra.insert("zero_stage".into(), self.zero.number().to_string());
         extra.extend(workdir::identity_entries(&cfg.identity));
-        ckpt.save_with(Some(comm), done, &self.masters, self.opt.as_ref(), extra)
+        let layouts = self.sliced.as_ref().map(|_| &self.layouts);
+        ckpt.save_laid_out(Some(comm), done, &self.masters, self.opt.as_ref(), extra, layouts)
     }
 
     /// Whether eval value `v` beats the best so far (the first one always does); records it

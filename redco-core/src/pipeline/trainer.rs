@@ -386,7 +386,9 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
     /// Every local rank's run, as one report.
     fn train(&self, dep: &Deployer<B>, data: &dyn Dataset<E>, p: Prepared<B>, run: &RunDir) -> Result<FitReport> {
         let Prepared { plan, compiled } = p;
-        if let Some((step, dir)) = run.resume_from().filter(|(step, _)| *step >= self.config.steps) {
+        // (a run stopped after its last checkpoint but before its export finishes the export)
+        let exported = dep.workdir.join("model.safetensors").exists();
+        if let Some((step, dir)) = run.resume_from().filter(|(step, _)| *step >= self.config.steps && exported) {
             // already done: nothing to train, and nothing in the workdir is touched
             tracing::warn!(
                 step,

@@ -86,7 +86,7 @@ fn zero2_moves_one_reduce_scatter_and_one_all_gather_per_parameter_per_step() {
 }
 
 #[test]
-fn zero2_resumes_exactly_and_refuses_a_checkpoint_of_another_stage() {
+fn zero2_resumes_exactly_and_a_checkpoint_of_another_stage_is_resharded() {
     let data = corpus().sequences(0, 512);
     let cfg = |steps, stage| TrainConfig {
         checkpoint_every: Some(4),
@@ -95,14 +95,19 @@ fn zero2_resumes_exactly_and_refuses_a_checkpoint_of_another_stage() {
     };
     let whole = Deployer::new("2x1".parse().unwrap(), 5, &workdir("z2-whole")).unwrap();
     let all = trainer(cfg(8, ZeroStage::Gradients)).fit(&whole, &data, false).unwrap();
-    let split = Deployer::new("2x1".parse().unwrap(), 5, &workdir("z2-split")).unwrap();
-    trainer(cfg(4, ZeroStage::Gradients)).fit(&split, &data, false).unwrap();
-    let err = trainer(cfg(8, ZeroStage::Off)).fit(&split, &data, true).unwrap_err().to_string();
-    assert!(err.contains("ZeRO-2") && err.contains("stage"), "{err}");
-    let resumed = trainer(cfg(8, ZeroStage::Gradients)).fit(&split, &data, true).unwrap();
-    assert_eq!(resumed.start_step, 4);
-    assert_eq!(resumed.losses, all.losses[4..].to_vec(), "the continued losses");
-    assert_eq!(read_model(&split.workdir), read_model(&whole.workdir), "masters and moments are checkpointed");
+    for (name, stage) in [("z2-split", ZeroStage::Gradients), ("z2-to-z0", ZeroStage::Off)] {
+        let split = Deployer::new("2x1".parse().unwrap(), 5, &workdir(name)).unwrap();
+        trainer(cfg(4, ZeroStage::Gradients)).fit(&split, &data, false).unwrap();
+        let resumed = trainer(cfg(8, stage)).fit(&split, &data, true).unwrap();
+        assert_eq!(resumed.start_step, 4);
+        if stage == ZeroStage::Gradients {
+            assert_eq!(resumed.losses, all.losses[4..].to_vec(), "the continued losses");
+            assert_eq!(read_model(&split.workdir), read_model(&whole.workdir), "masters and moments are checkpointed");
+        }
+        for (i, (x, y)) in all.losses[4..].iter().zip(&resumed.losses).enumerate() {
+            assert!((x - y).abs() <= 1e-5 * x.abs(), "{name}: step {}: {x} against {y}", i + 4);
+        }
+    }
 }
 
 mod zero3 {
@@ -110,6 +115,7 @@ mod zero3 {
     //! layer, against DDP at the same mesh.
 
     use super::{corpus, workdir};
+    use redco_core::cpu::Cpu;
     use redco_core::nn::{Module, ModuleExt};
     use redco_core::optim::{AdamWConfig, Decay, Schedule};
     use redco_core::pipeline::{Batch, Deployer, FitReport, OptimizerConfig, StepCtx, TrainConfig, Trainer, ZeroStage};
@@ -147,6 +153,35 @@ mod zero3 {
         }
     }
 
+    /// Steps of the LLaMA runs.
+    pub(super) const STEPS: u64 = 20;
+
+    /// The LLaMA trainer at ZeRO stage `zero` (checkpointing every `every` steps).
+    pub(super) fn llama_trainer(
+        zero: ZeroStage,
+        dtype: DType,
+        recompute: bool,
+        steps: u64,
+        every: Option<u64>,
+    ) -> Trainer<Llama<Cpu>, Vec<i64>> {
+        let cfg = TrainConfig {
+            schedule: Schedule { peak: 3e-3, warmup: 2, total: STEPS, decay: Decay::Cosine },
+            checkpoint_every: every,
+            keep_last: 0,
+            ..train_config(zero, dtype, steps)
+        };
+        Trainer::new(
+            move |b| {
+                let mut m = Llama::new(b, &self::cfg(), DType::F32, 9)?;
+                m.set_recompute(recompute);
+                Ok(m)
+            },
+            collate,
+            |_: &StepCtx<_>, m: &Llama<_>, b: &Batch<_>| m.loss(&b["input_ids"], None, &b["input_ids"]),
+            cfg,
+        )
+    }
+
     fn run(
         name: &str,
         mesh: &str,
@@ -156,17 +191,7 @@ mod zero3 {
     ) -> (FitReport, Vec<(String, Vec<u8>)>) {
         let data = corpus().sequences(0, 256);
         let dep = Deployer::new(mesh.parse().unwrap(), 3, &workdir(name)).unwrap();
-        let trainer = Trainer::new(
-            move |b| {
-                let mut m = Llama::new(b, &cfg(), DType::F32, 9)?;
-                m.set_recompute(recompute);
-                Ok(m)
-            },
-            collate,
-            |_: &StepCtx<_>, m: &Llama<_>, b: &Batch<_>| m.loss(&b["input_ids"], None, &b["input_ids"]),
-            train_config(zero, dtype, 20),
-        );
-        let r = trainer.fit(&dep, &data, false).unwrap();
+        let r = llama_trainer(zero, dtype, recompute, STEPS, None).fit(&dep, &data, false).unwrap();
         (r, super::read_model(&dep.workdir))
     }
 
@@ -211,7 +236,7 @@ mod zero3 {
         assert!(in_unit > 0 && others > 0);
         for recompute in [false, true] {
             let (r, _) = run(&format!("z3-count-{recompute}"), "4x1", ZeroStage::Parameters, DType::F32, recompute);
-            let steps = 20u64;
+            let steps = STEPS;
             for (rank, st) in &r.comm {
                 let ag = st.get(CollectiveKind::AllGather, MeshAxis::Dp).calls;
                 let rs = st.get(CollectiveKind::ReduceScatter, MeshAxis::Dp).calls;
@@ -222,6 +247,52 @@ mod zero3 {
                     "rank {rank}, recompute {recompute}: all-gathers"
                 );
                 assert_eq!(rs, steps * (in_unit + others), "rank {rank}, recompute {recompute}: reduce-scatters");
+            }
+        }
+    }
+}
+
+mod reshard {
+    //! A checkpoint saved at one mesh and ZeRO stage resumes at another: the continued
+    //! losses are the uninterrupted run's.
+
+    use super::zero3::{llama_trainer, STEPS};
+    use super::{corpus, read_model, workdir};
+    use redco_core::pipeline::{Deployer, ZeroStage};
+    use redco_core::DType;
+
+    #[test]
+    fn saved_at_4x1_zero3_resumes_at_2x2_1x1_2x1_zero1_and_2x2_zero2() {
+        let data = corpus().sequences(0, 256);
+        let half = STEPS / 2;
+        let whole = Deployer::new("4x1".parse().unwrap(), 3, &workdir("rs-whole")).unwrap();
+        let all =
+            llama_trainer(ZeroStage::Parameters, DType::F32, true, STEPS, None).fit(&whole, &data, false).unwrap();
+        for (mesh, stage) in [
+            ("2x2", ZeroStage::Off),
+            ("1x1", ZeroStage::Off),
+            ("2x1", ZeroStage::Optimizer),
+            ("2x2", ZeroStage::Gradients),
+        ] {
+            let tag = format!("{mesh}-{stage:?}");
+            let dir = workdir(&format!("rs-{tag}"));
+            let first = Deployer::new("4x1".parse().unwrap(), 3, &dir).unwrap();
+            llama_trainer(ZeroStage::Parameters, DType::F32, true, half, Some(half)).fit(&first, &data, false).unwrap();
+            let then = Deployer::new(mesh.parse().unwrap(), 3, &dir).unwrap();
+            let r = llama_trainer(stage, DType::F32, true, STEPS, Some(half)).fit(&then, &data, true).unwrap();
+            assert_eq!(r.start_step, half, "{tag}");
+            for (i, (x, y)) in all.losses[half as usize..].iter().zip(&r.losses).enumerate() {
+                assert!(
+                    (x - y).abs() <= 1e-5 * x.abs(),
+                    "{tag}: step {}: uninterrupted {x}, resumed {y}",
+                    half as usize + i
+                );
+            }
+            for ((n, x), (_, y)) in read_model(&whole.workdir).iter().zip(read_model(&dir)) {
+                let f = |v: &[u8]| -> Vec<f64> {
+                    v.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect()
+                };
+                redco_tests::check::assert_close(&f(x), &f(&y), 1e-5, &format!("{tag}: {n}"));
             }
         }
     }

@@ -76,8 +76,8 @@ pub struct TrainArgs {
     /// state), 1 (AdamW's moments sharded over dp), 2 (also the f32 master weights and
     /// the gradients, reduce-scattered during backward; any optimizer) or 3 (FSDP: also
     /// the decoder layers' parameters, each layer gathered just before it runs; LLaMA
-    /// models). Every stage gives the same results; a run resumes with the stage it was
-    /// written with.
+    /// models). Every stage gives the same results; a run resumes at any stage and mesh
+    /// (its checkpoint is resharded).
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: Option<u8>,
     /// Compute dtype: f32, or bf16 / f16 (with f32 master weights).
@@ -252,14 +252,15 @@ pub(super) fn run_identity(a: &TrainArgs) -> std::result::Result<BTreeMap<String
         }
         None => "the bundled synthetic corpus".into(),
     };
-    let zero = a.zero.filter(|z| *z > 0).map(|z| ("zero".to_string(), z.to_string()));
-    Ok(BTreeMap::from_iter(zero.into_iter().chain([
+    // the mesh and the ZeRO stage are not part of it: a checkpoint is resharded for the
+    // mesh and stage a resumed run uses
+    Ok(BTreeMap::from([
         ("seed".to_string(), a.seed.to_string()),
         ("model".to_string(), model),
         ("data".to_string(), data),
         ("dtype".to_string(), a.dtype.clone()),
         ("seq_len".to_string(), a.seq().to_string()),
-    ])))
+    ]))
 }
 
 /// The step of the checkpoint a `--resume` run would continue from, when the workdir holds
@@ -270,10 +271,16 @@ pub(super) fn resume_step(a: &TrainArgs) -> std::result::Result<Option<u64>, Str
     Ok(workdir::resume_target(&ckpt, a.resume_from.as_deref()).map_err(err)?.map(|(step, _)| step))
 }
 
-/// When the checkpoint a resumed run starts from is at or past its last step: says so (the
-/// run is already done; nothing is trained or rewritten) and returns true.
+/// When the checkpoint a resumed run starts from is at or past its last step and the run's
+/// export is written: says so (the run is already done; nothing is trained or rewritten)
+/// and returns true. A run stopped between its last checkpoint and its export goes on, to
+/// write the export.
 pub(super) fn already_past(a: &TrainArgs, resumed: Option<u64>, steps: u64, leader: bool) -> bool {
     let Some(at) = resumed.filter(|at| *at >= steps) else { return false };
+    if !a.workdir.join("model.safetensors").exists() {
+        // stopped after its last checkpoint, before its export: the run finishes that
+        return false;
+    }
     if leader {
         let how = match a.epochs {
             Some(e) => format!("--epochs {e} ({steps} steps)"),
