@@ -40,7 +40,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-fn sync_dir(dir: &Path) {
+pub(crate) fn sync_dir(dir: &Path) {
     if let Ok(d) = fs::File::open(dir) {
         let _ = d.sync_all();
     }
@@ -222,27 +222,30 @@ impl Checkpointer {
         let (rank, mesh) = comm.map_or((0, Mesh::single()), |c| (c.rank(), c.mesh()));
         let tmp = self.dir.join(format!("step-{step:08}.tmp"));
         fs::create_dir_all(&tmp).map_err(|e| Error::io("checkpoint", "cannot create", &tmp, e))?;
-        let mut tensors = Vec::new();
         let mut manifest =
             Manifest { step, mesh: mesh.to_string(), params: BTreeMap::new(), extra, files: BTreeMap::new() };
+        // the file is written one tensor at a time: no second copy of the state in memory
+        let mut items: Vec<(String, Tensor<B>)> = Vec::new();
         for (name, p) in model.named_parameters() {
-            tensors.push((format!("param/{name}"), p.local_to_host()?, p.local_shape().dims().to_vec()));
             let (dims, placed) = match layouts.and_then(|l| l.get(&name)) {
                 Some(l) => (l.shape.dims().to_vec(), l.placements),
                 None => (p.dims().to_vec(), p.placements()),
             };
-            manifest.params.insert(name, (dims, placement_str(placed.get(crate::MeshAxis::Mp))));
+            manifest.params.insert(name.clone(), (dims, placement_str(placed.get(crate::MeshAxis::Mp))));
+            items.push((format!("param/{name}"), p));
         }
         for (key, t) in opt.state_tensors() {
-            tensors.push((format!("opt/{key}"), t.local_to_host()?, t.local_shape().dims().to_vec()));
+            items.push((format!("opt/{key}"), t));
         }
+        let entries: Vec<(String, DType, Vec<usize>)> =
+            items.iter().map(|(k, t)| (k.clone(), t.dtype(), t.local_shape().dims().to_vec())).collect();
         let meta = BTreeMap::from([("opt_steps".to_string(), opt.steps().to_string())]);
-        let bytes = safetensors_bytes(&tensors, meta)?;
-        drop(tensors);
+        let mut w = super::st_writer::StWriter::create(&tmp.join(format!("rank-{rank}.safetensors")), &entries, &meta)?;
+        for (key, t) in items {
+            w.put(&key, &t.local_to_host()?)?;
+        }
         // each rank records its file's sum beside it; rank 0 gathers them into the manifest
-        let sum = serde_json::to_vec(&FileSum::of(&bytes)).map_err(|e| Error::invalid("checkpoint", e.to_string()))?;
-        write_atomic(&tmp.join(format!("rank-{rank}.safetensors")), &bytes)?;
-        drop(bytes);
+        let sum = serde_json::to_vec(&w.finish()?).map_err(|e| Error::invalid("checkpoint", e.to_string()))?;
         write_atomic(&tmp.join(format!("rank-{rank}.sum")), &sum)?;
         if let Some(c) = comm {
             c.barrier()?;
@@ -457,15 +460,20 @@ pub fn export_safetensors<B: Backend, M: Module<B> + ?Sized>(
     path: &Path,
 ) -> Result<()> {
     let rank = comm.map_or(0, |c| c.rank());
-    let mut tensors = Vec::new();
-    for (name, p) in model.named_parameters() {
+    let params = model.named_parameters();
+    let entries: Vec<(String, DType, Vec<usize>)> =
+        params.iter().map(|(n, p)| (n.clone(), p.dtype(), p.dims().to_vec())).collect();
+    let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    // rank 0 writes each whole tensor as it is gathered, then drops it
+    let mut w = if rank == 0 { Some(super::st_writer::StWriter::create(path, &entries, &meta)?) } else { None };
+    for (name, p) in params {
         let whole = p.replicate()?;
-        if rank == 0 {
-            tensors.push((name, whole.to_host()?, whole.dims().to_vec()));
+        if let Some(w) = w.as_mut() {
+            w.put(&name, &whole.to_host()?)?;
         }
     }
-    if rank == 0 {
-        write_atomic(path, &safetensors_bytes(&tensors, BTreeMap::from([("format".to_string(), "pt".to_string())]))?)?;
+    if let Some(w) = w {
+        w.finish()?;
     }
     Ok(())
 }

@@ -18,6 +18,7 @@ mod predictor;
 mod rank_run;
 mod reshard;
 pub mod run_dir;
+mod st_writer;
 mod step;
 pub mod synthetic;
 pub mod token_ids;

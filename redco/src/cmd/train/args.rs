@@ -18,8 +18,10 @@ use std::path::PathBuf;
 #[derive(Args)]
 #[command(allow_negative_numbers = true)]
 pub struct TrainArgs {
-    /// Built-in model: llama-tiny (4 layers, hidden 128; minutes on two cores) or llama-small
-    /// (6 layers, hidden 512). Starts from random weights.
+    /// Built-in model: llama-tiny (4 layers, hidden 128; minutes on two cores), llama-small
+    /// (6 layers, hidden 512), llama-134m (12 layers, hidden 768) or llama-0.7b (25 layers,
+    /// hidden 1536: 0.71B parameters, 11.3 GB of f32 training state). Starts from random
+    /// weights.
     #[arg(long, conflicts_with = "model")]
     pub preset: Option<String>,
     /// A Hugging Face model directory to fine-tune (LLaMA, GPT-J or OPT on text; T5 on
