@@ -310,6 +310,10 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
             }
         }
         let ctx = StepCtx { backend: &b, rank: 0, mesh: dep.mesh, step: 0, micro: 0, train: false, seed: dep.seed };
+        // the dataflow does not depend on the batch size: one example is traced, so the
+        // trace's activations are one example's (a 0.7B model's batch of four, recorded,
+        // is gigabytes in every process)
+        let batch = if ex.len() > 1 { (self.collate_fn)(&b, &ex[..1])? } else { batch };
         // the trace reads every op, those inside recomputed blocks too
         let loss = crate::autograd::record_inside_recompute(|| (self.loss_fn)(&ctx, &model, &batch))?;
         // frozen parameters are split too

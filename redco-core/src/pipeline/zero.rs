@@ -2,7 +2,7 @@
 //! rank's dp-slices ([`FlatShard`]). Gradients are reduce-scattered as the backward pass
 //! completes them ([`SliceOnReady`]), the global norm is taken over the slices
 //! ([`slice_norm`]), and the compute copies are all-gathered from the updated slices
-//! ([`TrainState::refresh`](super::train_state::TrainState::refresh)). Under ZeRO-3 the
+//! (the training state's refresh). Under ZeRO-3 the
 //! parameters of the model's units (its blocks) are not kept whole at all: the model holds
 //! the f32 pieces themselves and gathers a unit's just before it runs ([`UnitPieces`]).
 
