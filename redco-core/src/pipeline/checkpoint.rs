@@ -459,17 +459,29 @@ pub fn export_safetensors<B: Backend, M: Module<B> + ?Sized>(
     model: &M,
     path: &Path,
 ) -> Result<()> {
-    let rank = comm.map_or(0, |c| c.rank());
-    let params = model.named_parameters();
+    let params: BTreeMap<String, Tensor<B>> = model.named_parameters().into_iter().collect();
     let entries: Vec<(String, DType, Vec<usize>)> =
-        params.iter().map(|(n, p)| (n.clone(), p.dtype(), p.dims().to_vec())).collect();
+        model.named_parameters().iter().map(|(n, p)| (n.clone(), p.dtype(), p.dims().to_vec())).collect();
+    export_each(comm, &entries, path, |name| Ok(params[name].clone()))
+}
+
+/// Writes the tensors `entries` (name, dtype, global dims), whole, to one safetensors file:
+/// each made by `local(name)` (this rank's local shard, made as it is needed: a ZeRO slice
+/// gathered, say) in the order given, gathered whole, written by rank 0 and dropped. Every
+/// rank calls it with its communicator; no rank holds more than one whole tensor.
+pub(crate) fn export_each<B: Backend>(
+    comm: Option<&Comm<B>>,
+    entries: &[(String, DType, Vec<usize>)],
+    path: &Path,
+    mut local: impl FnMut(&str) -> Result<Tensor<B>>,
+) -> Result<()> {
+    let rank = comm.map_or(0, |c| c.rank());
     let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
-    // rank 0 writes each whole tensor as it is gathered, then drops it
-    let mut w = if rank == 0 { Some(super::st_writer::StWriter::create(path, &entries, &meta)?) } else { None };
-    for (name, p) in params {
-        let whole = p.replicate()?;
+    let mut w = if rank == 0 { Some(super::st_writer::StWriter::create(path, entries, &meta)?) } else { None };
+    for (name, _, _) in entries {
+        let whole = local(name)?.replicate()?;
         if let Some(w) = w.as_mut() {
-            w.put(&name, &whole.to_host()?)?;
+            w.put(name, &whole.to_host()?)?;
         }
     }
     if let Some(w) = w {

@@ -4,7 +4,7 @@
 
 use super::agree::{check_shared_workdir, dp_shard, from_leader};
 use super::cadence::Cadence;
-use super::checkpoint::{export_safetensors, Checkpointer};
+use super::checkpoint::{export_each, Checkpointer};
 use super::data::Dataset;
 use super::grad_sync::{GradSync, SyncStrategy};
 use super::metrics::{MetricsLog, StepMetrics};
@@ -316,18 +316,26 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
         Ok(())
     }
 
-    /// Writes `model.safetensors`: every parameter, the trained ones and the frozen ones
-    /// (in f32).
+    /// Writes `model.safetensors`: every parameter, the trained ones (their masters) and
+    /// the frozen ones, in f32, one whole tensor at a time.
     fn export(&self) -> Result<()> {
-        let mut all = self.state.whole_masters(&self.model)?;
-        if self.frozen > 0 {
-            for (name, p) in self.model.named_parameters() {
-                if !p.is_var() {
-                    all.insert(name, p.cast(DType::F32)?);
-                }
+        let params: std::collections::BTreeMap<String, crate::Tensor<B>> =
+            self.model.named_parameters().into_iter().collect();
+        let entries: Vec<(String, DType, Vec<usize>)> = params
+            .iter()
+            .map(|(n, p)| {
+                let dims = self.state.layouts.get(n).map_or_else(|| p.dims().to_vec(), |l| l.shape.dims().to_vec());
+                (n.clone(), DType::F32, dims)
+            })
+            .collect();
+        let path = self.dep.workdir.join("model.safetensors");
+        export_each(Some(&self.rk.comm), &entries, &path, |name| {
+            let p = &params[name];
+            match self.state.whole_master(name, p)? {
+                Some(m) => Ok(m),
+                None => p.cast(DType::F32),
             }
-        }
-        export_safetensors(Some(&self.rk.comm), &all, &self.dep.workdir.join("model.safetensors"))
+        })
     }
 }
 

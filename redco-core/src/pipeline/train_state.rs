@@ -135,21 +135,16 @@ impl<B: Backend> TrainState<B> {
         Ok(TrainState { masters, opt, scale, best, start: 0, zero, sliced, pieces, layouts: whole })
     }
 
-    /// The masters as whole local shards laid out as `model`'s parameters (ZeRO-2's slices
-    /// and ZeRO-3's pieces all-gathered, one all-gather each; otherwise the masters as they
-    /// are).
-    pub(crate) fn whole_masters(&self, model: &impl Module<B>) -> Result<BTreeMap<String, Tensor<B>>> {
-        let Some(c) = &self.sliced else { return Ok(self.masters.clone()) };
-        let mut out = BTreeMap::new();
-        for (name, p) in model.named_parameters() {
-            let Some(m) = self.masters.get(&name) else { continue };
-            let whole = match self.pieces.as_ref().filter(|u| u.layout(&name).is_some()) {
-                Some(u) => u.whole_f32(&name, m)?,
-                None => FlatShard::of(&p, c).gather(c, m, &ShardLayout::of(&p))?,
-            };
-            out.insert(name, whole);
-        }
-        Ok(out)
+    /// Master `name` as a whole local shard laid out as `p`, `model`'s parameter of that
+    /// name (a ZeRO-2 slice or ZeRO-3 piece all-gathered over dp: one all-gather); `None`
+    /// for a parameter without a master (frozen).
+    pub(crate) fn whole_master(&self, name: &str, p: &Tensor<B>) -> Result<Option<Tensor<B>>> {
+        let Some(m) = self.masters.get(name) else { return Ok(None) };
+        let Some(c) = &self.sliced else { return Ok(Some(m.clone())) };
+        Ok(Some(match self.pieces.as_ref().filter(|u| u.layout(name).is_some()) {
+            Some(u) => u.whole_f32(name, m)?,
+            None => FlatShard::of(p, c).gather(c, m, &ShardLayout::of(p))?,
+        }))
     }
 
     /// Loads checkpoint `dir` (of step `step`): its identity checked against `cfg`'s, the
