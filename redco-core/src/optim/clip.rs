@@ -73,6 +73,18 @@ pub fn clip_grad_norm<B: Backend>(
     max_norm: f64,
 ) -> Result<f64> {
     let norm = global_grad_norm(comm, params, grads)?;
+    scale_to_norm(params, grads, norm, max_norm)?;
+    Ok(norm)
+}
+
+/// Scales the gradients of `params`, whose global norm is `norm`, to `max_norm` when `norm`
+/// exceeds it (a non-finite norm leaves them alone): clipping once the norm is known.
+pub fn scale_to_norm<B: Backend>(
+    params: &[Tensor<B>],
+    grads: &mut GradStore<B>,
+    norm: f64,
+    max_norm: f64,
+) -> Result<()> {
     if norm.is_finite() && norm > max_norm && norm > 0.0 {
         let s = max_norm / norm;
         no_grad(|| -> Result<()> {
@@ -84,5 +96,5 @@ pub fn clip_grad_norm<B: Backend>(
             Ok(())
         })?;
     }
-    Ok(norm)
+    Ok(())
 }

@@ -23,18 +23,6 @@ fn st_name(d: DType) -> &'static str {
     }
 }
 
-fn host_bytes(h: &HostData) -> &[u8] {
-    match h {
-        HostData::F32(v) => bytemuck::cast_slice(v),
-        HostData::F64(v) => bytemuck::cast_slice(v),
-        HostData::F16(v) => bytemuck::cast_slice(v),
-        HostData::BF16(v) => bytemuck::cast_slice(v),
-        HostData::I64(v) => bytemuck::cast_slice(v),
-        HostData::I32(v) => bytemuck::cast_slice(v),
-        HostData::U8(v) => v,
-    }
-}
-
 /// A safetensors file being written: [`StWriter::put`] each tensor in the order the
 /// entries were given, then [`StWriter::finish`] (fsync, rename into place).
 pub(crate) struct StWriter {
@@ -108,7 +96,7 @@ impl StWriter {
             .todo
             .pop_front()
             .ok_or_else(|| Error::invalid("safetensors", format!("`{name}`: more tensors than announced")))?;
-        let b = host_bytes(h);
+        let b = h.as_bytes();
         if want != name || dt != h.dtype() || b.len() != n {
             let _ = std::fs::remove_file(&self.tmp);
             return Err(Error::invalid(

@@ -131,16 +131,6 @@ pub fn clip_slices<B: Backend>(
     max_norm: f64,
 ) -> Result<f64> {
     let norm = slice_norm(comm, params, split, grads)?;
-    if norm.is_finite() && norm > max_norm && norm > 0.0 {
-        let s = max_norm / norm;
-        no_grad(|| -> Result<()> {
-            for p in params {
-                if let Some(g) = grads.get(p).cloned() {
-                    grads.insert(p, g.scale(s)?);
-                }
-            }
-            Ok(())
-        })?;
-    }
+    crate::optim::scale_to_norm(params, grads, norm, max_norm)?;
     Ok(norm)
 }
