@@ -108,6 +108,23 @@ impl Client {
         Client::with_store(api, options, None)
     }
 
+    /// The create options redco gives `api`'s plugin for `devices` devices: the CPU
+    /// plugin's `cpu_device_count`; for XLA's GPU plugins (`xla_cuda_plugin.so`,
+    /// `xla_rocm_plugin.so`) no preallocation, so that several clients (tests, one process
+    /// per rank on one GPU) share the device instead of the first taking 75% of its memory as
+    /// XLA's default does; none for other plugins (XLA's plugins refuse options they do not
+    /// know).
+    pub fn default_options(api: &Api, devices: usize) -> Vec<(String, OptionValue)> {
+        let name = api.path().file_name().map(|n| n.to_string_lossy().to_lowercase()).unwrap_or_default();
+        if name.contains("cpu") {
+            vec![("cpu_device_count".to_string(), OptionValue::Int(devices.max(1) as i64))]
+        } else if name.contains("cuda") || name.contains("rocm") {
+            vec![("preallocate".to_string(), OptionValue::Bool(false))]
+        } else {
+            Vec::new()
+        }
+    }
+
     /// Like [`Client::new`], with the plugin's key-value callbacks backed by `kv` (for
     /// multi-process clients: pass `node_id` and `num_nodes` in `options`, as jax does).
     pub fn with_store(

@@ -3,7 +3,7 @@
 //! inputs) and cached, then executed on this backend's device.
 
 use crate::api::{pjrt_error, Api};
-use crate::client::{Client, OptionValue};
+use crate::client::Client;
 use crate::executable::Executable;
 use crate::hlo::Et;
 use crate::proto::CompileOptions;
@@ -58,11 +58,7 @@ impl Pjrt {
     /// device count (other plugins expose the devices they find, and must have at least
     /// `devices`).
     pub fn open(api: &'static Api, devices: usize) -> Result<Pjrt> {
-        let mut options = Vec::new();
-        if is_cpu_plugin(api) {
-            options.push(("cpu_device_count".to_string(), OptionValue::Int(devices.max(1) as i64)));
-        }
-        let client = Client::new(api, &options)?;
+        let client = Client::new(api, &Client::default_options(api, devices))?;
         if client.devices().len() < devices {
             return Err(pjrt_error(
                 "opening the backend",
@@ -235,11 +231,6 @@ impl Pjrt {
 }
 
 /// True for XLA's CPU plugin (which takes `cpu_device_count`).
-fn is_cpu_plugin(api: &Api) -> bool {
-    let name = api.path().file_name().map(|n| n.to_string_lossy().to_lowercase()).unwrap_or_default();
-    name.contains("cpu")
-}
-
 /// A one-element host buffer of `v` in `et`.
 pub(crate) fn scalar(v: f64, et: Et) -> HostData {
     match et {

@@ -80,12 +80,14 @@ fn a_program_xla_rejects_gives_xla_message_and_the_op() {
 fn buffers_larger_than_the_device_are_refused_before_allocation() {
     let b = pjrt();
     let dev = &b.client().devices()[0];
-    let limit = dev.memory_bytes.expect("the CPU plugin's devices report the host's memory");
+    let limit = dev.memory_bytes.expect("the CPU plugin's devices report the host's memory, a GPU's its own");
+    let platform = b.client().platform().to_string();
     let n = (limit / 4 + 1) as usize;
     let e = message(b.full(n, 1.0, DType::F32));
-    assert!(e.contains("does not fit on cpu device 0"), "{e}");
+    assert!(e.contains(&format!("does not fit on {platform} device 0")), "{e}");
     let e = message(Client::upload(b.client(), 0, &HostData::F32(vec![1.0; 4]), &[5]));
     assert!(e.contains("shape [5] needs 5 elements, the data has 4"), "{e}");
     let e = message(b.on_device(7));
-    assert!(e.contains("device 7 requested but the cpu client has 1"), "{e}");
+    let n = b.client().devices().len();
+    assert!(e.contains(&format!("device 7 requested but the {platform} client has {n}")), "{e}");
 }

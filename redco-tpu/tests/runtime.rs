@@ -37,7 +37,7 @@ fn a_client_with_key_value_callbacks_backed_by_the_bootstrap_store() {
     let store: std::sync::Arc<dyn redco_core::runtime::Store> =
         std::sync::Arc::new(redco_core::runtime::store::MemStore::new());
     let kv = redco_tpu::KvStore::new(store, "pjrt/");
-    let c = Client::with_store(api, &[("cpu_device_count".into(), OptionValue::Int(1))], Some(kv)).unwrap();
+    let c = Client::with_store(api, &Client::default_options(api, 1), Some(kv)).unwrap();
     assert_eq!(c.devices().len(), 1);
     let b = c.upload(0, &HostData::I64(vec![7, 8]), &[2]).unwrap();
     assert_eq!(b.download().unwrap(), HostData::I64(vec![7, 8]));

@@ -23,7 +23,12 @@ struct Adapter {
 
 /// Runs `cargo args` with `envs`, echoing its stdout as it comes when `echo`; returns its
 /// success and its stdout.
+/// From a bundle (`REDCO_GPU_BUNDLE`), the bundled program runs instead
+/// ([`crate::gpu_bundle::run`]).
 pub(crate) fn cargo(args: &[&str], envs: &[(&str, &str)], echo: bool) -> Result<(bool, String), String> {
+    if let Some(dir) = crate::gpu_bundle::dir() {
+        return crate::gpu_bundle::run(&dir, args, envs, echo);
+    }
     eprintln!("xtask: cargo {}", args.join(" "));
     let mut child = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(args)
@@ -148,7 +153,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         Some((b, rest)) if !b.starts_with("--") => (b.as_str(), rest),
         _ => {
             return Err(
-                "usage: cargo xtask gpu-check wgpu [--allow-cpu-adapter] | pjrt [--plugin PATH] [--allow-cpu] | cuda [--python PY]"
+                "usage: cargo xtask gpu-check wgpu [--allow-cpu-adapter] | pjrt [--plugin PATH] [--allow-cpu] | cuda [--python PY] | bundle [--out DIR]"
                     .into()
             )
         }
@@ -159,8 +164,11 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     if backend == "cuda" {
         return crate::gpu_check_cuda::run(rest);
     }
+    if backend == "bundle" {
+        return crate::gpu_bundle::pack(rest);
+    }
     if backend != "wgpu" {
-        return Err(format!("gpu-check: unknown backend `{backend}` (available: wgpu, pjrt, cuda)"));
+        return Err(format!("gpu-check: unknown backend `{backend}` (available: wgpu, pjrt, cuda, bundle)"));
     }
     let args = Args::parse(rest, &["allow-cpu-adapter"])?;
     args.only(&["allow-cpu-adapter"])?;

@@ -1,6 +1,7 @@
 //! `cargo xtask gpu-check cuda [--python PY]`: the CUDA backend on a machine with an
 //! NVIDIA GPU, in one prepared run. `PY` (default `python3`) is a Python with torch and the
-//! `nvidia-*` wheels (cuBLAS, NCCL; NVRTC is fetched like the CI's): their library
+//! `nvidia-*` wheels (cuBLAS, NCCL, NVRTC; NVRTC is fetched like the CI's where they
+//! lack it): their library
 //! directories go on `LD_LIBRARY_PATH`, with a `libnccl.so` link to the wheel's
 //! `libnccl.so.2` (cudarc looks the library up by that name). Refuses to go on without a
 //! GPU, then runs, with `REDCO_REQUIRE_CUDA=1`: the conformance suite on CUDA, the kernel
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The `nvidia/*/lib` directories of `python`'s site-packages (torch's CUDA wheels).
-fn wheel_libs(python: &str) -> Vec<PathBuf> {
+pub(crate) fn wheel_libs(python: &str) -> Vec<PathBuf> {
     let script = "import glob, os, site\n\
         for s in site.getsitepackages():\n    \
             for d in sorted(glob.glob(os.path.join(s, 'nvidia', '*', 'lib'))):\n        \
@@ -45,9 +46,13 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let args = Args::parse(argv, &[])?;
     args.only(&["python"])?;
     let python = args.get("python").unwrap_or("python3").to_string();
-    let nvrtc = crate::nvrtc::ensure()?;
     let libs = wheel_libs(&python);
-    let mut path: Vec<String> = vec![nvrtc.display().to_string()];
+    // NVRTC from torch's wheels where they have it (a GPU machine without a network), else
+    // fetched
+    let mut path: Vec<String> = Vec::new();
+    if !libs.iter().any(|d| d.join("libnvrtc.so.13").is_file()) {
+        path.push(crate::nvrtc::ensure()?.display().to_string());
+    }
     path.extend(nccl_link(&libs).map(|d| d.display().to_string()));
     path.extend(libs.iter().map(|d| d.display().to_string()));
     path.extend(std::env::var("LD_LIBRARY_PATH").ok().filter(|p| !p.is_empty()));

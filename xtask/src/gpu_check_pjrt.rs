@@ -1,5 +1,7 @@
 //! `cargo xtask gpu-check pjrt [--plugin PATH] [--allow-cpu]`: the PJRT backend on a machine
-//! with a GPU. Takes the plugin from `--plugin`, `REDCO_PJRT_PLUGIN`, or fetches XLA's CUDA
+//! with a GPU. Takes the plugin from `--plugin`, `REDCO_PJRT_PLUGIN`, `python3`'s installed
+//! `jax-cuda13-pjrt` (with the `nvidia-*` wheels' libraries on `LD_LIBRARY_PATH`; XLA's
+//! GEMM autotuning off unless `XLA_FLAGS` is set), or fetches XLA's CUDA
 //! plugin (`pip download --no-deps jax-cuda13-pjrt`; the CUDA libraries it loads must be
 //! installed), shows the devices (`redco info`), refuses a CPU platform unless
 //! `--allow-cpu`, then runs with that plugin: the conformance suite, the runtime and
@@ -17,7 +19,20 @@ use std::process::Command;
 const CUDA_WHEEL: &str = "jax-cuda13-pjrt";
 const CUDA_PLUGIN: &str = "xla_cuda_plugin.so";
 
+/// XLA's CUDA plugin as installed in `python3`'s site-packages (`jax-cuda13-pjrt`), if it is.
+fn installed_cuda_plugin() -> Option<PathBuf> {
+    let script = "import glob, os, site\n\
+        for s in site.getsitepackages():\n    \
+            for p in sorted(glob.glob(os.path.join(s, 'jax_plugins', '*', 'xla_cuda_plugin.so'))):\n        \
+                print(p)\n";
+    let out = Command::new("python3").args(["-c", script]).output().ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().map(PathBuf::from).find(|p| p.is_file())
+}
+
 fn fetch_cuda_plugin() -> Result<PathBuf, String> {
+    if let Some(p) = installed_cuda_plugin() {
+        return Ok(p);
+    }
     let dir = Path::new("target").join("pjrt-cuda");
     let out = dir.join(CUDA_PLUGIN);
     if out.is_file() {
@@ -76,7 +91,12 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         None => fetch_cuda_plugin()?,
     };
     let plugin_s = plugin.to_string_lossy().into_owned();
-    let (platform, n) = devices(&[("REDCO_PJRT_PLUGIN", &plugin_s)])?;
+    // the CUDA libraries the plugin loads, from the `nvidia-*` wheels where they are
+    let mut ld: Vec<String> =
+        crate::gpu_check_cuda::wheel_libs("python3").iter().map(|d| d.display().to_string()).collect();
+    ld.extend(std::env::var("LD_LIBRARY_PATH").ok().filter(|p| !p.is_empty()));
+    let ld = ld.join(":");
+    let (platform, n) = devices(&[("REDCO_PJRT_PLUGIN", &plugin_s), ("LD_LIBRARY_PATH", &ld)])?;
     if platform.eq_ignore_ascii_case("cpu") && !args.has("allow-cpu") {
         return Err(format!(
             "gpu-check pjrt needs a GPU or TPU plugin: {plugin_s} is a CPU plugin (pass --allow-cpu to run anyway)"
@@ -87,7 +107,16 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         2 | 3 => "1x1,1x2",
         _ => "1x1,1x2,2x2",
     };
-    let envs = [("REDCO_PJRT_PLUGIN", plugin_s.as_str()), ("REDCO_PJRT_MESHES", meshes)];
+    // XLA's GPU autotuning times every GEMM fusion of every program it compiles: the eager
+    // path compiles one small program per op and shape, and with autotuning the T5 parity
+    // test alone ran past a minute on an H200 (all five CLI tests: 20 s without it)
+    let xla_flags = std::env::var("XLA_FLAGS").unwrap_or_else(|_| "--xla_gpu_autotune_level=0".into());
+    let envs = [
+        ("REDCO_PJRT_PLUGIN", plugin_s.as_str()),
+        ("REDCO_PJRT_MESHES", meshes),
+        ("LD_LIBRARY_PATH", &ld),
+        ("XLA_FLAGS", &xla_flags),
+    ];
     let mut rows: Vec<(String, String, bool)> = Vec::new();
     let mut tests = |what: &str, args: &[&str]| -> Result<(), String> {
         let (ok, out) = cargo(args, &envs, true)?;

@@ -25,6 +25,7 @@ mod args;
 mod bench;
 mod fixtures;
 mod fuzz;
+mod gpu_bundle;
 mod gpu_check;
 mod gpu_check_cuda;
 mod gpu_check_pjrt;
@@ -87,6 +88,8 @@ tasks:
                                    target (config, safetensors, index, tokenizer, manifest,
                                    JSONL); CI runs 256 each
   gpu-check wgpu [--allow-cpu-adapter] | pjrt [--plugin PATH] [--allow-cpu] | cuda [--python PY]
+            | bundle [--out DIR]   (bundle: builds the cuda and pjrt checks' programs into DIR, for a
+                                   GPU machine without Rust: REDCO_GPU_BUNDLE=DIR DIR/xtask gpu-check cuda)
                                    on a machine with a GPU: its wgpu adapter, the conformance
                                    suite, redco-wgpu's tests, the LLaMA check and matmul
                                    GFLOP/s on it, then a table (fails without a GPU adapter)";
