@@ -164,3 +164,37 @@ impl Recompute {
         }
     }
 }
+
+/// A memory size as `--device-memory` takes it (`80GB`, `24GiB`, `1500MB`, plain bytes).
+pub fn bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("--device-memory {s}: not a size such as 80GB or 24GiB"))?;
+    let mul = match unit.trim() {
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        _ => return Err(format!("--device-memory {s}: unknown unit (use B, kB, MB, GB, TB, KiB, MiB, GiB)")),
+    };
+    let bytes = n * mul;
+    if !(bytes >= 1.0 && bytes < u64::MAX as f64) {
+        return Err(format!("--device-memory {s}: must be at least one byte and below 2^64"));
+    }
+    Ok(bytes as u64)
+}
+
+/// `train --strategy`: who picks the memory tools the flags leave open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StrategyMode {
+    /// The planner: among the ZeRO stages and recompute that fit the memory per rank, the one
+    /// that moves and recomputes the fewest bytes.
+    Auto,
+    /// Nobody: ZeRO-0 and every activation kept, unless `--zero` or `--recompute` say otherwise.
+    None,
+}

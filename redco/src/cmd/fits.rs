@@ -16,62 +16,114 @@ pub fn available_memory() -> Option<u64> {
     Some(kib.saturating_mul(1024))
 }
 
-/// The memory tools of a training run and why: an explicit `--recompute`, or (without
-/// one) the planner's pick among those this model has that fit this host's available memory
-/// per rank (`redco_core::planning::strategy`); refused before anything is allocated when
-/// none fits, with the numbers. The ZeRO stage is taken as given (`--zero`): it changes the
-/// layout of the run's checkpoints, so the planner does not switch it.
+/// What a training run asks of its memory tools: the flags given (`--zero`, `--recompute`;
+/// `None` where left to the planner), whether the planner may choose (`--strategy auto`),
+/// the device budget per rank (`--device-memory`; else this host's available memory shared
+/// by the ranks on it), and what rules stages out (LoRA: ZeRO-3 is not offered; an
+/// optimizer without moments: ZeRO-1 is not).
+#[derive(Debug, Clone, Copy)]
+pub struct StrategyAsk {
+    /// `--zero`, when given.
+    pub zero: Option<u8>,
+    /// `--recompute` (on or off), when given.
+    pub recompute: Option<bool>,
+    /// `--strategy auto`: what the flags leave open is the planner's pick; otherwise ZeRO-0 and
+    /// no recompute.
+    pub auto: bool,
+    /// `--device-memory`: bytes per rank.
+    pub budget: Option<u64>,
+    /// The run trains LoRA adapters.
+    pub lora: bool,
+    /// The optimizer keeps AdamW's moments (ZeRO-1 shards them).
+    pub adamw: bool,
+}
+
+/// The memory tools of a training run and why: what the flags pin, and for what they leave
+/// open (with `--strategy auto`, the default) the planner's pick among the ZeRO stages and
+/// recompute this model has that fit the budget per rank (`redco_core::planning::strategy`:
+/// the fewest bytes moved and recomputed); refused before anything is allocated when none
+/// fits, with the numbers. A run that is resumed may get another pick: its checkpoint is
+/// resharded to it.
 pub fn choose_strategy(
     cfg: &HfConfig,
     mesh: Mesh,
     (batch, seq): (usize, usize),
     compute: DType,
-    (zero, recompute): (u8, Option<bool>),
+    ask: StrategyAsk,
 ) -> Result<(Strategy, String), String> {
     use redco_core::planning::planner::{human, Workload};
     use redco_core::planning::strategy::{pick, strategies};
-    let can_recompute = matches!(cfg.model_type.as_str(), "llama" | "mistral");
+    let layered = matches!(cfg.model_type.as_str(), "llama" | "mistral");
+    let recompute = ask.recompute.or((!ask.auto).then_some(false));
     // ZeRO on one data-parallel rank changes nothing
-    let zero = if mesh.dp > 1 { zero } else { 0 };
-    let chosen = |r: bool| Strategy { zero, recompute: r };
+    let zero = if mesh.dp > 1 { ask.zero.or((!ask.auto).then_some(0)) } else { Some(0) };
+    let offered = |z: u8| match z {
+        1 => ask.adamw,
+        3 => layered && !ask.lora,
+        _ => true,
+    };
     let Ok(shapes) = cfg.param_shapes() else {
-        return Ok((chosen(recompute.unwrap_or(false)), "no estimate for this model".into()));
+        let chosen = Strategy { zero: zero.unwrap_or(0), recompute: recompute.unwrap_or(false) };
+        return Ok((chosen, "no estimate for this model".into()));
     };
     let plan = plan_by_names(&shapes, mesh);
     let dtype_bytes = if compute == DType::F32 { 4 } else { 2 };
     let work = Workload { batch, seq, dtype_bytes, zero: 0, recompute: false };
-    // every rank of a process shares this host's memory
-    let ranks = (mesh.size() / super::launch::world().size.max(1)).max(1) as u64;
+    // every rank on this host shares its memory: the ranks of this process, times the
+    // processes on this host
+    let world = super::launch::world();
+    let ranks = ((mesh.size() / world.size.max(1)).max(1) * world.local_size.max(1)) as u64;
     let avail = available_memory();
-    let budget = avail.map_or(u64::MAX, |a| a / ranks);
-    // (the estimate counts the f32 master weights of a 16-bit run)
-    let masters = 0;
-    let rows: Vec<_> = strategies(&plan, &cfg.dims(), &work, budget, masters)
+    let budget = ask.budget.unwrap_or_else(|| avail.map_or(u64::MAX, |a| a / ranks));
+    let rows: Vec<_> = strategies(&plan, &cfg.dims(), &work, budget, 0)
         .into_iter()
-        .filter(|r| r.strategy.zero == zero && recompute.is_none_or(|want| r.strategy.recompute == want))
-        .filter(|r| can_recompute || (!r.strategy.recompute && r.strategy.zero < 3))
+        .filter(|r| zero.is_none_or(|z| r.strategy.zero == z) && recompute.is_none_or(|w| r.strategy.recompute == w))
+        .filter(|r| (layered || !r.strategy.recompute) && (ask.zero.is_some() || offered(r.strategy.zero)))
         .collect();
+    let against = match (ask.budget, avail) {
+        (Some(b), _) => format!("of --device-memory {}", human(b)),
+        (None, Some(_)) => format!("of {} available", human(budget)),
+        (None, None) => "(available memory unknown)".to_string(),
+    };
     if let Some(i) = pick(&rows) {
         let r = &rows[i];
-        let peak = human(r.memory.total().saturating_add(masters));
-        let why = match (recompute, avail) {
-            (Some(_), _) => format!("--recompute; about {peak} per rank"),
-            (None, Some(_)) => format!("auto: about {peak} per rank of {} available", human(budget)),
-            (None, None) => format!("auto: about {peak} per rank (available memory unknown)"),
+        let peak = human(r.memory.total());
+        let open = rows.len() > 1;
+        let why = if open {
+            let fit = rows.iter().filter(|r| r.fits).count();
+            format!(
+                "auto: about {peak} per rank {against}; the cheapest of {fit} that fit, of {}: fewest bytes moved \
+                 and recomputed (`redco plan` lists them)",
+                rows.len()
+            )
+        } else {
+            format!("as given; about {peak} per rank {against}")
         };
         return Ok((r.strategy, why));
     }
     // nothing fits: the smallest of the candidates, against what there is
-    let least = rows.iter().map(|r| r.memory.total().saturating_add(masters)).min().unwrap_or(u64::MAX);
-    let need = least.saturating_mul(ranks);
-    let hint =
-        if can_recompute && recompute != Some(true) { "recompute activations (--recompute block), " } else { "" };
+    let least = rows.iter().min_by_key(|r| r.memory.total());
+    let need = least.map_or(u64::MAX, |r| r.memory.total());
+    let tried = least.map_or(String::new(), |r| format!(" ({}, the least of those tried)", r.strategy));
+    let mut hints = Vec::new();
+    if layered && recompute == Some(false) {
+        hints.push("recompute activations (--recompute block)".to_string());
+    }
+    if mesh.dp > 1 && zero.is_some_and(|z| z < 3) {
+        hints.push("shard the training state over dp (a higher --zero, or --strategy auto)".to_string());
+    }
+    hints.push("lower --batch-size or --seq-len".into());
+    hints.push("split the model over more ranks (see `redco plan`)".into());
     Err(format!(
-        "training with --batch-size {batch} --seq-len {seq} on mesh {mesh} needs about {} of memory (parameters, \
-         gradients, optimizer state and activations), but this machine has {} available; lower --batch-size or \
-         --seq-len, {hint}or split the model over more ranks (see `redco plan`)",
+        "training with --batch-size {batch} --seq-len {seq} on mesh {mesh} needs about {} per rank (parameters, \
+         gradients, optimizer state and activations){tried}, but each rank has {} ({}); {}",
         human(need),
-        human(avail.unwrap_or(0))
+        if budget == u64::MAX { "no limit".to_string() } else { human(budget) },
+        match ask.budget {
+            Some(_) => "--device-memory".to_string(),
+            None => format!("{} available on this host, shared by {ranks} ranks", human(avail.unwrap_or(0))),
+        },
+        hints.join(", or ")
     ))
 }
 

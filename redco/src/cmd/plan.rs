@@ -52,29 +52,6 @@ pub struct PlanArgs {
     pub json: bool,
 }
 
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim().to_ascii_lowercase();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("--device-memory {s}: not a size such as 80GB or 24GiB"))?;
-    let mul = match unit.trim() {
-        "" | "b" => 1.0,
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        "kib" => 1024.0,
-        "mib" => 1024.0 * 1024.0,
-        "gib" => 1024.0 * 1024.0 * 1024.0,
-        _ => return Err(format!("--device-memory {s}: unknown unit (use B, kB, MB, GB, TB, KiB, MiB, GiB)")),
-    };
-    let bytes = n * mul;
-    if !(bytes >= 1.0 && bytes < u64::MAX as f64) {
-        return Err(format!("--device-memory {s}: must be at least one byte and below 2^64"));
-    }
-    Ok(bytes as u64)
-}
-
 /// The most tokens per step (`--batch-size` x `--seq-len`) a plan is made for (2^40: beyond any
 /// training run, well inside the planner's arithmetic).
 const MAX_TOKENS: u128 = 1 << 40;
@@ -143,7 +120,7 @@ pub fn run(mut a: PlanArgs) -> Result<(), String> {
     let work = Workload { batch: a.batch, seq, dtype_bytes, zero: a.zero, recompute: a.recompute.on() };
     let fit = match &a.device_memory {
         Some(mem) => {
-            let bytes = parse_bytes(mem)?;
+            let bytes = check::bytes(mem)?;
             let max_mp = cfg.heads.max(1);
             let found =
                 smallest_mp(&cfg.dims(), &work, mesh.dp, max_mp, bytes, !a.inference, |m| plan_by_names(&shapes, m));

@@ -349,3 +349,56 @@ fn zero_stages_1_to_3_train_as_replicated_adamw_does_and_resume_at_another_mesh_
         let _ = std::fs::remove_dir_all(&w);
     }
 }
+
+#[test]
+fn strategy_auto_takes_the_planners_pick_for_the_memory_per_rank_and_refuses_what_fits_nothing() {
+    let model = format!("{}/../tests/fixtures/llama-tiny", env!("CARGO_MANIFEST_DIR"));
+    let shape = ["--mesh", "2x1", "--batch-size", "4", "--seq-len", "16", "--dtype", "f32"];
+    // the planner's table for this run: the strategy that needs the least memory per rank
+    let (code, out, err) = redco(&[&["plan", "--model", &model, "--json"][..], &shape[..]].concat());
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = v["strategies"]["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 8, "ZeRO 0-3, with and without recompute, at dp=2");
+    let least = rows.iter().min_by_key(|r| r["peak_bytes_per_rank"].as_u64().unwrap()).unwrap();
+    let budget = least["peak_bytes_per_rank"].as_u64().unwrap();
+    let (zero, recompute) = (least["zero"].as_u64().unwrap(), least["recompute"].as_str().unwrap());
+    // only that one fits a budget of its peak: `redco plan` marks it, and `train` runs it
+    let budget_s = budget.to_string();
+    let (code, out, err) =
+        redco(&[&["plan", "--model", &model, "--json", "--device-memory", &budget_s][..], &shape[..]].concat());
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let pick = v["strategies"]["pick"].as_u64().expect("a pick") as usize;
+    assert_eq!(&v["strategies"]["rows"][pick], least, "the plan's pick at its own peak");
+    let run = |w: &std::path::Path, extra: &[&str]| {
+        let base = ["train", "--model", &model, "--steps", "4", "--threads", "2", "--workdir", s(w)];
+        redco(&[&base[..], &shape[..], extra].concat())
+    };
+    let (plain, auto) = (tmp("strategy-none"), tmp("strategy-auto"));
+    let (code, out, err) = run(&plain, &["--strategy", "none"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("memory: activations kept (as given;"), "{out}");
+    let (code, out, err) = run(&auto, &["--device-memory", &budget_s]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let memory = out.lines().find(|l| l.starts_with("memory: ")).unwrap_or_default();
+    assert!(memory.contains("auto: about") && memory.contains("the cheapest of 1 that fit, of 8"), "{memory}");
+    assert_eq!(memory.contains(&format!("(ZeRO-{zero})")), zero > 0, "{memory}");
+    assert_eq!(memory.contains("each layer recomputed"), recompute == "block", "{memory}");
+    for (i, (x, y)) in losses(&plain).iter().zip(losses(&auto)).enumerate() {
+        assert!((x - y).abs() <= 1e-5 * x.abs(), "step {}: {x} plain, {y} with ZeRO-{zero} {recompute}", i + 1);
+    }
+    // a byte less fits nothing: refused before anything is written, with the numbers
+    let tight = tmp("strategy-tight");
+    let (code, out, err) = run(&tight, &["--device-memory", &(budget - 1).to_string()]);
+    assert_eq!(code, 2, "{out}\n{err}");
+    assert!(err.contains("needs about") && err.contains("(--device-memory)"), "{err}");
+    assert!(!tight.join("checkpoints").exists() && !tight.join("metrics.jsonl").exists());
+    // a stage given pins it: ZeRO-0 does not fit that budget, and the error says what would
+    let (code, _, err) = run(&tight, &["--device-memory", &budget_s, "--zero", "0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("a higher --zero, or --strategy auto"), "{err}");
+    for w in [plain, auto, tight] {
+        let _ = std::fs::remove_dir_all(w);
+    }
+}

@@ -2,7 +2,7 @@
 //! default, the Trainer's options, the run's identity, and whether a resumed run is
 //! already past its steps.
 
-use super::super::check::{self, Recompute};
+use super::super::check::{self, Recompute, StrategyMode};
 use super::err;
 use clap::Args;
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
@@ -70,8 +70,8 @@ pub struct TrainArgs {
     /// Activation recompute: none, or block (each transformer layer recomputed in the
     /// backward pass from its input: one hidden state kept per layer instead of every
     /// activation, for one more forward per layer; LLaMA models; runs op by op on pjrt).
-    /// Default: the planner's pick, block only when the run does not fit this host's
-    /// memory otherwise (printed with the run).
+    /// Default: the planner's pick (`--strategy auto`), block only when the run does not fit
+    /// the memory per rank otherwise (printed with the run).
     #[arg(long, value_enum)]
     pub recompute: Option<Recompute>,
     /// ZeRO stage over the data-parallel ranks: 0 (every rank holds the whole training
@@ -79,9 +79,20 @@ pub struct TrainArgs {
     /// the gradients, reduce-scattered during backward; any optimizer) or 3 (FSDP: also
     /// the decoder layers' parameters, each layer gathered just before it runs; LLaMA
     /// models). Every stage gives the same results; a run resumes at any stage and mesh
-    /// (its checkpoint is resharded).
+    /// (its checkpoint is resharded). Default: the planner's pick (`--strategy auto`), 0
+    /// unless the run does not fit the memory per rank otherwise.
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: Option<u8>,
+    /// Who picks the memory tools `--zero` and `--recompute` leave open: auto (the planner:
+    /// among those that fit the memory per rank, the fewest bytes moved and recomputed; as
+    /// `redco plan` lists them) or none (ZeRO-0, every activation kept). A run that fits
+    /// nothing is refused before anything is allocated, with the numbers.
+    #[arg(long, value_enum, default_value_t = StrategyMode::Auto)]
+    pub strategy: StrategyMode,
+    /// Memory per rank to fit the run to (e.g. 16GB, 24GiB; default: this host's available
+    /// memory shared by the ranks on it).
+    #[arg(long, value_parser = check::bytes)]
+    pub device_memory: Option<u64>,
     /// Compute dtype: f32, or bf16 / f16 (with f32 master weights).
     #[arg(long, default_value = "f32")]
     pub dtype: String,

@@ -7,10 +7,11 @@ use super::corpus::{EncodedSynthetic, Synthetic, SEED_MIX};
 use super::finish::{finish, own_threads, Ending};
 use super::{err, RunSetup};
 use crate::cmd::backends::{self, CliBackend, Devices, LmStep, OnBackend};
+use crate::cmd::check::StrategyMode;
 use crate::cmd::fits;
 use redco_core::nn::lora::{add_lora, LoraConfig};
 use redco_core::pipeline::data::Dataset;
-use redco_core::pipeline::{Batch, FitReport, StepCtx, TrainConfig, Trainer};
+use redco_core::pipeline::{Batch, FitReport, StepCtx, TrainConfig, Trainer, ZeroStage};
 use redco_core::{Backend, DType, Result, Tensor};
 use redco_models::auto::AutoModel;
 use redco_models::generate::{generate_with, GenerationConfig, Sampling};
@@ -185,7 +186,14 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
         s.mesh,
         (a.batch_size, seq_len),
         s.compute,
-        (a.zero.unwrap_or(0), a.recompute.map(|r| r.on())),
+        fits::StrategyAsk {
+            zero: a.zero,
+            recompute: a.recompute.map(|r| r.on()),
+            auto: a.strategy == StrategyMode::Auto,
+            budget: a.device_memory,
+            lora: s.lora.is_some(),
+            adamw: a.optimizer == "adamw",
+        },
     )?;
     let tok = Tokenizer::from_dir(&s.tok_dir).map_err(err)?;
     if let Some(w) = vocab::check_tokenizer(&tok, cfg.vocab).map_err(err)? {
@@ -194,7 +202,8 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
     let mut identity = s.identity.clone();
     identity.insert("vocab".into(), tok.vocab_size().to_string());
     let (train, held_out) = lm_data(a, cfg, &tok, seq_len)?;
-    let config = train_config(a, train.len(), identity, s.compute, cfg.vocab)?;
+    let mut config = train_config(a, train.len(), identity, s.compute, cfg.vocab)?;
+    config.zero = ZeroStage::from_number(strategy.zero).unwrap_or_default();
     let steps = config.steps;
     if already_past(a, s.resumed, steps, s.leader) {
         return Ok(());
