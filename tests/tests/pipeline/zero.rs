@@ -223,6 +223,62 @@ mod zero3 {
         }
     }
 
+    /// LoRA adapters on the attention projections of the real LLaMA: the base frozen, the
+    /// adapters trained, under ZeRO-2 and ZeRO-3 (with recompute) as under DDP.
+    #[test]
+    fn lora_under_zero2_and_zero3_trains_as_ddp_does() {
+        use redco_core::nn::lora::{add_lora, LoraConfig};
+        let lora = |zero: ZeroStage, dtype: DType| -> Trainer<Llama<Cpu>, Vec<i64>> {
+            Trainer::new(
+                move |b| {
+                    let mut m = Llama::new(b, &self::cfg(), DType::F32, 9)?;
+                    let targets = r"model\.layers\.\d+\.self_attn\.(q_proj|v_proj)".to_string();
+                    add_lora(&mut m, &LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, targets }, 5)?;
+                    m.set_recompute(true);
+                    Ok(m)
+                },
+                collate,
+                |_: &StepCtx<_>, m: &Llama<_>, b: &Batch<_>| m.loss(&b["input_ids"], None, &b["input_ids"]),
+                TrainConfig { checkpoint_every: None, keep_last: 0, ..train_config(zero, dtype, STEPS) },
+            )
+        };
+        let data = corpus().sequences(0, 256);
+        for (mesh, dtype) in [("4x1", DType::F32), ("2x2", DType::BF16)] {
+            let fit = |stage: ZeroStage| {
+                let dep =
+                    Deployer::new(mesh.parse().unwrap(), 3, &workdir(&format!("z3-lora-{mesh}-{stage:?}"))).unwrap();
+                let r = lora(stage, dtype).fit(&dep, &data, false).unwrap();
+                (r, super::read_model(&dep.workdir))
+            };
+            let (a, ma) = fit(ZeroStage::Off);
+            assert_eq!(a.losses.len(), STEPS as usize);
+            assert!(a.losses[STEPS as usize - 1] < a.losses[0], "the adapters learn: {:?}", a.losses);
+            for stage in [ZeroStage::Gradients, ZeroStage::Parameters] {
+                let (b, mb) = fit(stage);
+                let tag = format!("{mesh} {dtype:?} {stage:?}");
+                // one reduce-scatter per trainable parameter (two adapters of two matrices in
+                // each of the two layers) per step; the adapters are gathered after the update
+                // (ZeRO-2), or for the forward and again for the recomputation (ZeRO-3). The
+                // frozen base has no master: each rank holds it whole, and it moves not at all
+                let gathers = if stage == ZeroStage::Parameters { 16 } else { 8 };
+                for (rank, st) in &b.comm {
+                    let rs = st.get(CollectiveKind::ReduceScatter, MeshAxis::Dp).calls;
+                    assert_eq!(rs, STEPS * 8, "{tag}: rank {rank}: reduce-scatters");
+                    let ag = st.get(CollectiveKind::AllGather, MeshAxis::Dp).calls;
+                    assert_eq!(ag, STEPS * gathers, "{tag}: rank {rank}: all-gathers");
+                }
+                for (i, (x, y)) in a.losses.iter().zip(&b.losses).enumerate() {
+                    assert!((x - y).abs() <= 1e-5 * x.abs(), "{tag}: step {i}: DDP {x}, {y}");
+                }
+                assert_eq!(ma.len(), mb.len(), "{tag}");
+                for ((n, x), (m, y)) in ma.iter().zip(&mb) {
+                    assert_eq!(n, m);
+                    redco_tests::check::assert_close(&floats(x), &floats(y), 1e-5, &format!("{tag}: {n}"));
+                }
+            }
+        }
+    }
+
     /// Per step at dp = 4 (one micro-batch): one all-gather per layer parameter for the
     /// forward and one more where the layer is recomputed; one all-gather of every other
     /// parameter's compute copy after the update; one reduce-scatter per parameter.
