@@ -4,7 +4,8 @@
 //! rank's collective counts); eval-dump matches transformers for every model at 1x2 and
 //! 2x2; a killed rank ends the job within the timeout and names it, and resuming ends
 //! with the weights of an uninterrupted run; a stopped rank is named by the watchdog;
-//! a mesh that does not fit the world is refused; the workdir, identity, integrity and
+//! ZeRO-2 and ZeRO-3 (with recompute) over processes equal their thread runs and the
+//! replicated one; a mesh that does not fit the world is refused; the workdir, identity, integrity and
 //! input checks hold over processes as over threads.
 
 #![cfg(feature = "mpi")]
@@ -127,6 +128,44 @@ fn training_at_2x2_over_processes_equals_the_thread_run() {
     assert_eq!(r.code, Some(0), "{}\n{}", r.stdout, r.stderr);
     assert_eq!(losses(&ow), lp, "losses with --overlap-grad-sync");
     assert!(bytes(&ow) == bytes(&tw), "the final weights differ with --overlap-grad-sync");
+}
+
+/// ZeRO-2, and ZeRO-3 with block recompute, at 2x2 over four processes: every step's loss
+/// equals the thread run's at the same stage and the replicated (ZeRO-0) thread run's, and
+/// each rank's collective calls are the thread run's.
+#[test]
+fn zero2_and_zero3_over_processes_equal_the_thread_runs() {
+    let d = scratch("zero");
+    let base = d.join("threads-zero0");
+    let bs = base.to_str().unwrap();
+    let (code, _, err) = redco_threads(&train_args(bs, "6", &["--strategy", "none"]));
+    assert_eq!(code, 0, "{err}");
+    let replicated = losses(&base);
+    assert_eq!(replicated.len(), 6);
+    for (zero, recompute) in [("2", "none"), ("3", "block")] {
+        let (tw, pw) = (d.join(format!("threads-zero{zero}")), d.join(format!("procs-zero{zero}")));
+        let (ts, ps) = (tw.to_str().unwrap(), pw.to_str().unwrap());
+        let (tstats, pstats) = (format!("{ts}/comm-{{rank}}.json"), format!("{ps}/comm-{{rank}}.json"));
+        let flags = ["--zero", zero, "--recompute", recompute];
+        let (code, _, err) = redco_threads(&train_args(ts, "6", &[&flags[..], &["--comm-stats", &tstats]].concat()));
+        assert_eq!(code, 0, "{err}");
+        let args = train_args(ps, "6", &[&flags[..], &["--comm-stats", &pstats]].concat());
+        let r = mpirun(4).run(&exe(), &args, &d, Duration::from_secs(300)).unwrap();
+        assert_eq!(r.code, Some(0), "{}\n{}", r.stdout, r.stderr);
+        assert!(r.stdout.contains(&format!("(ZeRO-{zero})")), "{}", r.stdout);
+        let (lt, lp) = (losses(&tw), losses(&pw));
+        assert_eq!(lp.len(), 6, "ZeRO-{zero}");
+        for (((s, a), (_, b)), (_, c)) in lt.iter().zip(&lp).zip(&replicated) {
+            assert!((a - b).abs() <= 1e-5 * a.abs(), "ZeRO-{zero} step {s}: {a} on threads, {b} over processes");
+            assert!((c - b).abs() <= 1e-5 * c.abs(), "ZeRO-{zero} step {s}: {c} replicated, {b} over processes");
+        }
+        for rank in 0..4 {
+            let read = |w: &Path| std::fs::read_to_string(w.join(format!("comm-{rank}.json"))).unwrap();
+            let (a, b) = (read(&tw), read(&pw));
+            assert!(a.contains("ReduceScatter") && a.contains("AllGather"), "ZeRO-{zero}: {a}");
+            assert_eq!(a, b, "ZeRO-{zero}: rank {rank}'s collective calls");
+        }
+    }
 }
 
 #[test]
