@@ -7,6 +7,15 @@
 //! communication, so its communicator refuses any. With `--mpi` (xtask's `mpi` feature)
 //! the ranks run together instead, one MPI process each (`mpirun -np mp`), with the MPI
 //! communicator.
+//!
+//! At real size: `--dtype bf16` writes the checkpoint in bf16 tensor by tensor
+//! ([`super::random_ckpt`]) and loads it in bf16; `--heads N --kv-heads N` shape the
+//! attention; `--decode N` (with `--mpi`) has the ranks decode N tokens greedily after loading
+//! (batch 1, an 8-token prompt, the KV cache split over heads) and reports the decode tokens/s
+//! next to its bound: this machine's read bandwidth (measured here, every core summing a
+//! 1 GiB buffer) over the bytes each token reads (the whole model, read by the ranks
+//! together). The 7B config: `--hidden 4096 --layers 32 --inter 11008 --heads 32 --kv-heads 32
+//! --vocab 32000 --dtype bf16 --mp 4 --mpi --decode 8`.
 
 use crate::args::Args;
 use redco_core::cpu::Cpu;
@@ -88,12 +97,39 @@ fn memory() -> (u64, u64) {
     (field("VmHWM:"), field("VmRSS:"))
 }
 
-fn config(hidden: usize, layers: usize, inter: usize, vocab: usize) -> String {
+/// The model's shape: hidden, layers, intermediate, vocab, heads, key/value heads.
+type Dims = (usize, usize, usize, usize, usize, usize);
+
+fn config((hidden, layers, inter, vocab, heads, kv): Dims, dtype: DType) -> String {
+    let torch = if dtype == DType::BF16 { "bfloat16" } else { "float32" };
     format!(
-        r#"{{"model_type":"llama","hidden_size":{hidden},"intermediate_size":{inter},"num_attention_heads":16,
-"num_key_value_heads":16,"num_hidden_layers":{layers},"vocab_size":{vocab},"tie_word_embeddings":false,
-"max_position_embeddings":2048,"rms_norm_eps":1e-5,"torch_dtype":"float32"}}"#
+        r#"{{"model_type":"llama","hidden_size":{hidden},"intermediate_size":{inter},"num_attention_heads":{heads},
+"num_key_value_heads":{kv},"num_hidden_layers":{layers},"vocab_size":{vocab},"tie_word_embeddings":false,
+"max_position_embeddings":2048,"rms_norm_eps":1e-5,"torch_dtype":"{torch}"}}"#
     )
+}
+
+/// The checkpoint's dtype, from its config.
+fn dtype_of(cfg: &HfConfig) -> DType {
+    if cfg.raw.get("torch_dtype").and_then(|v| v.as_str()) == Some("bfloat16") {
+        DType::BF16
+    } else {
+        DType::F32
+    }
+}
+
+/// Greedy decoding of `new` tokens after an 8-token prompt at batch 1: the tokens/s after the
+/// first (the prompt's forward excluded).
+fn decode_rate<M: redco_models::generate::CausalLm<Cpu> + Sync>(b: &Cpu, m: &M, new: usize) -> Result<f64> {
+    use redco_models::generate::{generate_with, GenerationConfig, Sampling};
+    let prompt = redco_core::Tensor::from_vec(b, (1..=8).collect::<Vec<i64>>(), [1, 8])?;
+    let cfg = GenerationConfig { max_new_tokens: new, sampling: Sampling::Greedy, stop_tokens: vec![], pad_token: 0 };
+    let mut times = Vec::new();
+    generate_with(m, &prompt, None, &cfg, |_, _| times.push(std::time::Instant::now()))?;
+    match (times.first(), times.last()) {
+        (Some(a), Some(z)) if times.len() > 1 => Ok((times.len() - 1) as f64 / z.duration_since(*a).as_secs_f64()),
+        _ => Ok(0.0),
+    }
 }
 
 fn child(dir: &Path, rank: usize, mp: usize) -> std::result::Result<(), String> {
@@ -103,9 +139,11 @@ fn child(dir: &Path, rank: usize, mp: usize) -> std::result::Result<(), String> 
     let mesh = Mesh::new(1, mp).map_err(|e| e.to_string())?;
     let plan = plan_by_names(&cfg.param_shapes().map_err(|e| e.to_string())?, mesh);
     let _guard = (mp > 1).then(|| CommGuard::install(Comm::<Cpu>::new(Arc::new(Detached { mesh, rank }))));
-    let m = Llama::from_pretrained_split(&b, dir, DType::F32, (mp > 1).then_some(&plan)).map_err(|e| e.to_string())?;
+    let dtype = dtype_of(&cfg);
+    let m = Llama::from_pretrained_split(&b, dir, dtype, (mp > 1).then_some(&plan)).map_err(|e| e.to_string())?;
     let (peak, rss) = memory();
-    let local: usize = m.named_parameters().iter().map(|(_, p)| p.local_shape().elem_count() * 4).sum();
+    let local: usize =
+        m.named_parameters().iter().map(|(_, p)| p.local_shape().elem_count() * dtype.size_in_bytes()).sum();
     println!("{{\"base\":{base},\"peak\":{peak},\"rss\":{rss},\"local\":{local}}}");
     Ok(())
 }
@@ -114,7 +152,7 @@ fn child(dir: &Path, rank: usize, mp: usize) -> std::result::Result<(), String> 
 /// its slice with the MPI communicator installed; prints its JSON line with its rank. The
 /// baseline is taken after MPI starts (MPI's own memory is not the model's).
 #[cfg(feature = "mpi")]
-fn child_mpi(dir: &Path, mp: usize) -> std::result::Result<(), String> {
+fn child_mpi(dir: &Path, mp: usize, decode: usize) -> std::result::Result<(), String> {
     use redco_core::runtime::{spmd_with, CommFactory, SpmdOptions};
     let mpi = redco_mpi::Mpi::init().map_err(|e| e.to_string())?;
     let (base, _) = memory();
@@ -129,10 +167,17 @@ fn child_mpi(dir: &Path, mp: usize) -> std::result::Result<(), String> {
         &opts,
         |_, t| Cpu::try_new(t),
         |rk| {
-            let m = Llama::from_pretrained_split(&rk.backend, dir, DType::F32, Some(&plan))?;
+            let dtype = dtype_of(&cfg);
+            let m = Llama::from_pretrained_split(&rk.backend, dir, dtype, Some(&plan))?;
             let (peak, rss) = memory();
-            let local: usize = m.named_parameters().iter().map(|(_, p)| p.local_shape().elem_count() * 4).sum();
-            println!("{{\"rank\":{},\"base\":{base},\"peak\":{peak},\"rss\":{rss},\"local\":{local}}}", rk.rank);
+            let local: usize =
+                m.named_parameters().iter().map(|(_, p)| p.local_shape().elem_count() * dtype.size_in_bytes()).sum();
+            let rate = if decode > 0 { decode_rate(&rk.backend, &m, decode)? } else { 0.0 };
+            let (decode_peak, _) = memory();
+            println!(
+                "{{\"rank\":{},\"base\":{base},\"peak\":{peak},\"rss\":{rss},\"local\":{local},\"decode_tok_s\":{rate},\"decode_peak\":{decode_peak}}}",
+                rk.rank
+            );
             rk.comm.barrier()
         },
     )
@@ -141,7 +186,7 @@ fn child_mpi(dir: &Path, mp: usize) -> std::result::Result<(), String> {
 }
 
 #[cfg(not(feature = "mpi"))]
-fn child_mpi(_: &Path, _: usize) -> std::result::Result<(), String> {
+fn child_mpi(_: &Path, _: usize, _: usize) -> std::result::Result<(), String> {
     Err("--mpi needs xtask's `mpi` feature: cargo run --release -p xtask --features mpi -- bench load --mpi".into())
 }
 
@@ -152,27 +197,41 @@ pub fn run(argv: &[String]) -> std::result::Result<(), String> {
         return child(Path::new(dir), a.num("rank", 0)?, a.num("mp", 1)?);
     }
     if let Some(dir) = a.get("child-mpi") {
-        return child_mpi(Path::new(dir), a.num("mp", 1)?);
+        return child_mpi(Path::new(dir), a.num("mp", 1)?, a.num("decode", 0)?);
     }
     let mp = a.num("mp", 4)?;
-    let (hidden, layers, inter, vocab) =
-        (a.num("hidden", 1024)?, a.num("layers", 12)?, a.num("inter", 2816)?, a.num("vocab", 32000)?);
+    let (heads, kv) = (a.num("heads", 16)?, a.num("kv-heads", a.num("heads", 16)?)?);
+    let dims = (a.num("hidden", 1024)?, a.num("layers", 12)?, a.num("inter", 2816)?, a.num("vocab", 32000)?, heads, kv);
+    let dtype = match a.get("dtype").unwrap_or("f32") {
+        "f32" => DType::F32,
+        "bf16" => DType::BF16,
+        d => return Err(format!("--dtype {d}: f32 or bf16")),
+    };
+    let decode = a.num("decode", 0)?;
+    if decode > 0 && !a.has("mpi") {
+        return Err("--decode runs the ranks together: add --mpi".into());
+    }
     let dir = PathBuf::from(a.get("dir").unwrap_or("target/bench-load-llama"));
-    let cfg = HfConfig::from_json(&config(hidden, layers, inter, vocab)).map_err(|e| e.to_string())?;
+    let text = config(dims, dtype);
+    let cfg = HfConfig::from_json(&text).map_err(|e| e.to_string())?;
     let shapes = cfg.param_shapes().map_err(|e| e.to_string())?;
-    let model_bytes: usize = shapes.iter().map(|(_, s)| s.elem_count() * 4).sum();
-    let largest = shapes.iter().map(|(_, s)| s.elem_count() * 4).max().unwrap_or(0);
+    let model_bytes: usize = shapes.iter().map(|(_, s)| s.elem_count() * dtype.size_in_bytes()).sum();
+    let largest = shapes.iter().map(|(_, s)| s.elem_count() * dtype.size_in_bytes()).max().unwrap_or(0);
     if HfConfig::from_dir(&dir).map(|c| c.raw != cfg.raw).unwrap_or(true) {
         eprintln!("writing a random {:.0} MB checkpoint to {}", model_bytes as f64 / 1e6, dir.display());
-        let b = Cpu::try_new(crate::machine::cores()).map_err(|e| e.to_string())?;
-        let m = Llama::new(&b, &cfg, DType::F32, 1).map_err(|e| e.to_string())?;
-        save_pretrained(&m, &cfg, &dir, 2_000_000_000).map_err(|e| e.to_string())?;
+        if dtype == DType::BF16 {
+            super::random_ckpt::write(&dir, &text, &shapes)?;
+        } else {
+            let b = Cpu::try_new(crate::machine::cores()).map_err(|e| e.to_string())?;
+            let m = Llama::new(&b, &cfg, DType::F32, 1).map_err(|e| e.to_string())?;
+            save_pretrained(&m, &cfg, &dir, 2_000_000_000).map_err(|e| e.to_string())?;
+        }
     }
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mb = |x: f64| x / 1e6;
     println!("machine: {}", crate::machine::describe());
     println!(
-        "model {:.1} MB (f32), largest tensor {:.1} MB, 1/{mp} of the model {:.1} MB",
+        "model {:.1} MB ({dtype:?}), largest tensor {:.1} MB, 1/{mp} of the model {:.1} MB",
         mb(model_bytes as f64),
         mb(largest as f64),
         mb(model_bytes as f64 / mp as f64)
@@ -200,7 +259,9 @@ pub fn run(argv: &[String]) -> std::result::Result<(), String> {
         // the ranks together, one MPI process each, the communicator real
         let d = dir.to_str().unwrap_or(".");
         let mps = mp.to_string();
-        let out = super::mpi::run_under_mpirun(&exe, &["bench", "load", "--child-mpi", d, "--mp", &mps], mp)?;
+        let dec = decode.to_string();
+        let args = ["bench", "load", "--child-mpi", d, "--mp", &mps, "--decode", &dec];
+        let out = super::mpi::run_under_mpirun(&exe, &args, mp)?;
         let mut lines: Vec<serde_json::Value> =
             out.lines().filter_map(|l| serde_json::from_str(l.trim()).ok()).collect();
         lines.sort_by_key(|v| v["rank"].as_u64());
@@ -209,6 +270,21 @@ pub fn run(argv: &[String]) -> std::result::Result<(), String> {
         }
         for v in &lines {
             row(&format!("mpi {}/{mp}", v["rank"]), v, mp);
+        }
+        if decode > 0 {
+            let peak = lines.iter().filter_map(|v| v["decode_peak"].as_f64()).fold(0.0, f64::max);
+            let rate = lines[0]["decode_tok_s"].as_f64().unwrap_or(0.0);
+            let bw = super::random_ckpt::read_bandwidth(1 << 30, crate::machine::cores());
+            let bound = bw / model_bytes as f64;
+            println!(
+                "decode at batch 1 over {mp} processes: {rate:.3} tok/s (largest peak RSS of a process while \
+                 decoding {:.1} MB); bound: read bandwidth {:.1} GB/s / {:.1} MB read per token = {bound:.3} tok/s; \
+                 {:.2}x of the bound",
+                mb(peak),
+                bw / 1e9,
+                mb(model_bytes as f64),
+                rate / bound
+            );
         }
         return Ok(());
     }

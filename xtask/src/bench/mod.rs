@@ -12,6 +12,7 @@ mod llm_pjrt;
 mod load;
 mod mpi;
 mod peak;
+mod random_ckpt;
 mod real_size;
 pub(crate) mod stats;
 pub(crate) mod torch;
