@@ -59,7 +59,7 @@ const FEATURES: &str = "redco/wgpu,redco/mpi,redco/tpu,redco/cuda,xtask/wgpu,xta
 /// The Debian packages the suite needs beyond the Rust toolchain: Open MPI (redco-mpi and
 /// the multi-process tests), libclang (rsmpi's bindgen) and Mesa's Vulkan drivers (the
 /// wgpu suite on lavapipe).
-const PACKAGES: [&str; 4] = ["libopenmpi-dev", "openmpi-bin", "libclang-dev", "mesa-vulkan-drivers"];
+const PACKAGES: [&str; 5] = ["libopenmpi-dev", "openmpi-bin", "libclang-dev", "mesa-vulkan-drivers", "iproute2"];
 
 fn installed(pkg: &str) -> bool {
     Command::new("dpkg-query")

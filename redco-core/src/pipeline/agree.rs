@@ -31,9 +31,23 @@ pub fn from_leader<B: Backend>(comm: &Comm<B>, b: &B, values: &[f64]) -> Result<
     Ok(w.chunks_exact(2).map(|p| f64::from_bits(p[0] as u32 as u64 | ((p[1] as u32 as u64) << 32))).collect())
 }
 
+/// Rank 0's `text` (up to 255 bytes of it) on every rank, through [`from_leader`]: six
+/// bytes to an f64, exact.
+pub fn text_from_leader<B: Backend>(comm: &Comm<B>, b: &B, text: &str) -> Result<String> {
+    let mut bytes: Vec<u8> = text.as_bytes().iter().copied().take(255).collect();
+    bytes.insert(0, bytes.len() as u8);
+    bytes.resize(258, 0);
+    let values: Vec<f64> =
+        bytes.chunks(6).map(|c| c.iter().rev().fold(0u64, |a, &x| (a << 8) | u64::from(x)) as f64).collect();
+    let got = from_leader(comm, b, &values)?;
+    let bytes: Vec<u8> = got.iter().flat_map(|v| (0..6).map(move |i| ((*v as u64) >> (8 * i)) as u8)).collect();
+    let n = usize::from(bytes[0]);
+    Ok(String::from_utf8_lossy(&bytes[1..=n]).into_owned())
+}
+
 /// Every rank checks that it sees the workdir rank 0 sees: rank 0 writes a file with a
 /// fresh token, every rank reads it back. A rank on a host where the workdir is another
-/// directory (not a shared filesystem) gets an error naming the host and the path.
+/// directory (not a shared filesystem) gets an error naming both hosts and the path.
 pub fn check_shared_workdir<B: Backend>(comm: &Comm<B>, b: &B, workdir: &Path, host: &str) -> Result<()> {
     if comm.mesh().size() == 1 {
         return Ok(());
@@ -50,6 +64,7 @@ pub fn check_shared_workdir<B: Backend>(comm: &Comm<B>, b: &B, workdir: &Path, h
         0.0
     };
     let token = from_leader(comm, b, &[token])?[0] as u64;
+    let leader_host = text_from_leader(comm, b, host)?;
     let seen = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<u64>().ok());
     let ok = seen == Some(token);
     comm.barrier()?;
@@ -60,7 +75,7 @@ pub fn check_shared_workdir<B: Backend>(comm: &Comm<B>, b: &B, workdir: &Path, h
         return Err(Error::invalid(
             "workdir",
             format!(
-                "rank {} on host {host} does not see the workdir {} that rank 0 writes (it found {}): put the workdir on a filesystem every host shares",
+                "rank {} on host {host} does not see the workdir {} that rank 0 writes on host {leader_host} (it found {}): put the workdir on a filesystem every host shares",
                 comm.rank(),
                 workdir.display(),
                 seen.map_or("no check file".to_string(), |s| format!("another token {s}"))

@@ -73,7 +73,7 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
         // only variables train; frozen parameters (e.g. a LoRA base) keep one copy in the
         // compute dtype, no gradient and no optimizer state
         let zero = if dep.mesh.dp > 1 { cfg.zero_stage() } else { ZeroStage::Off };
-        let mut state = TrainState::new(&model, cfg, &rk.comm, best, zero)?;
+        let mut state = TrainState::new(&mut model, cfg, &rk.comm, best, zero)?;
         if state.masters.is_empty() {
             return Err(Error::invalid("fit", "the model has no trainable parameters (every parameter is frozen)"));
         }

@@ -7,7 +7,7 @@ use super::reshard::{self, Saved, SavedFiles};
 use super::train_config::{TrainConfig, ZeroStage};
 use super::workdir;
 use super::zero::UnitPieces;
-use crate::nn::{Module, ModuleExt};
+use crate::nn::Module;
 use crate::optim::Optimizer;
 use crate::runtime::Comm;
 use crate::sharding::{FlatShard, ShardLayout};
@@ -91,9 +91,12 @@ pub(crate) struct TrainState<B: Backend> {
 impl<B: Backend> TrainState<B> {
     /// A fresh state for `model`'s trainable parameters at ZeRO stage `zero` (stage 2:
     /// each master is this rank's dp-slice; stage 3: the masters of the model's units are
-    /// pieces the model will hold itself, [`TrainState::pieces`]).
+    /// pieces the model holds itself, [`TrainState::pieces`]). Under ZeRO-3 each unit
+    /// parameter of `model` is replaced by its piece as soon as the piece is cut, so the
+    /// whole parameter is dropped before the next is cut: initialisation never holds the
+    /// whole model and all the pieces at once.
     pub(crate) fn new(
-        model: &impl Module<B>,
+        model: &mut impl Module<B>,
         cfg: &TrainConfig,
         comm: &Comm<B>,
         best: Option<f64>,
@@ -112,22 +115,37 @@ impl<B: Backend> TrainState<B> {
         let in_unit =
             |name: &str| units.iter().any(|u| name.strip_prefix(u.as_str()).is_some_and(|r| r.starts_with('.')));
         let (mut masters, mut layouts, mut whole) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
-        for (name, p) in model.trainable_parameters() {
-            whole.insert(name.clone(), ShardLayout::of(&p));
+        let mut err = None;
+        // the trainable parameters (the variables), in `trainable_parameters`' order
+        model.visit_mut("", &mut |name, p| {
+            if err.is_some() || !p.is_var() {
+                return;
+            }
+            whole.insert(name.to_string(), ShardLayout::of(p));
             let m = match &sliced {
                 Some(c) => {
-                    let shard = FlatShard::of(&p, c);
-                    let slice = crate::no_grad(|| shard.own(c, &p.cast(DType::F32)?))?;
-                    if in_unit(&name) {
-                        layouts.insert(name.clone(), (shard, ShardLayout::of(&p)));
-                        shard.piece(&slice).into_var()
-                    } else {
-                        slice.into_var()
+                    let shard = FlatShard::of(p, c);
+                    match crate::no_grad(|| shard.own(c, &p.cast(DType::F32)?)) {
+                        Ok(slice) if in_unit(name) => {
+                            layouts.insert(name.to_string(), (shard, ShardLayout::of(p)));
+                            let piece = shard.piece(&slice).into_var();
+                            // the model holds the piece from now on (as the refresh would put it)
+                            *p = piece.detach().into_var();
+                            piece
+                        }
+                        Ok(slice) => slice.into_var(),
+                        Err(e) => {
+                            err = Some(e);
+                            return;
+                        }
                     }
                 }
-                None => p,
+                None => p.clone(),
             };
-            masters.insert(name, m);
+            masters.insert(name.to_string(), m);
+        });
+        if let Some(e) = err {
+            return Err(e);
         }
         let pieces = (zero == ZeroStage::Parameters)
             .then(|| Arc::new(UnitPieces::new(comm.clone(), cfg.compute_dtype, layouts)));
