@@ -81,8 +81,14 @@ tasks:
                                    GEMM GFLOP/s vs the measured f32 FMA peak (and torch)
   bench decode [--prompt N] [--new N] [--reps N] [--threads N] [--torch PYTHON] [--json FILE]
                                    batch-1 LLaMA decode tok/s with the KV cache (and transformers)
-  bench load [--mp N] [--mpi] [--hidden N] [--layers N] [--inter N] [--vocab N]
+  bench load [--mp N] [--mpi] [--hidden N] [--layers N] [--inter N] [--vocab N] [--heads N]
+        [--kv-heads N] [--dtype f32|bf16] [--decode N]
                                    peak resident memory of each rank loading its checkpoint slice
+                                   (--decode with --mpi: decode tok/s against the bandwidth bound)
+  bench memory [--preset P] [--steps N] [--batch N] [--seq N] [--np N] [--json FILE]
+                                   `redco train` unsharded vs NP MPI processes at ZeRO-3 + recompute:
+                                   peak RSS per process, the planner's prediction, step time, tok/s
+                                   (xtask's `mpi` feature; redco built with --features mpi)
   fixtures [--python PY] [--datasets]  regenerate tests/fixtures with transformers (--datasets: tests/fixtures/datasets with datasets; not in CI)
   fuzz [--cases N] [--only NAME]   the hostile-input properties, 100000 generated inputs per
                                    target (config, safetensors, index, tokenizer, manifest,

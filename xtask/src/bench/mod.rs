@@ -10,6 +10,7 @@ mod llm_child;
 #[cfg(feature = "tpu")]
 mod llm_pjrt;
 mod load;
+mod memory;
 mod mpi;
 mod peak;
 mod random_ckpt;
@@ -23,10 +24,13 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         Some("gemm") => gemm::run(&argv[1..]),
         Some("decode") => decode::run(&argv[1..]),
         Some("load") => load::run(&argv[1..]),
+        Some("memory") => memory::run(&argv[1..]),
         Some("llm") => llm::run(&argv[1..]),
         Some("real-size") => real_size::run(&argv[1..]),
         Some(flag) if flag.starts_with("--") => llm::run(argv),
-        Some(other) => Err(format!("unknown benchmark `{other}` (available: llm, gemm, decode, load, real-size)")),
+        Some(other) => {
+            Err(format!("unknown benchmark `{other}` (available: llm, gemm, decode, load, memory, real-size)"))
+        }
         None => llm::run(&[]),
     }
 }
