@@ -147,23 +147,11 @@ pub fn run(dir: &Path, args: &[&str], envs: &[(&str, &str)], echo: bool) -> Resu
             return Err(format!("{} is not in the bundle (for `cargo {}`)", exe.display(), args.join(" ")));
         }
         eprintln!("xtask: {} {}", exe.display(), tail.join(" "));
-        let mut child = Command::new(&exe)
-            .args(tail)
-            .envs(envs.iter().copied())
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
-        if let Some(stdout) = child.stdout.take() {
-            for line in BufReader::new(stdout).lines() {
-                let line = line.map_err(|e| format!("reading {program}'s output: {e}"))?;
-                if echo {
-                    println!("{line}");
-                }
-                out.push_str(&line);
-                out.push('\n');
-            }
-        }
-        ok &= child.wait().map_err(|e| format!("waiting for {program}: {e}"))?.success();
+        let mut c = Command::new(&exe);
+        c.args(tail).envs(envs.iter().copied());
+        let (success, text) = crate::gpu_check::piped(c, &program, echo)?;
+        ok &= success;
+        out.push_str(&text);
     }
     Ok((ok, out))
 }

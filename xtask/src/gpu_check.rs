@@ -30,16 +30,19 @@ pub(crate) fn cargo(args: &[&str], envs: &[(&str, &str)], echo: bool) -> Result<
         return crate::gpu_bundle::run(&dir, args, envs, echo);
     }
     eprintln!("xtask: cargo {}", args.join(" "));
-    let mut child = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(args)
-        .envs(envs.iter().copied())
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.args(args).envs(envs.iter().copied());
+    piped(c, "cargo", echo)
+}
+
+/// Runs `c`, echoing its stdout as it comes when `echo`; its success and its stdout (`what`
+/// names it in errors).
+pub(crate) fn piped(mut c: Command, what: &str, echo: bool) -> Result<(bool, String), String> {
+    let mut child = c.stdout(Stdio::piped()).spawn().map_err(|e| format!("cannot run {what}: {e}"))?;
     let mut out = String::new();
     if let Some(stdout) = child.stdout.take() {
         for line in BufReader::new(stdout).lines() {
-            let line = line.map_err(|e| format!("reading cargo's output: {e}"))?;
+            let line = line.map_err(|e| format!("reading {what}'s output: {e}"))?;
             if echo {
                 println!("{line}");
             }
@@ -47,7 +50,7 @@ pub(crate) fn cargo(args: &[&str], envs: &[(&str, &str)], echo: bool) -> Result<
             out.push('\n');
         }
     }
-    let status = child.wait().map_err(|e| format!("waiting for cargo: {e}"))?;
+    let status = child.wait().map_err(|e| format!("waiting for {what}: {e}"))?;
     Ok((status.success(), out))
 }
 

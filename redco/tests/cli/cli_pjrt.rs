@@ -5,6 +5,7 @@
 //! devices, `train` runs at 1x2, and a missing plugin is a clear error.
 #![cfg(feature = "tpu")]
 
+use crate::common::losses;
 use std::process::Command;
 
 /// Exit code, stdout and stderr of `redco args`.
@@ -90,15 +91,6 @@ fn a_missing_plugin_is_a_clear_error() {
     let (code, _, err) = redco(&[&args[..], &["--pjrt-plugin", "/nonexistent/libtpu.so"]].concat());
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("cannot open the PJRT plugin /nonexistent/libtpu.so"), "{err}");
-}
-
-/// The per-step losses of a run's metrics.jsonl.
-fn losses(workdir: &std::path::Path) -> Vec<f64> {
-    std::fs::read_to_string(workdir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
-        .collect()
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! whose outputs exist and whose loss falls, a model that generates and converts both ways,
 //! and one-line errors with exit code 2 for bad input.
 
-use crate::common::{redco, s};
+use crate::common::{losses, redco, s};
 use std::path::PathBuf;
 
 fn tmp(name: &str) -> PathBuf {
@@ -193,13 +193,6 @@ fn a_hugging_face_model_without_data_trains_on_the_corpus_through_its_own_tokeni
 }
 
 /// Each step's loss of a run, from its metrics.
-fn losses(w: &std::path::Path) -> Vec<f64> {
-    std::fs::read_to_string(w.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
-        .collect()
-}
 
 #[test]
 fn recompute_block_trains_as_keeping_activations_does_and_other_models_refuse_it() {

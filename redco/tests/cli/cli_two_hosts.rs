@@ -16,6 +16,7 @@
 
 #![cfg(feature = "mpi")]
 
+use crate::common::losses;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -186,14 +187,6 @@ fn train_args<'a>(workdir: &'a str, steps: &'a str, extra: &[&'a str]) -> Vec<&'
     ];
     v.extend_from_slice(extra);
     v
-}
-
-fn losses(w: &Path) -> Vec<f64> {
-    std::fs::read_to_string(w.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
-        .collect()
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! adapters. Skipped without a wgpu adapter unless `REDCO_REQUIRE_WGPU=1`.
 #![cfg(feature = "wgpu")]
 
+use crate::common::losses;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -62,15 +63,6 @@ fn generate_on_wgpu_gives_the_cpu_text_and_info_lists_adapters() {
     let (code, out, err) = redco(&["info"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("wgpu adapter 0:") && out.contains("<- used"), "{out}");
-}
-
-/// The per-step losses of a run's metrics.jsonl.
-fn losses(workdir: &std::path::Path) -> Vec<f64> {
-    std::fs::read_to_string(workdir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
-        .collect()
 }
 
 #[test]

@@ -94,3 +94,12 @@ pub fn compare_dump(name: &str, out: &Path) {
         assert!(e <= tol, "{name}: {k}: error {e}");
     }
 }
+
+/// The per-step losses of a run's `metrics.jsonl` (none while the file does not exist yet).
+pub fn losses(workdir: &Path) -> Vec<f64> {
+    std::fs::read_to_string(workdir.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
+        .collect()
+}
