@@ -97,7 +97,7 @@ mod tests {
         let out =
             "device: NVIDIA H200 (sm_90)\ngemm f32 4096^3 48.2 TFLOP/s\ngemm bf16 8192^3 655.0 TFLOP/s\nallocator: ...";
         assert_eq!(super::tflops(out), vec![("f32".to_string(), 4096, 48.2), ("bf16".to_string(), 8192, 655.0)]);
-        assert_eq!(super::peak_of(out), Some(("H200", 790.0)));
+        assert_eq!(super::peak_of(out), Some(("H200", 989.0)));
         assert_eq!(super::peak_of("device: NVIDIA GeForce RTX 4090 (sm_89)"), None);
     }
 }
