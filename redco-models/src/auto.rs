@@ -6,7 +6,7 @@ use crate::gptj::GptJ;
 use crate::hf::config::HfConfig;
 use crate::llama::Llama;
 use crate::opt::Opt;
-use redco_core::nn::{Linear, Module};
+use redco_core::nn::{Linear, Module, ParamPlacer};
 use redco_core::planning::ShardPlan;
 use redco_core::{Backend, DType, Error, Result, Tensor};
 use std::path::Path;
@@ -54,6 +54,25 @@ impl<B: Backend> AutoModel<B> {
             "opt" => AutoModel::Opt(Opt::from_pretrained(b, dir, dtype, plan)?),
             other => return Err(unsupported(other)),
         })
+    }
+
+    /// [`AutoModel::new`] with each parameter handed to `placer` as it is made (see
+    /// [`Llama::new_placed`]). LLaMA places them; the other models are built whole (and
+    /// cut by the plan afterwards).
+    pub fn new_placed(b: &B, cfg: &HfConfig, dtype: DType, seed: u64, placer: &dyn ParamPlacer<B>) -> Result<Self> {
+        match cfg.model_type.as_str() {
+            "llama" | "mistral" => Ok(AutoModel::Llama(Llama::new_placed(b, cfg, dtype, seed, placer)?)),
+            _ => Self::new(b, cfg, dtype, seed),
+        }
+    }
+
+    /// [`AutoModel::from_pretrained`] with each tensor handed to `placer` as it is read
+    /// (LLaMA; the other models are read whole).
+    pub fn from_pretrained_placed(b: &B, dir: &Path, dtype: DType, placer: &dyn ParamPlacer<B>) -> Result<Self> {
+        match HfConfig::from_dir(dir)?.model_type.as_str() {
+            "llama" | "mistral" => Ok(AutoModel::Llama(Llama::from_pretrained_placed(b, dir, dtype, placer)?)),
+            _ => Self::from_pretrained(b, dir, dtype, None),
+        }
     }
 
     /// A randomly initialised model for `cfg`.

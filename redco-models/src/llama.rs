@@ -6,9 +6,10 @@
 use crate::generate::{CausalLm, FixedKvCache, KvCache};
 use crate::hf::checkpoint::Checkpoint;
 use crate::hf::config::HfConfig;
-use crate::params::{CheckpointSource, ParamSource, RandomInit};
+use crate::params::{CheckpointSource, ParamSource, Placed, RandomInit};
 use redco_core::nn::{
-    self, gathered, Activation, Embedding, GatedMlp, Init, Linear, Module, ParamGather, RmsNorm, RotaryEmbedding,
+    self, gathered, Activation, Embedding, GatedMlp, Init, KeepWhole, Linear, Module, ParamGather, ParamPlacer,
+    RmsNorm, RotaryEmbedding,
 };
 use redco_core::{Backend, DType, Error, Result, RotaryMode, Shape, Tensor};
 use std::sync::Arc;
@@ -105,6 +106,13 @@ impl<B: Backend> Llama<B> {
         Self::build(cfg, &mut RandomInit::new(b, dtype, seed))
     }
 
+    /// [`Llama::new`] with each parameter handed to `placer` as it is made (the trainer's
+    /// keeps only this rank's part: [`redco_core::pipeline::Trainer::with_model_placed`]).
+    /// The values are [`Llama::new`]'s.
+    pub fn new_placed(b: &B, cfg: &HfConfig, dtype: DType, seed: u64, placer: &dyn ParamPlacer<B>) -> Result<Self> {
+        Self::build(cfg, &mut Placed::new(&mut RandomInit::new(b, dtype, seed), placer))
+    }
+
     /// Checks that `cfg` describes a LLaMA this implementation runs.
     pub fn check_config(cfg: &HfConfig) -> Result<()> {
         if !matches!(cfg.model_type.as_str(), "llama" | "mistral") {
@@ -196,11 +204,32 @@ impl<B: Backend> Llama<B> {
         dtype: DType,
         plan: Option<&redco_core::planning::ShardPlan>,
     ) -> Result<Self> {
+        Self::load(b, dir, dtype, plan, &KeepWhole)
+    }
+
+    /// [`Llama::from_pretrained`] with each tensor handed to `placer` as it is read (see
+    /// [`Llama::new_placed`]).
+    pub fn from_pretrained_placed(
+        b: &B,
+        dir: &std::path::Path,
+        dtype: DType,
+        placer: &dyn ParamPlacer<B>,
+    ) -> Result<Self> {
+        Self::load(b, dir, dtype, None, placer)
+    }
+
+    fn load(
+        b: &B,
+        dir: &std::path::Path,
+        dtype: DType,
+        plan: Option<&redco_core::planning::ShardPlan>,
+        placer: &dyn ParamPlacer<B>,
+    ) -> Result<Self> {
         let cfg = HfConfig::from_dir(dir)?;
         Self::check_config(&cfg)?;
         let ckpt = Checkpoint::open(dir)?;
         CheckpointSource::<B>::check(&ckpt, &cfg.param_shapes()?, &|n| n.ends_with("rotary_emb.inv_freq"))?;
-        Self::build(&cfg, &mut CheckpointSource::new(b, &ckpt, plan, dtype))
+        Self::build(&cfg, &mut Placed::new(&mut CheckpointSource::new(b, &ckpt, plan, dtype), placer))
     }
 
     /// Logits `[batch, seq, vocab]` for `ids` `[batch, seq]`, with an optional `[batch, seq]`

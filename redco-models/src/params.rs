@@ -3,7 +3,7 @@
 //! [`ShardPlan`] places it. Models ask for `(name, shape, init)` and never see placements.
 
 use crate::hf::checkpoint::Checkpoint;
-use redco_core::nn::Init;
+use redco_core::nn::{Init, ParamPlacer};
 use redco_core::{planning::ShardPlan, runtime::current_comm};
 use redco_core::{Backend, DType, Error, MeshAxis, Placement, Result, Shape, Tensor};
 use std::collections::BTreeSet;
@@ -12,6 +12,27 @@ use std::collections::BTreeSet;
 pub trait ParamSource<B: Backend> {
     /// The parameter `name` of global `shape`; `init` is how a fresh model would fill it.
     fn param(&mut self, name: &str, shape: Shape, init: Init) -> Result<Tensor<B>>;
+}
+
+/// Another source's parameters handed to a [`ParamPlacer`] as they are made (the trainer's
+/// keeps only this rank's part of each, so a model built through it is never whole).
+pub struct Placed<'a, B: Backend> {
+    inner: &'a mut dyn ParamSource<B>,
+    placer: &'a dyn ParamPlacer<B>,
+}
+
+impl<'a, B: Backend> Placed<'a, B> {
+    /// `inner`'s parameters, placed by `placer`.
+    pub fn new(inner: &'a mut dyn ParamSource<B>, placer: &'a dyn ParamPlacer<B>) -> Self {
+        Placed { inner, placer }
+    }
+}
+
+impl<B: Backend> ParamSource<B> for Placed<'_, B> {
+    fn param(&mut self, name: &str, shape: Shape, init: Init) -> Result<Tensor<B>> {
+        let inner = &mut *self.inner;
+        self.placer.place(name, &shape, &mut || inner.param(name, shape.clone(), init))
+    }
 }
 
 /// Fresh parameters from a seed (each parameter's stream is derived from the seed and the

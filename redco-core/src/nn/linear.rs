@@ -3,7 +3,7 @@
 
 use super::lora::LoraAdapter;
 use super::{join, Init, Module};
-use crate::{Backend, DType, Error, Result, Tensor};
+use crate::{Backend, DType, Error, MeshAxis, Placement, Result, Tensor};
 
 /// A dense layer; `weight` is `[out_features, in_features]`.
 #[derive(Debug, Clone)]
@@ -24,8 +24,12 @@ impl<B: Backend> Linear<B> {
         let bias = if bias { Some(Init::Uniform(bound).var(b, [out_features], dtype, seed ^ 0xb1a5)?) } else { None };
         Ok(Linear { weight, bias, lora: None })
     }
-    /// A layer from existing tensors (checked for shape agreement).
+    /// A layer from existing tensors (checked for shape agreement; a ZeRO-3 piece, a flat
+    /// dp-slice a [`ParamPlacer`](super::ParamPlacer) kept, is checked when it is gathered).
     pub fn from_tensors(weight: Tensor<B>, bias: Option<Tensor<B>>) -> Result<Self> {
+        if matches!(weight.placements().get(MeshAxis::Dp), Placement::Shard(_)) {
+            return Ok(Linear { weight, bias, lora: None });
+        }
         if weight.rank() != 2 {
             return Err(Error::invalid("Linear", format!("weight must be [out, in], got {}", weight.shape())));
         }

@@ -15,6 +15,7 @@ pub mod lora;
 mod loss;
 mod mlp;
 mod norm;
+mod placer;
 mod rotary;
 
 pub use activation::Activation;
@@ -27,6 +28,7 @@ pub use linear::Linear;
 pub use loss::{cross_entropy, IGNORE_INDEX};
 pub use mlp::{GatedMlp, Mlp};
 pub use norm::{LayerNorm, RmsNorm};
+pub use placer::{KeepWhole, ParamPlacer};
 pub use rotary::RotaryEmbedding;
 
 use crate::{Backend, Error, Result, Tensor};

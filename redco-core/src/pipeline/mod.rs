@@ -14,6 +14,7 @@ pub mod grad_sync;
 pub mod integrity;
 pub mod metrics;
 pub mod observe;
+mod placing;
 mod predictor;
 mod rank_run;
 mod reshard;

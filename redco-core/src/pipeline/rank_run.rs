@@ -8,6 +8,7 @@ use super::checkpoint::{export_each, Checkpointer};
 use super::data::Dataset;
 use super::grad_sync::{GradSync, SyncStrategy};
 use super::metrics::{MetricsLog, StepMetrics};
+use super::placing::RankPlacer;
 use super::run_dir::RunDir;
 use super::step::{params_of, shard_batch, train_ctx, StepOutcome, StepStrategy, Trained};
 use super::train_config::ZeroStage;
@@ -57,23 +58,28 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
         trainer: &'a Trainer<M, E, B>,
         (dep, rk): (&'a Deployer<B>, &'a Rank<B>),
         data: &'a dyn Dataset<E>,
-        plan: &ShardPlan,
+        (plan, units): (&ShardPlan, &[String]),
         run: &RunDir,
     ) -> Result<Self> {
         let cfg = &trainer.config;
         let host = dep.world().host;
         check_shared_workdir(&rk.comm, &rk.backend, &dep.workdir, &host)?;
         let resume = agree_on_resume(rk, run, &host)?;
-        let mut model = (trainer.model_fn)(&rk.backend)?;
-        plan.apply(&mut model)?;
+        let zero = if dep.mesh.dp > 1 { cfg.zero_stage() } else { ZeroStage::Off };
+        // each parameter cut to this rank's part as it is made (a constructor that takes
+        // the placer); whatever the constructor made whole, the plan cuts now
+        let units = if zero == ZeroStage::Parameters { units } else { &[] };
+        let placer = RankPlacer::new(plan, &rk.comm, units);
+        let mut model = (trainer.model_fn)(&rk.backend, &placer)?;
+        let placed = placer.into_pieces();
+        plan.apply_except(&mut model, &|name| placed.contains_key(name))?;
         let ckpt = Checkpointer::new(&dep.workdir, cfg.keep_last);
         // the best eval so far, as rank 0 reads it
         let best0 = ckpt.best().map_or(f64::NAN, |(_, v)| v);
         let best = Some(from_leader(&rk.comm, &rk.backend, &[best0])?[0]).filter(|v| !v.is_nan());
         // only variables train; frozen parameters (e.g. a LoRA base) keep one copy in the
         // compute dtype, no gradient and no optimizer state
-        let zero = if dep.mesh.dp > 1 { cfg.zero_stage() } else { ZeroStage::Off };
-        let mut state = TrainState::new(&mut model, cfg, &rk.comm, best, zero)?;
+        let mut state = TrainState::new(&mut model, cfg, &rk.comm, best, zero, placed)?;
         if state.masters.is_empty() {
             return Err(Error::invalid("fit", "the model has no trainable parameters (every parameter is frozen)"));
         }

@@ -3,6 +3,7 @@
 //! starts from; restored from a checkpoint and saved as one.
 
 use super::checkpoint::{Checkpointer, Manifest};
+use super::placing::{in_unit, PieceLayouts};
 use super::reshard::{self, Saved, SavedFiles};
 use super::train_config::{TrainConfig, ZeroStage};
 use super::workdir;
@@ -91,16 +92,19 @@ pub(crate) struct TrainState<B: Backend> {
 impl<B: Backend> TrainState<B> {
     /// A fresh state for `model`'s trainable parameters at ZeRO stage `zero` (stage 2:
     /// each master is this rank's dp-slice; stage 3: the masters of the model's units are
-    /// pieces the model holds itself, [`TrainState::pieces`]). Under ZeRO-3 each unit
-    /// parameter of `model` is replaced by its piece as soon as the piece is cut, so the
-    /// whole parameter is dropped before the next is cut: initialisation never holds the
-    /// whole model and all the pieces at once.
+    /// pieces the model holds itself, [`TrainState::pieces`]). `placed` are the pieces the
+    /// model's constructor already holds (cut as they were made, [`RankPlacer`]); under
+    /// ZeRO-3 every other unit parameter of `model` is replaced by its piece as soon as the
+    /// piece is cut, so the whole parameter is dropped before the next is cut.
+    ///
+    /// [`RankPlacer`]: super::placing::RankPlacer
     pub(crate) fn new(
         model: &mut impl Module<B>,
         cfg: &TrainConfig,
         comm: &Comm<B>,
         best: Option<f64>,
         zero: ZeroStage,
+        placed: PieceLayouts,
     ) -> Result<Self> {
         let mut opt = cfg.optimizer.build(zero);
         opt.set_comm(Some(comm.clone()));
@@ -112,13 +116,33 @@ impl<B: Backend> TrainState<B> {
                 "this model has no units to gather parameters for (Module::gather_units): use ZeRO-2",
             ));
         }
-        let in_unit =
-            |name: &str| units.iter().any(|u| name.strip_prefix(u.as_str()).is_some_and(|r| r.starts_with('.')));
+        let in_unit = |name: &str| in_unit(&units, name);
         let (mut masters, mut layouts, mut whole) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
         let mut err = None;
         // the trainable parameters (the variables), in `trainable_parameters`' order
         model.visit_mut("", &mut |name, p| {
-            if err.is_some() || !p.is_var() {
+            if err.is_some() {
+                return;
+            }
+            if let Some((shard, layout)) = placed.get(name) {
+                if !p.is_var() {
+                    err = Some(crate::Error::Parameter {
+                        name: name.into(),
+                        msg: format!(
+                            "`{name}` was placed as a ZeRO-3 piece and then frozen: build frozen parameters whole \
+                             (without the placer)"
+                        ),
+                    });
+                    return;
+                }
+                // already the f32 piece: the master, and the model holds it as it is
+                whole.insert(name.to_string(), layout.clone());
+                layouts.insert(name.to_string(), (*shard, layout.clone()));
+                masters.insert(name.to_string(), p.clone());
+                *p = p.detach().into_var();
+                return;
+            }
+            if !p.is_var() {
                 return;
             }
             whole.insert(name.to_string(), ShardLayout::of(p));

@@ -8,13 +8,14 @@
 use super::compiled::{CompiledStep, StepCompiler};
 use super::data::Dataset;
 use super::observe::{Observers, TrainObserver};
+use super::placing::SharedByShape;
 use super::rank_run::RankRun;
 use super::run_dir::{ClaimOptions, RunDir};
 use super::step::{CompiledRun, EagerStep, StepStrategy};
 use super::train_config::{OptimizerConfig, TrainConfig, ZeroStage};
 use super::{Batch, Deployer, StepCtx};
 use crate::cpu::Cpu;
-use crate::nn::{Module, ModuleExt};
+use crate::nn::{KeepWhole, Module, ModuleExt, ParamPlacer};
 use crate::ops::random::mix64;
 use crate::planning::trace::plan_from_trace;
 use crate::{planning::ShardPlan, runtime::CommStats};
@@ -61,7 +62,8 @@ impl FitReport {
     }
 }
 
-type ModelFn<M, B> = Box<dyn Fn(&B) -> Result<M> + Send + Sync>;
+/// The model constructor: the rank's device and where its parameters go as they are made.
+type ModelFn<M, B> = Box<dyn Fn(&B, &dyn ParamPlacer<B>) -> Result<M> + Send + Sync>;
 type EvalFn<M, B> = Box<dyn Fn(&StepCtx<B>, &M, &Batch<B>) -> Result<f64> + Send + Sync>;
 
 /// Periodic evaluation: a metric averaged over held-out batches, logged, and the best
@@ -122,6 +124,22 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
     /// [`Trainer::fit`] runs on a [`Deployer<B>`] (which makes each rank's device).
     pub fn for_backend(
         model_fn: impl Fn(&B) -> Result<M> + Send + Sync + 'static,
+        collate_fn: impl Fn(&B, &[E]) -> Result<Batch<B>> + Send + Sync + 'static,
+        loss_fn: impl Fn(&StepCtx<B>, &M, &Batch<B>) -> Result<Tensor<B>> + Send + Sync + 'static,
+        config: TrainConfig,
+    ) -> Self {
+        Trainer::for_backend_placed(move |b: &B, _: &dyn ParamPlacer<B>| model_fn(b), collate_fn, loss_fn, config)
+    }
+
+    /// [`Trainer::for_backend`] with a model constructor that hands each parameter, as it
+    /// makes it, to the [`ParamPlacer`] it is given: the trainer's placer keeps only this
+    /// rank's shard of it (under ZeRO-3 a unit parameter's f32 piece) and drops the whole
+    /// at once, so building never holds the whole model (the planning trace's placer
+    /// shares one buffer per shape). Parameters must come out of the constructor as the
+    /// placer returned them; one frozen after it was placed as a ZeRO-3 piece is refused
+    /// (build frozen parameters with [`KeepWhole`] instead).
+    pub fn for_backend_placed(
+        model_fn: impl Fn(&B, &dyn ParamPlacer<B>) -> Result<M> + Send + Sync + 'static,
         collate_fn: impl Fn(&B, &[E]) -> Result<Batch<B>> + Send + Sync + 'static,
         loss_fn: impl Fn(&StepCtx<B>, &M, &Batch<B>) -> Result<Tensor<B>> + Send + Sync + 'static,
         config: TrainConfig,
@@ -206,7 +224,7 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
             ));
         }
         let b = dep.backend(local[0], 1)?;
-        let model = (self.model_fn)(&b)?;
+        let model = (self.model_fn)(&b, &KeepWhole)?;
         let (ex, _) = self.examples(data, dep.seed, 0, 0, (0, dep.mesh.dp), &mut HashMap::new())?;
         let batch = (self.collate_fn)(&b, &ex)?;
         let t0 = Instant::now();
@@ -285,12 +303,21 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
     /// new one from the deployer, as this process's first rank would get it, with one
     /// compute thread). Every process derives the same plan.
     pub fn plan(&self, dep: &Deployer<B>, data: &dyn Dataset<E>) -> Result<ShardPlan> {
+        self.plan_and_units(dep, data).map(|(plan, _)| plan)
+    }
+
+    /// [`Trainer::plan`], and the model's ZeRO-3 units ([`Module::gather_units`]). The traced
+    /// model is built with [`SharedByShape`]: a model constructor that takes the placer
+    /// ([`Trainer::with_model_placed`]) holds one buffer per parameter shape here, not the
+    /// whole model.
+    fn plan_and_units(&self, dep: &Deployer<B>, data: &dyn Dataset<E>) -> Result<(ShardPlan, Vec<String>)> {
         let first = dep.local_ranks()?.first().copied().unwrap_or(0);
         let b = dep.backend(first, 1)?;
         if !b.supports(self.config.compute_dtype) {
             return Err(Error::UnsupportedDType { op: "fit (compute dtype)", dtype: self.config.compute_dtype });
         }
-        let mut model = (self.model_fn)(&b)?;
+        let mut model = (self.model_fn)(&b, &SharedByShape::new())?;
+        let units = model.gather_units();
         // the base model is traced alone; LoRA adapters then follow their layers
         let adapters = crate::nn::lora::take_adapters(&mut model);
         // the trace follows the autograd graph: frozen parameters are traced as variables
@@ -319,7 +346,7 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
         // frozen parameters are split too
         let mut plan = plan_from_trace(&model.named_parameters(), &[&loss], dep.mesh, false)?;
         crate::planning::lora::plan_adapters(&mut plan, &adapters);
-        Ok(plan)
+        Ok((plan, units))
     }
 
     /// The checks a run makes before anything else: data, batch size, compute dtype, and
@@ -378,18 +405,18 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
 
     /// The plan, and the compiled step when there is a compiler.
     fn prepare(&self, dep: &Deployer<B>, data: &dyn Dataset<E>) -> Result<Prepared<B>> {
-        let plan = self.plan(dep, data)?;
+        let (plan, units) = self.plan_and_units(dep, data)?;
         tracing::info!(mesh = %dep.mesh, params = plan.params.len(), "sharding plan derived from the traced forward pass");
         let compiled = match &self.compiler {
             Some(c) => Some(self.compile_step(c.as_ref(), dep, data, &plan)?),
             None => None,
         };
-        Ok(Prepared { plan, compiled })
+        Ok(Prepared { plan, units, compiled })
     }
 
     /// Every local rank's run, as one report.
     fn train(&self, dep: &Deployer<B>, data: &dyn Dataset<E>, p: Prepared<B>, run: &RunDir) -> Result<FitReport> {
-        let Prepared { plan, compiled } = p;
+        let Prepared { plan, units, compiled } = p;
         // (a run stopped after its last checkpoint but before its export finishes the export)
         let exported = dep.workdir.join("model.safetensors").exists();
         if let Some((step, dir)) = run.resume_from().filter(|(step, _)| *step >= self.config.steps && exported) {
@@ -407,7 +434,8 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
             Some(cs) => Box::new(CompiledRun(cs)),
             None => Box::new(EagerStep),
         };
-        let results = dep.run(|rk| RankRun::start(self, (dep, rk), data, &plan, run)?.run(stepper.as_ref()))?;
+        let results =
+            dep.run(|rk| RankRun::start(self, (dep, rk), data, (&plan, &units), run)?.run(stepper.as_ref()))?;
         let comm: BTreeMap<usize, CommStats> = results.iter().map(|r| (r.rank, r.stats.clone())).collect();
         let first = results.into_iter().next().ok_or_else(|| Error::invalid("fit", "no rank ran in this process"))?;
         Ok(FitReport {
@@ -425,5 +453,7 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
 /// What a run needs before its ranks start: the sharding plan and the compiled step.
 struct Prepared<B: Backend> {
     plan: ShardPlan,
+    /// The model's ZeRO-3 units.
+    units: Vec<String>,
     compiled: Option<Arc<dyn CompiledStep<B>>>,
 }

@@ -111,6 +111,16 @@ impl ShardPlan {
     /// Lays out every parameter of `model` as planned: each rank keeps its slice (no
     /// communication) as a fresh variable. Run inside an SPMD run whose mesh is the plan's.
     pub fn apply<B: Backend, M: Module<B> + ?Sized>(&self, model: &mut M) -> Result<()> {
+        self.apply_except(model, &|_| false)
+    }
+
+    /// [`ShardPlan::apply`] to every parameter but those `skip` names (already laid out
+    /// otherwise, e.g. ZeRO-3 pieces cut while the model was built).
+    pub fn apply_except<B: Backend, M: Module<B> + ?Sized>(
+        &self,
+        model: &mut M,
+        skip: &dyn Fn(&str) -> bool,
+    ) -> Result<()> {
         if let Some(c) = crate::runtime::current_comm::<B>() {
             if c.mesh() != self.mesh {
                 return Err(Error::invalid(
@@ -123,7 +133,7 @@ impl ShardPlan {
         }
         let mut err = None;
         model.visit_mut("", &mut |name, t| {
-            if err.is_some() {
+            if err.is_some() || skip(name) {
                 return;
             }
             match t.redistribute(self.placements(name)) {

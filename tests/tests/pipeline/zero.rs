@@ -116,13 +116,14 @@ mod zero3 {
 
     use super::{corpus, workdir};
     use redco_core::cpu::Cpu;
-    use redco_core::nn::{Module, ModuleExt};
+    use redco_core::nn::{Module, ModuleExt, ParamPlacer};
     use redco_core::optim::{AdamWConfig, Decay, Schedule};
     use redco_core::pipeline::{Batch, Deployer, FitReport, OptimizerConfig, StepCtx, TrainConfig, Trainer, ZeroStage};
     use redco_core::runtime::CollectiveKind;
     use redco_core::{Backend, DType, MeshAxis, Result, Tensor};
     use redco_models::hf::config::HfConfig;
     use redco_models::llama::Llama;
+    use std::sync::{Arc, Mutex};
 
     fn cfg() -> HfConfig {
         HfConfig::from_json(
@@ -170,9 +171,29 @@ mod zero3 {
             keep_last: 0,
             ..train_config(zero, dtype, steps)
         };
-        Trainer::new(
-            move |b| {
-                let mut m = Llama::new(b, &self::cfg(), DType::F32, 9)?;
+        placed_trainer(cfg, recompute, true, None)
+    }
+
+    /// The LLaMA trainer with `cfg`: the model built through the trainer's placer (each
+    /// parameter cut to the rank's part as it is made) or whole and cut afterwards; each
+    /// built model's held elements pushed to `held`.
+    fn placed_trainer(
+        cfg: TrainConfig,
+        recompute: bool,
+        placed: bool,
+        held: Option<Arc<Mutex<Vec<usize>>>>,
+    ) -> Trainer<Llama<Cpu>, Vec<i64>> {
+        Trainer::for_backend_placed(
+            move |b: &Cpu, placer: &dyn ParamPlacer<Cpu>| {
+                let mut m = match placed {
+                    true => Llama::new_placed(b, &self::cfg(), DType::F32, 9, placer)?,
+                    false => Llama::new(b, &self::cfg(), DType::F32, 9)?,
+                };
+                if let Some(h) = &held {
+                    let mut n = 0;
+                    m.visit("", &mut |_, t| n += t.local_shape().elem_count());
+                    h.lock().unwrap().push(n);
+                }
                 m.set_recompute(recompute);
                 Ok(m)
             },
@@ -180,6 +201,42 @@ mod zero3 {
             |_: &StepCtx<_>, m: &Llama<_>, b: &Batch<_>| m.loss(&b["input_ids"], None, &b["input_ids"]),
             cfg,
         )
+    }
+
+    /// Built through the placer, each ZeRO-3 rank's model holds only its pieces of the
+    /// layers from the moment it is built (never the whole model), the planning trace's
+    /// model is whole in shape, and the run is the run of the model built whole and cut
+    /// afterwards, bit for bit.
+    #[test]
+    fn zero3_built_through_the_placer_holds_only_pieces_and_trains_as_the_whole_build() {
+        let model = Llama::<Cpu>::new(&Default::default(), &cfg(), DType::F32, 9).unwrap();
+        let units = model.gather_units();
+        let (mut total, mut expect) = (0, 0);
+        for (name, t) in model.named_parameters() {
+            let n = t.shape().elem_count();
+            total += n;
+            expect += if units.iter().any(|u| name.starts_with(&format!("{u}."))) { n.div_ceil(4) } else { n };
+        }
+        let data = corpus().sequences(0, 256);
+        let mut runs = Vec::new();
+        for placed in [true, false] {
+            let held = Arc::new(Mutex::new(Vec::new()));
+            let dep = Deployer::new("4x1".parse().unwrap(), 3, &workdir(&format!("z3-placed-{placed}"))).unwrap();
+            let cfg = TrainConfig {
+                schedule: Schedule { peak: 3e-3, warmup: 2, total: 8, decay: Decay::Cosine },
+                ..train_config(ZeroStage::Parameters, DType::F32, 8)
+            };
+            let r = placed_trainer(cfg, true, placed, Some(held.clone())).fit(&dep, &data, false).unwrap();
+            let held = held.lock().unwrap().clone();
+            assert_eq!(held.len(), 5, "one trace and four ranks");
+            assert_eq!(held[0], total, "the trace's model has every parameter's shape");
+            let ranks = if placed { expect } else { total };
+            assert_eq!(&held[1..], &[ranks; 4], "placed {placed}: elements each rank's model holds when built");
+            runs.push((r.losses, super::read_model(&dep.workdir)));
+        }
+        assert!(expect * 2 < total, "the pieces are a fraction of the model");
+        assert_eq!(runs[0].0, runs[1].0, "the losses");
+        assert_eq!(runs[0].1, runs[1].1, "the exported weights");
     }
 
     fn run(

@@ -10,6 +10,7 @@ use crate::cmd::backends::{self, CliBackend, Devices, LmStep, OnBackend};
 use crate::cmd::check::StrategyMode;
 use crate::cmd::fits;
 use redco_core::nn::lora::{add_lora, LoraConfig};
+use redco_core::nn::{KeepWhole, ParamPlacer};
 use redco_core::pipeline::data::Dataset;
 use redco_core::pipeline::{Batch, FitReport, StepCtx, TrainConfig, Trainer, ZeroStage};
 use redco_core::{Backend, DType, Result, Tensor};
@@ -74,10 +75,13 @@ impl Job<'_> {
     fn trainer<B: CliBackend>(&self) -> Trainer<AutoModel<B>, Vec<i64>, B> {
         let (cfg, seed, from, lora) = (self.cfg.clone(), self.a.seed, self.from.clone(), self.lora.clone());
         let recompute = self.recompute;
-        let model_fn = move |b: &B| {
+        // each parameter is cut to this rank's part as it is made, so no rank holds the
+        // whole model; LoRA freezes its base after the build, so that model is built whole
+        let model_fn = move |b: &B, placer: &dyn ParamPlacer<B>| {
+            let placer = if lora.is_some() { &KeepWhole } else { placer };
             let mut m = match &from {
-                Some(dir) => AutoModel::from_pretrained(b, dir, DType::F32, None)?,
-                None => AutoModel::new(b, &cfg, DType::F32, seed)?,
+                Some(dir) => AutoModel::from_pretrained_placed(b, dir, DType::F32, placer)?,
+                None => AutoModel::new_placed(b, &cfg, DType::F32, seed, placer)?,
             };
             if let Some(l) = &lora {
                 add_lora(&mut m, l, seed)?;
@@ -85,7 +89,7 @@ impl Job<'_> {
             m.set_recompute(recompute)?;
             Ok(m)
         };
-        let trainer = Trainer::for_backend(model_fn, collate_fn::<B>, loss_fn::<B>, self.config.clone())
+        let trainer = Trainer::for_backend_placed(model_fn, collate_fn::<B>, loss_fn::<B>, self.config.clone())
             .with_eval(self.held_out.clone(), eval_fn::<B>, self.a.checkpoint_every.max(1), true)
             .observe_all(redco::observe::standard());
         B::with_lm_step(trainer, &self.step)

@@ -1,0 +1,27 @@
+//! Where a model's parameters go as its constructor makes them ([`ParamPlacer`]). A
+//! constructor that takes a placer hands it each parameter, by name, the moment it can be
+//! made: the trainer's placer cuts it to what this rank keeps (its tensor-parallel shard,
+//! or under ZeRO-3 its piece) and drops the rest at once, so no rank ever holds the whole
+//! model; the planning trace's placer shares one buffer among parameters of one shape. A
+//! constructor that takes none builds every parameter whole ([`KeepWhole`]) and is cut
+//! afterwards, as before.
+
+use crate::{Backend, Result, Shape, Tensor};
+
+/// Decides what a rank keeps of each parameter while a model is built.
+pub trait ParamPlacer<B: Backend>: Send + Sync {
+    /// Parameter `name` (as [`Module::visit`](super::Module::visit) names it from the root)
+    /// of global `shape`, as this rank keeps it. `make` builds it whole; a placer calls it
+    /// at most once and may keep a tensor of another local shape (a shard or a piece).
+    fn place(&self, name: &str, shape: &Shape, make: &mut dyn FnMut() -> Result<Tensor<B>>) -> Result<Tensor<B>>;
+}
+
+/// Keeps every parameter whole, as made.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KeepWhole;
+
+impl<B: Backend> ParamPlacer<B> for KeepWhole {
+    fn place(&self, _name: &str, _shape: &Shape, make: &mut dyn FnMut() -> Result<Tensor<B>>) -> Result<Tensor<B>> {
+        make()
+    }
+}
