@@ -56,7 +56,7 @@ fn bytes_of(h: &str) -> Option<f64> {
 
 /// The losses, and the median step time and tokens/s of the steps after the first, from a
 /// run's metrics.
-fn metrics(workdir: &Path) -> (Vec<f64>, f64, f64) {
+pub(super) fn metrics(workdir: &Path) -> (Vec<f64>, f64, f64) {
     let text = std::fs::read_to_string(workdir.join("metrics.jsonl")).unwrap_or_default();
     let lines: Vec<serde_json::Value> = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
     let losses = lines.iter().filter_map(|v| v["loss"].as_f64()).collect();

@@ -17,6 +17,7 @@ mod random_ckpt;
 mod real_size;
 pub(crate) mod stats;
 pub(crate) mod torch;
+mod zero;
 
 /// Dispatches `bench <what> [flags]`.
 pub fn run(argv: &[String]) -> Result<(), String> {
@@ -27,9 +28,10 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         Some("memory") => memory::run(&argv[1..]),
         Some("llm") => llm::run(&argv[1..]),
         Some("real-size") => real_size::run(&argv[1..]),
+        Some("zero") => zero::run(&argv[1..]),
         Some(flag) if flag.starts_with("--") => llm::run(argv),
         Some(other) => {
-            Err(format!("unknown benchmark `{other}` (available: llm, gemm, decode, load, memory, real-size)"))
+            Err(format!("unknown benchmark `{other}` (available: llm, gemm, decode, load, memory, real-size, zero)"))
         }
         None => llm::run(&[]),
     }
