@@ -212,13 +212,13 @@ impl<B: Backend> super::Optimizer<B> for AdamW<B> {
     fn steps(&self) -> u64 {
         self.step
     }
-    fn state_tensors(&self) -> Vec<(String, Tensor<B>)> {
+    fn state_tensors(&self) -> Result<Vec<(String, Tensor<B>)>> {
         let mut v = Vec::new();
         for (n, (m, s)) in &self.state {
             v.push((format!("adam_m/{n}"), m.clone()));
             v.push((format!("adam_v/{n}"), s.clone()));
         }
-        v
+        Ok(v)
     }
     fn load_state(&mut self, steps: u64, mut state: BTreeMap<String, Tensor<B>>) -> Result<()> {
         let names: Vec<String> = state.keys().filter_map(|k| k.strip_prefix("adam_m/").map(str::to_string)).collect();

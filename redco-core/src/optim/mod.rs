@@ -4,11 +4,13 @@
 
 mod adamw;
 mod clip;
+mod offload;
 mod schedule;
 mod sgd;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use clip::{clip_grad_norm, global_grad_norm, scale_to_norm};
+pub use offload::Offloaded;
 pub use schedule::{Decay, Schedule};
 pub use sgd::Sgd;
 
@@ -31,7 +33,7 @@ pub trait Optimizer<B: Backend>: Send {
     /// Updates done so far.
     fn steps(&self) -> u64;
     /// The state tensors (this rank's local ones), named `kind/parameter`.
-    fn state_tensors(&self) -> Vec<(String, Tensor<B>)>;
+    fn state_tensors(&self) -> Result<Vec<(String, Tensor<B>)>>;
     /// Restores the update count and the state saved by [`Optimizer::state_tensors`].
     fn load_state(&mut self, steps: u64, state: BTreeMap<String, Tensor<B>>) -> Result<()>;
 }

@@ -53,8 +53,8 @@ impl<B: Backend> super::Optimizer<B> for Sgd<B> {
     fn steps(&self) -> u64 {
         self.steps
     }
-    fn state_tensors(&self) -> Vec<(String, Tensor<B>)> {
-        self.velocity.iter().map(|(n, v)| (format!("velocity/{n}"), v.clone())).collect()
+    fn state_tensors(&self) -> Result<Vec<(String, Tensor<B>)>> {
+        Ok(self.velocity.iter().map(|(n, v)| (format!("velocity/{n}"), v.clone())).collect())
     }
     fn load_state(&mut self, steps: u64, state: BTreeMap<String, Tensor<B>>) -> Result<()> {
         self.steps = steps;

@@ -234,7 +234,7 @@ impl Checkpointer {
             manifest.params.insert(name.clone(), (dims, placement_str(placed.get(crate::MeshAxis::Mp))));
             items.push((format!("param/{name}"), p));
         }
-        for (key, t) in opt.state_tensors() {
+        for (key, t) in opt.state_tensors()? {
             items.push((format!("opt/{key}"), t));
         }
         let entries: Vec<(String, DType, Vec<usize>)> =

@@ -95,7 +95,7 @@ pub(crate) fn push_state<B: Backend>(
     masters: &BTreeMap<String, Tensor<B>>,
     opt: &dyn Optimizer<B>,
 ) -> Result<()> {
-    let saved: BTreeMap<String, Tensor<B>> = opt.state_tensors().into_iter().collect();
+    let saved: BTreeMap<String, Tensor<B>> = opt.state_tensors()?.into_iter().collect();
     let mut st = StepState { params: BTreeMap::new(), m: BTreeMap::new(), v: BTreeMap::new(), steps: opt.steps() };
     for (name, p) in masters {
         let x = local(p);

@@ -1,7 +1,8 @@
 //! The [`Trainer`](super::Trainer)'s options: the optimizer, the schedule, checkpoints,
 //! mixed precision, and how a run relates to its workdir (resume, overwrite, identity).
 
-use crate::optim::{AdamW, AdamWConfig, Decay, Optimizer, Schedule, Sgd};
+use crate::cpu::Cpu;
+use crate::optim::{AdamW, AdamWConfig, Decay, Offloaded, Optimizer, Schedule, Sgd};
 use crate::{Backend, DType};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -82,7 +83,17 @@ impl ZeroStage {
 
 impl OptimizerConfig {
     /// The optimizer for a run at ZeRO stage `zero` (AdamW shards its own moments at
-    /// stage 1; at stage 2 it updates slices the trainer already cut).
+    /// stage 1; at stage 2 it updates slices the trainer already cut), run on the host when
+    /// `offload`.
+    pub(crate) fn build_for<B: Backend>(&self, zero: ZeroStage, offload: bool) -> Box<dyn Optimizer<B>> {
+        if !offload {
+            return self.build(zero);
+        }
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Box::new(Offloaded::<B>::new(self.build::<Cpu>(zero), threads))
+    }
+
+    /// The optimizer on `B` itself (see [`OptimizerConfig::build_for`]).
     pub(crate) fn build<B: Backend>(&self, zero: ZeroStage) -> Box<dyn Optimizer<B>> {
         match *self {
             OptimizerConfig::AdamW(c) => {
@@ -124,6 +135,11 @@ pub struct TrainConfig {
     /// ZeRO stage over the data-parallel axis (see [`TrainConfig::zero_stage`]; `Off` with
     /// an [`AdamWConfig::zero1`] optimizer is stage 1). Inert at dp = 1.
     pub zero: ZeroStage,
+    /// Offload the optimizer ([`Offloaded`](crate::optim::Offloaded)): its state and f32
+    /// copies of the parameters in host memory, the update on the host's CPU cores, the
+    /// updated parameters uploaded; for a device backend whose memory is short. Not with
+    /// ZeRO at dp > 1 or a compiled step (refused).
+    pub offload: bool,
     /// Print a progress line every N steps (with `progress_lines`).
     pub log_every: u64,
     /// Print plain progress lines on stderr (every `log_every` steps, from the logging
@@ -187,6 +203,7 @@ impl Default for TrainConfig {
             keep_last: 2,
             nan: NanPolicy::Error,
             zero: ZeroStage::Off,
+            offload: false,
             log_every: 10,
             progress_lines: true,
             tokens_key: Some("input_ids".into()),

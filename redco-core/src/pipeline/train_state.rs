@@ -106,7 +106,7 @@ impl<B: Backend> TrainState<B> {
         zero: ZeroStage,
         placed: PieceLayouts,
     ) -> Result<Self> {
-        let mut opt = cfg.optimizer.build(zero);
+        let mut opt = cfg.optimizer.build_for(zero, cfg.offload);
         opt.set_comm(Some(comm.clone()));
         let sliced = (zero >= ZeroStage::Gradients).then(|| comm.clone());
         let units = if zero == ZeroStage::Parameters { model.gather_units() } else { Vec::new() };

@@ -369,6 +369,22 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
                  are sharded with any optimizer) or AdamW",
             ));
         }
+        if cfg.offload && dep.mesh.dp > 1 && cfg.zero_stage() != ZeroStage::Off {
+            return Err(Error::unsupported(
+                "fit (offload)",
+                format!(
+                    "offloading the optimizer with ZeRO-{} is not supported yet: offload replicates the optimizer \
+                     state over dp on the host (use ZeRO-0 with offload, or ZeRO without it)",
+                    cfg.zero_stage().number()
+                ),
+            ));
+        }
+        if cfg.offload && self.compiler.is_some() {
+            return Err(Error::unsupported(
+                "fit (offload)",
+                "a compiled step updates on the device: offload needs the eager step",
+            ));
+        }
         match cfg.compute_dtype {
             DType::F32 | DType::BF16 | DType::F16 => Ok(()),
             d => Err(Error::UnsupportedDType { op: "fit (compute dtype)", dtype: d }),

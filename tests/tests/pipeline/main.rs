@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 mod lora;
 mod observe;
+mod offload;
 mod seq2seq;
 mod wgpu;
 mod zero;

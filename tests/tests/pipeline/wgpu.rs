@@ -78,3 +78,34 @@ fn the_predictor_on_wgpu_ranks_gives_the_cpu_outputs() {
     assert_eq!(got.len(), data.len());
     assert_close(&got, &want, TOL, "per-example losses on wgpu vs cpu");
 }
+
+/// Optimizer offload on wgpu ranks: AdamW runs on the CPU backend with its state in host
+/// memory and the parameters are uploaded after each update; the run gives the wgpu run
+/// without offload and the CPU run, and resumes from its own checkpoints.
+#[test]
+fn offloaded_adamw_on_wgpu_ranks_gives_the_device_run_and_resumes() {
+    let (Some(dev), Some(off), Some(split)) =
+        (on_wgpu("1x2", 3, "wgpu-dev"), on_wgpu("1x2", 3, "wgpu-offload"), on_wgpu("1x2", 3, "wgpu-offload-split"))
+    else {
+        return;
+    };
+    let data = corpus().sequences(0, 256);
+    let schedule = Schedule { peak: 3e-3, warmup: 1, total: 4, decay: Decay::Cosine };
+    let cfg = |steps, offload| TrainConfig {
+        schedule,
+        checkpoint_every: Some(2),
+        keep_last: 0,
+        offload,
+        ..config(steps, 8, 1)
+    };
+    let on_device = wgpu_trainer(cfg(4, false)).fit(&dev, &data, false).expect("wgpu fit");
+    let offloaded = wgpu_trainer(cfg(4, true)).fit(&off, &data, false).expect("offloaded fit");
+    assert_eq!(offloaded.losses.len(), 4);
+    assert_close(&offloaded.losses, &on_device.losses, TOL, "losses offloaded vs on the device");
+    assert_close(&model_values(&off.workdir), &model_values(&dev.workdir), TOL, "trained weights");
+    wgpu_trainer(cfg(2, true)).fit(&split, &data, false).expect("first half");
+    let resumed = wgpu_trainer(cfg(4, true)).fit(&split, &data, true).expect("resumed");
+    assert_eq!(resumed.start_step, 2);
+    assert_close(&resumed.losses, &offloaded.losses[2..], TOL, "resumed losses");
+    assert_close(&model_values(&split.workdir), &model_values(&off.workdir), TOL, "resumed weights");
+}

@@ -1,0 +1,55 @@
+//! Optimizer offload (`TrainConfig::offload`): AdamW's state and the f32 host masters in
+//! host memory, the update on the CPU backend, the parameters uploaded. On CPU ranks it
+//! trains as the run without offload does (the same kernels: bit for bit), resumes from its
+//! checkpoints, and trains in bf16; with ZeRO it is refused.
+
+use super::{config, corpus, read_model, trainer, workdir};
+use redco_core::optim::{Decay, Schedule};
+use redco_core::pipeline::{Deployer, TrainConfig, ZeroStage};
+use redco_core::DType;
+
+fn cfg(steps: u64, offload: bool, dtype: DType) -> TrainConfig {
+    TrainConfig {
+        offload,
+        compute_dtype: dtype,
+        schedule: Schedule { peak: 3e-3, warmup: 1, total: 8, decay: Decay::Cosine },
+        checkpoint_every: Some(4),
+        keep_last: 0,
+        ..config(steps, 8, 1)
+    }
+}
+
+#[test]
+fn offloaded_adamw_trains_as_on_the_device_at_1x2_and_2x1_in_f32_and_bf16_and_resumes() {
+    let data = corpus().sequences(0, 256);
+    for (mesh, dtype) in [("1x2", DType::F32), ("2x1", DType::F32), ("2x1", DType::BF16)] {
+        let tag = format!("{mesh}-{dtype:?}");
+        let dep =
+            |name: &str| Deployer::new(mesh.parse().unwrap(), 5, &workdir(&format!("offload-{name}-{tag}"))).unwrap();
+        let run = |dep: &Deployer, offload: bool, steps: u64, resume: bool| {
+            trainer(cfg(steps, offload, dtype)).fit(dep, &data, resume).unwrap()
+        };
+        let (pd, od, rd) = (dep("plain"), dep("on"), dep("half"));
+        let plain = run(&pd, false, 8, false);
+        let off = run(&od, true, 8, false);
+        assert_eq!(off.losses.len(), 8);
+        assert_eq!(off.losses, plain.losses, "{tag}: losses with and without offload");
+        assert_eq!(read_model(&od.workdir), read_model(&pd.workdir), "{tag}: trained weights");
+        // four steps, then four more from the checkpoint (the host state saved and restored)
+        run(&rd, true, 4, false);
+        let resumed = run(&rd, true, 8, true);
+        assert_eq!(resumed.start_step, 4);
+        assert_eq!(resumed.losses, off.losses[4..].to_vec(), "{tag}: resumed losses");
+        assert_eq!(read_model(&rd.workdir), read_model(&od.workdir), "{tag}: resumed weights");
+    }
+}
+
+#[test]
+fn offload_with_zero_is_refused_naming_the_stage() {
+    let data = corpus().sequences(0, 64);
+    let dep = Deployer::new("2x1".parse().unwrap(), 5, &workdir("offload-zero2")).unwrap();
+    let c = TrainConfig { zero: ZeroStage::Gradients, ..cfg(2, true, DType::F32) };
+    let e = trainer(c).fit(&dep, &data, false).err().expect("refused").to_string();
+    assert!(e.contains("offload") && e.contains("ZeRO-2"), "{e}");
+    assert!(!dep.workdir.join("metrics.jsonl").exists(), "nothing is written");
+}
