@@ -1,5 +1,6 @@
 //! Choosing the memory tools of a training run: for a plan on its mesh, every combination
-//! of the tools redco has (ZeRO-1, 2 and 3 over `dp`, per-layer activation recompute) with its
+//! of the tools redco has (ZeRO-1, 2 and 3 over `dp`, per-layer activation recompute, and on
+//! a device backend optimizer offload to host memory) with its
 //! predicted per-rank peak memory, the bytes it moves per step and the activation bytes it
 //! recomputes, whether it fits a device budget, and the pick: among those that fit, the one
 //! that moves and recomputes the fewest bytes (the tool's promise is that the user does not
@@ -16,11 +17,18 @@ pub struct Strategy {
     pub zero: u8,
     /// Recompute each transformer layer in the backward pass.
     pub recompute: bool,
+    /// The optimizer offloaded to host memory (its state and f32 host masters; the update
+    /// on the host's cores).
+    pub offload: bool,
 }
 
 impl fmt::Display for Strategy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ZeRO-{}, recompute {}", self.zero, if self.recompute { "block" } else { "none" })
+        write!(f, "ZeRO-{}, recompute {}", self.zero, if self.recompute { "block" } else { "none" })?;
+        if self.offload {
+            write!(f, ", offload")?;
+        }
+        Ok(())
     }
 }
 
@@ -35,6 +43,9 @@ pub struct StrategyRow {
     pub comm_bytes: u64,
     /// Activation bytes recomputed per step (those not kept), per rank.
     pub recomputed_bytes: u64,
+    /// Host memory per rank beyond the device's (offload: the optimizer state and the f32
+    /// host masters; 0 otherwise).
+    pub host_bytes: u64,
     /// Whether the peak fits the budget.
     pub fits: bool,
 }
@@ -47,27 +58,50 @@ impl StrategyRow {
 }
 
 /// Every strategy for `plan` (ZeRO only where `dp > 1`: on one data-parallel rank it
-/// changes nothing), costed for `work` (whose own `zero`/`recompute` are ignored) against
-/// `budget` bytes per rank; `extra` bytes per rank are added to each peak (f32 master
-/// weights of a 16-bit run, say).
-pub fn strategies(plan: &ShardPlan, dims: &ModelDims, work: &Workload, budget: u64, extra: u64) -> Vec<StrategyRow> {
+/// changes nothing; offload, at ZeRO-0, only with `offload`: a device backend's), costed
+/// for `work` (whose own `zero`/`recompute` are ignored) against `budget` bytes per rank;
+/// `extra` bytes per rank are added to each peak (f32 master weights of a 16-bit run, say).
+///
+/// Offload takes the optimizer's moments off the device (the f32 masters of a 16-bit run
+/// stay there) and moves each step's f32 gradients to the host and the updated f32
+/// parameters back: 8 bytes per local parameter, counted with the bytes moved.
+pub fn strategies(
+    plan: &ShardPlan,
+    dims: &ModelDims,
+    work: &Workload,
+    budget: u64,
+    extra: u64,
+    offload: bool,
+) -> Vec<StrategyRow> {
     let zeros: &[u8] = if plan.mesh.dp > 1 { &[0, 1, 2, 3] } else { &[0] };
     let kept = train_memory(plan, dims, &Workload { recompute: false, ..*work }, 0).activations;
+    let local = plan.bytes_per_rank(1) as u64;
+    let offloads: &[bool] = if offload { &[false, true] } else { &[false] };
     let mut rows = Vec::new();
-    for &zero in zeros {
-        for recompute in [false, true] {
-            let w = Workload { zero, recompute, ..*work };
-            let memory = train_memory(plan, dims, &w, zero);
-            let comm_bytes = predict_comm(plan, dims, &w).entries().into_iter().map(|(_, _, c)| c.bytes).sum();
-            let recomputed_bytes = if recompute { kept.saturating_sub(memory.activations) } else { 0 };
-            let fits = memory.total().saturating_add(extra) <= budget;
-            rows.push(StrategyRow {
-                strategy: Strategy { zero, recompute },
-                memory,
-                comm_bytes,
-                recomputed_bytes,
-                fits,
-            });
+    for &off in offloads {
+        for &zero in zeros.iter().filter(|z| !off || **z == 0) {
+            for recompute in [false, true] {
+                let w = Workload { zero, recompute, ..*work };
+                let mut memory = train_memory(plan, dims, &w, zero);
+                let mut comm_bytes = predict_comm(plan, dims, &w).entries().into_iter().map(|(_, _, c)| c.bytes).sum();
+                let recomputed_bytes = if recompute { kept.saturating_sub(memory.activations) } else { 0 };
+                let host_bytes = if off {
+                    memory.optimizer -= 8 * local;
+                    comm_bytes += 8 * local;
+                    12 * local
+                } else {
+                    0
+                };
+                let fits = memory.total().saturating_add(extra) <= budget;
+                rows.push(StrategyRow {
+                    strategy: Strategy { zero, recompute, offload: off },
+                    memory,
+                    comm_bytes,
+                    recomputed_bytes,
+                    host_bytes,
+                    fits,
+                });
+            }
         }
     }
     rows
@@ -107,39 +141,59 @@ mod tests {
         // at dp=4 (at dp=2 in f32, ZeRO-2's master slices cost what its gradient slices save)
         let (plan, dims) = llama(Mesh { dp: 4, mp: 1 });
         let work = Workload { batch: 8, seq: 512, dtype_bytes: 4, zero: 0, recompute: false };
-        let all = strategies(&plan, &dims, &work, u64::MAX, 0);
+        let all = strategies(&plan, &dims, &work, u64::MAX, 0, false);
         assert_eq!(all.len(), 8);
         // everything fits: nothing recomputed, no ZeRO (DDP's buckets move the fewest bytes)
-        assert_eq!(all[pick(&all).unwrap()].strategy, Strategy { zero: 0, recompute: false });
+        assert_eq!(all[pick(&all).unwrap()].strategy, Strategy { zero: 0, recompute: false, offload: false });
         let peak = |s: Strategy| all.iter().find(|r| r.strategy == s).unwrap().memory.total();
         let (plain, zero, rec, both) = (
-            peak(Strategy { zero: 0, recompute: false }),
-            peak(Strategy { zero: 1, recompute: false }),
-            peak(Strategy { zero: 0, recompute: true }),
-            peak(Strategy { zero: 1, recompute: true }),
+            peak(Strategy { zero: 0, recompute: false, offload: false }),
+            peak(Strategy { zero: 1, recompute: false, offload: false }),
+            peak(Strategy { zero: 0, recompute: true, offload: false }),
+            peak(Strategy { zero: 1, recompute: true, offload: false }),
         );
-        let (zero2, least) =
-            (peak(Strategy { zero: 2, recompute: false }), peak(Strategy { zero: 2, recompute: true }));
+        let (zero2, least) = (
+            peak(Strategy { zero: 2, recompute: false, offload: false }),
+            peak(Strategy { zero: 2, recompute: true, offload: false }),
+        );
         assert!(both < zero && both < rec && zero < plain && rec < plain);
         assert!(zero2 < zero && least < both && least < zero2);
-        let (zero3, fsdp) = (peak(Strategy { zero: 3, recompute: false }), peak(Strategy { zero: 3, recompute: true }));
+        let (zero3, fsdp) = (
+            peak(Strategy { zero: 3, recompute: false, offload: false }),
+            peak(Strategy { zero: 3, recompute: true, offload: false }),
+        );
         // without recompute every layer is whole from its forward to its backward: the peak of ZeRO-2
         assert!(zero3 <= zero2 && fsdp < least && fsdp < zero3, "ZeRO-3 with recompute holds the least");
         // a budget between each peak picks the cheapest strategy under it
         for budget in [plain, zero.max(rec), zero.min(rec), both, zero2, least, zero3, fsdp] {
-            let rows = strategies(&plan, &dims, &work, budget, 0);
+            let rows = strategies(&plan, &dims, &work, budget, 0, false);
             let i = pick(&rows).unwrap();
             assert!(rows[i].memory.total() <= budget);
             let cheaper_fit = rows.iter().any(|r| r.fits && r.cost() < rows[i].cost());
             assert!(!cheaper_fit, "budget {budget}: picked {}", rows[i].strategy);
         }
-        assert_eq!(pick(&strategies(&plan, &dims, &work, fsdp - 1, 0)), None);
+        assert_eq!(pick(&strategies(&plan, &dims, &work, fsdp - 1, 0, false)), None);
         // the recomputed bytes are the activations not kept; recompute moves bytes only under mp
-        let r = all.iter().find(|r| r.strategy == Strategy { zero: 0, recompute: true }).unwrap();
+        let r = all.iter().find(|r| r.strategy == Strategy { zero: 0, recompute: true, offload: false }).unwrap();
         assert_eq!(r.recomputed_bytes, all[0].memory.activations - r.memory.activations);
         assert_eq!(r.comm_bytes, all[0].comm_bytes);
+        // offload (a device backend's): moments off the device, 8 bytes a parameter moved
+        let with = strategies(&plan, &dims, &work, u64::MAX, 0, true);
+        assert_eq!(with.len(), 10, "ZeRO-0 with and without recompute, offloaded");
+        let off = with.iter().find(|r| r.strategy == Strategy { zero: 0, recompute: false, offload: true }).unwrap();
+        let n = plan.bytes_per_rank(1) as u64;
+        assert_eq!(off.memory.total(), all[0].memory.total() - 8 * n);
+        assert_eq!((off.comm_bytes, off.host_bytes), (all[0].comm_bytes + 8 * n, 12 * n));
+        assert_eq!(with[pick(&with).unwrap()].strategy, Strategy { zero: 0, recompute: false, offload: false });
+        // on one rank, a byte under the least of the others: offload (with recompute) is the pick
+        let (single, _) = llama(Mesh { dp: 1, mp: 1 });
+        let rows = strategies(&single, &dims, &work, u64::MAX, 0, true);
+        let least = rows.iter().filter(|r| !r.strategy.offload).map(|r| r.memory.total()).min().unwrap();
+        let rows = strategies(&single, &dims, &work, least - 1, 0, true);
+        let i = pick(&rows).expect("offload fits where nothing else does");
+        assert_eq!(rows[i].strategy, Strategy { zero: 0, recompute: true, offload: true });
         // on one data-parallel rank ZeRO is not offered
         let (one, _) = llama(Mesh { dp: 1, mp: 2 });
-        assert!(strategies(&one, &dims, &work, u64::MAX, 0).iter().all(|r| r.strategy.zero == 0));
+        assert!(strategies(&one, &dims, &work, u64::MAX, 0, false).iter().all(|r| r.strategy.zero == 0));
     }
 }

@@ -36,6 +36,10 @@ pub struct StrategyAsk {
     pub lora: bool,
     /// The optimizer keeps AdamW's moments (ZeRO-1 shards them).
     pub adamw: bool,
+    /// `--offload` was given.
+    pub offload: bool,
+    /// The backend's device memory is not the host's (offload is offered).
+    pub device: bool,
 }
 
 /// The memory tools of a training run and why: what the flags pin, and for what they leave
@@ -57,13 +61,27 @@ pub fn choose_strategy(
     let recompute = ask.recompute.or((!ask.auto).then_some(false));
     // ZeRO on one data-parallel rank changes nothing
     let zero = if mesh.dp > 1 { ask.zero.or((!ask.auto).then_some(0)) } else { Some(0) };
+    if ask.offload && !ask.device {
+        return Err("--offload moves the optimizer to host memory, and the cpu backend's memory is host memory \
+                    already: use it with a device backend (--backend wgpu or cuda)"
+            .into());
+    }
+    if ask.offload && ask.zero.is_some_and(|z| z > 0) && mesh.dp > 1 {
+        return Err(format!(
+            "--offload with --zero {} is not supported yet: offload keeps the whole optimizer state on each \
+             rank's host (use --zero 0 with --offload, or ZeRO without it)",
+            ask.zero.unwrap_or(0)
+        ));
+    }
+    let offload = if ask.offload { Some(true) } else { (!ask.auto || !ask.device).then_some(false) };
     let offered = |z: u8| match z {
         1 => ask.adamw,
         3 => layered && !ask.lora,
         _ => true,
     };
     let Ok(shapes) = cfg.param_shapes() else {
-        let chosen = Strategy { zero: zero.unwrap_or(0), recompute: recompute.unwrap_or(false) };
+        let chosen =
+            Strategy { zero: zero.unwrap_or(0), recompute: recompute.unwrap_or(false), offload: offload == Some(true) };
         return Ok((chosen, "no estimate for this model".into()));
     };
     let plan = plan_by_names(&shapes, mesh);
@@ -75,9 +93,10 @@ pub fn choose_strategy(
     let ranks = ((mesh.size() / world.size.max(1)).max(1) * world.local_size.max(1)) as u64;
     let avail = available_memory();
     let budget = ask.budget.unwrap_or_else(|| avail.map_or(u64::MAX, |a| a / ranks));
-    let rows: Vec<_> = strategies(&plan, &cfg.dims(), &work, budget, 0)
+    let rows: Vec<_> = strategies(&plan, &cfg.dims(), &work, budget, 0, offload != Some(false))
         .into_iter()
         .filter(|r| zero.is_none_or(|z| r.strategy.zero == z) && recompute.is_none_or(|w| r.strategy.recompute == w))
+        .filter(|r| offload.is_none_or(|o| r.strategy.offload == o))
         .filter(|r| (layered || !r.strategy.recompute) && (ask.zero.is_some() || offered(r.strategy.zero)))
         .collect();
     let against = match (ask.budget, avail) {
@@ -108,6 +127,9 @@ pub fn choose_strategy(
     let mut hints = Vec::new();
     if layered && recompute == Some(false) {
         hints.push("recompute activations (--recompute block)".to_string());
+    }
+    if ask.device && offload == Some(false) && zero.is_none_or(|z| z == 0) {
+        hints.push("offload the optimizer to host memory (--offload)".to_string());
     }
     if mesh.dp > 1 && zero.is_some_and(|z| z < 3) {
         hints.push("shard the training state over dp (a higher --zero, or --strategy auto)".to_string());

@@ -44,6 +44,10 @@ pub struct PlanArgs {
     /// Fit the device for inference instead of training.
     #[arg(long)]
     pub inference: bool,
+    /// Also list optimizer offload (for a device backend: the optimizer's state in host
+    /// memory, 8 bytes a parameter moved each step).
+    #[arg(long)]
+    pub offload: bool,
     /// Fail instead of replicating layers the mesh cannot split evenly.
     #[arg(long)]
     pub strict: bool,
@@ -137,7 +141,7 @@ pub fn run(mut a: PlanArgs) -> Result<(), String> {
         }
         (None, None) => (u64::MAX, "unknown: every strategy fits".to_string()),
     };
-    let rows = strategies(&plan, &cfg.dims(), &work, budget, 0);
+    let rows = strategies(&plan, &cfg.dims(), &work, budget, 0, a.offload);
     let picked = pick(&rows);
     let report = PlanReport::new(plan, cfg.dims(), work);
     if a.json {
@@ -181,10 +185,10 @@ pub fn run(mut a: PlanArgs) -> Result<(), String> {
 fn print_strategies(rows: &[StrategyRow], picked: Option<usize>, budget: u64, from: &str) {
     let b = if budget == u64::MAX { "no limit".to_string() } else { human(budget) };
     crate::outln!("\nmemory tools for training, against {b} per rank ({from}):");
-    crate::outln!("  {:<26} {:>12} {:>12} {:>12}  fits", "strategy", "peak/rank", "moved/step", "recomputed");
+    crate::outln!("  {:<34} {:>12} {:>12} {:>12}  fits", "strategy", "peak/rank", "moved/step", "recomputed");
     for (i, r) in rows.iter().enumerate() {
         crate::outln!(
-            "  {:<26} {:>12} {:>12} {:>12}  {}{}",
+            "  {:<34} {:>12} {:>12} {:>12}  {}{}",
             r.strategy.to_string(),
             human(r.memory.total()),
             human(r.comm_bytes),
@@ -208,6 +212,8 @@ fn strategies_json(rows: &[StrategyRow], picked: Option<usize>, budget: u64, fro
             serde_json::json!({
                 "zero": r.strategy.zero,
                 "recompute": if r.strategy.recompute { "block" } else { "none" },
+                "offload": r.strategy.offload,
+                "host_bytes_per_rank": r.host_bytes,
                 "peak_bytes_per_rank": r.memory.total(),
                 "comm_bytes_per_step": r.comm_bytes,
                 "recomputed_bytes_per_step": r.recomputed_bytes,

@@ -172,6 +172,20 @@ fn plan_lists_the_memory_tools_and_picks_the_cheapest_that_fits() {
     for r in s["rows"].as_array().unwrap() {
         assert!(!r["fits"].as_bool().unwrap() || cost(r) >= cost(picked), "{s}");
     }
+    // with --offload (a device backend's): ZeRO-0 offloaded, 8 bytes a parameter moved,
+    // the moments off the device and on the host
+    let mut args = base.to_vec();
+    args.extend(["--device-memory", "1TB", "--json", "--offload"]);
+    let (code, out, err) = redco(&args);
+    assert_eq!(code, 0, "{err}");
+    let with: serde_json::Value = serde_json::from_str::<serde_json::Value>(&out).unwrap()["strategies"].clone();
+    let with = with["rows"].as_array().unwrap().clone();
+    assert_eq!(with.len(), 10, "{out}");
+    let off = with.iter().find(|r| r["offload"] == true && r["recompute"] == "none").unwrap();
+    let moved = off["comm_bytes_per_step"].as_u64().unwrap() - all[0]["comm_bytes_per_step"].as_u64().unwrap();
+    let saved = peak(0) - off["peak_bytes_per_rank"].as_u64().unwrap();
+    assert!(moved > 0 && moved == saved, "8 bytes a parameter either way: {off}");
+    assert_eq!(off["host_bytes_per_rank"].as_u64().unwrap(), saved / 8 * 12, "{off}");
     // nothing fits a tiny device: no pick, and the table says so
     assert!(rows("1KB")["pick"].is_null());
     let mut args = base.to_vec();

@@ -123,6 +123,10 @@ fn bad_input_gets_a_one_line_error_and_exit_code_2() {
         ),
         (&["train", "--preset", "llama-tiny", "--backend", "npu", "--workdir"], "unknown backend `npu`"),
         (
+            &["train", "--preset", "llama-tiny", "--offload", "--workdir"],
+            "--offload moves the optimizer to host memory",
+        ),
+        (
             &["generate", "--model", "/nonexistent/model-dir", "--prompt", "x", "--mesh", "1x1", "--dtype"],
             "does not exist",
         ),

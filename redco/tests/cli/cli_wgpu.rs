@@ -116,6 +116,14 @@ fn train_on_wgpu_at_1x2_writes_everything_its_loss_falls_from_the_cpu_first_loss
     let l = losses(&gpu);
     assert_eq!(l.len(), 8);
     assert!(l[7] < l[0], "the loss does not fall: {l:?}");
+    // the optimizer offloaded to host memory: the same run (AdamW on the CPU cores)
+    let off = dir("wgpu-offload");
+    let out = train("wgpu", &off, "8", &["--offload"]);
+    assert!(out.contains("AdamW state and f32 masters offloaded to host memory"), "{out}");
+    for (i, (x, y)) in l.iter().zip(losses(&off)).enumerate() {
+        assert!((x - y).abs() <= 1e-4 * x.abs(), "step {}: {x} on the device, {y} offloaded", i + 1);
+    }
+    let _ = std::fs::remove_dir_all(&off);
     // the same seed on the cpu backend: the same first loss (the same weights and batch)
     train("cpu", &cpu, "1", &[]);
     let c = losses(&cpu);

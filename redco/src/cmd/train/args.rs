@@ -83,6 +83,13 @@ pub struct TrainArgs {
     /// unless the run does not fit the memory per rank otherwise.
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: Option<u8>,
+    /// Offload the optimizer to host memory (device backends: wgpu, cuda): AdamW's state
+    /// and f32 copies of the parameters on the host, the update on its CPU cores, the
+    /// updated parameters uploaded; ZeRO-0 only. Default: the planner's pick on a device
+    /// backend (`--strategy auto`), on only when the run does not fit otherwise; refused on
+    /// the cpu backend, whose memory is the host's.
+    #[arg(long)]
+    pub offload: bool,
     /// Who picks the memory tools `--zero` and `--recompute` leave open: auto (the planner:
     /// among those that fit the memory per rank, the fewest bytes moved and recomputed; as
     /// `redco plan` lists them) or none (ZeRO-0, every activation kept). A run that fits
@@ -244,6 +251,7 @@ pub(super) fn train_config(
         identity,
         overwrite: a.overwrite,
         zero: ZeroStage::from_number(a.zero.unwrap_or(0)).unwrap_or_default(),
+        offload: a.offload,
         ..Default::default()
     })
 }

@@ -197,6 +197,8 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
             budget: a.device_memory,
             lora: s.lora.is_some(),
             adamw: a.optimizer == "adamw",
+            offload: a.offload,
+            device: a.backend != "cpu",
         },
     )?;
     let tok = Tokenizer::from_dir(&s.tok_dir).map_err(err)?;
@@ -208,6 +210,7 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
     let (train, held_out) = lm_data(a, cfg, &tok, seq_len)?;
     let mut config = train_config(a, train.len(), identity, s.compute, cfg.vocab)?;
     config.zero = ZeroStage::from_number(strategy.zero).unwrap_or_default();
+    config.offload = strategy.offload;
     let steps = config.steps;
     if already_past(a, s.resumed, steps, s.leader) {
         return Ok(());
@@ -235,7 +238,8 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
             a.batch_size,
         );
         crate::outln!(
-            "memory: {}{} ({why})",
+            "memory: {}{}{} ({why})",
+            if strategy.offload { "AdamW state and f32 masters offloaded to host memory, " } else { "" },
             match strategy.zero {
                 1 => "AdamW state sharded over dp (ZeRO-1), ",
                 2 => "f32 masters, AdamW state and gradients sharded over dp (ZeRO-2), ",
