@@ -26,11 +26,6 @@ impl<B: Backend> Offloaded<B> {
     pub fn new(inner: Box<dyn Optimizer<Cpu>>, threads: usize) -> Self {
         Offloaded { host: Cpu::new(threads.max(1)), inner, masters: BTreeMap::new(), device: None }
     }
-
-    /// Bytes of f32 host masters held.
-    pub fn host_master_bytes(&self) -> usize {
-        self.masters.values().map(|t| t.local_shape().elem_count() * 4).sum()
-    }
 }
 
 /// `t`'s local shard on the host, as f32, laid out as `t` (global shape and placements).

@@ -12,6 +12,13 @@
 //! binary is the one beside this program, built with `cargo build --release -p redco
 //! --features mpi`. Flags: `--preset` (default llama-0.7b), `--steps` (3), `--batch` (4),
 //! `--seq` (256), `--np` (4), `--json FILE`.
+//!
+//! `--torch PYTHON` adds torch FSDP2 as the peer, in the same run: `torchrun
+//! --nproc-per-node NP` over gloo (`python/fsdp_peer.py`), transformers' `LlamaForCausalLM`
+//! of the preset's shape built on the meta device, `fully_shard` per decoder layer and on
+//! the root, gradient checkpointing per layer, AdamW, the same batch and sequence (random
+//! ids and weights: its losses are its own). Its row: each rank's peak RSS, the median
+//! step time and tokens/s; and redco's ZeRO-3 tokens/s and peak against it.
 
 use crate::args::Args;
 use std::path::{Path, PathBuf};
@@ -101,7 +108,7 @@ fn under_mpirun(_: usize, _: &Path, _: &[String], _: &Path) -> Result<(String, S
 /// Runs the benchmark.
 pub fn run(argv: &[String]) -> Result<(), String> {
     let a = Args::parse(argv, &[])?;
-    a.only(&["preset", "steps", "batch", "seq", "np", "json"])?;
+    a.only(&["preset", "steps", "batch", "seq", "np", "json", "torch"])?;
     let preset = a.get("preset").unwrap_or("llama-0.7b").to_string();
     let (steps, batch, seq, np) = (a.num("steps", 3)?, a.num("batch", 4)?, a.num("seq", 256)?, a.num("np", 4)?);
     let redco = std::env::current_exe().map_err(|e| e.to_string())?.with_file_name("redco");
@@ -181,6 +188,10 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         losses,
     });
     let _ = std::fs::remove_dir_all(&scratch);
+    if let Some(python) = a.get("torch") {
+        eprintln!("xtask: torch FSDP2, {np} processes (torchrun, gloo) + activation checkpointing");
+        rows.push(fsdp_row(python, &preset, vocab_of(&out), (batch, seq, steps, np))?);
+    }
 
     println!(
         "\n{:<40} {:>22} {:>12} {:>10} {:>10} {:>10}  losses (first, last)",
@@ -204,6 +215,13 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     }
     let frac = max_gb(&rows[1]) / max_gb(&rows[0]);
     println!("\nZeRO-3 peak per process / unsharded peak: {frac:.2}x");
+    if let Some(t) = rows.get(2) {
+        println!(
+            "redco ZeRO-3 / torch FSDP2: tokens/s {:.2}x, peak RSS per process {:.2}x",
+            rows[1].tok_s / t.tok_s,
+            max_gb(&rows[1]) / max_gb(t)
+        );
+    }
     if let Some(path) = a.get("json") {
         let v: Vec<serde_json::Value> = rows
             .iter()
@@ -216,4 +234,64 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         std::fs::write(PathBuf::from(path), doc.to_string()).map_err(|e| format!("{path}: {e}"))?;
     }
     Ok(())
+}
+
+/// The vocabulary `redco train` printed (`..., vocab N)`), or the synthetic corpus's 67.
+fn vocab_of(stdout: &str) -> usize {
+    stdout
+        .split("vocab ")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(67)
+}
+
+/// The torch FSDP2 row: `python -m torch.distributed.run` of `python/fsdp_peer.py` at the
+/// preset's shape, one JSON file per rank.
+fn fsdp_row(
+    python: &str,
+    preset: &str,
+    vocab: usize,
+    (batch, seq, steps, np): (usize, usize, usize, usize),
+) -> Result<Row, String> {
+    let cfg = redco_models::presets::config(preset, vocab).map_err(|e| e.to_string())?;
+    let dim = |k: &str| cfg[k].as_u64().map(|v| v.to_string()).ok_or(format!("preset {preset} has no {k}"));
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/fsdp_peer.py");
+    let threads = (crate::machine::cores() / np).max(1);
+    let out = std::env::temp_dir().join(format!("redco-bench-fsdp-{}", std::process::id()));
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let o = Command::new(python)
+        .args(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", &np.to_string(), script])
+        .args(["--hidden", &dim("hidden_size")?, "--layers", &dim("num_hidden_layers")?])
+        .args(["--heads", &dim("num_attention_heads")?, "--intermediate", &dim("intermediate_size")?])
+        .args(["--vocab", &vocab.to_string(), "--batch", &batch.to_string(), "--seq", &seq.to_string()])
+        .args(["--steps", &steps.to_string(), "--threads", &threads.to_string(), "--recompute", "--out"])
+        .arg(&out)
+        .envs(crate::machine::peer_isa_env())
+        .env("OMP_NUM_THREADS", threads.to_string())
+        .output()
+        .map_err(|e| format!("cannot start `{python}`: {e}"))?;
+    if !o.status.success() {
+        return Err(format!("the torch FSDP row failed: {}", String::from_utf8_lossy(&o.stderr).trim()));
+    }
+    let lines: Vec<serde_json::Value> = (0..np)
+        .filter_map(|r| std::fs::read_to_string(out.join(format!("rank-{r}.json"))).ok())
+        .filter_map(|l| serde_json::from_str(&l).ok())
+        .collect();
+    let _ = std::fs::remove_dir_all(&out);
+    if lines.len() != np {
+        return Err(format!("the torch FSDP row reported {} of {np} ranks", lines.len()));
+    }
+    let mut times: Vec<f64> =
+        lines[0]["step_s"].as_array().into_iter().flatten().skip(1).filter_map(|v| v.as_f64()).collect();
+    times.sort_by(f64::total_cmp);
+    let step_s = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);
+    Ok(Row {
+        what: format!("torch {} FSDP2, {np} processes + ckpt", lines[0]["torch"].as_str().unwrap_or("?")),
+        peaks_kib: lines.iter().filter_map(|l| l["peak_kib"].as_u64()).collect(),
+        predicted: "-".into(),
+        step_s,
+        tok_s: (batch * seq) as f64 / step_s,
+        losses: lines[0]["losses"].as_array().into_iter().flatten().filter_map(|v| v.as_f64()).collect(),
+    })
 }
