@@ -49,7 +49,7 @@ fn offload_with_zero_is_refused_naming_the_stage() {
     let data = corpus().sequences(0, 64);
     let dep = Deployer::new("2x1".parse().unwrap(), 5, &workdir("offload-zero2")).unwrap();
     let c = TrainConfig { zero: ZeroStage::Gradients, ..cfg(2, true, DType::F32) };
-    let e = trainer(c).fit(&dep, &data, false).err().expect("refused").to_string();
+    let e = trainer(c).fit(&dep, &data, false).expect_err("refused").to_string();
     assert!(e.contains("offload") && e.contains("ZeRO-2"), "{e}");
     assert!(!dep.workdir.join("metrics.jsonl").exists(), "nothing is written");
 }

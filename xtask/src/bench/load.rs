@@ -120,6 +120,7 @@ fn dtype_of(cfg: &HfConfig) -> DType {
 
 /// Greedy decoding of `new` tokens after an 8-token prompt at batch 1: the tokens/s after the
 /// first (the prompt's forward excluded).
+#[cfg(feature = "mpi")]
 fn decode_rate<M: redco_models::generate::CausalLm<Cpu> + Sync>(b: &Cpu, m: &M, new: usize) -> Result<f64> {
     use redco_models::generate::{generate_with, GenerationConfig, Sampling};
     let prompt = redco_core::Tensor::from_vec(b, (1..=8).collect::<Vec<i64>>(), [1, 8])?;
