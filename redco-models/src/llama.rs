@@ -107,7 +107,7 @@ impl<B: Backend> Llama<B> {
     }
 
     /// [`Llama::new`] with each parameter handed to `placer` as it is made (the trainer's
-    /// keeps only this rank's part: [`redco_core::pipeline::Trainer::with_model_placed`]).
+    /// keeps only this rank's part: [`redco_core::pipeline::Trainer::for_backend_placed`]).
     /// The values are [`Llama::new`]'s.
     pub fn new_placed(b: &B, cfg: &HfConfig, dtype: DType, seed: u64, placer: &dyn ParamPlacer<B>) -> Result<Self> {
         Self::build(cfg, &mut Placed::new(&mut RandomInit::new(b, dtype, seed), placer))

@@ -308,7 +308,7 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
 
     /// [`Trainer::plan`], and the model's ZeRO-3 units ([`Module::gather_units`]). The traced
     /// model is built with [`SharedByShape`]: a model constructor that takes the placer
-    /// ([`Trainer::with_model_placed`]) holds one buffer per parameter shape here, not the
+    /// ([`Trainer::for_backend_placed`]) holds one buffer per parameter shape here, not the
     /// whole model.
     fn plan_and_units(&self, dep: &Deployer<B>, data: &dyn Dataset<E>) -> Result<(ShardPlan, Vec<String>)> {
         let first = dep.local_ranks()?.first().copied().unwrap_or(0);
