@@ -34,6 +34,16 @@ struct Row {
     losses: Vec<f64>,
 }
 
+/// The `redco` binary beside this program (the benchmarks that run the CLI as a user does);
+/// missing, an error naming `build`, the command that makes it, and `bench`, who needs it.
+pub(super) fn redco_beside(build: &str, bench: &str) -> Result<PathBuf, String> {
+    let redco = std::env::current_exe().map_err(|e| e.to_string())?.with_file_name("redco");
+    if !redco.is_file() {
+        return Err(format!("{} is missing: {build} ({bench} runs the CLI)", redco.display()));
+    }
+    Ok(redco)
+}
+
 /// The planner's prediction as `redco train` printed it: the `about X per rank` of its
 /// `memory:` line.
 fn predicted(stdout: &str) -> String {
@@ -111,13 +121,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     a.only(&["preset", "steps", "batch", "seq", "np", "json", "torch"])?;
     let preset = a.get("preset").unwrap_or("llama-0.7b").to_string();
     let (steps, batch, seq, np) = (a.num("steps", 3)?, a.num("batch", 4)?, a.num("seq", 256)?, a.num("np", 4)?);
-    let redco = std::env::current_exe().map_err(|e| e.to_string())?.with_file_name("redco");
-    if !redco.is_file() {
-        return Err(format!(
-            "{} is missing: cargo build --release -p redco --features mpi (bench memory runs the CLI)",
-            redco.display()
-        ));
-    }
+    let redco = redco_beside("cargo build --release -p redco --features mpi", "bench memory")?;
     let scratch = std::env::temp_dir().join(format!("redco-bench-memory-{}", std::process::id()));
     let common = |mesh: &str, w: &Path| -> Vec<String> {
         let s = [

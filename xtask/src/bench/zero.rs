@@ -16,7 +16,7 @@
 //! shape), `--mesh` (4x1), `--steps` (6), `--batch` (8), `--seq` (256), `--reps` (2),
 //! `--json FILE`.
 
-use super::memory::metrics;
+use super::memory::{metrics, redco_beside};
 use super::stats::median;
 use crate::args::Args;
 use std::path::PathBuf;
@@ -37,13 +37,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let preset = a.get("preset").unwrap_or("llama-small").to_string();
     let mesh = a.get("mesh").unwrap_or("4x1").to_string();
     let (steps, batch, seq, reps) = (a.num("steps", 6)?, a.num("batch", 8)?, a.num("seq", 256)?, a.num("reps", 2)?);
-    let redco = std::env::current_exe().map_err(|e| e.to_string())?.with_file_name("redco");
-    if !redco.is_file() {
-        return Err(format!(
-            "{} is missing: cargo build --release -p redco (bench zero runs the CLI)",
-            redco.display()
-        ));
-    }
+    let redco = redco_beside("cargo build --release -p redco", "bench zero")?;
     let scratch = std::env::temp_dir().join(format!("redco-bench-zero-{}", std::process::id()));
     println!("machine: {}", crate::machine::describe());
     println!(
