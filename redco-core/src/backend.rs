@@ -156,7 +156,7 @@ pub enum RotaryMode {
 /// A compute device and its kernels. See the module docs.
 pub trait Backend: Clone + Send + Sync + Debug + 'static {
     /// Opaque device storage of one contiguous buffer.
-    type Storage: Clone + Send + Sync + Debug;
+    type Storage: Clone + Send + Sync + Debug + 'static;
 
     /// A short name such as `cpu` or `wgpu`.
     fn name(&self) -> String;

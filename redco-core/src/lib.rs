@@ -44,6 +44,7 @@ pub use autograd::{is_grad_enabled, no_grad, GradModeGuard, GradStore, OpMeta};
 pub use backend::{Backend, BinaryOp, CmpOp, MatmulSpec, ReduceOp, RotaryMode, UnaryOp};
 pub use dtype::{DType, Element, HostData};
 pub use error::{Error, Result};
+pub use ops::recompute::Recompute;
 pub use placement::{MeshAxis, PartialOp, Placement, Placements};
 pub use shape::Shape;
 pub use tensor::{Tensor, TensorId};

@@ -7,6 +7,7 @@ use crate::hf::config::HfConfig;
 use crate::llama::Llama;
 use crate::opt::Opt;
 use redco_core::nn::{Linear, Module, ParamPlacer};
+use redco_core::ops::recompute::Recompute;
 use redco_core::planning::ShardPlan;
 use redco_core::{Backend, DType, Error, Result, Tensor};
 use std::path::Path;
@@ -25,23 +26,23 @@ pub enum AutoModel<B: Backend> {
 pub const SUPPORTED: [&str; 4] = ["llama", "mistral", "gptj", "opt"];
 
 impl<B: Backend> AutoModel<B> {
-    /// Activation checkpointing per decoder layer (see [`Llama::set_recompute`]); LLaMA
-    /// only for now: the other architectures refuse it.
-    pub fn set_recompute(&mut self, on: bool) -> Result<()> {
+    /// Activation checkpointing per decoder layer, block or selective (see
+    /// [`Llama::set_recompute`]); LLaMA only for now: the other architectures refuse it.
+    pub fn set_recompute(&mut self, mode: Recompute) -> Result<()> {
+        let refuse = |arch: &str| {
+            Err(Error::unsupported(
+                "recompute",
+                format!("{} recompute is implemented for LLaMA only; {arch} keeps its activations", mode.name()),
+            ))
+        };
         match self {
             AutoModel::Llama(m) => {
-                m.set_recompute(on);
+                m.set_recompute(mode);
                 Ok(())
             }
-            _ if !on => Ok(()),
-            AutoModel::GptJ(_) => Err(Error::unsupported(
-                "recompute",
-                "block recompute is implemented for LLaMA only; gptj keeps its activations",
-            )),
-            AutoModel::Opt(_) => Err(Error::unsupported(
-                "recompute",
-                "block recompute is implemented for LLaMA only; opt keeps its activations",
-            )),
+            _ if !mode.on() => Ok(()),
+            AutoModel::GptJ(_) => refuse("gptj"),
+            AutoModel::Opt(_) => refuse("opt"),
         }
     }
 

@@ -11,6 +11,7 @@ use redco_core::nn::{
     self, gathered, Activation, Embedding, GatedMlp, Init, KeepWhole, Linear, Module, ParamGather, ParamPlacer,
     RmsNorm, RotaryEmbedding,
 };
+use redco_core::ops::recompute::Recompute;
 use redco_core::{Backend, DType, Error, Result, RotaryMode, Shape, Tensor};
 use std::sync::Arc;
 
@@ -78,8 +79,8 @@ pub struct Llama<B: Backend> {
     layers: Vec<LlamaLayer<B>>,
     norm: RmsNorm<B>,
     lm_head: Option<Linear<B>>,
-    /// Recompute each layer in the backward pass instead of keeping its activations.
-    recompute: bool,
+    /// What each layer recomputes in the backward pass instead of keeping.
+    recompute: Recompute,
     /// ZeRO-3: what makes a layer's parameters whole when they are held in pieces.
     gather: Option<Arc<dyn ParamGather<B>>>,
 }
@@ -184,7 +185,7 @@ impl<B: Backend> Llama<B> {
             layers,
             norm,
             lm_head,
-            recompute: false,
+            recompute: Recompute::None,
             gather: None,
         })
     }
@@ -277,7 +278,7 @@ impl<B: Backend> Llama<B> {
                 &default_pos
             }
         };
-        if cache.is_none() && self.recompute && redco_core::is_grad_enabled() {
+        if cache.is_none() && self.recompute.on() && redco_core::is_grad_enabled() {
             return self.layers_recomputed(ids, pos, mask);
         }
         self.layers_at(ids, pos, &mut |i, q, k, v| {
@@ -334,14 +335,17 @@ impl<B: Backend> Llama<B> {
         self.norm.forward(&h)
     }
 
-    /// Recompute each layer in the backward pass (activation checkpointing: one hidden
-    /// state kept per layer instead of every activation inside it), or keep them (the
-    /// default). Applies to training forwards without a KV cache.
-    pub fn set_recompute(&mut self, on: bool) {
-        self.recompute = on;
+    /// What each layer recomputes in the backward pass: nothing (the default), the whole
+    /// layer from its input ([`Recompute::Block`]: one hidden state kept per layer instead
+    /// of every activation inside it), or its cheap ops ([`Recompute::Selective`]: the
+    /// outputs of its projections and attention kept, its norms, rotary embeddings, SiLU
+    /// and product recomputed). Applies to training forwards without a KV cache.
+    pub fn set_recompute(&mut self, mode: Recompute) {
+        self.recompute = mode;
     }
 
-    /// [`Llama::layers_at`] for training, each layer a [`Tensor::recompute`] block.
+    /// [`Llama::layers_at`] for training, each layer a [`Tensor::recompute`] block (or a
+    /// [`Tensor::recompute_selective`] one).
     fn layers_recomputed(&self, ids: &Tensor<B>, pos: &Tensor<B>, mask: Option<&Tensor<B>>) -> Result<Tensor<B>> {
         let c = &self.cfg;
         let dims = Dims { heads: c.heads, kv_heads: c.kv_heads, head_dim: c.head_dim };
@@ -355,7 +359,7 @@ impl<B: Backend> Llama<B> {
             inputs.extend(mask.cloned());
             let (layer, gather) = (l.clone(), self.gather.clone());
             let prefix = format!("model.layers.{i}");
-            h = Tensor::recompute(&inputs.iter().collect::<Vec<_>>(), &params.iter().collect::<Vec<_>>(), move |xs| {
+            let block = move |xs: &[Tensor<B>]| {
                 let mask = xs.get(3);
                 // under ZeRO-3, gathered for the forward and again for the recomputation
                 let whole = match &gather {
@@ -365,7 +369,13 @@ impl<B: Backend> Llama<B> {
                 whole.as_ref().unwrap_or(&layer).forward(dims, &xs[0], &xs[1], &xs[2], &mut |q, k, v| {
                     nn::scaled_dot_product_attention(&q, &k, &v, mask, true, None)
                 })
-            })?;
+            };
+            let (inputs, params) = (inputs.iter().collect::<Vec<_>>(), params.iter().collect::<Vec<_>>());
+            h = if self.recompute == Recompute::Selective {
+                Tensor::recompute_selective(&inputs, &params, block)?
+            } else {
+                Tensor::recompute(&inputs, &params, block)?
+            };
         }
         self.norm.forward(&h)
     }

@@ -4,6 +4,16 @@
 use redco_core::backend::{BinaryOp, CmpOp, MatmulSpec, ReduceOp, UnaryOp};
 use redco_core::{Backend, DType, HostData, Result, Shape};
 
+thread_local! {
+    static MATMULS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The matmul kernels a [`Composite`] backend has run on this thread (to count what a
+/// step runs, as the recompute tests do).
+pub fn matmul_calls() -> usize {
+    MATMULS.with(|m| m.get())
+}
+
 /// A decorator backend exposing only the primitives of the wrapped backend.
 #[derive(Debug, Clone)]
 pub struct Composite<B>(pub B);
@@ -56,6 +66,7 @@ impl<B: Backend> Backend for Composite<B> {
         self.0.where_cond(c, a, b, o)
     }
     fn matmul(&self, a: &B::Storage, b: &B::Storage, s: &MatmulSpec) -> Result<B::Storage> {
+        MATMULS.with(|m| m.set(m.get() + 1));
         self.0.matmul(a, b, s)
     }
     fn reduce(&self, op: ReduceOp, x: &B::Storage, s: &Shape, d: usize) -> Result<B::Storage> {

@@ -157,8 +157,10 @@ impl<B: Backend> Tensor<B> {
         let spec = attention_spec(self, k, v, mask, causal, scale)?;
         let (q, k, v, mask) = attention_layout(self, k, v, mask)?;
         let ls = attention_spec_local(&q, &k, mask.as_ref(), &spec);
-        let s =
-            q.backend().attention(q.storage(), k.storage(), v.storage(), mask.as_ref().map(|m| m.storage()), &ls)?;
+        // selective recompute keeps the attention's output rather than running it again
+        let s = crate::ops::recompute::kept("attention", q.local_shape().elem_count(), || {
+            q.backend().attention(q.storage(), k.storage(), v.storage(), mask.as_ref().map(|m| m.storage()), &ls)
+        })?;
         if !needs_grad(&[Some(&q), Some(&k), Some(&v)]) {
             return Ok(q.same_layout(s, q.dtype()));
         }

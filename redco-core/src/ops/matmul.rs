@@ -92,7 +92,9 @@ impl<B: Backend> Tensor<B> {
         } else {
             MatmulSpec { batch: lbatch, m: lm, n: ln, k: lk, trans_a, trans_b, a_batched, b_batched }
         };
-        let s = a.backend().matmul(a.storage(), b.storage(), &spec)?;
+        // selective recompute keeps a matmul's output rather than running it again
+        let n = spec.batch * spec.m * spec.n;
+        let s = crate::ops::recompute::kept("matmul", n, || a.backend().matmul(a.storage(), b.storage(), &spec))?;
         let lbs: Vec<usize> =
             if a_batched { la.dims()[..la.rank() - 2].to_vec() } else { lb.dims()[..lb.rank() - 2].to_vec() };
         let local: Vec<usize> = lbs.into_iter().chain([lm, ln]).collect();

@@ -8,10 +8,138 @@
 //! Under tensor parallelism the recomputed forward repeats the block's forward
 //! communication (its all-reduces), as Megatron's recompute does: one more all-reduce per
 //! row-parallel layer per step.
+//!
+//! Selective recompute ([`Tensor::recompute_selective`], [`Recompute::Selective`]) keeps
+//! the outputs of the expensive ops inside the block (matmuls, fused attention and
+//! collectives) and recomputes only the rest (norms, rotary embeddings, activations,
+//! products, reshapes): the policy of torch's selective activation checkpointing with
+//! matmuls saved. The recomputation then repeats no matmul and no communication.
 
 use crate::autograd::{is_grad_enabled, is_recompute_enabled, no_grad, GradModeGuard};
 use crate::{Backend, Error, Result, Tensor};
+use std::any::Any;
+use std::cell::RefCell;
 use std::sync::Arc;
+
+/// Which activations a training step recomputes in its backward pass instead of keeping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Recompute {
+    /// Keep every activation (the fastest step).
+    #[default]
+    None,
+    /// Recompute each block from its input: one hidden state kept per block, one more
+    /// forward per block.
+    Block,
+    /// Keep the outputs of each block's matmuls, attention and collectives; recompute its
+    /// cheap ops (norms, rotary embeddings, activations, products) from them.
+    Selective,
+}
+
+impl Recompute {
+    /// Whether anything is recomputed.
+    pub fn on(self) -> bool {
+        self != Recompute::None
+    }
+
+    /// Its name as the command line spells it: `none`, `block` or `selective`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Recompute::None => "none",
+            Recompute::Block => "block",
+            Recompute::Selective => "selective",
+        }
+    }
+}
+
+/// One kept output of a selective block: the op that made it, its element count and its
+/// value.
+type Kept = (&'static str, usize, Box<dyn Any + Send + Sync>);
+
+/// What the kept-output tape of this thread is doing.
+enum Tape {
+    /// A selective block's forward: kept ops push their outputs.
+    Record(Vec<Kept>),
+    /// A selective block's recomputation: kept ops take their outputs, in order.
+    Replay(Arc<Vec<Kept>>, usize),
+}
+
+thread_local! {
+    static TAPE: RefCell<Option<Tape>> = const { RefCell::new(None) };
+}
+
+/// Puts `tape` on this thread until dropped; the previous one comes back.
+struct TapeGuard(Option<Tape>);
+
+impl TapeGuard {
+    fn set(tape: Option<Tape>) -> Self {
+        TapeGuard(TAPE.with(|t| t.replace(tape)))
+    }
+
+    /// The tape as it ended, the previous one back in place.
+    fn finish(mut self) -> Option<Tape> {
+        let prev = self.0.take();
+        TAPE.with(|t| t.replace(prev))
+    }
+}
+
+impl Drop for TapeGuard {
+    fn drop(&mut self) {
+        let prev = self.0.take();
+        TAPE.with(|t| *t.borrow_mut() = prev);
+    }
+}
+
+/// The output of an op a selective block keeps (`op` names it, `elems` is its local element
+/// count): computed by `compute` and kept while the block's forward runs, taken from what
+/// was kept while it is recomputed, computed plainly elsewhere. Ops call this around their
+/// kernel (or collective), so the autograd node they record is the same either way.
+pub(crate) fn kept<T: Clone + Send + Sync + 'static>(
+    op: &'static str,
+    elems: usize,
+    compute: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    let replayed = TAPE.with(|t| -> Option<Result<T>> {
+        let mut t = t.borrow_mut();
+        let Some(Tape::Replay(items, at)) = t.as_mut() else { return None };
+        let out = match items.get(*at) {
+            Some((name, n, v)) if *name == op && *n == elems => match v.downcast_ref::<T>() {
+                Some(v) => Ok(v.clone()),
+                None => Err(mismatch(op, name)),
+            },
+            Some((name, _, _)) => Err(mismatch(op, name)),
+            None => Err(Error::invalid(
+                "recompute",
+                format!("the recomputed block ran more {op} ops than its forward did: it must run the same ops again"),
+            )),
+        };
+        *at += 1;
+        Some(out)
+    });
+    if let Some(out) = replayed {
+        return out;
+    }
+    // a kernel written with ops (a backend's composite default) keeps nothing of its own
+    let inside = TapeGuard::set(None);
+    let out = compute();
+    drop(inside);
+    let out = out?;
+    TAPE.with(|t| {
+        if let Some(Tape::Record(items)) = t.borrow_mut().as_mut() {
+            items.push((op, elems, Box::new(out.clone())));
+        }
+    });
+    Ok(out)
+}
+
+fn mismatch(op: &str, kept: &str) -> Error {
+    Error::invalid(
+        "recompute",
+        format!(
+            "the recomputed block ran {op} where its forward kept the output of another {kept}: it must run the \
+             same ops again"
+        ),
+    )
+}
 
 impl<B: Backend> Tensor<B> {
     /// `f(inputs)`, recomputed in the backward pass instead of keeping its activations.
@@ -27,12 +155,43 @@ impl<B: Backend> Tensor<B> {
     where
         F: Fn(&[Tensor<B>]) -> Result<Tensor<B>> + Send + Sync + 'static,
     {
+        Self::rematerialised(inputs, params, f, false)
+    }
+
+    /// [`Tensor::recompute`], keeping the outputs of the matmuls, fused attention and
+    /// collectives `f` runs (as its forward made them) and recomputing only its other ops
+    /// in the backward pass: no matmul and no communication runs twice. `f` must run the
+    /// same ops when called again; a recomputation that does not is refused.
+    pub fn recompute_selective<F>(inputs: &[&Tensor<B>], params: &[&Tensor<B>], f: F) -> Result<Tensor<B>>
+    where
+        F: Fn(&[Tensor<B>]) -> Result<Tensor<B>> + Send + Sync + 'static,
+    {
+        Self::rematerialised(inputs, params, f, true)
+    }
+
+    /// `f(inputs)` recomputed in the backward pass, keeping what selective recompute keeps
+    /// when `selective`.
+    fn rematerialised<F>(inputs: &[&Tensor<B>], params: &[&Tensor<B>], f: F, selective: bool) -> Result<Tensor<B>>
+    where
+        F: Fn(&[Tensor<B>]) -> Result<Tensor<B>> + Send + Sync + 'static,
+    {
         let owned: Vec<Tensor<B>> = inputs.iter().map(|t| (*t).clone()).collect();
         let needed = inputs.iter().chain(params).any(|t| t.requires_grad());
         if !is_grad_enabled() || !is_recompute_enabled() || !needed {
             return f(&owned);
         }
-        let out = no_grad(|| f(&owned))?;
+        let (out, tape) = if selective {
+            let guard = TapeGuard::set(Some(Tape::Record(Vec::new())));
+            let out = no_grad(|| f(&owned))?;
+            match guard.finish() {
+                Some(Tape::Record(items)) => (out, Some(Arc::new(items))),
+                _ => unreachable!("the block's tape is put back as it was recorded"),
+            }
+        } else {
+            // a block recomputed whole inside a selective one keeps nothing of its own
+            let _none = TapeGuard::set(None);
+            (no_grad(|| f(&owned))?, None)
+        };
         let f = Arc::new(f);
         let kept: Vec<Tensor<B>> = params.iter().map(|t| (*t).clone()).collect();
         let all: Vec<&Tensor<B>> = inputs.iter().chain(params).copied().collect();
@@ -49,7 +208,25 @@ impl<B: Backend> Tensor<B> {
             let _on = GradModeGuard::set(true);
             let xs: Vec<Tensor<B>> =
                 owned.iter().map(|x| if x.requires_grad() { x.detach().into_var() } else { x.detach() }).collect();
-            let y = f(&xs)?;
+            let y = match &tape {
+                Some(items) => {
+                    let guard = TapeGuard::set(Some(Tape::Replay(items.clone(), 0)));
+                    let y = f(&xs)?;
+                    match guard.finish() {
+                        Some(Tape::Replay(items, at)) if at == items.len() => y,
+                        _ => {
+                            return Err(Error::invalid(
+                                "recompute",
+                                "the recomputed block ran fewer kept ops than its forward did: it must run the same ops again",
+                            ))
+                        }
+                    }
+                }
+                None => {
+                    let _none = TapeGuard::set(None);
+                    f(&xs)?
+                }
+            };
             let wrt: Vec<&Tensor<B>> = xs.iter().chain(&kept).collect();
             if !y.requires_grad() {
                 return Ok(vec![None; wrt.len()]);
@@ -71,7 +248,7 @@ impl<B: Backend> Tensor<B> {
             out.local_shape().clone(),
             out.placements(),
             out.dtype(),
-            "recompute",
+            if selective { "recompute_selective" } else { "recompute" },
             &all,
             backward,
         ))

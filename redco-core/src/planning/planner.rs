@@ -7,6 +7,7 @@ use super::plan::{Role, ShardPlan};
 use crate::runtime::collective::{CollectiveKind, CommCount, CommStats};
 use crate::runtime::Mesh;
 use crate::runtime::DEFAULT_BUCKET_BYTES;
+use crate::Recompute;
 use crate::{MeshAxis, Placement};
 use std::fmt;
 
@@ -23,6 +24,8 @@ pub struct ModelDims {
     pub kv_heads: usize,
     /// Vocabulary size.
     pub vocab: usize,
+    /// The MLP's intermediate size (its gate and up projections' outputs).
+    pub intermediate: usize,
 }
 
 /// The workload the estimates are for.
@@ -38,9 +41,11 @@ pub struct Workload {
     /// masters, the moments and the gradients), 3 (also the parameters of the decoder
     /// layers, gathered per layer: [`is_unit_param`]).
     pub zero: u8,
-    /// Recompute each transformer layer in the backward pass (activation checkpointing):
-    /// one hidden state kept per layer, one more forward per layer.
-    pub recompute: bool,
+    /// What each transformer layer recomputes in the backward pass (activation
+    /// checkpointing): nothing, the whole layer (one hidden state kept per layer, one more
+    /// forward per layer) or its cheap ops (the outputs of its matmuls, attention and
+    /// all-reduces kept).
+    pub recompute: Recompute,
 }
 
 /// Per-rank memory estimate in bytes.
@@ -129,8 +134,9 @@ pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> Comm
     if mesh.mp > 1 {
         let n = |r: Role| plan.params.values().filter(|p| p.role == r && count(p.placement)).count() as u64;
         let (rows, tables, heads) = (n(Role::Row), n(Role::VocabTable), n(Role::VocabHead));
-        // a recomputed layer runs its forward twice: once more each row-parallel all-reduce
-        let again = if work.recompute { rows } else { 0 };
+        // a layer recomputed whole runs its forward twice: once more each row-parallel
+        // all-reduce (selective recompute keeps their results)
+        let again = if work.recompute == Recompute::Block { rows } else { 0 };
         for _ in 0..(2 * rows + again + tables + heads) {
             st.record(CollectiveKind::AllReduce, MeshAxis::Mp, act);
         }
@@ -153,7 +159,7 @@ pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> Comm
             for (n, unit) in local {
                 let padded = n.div_ceil(mesh.dp as u64) * mesh.dp as u64;
                 st.record(CollectiveKind::ReduceScatter, MeshAxis::Dp, padded * 4);
-                let times = if work.zero == 3 && unit && work.recompute { 2 } else { 1 };
+                let times = if work.zero == 3 && unit && work.recompute.on() { 2 } else { 1 };
                 for _ in 0..times {
                     st.record(CollectiveKind::AllGather, MeshAxis::Dp, padded * gathered);
                 }
@@ -178,8 +184,10 @@ pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> Comm
 
 /// Training memory per rank. Activations follow Korthikanti et al. (2022), per layer
 /// `s*b*h*(10 + 24/t + 5*a*s/(h*t))` bytes at 2-byte precision, scaled to `dtype_bytes`;
-/// with recompute, each layer keeps only its input (`s*b*h` elements) and one layer's
-/// activations live at a time, during its recomputation. ZeRO stage `zero`: 1 divides the
+/// with block recompute, each layer keeps only its input (`s*b*h` elements) and one layer's
+/// activations live at a time, during its recomputation; with selective recompute, each
+/// layer keeps its input and the outputs of its matmuls, attention and all-reduces
+/// ([`selective_kept`]), and one layer's recomputed rest is live at a time. ZeRO stage `zero`: 1 divides the
 /// moments by `dp`; 2 also the f32 masters and the gradients (kept as f32 slices, plus one
 /// layer's full gradients in flight during backward); 3 also the decoder layers'
 /// parameters, held as f32 slices (they are the masters) and gathered per layer: two
@@ -202,7 +210,7 @@ pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero: u
     let (params, masters) = if zero == 3 && mesh.dp > 1 {
         let (unit, other) = local_elems(plan);
         let db = work.dtype_bytes as u64;
-        let whole = if work.recompute { 2 * unit / dims.layers.max(1) as u64 } else { unit };
+        let whole = if work.recompute.on() { 2 * unit / dims.layers.max(1) as u64 } else { unit };
         // pieces (the units' masters), the others' compute copies, the units gathered
         (4 * unit / dp + other * db + whole * db, 4 * other / dp)
     } else {
@@ -213,9 +221,27 @@ pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero: u
     let per_layer = s * b * h * (10.0 + 24.0 / t + 5.0 * a * s / (h * t)) * work.dtype_bytes as f64 / 2.0;
     let logits = s * b * dims.vocab as f64 / t * 4.0;
     let layers = dims.layers as f64;
-    let kept =
-        if work.recompute { s * b * h * work.dtype_bytes as f64 * layers + per_layer } else { per_layer * layers };
+    let kept = match work.recompute {
+        Recompute::None => per_layer * layers,
+        Recompute::Block => s * b * h * work.dtype_bytes as f64 * layers + per_layer,
+        Recompute::Selective => {
+            let sel = s * b * selective_kept(dims, mesh.mp) * work.dtype_bytes as f64;
+            sel * layers + (per_layer - sel).max(0.0)
+        }
+    };
     Memory { params, grads, optimizer: moments + masters, activations: (kept + logits) as u64 }
+}
+
+/// Elements per token one layer keeps under selective recompute on `mp` tensor-parallel
+/// ranks: its input, the outputs of the column-parallel projections (queries, keys,
+/// values, gate, up; split over `mp`) and of the attention, and the two row-parallel
+/// outputs (whole, and again once all-reduced when `mp > 1`).
+pub fn selective_kept(dims: &ModelDims, mp: usize) -> f64 {
+    let (h, t) = (dims.hidden as f64, mp.max(1) as f64);
+    let kv = h * dims.kv_heads as f64 / dims.heads.max(1) as f64;
+    let column = (h + 2.0 * kv + 2.0 * dims.intermediate as f64) / t;
+    let rows = if mp > 1 { 4.0 * h } else { 2.0 * h };
+    h + column + h / t + rows
 }
 
 /// Inference memory per rank: parameters plus a KV cache of `batch x seq` tokens with the
@@ -310,7 +336,11 @@ impl fmt::Display for PlanReport {
             f,
             "memory per device, training (AdamW{}{}):",
             if self.work.zero > 0 { format!(", ZeRO-{}", self.work.zero) } else { String::new() },
-            if self.work.recompute { ", each layer recomputed" } else { "" }
+            match self.work.recompute {
+                Recompute::None => "",
+                Recompute::Block => ", each layer recomputed",
+                Recompute::Selective => ", each layer's cheap ops recomputed",
+            }
         )?;
         writeln!(
             f,
@@ -343,12 +373,12 @@ mod tests {
     #[test]
     fn recompute_keeps_one_hidden_state_per_layer_and_one_layer_of_activations() {
         // a 0.7B-class LLaMA at sequence 512
-        let dims = ModelDims { layers: 24, hidden: 1536, heads: 16, kv_heads: 16, vocab: 32000 };
+        let dims = ModelDims { layers: 24, hidden: 1536, heads: 16, kv_heads: 16, vocab: 32000, intermediate: 4096 };
         let shapes = vec![("model.embed_tokens.weight".to_string(), Shape::new([32000, 1536]))];
         let plan = plan_by_names(&shapes, Mesh { dp: 1, mp: 1 });
-        let work = Workload { batch: 4, seq: 512, dtype_bytes: 4, zero: 0, recompute: false };
+        let work = Workload { batch: 4, seq: 512, dtype_bytes: 4, zero: 0, recompute: Recompute::None };
         let kept = train_memory(&plan, &dims, &work, 0);
-        let again = train_memory(&plan, &dims, &Workload { recompute: true, ..work }, 0);
+        let again = train_memory(&plan, &dims, &Workload { recompute: Recompute::Block, ..work }, 0);
         let (s, b, h) = (512.0, 4.0, 1536.0);
         let per_layer = s * b * h * (10.0 + 24.0 + 5.0 * 16.0 * s / h) * 4.0 / 2.0;
         let logits = s * b * 32000.0 * 4.0;
@@ -358,5 +388,27 @@ mod tests {
         let layers = |m: &Memory| m.activations as f64 - logits;
         assert!(layers(&kept) / layers(&again) > 10.0, "{kept:?} {again:?}");
         assert_eq!((kept.params, kept.grads, kept.optimizer), (again.params, again.grads, again.optimizer));
+    }
+
+    #[test]
+    fn selective_recompute_keeps_the_matmul_outputs_of_every_layer() {
+        let dims = ModelDims { layers: 24, hidden: 1536, heads: 16, kv_heads: 16, vocab: 32000, intermediate: 4096 };
+        let shapes = vec![("model.embed_tokens.weight".to_string(), Shape::new([32000, 1536]))];
+        let (s, b, h, i) = (512.0, 4.0, 1536.0, 4096.0);
+        for mp in [1, 2] {
+            let plan = plan_by_names(&shapes, Mesh { dp: 1, mp });
+            let work = Workload { batch: 4, seq: 512, dtype_bytes: 4, zero: 0, recompute: Recompute::Selective };
+            let t = mp as f64;
+            let logits = s * b * 32000.0 / t * 4.0;
+            // input, q k v attention out over mp, gate and up over mp, o and down (and their all-reduced copies)
+            let per_token = h + 4.0 * h / t + 2.0 * i / t + if mp > 1 { 4.0 * h } else { 2.0 * h };
+            assert_eq!(selective_kept(&dims, mp), per_token);
+            let sel = train_memory(&plan, &dims, &work, 0).activations as f64 - logits;
+            let none = train_memory(&plan, &dims, &Workload { recompute: Recompute::None, ..work }, 0).activations;
+            let block = train_memory(&plan, &dims, &Workload { recompute: Recompute::Block, ..work }, 0).activations;
+            let per_layer = s * b * h * (10.0 + 24.0 / t + 5.0 * 16.0 * s / (h * t)) * 2.0;
+            assert!((sel - (s * b * per_token * 4.0 * 23.0 + per_layer)).abs() < 2.0, "mp {mp}: {sel}");
+            assert!(sel < none as f64 - logits && sel > block as f64 - logits, "mp {mp}");
+        }
     }
 }

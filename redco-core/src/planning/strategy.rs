@@ -1,5 +1,6 @@
 //! Choosing the memory tools of a training run: for a plan on its mesh, every combination
-//! of the tools redco has (ZeRO-1, 2 and 3 over `dp`, per-layer activation recompute, and on
+//! of the tools redco has (ZeRO-1, 2 and 3 over `dp`, per-layer activation recompute, block
+//! or selective, and on
 //! a device backend optimizer offload to host memory) with its
 //! predicted per-rank peak memory, the bytes it moves per step and the activation bytes it
 //! recomputes, whether it fits a device budget, and the pick: among those that fit, the one
@@ -8,6 +9,7 @@
 
 use super::planner::{predict_comm, train_memory, Memory, ModelDims, Workload};
 use super::ShardPlan;
+use crate::Recompute;
 use std::fmt;
 
 /// One combination of memory tools.
@@ -15,8 +17,8 @@ use std::fmt;
 pub struct Strategy {
     /// ZeRO stage over `dp` (0 to 3).
     pub zero: u8,
-    /// Recompute each transformer layer in the backward pass.
-    pub recompute: bool,
+    /// What each transformer layer recomputes in the backward pass.
+    pub recompute: Recompute,
     /// The optimizer offloaded to host memory (its state and f32 host masters; the update
     /// on the host's cores).
     pub offload: bool,
@@ -24,7 +26,7 @@ pub struct Strategy {
 
 impl fmt::Display for Strategy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ZeRO-{}, recompute {}", self.zero, if self.recompute { "block" } else { "none" })?;
+        write!(f, "ZeRO-{}, recompute {}", self.zero, self.recompute.name())?;
         if self.offload {
             write!(f, ", offload")?;
         }
@@ -74,17 +76,17 @@ pub fn strategies(
     offload: bool,
 ) -> Vec<StrategyRow> {
     let zeros: &[u8] = if plan.mesh.dp > 1 { &[0, 1, 2, 3] } else { &[0] };
-    let kept = train_memory(plan, dims, &Workload { recompute: false, ..*work }, 0).activations;
+    let kept = train_memory(plan, dims, &Workload { recompute: Recompute::None, ..*work }, 0).activations;
     let local = plan.bytes_per_rank(1) as u64;
     let offloads: &[bool] = if offload { &[false, true] } else { &[false] };
     let mut rows = Vec::new();
     for &off in offloads {
         for &zero in zeros.iter().filter(|z| !off || **z == 0) {
-            for recompute in [false, true] {
+            for recompute in [Recompute::None, Recompute::Selective, Recompute::Block] {
                 let w = Workload { zero, recompute, ..*work };
                 let mut memory = train_memory(plan, dims, &w, zero);
                 let mut comm_bytes = predict_comm(plan, dims, &w).entries().into_iter().map(|(_, _, c)| c.bytes).sum();
-                let recomputed_bytes = if recompute { kept.saturating_sub(memory.activations) } else { 0 };
+                let recomputed_bytes = kept.saturating_sub(memory.activations);
                 let host_bytes = if off {
                     memory.optimizer -= 8 * local;
                     comm_bytes += 8 * local;
@@ -133,34 +135,37 @@ mod tests {
             shapes.push((p("mlp.down_proj"), Shape::new([h, i])));
         }
         shapes.push(("lm_head.weight".to_string(), Shape::new([v, h])));
-        (plan_by_names(&shapes, mesh), ModelDims { layers: l, hidden: h, heads: 16, kv_heads: 16, vocab: v })
+        (
+            plan_by_names(&shapes, mesh),
+            ModelDims { layers: l, hidden: h, heads: 16, kv_heads: 16, vocab: v, intermediate: i },
+        )
     }
 
     #[test]
     fn the_pick_is_the_cheapest_that_fits_and_none_when_nothing_does() {
         // at dp=4 (at dp=2 in f32, ZeRO-2's master slices cost what its gradient slices save)
         let (plan, dims) = llama(Mesh { dp: 4, mp: 1 });
-        let work = Workload { batch: 8, seq: 512, dtype_bytes: 4, zero: 0, recompute: false };
+        let work = Workload { batch: 8, seq: 512, dtype_bytes: 4, zero: 0, recompute: Recompute::None };
         let all = strategies(&plan, &dims, &work, u64::MAX, 0, false);
-        assert_eq!(all.len(), 8);
+        assert_eq!(all.len(), 12);
         // everything fits: nothing recomputed, no ZeRO (DDP's buckets move the fewest bytes)
-        assert_eq!(all[pick(&all).unwrap()].strategy, Strategy { zero: 0, recompute: false, offload: false });
+        assert_eq!(all[pick(&all).unwrap()].strategy, Strategy { zero: 0, recompute: Recompute::None, offload: false });
         let peak = |s: Strategy| all.iter().find(|r| r.strategy == s).unwrap().memory.total();
         let (plain, zero, rec, both) = (
-            peak(Strategy { zero: 0, recompute: false, offload: false }),
-            peak(Strategy { zero: 1, recompute: false, offload: false }),
-            peak(Strategy { zero: 0, recompute: true, offload: false }),
-            peak(Strategy { zero: 1, recompute: true, offload: false }),
+            peak(Strategy { zero: 0, recompute: Recompute::None, offload: false }),
+            peak(Strategy { zero: 1, recompute: Recompute::None, offload: false }),
+            peak(Strategy { zero: 0, recompute: Recompute::Block, offload: false }),
+            peak(Strategy { zero: 1, recompute: Recompute::Block, offload: false }),
         );
         let (zero2, least) = (
-            peak(Strategy { zero: 2, recompute: false, offload: false }),
-            peak(Strategy { zero: 2, recompute: true, offload: false }),
+            peak(Strategy { zero: 2, recompute: Recompute::None, offload: false }),
+            peak(Strategy { zero: 2, recompute: Recompute::Block, offload: false }),
         );
         assert!(both < zero && both < rec && zero < plain && rec < plain);
         assert!(zero2 < zero && least < both && least < zero2);
         let (zero3, fsdp) = (
-            peak(Strategy { zero: 3, recompute: false, offload: false }),
-            peak(Strategy { zero: 3, recompute: true, offload: false }),
+            peak(Strategy { zero: 3, recompute: Recompute::None, offload: false }),
+            peak(Strategy { zero: 3, recompute: Recompute::Block, offload: false }),
         );
         // without recompute every layer is whole from its forward to its backward: the peak of ZeRO-2
         assert!(zero3 <= zero2 && fsdp < least && fsdp < zero3, "ZeRO-3 with recompute holds the least");
@@ -174,24 +179,44 @@ mod tests {
         }
         assert_eq!(pick(&strategies(&plan, &dims, &work, fsdp - 1, 0, false)), None);
         // the recomputed bytes are the activations not kept; recompute moves bytes only under mp
-        let r = all.iter().find(|r| r.strategy == Strategy { zero: 0, recompute: true, offload: false }).unwrap();
+        let r = all
+            .iter()
+            .find(|r| r.strategy == Strategy { zero: 0, recompute: Recompute::Block, offload: false })
+            .unwrap();
         assert_eq!(r.recomputed_bytes, all[0].memory.activations - r.memory.activations);
         assert_eq!(r.comm_bytes, all[0].comm_bytes);
+        // selective recompute sits between: less kept than with none, more than block, and
+        // fewer bytes recomputed than block; a budget it fits (and none does not) picks it
+        let row =
+            |rc: Recompute| all.iter().find(|r| r.strategy == Strategy { zero: 0, recompute: rc, offload: false });
+        let sel = row(Recompute::Selective).unwrap();
+        assert!(sel.memory.activations < all[0].memory.activations && sel.memory.activations > r.memory.activations);
+        assert!(sel.recomputed_bytes > 0 && sel.recomputed_bytes < r.recomputed_bytes);
+        assert_eq!(sel.comm_bytes, all[0].comm_bytes);
+        let rows = strategies(&plan, &dims, &work, sel.memory.total(), 0, false);
+        let i = pick(&rows).unwrap();
+        assert!(rows[i].strategy.recompute != Recompute::Block || rows[i].strategy.zero > 0, "{}", rows[i].strategy);
         // offload (a device backend's): moments off the device, 8 bytes a parameter moved
         let with = strategies(&plan, &dims, &work, u64::MAX, 0, true);
-        assert_eq!(with.len(), 10, "ZeRO-0 with and without recompute, offloaded");
-        let off = with.iter().find(|r| r.strategy == Strategy { zero: 0, recompute: false, offload: true }).unwrap();
+        assert_eq!(with.len(), 15, "ZeRO-0 with each recompute, offloaded");
+        let off = with
+            .iter()
+            .find(|r| r.strategy == Strategy { zero: 0, recompute: Recompute::None, offload: true })
+            .unwrap();
         let n = plan.bytes_per_rank(1) as u64;
         assert_eq!(off.memory.total(), all[0].memory.total() - 8 * n);
         assert_eq!((off.comm_bytes, off.host_bytes), (all[0].comm_bytes + 8 * n, 12 * n));
-        assert_eq!(with[pick(&with).unwrap()].strategy, Strategy { zero: 0, recompute: false, offload: false });
+        assert_eq!(
+            with[pick(&with).unwrap()].strategy,
+            Strategy { zero: 0, recompute: Recompute::None, offload: false }
+        );
         // on one rank, a byte under the least of the others: offload (with recompute) is the pick
         let (single, _) = llama(Mesh { dp: 1, mp: 1 });
         let rows = strategies(&single, &dims, &work, u64::MAX, 0, true);
         let least = rows.iter().filter(|r| !r.strategy.offload).map(|r| r.memory.total()).min().unwrap();
         let rows = strategies(&single, &dims, &work, least - 1, 0, true);
         let i = pick(&rows).expect("offload fits where nothing else does");
-        assert_eq!(rows[i].strategy, Strategy { zero: 0, recompute: true, offload: true });
+        assert_eq!(rows[i].strategy, Strategy { zero: 0, recompute: Recompute::Block, offload: true });
         // on one data-parallel rank ZeRO is not offered
         let (one, _) = llama(Mesh { dp: 1, mp: 2 });
         assert!(strategies(&one, &dims, &work, u64::MAX, 0, false).iter().all(|r| r.strategy.zero == 0));

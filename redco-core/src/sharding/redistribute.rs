@@ -101,11 +101,16 @@ impl<B: Backend> Tensor<B> {
         }
         let c = comm::<B>("redistribute")?;
         let b = self.backend();
-        let mut x = Local { s: self.storage().clone(), local: self.local_shape().clone(), p: self.placements() };
-        for axis in AXES {
-            x = step(b, &c, x, axis, target.get(axis))?;
-        }
+        // selective recompute keeps a redistribution's result rather than moving it again
         let expect = local_shape(self.shape(), target, [c.mesh().dp, c.mesh().mp])?;
+        let (s, local) = crate::ops::recompute::kept("redistribute", expect.elem_count(), || {
+            let mut x = Local { s: self.storage().clone(), local: self.local_shape().clone(), p: self.placements() };
+            for axis in AXES {
+                x = step(b, &c, x, axis, target.get(axis))?;
+            }
+            Ok((x.s, x.local))
+        })?;
+        let x: Local<B> = Local { s, local, p: target };
         debug_assert_eq!(x.local, expect);
         let from = self.placements();
         Ok(Tensor::from_op_placed(

@@ -222,6 +222,7 @@ impl HfConfig {
             heads: self.heads,
             kv_heads: self.kv_heads,
             vocab: self.vocab,
+            intermediate: self.intermediate,
         }
     }
 

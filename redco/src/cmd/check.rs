@@ -148,20 +148,29 @@ pub enum Recompute {
     /// Recompute each transformer layer from its input (one hidden state kept per layer;
     /// one more forward per layer).
     Block,
+    /// Keep each layer's matmul, attention and all-reduce outputs; recompute its norms,
+    /// rotary embeddings, SiLU and product (no matmul or communication runs twice).
+    Selective,
 }
 
 impl Recompute {
+    /// The core's mode for the flag.
+    pub fn mode(self) -> redco_core::Recompute {
+        match self {
+            Recompute::None => redco_core::Recompute::None,
+            Recompute::Block => redco_core::Recompute::Block,
+            Recompute::Selective => redco_core::Recompute::Selective,
+        }
+    }
+
     /// Whether anything is recomputed.
     pub fn on(self) -> bool {
-        self != Recompute::None
+        self.mode().on()
     }
 
     /// The flag's value.
     pub fn name(self) -> &'static str {
-        match self {
-            Recompute::None => "none",
-            Recompute::Block => "block",
-        }
+        self.mode().name()
     }
 }
 

@@ -4,7 +4,7 @@
 use redco_core::planning::heuristics::plan_by_names;
 use redco_core::planning::strategy::Strategy;
 use redco_core::runtime::Mesh;
-use redco_core::DType;
+use redco_core::{DType, Recompute};
 use redco_models::hf::config::HfConfig;
 
 /// Bytes of memory this machine has available for a new run (Linux's `MemAvailable`), when
@@ -25,8 +25,8 @@ pub fn available_memory() -> Option<u64> {
 pub struct StrategyAsk {
     /// `--zero`, when given.
     pub zero: Option<u8>,
-    /// `--recompute` (on or off), when given.
-    pub recompute: Option<bool>,
+    /// `--recompute`, when given.
+    pub recompute: Option<Recompute>,
     /// `--strategy auto`: what the flags leave open is the planner's pick; otherwise ZeRO-0 and
     /// no recompute.
     pub auto: bool,
@@ -58,7 +58,7 @@ pub fn choose_strategy(
     use redco_core::planning::planner::{human, Workload};
     use redco_core::planning::strategy::{pick, strategies};
     let layered = matches!(cfg.model_type.as_str(), "llama" | "mistral");
-    let recompute = ask.recompute.or((!ask.auto).then_some(false));
+    let recompute = ask.recompute.or((!ask.auto).then_some(Recompute::None));
     // ZeRO on one data-parallel rank changes nothing
     let zero = if mesh.dp > 1 { ask.zero.or((!ask.auto).then_some(0)) } else { Some(0) };
     if ask.offload && !ask.device {
@@ -80,13 +80,16 @@ pub fn choose_strategy(
         _ => true,
     };
     let Ok(shapes) = cfg.param_shapes() else {
-        let chosen =
-            Strategy { zero: zero.unwrap_or(0), recompute: recompute.unwrap_or(false), offload: offload == Some(true) };
+        let chosen = Strategy {
+            zero: zero.unwrap_or(0),
+            recompute: recompute.unwrap_or_default(),
+            offload: offload == Some(true),
+        };
         return Ok((chosen, "no estimate for this model".into()));
     };
     let plan = plan_by_names(&shapes, mesh);
     let dtype_bytes = if compute == DType::F32 { 4 } else { 2 };
-    let work = Workload { batch, seq, dtype_bytes, zero: 0, recompute: false };
+    let work = Workload { batch, seq, dtype_bytes, zero: 0, recompute: Recompute::None };
     // every rank on this host shares its memory: the ranks of this process, times the
     // processes on this host
     let world = super::launch::world();
@@ -97,7 +100,7 @@ pub fn choose_strategy(
         .into_iter()
         .filter(|r| zero.is_none_or(|z| r.strategy.zero == z) && recompute.is_none_or(|w| r.strategy.recompute == w))
         .filter(|r| offload.is_none_or(|o| r.strategy.offload == o))
-        .filter(|r| (layered || !r.strategy.recompute) && (ask.zero.is_some() || offered(r.strategy.zero)))
+        .filter(|r| (layered || !r.strategy.recompute.on()) && (ask.zero.is_some() || offered(r.strategy.zero)))
         .collect();
     let against = match (ask.budget, avail) {
         (Some(b), _) => format!("of --device-memory {}", human(b)),
@@ -125,8 +128,8 @@ pub fn choose_strategy(
     let need = least.map_or(u64::MAX, |r| r.memory.total());
     let tried = least.map_or(String::new(), |r| format!(" ({}, the least of those tried)", r.strategy));
     let mut hints = Vec::new();
-    if layered && recompute == Some(false) {
-        hints.push("recompute activations (--recompute block)".to_string());
+    if layered && recompute == Some(Recompute::None) {
+        hints.push("recompute activations (--recompute selective, or block for the least memory)".to_string());
     }
     if ask.device && offload == Some(false) && zero.is_none_or(|z| z == 0) {
         hints.push("offload the optimizer to host memory (--offload)".to_string());

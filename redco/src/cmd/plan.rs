@@ -34,8 +34,9 @@ pub struct PlanArgs {
     /// f32 masters and the gradients) or 3 (also the decoder layers' parameters).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: u8,
-    /// Activation recompute, as `train --recompute`: none, or block (each layer recomputed
-    /// in the backward pass; memory and communication estimated so).
+    /// Activation recompute, as `train --recompute`: none, block (each layer recomputed in
+    /// the backward pass) or selective (each layer's cheap ops recomputed; its matmul,
+    /// attention and all-reduce outputs kept); memory and communication estimated so.
     #[arg(long, value_enum, default_value_t = Recompute::None)]
     pub recompute: Recompute,
     /// Device memory (e.g. 80GB, 24GiB): report the smallest MP that fits.
@@ -121,7 +122,7 @@ pub fn run(mut a: PlanArgs) -> Result<(), String> {
             return Err(format!("{n}: {}", p.reason));
         }
     }
-    let work = Workload { batch: a.batch, seq, dtype_bytes, zero: a.zero, recompute: a.recompute.on() };
+    let work = Workload { batch: a.batch, seq, dtype_bytes, zero: a.zero, recompute: a.recompute.mode() };
     let fit = match &a.device_memory {
         Some(mem) => {
             let bytes = check::bytes(mem)?;
@@ -211,7 +212,7 @@ fn strategies_json(rows: &[StrategyRow], picked: Option<usize>, budget: u64, fro
         .map(|r| {
             serde_json::json!({
                 "zero": r.strategy.zero,
-                "recompute": if r.strategy.recompute { "block" } else { "none" },
+                "recompute": r.strategy.recompute.name(),
                 "offload": r.strategy.offload,
                 "host_bytes_per_rank": r.host_bytes,
                 "peak_bytes_per_rank": r.memory.total(),

@@ -4,7 +4,7 @@
 //! rank's collective counts); eval-dump matches transformers for every model at 1x2 and
 //! 2x2; a killed rank ends the job within the timeout and names it, and resuming ends
 //! with the weights of an uninterrupted run; a stopped rank is named by the watchdog;
-//! ZeRO-2 and ZeRO-3 (with recompute) over processes equal their thread runs and the
+//! ZeRO-2 and ZeRO-3 (with block or selective recompute) over processes equal their thread runs and the
 //! replicated one; a mesh that does not fit the world is refused; the workdir, identity, integrity and
 //! input checks hold over processes as over threads.
 
@@ -130,7 +130,7 @@ fn training_at_2x2_over_processes_equals_the_thread_run() {
     assert!(bytes(&ow) == bytes(&tw), "the final weights differ with --overlap-grad-sync");
 }
 
-/// ZeRO-2, and ZeRO-3 with block recompute, at 2x2 over four processes: every step's loss
+/// ZeRO-2, and ZeRO-3 with block and with selective recompute, at 2x2 over four processes: every step's loss
 /// equals the thread run's at the same stage and the replicated (ZeRO-0) thread run's, and
 /// each rank's collective calls are the thread run's.
 #[test]
@@ -142,8 +142,9 @@ fn zero2_and_zero3_over_processes_equal_the_thread_runs() {
     assert_eq!(code, 0, "{err}");
     let replicated = losses(&base);
     assert_eq!(replicated.len(), 6);
-    for (zero, recompute) in [("2", "none"), ("3", "block")] {
-        let (tw, pw) = (d.join(format!("threads-zero{zero}")), d.join(format!("procs-zero{zero}")));
+    for (zero, recompute) in [("2", "none"), ("3", "block"), ("3", "selective")] {
+        let (tw, pw) =
+            (d.join(format!("threads-zero{zero}-{recompute}")), d.join(format!("procs-zero{zero}-{recompute}")));
         let (ts, ps) = (tw.to_str().unwrap(), pw.to_str().unwrap());
         let (tstats, pstats) = (format!("{ts}/comm-{{rank}}.json"), format!("{ps}/comm-{{rank}}.json"));
         let flags = ["--zero", zero, "--recompute", recompute];

@@ -156,11 +156,20 @@ fn plan_lists_the_memory_tools_and_picks_the_cheapest_that_fits() {
     // no limit that binds: everything fits and the pick keeps activations without ZeRO
     let s = rows("1TB");
     let all = s["rows"].as_array().unwrap().clone();
-    assert_eq!(all.len(), 8, "{s}");
+    assert_eq!(all.len(), 12, "ZeRO 0-3, each with recompute none, selective and block: {s}");
     assert!(all.iter().any(|r| r["zero"] == 2) && all.iter().any(|r| r["zero"] == 3), "{s}");
     let peak = |i: usize| all[i]["peak_bytes_per_rank"].as_u64().unwrap();
     let p = s["pick"].as_u64().unwrap() as usize;
     assert_eq!((all[p]["zero"].as_u64(), all[p]["recompute"].as_str()), (Some(0), Some("none")), "{s}");
+    // selective recompute keeps less than none and more than block, recomputes less than
+    // block, and moves what none moves
+    let at = |z: u64, r: &str| all.iter().find(|x| x["zero"] == z && x["recompute"] == r).unwrap();
+    let (none, sel, block) = (at(0, "none"), at(0, "selective"), at(0, "block"));
+    let num = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap();
+    assert!(num(sel, "peak_bytes_per_rank") < num(none, "peak_bytes_per_rank"), "{s}");
+    assert!(num(sel, "peak_bytes_per_rank") > num(block, "peak_bytes_per_rank"), "{s}");
+    assert!(num(sel, "recomputed_bytes_per_step") < num(block, "recomputed_bytes_per_step"), "{s}");
+    assert_eq!(num(sel, "comm_bytes_per_step"), num(none, "comm_bytes_per_step"), "{s}");
     // a budget just under the plain peak: the pick is the cheapest of those under it
     let plain = peak(0);
     let s = rows(&format!("{}B", plain - 1));
@@ -180,7 +189,7 @@ fn plan_lists_the_memory_tools_and_picks_the_cheapest_that_fits() {
     assert_eq!(code, 0, "{err}");
     let with: serde_json::Value = serde_json::from_str::<serde_json::Value>(&out).unwrap()["strategies"].clone();
     let with = with["rows"].as_array().unwrap().clone();
-    assert_eq!(with.len(), 10, "{out}");
+    assert_eq!(with.len(), 15, "{out}");
     let off = with.iter().find(|r| r["offload"] == true && r["recompute"] == "none").unwrap();
     let moved = off["comm_bytes_per_step"].as_u64().unwrap() - all[0]["comm_bytes_per_step"].as_u64().unwrap();
     let saved = peak(0) - off["peak_bytes_per_rank"].as_u64().unwrap();

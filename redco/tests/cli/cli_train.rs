@@ -199,11 +199,11 @@ fn a_hugging_face_model_without_data_trains_on_the_corpus_through_its_own_tokeni
 /// Each step's loss of a run, from its metrics.
 
 #[test]
-fn recompute_block_trains_as_keeping_activations_does_and_other_models_refuse_it() {
-    // the same run with and without each layer recomputed, at 1x1 and tensor-parallel 1x2:
-    // every step's loss equal
+fn recompute_block_and_selective_train_as_keeping_activations_does_and_other_models_refuse_it() {
+    // the same run with and without each layer recomputed (whole or selectively), at 1x1
+    // and tensor-parallel 1x2: every step's loss equal
     for mesh in ["1x1", "1x2"] {
-        let runs: Vec<Vec<f64>> = ["none", "block"]
+        let runs: Vec<Vec<f64>> = ["none", "block", "selective"]
             .iter()
             .map(|r| {
                 let w = tmp(&format!("recompute-{mesh}-{r}"));
@@ -233,8 +233,11 @@ fn recompute_block_trains_as_keeping_activations_does_and_other_models_refuse_it
             })
             .collect();
         assert_eq!(runs[0].len(), 8);
-        for (i, (a, b)) in runs[0].iter().zip(&runs[1]).enumerate() {
-            assert!((a - b).abs() <= 1e-5 * a.abs(), "step {} at {mesh}: {a} kept, {b} recomputed", i + 1);
+        for run in &runs[1..] {
+            assert_eq!(run.len(), 8);
+            for (i, (a, b)) in runs[0].iter().zip(run).enumerate() {
+                assert!((a - b).abs() <= 1e-5 * a.abs(), "step {} at {mesh}: {a} kept, {b} recomputed", i + 1);
+            }
         }
     }
     // without the flag the planner chooses, and the run says what and why

@@ -174,3 +174,62 @@ pub fn recompute_matches_recorded<B: Backend>(b: &B) {
     let Err(e) = loss_of(r).backward() else { panic!("an unlisted weight was accepted") };
     assert!(e.to_string().contains("not listed in its params"), "{e}");
 }
+
+/// A selectively recomputed block (`Tensor::recompute_selective`) gives the recorded
+/// block's gradients, keeps its matmuls' outputs (its recomputation takes them instead of
+/// running them), and a block that runs other ops when recomputed is refused.
+pub fn recompute_selective_matches_recorded<B: Backend>(b: &B) {
+    use redco_core::Tensor;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let dt = check_dtype(b);
+    let x = tensor(b, &values(12, 7, -1.0, 1.0), [3, 4], dt).into_var();
+    let w1 = tensor(b, &values(20, 8, -0.5, 0.5), [4, 5], dt).into_var();
+    let w2 = tensor(b, &values(20, 9, -0.5, 0.5), [5, 4], dt).into_var();
+    let mask = tensor(b, &values(4, 10, 0.0, 1.0), [4], dt);
+    // a residual gated block: x + (silu(x W1) * (x W1)) W2 * mask
+    let block = |w1: Tensor<B>, w2: Tensor<B>| {
+        move |xs: &[Tensor<B>]| -> redco_core::Result<Tensor<B>> {
+            let g = xs[0].matmul(&w1)?;
+            let h = g.silu()?.mul(&g)?.matmul(&w2)?;
+            xs[0].add(&h.mul(&xs[1])?)
+        }
+    };
+    let loss_of = |y: Tensor<B>| y.square().unwrap().sum_all().unwrap();
+    let f = block(w1.clone(), w2.clone());
+    let recorded = f(&[f(&[x.clone(), mask.clone()]).unwrap(), mask.clone()]).unwrap();
+    let want = loss_of(recorded).backward().unwrap();
+    let r1 = Tensor::recompute_selective(&[&x, &mask], &[&w1, &w2], block(w1.clone(), w2.clone())).unwrap();
+    let r2 = Tensor::recompute_selective(&[&r1, &mask], &[&w1, &w2], block(w1.clone(), w2.clone())).unwrap();
+    assert_eq!(r2.op_name(), Some("recompute_selective"));
+    let got = loss_of(r2.clone()).backward().unwrap();
+    for (t, name) in [(&x, "x"), (&w1, "w1"), (&w2, "w2")] {
+        let e = want.get(t).unwrap().to_vec_f64().unwrap();
+        assert_close(&got.get(t).unwrap().to_vec_f64().unwrap(), &e, tol(dt), name);
+    }
+    assert!(got.get(&mask).is_none(), "the mask needs no gradient");
+    // the recomputation follows the kept outputs in order: one that runs a matmul the
+    // forward did not is refused, not given a wrong output
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = {
+        let (w1, w2, calls) = (w1.clone(), w2.clone(), calls.clone());
+        move |xs: &[Tensor<B>]| -> redco_core::Result<Tensor<B>> {
+            let n = calls.fetch_add(1, Ordering::SeqCst);
+            let g = xs[0].matmul(&w1)?;
+            // on the recomputation, an extra matmul the forward did not run
+            let g = if n > 0 { g.matmul(&w1.transpose(0, 1)?)?.matmul(&w1)? } else { g };
+            g.matmul(&w2)
+        }
+    };
+    let r = Tensor::recompute_selective(&[&x], &[&w1, &w2], counted).unwrap();
+    let Err(e) = loss_of(r).backward() else { panic!("a recomputation running other ops was accepted") };
+    assert!(e.to_string().contains("must run the same ops again"), "{e}");
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "the forward and one recomputation");
+    // without gradients it is the block
+    let plain =
+        no_grad(|| Tensor::recompute_selective(&[&x, &mask], &[&w1, &w2], block(w1.clone(), w2.clone()))).unwrap();
+    assert!(!plain.requires_grad());
+    // second order: refused, naming recompute
+    let Err(e) = loss_of(r1).backward_graph() else { panic!("second order through recompute was accepted") };
+    assert!(matches!(e, Error::Unsupported { op: "recompute", .. }), "{e}");
+}

@@ -100,6 +100,10 @@ macro_rules! suite {
             fn recompute_matches_recorded() {
                 $crate::suite::autograd::recompute_matches_recorded(&$make)
             }
+            #[test]
+            fn recompute_selective_matches_recorded() {
+                $crate::suite::autograd::recompute_selective_matches_recorded(&$make)
+            }
         }
         mod cross_entropy {
             #[allow(unused_imports)]

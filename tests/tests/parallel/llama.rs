@@ -10,7 +10,7 @@ use redco_core::{
     planning::ShardPlan,
     runtime::{current_comm, CollectiveKind, CommStats, Mesh, SpmdOptions},
 };
-use redco_core::{DType, MeshAxis, Placement, Result, Tensor};
+use redco_core::{DType, MeshAxis, Placement, Recompute, Result, Tensor};
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;
 use redco_tests::check::assert_close;
@@ -46,10 +46,10 @@ struct Run {
 }
 
 fn step(b: &Cpu, plan: Option<&ShardPlan>) -> Result<Run> {
-    step_with(b, plan, false)
+    step_with(b, plan, Recompute::None)
 }
 
-fn step_with(b: &Cpu, plan: Option<&ShardPlan>, recompute: bool) -> Result<Run> {
+fn step_with(b: &Cpu, plan: Option<&ShardPlan>, recompute: Recompute) -> Result<Run> {
     let mut m = Llama::new(b, &cfg(), DType::F32, 5)?;
     m.set_recompute(recompute);
     if let Some(p) = plan {
@@ -140,15 +140,16 @@ fn llama_split_by_the_rules_equals_one_device_at_1x2_and_1x4_with_megatron_comm(
 #[test]
 fn llama_with_each_layer_recomputed_equals_keeping_activations_at_1x1_and_1x2() {
     let kept = step(&Cpu::new(2), None).unwrap();
-    let again = step_with(&Cpu::new(2), None, true).unwrap();
+    let again = step_with(&Cpu::new(2), None, Recompute::Block).unwrap();
     assert_same(&again, &kept, (1e-6, 1e-5), "recomputed");
     // tensor-parallel: the recomputed forward repeats each layer's two forward all-reduces
     // (after attention and after the MLP), as Megatron's full recompute does; nothing else
     let c = cfg();
     let mesh: Mesh = "1x2".parse().unwrap();
     let plan = opaque_plan(mesh);
-    let split =
-        spmd_cpu(mesh, &SpmdOptions::default(), |rk| step_with(&rk.backend, Some(&plan), true)).unwrap().swap_remove(0);
+    let split = spmd_cpu(mesh, &SpmdOptions::default(), |rk| step_with(&rk.backend, Some(&plan), Recompute::Block))
+        .unwrap()
+        .swap_remove(0);
     assert_same(&split, &kept, (1e-5, 2e-4), "recomputed at 1x2");
     let s = &split.stats;
     let l = c.layers as u64;
@@ -159,7 +160,37 @@ fn llama_with_each_layer_recomputed_equals_keeping_activations_at_1x1_and_1x2() 
     assert_eq!(ar.bytes, ((2 * l + 1) * 2 + 2 * l) * act + 3 * tok, "all-reduce bytes, recomputed:\n{s}");
     // and the planner predicts exactly that
     use redco_core::planning::planner::{predict_comm, Workload};
-    let work = Workload { batch: BATCH, seq: SEQ, dtype_bytes: 4, zero: 0, recompute: true };
+    let work = Workload { batch: BATCH, seq: SEQ, dtype_bytes: 4, zero: 0, recompute: Recompute::Block };
+    let predicted = predict_comm(&plan, &c.dims(), &work).get(CollectiveKind::AllReduce, MeshAxis::Mp);
+    assert_eq!((predicted.calls, predicted.bytes), (ar.calls, ar.bytes), "predicted against measured:\n{s}");
+}
+
+#[test]
+fn llama_with_selective_recompute_equals_keeping_activations_and_repeats_no_all_reduce() {
+    let kept = step(&Cpu::new(2), None).unwrap();
+    let again = step_with(&Cpu::new(2), None, Recompute::Selective).unwrap();
+    assert_same(&again, &kept, (1e-6, 1e-5), "selective");
+    // tensor-parallel: the all-reduces' results are kept, so the count is the one without
+    // recompute (each layer's two forward all-reduces once, not twice as block recompute)
+    let c = cfg();
+    let mesh: Mesh = "1x2".parse().unwrap();
+    let plan = opaque_plan(mesh);
+    let run = |rc| {
+        spmd_cpu(mesh, &SpmdOptions::default(), |rk| step_with(&rk.backend, Some(&plan), rc)).unwrap().swap_remove(0)
+    };
+    let (split, plain) = (run(Recompute::Selective), run(Recompute::None));
+    assert_same(&split, &kept, (1e-5, 2e-4), "selective at 1x2");
+    assert_same(&split, &plain, (1e-6, 1e-5), "selective against none at 1x2");
+    let l = c.layers as u64;
+    let act = (BATCH * SEQ * c.hidden * 4) as u64;
+    let tok = (BATCH * SEQ * 4) as u64;
+    let s = &split.stats;
+    let ar = s.get(CollectiveKind::AllReduce, MeshAxis::Mp);
+    assert_eq!(ar.calls, (2 * l + 1) * 2 + 3, "all-reduce calls, selective:\n{s}");
+    assert_eq!(ar.bytes, (2 * l + 1) * 2 * act + 3 * tok, "all-reduce bytes, selective:\n{s}");
+    assert_eq!(s.total_calls(), plain.stats.total_calls(), "selective against none:\n{s}\n{}", plain.stats);
+    use redco_core::planning::planner::{predict_comm, Workload};
+    let work = Workload { batch: BATCH, seq: SEQ, dtype_bytes: 4, zero: 0, recompute: Recompute::Selective };
     let predicted = predict_comm(&plan, &c.dims(), &work).get(CollectiveKind::AllReduce, MeshAxis::Mp);
     assert_eq!((predicted.calls, predicted.bytes), (ar.calls, ar.bytes), "predicted against measured:\n{s}");
 }

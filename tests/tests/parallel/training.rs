@@ -160,6 +160,7 @@ fn planner_predicts_the_measured_communication() {
         heads: LLAMA.heads,
         kv_heads: LLAMA.kv_heads,
         vocab: LLAMA.vocab,
+        intermediate: LLAMA.inter,
     };
     for zero1 in [false, true] {
         let measured = spmd_cpu(mesh, &SpmdOptions::default(), |rk| {
@@ -182,7 +183,13 @@ fn planner_predicts_the_measured_communication() {
         let predicted = predict_comm(
             &plan,
             &dims,
-            &Workload { batch: BATCH, seq: SEQ, dtype_bytes: 4, zero: zero1 as u8, recompute: false },
+            &Workload {
+                batch: BATCH,
+                seq: SEQ,
+                dtype_bytes: 4,
+                zero: zero1 as u8,
+                recompute: redco_core::Recompute::None,
+            },
         );
         assert_eq!(predicted, measured, "zero1 {zero1}\npredicted:\n{predicted}\nmeasured:\n{measured}");
     }

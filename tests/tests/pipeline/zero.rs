@@ -120,7 +120,7 @@ mod zero3 {
     use redco_core::optim::{AdamWConfig, Decay, Schedule};
     use redco_core::pipeline::{Batch, Deployer, FitReport, OptimizerConfig, StepCtx, TrainConfig, Trainer, ZeroStage};
     use redco_core::runtime::CollectiveKind;
-    use redco_core::{Backend, DType, MeshAxis, Result, Tensor};
+    use redco_core::{Backend, DType, MeshAxis, Recompute, Result, Tensor};
     use redco_models::hf::config::HfConfig;
     use redco_models::llama::Llama;
     use std::sync::{Arc, Mutex};
@@ -161,7 +161,7 @@ mod zero3 {
     pub(super) fn llama_trainer(
         zero: ZeroStage,
         dtype: DType,
-        recompute: bool,
+        recompute: Recompute,
         steps: u64,
         every: Option<u64>,
     ) -> Trainer<Llama<Cpu>, Vec<i64>> {
@@ -179,7 +179,7 @@ mod zero3 {
     /// built model's held elements pushed to `held`.
     fn placed_trainer(
         cfg: TrainConfig,
-        recompute: bool,
+        recompute: Recompute,
         placed: bool,
         held: Option<Arc<Mutex<Vec<usize>>>>,
     ) -> Trainer<Llama<Cpu>, Vec<i64>> {
@@ -226,7 +226,7 @@ mod zero3 {
                 schedule: Schedule { peak: 3e-3, warmup: 2, total: 8, decay: Decay::Cosine },
                 ..train_config(ZeroStage::Parameters, DType::F32, 8)
             };
-            let r = placed_trainer(cfg, true, placed, Some(held.clone())).fit(&dep, &data, false).unwrap();
+            let r = placed_trainer(cfg, Recompute::Block, placed, Some(held.clone())).fit(&dep, &data, false).unwrap();
             let held = held.lock().unwrap().clone();
             assert_eq!(held.len(), 5, "one trace and four ranks");
             assert_eq!(held[0], total, "the trace's model has every parameter's shape");
@@ -244,7 +244,7 @@ mod zero3 {
         mesh: &str,
         zero: ZeroStage,
         dtype: DType,
-        recompute: bool,
+        recompute: Recompute,
     ) -> (FitReport, Vec<(String, Vec<u8>)>) {
         let data = corpus().sequences(0, 256);
         let dep = Deployer::new(mesh.parse().unwrap(), 3, &workdir(name)).unwrap();
@@ -259,14 +259,16 @@ mod zero3 {
     #[test]
     fn zero3_trains_as_ddp_does_with_and_without_recompute_at_4x1_and_2x2_in_f32_and_bf16() {
         let cases = [
-            ("4x1", DType::F32, false),
-            ("4x1", DType::F32, true),
-            ("2x2", DType::F32, true),
-            ("2x2", DType::BF16, false),
-            ("2x1", DType::BF16, true),
+            ("4x1", DType::F32, Recompute::None),
+            ("4x1", DType::F32, Recompute::Block),
+            ("4x1", DType::F32, Recompute::Selective),
+            ("2x2", DType::F32, Recompute::Block),
+            ("2x2", DType::BF16, Recompute::None),
+            ("2x2", DType::BF16, Recompute::Selective),
+            ("2x1", DType::BF16, Recompute::Block),
         ];
         for (mesh, dtype, recompute) in cases {
-            let tag = format!("{mesh}-{dtype:?}-{recompute}");
+            let tag = format!("{mesh}-{dtype:?}-{}", recompute.name());
             let (a, ma) = run(&format!("z3-ddp-{tag}"), mesh, ZeroStage::Off, dtype, recompute);
             let (b, mb) = run(&format!("z3-{tag}"), mesh, ZeroStage::Parameters, dtype, recompute);
             for (i, (x, y)) in a.losses.iter().zip(&b.losses).enumerate() {
@@ -281,17 +283,18 @@ mod zero3 {
     }
 
     /// LoRA adapters on the attention projections of the real LLaMA: the base frozen, the
-    /// adapters trained, under ZeRO-2 and ZeRO-3 (with recompute) as under DDP.
+    /// adapters trained, under ZeRO-2 and ZeRO-3 (with block or selective recompute) as
+    /// under DDP.
     #[test]
     fn lora_under_zero2_and_zero3_trains_as_ddp_does() {
         use redco_core::nn::lora::{add_lora, LoraConfig};
-        let lora = |zero: ZeroStage, dtype: DType| -> Trainer<Llama<Cpu>, Vec<i64>> {
+        let lora = |zero: ZeroStage, dtype: DType, recompute: Recompute| -> Trainer<Llama<Cpu>, Vec<i64>> {
             Trainer::new(
                 move |b| {
                     let mut m = Llama::new(b, &self::cfg(), DType::F32, 9)?;
                     let targets = r"model\.layers\.\d+\.self_attn\.(q_proj|v_proj)".to_string();
                     add_lora(&mut m, &LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, targets }, 5)?;
-                    m.set_recompute(true);
+                    m.set_recompute(recompute);
                     Ok(m)
                 },
                 collate,
@@ -300,11 +303,13 @@ mod zero3 {
             )
         };
         let data = corpus().sequences(0, 256);
-        for (mesh, dtype) in [("4x1", DType::F32), ("2x2", DType::BF16)] {
+        for (mesh, dtype, recompute) in
+            [("4x1", DType::F32, Recompute::Block), ("2x2", DType::BF16, Recompute::Selective)]
+        {
             let fit = |stage: ZeroStage| {
                 let dep =
                     Deployer::new(mesh.parse().unwrap(), 3, &workdir(&format!("z3-lora-{mesh}-{stage:?}"))).unwrap();
-                let r = lora(stage, dtype).fit(&dep, &data, false).unwrap();
+                let r = lora(stage, dtype, recompute).fit(&dep, &data, false).unwrap();
                 (r, super::read_model(&dep.workdir))
             };
             let (a, ma) = fit(ZeroStage::Off);
@@ -312,7 +317,7 @@ mod zero3 {
             assert!(a.losses[STEPS as usize - 1] < a.losses[0], "the adapters learn: {:?}", a.losses);
             for stage in [ZeroStage::Gradients, ZeroStage::Parameters] {
                 let (b, mb) = fit(stage);
-                let tag = format!("{mesh} {dtype:?} {stage:?}");
+                let tag = format!("{mesh} {dtype:?} {stage:?} {recompute:?}");
                 // one reduce-scatter per trainable parameter (two adapters of two matrices in
                 // each of the two layers) per step; the adapters are gathered after the update
                 // (ZeRO-2), or for the forward and again for the recomputation (ZeRO-3). The
@@ -337,7 +342,8 @@ mod zero3 {
     }
 
     /// Per step at dp = 4 (one micro-batch): one all-gather per layer parameter for the
-    /// forward and one more where the layer is recomputed; one all-gather of every other
+    /// forward and one more where the layer is recomputed (whole or selectively: the
+    /// recomputation needs the weights for its matmuls' gradients); one all-gather of every other
     /// parameter's compute copy after the update; one reduce-scatter per parameter.
     #[test]
     fn zero3_gathers_each_layer_for_its_forward_and_again_for_its_recomputation() {
@@ -347,19 +353,20 @@ mod zero3 {
         let in_unit = names.iter().filter(|n| units.iter().any(|u| n.starts_with(&format!("{u}.")))).count() as u64;
         let others = names.len() as u64 - in_unit;
         assert!(in_unit > 0 && others > 0);
-        for recompute in [false, true] {
-            let (r, _) = run(&format!("z3-count-{recompute}"), "4x1", ZeroStage::Parameters, DType::F32, recompute);
+        for recompute in [Recompute::None, Recompute::Block, Recompute::Selective] {
+            let (r, _) =
+                run(&format!("z3-count-{}", recompute.name()), "4x1", ZeroStage::Parameters, DType::F32, recompute);
             let steps = STEPS;
             for (rank, st) in &r.comm {
                 let ag = st.get(CollectiveKind::AllGather, MeshAxis::Dp).calls;
                 let rs = st.get(CollectiveKind::ReduceScatter, MeshAxis::Dp).calls;
-                let per_unit = if recompute { 2 } else { 1 };
+                let per_unit = if recompute.on() { 2 } else { 1 };
                 assert_eq!(
                     ag,
                     steps * (in_unit * per_unit + others),
-                    "rank {rank}, recompute {recompute}: all-gathers"
+                    "rank {rank}, recompute {recompute:?}: all-gathers"
                 );
-                assert_eq!(rs, steps * (in_unit + others), "rank {rank}, recompute {recompute}: reduce-scatters");
+                assert_eq!(rs, steps * (in_unit + others), "rank {rank}, recompute {recompute:?}: reduce-scatters");
             }
         }
     }
@@ -372,15 +379,16 @@ mod reshard {
     use super::zero3::{llama_trainer, STEPS};
     use super::{corpus, read_model, workdir};
     use redco_core::pipeline::{Deployer, ZeroStage};
-    use redco_core::DType;
+    use redco_core::{DType, Recompute};
 
     #[test]
     fn saved_at_4x1_zero3_resumes_at_2x2_1x1_2x1_zero1_and_2x2_zero2() {
         let data = corpus().sequences(0, 256);
         let half = STEPS / 2;
         let whole = Deployer::new("4x1".parse().unwrap(), 3, &workdir("rs-whole")).unwrap();
-        let all =
-            llama_trainer(ZeroStage::Parameters, DType::F32, true, STEPS, None).fit(&whole, &data, false).unwrap();
+        let all = llama_trainer(ZeroStage::Parameters, DType::F32, Recompute::Block, STEPS, None)
+            .fit(&whole, &data, false)
+            .unwrap();
         for (mesh, stage) in [
             ("2x2", ZeroStage::Off),
             ("1x1", ZeroStage::Off),
@@ -390,9 +398,12 @@ mod reshard {
             let tag = format!("{mesh}-{stage:?}");
             let dir = workdir(&format!("rs-{tag}"));
             let first = Deployer::new("4x1".parse().unwrap(), 3, &dir).unwrap();
-            llama_trainer(ZeroStage::Parameters, DType::F32, true, half, Some(half)).fit(&first, &data, false).unwrap();
+            llama_trainer(ZeroStage::Parameters, DType::F32, Recompute::Block, half, Some(half))
+                .fit(&first, &data, false)
+                .unwrap();
             let then = Deployer::new(mesh.parse().unwrap(), 3, &dir).unwrap();
-            let r = llama_trainer(stage, DType::F32, true, STEPS, Some(half)).fit(&then, &data, true).unwrap();
+            let r =
+                llama_trainer(stage, DType::F32, Recompute::Block, STEPS, Some(half)).fit(&then, &data, true).unwrap();
             assert_eq!(r.start_step, half, "{tag}");
             for (i, (x, y)) in all.losses[half as usize..].iter().zip(&r.losses).enumerate() {
                 assert!(

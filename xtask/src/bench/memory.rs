@@ -87,7 +87,7 @@ pub(super) fn metrics(workdir: &Path) -> (Vec<f64>, f64, f64) {
 }
 
 /// The `redco-peak-kib N` lines GNU time wrote.
-fn peaks(stderr: &str) -> Vec<u64> {
+pub(super) fn peaks(stderr: &str) -> Vec<u64> {
     stderr.lines().filter_map(|l| l.strip_prefix("redco-peak-kib ")?.trim().parse().ok()).collect()
 }
 

@@ -6,29 +6,54 @@
 //! - ZeRO-3 (`--zero 3 --recompute none`): each layer's parameters all-gathered before its
 //!   forward (kept, with its activations, for its backward) and its gradients
 //!   reduce-scattered;
-//! - DDP with block recompute, and ZeRO-3 with block recompute (gathered a second time for
-//!   the recomputed forward).
+//! - DDP and ZeRO-3 with selective recompute (each layer's matmul, attention and all-reduce
+//!   outputs kept, its norms, rotary embeddings, SiLU and product recomputed) and with block
+//!   recompute (the layer recomputed from its input; ZeRO-3 gathers it a second time for
+//!   either).
 //!
 //! Repetitions are interleaved (each repetition runs every row once); a row's figure is
 //! the median over repetitions of its run's median tokens/s over the steps after the
-//! first. Printed: tokens/s, step time, the ratio to DDP, and the first and last losses
-//! (every row must agree). Flags: `--preset` (default llama-small, the bench LLaMA's
-//! shape), `--mesh` (4x1), `--steps` (6), `--batch` (8), `--seq` (256), `--reps` (2),
-//! `--json FILE`.
+//! first. Each run's peak RSS (GNU time's `%M`: the process holding every thread rank) is
+//! printed with the activations it implies: the peak less the floor, a DDP run at
+//! `--seq-len 8` (the same state, almost no activations). Printed: tokens/s, step time,
+//! the ratio to DDP, peak RSS, activations, and the first and last losses (every row must
+//! agree). Flags: `--preset` (default llama-small, the bench LLaMA's shape), `--mesh`
+//! (4x1), `--steps` (6), `--batch` (8), `--seq` (256), `--reps` (2), `--json FILE`.
 
-use super::memory::{metrics, redco_beside};
+use super::memory::{metrics, peaks, redco_beside};
 use super::stats::median;
 use crate::args::Args;
 use std::path::PathBuf;
 use std::process::Command;
 
 /// The rows: name, `--zero`, `--recompute`.
-const ROWS: [(&str, &str, &str); 4] = [
+const ROWS: [(&str, &str, &str); 6] = [
     ("DDP", "0", "none"),
     ("ZeRO-3", "3", "none"),
+    ("DDP + selective recompute", "0", "selective"),
     ("DDP + block recompute", "0", "block"),
+    ("ZeRO-3 + selective recompute", "3", "selective"),
     ("ZeRO-3 + block recompute", "3", "block"),
 ];
+
+/// One `redco train` run under GNU time: its losses, step time, tokens/s and peak RSS
+/// (bytes).
+fn train(redco: &std::path::Path, args: &[String], w: &std::path::Path) -> Result<(Vec<f64>, f64, f64, f64), String> {
+    let o = Command::new("/usr/bin/time")
+        .args(["-f", "redco-peak-kib %M"])
+        .arg(redco)
+        .args(args)
+        .arg(w)
+        .output()
+        .map_err(|e| format!("/usr/bin/time (GNU time: apt-get install time): {e}"))?;
+    let err = String::from_utf8_lossy(&o.stderr);
+    if !o.status.success() {
+        return Err(err.trim().to_string());
+    }
+    let peak = peaks(&err).first().map_or(f64::NAN, |k| *k as f64 * 1024.0);
+    let (l, step_s, tok_s) = metrics(w);
+    Ok((l, step_s, tok_s, peak))
+}
 
 /// Runs the benchmark.
 pub fn run(argv: &[String]) -> Result<(), String> {
@@ -43,56 +68,76 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     println!(
         "redco train --preset {preset} --mesh {mesh} (thread ranks), batch {batch} x {seq}, {steps} steps, f32, AdamW"
     );
+    let args = |seq: usize, zero: &str, recompute: &str| -> Vec<String> {
+        let steps = steps.to_string();
+        let (batch, seq) = (batch.to_string(), seq.to_string());
+        ["train", "--preset", &preset, "--mesh", &mesh, "--steps", &steps, "--batch-size", &batch, "--seq-len", &seq]
+            .into_iter()
+            .chain(["--checkpoint-every", "100000", "--sample-tokens", "0", "--overwrite", "--oversubscribe"])
+            .chain(["--zero", zero, "--recompute", recompute, "--workdir"])
+            .map(String::from)
+            .collect()
+    };
+    eprintln!("xtask: the floor (DDP at --seq-len 8)");
+    let (_, _, _, floor) = train(&redco, &args(8, "0", "none"), &scratch.join("floor"))
+        .map_err(|e| format!("the floor run failed: {e}"))?;
     let mut toks = vec![Vec::new(); ROWS.len()];
     let mut times = vec![Vec::new(); ROWS.len()];
+    let mut rss = vec![Vec::new(); ROWS.len()];
     let mut losses = vec![Vec::new(); ROWS.len()];
     for rep in 0..reps {
         for (i, (what, zero, recompute)) in ROWS.iter().enumerate() {
             eprintln!("xtask: repetition {}/{reps}: {what}", rep + 1);
-            let w = scratch.join(format!("row{i}"));
-            let o = Command::new(&redco)
-                .args(["train", "--preset", &preset, "--mesh", &mesh, "--steps", &steps.to_string()])
-                .args(["--batch-size", &batch.to_string(), "--seq-len", &seq.to_string()])
-                .args(["--checkpoint-every", "100000", "--sample-tokens", "0", "--overwrite", "--oversubscribe"])
-                .args(["--zero", zero, "--recompute", recompute, "--workdir"])
-                .arg(&w)
-                .output()
-                .map_err(|e| format!("{}: {e}", redco.display()))?;
-            if !o.status.success() {
-                return Err(format!("the {what} row failed: {}", String::from_utf8_lossy(&o.stderr).trim()));
-            }
-            let (l, step_s, tok_s) = metrics(&w);
+            let (l, step_s, tok_s, peak) = train(&redco, &args(seq, zero, recompute), &scratch.join(format!("row{i}")))
+                .map_err(|e| format!("the {what} row failed: {e}"))?;
             toks[i].push(tok_s);
             times[i].push(step_s);
+            rss[i].push(peak);
             losses[i] = l;
         }
     }
     let _ = std::fs::remove_dir_all(&scratch);
     let tok: Vec<f64> = toks.iter().map(|v| median(v)).collect();
     let time: Vec<f64> = times.iter().map(|v| median(v)).collect();
-    println!("\n{:<28} {:>10} {:>10} {:>10}  losses (first, last)", "row", "tok/s", "step (s)", "x DDP");
+    let peak: Vec<f64> = rss.iter().map(|v| median(v)).collect();
+    let act: Vec<f64> = peak.iter().map(|p| p - floor).collect();
+    let gb = |b: f64| b / 1e9;
+    println!("\nfloor (DDP at --seq-len 8): peak RSS {:.2} GB", gb(floor));
+    println!(
+        "{:<30} {:>9} {:>9} {:>7} {:>9} {:>11}  losses (first, last)",
+        "row", "tok/s", "step (s)", "x DDP", "peak GB", "activ. GB"
+    );
     for (i, (what, _, _)) in ROWS.iter().enumerate() {
         println!(
-            "{what:<28} {:>10.1} {:>10.3} {:>10.2}  {:.6}, {:.6}",
+            "{what:<30} {:>9.1} {:>9.3} {:>7.2} {:>9.2} {:>11.2}  {:.6}, {:.6}",
             tok[i],
             time[i],
             tok[i] / tok[0],
+            gb(peak[i]),
+            gb(act[i]),
             losses[i].first().copied().unwrap_or(f64::NAN),
             losses[i].last().copied().unwrap_or(f64::NAN)
         );
     }
-    let (z3, rc) = (tok[1] / tok[0], time[2] / time[0]);
-    println!("\nZeRO-3 tokens/s / DDP's: {z3:.2}x; block recompute step / DDP's step: {rc:.2}x");
+    let (z3, rc, sel) = (tok[1] / tok[0], time[3] / time[0], time[2] / time[0]);
+    println!(
+        "\nZeRO-3 tokens/s / DDP's: {z3:.2}x; step / DDP's step: selective recompute {sel:.2}x, block recompute \
+         {rc:.2}x; activations / DDP's: selective {:.2}x, block {:.2}x",
+        act[2] / act[0],
+        act[3] / act[0]
+    );
     if let Some(path) = a.get("json") {
         let rows: Vec<serde_json::Value> = ROWS
             .iter()
             .enumerate()
             .map(|(i, (what, _, _))| {
-                serde_json::json!({"row": what, "tokens_per_s": tok[i], "step_s": time[i], "losses": losses[i]})
+                serde_json::json!({"row": what, "tokens_per_s": tok[i], "step_s": time[i], "peak_rss_bytes": peak[i],
+                    "activation_bytes": act[i], "losses": losses[i]})
             })
             .collect();
         let doc = serde_json::json!({"machine": crate::machine::describe(), "preset": preset, "mesh": mesh,
-            "rows": rows, "zero3_over_ddp": z3, "recompute_step_over_ddp": rc});
+            "floor_rss_bytes": floor, "rows": rows, "zero3_over_ddp": z3, "recompute_step_over_ddp": rc,
+            "selective_step_over_ddp": sel});
         std::fs::write(PathBuf::from(path), doc.to_string()).map_err(|e| format!("{path}: {e}"))?;
     }
     Ok(())

@@ -67,11 +67,13 @@ pub struct TrainArgs {
     /// into one (for debugging; bf16/f16, SGD and ZeRO-1 always run op by op).
     #[arg(long)]
     pub eager: bool,
-    /// Activation recompute: none, or block (each transformer layer recomputed in the
+    /// Activation recompute: none; block (each transformer layer recomputed in the
     /// backward pass from its input: one hidden state kept per layer instead of every
-    /// activation, for one more forward per layer; LLaMA models; runs op by op on pjrt).
-    /// Default: the planner's pick (`--strategy auto`), block only when the run does not fit
-    /// the memory per rank otherwise (printed with the run).
+    /// activation, for one more forward per layer); or selective (each layer keeps the
+    /// outputs of its matmuls, attention and all-reduces and recomputes its norms, rotary
+    /// embeddings, SiLU and product: no matmul or communication runs twice). LLaMA models;
+    /// runs op by op on pjrt. Default: the planner's pick (`--strategy auto`), recompute
+    /// only when the run does not fit the memory per rank otherwise (printed with the run).
     #[arg(long, value_enum)]
     pub recompute: Option<Recompute>,
     /// ZeRO stage over the data-parallel ranks: 0 (every rank holds the whole training

@@ -65,8 +65,8 @@ struct Job<'a> {
     run: &'a redco_core::pipeline::RunDir,
     /// The mesh.
     mesh: redco_core::runtime::Mesh,
-    /// Recompute each layer in the backward pass.
-    recompute: bool,
+    /// What each layer recomputes in the backward pass.
+    recompute: redco_core::Recompute,
 }
 
 impl Job<'_> {
@@ -192,7 +192,7 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
         s.compute,
         fits::StrategyAsk {
             zero: a.zero,
-            recompute: a.recompute.map(|r| r.on()),
+            recompute: a.recompute.map(|r| r.mode()),
             auto: a.strategy == StrategyMode::Auto,
             budget: a.device_memory,
             lora: s.lora.is_some(),
@@ -248,7 +248,12 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
                       it runs (ZeRO-3), ",
                 _ => "",
             },
-            if strategy.recompute { "each layer recomputed in the backward pass" } else { "activations kept" }
+            match strategy.recompute {
+                redco_core::Recompute::None => "activations kept",
+                redco_core::Recompute::Block => "each layer recomputed in the backward pass",
+                redco_core::Recompute::Selective =>
+                    "each layer's norms, rotary embeddings and SiLU recomputed in the backward pass (selective)",
+            }
         );
         if let Some(why) = &s.seq_from {
             crate::outln!("sequence length {seq_len} (--seq-len default: {why})");
@@ -262,7 +267,7 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
     }
     let blocked = if a.eager {
         Some("--eager".to_string())
-    } else if strategy.recompute {
+    } else if strategy.recompute.on() {
         Some("recomputed layers run op by op".into())
     } else if s.lora.is_some() {
         Some("LoRA freezes the base model; a compiled step trains every parameter".into())
