@@ -89,6 +89,10 @@ tasks:
                                    `redco train` unsharded vs NP MPI processes at ZeRO-3 + recompute:
                                    peak RSS per process, the planner's prediction, step time, tok/s
                                    (xtask's `mpi` feature; redco built with --features mpi)
+  bench zero [--preset P] [--mesh M] [--steps N] [--batch N] [--seq N] [--reps N] [--procs] [--json FILE]
+                                   `redco train` rows DDP, ZeRO-3, each with selective and block
+                                   recompute: tok/s, step time and peak RSS against DDP's (thread
+                                   ranks; --procs: MPI processes, xtask and redco with --features mpi)
   fixtures [--python PY] [--datasets]  regenerate tests/fixtures with transformers (--datasets: tests/fixtures/datasets with datasets; not in CI)
   fuzz [--cases N] [--only NAME]   the hostile-input properties, 100000 generated inputs per
                                    target (config, safetensors, index, tokenizer, manifest,

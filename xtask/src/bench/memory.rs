@@ -91,8 +91,10 @@ pub(super) fn peaks(stderr: &str) -> Vec<u64> {
     stderr.lines().filter_map(|l| l.strip_prefix("redco-peak-kib ")?.trim().parse().ok()).collect()
 }
 
+/// `redco args` as `np` MPI processes (each under GNU time, which writes its peak RSS to
+/// stderr), run in `dir`: its stdout and stderr.
 #[cfg(feature = "mpi")]
-fn under_mpirun(np: usize, redco: &Path, args: &[String], dir: &Path) -> Result<(String, String), String> {
+pub(super) fn under_mpirun(np: usize, redco: &Path, args: &[String], dir: &Path) -> Result<(String, String), String> {
     let m = redco_mpi::launch::Mpirun::new(np);
     if !m.available() {
         return Err("mpirun is not installed (apt-get install openmpi-bin libopenmpi-dev)".into());
@@ -105,14 +107,17 @@ fn under_mpirun(np: usize, redco: &Path, args: &[String], dir: &Path) -> Result<
         .run(Path::new("/usr/bin/time"), &a, dir, std::time::Duration::from_secs(7200))
         .map_err(|e| format!("cannot start mpirun: {e}"))?;
     if r.code != Some(0) {
-        return Err(format!("the ZeRO-3 row failed: {}", r.stderr.trim()));
+        return Err(format!("mpirun -np {np} failed: {}", r.stderr.trim()));
     }
     Ok((r.stdout, r.stderr))
 }
 
+/// Without the mpi feature: refused, saying how to build it.
 #[cfg(not(feature = "mpi"))]
-fn under_mpirun(_: usize, _: &Path, _: &[String], _: &Path) -> Result<(String, String), String> {
-    Err("bench memory runs ranks as MPI processes: cargo run --release -p xtask --features mpi -- bench memory".into())
+pub(super) fn under_mpirun(_: usize, _: &Path, _: &[String], _: &Path) -> Result<(String, String), String> {
+    Err("ranks as MPI processes need xtask built with the mpi feature: cargo run --release -p xtask --features mpi \
+         -- bench ..."
+        .into())
 }
 
 /// Runs the benchmark.

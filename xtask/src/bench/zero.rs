@@ -1,6 +1,8 @@
 //! `cargo xtask bench zero`: what the memory tools cost in speed, through `redco train` as a
 //! user runs it, on thread ranks in one process (the binary beside this program: `cargo
-//! build --release -p redco`). Rows, all at `--mesh` (default 4x1):
+//! build --release -p redco`), or with `--procs` on MPI processes, one per rank (`cargo
+//! build --release -p redco --features mpi`, and xtask with `--features mpi`). Rows, all at
+//! `--mesh` (default 4x1):
 //!
 //! - DDP (`--zero 0 --recompute none`), the peer;
 //! - ZeRO-3 (`--zero 3 --recompute none`): each layer's parameters all-gathered before its
@@ -14,13 +16,14 @@
 //! Repetitions are interleaved (each repetition runs every row once); a row's figure is
 //! the median over repetitions of its run's median tokens/s over the steps after the
 //! first. Each run's peak RSS (GNU time's `%M`: the process holding every thread rank) is
-//! printed with the activations it implies: the peak less the floor, a DDP run at
-//! `--seq-len 8` (the same state, almost no activations). Printed: tokens/s, step time,
+//! printed (with `--procs`, the largest process's), and for the DDP rows the activations it
+//! implies: the peak less the floor, a DDP run at `--seq-len 8` (the same state, almost no
+//! activations). Printed: tokens/s, step time,
 //! the ratio to DDP, peak RSS, activations, and the first and last losses (every row must
 //! agree). Flags: `--preset` (default llama-small, the bench LLaMA's shape), `--mesh`
-//! (4x1), `--steps` (6), `--batch` (8), `--seq` (256), `--reps` (2), `--json FILE`.
+//! (4x1), `--steps` (6), `--batch` (8), `--seq` (256), `--reps` (2), `--json FILE`, `--procs`.
 
-use super::memory::{metrics, peaks, redco_beside};
+use super::memory::{metrics, peaks, redco_beside, under_mpirun};
 use super::stats::median;
 use crate::args::Args;
 use std::path::PathBuf;
@@ -36,9 +39,24 @@ const ROWS: [(&str, &str, &str); 6] = [
     ("ZeRO-3 + block recompute", "3", "block"),
 ];
 
-/// One `redco train` run under GNU time: its losses, step time, tokens/s and peak RSS
-/// (bytes).
-fn train(redco: &std::path::Path, args: &[String], w: &std::path::Path) -> Result<(Vec<f64>, f64, f64, f64), String> {
+/// One `redco train` run under GNU time, in one process or as `procs` MPI processes: its
+/// losses, step time, tokens/s and peak RSS (bytes; the largest process's).
+fn train(
+    redco: &std::path::Path,
+    args: &[String],
+    w: &std::path::Path,
+    procs: Option<usize>,
+) -> Result<(Vec<f64>, f64, f64, f64), String> {
+    if let Some(np) = procs {
+        let mut a = args.to_vec();
+        a.push(w.to_string_lossy().into_owned());
+        let dir = w.with_extension("mpirun");
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let (_, err) = under_mpirun(np, redco, &a, &dir)?;
+        let peak = peaks(&err).into_iter().max().map_or(f64::NAN, |k| k as f64 * 1024.0);
+        let (l, step_s, tok_s) = metrics(w);
+        return Ok((l, step_s, tok_s, peak));
+    }
     let o = Command::new("/usr/bin/time")
         .args(["-f", "redco-peak-kib %M"])
         .arg(redco)
@@ -57,17 +75,24 @@ fn train(redco: &std::path::Path, args: &[String], w: &std::path::Path) -> Resul
 
 /// Runs the benchmark.
 pub fn run(argv: &[String]) -> Result<(), String> {
-    let a = Args::parse(argv, &[])?;
-    a.only(&["preset", "mesh", "steps", "batch", "seq", "reps", "json"])?;
+    let a = Args::parse(argv, &["procs"])?;
+    a.only(&["preset", "mesh", "steps", "batch", "seq", "reps", "json", "procs"])?;
     let preset = a.get("preset").unwrap_or("llama-small").to_string();
     let mesh = a.get("mesh").unwrap_or("4x1").to_string();
     let (steps, batch, seq, reps) = (a.num("steps", 6)?, a.num("batch", 8)?, a.num("seq", 256)?, a.num("reps", 2)?);
-    let redco = redco_beside("cargo build --release -p redco", "bench zero")?;
+    let procs = a.has("procs");
+    let np = mesh.parse::<redco_core::runtime::Mesh>().map_err(|e| format!("--mesh {mesh}: {e}"))?.size();
+    let procs = procs.then_some(np);
+    let build = if procs.is_some() {
+        "cargo build --release -p redco --features mpi"
+    } else {
+        "cargo build --release -p redco"
+    };
+    let redco = redco_beside(build, "bench zero")?;
     let scratch = std::env::temp_dir().join(format!("redco-bench-zero-{}", std::process::id()));
     println!("machine: {}", crate::machine::describe());
-    println!(
-        "redco train --preset {preset} --mesh {mesh} (thread ranks), batch {batch} x {seq}, {steps} steps, f32, AdamW"
-    );
+    let ranks = if procs.is_some() { format!("{np} MPI processes") } else { "thread ranks".to_string() };
+    println!("redco train --preset {preset} --mesh {mesh} ({ranks}), batch {batch} x {seq}, {steps} steps, f32, AdamW");
     let args = |seq: usize, zero: &str, recompute: &str| -> Vec<String> {
         let steps = steps.to_string();
         let (batch, seq) = (batch.to_string(), seq.to_string());
@@ -79,7 +104,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
             .collect()
     };
     eprintln!("xtask: the floor (DDP at --seq-len 8)");
-    let (_, _, _, floor) = train(&redco, &args(8, "0", "none"), &scratch.join("floor"))
+    let (_, _, _, floor) = train(&redco, &args(8, "0", "none"), &scratch.join("floor"), procs)
         .map_err(|e| format!("the floor run failed: {e}"))?;
     let mut toks = vec![Vec::new(); ROWS.len()];
     let mut times = vec![Vec::new(); ROWS.len()];
@@ -88,8 +113,9 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     for rep in 0..reps {
         for (i, (what, zero, recompute)) in ROWS.iter().enumerate() {
             eprintln!("xtask: repetition {}/{reps}: {what}", rep + 1);
-            let (l, step_s, tok_s, peak) = train(&redco, &args(seq, zero, recompute), &scratch.join(format!("row{i}")))
-                .map_err(|e| format!("the {what} row failed: {e}"))?;
+            let (l, step_s, tok_s, peak) =
+                train(&redco, &args(seq, zero, recompute), &scratch.join(format!("row{i}")), procs)
+                    .map_err(|e| format!("the {what} row failed: {e}"))?;
             toks[i].push(tok_s);
             times[i].push(step_s);
             rss[i].push(peak);
@@ -107,14 +133,16 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         "{:<30} {:>9} {:>9} {:>7} {:>9} {:>11}  losses (first, last)",
         "row", "tok/s", "step (s)", "x DDP", "peak GB", "activ. GB"
     );
-    for (i, (what, _, _)) in ROWS.iter().enumerate() {
+    for (i, (what, zero, _)) in ROWS.iter().enumerate() {
+        // the floor holds DDP's training state: the activations of the DDP rows only
+        let act = if *zero == "0" { format!("{:.2}", gb(act[i])) } else { "-".into() };
         println!(
-            "{what:<30} {:>9.1} {:>9.3} {:>7.2} {:>9.2} {:>11.2}  {:.6}, {:.6}",
+            "{what:<30} {:>9.1} {:>9.3} {:>7.2} {:>9.2} {:>11}  {:.6}, {:.6}",
             tok[i],
             time[i],
             tok[i] / tok[0],
             gb(peak[i]),
-            gb(act[i]),
+            act,
             losses[i].first().copied().unwrap_or(f64::NAN),
             losses[i].last().copied().unwrap_or(f64::NAN)
         );
