@@ -271,6 +271,29 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         idx_shape: &Shape,
         src: &Self::Storage,
     ) -> Result<Self::Storage>;
+    /// Writes the `k` rows of `src` (`[k, row_len]`) over rows `rows` (`k` distinct `I64`
+    /// ids in `0..n`, checked by the caller) of `dst` (`[n, row_len]`, `src`'s dtype): a KV
+    /// cache written a few tokens at a time. A backend that can writes in place (the CPU
+    /// backend, when no other tensor shares `dst`'s buffer); the default builds the new
+    /// table from primitives (an index-add of the rows over zeros, chosen row by row), which
+    /// costs the whole table.
+    fn write_rows(
+        &self,
+        dst: &mut Self::Storage,
+        (n, row_len): (usize, usize),
+        rows: &Self::Storage,
+        src: &Self::Storage,
+        k: usize,
+    ) -> Result<()> {
+        let dt = self.storage_dtype(dst);
+        let (table, col) = (Shape::new([n, row_len]), Shape::new([n, 1]));
+        let hit = self.index_add(&self.full(n, 0.0, dt)?, &Shape::new([n]), 0, rows, &self.full(k, 1.0, dt)?)?;
+        let zero = self.full(1, 0.0, dt)?;
+        let written = self.compare(CmpOp::Gt, (&hit, &col), (&zero, &Shape::new([1, 1])), &col)?;
+        let placed = self.index_add(&self.full(n * row_len, 0.0, dt)?, &table, 0, rows, src)?;
+        *dst = self.where_cond((&written, &col), (&placed, &table), (dst, &table), &table)?;
+        Ok(())
+    }
     /// Checks that the integer ids in `ids` lie in `0..size`, or returns
     /// [`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange) naming `op`: for lookups
     /// whose kernel sees only ids already made safe (the vocabulary-parallel embedding).

@@ -107,3 +107,35 @@ pub(crate) fn scatter_add(
     let isz = idx_shape.dims()[dim];
     Ok(float_kernel!(x.dtype(), [x => a, src => s], scatter_add_t(a, s, size, inner, idx, isz)))
 }
+
+fn write_t<T: Copy>(dst: &mut [T], row_len: usize, rows: &[i64], src: &[T]) {
+    for (j, &r) in rows.iter().enumerate() {
+        let at = r as usize * row_len;
+        dst[at..at + row_len].copy_from_slice(&src[j * row_len..(j + 1) * row_len]);
+    }
+}
+
+/// Writes the rows of `src` over rows `rows` of `dst` (`[n, row_len]`), in place.
+pub(crate) fn write_rows(dst: &mut HostData, row_len: usize, rows: &[i64], src: &HostData) -> Result<()> {
+    let n = dst.len().checked_div(row_len).unwrap_or(0);
+    check(rows, n, "write_rows")?;
+    if src.len() != rows.len() * row_len {
+        return Err(Error::invalid(
+            "write_rows",
+            format!("{} rows of {row_len} need {} values, got {}", rows.len(), rows.len() * row_len, src.len()),
+        ));
+    }
+    match (dst, src) {
+        (HostData::F32(d), HostData::F32(s)) => write_t(d, row_len, rows, s),
+        (HostData::F64(d), HostData::F64(s)) => write_t(d, row_len, rows, s),
+        (HostData::F16(d), HostData::F16(s)) => write_t(d, row_len, rows, s),
+        (HostData::BF16(d), HostData::BF16(s)) => write_t(d, row_len, rows, s),
+        (HostData::I64(d), HostData::I64(s)) => write_t(d, row_len, rows, s),
+        (HostData::I32(d), HostData::I32(s)) => write_t(d, row_len, rows, s),
+        (HostData::U8(d), HostData::U8(s)) => write_t(d, row_len, rows, s),
+        (d, s) => {
+            return Err(Error::invalid("write_rows", format!("rows of {:?} written into {:?}", s.dtype(), d.dtype())))
+        }
+    }
+    Ok(())
+}

@@ -276,6 +276,18 @@ impl Backend for Cpu {
         let ids = ids_of(ids, "index_select (ids)")?;
         st(index::index_select(&x.0, shape, dim, &ids)?)
     }
+    fn write_rows(
+        &self,
+        dst: &mut CpuStorage,
+        (_, row_len): (usize, usize),
+        rows: &CpuStorage,
+        src: &CpuStorage,
+        _k: usize,
+    ) -> Result<()> {
+        let rows = ids_of(rows, "write_rows (rows)")?;
+        // in place when this storage is the buffer's only holder, else on a copy
+        index::write_rows(Arc::make_mut(&mut dst.0), row_len, &rows, &src.0)
+    }
     fn index_add(
         &self,
         x: &CpuStorage,

@@ -107,3 +107,76 @@ fn check_index_shape(x: &Shape, idx: &Shape, d: usize, op: &'static str) -> Resu
         Err(Error::ShapeMismatch { op, lhs: x.clone(), rhs: idx.clone() })
     }
 }
+
+impl<B: Backend> Tensor<B> {
+    /// Writes the rows of `src` (`[rows.len(), ...]`, this tensor's row shape and dtype)
+    /// over rows `rows` of this tensor (`[n, ...]`), in place where the backend can (the
+    /// CPU backend, when nothing else holds this tensor's buffer): a KV cache taking a few
+    /// tokens' keys and values at a time. `rows` must be distinct and in `0..n`. Not
+    /// differentiable: a tensor in a gradient graph, a source that needs a gradient and a
+    /// sharded tensor are refused.
+    pub fn write_rows(&mut self, rows: &[usize], src: &Tensor<B>) -> Result<()> {
+        let op = "write_rows";
+        if self.requires_grad() || src.requires_grad() {
+            return Err(Error::unsupported(op, "writing rows in place is not differentiable"));
+        }
+        if self.is_sharded() || src.is_sharded() {
+            return Err(Error::unsupported(op, "write rows of a rank's local tensors, not sharded ones"));
+        }
+        if self.rank() == 0 || src.dtype() != self.dtype() {
+            return Err(Error::invalid(op, format!("rows of {:?} into {:?}", src.dtype(), self.dtype())));
+        }
+        let n = self.dims()[0];
+        let row: Shape = Shape::new(self.dims()[1..].to_vec());
+        let want: Vec<usize> = std::iter::once(rows.len()).chain(row.dims().iter().copied()).collect();
+        if src.dims() != want.as_slice() {
+            return Err(Error::invalid(
+                op,
+                format!("{} rows of {} need a source of [{want:?}], got {}", rows.len(), self.shape(), src.shape()),
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        if let Some(&r) = rows.iter().find(|&&r| r >= n || !seen.insert(r)) {
+            return Err(Error::invalid(op, format!("row {r} of {n} is out of range or written twice")));
+        }
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let b = self.backend().clone();
+        let ids = b.upload_owned(crate::HostData::I64(rows.iter().map(|&r| r as i64).collect()))?;
+        let shape = (n, row.elem_count());
+        match std::sync::Arc::get_mut(&mut self.0) {
+            // nobody else holds this tensor: its storage is written as it is
+            Some(inner) => b.write_rows(&mut inner.storage, shape, &ids, src.storage(), rows.len()),
+            None => {
+                let mut s = self.storage().clone();
+                b.write_rows(&mut s, shape, &ids, src.storage(), rows.len())?;
+                *self = Tensor::from_storage(&b, s, self.shape().clone(), self.dtype());
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cpu::Cpu;
+    use crate::Tensor;
+    use std::sync::Arc;
+
+    #[test]
+    fn write_rows_on_the_cpu_writes_the_buffer_itself_when_nothing_else_holds_it() {
+        let b = Cpu::new(1);
+        let mut t = Tensor::from_vec(&b, vec![0f32; 12], [4, 3]).unwrap();
+        let src = Tensor::from_vec(&b, vec![1f32, 2., 3.], [1, 3]).unwrap();
+        let at = Arc::as_ptr(&t.storage().0);
+        t.write_rows(&[2], &src).unwrap();
+        assert_eq!(Arc::as_ptr(&t.storage().0), at, "written in place");
+        // shared: written on a copy, the other holder unchanged
+        let other = t.clone();
+        t.write_rows(&[0], &src).unwrap();
+        assert_ne!(Arc::as_ptr(&t.storage().0), at);
+        assert_eq!(other.to_vec_f64().unwrap()[..3], [0.0, 0.0, 0.0]);
+        assert_eq!(t.to_vec_f64().unwrap()[..9], [1.0, 2.0, 3.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0]);
+    }
+}

@@ -8,6 +8,9 @@
 //!   count), or cached (its tokens known, no sequence using it, reusable by a prompt that
 //!   starts the same way until its block is needed for something else, oldest first).
 //! - [`BlockTable`]: one sequence's blocks in order, and how many tokens it holds.
+//! - [`PagedKv`]: the key and value tables themselves, written a few rows at a time in
+//!   place ([`Tensor::write_rows`](redco_core::Tensor::write_rows)) and read through a
+//!   block table for attention (gathered rows, then the backend's attention).
 //!
 //! Prefix caching: a full block is known by its tokens and by the block before it (a
 //! chain, so equal tokens after different prefixes are different blocks). A new prompt
@@ -15,9 +18,11 @@
 //! rest; at least its last token is always computed (its logits start the generation).
 //! Only full blocks are shared; a sequence writes only into its own last block.
 
+mod cache;
 mod pool;
 mod table;
 
+pub use cache::PagedKv;
 pub use pool::{BlockPool, OutOfBlocks, PoolStats, Prompt};
 pub use table::BlockTable;
 

@@ -207,3 +207,43 @@ pub fn index_errors<B: Backend>(b: &B) {
     ));
     assert!(matches!(x.index_select(&ids(b, &[0], [1]), 2), Err(Error::DimOutOfRange { .. })));
 }
+
+/// `write_rows` writes the given rows and leaves the others; a tensor that shared the
+/// table before the write keeps its old values; repeated, out-of-range rows, a source of
+/// the wrong shape or dtype and a tensor in a gradient graph are refused.
+pub fn write_rows_values<B: Backend>(b: &B) {
+    let dt = check_dtype(b);
+    let (n, row) = (7usize, [2usize, 3]);
+    let x = values(n * 6, 3, -1.0, 1.0);
+    let mut t = tensor(b, &x, [n, row[0], row[1]], dt);
+    let before = t.to_vec_f64().unwrap();
+    let shared = t.clone();
+    let src_v = values(2 * 6, 4, -1.0, 1.0);
+    let src = tensor(b, &src_v, [2, row[0], row[1]], dt);
+    let src_q = src.to_vec_f64().unwrap();
+    t.write_rows(&[5, 1], &src).unwrap();
+    let mut e = before.clone();
+    e[30..36].copy_from_slice(&src_q[..6]);
+    e[6..12].copy_from_slice(&src_q[6..]);
+    assert_eq!(t.to_vec_f64().unwrap(), e, "rows 5 and 1 written");
+    assert_eq!(shared.to_vec_f64().unwrap(), before, "a tensor sharing the table keeps its values");
+    // written again, in place where nothing else holds it now
+    drop(shared);
+    let one = tensor(b, &src_v[..6], [1, row[0], row[1]], dt);
+    t.write_rows(&[0], &one).unwrap();
+    e[..6].copy_from_slice(&src_q[..6]);
+    assert_eq!(t.to_vec_f64().unwrap(), e, "row 0 written");
+    t.write_rows(&[], &tensor(b, &[], [0, row[0], row[1]], dt)).unwrap();
+    assert_eq!(t.to_vec_f64().unwrap(), e, "no rows: nothing changes");
+    for (rows, what) in [(&[1usize, 1][..], "twice"), (&[0, 7][..], "out of range")] {
+        let Err(err) = t.write_rows(rows, &src) else { panic!("rows {rows:?} ({what}) accepted") };
+        assert!(matches!(err, Error::Invalid { op: "write_rows", .. }), "{err}");
+    }
+    assert_eq!(t.to_vec_f64().unwrap(), e, "refused writes change nothing");
+    assert!(t.write_rows(&[0, 1, 2], &src).is_err(), "three rows from a source of two");
+    let other = if dt == DType::F32 { DType::I64 } else { DType::F32 };
+    assert!(t.write_rows(&[0, 1], &src.cast(other).unwrap()).is_err(), "another dtype");
+    let var = tensor(b, &src_v, [2, row[0], row[1]], dt).into_var();
+    let Err(err) = t.write_rows(&[0, 1], &var) else { panic!("a source needing a gradient was accepted") };
+    assert!(matches!(err, Error::Unsupported { op: "write_rows", .. }), "{err}");
+}

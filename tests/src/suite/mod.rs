@@ -177,6 +177,10 @@ macro_rules! suite {
                 $crate::suite::index::index_select_values(&$make)
             }
             #[test]
+            fn write_rows_values() {
+                $crate::suite::index::write_rows_values(&$make)
+            }
+            #[test]
             fn index_add_values() {
                 $crate::suite::index::index_add_values(&$make)
             }
