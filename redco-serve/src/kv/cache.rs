@@ -114,7 +114,7 @@ mod tests {
         let keys: Vec<Tensor<Cpu>> = (0..2).map(|s| random(&b, [1, g.kv_heads, n, g.head_dim], 10 + s)).collect();
         let vals: Vec<Tensor<Cpu>> = (0..2).map(|s| random(&b, [1, g.kv_heads, n, g.head_dim], 20 + s)).collect();
         let qs: Vec<Tensor<Cpu>> = (0..2).map(|s| random(&b, [1, heads, n, g.head_dim], 30 + s)).collect();
-        let mut tables = vec![pool.allocate_prompt(&[1]).unwrap().table, pool.allocate_prompt(&[2]).unwrap().table];
+        let mut tables = [pool.allocate_prompt(&[1]).unwrap().table, pool.allocate_prompt(&[2]).unwrap().table];
         let scale = 0.5;
         for i in 0..n {
             for s in 0..2 {
