@@ -182,4 +182,17 @@ impl<B: Backend> CausalLm<B> for AutoModel<B> {
             AutoModel::Opt(m) => m.next_logits(ids, mask, pos, cache),
         }
     }
+    fn ragged_logits(
+        &self,
+        ids: &Tensor<B>,
+        positions: &Tensor<B>,
+        rows: &[usize],
+        attend: &mut crate::generate::RaggedAttend<'_, B>,
+    ) -> Result<Tensor<B>> {
+        match self {
+            AutoModel::Llama(m) => m.ragged_logits(ids, positions, rows, attend),
+            AutoModel::GptJ(m) => m.ragged_logits(ids, positions, rows, attend),
+            AutoModel::Opt(m) => m.ragged_logits(ids, positions, rows, attend),
+        }
+    }
 }

@@ -6,4 +6,5 @@
 //! through a sequence's block table for attention. The scheduler, the models' ragged
 //! batches and the HTTP front end come next.
 
+pub mod engine;
 pub mod kv;

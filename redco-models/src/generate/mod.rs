@@ -50,7 +50,34 @@ pub trait CausalLm<B: Backend> {
         positions: &Tensor<B>,
         cache: &mut KvCache<B>,
     ) -> Result<Tensor<B>>;
+    /// Logits `[rows.len(), vocab]` of a ragged batch (a serving engine's step): `ids`
+    /// `[1, T]` are the new tokens of several sequences one after another, `positions`
+    /// `[1, T]` their positions, `rows` the tokens whose logits are wanted, and each layer's
+    /// attention is `attend(layer, q, k, v)` over the whole batch (`q` `[1, heads, T,
+    /// head_dim]`, `k` and `v` `[1, kv_heads, T, head_dim]`, rotary embedding applied),
+    /// which keeps each sequence's keys and values and attends within each sequence. The
+    /// default refuses: a model a server can run overrides it.
+    fn ragged_logits(
+        &self,
+        ids: &Tensor<B>,
+        positions: &Tensor<B>,
+        rows: &[usize],
+        attend: &mut RaggedAttend<'_, B>,
+    ) -> Result<Tensor<B>> {
+        let _ = (ids, positions, rows, attend);
+        Err(Error::unsupported(
+            "ragged_logits",
+            format!(
+                "serving (ragged batches) is implemented for LLaMA models; this model is {}",
+                self.config().model_type
+            ),
+        ))
+    }
 }
+
+/// A layer's attention over a ragged batch: `(layer, q, k, v) -> output` (see
+/// [`CausalLm::ragged_logits`]).
+pub type RaggedAttend<'a, B> = dyn FnMut(usize, Tensor<B>, Tensor<B>, Tensor<B>) -> Result<Tensor<B>> + 'a;
 
 /// The hidden state of the last position, `[batch, seq, d] -> [batch, d]`.
 pub fn last_position<B: Backend>(h: &Tensor<B>) -> Result<Tensor<B>> {

@@ -1,0 +1,475 @@
+//! The continuous-batching engine ([`Engine`]): requests join the running batch at the next
+//! step and leave when they finish (iteration-level scheduling, as Orca and vLLM do). Each
+//! step runs one ragged batch through the model: one token of every decoding sequence,
+//! then prompt chunks of the waiting ones up to a token budget (chunked prefill, so a long
+//! prompt does not stall the decoding sequences), with keys and values in the paged cache.
+//! When the cache runs out of blocks, the newest sequence is preempted (its blocks
+//! released) and recomputed later from its tokens; its full blocks stay cached, so the
+//! recomputation finds most of them.
+
+use crate::kv::{BlockPool, BlockTable, KvGeometry, PagedKv, PoolStats};
+use redco_core::{no_grad, Backend, DType, Error, Result, Tensor};
+use redco_models::generate::{CausalLm, Sampling};
+use std::collections::VecDeque;
+
+/// How the engine batches and how much cache it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Tokens one step runs at most (decode tokens first, then prompt chunks).
+    pub max_batch_tokens: usize,
+    /// Sequences running at once at most.
+    pub max_running: usize,
+    /// Requests waiting at most; more are refused ([`Engine::add`]).
+    pub max_waiting: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks in the pool.
+    pub blocks: usize,
+}
+
+/// One generation request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// The caller's id, repeated in every [`Event`].
+    pub id: u64,
+    /// The prompt's token ids (not empty).
+    pub prompt: Vec<i64>,
+    /// New tokens at most.
+    pub max_tokens: usize,
+    /// How each token is chosen.
+    pub sampling: Sampling,
+    /// Tokens that end the generation (included in the output).
+    pub stop_tokens: Vec<i64>,
+}
+
+/// Why a sequence ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// A stop token was generated.
+    Stop,
+    /// `max_tokens` were generated.
+    Length,
+    /// The model's context is full.
+    Context,
+}
+
+/// What a step produced for a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A new token of request `id`.
+    Token {
+        /// The request.
+        id: u64,
+        /// The token.
+        token: i64,
+    },
+    /// Request `id` ended.
+    Finished {
+        /// The request.
+        id: u64,
+        /// Why.
+        reason: Finish,
+    },
+}
+
+/// Counts for `/metrics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EngineStats {
+    /// Requests waiting.
+    pub waiting: usize,
+    /// Sequences running.
+    pub running: usize,
+    /// Sequences preempted (their blocks released, to be recomputed).
+    pub preemptions: u64,
+    /// Steps run.
+    pub steps: u64,
+    /// Tokens generated.
+    pub generated: u64,
+    /// The KV pool's counts.
+    pub kv: PoolStats,
+}
+
+/// A sequence: its request, its tokens (prompt, then generated), and its cache.
+struct Seq {
+    req: Request,
+    tokens: Vec<i64>,
+    generated: usize,
+    table: Option<BlockTable>,
+    /// Leading tokens whose keys and values are written.
+    computed: usize,
+}
+
+/// One sequence's part of a step's batch.
+struct Segment {
+    seq: usize,
+    start: usize,
+    len: usize,
+}
+
+/// The engine over model `M` on backend `B` (one rank; tensor-parallel ranks are to come).
+pub struct Engine<B: Backend, M: CausalLm<B>> {
+    backend: B,
+    model: M,
+    cfg: EngineConfig,
+    pool: BlockPool,
+    kv: PagedKv<B>,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+    stats: EngineStats,
+    scale: f64,
+    context: Option<usize>,
+}
+
+impl<B: Backend, M: CausalLm<B>> Engine<B, M> {
+    /// An engine for `model` with a cache of `cfg.blocks` blocks in `dtype` on `b`.
+    pub fn new(b: &B, model: M, cfg: EngineConfig, dtype: DType) -> Result<Self> {
+        let c = model.config();
+        let geometry = KvGeometry {
+            layers: c.layers,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            dtype_bytes: dtype.size_in_bytes(),
+            block_size: cfg.block_size.max(1),
+        };
+        if cfg.max_batch_tokens == 0 || cfg.max_running == 0 || cfg.blocks == 0 {
+            return Err(Error::invalid("engine", format!("an engine needs tokens, sequences and blocks: {cfg:?}")));
+        }
+        let scale = 1.0 / (c.head_dim as f64).sqrt();
+        let context = model.max_positions();
+        Ok(Engine {
+            backend: b.clone(),
+            kv: PagedKv::new(b, geometry, cfg.blocks, dtype)?,
+            pool: BlockPool::new(cfg.blocks, geometry.block_size),
+            model,
+            cfg,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            stats: EngineStats::default(),
+            scale,
+            context,
+        })
+    }
+
+    /// Queues `req`; refused when the queue is full, the prompt empty or longer than the
+    /// context, or the sampling parameters invalid (the caller answers 429 or 400).
+    pub fn add(&mut self, req: Request) -> Result<()> {
+        req.sampling.validate()?;
+        if req.prompt.is_empty() {
+            return Err(Error::invalid("engine", "the prompt is empty"));
+        }
+        if let Some(ctx) = self.context.filter(|&c| req.prompt.len() >= c) {
+            return Err(Error::invalid(
+                "engine",
+                format!(
+                    "the prompt has {} tokens, the model's context {ctx} leaves none to generate",
+                    req.prompt.len()
+                ),
+            ));
+        }
+        let blocks = req.prompt.len().div_ceil(self.pool.block_size());
+        if blocks > self.cfg.blocks {
+            return Err(Error::invalid(
+                "engine",
+                format!("the prompt needs {blocks} KV blocks, more than the cache's {}", self.cfg.blocks),
+            ));
+        }
+        if self.waiting.len() >= self.cfg.max_waiting {
+            return Err(Error::invalid("engine", format!("the queue is full ({} waiting)", self.waiting.len())));
+        }
+        let tokens = req.prompt.clone();
+        self.waiting.push_back(Seq { req, tokens, generated: 0, table: None, computed: 0 });
+        Ok(())
+    }
+
+    /// Removes request `id` wherever it is (a client that went away), releasing its blocks;
+    /// false when it is not here.
+    pub fn cancel(&mut self, id: u64) -> bool {
+        if let Some(i) = self.running.iter().position(|s| s.req.id == id) {
+            let s = self.running.remove(i);
+            if let Some(t) = s.table {
+                self.pool.free(t);
+            }
+            return true;
+        }
+        let before = self.waiting.len();
+        self.waiting.retain(|s| s.req.id != id);
+        before != self.waiting.len()
+    }
+
+    /// True while a request is waiting or running.
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// The counts.
+    pub fn stats(&self) -> EngineStats {
+        EngineStats { waiting: self.waiting.len(), running: self.running.len(), kv: self.pool.stats(), ..self.stats }
+    }
+
+    /// Admits waiting requests while their prompts' blocks can be had.
+    fn admit(&mut self) {
+        while self.running.len() < self.cfg.max_running {
+            let Some(front) = self.waiting.front() else { break };
+            match self.pool.allocate_prompt(&front.tokens) {
+                Ok(p) => {
+                    let mut s = self.waiting.pop_front().expect("the front was just read");
+                    s.computed = p.cached_tokens;
+                    s.table = Some(p.table);
+                    self.running.push(s);
+                }
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Preempts the newest running sequence: its blocks released, it waits again first.
+    fn preempt(&mut self) -> bool {
+        let Some(mut s) = self.running.pop() else { return false };
+        if let Some(t) = s.table.take() {
+            self.pool.free(t);
+        }
+        s.computed = 0;
+        self.waiting.push_front(s);
+        self.stats.preemptions += 1;
+        true
+    }
+
+    /// One step: admits what fits, runs one ragged batch, and returns the new tokens and
+    /// the requests that ended.
+    pub fn step(&mut self) -> Result<Vec<Event>> {
+        self.admit();
+        if self.running.is_empty() {
+            return Ok(Vec::new());
+        }
+        // decode tokens first (one each), then prompt chunks within the budget
+        let mut budget = self.cfg.max_batch_tokens;
+        let mut segments = Vec::new();
+        let mut order: Vec<usize> = (0..self.running.len()).collect();
+        order.sort_by_key(|&i| self.running[i].tokens.len() - self.running[i].computed > 1);
+        for i in order {
+            let s = &self.running[i];
+            let len = (s.tokens.len() - s.computed).min(budget);
+            if len == 0 {
+                continue;
+            }
+            budget -= len;
+            segments.push(Segment { seq: i, start: s.computed, len });
+        }
+        let events = no_grad(|| self.run(&segments))?;
+        self.stats.steps += 1;
+        Ok(events)
+    }
+
+    /// Runs `segments` through the model and samples where a sequence's last token ran.
+    fn run(&mut self, segments: &[Segment]) -> Result<Vec<Event>> {
+        let mut ids = Vec::new();
+        let mut pos = Vec::new();
+        let mut rows = Vec::new();
+        for sg in segments {
+            let s = &self.running[sg.seq];
+            ids.extend_from_slice(&s.tokens[sg.start..sg.start + sg.len]);
+            pos.extend((sg.start..sg.start + sg.len).map(|p| p as i64));
+            if sg.start + sg.len == s.tokens.len() {
+                rows.push(ids.len() - 1);
+            }
+        }
+        let b = self.backend.clone();
+        let t = ids.len();
+        let ids = Tensor::from_vec(&b, ids, [1, t])?;
+        let pos = Tensor::from_vec(&b, pos, [1, t])?;
+        let (kv, running, scale) = (&mut self.kv, &self.running, self.scale);
+        let mut attend = |layer: usize, q: Tensor<B>, k: Tensor<B>, v: Tensor<B>| -> Result<Tensor<B>> {
+            let mut outs = Vec::with_capacity(segments.len());
+            let mut at = 0;
+            for sg in segments {
+                let table = running[sg.seq].table.as_ref().expect("a running sequence has its blocks");
+                kv.write(layer, table, sg.start, &k.narrow(2, at, sg.len)?, &v.narrow(2, at, sg.len)?)?;
+                outs.push(kv.attend(layer, &q.narrow(2, at, sg.len)?, table, sg.start + sg.len, scale)?);
+                at += sg.len;
+            }
+            Tensor::cat(&outs.iter().collect::<Vec<_>>(), 2)
+        };
+        let logits = self.model.ragged_logits(&ids, &pos, &rows, &mut attend)?;
+        let vocab = logits.dims()[1];
+        let host = logits.to_vec_f32()?;
+        let mut events = Vec::new();
+        let mut done = Vec::new();
+        let mut row = 0;
+        for sg in segments {
+            let s = &mut self.running[sg.seq];
+            s.computed = sg.start + sg.len;
+            let table = s.table.as_mut().expect("a running sequence has its blocks");
+            self.pool.computed(table, s.computed);
+            if s.computed < s.tokens.len() {
+                continue;
+            }
+            let logits = &host[row * vocab..(row + 1) * vocab];
+            row += 1;
+            // the draw is the token's index, as `generate` draws for a batch of one
+            let token = s.req.sampling.choose(logits, s.generated as u64)? as i64;
+            s.tokens.push(token);
+            s.generated += 1;
+            self.stats.generated += 1;
+            events.push(Event::Token { id: s.req.id, token });
+            let reason = if s.req.stop_tokens.contains(&token) {
+                Some(Finish::Stop)
+            } else if s.generated >= s.req.max_tokens {
+                Some(Finish::Length)
+            } else if self.context.is_some_and(|c| s.tokens.len() >= c) {
+                Some(Finish::Context)
+            } else if s.tokens.len() >= self.cfg.blocks * self.pool.block_size() {
+                // the whole cache could not hold one more token of it
+                Some(Finish::Length)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                events.push(Event::Finished { id: s.req.id, reason });
+                done.push(s.req.id);
+            }
+        }
+        for id in done {
+            self.cancel(id);
+        }
+        self.grow()?;
+        Ok(events)
+    }
+
+    /// Puts each running sequence's newest token into its table, preempting the newest
+    /// sequences while no block is free (a sequence that cannot get one waits again).
+    fn grow(&mut self) -> Result<()> {
+        let mut i = 0;
+        while i < self.running.len() {
+            let s = &mut self.running[i];
+            let table = s.table.as_mut().expect("a running sequence has its blocks");
+            if table.len() == s.tokens.len() {
+                i += 1;
+                continue;
+            }
+            let token = s.tokens[table.len()];
+            if self.pool.append(table, token).is_ok() {
+                continue;
+            }
+            // the newest sequence goes (this one, when it is the newest)
+            if !self.preempt() {
+                return Err(Error::invalid("engine", "the KV cache cannot hold one more token of one sequence"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redco_core::cpu::Cpu;
+    use redco_models::generate::{generate, GenerationConfig};
+    use redco_models::hf::config::HfConfig;
+    use redco_models::llama::Llama;
+    use std::collections::BTreeMap;
+
+    fn model(b: &Cpu) -> Llama<Cpu> {
+        let cfg = HfConfig::from_json(
+            r#"{"model_type":"llama","hidden_size":32,"intermediate_size":48,"num_attention_heads":4,
+                "num_key_value_heads":2,"num_hidden_layers":2,"vocab_size":50,"max_position_embeddings":64}"#,
+        )
+        .unwrap();
+        Llama::new(b, &cfg, DType::F32, 7).unwrap()
+    }
+
+    fn prompts() -> Vec<Vec<i64>> {
+        vec![vec![1, 2, 3], (0..11).map(|i| (i * 7 % 50) as i64).collect(), vec![4; 6], (5..23).collect(), vec![9]]
+    }
+
+    /// Greedy tokens of `prompt` from `generate` (batch of one).
+    fn generated(b: &Cpu, m: &Llama<Cpu>, prompt: &[i64], n: usize) -> Vec<i64> {
+        let ids = Tensor::from_vec(b, prompt.to_vec(), [1, prompt.len()]).unwrap();
+        let cfg =
+            GenerationConfig { max_new_tokens: n, stop_tokens: vec![], ..GenerationConfig::for_model(m.config()) };
+        let g = generate(m, &ids, None, &cfg).unwrap();
+        g.rows[0][prompt.len()..].to_vec()
+    }
+
+    /// Runs every prompt through `engine` to the end: each request's tokens.
+    fn serve(engine: &mut Engine<Cpu, Llama<Cpu>>, n: usize) -> BTreeMap<u64, Vec<i64>> {
+        for (i, p) in prompts().into_iter().enumerate() {
+            let req =
+                Request { id: i as u64, prompt: p, max_tokens: n, sampling: Sampling::Greedy, stop_tokens: vec![] };
+            engine.add(req).unwrap();
+        }
+        let mut out: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
+        let mut ended = 0;
+        for _ in 0..1000 {
+            for e in engine.step().unwrap() {
+                match e {
+                    Event::Token { id, token } => out.entry(id).or_default().push(token),
+                    Event::Finished { reason, .. } => {
+                        assert_eq!(reason, Finish::Length);
+                        ended += 1;
+                    }
+                }
+            }
+            if !engine.has_work() {
+                break;
+            }
+        }
+        assert_eq!(ended, prompts().len(), "every request ends");
+        out
+    }
+
+    /// Requests of different lengths batched together, prompts prefilled in chunks, give
+    /// each the greedy tokens `generate` gives it alone; and they still do when the cache
+    /// is too small for all of them at once (sequences preempted and recomputed).
+    #[test]
+    fn continuous_batches_give_each_request_what_generate_gives_it_alone() {
+        let b = Cpu::new(1);
+        let m = model(&b);
+        let n = 9;
+        let want: Vec<Vec<i64>> = prompts().iter().map(|p| generated(&b, &m, p, n)).collect();
+        let cfg = EngineConfig { max_batch_tokens: 8, max_running: 8, max_waiting: 16, block_size: 4, blocks: 64 };
+        let mut engine = Engine::new(&b, model(&b), cfg, DType::F32).unwrap();
+        let got = serve(&mut engine, n);
+        for (i, w) in want.iter().enumerate() {
+            assert_eq!(&got[&(i as u64)], w, "request {i}");
+        }
+        let s = engine.stats();
+        assert_eq!((s.running, s.waiting, s.kv.used, s.preemptions), (0, 0, 0, 0));
+        assert!(s.steps > 5, "several requests ran in each step: {s:?}");
+        // a cache of 9 blocks of 4 tokens: not every sequence fits at once
+        let small = EngineConfig { blocks: 9, ..cfg };
+        let mut engine = Engine::new(&b, model(&b), small, DType::F32).unwrap();
+        let got = serve(&mut engine, n);
+        for (i, w) in want.iter().enumerate() {
+            assert_eq!(&got[&(i as u64)], w, "request {i}, small cache");
+        }
+        let s = engine.stats();
+        assert!(s.preemptions > 0, "the small cache preempted: {s:?}");
+        assert_eq!(s.kv.used, 0, "every block released");
+    }
+
+    #[test]
+    fn bad_requests_are_refused_and_a_full_queue_says_so() {
+        let b = Cpu::new(1);
+        let cfg = EngineConfig { max_batch_tokens: 8, max_running: 2, max_waiting: 1, block_size: 4, blocks: 4 };
+        let mut engine = Engine::new(&b, model(&b), cfg, DType::F32).unwrap();
+        let req = |id, prompt: Vec<i64>| Request {
+            id,
+            prompt,
+            max_tokens: 4,
+            sampling: Sampling::Greedy,
+            stop_tokens: vec![],
+        };
+        assert!(engine.add(req(0, vec![])).is_err(), "empty prompt");
+        assert!(engine.add(req(0, vec![1; 64])).is_err(), "the whole context");
+        assert!(engine.add(req(0, vec![1; 17])).unwrap_err().to_string().contains("KV blocks"));
+        let bad = Request {
+            sampling: Sampling::Sample { temperature: 0.0, top_k: None, top_p: None, seed: 1 },
+            ..req(0, vec![1])
+        };
+        assert!(engine.add(bad).is_err(), "temperature 0");
+        engine.add(req(1, vec![1, 2])).unwrap();
+        assert!(engine.add(req(2, vec![1, 2])).unwrap_err().to_string().contains("queue is full"));
+        assert!(engine.cancel(1) && !engine.cancel(1));
+        assert!(!engine.has_work());
+    }
+}
