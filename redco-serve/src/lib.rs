@@ -1,10 +1,22 @@
-//! The serving engine of redco-rs (issue 38, in progress): what `redco serve` runs its
-//! requests on. This first part is the paged KV cache's bookkeeping ([`kv`]): fixed-size
-//! blocks from a pool sized by a memory budget, a block table per sequence, and blocks
-//! shared between sequences whose prompts share a prefix (prefix caching), as vLLM's
-//! PagedAttention lays them out, and the key and value tables the blocks index, read
-//! through a sequence's block table for attention. The scheduler, the models' ragged
-//! batches and the HTTP front end come next.
+//! The serving engine of redco-rs, behind `redco serve` (issue 38, in progress):
+//!
+//! - [`kv`]: the paged KV cache: fixed-size blocks from a pool sized by a memory budget, a
+//!   block table per sequence, blocks shared between sequences whose prompts share a prefix
+//!   (prefix caching) as vLLM's PagedAttention lays them out, and the key and value tables
+//!   the blocks index, read through a sequence's block table for attention;
+//! - [`engine`]: continuous batching (iteration-level scheduling, chunked prefill,
+//!   preemption with recompute) over a model's ragged batches
+//!   ([`CausalLm::ragged_logits`](redco_models::generate::CausalLm::ragged_logits));
+//! - [`worker`]: the engine on a thread of its own, each request's tokens on a channel;
+//! - [`http`]: the OpenAI-compatible front end (axum): completions, chat completions with
+//!   the model's chat template, server-sent-event streaming, models, health, metrics.
+//!
+//! Not yet: tensor-parallel ranks, device backends, a fused paged-attention kernel,
+//! logprobs, and the load generator (`cargo xtask bench serve`).
+
+#![warn(missing_docs)]
 
 pub mod engine;
+pub mod http;
 pub mod kv;
+pub mod worker;

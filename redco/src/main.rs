@@ -40,6 +40,10 @@ enum Command {
     /// device, the communication of one training step, memory for training and inference,
     /// and the smallest model-parallel size that fits a device.
     Plan(cmd::plan::PlanArgs),
+    /// Serve a Hugging Face model over HTTP with OpenAI's API (/v1/completions,
+    /// /v1/chat/completions, /v1/models, /health, /metrics): continuous batching over a paged
+    /// KV cache; runs until SIGTERM or Ctrl-C, then drains the requests in flight.
+    Serve(cmd::serve::ServeArgs),
     /// Run a Hugging Face model on the inputs of a safetensors file and write its logits,
     /// loss, every parameter's gradient and greedy generations: the standard way to check a
     /// port against transformers (whose script writes the same keys).
@@ -79,6 +83,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => cmd::generate::run(a),
         Command::Convert(a) => cmd::convert::run(a),
         Command::Plan(a) => cmd::plan::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
         Command::EvalDump(a) => cmd::eval_dump::run(a),
         Command::Info(a) => cmd::info::run(a),
         Command::Completions { shell } => {

@@ -21,4 +21,5 @@ pub mod out;
 #[cfg(feature = "tpu")]
 pub mod pjrt;
 pub mod plan;
+pub mod serve;
 pub mod train;

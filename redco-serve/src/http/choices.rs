@@ -1,0 +1,204 @@
+//! Running a request's choices on the engine, shared by completions and chat: each choice
+//! submitted as an engine request, then collected whole or streamed as server-sent events.
+
+use super::error::ApiError;
+use super::params::Params;
+use super::text::Detok;
+use super::App;
+use crate::engine::{Finish, Request};
+use crate::worker::Output;
+use axum::body::Body;
+use axum::http::{header, StatusCode};
+use axum::response::Response;
+use std::sync::Arc;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// A choice's outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Done {
+    /// Its text.
+    pub text: String,
+    /// OpenAI's `finish_reason`: `stop` or `length`.
+    pub reason: &'static str,
+    /// Tokens generated.
+    pub tokens: usize,
+}
+
+/// One submitted choice.
+pub struct Choice {
+    id: u64,
+    rx: UnboundedReceiver<Output>,
+    detok: Detok,
+}
+
+fn reason(f: Finish) -> &'static str {
+    match f {
+        Finish::Stop => "stop",
+        Finish::Length | Finish::Context => "length",
+    }
+}
+
+/// Submits `n` choices of each prompt (`prompts[i]` gives choices `i * n..(i + 1) * n`);
+/// a refusal cancels those already submitted.
+pub async fn submit(app: &App, prompts: &[Vec<i64>], p: &Params) -> Result<Vec<Choice>, ApiError> {
+    let mut out = Vec::new();
+    for prompt in prompts {
+        if prompt.len() + p.max_tokens > app.context {
+            let e = ApiError::invalid(
+                "max_tokens",
+                format!(
+                    "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the \
+                     prompt, {} for the completion).",
+                    app.context,
+                    prompt.len() + p.max_tokens,
+                    prompt.len(),
+                    p.max_tokens
+                ),
+            )
+            .with_code("context_length_exceeded");
+            cancel(app, &out);
+            return Err(e);
+        }
+        for j in 0..p.n {
+            let id = app.engine.next_id();
+            let mut sampling = p.sampling.clone();
+            if let redco_models::generate::Sampling::Sample { seed, .. } = &mut sampling {
+                // each choice its own stream of draws
+                *seed = seed.wrapping_add(j as u64);
+            }
+            let stop_tokens = p.stop_ids.iter().chain(&app.eos).copied().collect();
+            let req = Request { id, prompt: prompt.clone(), max_tokens: p.max_tokens, sampling, stop_tokens };
+            match app.engine.submit(req).await {
+                Ok(rx) => out.push(Choice { id, rx, detok: Detok::default() }),
+                Err(msg) => {
+                    cancel(app, &out);
+                    let full = msg.contains("queue is full");
+                    let status = if full { StatusCode::TOO_MANY_REQUESTS } else { StatusCode::BAD_REQUEST };
+                    return Err(ApiError { status, message: msg, param: None, code: None });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn cancel(app: &App, choices: &[Choice]) {
+    for c in choices {
+        app.engine.cancel(c.id);
+    }
+}
+
+impl Choice {
+    /// The next piece of text, and the outcome once the choice ended (`None` at the end).
+    async fn next(&mut self, app: &App, stop: &[String]) -> Option<Result<(String, Option<&'static str>), String>> {
+        match self.rx.recv().await? {
+            Output::Token(t) => Some(self.detok.push(&app.tokenizer, t, stop).map(|delta| {
+                if self.detok.stopped() {
+                    // a stop string ended it: the engine need not go on
+                    app.engine.cancel(self.id);
+                    (delta, Some("stop"))
+                } else {
+                    (delta, None)
+                }
+            })),
+            Output::Finished(f) => Some(self.detok.finish(&app.tokenizer).map(|rest| (rest, Some(reason(f))))),
+            Output::Failed(e) => Some(Err(e)),
+        }
+    }
+
+    /// Runs the choice to its end.
+    pub async fn collect(mut self, app: &App, stop: &[String]) -> Result<Done, ApiError> {
+        let mut text = String::new();
+        loop {
+            match self.next(app, stop).await {
+                Some(Ok((delta, end))) => {
+                    text.push_str(&delta);
+                    if let Some(reason) = end {
+                        return Ok(Done { text, reason, tokens: self.detok.tokens() });
+                    }
+                }
+                Some(Err(e)) => {
+                    return Err(ApiError {
+                        status: StatusCode::INTERNAL_SERVER_ERROR,
+                        message: e,
+                        param: None,
+                        code: None,
+                    })
+                }
+                None => {
+                    return Err(ApiError {
+                        status: StatusCode::INTERNAL_SERVER_ERROR,
+                        message: "the engine stopped".into(),
+                        param: None,
+                        code: None,
+                    })
+                }
+            }
+        }
+    }
+}
+
+/// Streams `choices` as server-sent events: `chunk(index, delta, finish_reason)` makes each
+/// event's JSON; after every choice ends, `last()` (usage, when asked) and `data: [DONE]`.
+/// A client that goes away drops the stream, and with it the choices (cancelled).
+pub fn stream(
+    app: Arc<App>,
+    choices: Vec<Choice>,
+    stop: Vec<String>,
+    chunk: impl Fn(usize, &str, Option<&'static str>) -> serde_json::Value + Send + 'static,
+    last: impl FnOnce(usize) -> Option<serde_json::Value> + Send + 'static,
+) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<String>(64);
+    tokio::spawn(async move {
+        let send = |v: serde_json::Value| {
+            let tx = tx.clone();
+            async move { tx.send(format!("data: {v}\n\n")).await.is_ok() }
+        };
+        let mut generated = 0;
+        // choices in turn would hold the later ones back: pull from all as they come
+        let mut live: Vec<(usize, Choice)> = choices.into_iter().enumerate().collect();
+        while !live.is_empty() {
+            let (i, out) = {
+                let futs = live.iter_mut().map(|(i, c)| {
+                    let (i, app, stop) = (*i, &app, &stop);
+                    Box::pin(async move { (i, c.next(app, stop).await) })
+                });
+                futures_util::future::select_all(futs).await.0
+            };
+            let at = live.iter().position(|(j, _)| *j == i).expect("the choice that answered is live");
+            match out {
+                Some(Ok((delta, end))) => {
+                    if (!delta.is_empty() || end.is_some()) && !send(chunk(i, &delta, end)).await {
+                        return;
+                    }
+                    if end.is_some() {
+                        generated += live.remove(at).1.detok.tokens();
+                    }
+                }
+                Some(Err(e)) => {
+                    let _ = send(
+                        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: e, param: None, code: None }
+                            .body(),
+                    )
+                    .await;
+                    return;
+                }
+                None => return,
+            }
+        }
+        if let Some(v) = last(generated) {
+            if !send(v).await {
+                return;
+            }
+        }
+        let _ = tx.send("data: [DONE]\n\n".to_string()).await;
+    });
+    let body = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|s| (Ok::<_, std::convert::Infallible>(s), rx))
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(body))
+        .unwrap_or_else(|_| Response::new(Body::empty()))
+}

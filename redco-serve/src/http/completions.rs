@@ -1,0 +1,115 @@
+//! `POST /v1/completions`.
+
+use super::choices::{stream, submit};
+use super::error::ApiError;
+use super::params::{kind, Params};
+use super::App;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// The prompts of a completion request: a string, an array of strings, an array of token
+/// ids, or an array of arrays of token ids; each with its text, for `echo`.
+fn prompts(app: &App, v: Option<&Value>) -> Result<Vec<(Vec<i64>, String)>, ApiError> {
+    let text = |s: &str| -> Result<(Vec<i64>, String), ApiError> {
+        let ids = app.tokenizer.encode(s, true).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+        Ok((ids, s.to_string()))
+    };
+    let ids = |a: &[Value]| -> Result<(Vec<i64>, String), ApiError> {
+        let ids: Vec<i64> = a
+            .iter()
+            .map(|v| v.as_i64().filter(|&t| t >= 0 && (t as usize) < app.vocab))
+            .collect::<Option<_>>()
+            .ok_or_else(|| ApiError::invalid("prompt", format!("token ids must be integers in 0..{}", app.vocab)))?;
+        let s = app.tokenizer.decode(&ids, false).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+        Ok((ids, s))
+    };
+    let out = match v {
+        None | Some(Value::Null) => return Err(ApiError::invalid("prompt", "`prompt` is required")),
+        Some(Value::String(s)) => vec![text(s)?],
+        Some(Value::Array(a)) if a.iter().all(Value::is_number) => vec![ids(a)?],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|p| match p {
+                Value::String(s) => text(s),
+                Value::Array(t) => ids(t),
+                other => Err(ApiError::invalid(
+                    "prompt",
+                    format!("a prompt must be a string or token ids, got {}", kind(other)),
+                )),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "prompt",
+                format!("`prompt` must be a string or an array, got {}", kind(other)),
+            ))
+        }
+    };
+    if out.is_empty() || out.len() > 64 {
+        return Err(ApiError::invalid("prompt", "give 1 to 64 prompts"));
+    }
+    if out.iter().any(|(ids, _)| ids.is_empty()) {
+        return Err(ApiError::invalid("prompt", "a prompt encodes to no tokens"));
+    }
+    Ok(out)
+}
+
+/// The handler.
+pub async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    match run(app, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
+    let body = app.parse_body(&body)?;
+    let p = Params::read(&body, 16)?;
+    let prompts = prompts(&app, body.get("prompt"))?;
+    let ids: Vec<Vec<i64>> = prompts.iter().map(|(i, _)| i.clone()).collect();
+    let prompt_tokens: usize = ids.iter().map(Vec::len).sum();
+    let choices = submit(&app, &ids, &p).await?;
+    let (id, created, model) = (format!("cmpl-{}", app.engine.next_id()), app.now(), app.model_id.clone());
+    let echo: Vec<String> = prompts.iter().flat_map(|(_, t)| std::iter::repeat_n(t.clone(), p.n)).collect();
+    if p.stream {
+        let include_usage =
+            body.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool) == Some(true);
+        let (cid, cmodel) = (id.clone(), model.clone());
+        let mut echoed = vec![!p.echo; echo.len()];
+        let chunk = move |i: usize, delta: &str, end: Option<&'static str>| {
+            let text = if echoed[i] { delta.to_string() } else { format!("{}{delta}", echo[i]) };
+            echoed[i] = true;
+            json!({"id": cid, "object": "text_completion", "created": created, "model": cmodel,
+                "choices": [{"text": text, "index": i, "logprobs": null, "finish_reason": end}]})
+        };
+        let chunk = std::sync::Mutex::new(chunk);
+        let last = move |generated: usize| {
+            include_usage.then(|| {
+                json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                "choices": [], "usage": usage(prompt_tokens, generated)})
+            })
+        };
+        let stop = p.stop.clone();
+        return Ok(stream(app, choices, stop, move |i, d, e| (chunk.lock().expect("one task streams"))(i, d, e), last));
+    }
+    let mut out = Vec::new();
+    let mut generated = 0;
+    let done = futures_util::future::join_all(choices.into_iter().map(|c| c.collect(&app, &p.stop))).await;
+    for (i, d) in done.into_iter().enumerate() {
+        let d = d?;
+        generated += d.tokens;
+        let text = if p.echo { format!("{}{}", echo[i], d.text) } else { d.text };
+        out.push(json!({"text": text, "index": i, "logprobs": null, "finish_reason": d.reason}));
+    }
+    Ok(axum::Json(json!({"id": id, "object": "text_completion", "created": created, "model": model,
+        "choices": out, "usage": usage(prompt_tokens, generated)}))
+    .into_response())
+}
+
+/// OpenAI's `usage`.
+pub fn usage(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}

@@ -1,0 +1,332 @@
+//! `redco serve` over loopback with a plain HTTP client: greedy text equal to `redco
+//! generate`'s (alone, with n > 1, streamed, and under concurrent requests), OpenAI's
+//! shapes, a corpus of bad requests and misbehaving clients answered 4xx with the server
+//! alive after each, a client that disconnects mid-stream freeing its blocks, the chat
+//! template, and SIGTERM draining to exit 0.
+
+use crate::common::{fixture_named, redco, s};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running server and its address.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(model: &std::path::Path, extra: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_redco"))
+        .args(["serve", "--model", s(model), "--port", "0", "--kv-memory", "4MB", "--threads", "1"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start redco serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.split("http://").nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or_else(|| {
+        let _ = child.kill();
+        panic!("no address in {line:?}")
+    });
+    Server { addr: addr.to_string(), child }
+}
+
+/// One HTTP/1.0 exchange (the server closes the connection after it): status, body.
+fn http(addr: &str, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    c.write_all(body).unwrap();
+    let mut out = Vec::new();
+    c.read_to_end(&mut out).unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text.split_whitespace().nth(1).and_then(|x| x.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or(String::new(), |(_, b)| b.to_string());
+    (status, body)
+}
+
+fn post(addr: &str, path: &str, v: &Value) -> (u16, Value) {
+    let (st, body) = http(addr, "POST", path, v.to_string().as_bytes());
+    (st, serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}")))
+}
+
+fn alive(addr: &str) {
+    assert_eq!(http(addr, "GET", "/health", b""), (200, "ok".to_string()));
+}
+
+/// `redco generate`'s greedy text for `prompt`.
+fn generated(model: &std::path::Path, prompt: &str, n: usize) -> String {
+    let (code, out, err) =
+        redco(&["generate", "--model", s(model), "--prompt", prompt, "--max-new-tokens", &n.to_string()]);
+    assert_eq!(code, 0, "{err}");
+    out.trim_end_matches('\n').to_string()
+}
+
+/// The deltas of a streamed completion, and whether it ended with `[DONE]`.
+fn streamed(body: &str) -> (Vec<Value>, bool) {
+    let mut chunks = Vec::new();
+    let mut done = false;
+    for line in body.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if line == "[DONE]" {
+            done = true;
+        } else {
+            chunks.push(serde_json::from_str(line).unwrap());
+        }
+    }
+    (chunks, done)
+}
+
+#[test]
+fn serve_answers_openai_requests_with_generate_s_greedy_text_and_survives_bad_ones() {
+    let model = fixture_named("llama-tiny");
+    let srv = start(&model, &[]);
+    let a = srv.addr.as_str();
+    alive(a);
+    let (st, models) = http(a, "GET", "/v1/models", b"");
+    assert_eq!(st, 200);
+    assert!(models.contains("\"id\":\"llama-tiny\""), "{models}");
+    // greedy text equals redco generate's: `generate` prints the prompt and the completion
+    for prompt in ["Hello world", "the cat sat"] {
+        let want = generated(&model, prompt, 12);
+        let (st, r) = post(
+            a,
+            "/v1/completions",
+            &json!({"model": "llama-tiny", "prompt": prompt, "max_tokens": 12,
+            "temperature": 0, "n": 2, "echo": true}),
+        );
+        assert_eq!(st, 200, "{r}");
+        assert_eq!(r["object"], "text_completion");
+        assert_eq!(r["choices"].as_array().unwrap().len(), 2);
+        let prompt_tokens = r["usage"]["prompt_tokens"].as_u64().unwrap();
+        assert_eq!(r["usage"]["completion_tokens"], 24, "{r}");
+        assert_eq!(r["usage"]["total_tokens"].as_u64().unwrap(), prompt_tokens + 24);
+        for c in r["choices"].as_array().unwrap() {
+            let text = c["text"].as_str().unwrap();
+            assert_eq!(c["finish_reason"], "length");
+            // echo: the prompt, then the completion
+            assert!(text.starts_with(prompt), "{text:?}");
+            assert!(want.ends_with(&text[prompt.len()..]), "served {text:?}, generate printed {want:?}");
+        }
+        // streamed: the deltas make the same text, then [DONE]
+        let (st, body) = http(
+            a,
+            "POST",
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 12,
+            "temperature": 0, "stream": true, "stream_options": {"include_usage": true}})
+            .to_string()
+            .as_bytes(),
+        );
+        assert_eq!(st, 200);
+        let (chunks, done) = streamed(&body);
+        assert!(done, "{body}");
+        let text: String = chunks.iter().filter_map(|c| c["choices"].get(0)?["text"].as_str()).collect();
+        assert!(want.ends_with(&text) && !text.is_empty(), "streamed {text:?}, generate printed {want:?}");
+        assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 12, "{body}");
+    }
+    // concurrent clients: each gets the text it gets alone
+    let alone: Vec<String> = (0..6)
+        .map(|i| {
+            post(a, "/v1/completions", &json!({"prompt": format!("request {i}"), "max_tokens": 10, "temperature": 0})).1
+                ["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let together: Vec<String> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..6)
+            .map(|i| {
+                sc.spawn(move || {
+                    post(
+                        a,
+                        "/v1/completions",
+                        &json!({"prompt": format!("request {i}"), "max_tokens": 10, "temperature": 0}),
+                    )
+                    .1["choices"][0]["text"]
+                        .as_str()
+                        .unwrap()
+                        .to_string()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(together, alone);
+    // a stop string cuts the text before it and ends the choice with "stop"
+    let full = &alone[0];
+    if let Some(cut) = full.char_indices().nth(3).map(|(i, _)| i) {
+        let stop = &full[cut..cut + full[cut..].chars().next().unwrap().len_utf8()];
+        let (_, r) = post(
+            a,
+            "/v1/completions",
+            &json!({"prompt": "request 0", "max_tokens": 10, "temperature": 0, "stop": [stop]}),
+        );
+        let text = r["choices"][0]["text"].as_str().unwrap();
+        assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+        assert!(full.starts_with(text) && !text.contains(stop), "{text:?} stop {stop:?} of {full:?}");
+    }
+    // bad requests: 4xx with OpenAI's error JSON, and the server keeps serving
+    let huge = vec![b'a'; 3 << 20];
+    let cases: Vec<(Vec<u8>, &str, u16)> = vec![
+        (b"{not json".to_vec(), "/v1/completions", 400),
+        (b"[1, 2]".to_vec(), "/v1/completions", 400),
+        (b"".to_vec(), "/v1/completions", 400),
+        (json!({"model": "gpt-4", "prompt": "x"}).to_string().into_bytes(), "/v1/completions", 404),
+        (json!({"model": 5, "prompt": "x"}).to_string().into_bytes(), "/v1/completions", 400),
+        (json!({"prompt": "x", "max_tokens": -1}).to_string().into_bytes(), "/v1/completions", 400),
+        (json!({"prompt": "x", "max_tokens": 100000000}).to_string().into_bytes(), "/v1/completions", 400),
+        (json!({"prompt": "x", "max_tokens": "ten"}).to_string().into_bytes(), "/v1/completions", 400),
+        (json!({"prompt": "x", "temperature": -1}).to_string().into_bytes(), "/v1/completions", 400),
+        (json!({"prompt": "x", "top_p": 2}).to_string().into_bytes(), "/v1/completions", 400),
+        (json!({"prompt": "x", "n": 0}).to_string().into_bytes(), "/v1/completions", 400),
+        (json!({"prompt": "x", "logprobs": 3}).to_string().into_bytes(), "/v1/completions", 400),
+        (json!({"prompt": "x", "stop": 7}).to_string().into_bytes(), "/v1/completions", 400),
+        (json!({"prompt": "x", "stream": "yes"}).to_string().into_bytes(), "/v1/completions", 400),
+        (json!({"prompt": 5}).to_string().into_bytes(), "/v1/completions", 400),
+        (json!({"prompt": [1, -2]}).to_string().into_bytes(), "/v1/completions", 400),
+        (json!({"prompt": [1, 99999999]}).to_string().into_bytes(), "/v1/completions", 400),
+        (json!({"prompt": []}).to_string().into_bytes(), "/v1/completions", 400),
+        (json!({}).to_string().into_bytes(), "/v1/completions", 400),
+        (json!({"prompt": vec![5; 100]}).to_string().into_bytes(), "/v1/completions", 400),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"}]}).to_string().into_bytes(),
+            "/v1/chat/completions",
+            400,
+        ),
+        (json!({"prompt": "x"}).to_string().into_bytes(), "/v1/nothing", 404),
+        (huge, "/v1/completions", 413),
+    ];
+    for (body, path, want) in &cases {
+        let (st, text) = http(a, "POST", path, body);
+        assert_eq!(st, *want, "{path} {}: {text}", String::from_utf8_lossy(&body[..body.len().min(60)]));
+        if *want != 413 {
+            let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+            assert!(v["error"]["message"].is_string(), "{text}");
+        }
+        alive(a);
+    }
+    // misbehaving clients: a bare disconnect, half a request, garbage, a huge header
+    for raw in
+        [&b""[..], b"POST /v1/completions HTTP/1.0\r\nContent-Length: 100\r\n\r\n{\"pro", b"\x00\x01garbage\r\n\r\n"]
+    {
+        let mut c = TcpStream::connect(a).unwrap();
+        c.write_all(raw).unwrap();
+        drop(c);
+        alive(a);
+    }
+    let big_header = format!("GET /health HTTP/1.0\r\nX-Big: {}\r\n\r\n", "a".repeat(1 << 20));
+    let mut c = TcpStream::connect(a).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let _ = c.write_all(big_header.as_bytes());
+    let mut sink = Vec::new();
+    let _ = c.read_to_end(&mut sink);
+    assert!(!String::from_utf8_lossy(&sink).contains("200 OK"), "a 1 MB header was accepted");
+    alive(a);
+    // a client that disconnects mid-stream: its sequence and blocks are freed
+    let mut c = TcpStream::connect(a).unwrap();
+    let body = json!({"prompt": "a long one", "max_tokens": 40, "temperature": 0, "stream": true}).to_string();
+    let head = format!("POST /v1/completions HTTP/1.0\r\nContent-Length: {}\r\n\r\n", body.len());
+    c.write_all(head.as_bytes()).unwrap();
+    c.write_all(body.as_bytes()).unwrap();
+    let mut first = [0u8; 64];
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let _ = c.read(&mut first).unwrap();
+    drop(c);
+    let t = Instant::now();
+    loop {
+        let (_, m) = http(a, "GET", "/metrics", b"");
+        let get = |k: &str| m.lines().find_map(|l| l.strip_prefix(&format!("{k} "))?.parse::<u64>().ok()).unwrap();
+        if get("redco_running_sequences") == 0 && get("redco_kv_blocks_used") == 0 {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "the disconnected stream still holds its blocks:\n{m}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    alive(a);
+}
+
+#[test]
+fn serve_renders_the_chat_template_and_drains_on_sigterm() {
+    // llama-tiny with a chat template added
+    let dir = std::env::temp_dir().join(format!("redco-cli-serve-chat-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = fixture_named("llama-tiny");
+    for f in ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let mut tc: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer_config.json")).unwrap()).unwrap();
+    tc["chat_template"] = json!("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}");
+    std::fs::write(dir.join("tokenizer_config.json"), tc.to_string()).unwrap();
+    let mut srv = start(&dir, &["--served-model-name", "tiny-chat"]);
+    let a = srv.addr.clone();
+    let msgs = json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]);
+    let (st, r) = post(
+        &a,
+        "/v1/chat/completions",
+        &json!({"model": "tiny-chat", "messages": msgs, "max_tokens": 6, "temperature": 0}),
+    );
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["object"], "chat.completion");
+    assert_eq!(r["choices"][0]["message"]["role"], "assistant");
+    let chat_text = r["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(r["usage"]["completion_tokens"], 6, "{r}");
+    // the prompt is the template's rendering: its token count is the rendered text's
+    let rendered = "system: be brief\nuser: hi\nassistant:";
+    let (_, c) = post(&a, "/v1/completions", &json!({"prompt": rendered, "max_tokens": 1, "temperature": 0}));
+    let with_bos = c["usage"]["prompt_tokens"].as_u64().unwrap();
+    let chat_prompt = r["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(chat_prompt == with_bos || chat_prompt + 1 == with_bos, "chat {chat_prompt}, completions {with_bos}");
+    // streamed chat: the first delta names the role
+    let (st, body) = http(
+        &a,
+        "POST",
+        "/v1/chat/completions",
+        json!({"messages": msgs, "max_tokens": 6, "temperature": 0, "stream": true}).to_string().as_bytes(),
+    );
+    assert_eq!(st, 200);
+    let (chunks, done) = streamed(&body);
+    assert!(done && chunks[0]["choices"][0]["delta"]["role"] == "assistant", "{body}");
+    let text: String = chunks.iter().filter_map(|c| c["choices"].get(0)?["delta"]["content"].as_str()).collect();
+    assert_eq!(text, chat_text);
+    for bad in [json!({"messages": []}), json!({"messages": "hi"}), json!({"messages": [{"content": "no role"}]})] {
+        let (st, r) = post(&a, "/v1/chat/completions", &bad);
+        assert_eq!(st, 400, "{bad}: {r}");
+    }
+    // SIGTERM: a request in flight finishes, then the server exits 0
+    let pid = srv.child.id().to_string();
+    let a2 = a.clone();
+    let inflight = std::thread::spawn(move || {
+        post(&a2, "/v1/completions", &json!({"prompt": "drain me", "max_tokens": 30, "temperature": 0}))
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let (st, r) = inflight.join().unwrap();
+    assert_eq!((st, r["choices"][0]["finish_reason"].as_str()), (200, Some("length")), "{r}");
+    let t = Instant::now();
+    let code = loop {
+        if let Some(s) = srv.child.try_wait().unwrap() {
+            break s.code();
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "the server did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(code, Some(0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
