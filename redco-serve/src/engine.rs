@@ -206,10 +206,27 @@ impl<B: Backend, M: CausalLm<B>> Engine<B, M> {
         EngineStats { waiting: self.waiting.len(), running: self.running.len(), kv: self.pool.stats(), ..self.stats }
     }
 
-    /// Admits waiting requests while their prompts' blocks can be had.
+    /// Whether `tokens` share a full block with a running sequence whose prompt has not yet
+    /// computed it: admitted now, the prefix would be computed twice; a step or two later,
+    /// it is found in the cache.
+    fn shares_pending_prefix(&self, tokens: &[i64]) -> bool {
+        let bs = self.pool.block_size();
+        self.running.iter().any(|s| {
+            let common = s.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+            let shared_full = common / bs * bs;
+            // the shared blocks, less those the running sequence has written (and registered)
+            shared_full > s.computed / bs * bs && s.computed < s.tokens.len()
+        })
+    }
+
+    /// Admits waiting requests while their prompts' blocks can be had (in order; one whose
+    /// prompt's prefix a running sequence is computing waits for it).
     fn admit(&mut self) {
         while self.running.len() < self.cfg.max_running {
             let Some(front) = self.waiting.front() else { break };
+            if self.shares_pending_prefix(&front.tokens) {
+                break;
+            }
             match self.pool.allocate_prompt(&front.tokens) {
                 Ok(p) => {
                     let mut s = self.waiting.pop_front().expect("the front was just read");
@@ -445,6 +462,39 @@ mod tests {
         let s = engine.stats();
         assert!(s.preemptions > 0, "the small cache preempted: {s:?}");
         assert_eq!(s.kv.used, 0, "every block released");
+    }
+
+    /// Requests sharing a long prompt prefix, all queued at once: the prefix is computed
+    /// once (the others find its blocks in the cache), and each still gets `generate`'s
+    /// tokens.
+    #[test]
+    fn a_shared_prefix_is_computed_once_for_requests_arriving_together() {
+        let b = Cpu::new(1);
+        let m = model(&b);
+        let prefix: Vec<i64> = (0..32).map(|i| (i * 3 % 50) as i64).collect();
+        let prompts: Vec<Vec<i64>> = (0..8).map(|i| prefix.iter().copied().chain([i, i + 1]).collect()).collect();
+        let want: Vec<Vec<i64>> = prompts.iter().map(|p| generated(&b, &m, p, 4)).collect();
+        let cfg = EngineConfig { max_batch_tokens: 16, max_running: 8, max_waiting: 16, block_size: 4, blocks: 64 };
+        let mut engine = Engine::new(&b, model(&b), cfg, DType::F32).unwrap();
+        for (i, p) in prompts.iter().enumerate() {
+            let req = Request { id: i as u64, prompt: p.clone(), max_tokens: 4, sampling: Sampling::Greedy, stop_tokens: vec![] };
+            engine.add(req).unwrap();
+        }
+        let mut out: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
+        while engine.has_work() {
+            for e in engine.step().unwrap() {
+                if let Event::Token { id, token } = e {
+                    out.entry(id).or_default().push(token);
+                }
+            }
+        }
+        for (i, w) in want.iter().enumerate() {
+            assert_eq!(&out[&(i as u64)], w, "request {i}");
+        }
+        // the 32-token prefix (8 full blocks) computed by the first request only
+        let s = engine.stats().kv;
+        assert_eq!(s.prefix_hit_tokens, 7 * 32, "{s:?}");
+        assert_eq!(s.prompt_tokens, 8 * 34);
     }
 
     #[test]
