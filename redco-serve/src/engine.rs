@@ -477,7 +477,13 @@ mod tests {
         let cfg = EngineConfig { max_batch_tokens: 16, max_running: 8, max_waiting: 16, block_size: 4, blocks: 64 };
         let mut engine = Engine::new(&b, model(&b), cfg, DType::F32).unwrap();
         for (i, p) in prompts.iter().enumerate() {
-            let req = Request { id: i as u64, prompt: p.clone(), max_tokens: 4, sampling: Sampling::Greedy, stop_tokens: vec![] };
+            let req = Request {
+                id: i as u64,
+                prompt: p.clone(),
+                max_tokens: 4,
+                sampling: Sampling::Greedy,
+                stop_tokens: vec![],
+            };
             engine.add(req).unwrap();
         }
         let mut out: BTreeMap<u64, Vec<i64>> = BTreeMap::new();

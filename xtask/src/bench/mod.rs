@@ -15,6 +15,7 @@ mod mpi;
 mod peak;
 mod random_ckpt;
 mod real_size;
+mod serve;
 pub(crate) mod stats;
 pub(crate) mod torch;
 mod zero;
@@ -29,10 +30,11 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         Some("llm") => llm::run(&argv[1..]),
         Some("real-size") => real_size::run(&argv[1..]),
         Some("zero") => zero::run(&argv[1..]),
+        Some("serve") => serve::run(&argv[1..]),
         Some(flag) if flag.starts_with("--") => llm::run(argv),
-        Some(other) => {
-            Err(format!("unknown benchmark `{other}` (available: llm, gemm, decode, load, memory, real-size, zero)"))
-        }
+        Some(other) => Err(format!(
+            "unknown benchmark `{other}` (available: llm, gemm, decode, load, memory, real-size, zero, serve)"
+        )),
         None => llm::run(&[]),
     }
 }
