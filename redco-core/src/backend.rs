@@ -454,6 +454,21 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     ) -> Result<Self::Storage> {
         ops::cross_entropy::composite_cross_entropy_backward(self, logits, shape, targets, ignore_index, grad)
     }
+    /// [`Tensor::paged_attention`](crate::Tensor::paged_attention) in one kernel: the
+    /// queries `q` (`[q_heads, tokens, head_dim]`) over the pools' rows `k`, `v` (`[rows,
+    /// kv_heads, head_dim]`) as `spec`'s segments say; `None` (the default) where the
+    /// backend has no such kernel (the op then gathers each segment's rows and runs
+    /// [`Backend::attention`]).
+    fn paged_attention(
+        &self,
+        q: &Self::Storage,
+        k: &Self::Storage,
+        v: &Self::Storage,
+        spec: &ops::paged_attention::PagedSpec<'_>,
+    ) -> Result<Option<Self::Storage>> {
+        let _ = (q, k, v, spec);
+        Ok(None)
+    }
     /// Scaled-dot-product attention, see [`ops::attention::AttentionSpec`].
     fn attention(
         &self,

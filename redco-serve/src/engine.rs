@@ -8,6 +8,7 @@
 //! recomputation finds most of them.
 
 use crate::kv::{BlockPool, BlockTable, KvGeometry, PagedKv, PoolStats};
+use redco_core::ops::paged_attention::PagedSegment;
 use redco_core::{no_grad, Backend, DType, Error, Result, Tensor};
 use redco_models::generate::{CausalLm, Sampling};
 use std::collections::VecDeque;
@@ -294,17 +295,21 @@ impl<B: Backend, M: CausalLm<B>> Engine<B, M> {
         let t = ids.len();
         let ids = Tensor::from_vec(&b, ids, [1, t])?;
         let pos = Tensor::from_vec(&b, pos, [1, t])?;
-        let (kv, running, scale) = (&mut self.kv, &self.running, self.scale);
+        // where each new token's keys and values go, and each segment's rows to attend over
+        let mut written = Vec::with_capacity(t);
+        let mut paged = Vec::with_capacity(segments.len());
+        let mut at = 0;
+        for sg in segments {
+            let table = self.running[sg.seq].table.as_ref().expect("a running sequence has its blocks");
+            written.extend(self.kv.slots(table, sg.start, sg.len)?);
+            let slots = self.kv.slots(table, 0, sg.start + sg.len)?;
+            paged.push(PagedSegment { q_start: at, q_len: sg.len, slots });
+            at += sg.len;
+        }
+        let (kv, scale) = (&mut self.kv, self.scale);
         let mut attend = |layer: usize, q: Tensor<B>, k: Tensor<B>, v: Tensor<B>| -> Result<Tensor<B>> {
-            let mut outs = Vec::with_capacity(segments.len());
-            let mut at = 0;
-            for sg in segments {
-                let table = running[sg.seq].table.as_ref().expect("a running sequence has its blocks");
-                kv.write(layer, table, sg.start, &k.narrow(2, at, sg.len)?, &v.narrow(2, at, sg.len)?)?;
-                outs.push(kv.attend(layer, &q.narrow(2, at, sg.len)?, table, sg.start + sg.len, scale)?);
-                at += sg.len;
-            }
-            Tensor::cat(&outs.iter().collect::<Vec<_>>(), 2)
+            kv.write_rows(layer, &written, &k, &v)?;
+            kv.attend_batch(layer, &q, &paged, scale)
         };
         let logits = self.model.ragged_logits(&ids, &pos, &rows, &mut attend)?;
         let vocab = logits.dims()[1];

@@ -20,6 +20,7 @@ mod layout;
 pub mod malloc;
 mod matmul;
 mod norm;
+mod paged_attention;
 pub mod real;
 mod reduce;
 mod rotary;
@@ -407,6 +408,15 @@ impl Backend for Cpu {
         spec: &AttentionSpec,
     ) -> Result<CpuStorage> {
         attention::attention(self, q, k, v, mask, spec)
+    }
+    fn paged_attention(
+        &self,
+        q: &CpuStorage,
+        k: &CpuStorage,
+        v: &CpuStorage,
+        spec: &crate::ops::paged_attention::PagedSpec<'_>,
+    ) -> Result<Option<CpuStorage>> {
+        paged_attention::paged_attention(self, q, k, v, spec)
     }
     fn cross_entropy(
         &self,

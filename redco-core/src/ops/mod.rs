@@ -11,6 +11,7 @@ pub mod index;
 pub mod layout;
 pub mod matmul;
 pub mod norm;
+pub mod paged_attention;
 pub mod random;
 pub mod recompute;
 pub mod reduce;

@@ -31,7 +31,7 @@ impl<B: Backend> PagedKv<B> {
     }
 
     /// The cache rows of tokens `start..start + t` of `table`.
-    fn slots(&self, table: &BlockTable, start: usize, t: usize) -> Result<Vec<usize>> {
+    pub fn slots(&self, table: &BlockTable, start: usize, t: usize) -> Result<Vec<usize>> {
         (start..start + t)
             .map(|i| {
                 table.slot(i, self.geometry.block_size).ok_or_else(|| {
@@ -66,6 +66,42 @@ impl<B: Backend> PagedKv<B> {
         let as_rows = |x: &Tensor<B>| x.transpose(1, 2)?.reshape([t, g.kv_heads, g.head_dim]);
         self.keys[layer].write_rows(&rows, &as_rows(k)?)?;
         self.values[layer].write_rows(&rows, &as_rows(v)?)
+    }
+
+    /// Writes the keys and values of a ragged batch in layer `layer`: `k`, `v` are
+    /// `[1, kv_heads, T, head_dim]`, token `i` going to cache row `rows[i]` (one write for
+    /// the whole batch).
+    pub fn write_rows(&mut self, layer: usize, rows: &[usize], k: &Tensor<B>, v: &Tensor<B>) -> Result<()> {
+        let g = self.geometry;
+        if layer >= g.layers {
+            return Err(Error::invalid("paged_kv", format!("layer {layer} of {}", g.layers)));
+        }
+        let t = rows.len();
+        if k.rank() != 4 || k.dims() != [1, g.kv_heads, t, g.head_dim] || v.dims() != k.dims() {
+            return Err(Error::invalid(
+                "paged_kv",
+                format!("keys {} for {t} rows are not [1, {}, {t}, {}]", k.shape(), g.kv_heads, g.head_dim),
+            ));
+        }
+        let as_rows = |x: &Tensor<B>| x.transpose(1, 2)?.reshape([t, g.kv_heads, g.head_dim]);
+        self.keys[layer].write_rows(rows, &as_rows(k)?)?;
+        self.values[layer].write_rows(rows, &as_rows(v)?)
+    }
+
+    /// Causal attention of a ragged batch's queries `q` (`[1, heads, T, head_dim]`) in layer
+    /// `layer`, each segment over its own rows ([`Tensor::paged_attention`]: one op, the
+    /// pools read in place where the backend can).
+    pub fn attend_batch(
+        &self,
+        layer: usize,
+        q: &Tensor<B>,
+        segments: &[redco_core::ops::paged_attention::PagedSegment],
+        scale: f64,
+    ) -> Result<Tensor<B>> {
+        match (self.keys.get(layer), self.values.get(layer)) {
+            (Some(k), Some(v)) => q.paged_attention(k, v, segments, scale),
+            _ => Err(Error::invalid("paged_kv", format!("layer {layer} of {}", self.geometry.layers))),
+        }
     }
 
     /// The keys and values of the first `len` tokens of the sequence of `table` in layer

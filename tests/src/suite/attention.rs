@@ -268,3 +268,68 @@ pub fn attention_errors<B: Backend>(b: &B) {
         Err(Error::DTypeMismatch { .. })
     ));
 }
+
+/// Paged attention of a ragged batch (three sequences: a decode token, a prefill chunk and
+/// a short prompt, their keys and values in scattered rows of one pool, grouped-query
+/// heads) equals the f64 reference of each sequence's attention over its keys held
+/// contiguously; segments that do not tile the batch, or rows outside the pool, are refused.
+pub fn paged_attention_values<B: Backend>(b: &B) {
+    use redco_core::ops::paged_attention::PagedSegment;
+    let dt = check_dtype(b);
+    let (heads, kvh, d, rows) = (4usize, 2usize, 8usize, 23usize);
+    let segs = [
+        PagedSegment { q_start: 0, q_len: 1, slots: vec![3, 17, 8, 0, 21] },
+        PagedSegment { q_start: 1, q_len: 3, slots: vec![5, 6, 7, 12, 1, 2, 9] },
+        PagedSegment { q_start: 4, q_len: 2, slots: vec![20, 4] },
+    ];
+    let t = 6;
+    let (q, k, v) = (
+        values(heads * t * d, 11, -1.0, 1.0),
+        values(rows * kvh * d, 12, -1.0, 1.0),
+        values(rows * kvh * d, 13, -1.0, 1.0),
+    );
+    let qt = tensor(b, &q, [1, heads, t, d], dt);
+    let (kt, vt) = (tensor(b, &k, [rows, kvh, d], dt), tensor(b, &v, [rows, kvh, d], dt));
+    // the reference sees the values the backend holds (16-bit dtypes round them)
+    let (q, k, v) = (qt.to_vec_f64().unwrap(), kt.to_vec_f64().unwrap(), vt.to_vec_f64().unwrap());
+    let scale = 1.0 / (d as f64).sqrt();
+    let got = qt.paged_attention(&kt, &vt, &segs, scale).unwrap().to_vec_f64().unwrap();
+    for s in &segs {
+        let len = s.slots.len();
+        // the segment's queries [1, heads, q_len, d] and keys, values [1, kvh, len, d]
+        let mut qs = Vec::new();
+        for h in 0..heads {
+            qs.extend_from_slice(&q[(h * t + s.q_start) * d..(h * t + s.q_start + s.q_len) * d]);
+        }
+        let gather = |pool: &[f64]| {
+            let mut out = Vec::new();
+            for hh in 0..kvh {
+                for &r in &s.slots {
+                    out.extend_from_slice(&pool[(r * kvh + hh) * d..(r * kvh + hh + 1) * d]);
+                }
+            }
+            out
+        };
+        let e = r::attention(
+            &qs,
+            &gather(&k),
+            &gather(&v),
+            (1, heads, kvh, s.q_len, len, d),
+            None,
+            true,
+            scale,
+            mask_fill(dt),
+        );
+        for h in 0..heads {
+            let at = (h * t + s.q_start) * d;
+            let mine = &got[at..at + s.q_len * d];
+            let want = &e[h * s.q_len * d..(h + 1) * s.q_len * d];
+            assert_close(mine, want, tol(dt), &format!("paged attention, segment at {}, head {h}", s.q_start));
+        }
+    }
+    let gap = [PagedSegment { q_start: 1, ..segs[0].clone() }, segs[1].clone(), segs[2].clone()];
+    assert!(qt.paged_attention(&kt, &vt, &gap, scale).is_err(), "segments must tile the batch");
+    let outside = [PagedSegment { slots: vec![3, rows], ..segs[0].clone() }, segs[1].clone(), segs[2].clone()];
+    assert!(qt.paged_attention(&kt, &vt, &outside, scale).is_err(), "a row outside the pool");
+    assert!(qt.paged_attention(&kt, &vt, &segs[..2], scale).is_err(), "the batch not covered");
+}

@@ -49,6 +49,10 @@ macro_rules! suite {
             #[allow(unused_imports)]
             use super::*;
             #[test]
+            fn paged_attention_values() {
+                $crate::suite::attention::paged_attention_values(&$make)
+            }
+            #[test]
             fn attention_values() {
                 $crate::suite::attention::attention_values(&$make)
             }
