@@ -41,6 +41,37 @@ pub struct Request {
     pub sampling: Sampling,
     /// Tokens that end the generation (included in the output).
     pub stop_tokens: Vec<i64>,
+    /// Report each token's log-probability and this many of the most likely alternatives
+    /// (`None`: no log-probabilities).
+    pub logprobs: Option<usize>,
+}
+
+/// A token's log-probability under the model (its logits' log-softmax, before sampling's
+/// temperature and truncation) and the most likely tokens' with theirs, most likely first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logprob {
+    /// The chosen token's.
+    pub logprob: f32,
+    /// The most likely tokens and theirs.
+    pub top: Vec<(i64, f32)>,
+}
+
+impl Logprob {
+    /// Of `token` in `logits`, with the `top` most likely.
+    pub fn of(logits: &[f32], token: usize, top: usize) -> Self {
+        let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let lse = m + logits.iter().map(|&x| ((x - m) as f64).exp()).sum::<f64>().ln() as f32;
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        let top = top.min(logits.len());
+        if top > 0 {
+            order.select_nth_unstable_by(top - 1, |&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+            order.truncate(top);
+            order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        } else {
+            order.clear();
+        }
+        Logprob { logprob: logits[token] - lse, top: order.into_iter().map(|i| (i as i64, logits[i] - lse)).collect() }
+    }
 }
 
 /// Why a sequence ended.
@@ -63,6 +94,8 @@ pub enum Event {
         id: u64,
         /// The token.
         token: i64,
+        /// Its log-probability, when the request asked.
+        logprob: Option<Logprob>,
     },
     /// Request `id` ended.
     Finished {
@@ -328,11 +361,13 @@ impl<B: Backend, M: CausalLm<B>> Engine<B, M> {
             let logits = &host[row * vocab..(row + 1) * vocab];
             row += 1;
             // the draw is the token's index, as `generate` draws for a batch of one
-            let token = s.req.sampling.choose(logits, s.generated as u64)? as i64;
+            let chosen = s.req.sampling.choose(logits, s.generated as u64)?;
+            let logprob = s.req.logprobs.map(|top| Logprob::of(logits, chosen, top));
+            let token = chosen as i64;
             s.tokens.push(token);
             s.generated += 1;
             self.stats.generated += 1;
-            events.push(Event::Token { id: s.req.id, token });
+            events.push(Event::Token { id: s.req.id, token, logprob });
             let reason = if s.req.stop_tokens.contains(&token) {
                 Some(Finish::Stop)
             } else if s.generated >= s.req.max_tokens {
@@ -415,8 +450,14 @@ mod tests {
     /// Runs every prompt through `engine` to the end: each request's tokens.
     fn serve(engine: &mut Engine<Cpu, Llama<Cpu>>, n: usize) -> BTreeMap<u64, Vec<i64>> {
         for (i, p) in prompts().into_iter().enumerate() {
-            let req =
-                Request { id: i as u64, prompt: p, max_tokens: n, sampling: Sampling::Greedy, stop_tokens: vec![] };
+            let req = Request {
+                id: i as u64,
+                prompt: p,
+                max_tokens: n,
+                sampling: Sampling::Greedy,
+                stop_tokens: vec![],
+                logprobs: None,
+            };
             engine.add(req).unwrap();
         }
         let mut out: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
@@ -424,7 +465,7 @@ mod tests {
         for _ in 0..1000 {
             for e in engine.step().unwrap() {
                 match e {
-                    Event::Token { id, token } => out.entry(id).or_default().push(token),
+                    Event::Token { id, token, .. } => out.entry(id).or_default().push(token),
                     Event::Finished { reason, .. } => {
                         assert_eq!(reason, Finish::Length);
                         ended += 1;
@@ -488,13 +529,14 @@ mod tests {
                 max_tokens: 4,
                 sampling: Sampling::Greedy,
                 stop_tokens: vec![],
+                logprobs: None,
             };
             engine.add(req).unwrap();
         }
         let mut out: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
         while engine.has_work() {
             for e in engine.step().unwrap() {
-                if let Event::Token { id, token } = e {
+                if let Event::Token { id, token, .. } = e {
                     out.entry(id).or_default().push(token);
                 }
             }
@@ -509,6 +551,20 @@ mod tests {
     }
 
     #[test]
+    fn logprobs_are_the_log_softmax_of_the_logits_with_the_most_likely_first() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0];
+        let lse = (1f64.exp() + 2.0 * 3f64.exp() + 2f64.exp()).ln() as f32;
+        let l = Logprob::of(&logits, 2, 3);
+        assert!((l.logprob - (2.0 - lse)).abs() < 1e-6);
+        // ties broken by the lower id
+        assert_eq!(l.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 2]);
+        assert!((l.top[0].1 - (3.0 - lse)).abs() < 1e-6);
+        assert!(Logprob::of(&logits, 0, 0).top.is_empty());
+        let total: f64 = Logprob::of(&logits, 0, 4).top.iter().map(|t| (t.1 as f64).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
     fn bad_requests_are_refused_and_a_full_queue_says_so() {
         let b = Cpu::new(1);
         let cfg = EngineConfig { max_batch_tokens: 8, max_running: 2, max_waiting: 1, block_size: 4, blocks: 4 };
@@ -519,6 +575,7 @@ mod tests {
             max_tokens: 4,
             sampling: Sampling::Greedy,
             stop_tokens: vec![],
+            logprobs: None,
         };
         assert!(engine.add(req(0, vec![])).is_err(), "empty prompt");
         assert!(engine.add(req(0, vec![1; 64])).is_err(), "the whole context");

@@ -11,8 +11,8 @@
 //! - [`http`]: the OpenAI-compatible front end (axum): completions, chat completions with
 //!   the model's chat template, server-sent-event streaming, models, health, metrics.
 //!
-//! Not yet: tensor-parallel ranks, device backends, a fused paged-attention kernel,
-//! logprobs, and the load generator (`cargo xtask bench serve`).
+//! Not yet: tensor-parallel ranks, device backends' paged-attention kernels (the CPU
+//! backend has one), T5, and `cargo xtask bench serve --peer` (transformers serve).
 
 #![warn(missing_docs)]
 

@@ -3,7 +3,7 @@
 //! channel. A request whose channel is gone (its client disconnected) is cancelled at the
 //! next token, its blocks released.
 
-use crate::engine::{Engine, EngineStats, Event, Finish, Request};
+use crate::engine::{Engine, EngineStats, Event, Finish, Logprob, Request};
 use redco_core::Backend;
 use redco_models::generate::CausalLm;
 use std::collections::HashMap;
@@ -14,8 +14,8 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 /// What a request's channel carries.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Output {
-    /// A new token.
-    Token(i64),
+    /// A new token, with its log-probability when asked.
+    Token(i64, Option<Logprob>),
     /// The request ended.
     Finished(Finish),
     /// The engine failed; the request ended without its tokens.
@@ -134,7 +134,7 @@ fn run<B: Backend, M: CausalLm<B>>(mut engine: Engine<B, M>, rx: mpsc::Receiver<
             Ok(events) => {
                 for e in events {
                     let (id, out) = match e {
-                        Event::Token { id, token } => (id, Output::Token(token)),
+                        Event::Token { id, token, logprob } => (id, Output::Token(token, logprob)),
                         Event::Finished { id, reason } => (id, Output::Finished(reason)),
                     };
                     let finished = matches!(out, Output::Finished(_));

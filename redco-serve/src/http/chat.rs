@@ -1,9 +1,10 @@
 //! `POST /v1/chat/completions`: the messages rendered with the model's chat template
 //! (`tokenizer_config.json`'s `chat_template`, a Jinja template run by minijinja).
 
-use super::choices::{stream, submit};
+use super::choices::{stream, submit, Piece};
 use super::completions::usage;
 use super::error::ApiError;
+use super::logprobs;
 use super::params::{kind, Params};
 use super::App;
 use axum::body::Bytes;
@@ -125,12 +126,15 @@ async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
             body.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool) == Some(true);
         let (cid, cmodel) = (id.clone(), model.clone());
         let started = std::sync::Mutex::new(vec![false; p.n]);
-        let chunk = move |i: usize, delta: &str, end: Option<&'static str>| {
+        let tapp = app.clone();
+        let chunk = move |i: usize, p: &Piece| {
             let mut started = started.lock().expect("one task streams");
+            let delta = &p.delta;
             let d = if started[i] { json!({"content": delta}) } else { json!({"role": "assistant", "content": delta}) };
             started[i] = true;
+            let lp = p.logprob.as_ref().map(|e| logprobs::chat(&tapp.tokenizer, std::slice::from_ref(e)));
             json!({"id": cid, "object": "chat.completion.chunk", "created": created, "model": cmodel,
-                "choices": [{"index": i, "delta": d, "logprobs": null, "finish_reason": end}]})
+                "choices": [{"index": i, "delta": d, "logprobs": lp, "finish_reason": p.end}]})
         };
         let last = move |generated: usize| {
             include_usage.then(|| {
@@ -146,7 +150,8 @@ async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
     for (i, d) in done.into_iter().enumerate() {
         let d = d?;
         generated += d.tokens;
-        out.push(json!({"index": i, "message": {"role": "assistant", "content": d.text}, "logprobs": null,
+        let lp = p.logprobs.map(|_| logprobs::chat(&app.tokenizer, &d.logprobs));
+        out.push(json!({"index": i, "message": {"role": "assistant", "content": d.text}, "logprobs": lp,
             "finish_reason": d.reason}));
     }
     Ok(axum::Json(json!({"id": id, "object": "chat.completion", "created": created, "model": model,

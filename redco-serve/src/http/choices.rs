@@ -5,7 +5,7 @@ use super::error::ApiError;
 use super::params::Params;
 use super::text::Detok;
 use super::App;
-use crate::engine::{Finish, Request};
+use crate::engine::{Finish, Logprob, Request};
 use crate::worker::Output;
 use axum::body::Body;
 use axum::http::{header, StatusCode};
@@ -22,6 +22,19 @@ pub struct Done {
     pub reason: &'static str,
     /// Tokens generated.
     pub tokens: usize,
+    /// Each token's log-probability, when asked.
+    pub logprobs: Vec<(i64, Logprob)>,
+}
+
+/// What one output of a choice adds: text safe to hand out, the finish reason when it
+/// ended, and the token's log-probability when asked.
+pub struct Piece {
+    /// New text.
+    pub delta: String,
+    /// `stop` or `length` once the choice ended.
+    pub end: Option<&'static str>,
+    /// The token and its log-probability.
+    pub logprob: Option<(i64, Logprob)>,
 }
 
 /// One submitted choice.
@@ -29,6 +42,8 @@ pub struct Choice {
     id: u64,
     rx: UnboundedReceiver<Output>,
     detok: Detok,
+    arrived: std::time::Instant,
+    last: Option<std::time::Instant>,
 }
 
 fn reason(f: Finish) -> &'static str {
@@ -41,6 +56,7 @@ fn reason(f: Finish) -> &'static str {
 /// Submits `n` choices of each prompt (`prompts[i]` gives choices `i * n..(i + 1) * n`);
 /// a refusal cancels those already submitted.
 pub async fn submit(app: &App, prompts: &[Vec<i64>], p: &Params) -> Result<Vec<Choice>, ApiError> {
+    let arrived = std::time::Instant::now();
     let mut out = Vec::new();
     for prompt in prompts {
         if prompt.len() + p.max_tokens > app.context {
@@ -67,9 +83,16 @@ pub async fn submit(app: &App, prompts: &[Vec<i64>], p: &Params) -> Result<Vec<C
                 *seed = seed.wrapping_add(j as u64);
             }
             let stop_tokens = p.stop_ids.iter().chain(&app.eos).copied().collect();
-            let req = Request { id, prompt: prompt.clone(), max_tokens: p.max_tokens, sampling, stop_tokens };
+            let req = Request {
+                id,
+                prompt: prompt.clone(),
+                max_tokens: p.max_tokens,
+                sampling,
+                stop_tokens,
+                logprobs: p.logprobs,
+            };
             match app.engine.submit(req).await {
-                Ok(rx) => out.push(Choice { id, rx, detok: Detok::default() }),
+                Ok(rx) => out.push(Choice { id, rx, detok: Detok::default(), arrived, last: None }),
                 Err(msg) => {
                     cancel(app, &out);
                     let full = msg.contains("queue is full");
@@ -89,19 +112,26 @@ fn cancel(app: &App, choices: &[Choice]) {
 }
 
 impl Choice {
-    /// The next piece of text, and the outcome once the choice ended (`None` at the end).
-    async fn next(&mut self, app: &App, stop: &[String]) -> Option<Result<(String, Option<&'static str>), String>> {
+    /// The next piece of the choice (`None` once its channel closed).
+    async fn next(&mut self, app: &App, stop: &[String]) -> Option<Result<Piece, String>> {
         match self.rx.recv().await? {
-            Output::Token(t) => Some(self.detok.push(&app.tokenizer, t, stop).map(|delta| {
+            Output::Token(t, lp) => Some(self.detok.push(&app.tokenizer, t, stop).map(|delta| {
+                app.latency.token(self.arrived, self.last);
+                self.last = Some(std::time::Instant::now());
+                let logprob = lp.map(|l| (t, l));
                 if self.detok.stopped() {
                     // a stop string ended it: the engine need not go on
                     app.engine.cancel(self.id);
-                    (delta, Some("stop"))
+                    Piece { delta, end: Some("stop"), logprob }
                 } else {
-                    (delta, None)
+                    Piece { delta, end: None, logprob }
                 }
             })),
-            Output::Finished(f) => Some(self.detok.finish(&app.tokenizer).map(|rest| (rest, Some(reason(f))))),
+            Output::Finished(f) => Some(self.detok.finish(&app.tokenizer).map(|rest| Piece {
+                delta: rest,
+                end: Some(reason(f)),
+                logprob: None,
+            })),
             Output::Failed(e) => Some(Err(e)),
         }
     }
@@ -109,43 +139,31 @@ impl Choice {
     /// Runs the choice to its end.
     pub async fn collect(mut self, app: &App, stop: &[String]) -> Result<Done, ApiError> {
         let mut text = String::new();
+        let mut logprobs = Vec::new();
+        let failed = |message| ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message, param: None, code: None };
         loop {
             match self.next(app, stop).await {
-                Some(Ok((delta, end))) => {
-                    text.push_str(&delta);
-                    if let Some(reason) = end {
-                        return Ok(Done { text, reason, tokens: self.detok.tokens() });
+                Some(Ok(p)) => {
+                    text.push_str(&p.delta);
+                    logprobs.extend(p.logprob);
+                    if let Some(reason) = p.end {
+                        return Ok(Done { text, reason, tokens: self.detok.tokens(), logprobs });
                     }
                 }
-                Some(Err(e)) => {
-                    return Err(ApiError {
-                        status: StatusCode::INTERNAL_SERVER_ERROR,
-                        message: e,
-                        param: None,
-                        code: None,
-                    })
-                }
-                None => {
-                    return Err(ApiError {
-                        status: StatusCode::INTERNAL_SERVER_ERROR,
-                        message: "the engine stopped".into(),
-                        param: None,
-                        code: None,
-                    })
-                }
+                Some(Err(e)) => return Err(failed(e)),
+                None => return Err(failed("the engine stopped".into())),
             }
         }
     }
 }
 
-/// Streams `choices` as server-sent events: `chunk(index, delta, finish_reason)` makes each
-/// event's JSON; after every choice ends, `last()` (usage, when asked) and `data: [DONE]`.
+/// Streams `choices` as server-sent events: `chunk(index, piece)` makes each event's JSON; after every choice ends, `last()` (usage, when asked) and `data: [DONE]`.
 /// A client that goes away drops the stream, and with it the choices (cancelled).
 pub fn stream(
     app: Arc<App>,
     choices: Vec<Choice>,
     stop: Vec<String>,
-    chunk: impl Fn(usize, &str, Option<&'static str>) -> serde_json::Value + Send + 'static,
+    chunk: impl Fn(usize, &Piece) -> serde_json::Value + Send + 'static,
     last: impl FnOnce(usize) -> Option<serde_json::Value> + Send + 'static,
 ) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<String>(64);
@@ -167,11 +185,11 @@ pub fn stream(
             };
             let at = live.iter().position(|(j, _)| *j == i).expect("the choice that answered is live");
             match out {
-                Some(Ok((delta, end))) => {
-                    if (!delta.is_empty() || end.is_some()) && !send(chunk(i, &delta, end)).await {
+                Some(Ok(p)) => {
+                    if (!p.delta.is_empty() || p.end.is_some() || p.logprob.is_some()) && !send(chunk(i, &p)).await {
                         return;
                     }
-                    if end.is_some() {
+                    if p.end.is_some() {
                         generated += live.remove(at).1.detok.tokens();
                     }
                 }

@@ -1,7 +1,8 @@
 //! `POST /v1/completions`.
 
-use super::choices::{stream, submit};
+use super::choices::{stream, submit, Piece};
 use super::error::ApiError;
+use super::logprobs;
 use super::params::{kind, Params};
 use super::App;
 use axum::body::Bytes;
@@ -79,11 +80,15 @@ async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
             body.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool) == Some(true);
         let (cid, cmodel) = (id.clone(), model.clone());
         let mut echoed = vec![!p.echo; echo.len()];
-        let chunk = move |i: usize, delta: &str, end: Option<&'static str>| {
-            let text = if echoed[i] { delta.to_string() } else { format!("{}{delta}", echo[i]) };
+        let (tapp, mut offsets) = (app.clone(), vec![0usize; echo.len()]);
+        let chunk = move |i: usize, p: &Piece| {
+            let text = if echoed[i] { p.delta.clone() } else { format!("{}{}", echo[i], p.delta) };
             echoed[i] = true;
+            let lp =
+                p.logprob.as_ref().map(|e| logprobs::completion(&tapp.tokenizer, std::slice::from_ref(e), offsets[i]));
+            offsets[i] += text.len();
             json!({"id": cid, "object": "text_completion", "created": created, "model": cmodel,
-                "choices": [{"text": text, "index": i, "logprobs": null, "finish_reason": end}]})
+                "choices": [{"text": text, "index": i, "logprobs": lp, "finish_reason": p.end}]})
         };
         let chunk = std::sync::Mutex::new(chunk);
         let last = move |generated: usize| {
@@ -93,7 +98,7 @@ async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
             })
         };
         let stop = p.stop.clone();
-        return Ok(stream(app, choices, stop, move |i, d, e| (chunk.lock().expect("one task streams"))(i, d, e), last));
+        return Ok(stream(app, choices, stop, move |i, p| (chunk.lock().expect("one task streams"))(i, p), last));
     }
     let mut out = Vec::new();
     let mut generated = 0;
@@ -101,8 +106,10 @@ async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
     for (i, d) in done.into_iter().enumerate() {
         let d = d?;
         generated += d.tokens;
+        let start = if p.echo { echo[i].len() } else { 0 };
+        let lp = p.logprobs.map(|_| logprobs::completion(&app.tokenizer, &d.logprobs, start));
         let text = if p.echo { format!("{}{}", echo[i], d.text) } else { d.text };
-        out.push(json!({"text": text, "index": i, "logprobs": null, "finish_reason": d.reason}));
+        out.push(json!({"text": text, "index": i, "logprobs": lp, "finish_reason": d.reason}));
     }
     Ok(axum::Json(json!({"id": id, "object": "text_completion", "created": created, "model": model,
         "choices": out, "usage": usage(prompt_tokens, generated)}))

@@ -8,6 +8,8 @@ pub mod chat;
 pub mod choices;
 pub mod completions;
 pub mod error;
+pub mod latency;
+pub mod logprobs;
 pub mod params;
 pub mod text;
 
@@ -41,6 +43,8 @@ pub struct App {
     pub chat_template: Option<ChatTemplate>,
     /// When the server started (Unix seconds).
     pub started: u64,
+    /// Latency histograms and the output rate.
+    pub latency: latency::Latency,
 }
 
 impl App {
@@ -114,6 +118,20 @@ async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
     for (name, kind, help, v) in lines {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"));
     }
+    let rate = app.latency.rate(s.generated);
+    let name = "redco_output_tokens_per_second";
+    out.push_str(&format!(
+        "# HELP {name} Tokens generated per second since the previous scrape.\n# TYPE {name} gauge\n{name} {rate}\n"
+    ));
+    let lock = |m: &std::sync::Mutex<latency::Histogram>| m.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    out.push_str(
+        &lock(&app.latency.first_token)
+            .render("redco_time_to_first_token_seconds", "Seconds from a request's arrival to its first token."),
+    );
+    out.push_str(
+        &lock(&app.latency.between_tokens)
+            .render("redco_time_per_output_token_seconds", "Seconds between a request's tokens."),
+    );
     (StatusCode::OK, out)
 }
 

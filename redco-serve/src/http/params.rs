@@ -22,7 +22,13 @@ pub struct Params {
     pub stream: bool,
     /// `echo` (completions): the prompt before the completion.
     pub echo: bool,
+    /// `logprobs` (completions: how many alternatives; chat: `true`, with `top_logprobs`
+    /// alternatives): each token's log-probability and the most likely alternatives.
+    pub logprobs: Option<usize>,
 }
+
+/// At most this many alternatives per token.
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// At most this many choices per request.
 pub const MAX_N: usize = 16;
@@ -141,8 +147,32 @@ impl Params {
             }
             Some(n) => n as usize,
         };
-        if body.get("logprobs").is_some_and(|v| !v.is_null() && v != &Value::Bool(false)) {
-            return Err(ApiError::invalid("logprobs", "`logprobs` is not supported by this server yet"));
+        let top = integer(body, "top_logprobs")?;
+        let in_range = |key: &str, n: i64| {
+            if (0..=MAX_TOP_LOGPROBS as i64).contains(&n) {
+                Ok(n as usize)
+            } else {
+                Err(ApiError::invalid(key, format!("`{key}` must be in 0..={MAX_TOP_LOGPROBS}, got {n}")))
+            }
+        };
+        let logprobs = match body.get("logprobs") {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+            // chat: a switch, the alternatives in `top_logprobs`
+            Some(Value::Bool(true)) => Some(top.map_or(Ok(0), |n| in_range("top_logprobs", n))?),
+            // completions: the number of alternatives
+            Some(Value::Number(n)) => match n.as_i64() {
+                Some(n) => Some(in_range("logprobs", n)?),
+                None => return Err(ApiError::invalid("logprobs", format!("`logprobs` must be an integer, got {n}"))),
+            },
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "logprobs",
+                    format!("`logprobs` must be a boolean or an integer, got {}", kind(other)),
+                ))
+            }
+        };
+        if top.is_some() && body.get("logprobs") != Some(&Value::Bool(true)) {
+            return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`"));
         }
         Ok(Params {
             max_tokens,
@@ -152,6 +182,7 @@ impl Params {
             n,
             stream: boolean(body, "stream")?,
             echo: boolean(body, "echo")?,
+            logprobs,
         })
     }
 }
@@ -180,7 +211,10 @@ mod tests {
         assert_eq!((p.sampling, p.stop), (Sampling::Greedy, vec!["\n".to_string()]));
         let p = read(json!({"temperature": 0.7, "top_p": 0.9, "top_k": 5, "seed": 3})).unwrap();
         assert_eq!(p.sampling, Sampling::Sample { temperature: 0.7, top_k: Some(5), top_p: Some(0.9), seed: 3 });
-        assert_eq!(p.max_tokens, 16);
+        assert_eq!((p.max_tokens, p.logprobs), (16, None));
+        assert_eq!(read(json!({"logprobs": 3})).unwrap().logprobs, Some(3));
+        assert_eq!(read(json!({"logprobs": true, "top_logprobs": 2})).unwrap().logprobs, Some(2));
+        assert_eq!(read(json!({"logprobs": true})).unwrap().logprobs, Some(0));
         for (body, param) in [
             (json!({"max_tokens": -1}), "max_tokens"),
             (json!({"max_tokens": "5"}), "max_tokens"),
@@ -194,7 +228,10 @@ mod tests {
             (json!({"n": 0}), "n"),
             (json!({"n": 1000}), "n"),
             (json!({"stream": "yes"}), "stream"),
-            (json!({"logprobs": 2}), "logprobs"),
+            (json!({"logprobs": 21}), "logprobs"),
+            (json!({"logprobs": "yes"}), "logprobs"),
+            (json!({"logprobs": true, "top_logprobs": 50}), "top_logprobs"),
+            (json!({"top_logprobs": 2}), "top_logprobs"),
             (json!({"stop_token_ids": [1, "x"]}), "stop_token_ids"),
         ] {
             let e = read(body.clone()).unwrap_err();

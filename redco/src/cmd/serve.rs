@@ -119,6 +119,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         eos,
         chat_template,
         started,
+        latency: Default::default(),
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

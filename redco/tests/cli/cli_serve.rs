@@ -138,6 +138,20 @@ fn serve_answers_openai_requests_with_generate_s_greedy_text_and_survives_bad_on
         assert!(want.ends_with(&text) && !text.is_empty(), "streamed {text:?}, generate printed {want:?}");
         assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 12, "{body}");
     }
+    // logprobs: one per token, the greedy token the most likely of the alternatives
+    let (st, r) =
+        post(a, "/v1/completions", &json!({"prompt": "Hello world", "max_tokens": 5, "temperature": 0, "logprobs": 2}));
+    assert_eq!(st, 200, "{r}");
+    let lp = &r["choices"][0]["logprobs"];
+    let lps = lp["token_logprobs"].as_array().unwrap();
+    assert_eq!(lps.len(), 5, "{r}");
+    for (i, tops) in lp["top_logprobs"].as_array().unwrap().iter().enumerate() {
+        let tops = tops.as_object().unwrap();
+        assert!(!tops.is_empty() && tops.len() <= 2, "{r}");
+        let best = tops.values().map(|v| v.as_f64().unwrap()).fold(f64::NEG_INFINITY, f64::max);
+        let mine = lps[i].as_f64().unwrap();
+        assert!(mine <= 0.0 && (mine - best).abs() < 1e-5, "token {i}: {mine} against {best}: {r}");
+    }
     // concurrent clients: each gets the text it gets alone
     let alone: Vec<String> = (0..6)
         .map(|i| {
@@ -194,7 +208,8 @@ fn serve_answers_openai_requests_with_generate_s_greedy_text_and_survives_bad_on
         (json!({"prompt": "x", "temperature": -1}).to_string().into_bytes(), "/v1/completions", 400),
         (json!({"prompt": "x", "top_p": 2}).to_string().into_bytes(), "/v1/completions", 400),
         (json!({"prompt": "x", "n": 0}).to_string().into_bytes(), "/v1/completions", 400),
-        (json!({"prompt": "x", "logprobs": 3}).to_string().into_bytes(), "/v1/completions", 400),
+        (json!({"prompt": "x", "logprobs": 99}).to_string().into_bytes(), "/v1/completions", 400),
+        (json!({"prompt": "x", "top_logprobs": 2}).to_string().into_bytes(), "/v1/completions", 400),
         (json!({"prompt": "x", "stop": 7}).to_string().into_bytes(), "/v1/completions", 400),
         (json!({"prompt": "x", "stream": "yes"}).to_string().into_bytes(), "/v1/completions", 400),
         (json!({"prompt": 5}).to_string().into_bytes(), "/v1/completions", 400),
@@ -237,6 +252,17 @@ fn serve_answers_openai_requests_with_generate_s_greedy_text_and_survives_bad_on
     let _ = c.read_to_end(&mut sink);
     assert!(!String::from_utf8_lossy(&sink).contains("200 OK"), "a 1 MB header was accepted");
     alive(a);
+    // the latency histograms counted the requests
+    let (_, m) = http(a, "GET", "/metrics", b"");
+    for h in ["redco_time_to_first_token_seconds", "redco_time_per_output_token_seconds"] {
+        assert!(
+            m.contains(&format!("# TYPE {h} histogram")) && m.contains(&format!("{h}_bucket{{le=\"+Inf\"}}")),
+            "{m}"
+        );
+        let n: u64 = m.lines().find_map(|l| l.strip_prefix(&format!("{h}_count "))?.parse().ok()).unwrap();
+        assert!(n > 10, "{h}: {n}");
+    }
+    assert!(m.contains("redco_output_tokens_per_second "), "{m}");
     // a client that disconnects mid-stream: its sequence and blocks are freed
     let mut c = TcpStream::connect(a).unwrap();
     let body = json!({"prompt": "a long one", "max_tokens": 40, "temperature": 0, "stream": true}).to_string();
@@ -305,6 +331,20 @@ fn serve_renders_the_chat_template_and_drains_on_sigterm() {
     assert!(done && chunks[0]["choices"][0]["delta"]["role"] == "assistant", "{body}");
     let text: String = chunks.iter().filter_map(|c| c["choices"].get(0)?["delta"]["content"].as_str()).collect();
     assert_eq!(text, chat_text);
+    let (_, r) = post(
+        &a,
+        "/v1/chat/completions",
+        &json!({"messages": msgs, "max_tokens": 3, "temperature": 0,
+        "logprobs": true, "top_logprobs": 2}),
+    );
+    let content = r["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), 3, "{r}");
+    assert!(
+        content
+            .iter()
+            .all(|c| c["logprob"].as_f64().unwrap() <= 0.0 && c["top_logprobs"].as_array().unwrap().len() == 2),
+        "{r}"
+    );
     for bad in [json!({"messages": []}), json!({"messages": "hi"}), json!({"messages": [{"content": "no role"}]})] {
         let (st, r) = post(&a, "/v1/chat/completions", &bad);
         assert_eq!(st, 400, "{bad}: {r}");
