@@ -9,7 +9,10 @@
 //! (`--concurrency 1,8,32`), that many clients send `--requests` each (bounded by
 //! `--max-seconds` per level). Printed per level: requests/s, output tokens/s, time to first
 //! token and the time between tokens (p50, p99), and output tokens/s against concurrency
-//! 1's; then the preemptions the run needed. Not yet: `--peer PY` (transformers serve).
+//! 1's; then the preemptions the run needed. With `--soak SECONDS`, one more level after the
+//! others: `--soak-concurrency` clients (default 8) send requests until the time is up,
+//! and the server's RSS is sampled every 5 s (printed: first, largest, last). Not yet:
+//! `--peer PY` (transformers serve).
 
 use super::memory::redco_beside;
 use crate::args::Args;
@@ -114,7 +117,17 @@ impl Drop for Server {
 /// Runs the benchmark.
 pub fn run(argv: &[String]) -> Result<(), String> {
     let a = Args::parse(argv, &[])?;
-    a.only(&["preset", "concurrency", "requests", "max-seconds", "kv-memory", "max-batch-tokens", "json"])?;
+    a.only(&[
+        "preset",
+        "concurrency",
+        "requests",
+        "max-seconds",
+        "kv-memory",
+        "max-batch-tokens",
+        "json",
+        "soak",
+        "soak-concurrency",
+    ])?;
     let preset = a.get("preset").unwrap_or("llama-134m").to_string();
     let levels: Vec<usize> = a
         .get("concurrency")
@@ -223,6 +236,53 @@ pub fn run(argv: &[String]) -> Result<(), String> {
             [percentile(&mut firsts, 0.5), percentile(&mut firsts, 0.99)],
             [percentile(&mut gaps, 0.5), percentile(&mut gaps, 0.99)],
         ));
+    }
+    let soak = a.num("soak", 0)? as f64;
+    if soak > 0.0 {
+        let c = a.num("soak-concurrency", 8)?;
+        let pid = server.0.id();
+        eprintln!("xtask: soak: {c} clients for {soak} s");
+        let rss = || -> Option<u64> {
+            let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            s.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok())
+        };
+        let t0 = Instant::now();
+        let (samples, served) = std::thread::scope(|sc| {
+            let clients: Vec<_> = (0..c)
+                .map(|i| {
+                    sc.spawn(move || {
+                        let mut g = Lcg(5000 + i as u64);
+                        let mut n = 0usize;
+                        while t0.elapsed().as_secs_f64() < soak {
+                            let len = 16 + g.next(113) as usize;
+                            let p: Vec<i64> = (0..len).map(|_| g.next(vocab) as i64).collect();
+                            if stream_one(addr, &p, 16 + g.next(49) as usize).is_ok() {
+                                n += 1;
+                            }
+                        }
+                        n
+                    })
+                })
+                .collect();
+            let mut samples = Vec::new();
+            while t0.elapsed().as_secs_f64() < soak {
+                samples.push((t0.elapsed().as_secs_f64(), rss().unwrap_or(0)));
+                std::thread::sleep(Duration::from_secs(5));
+            }
+            let served: usize = clients.into_iter().map(|h| h.join().unwrap_or(0)).sum();
+            (samples, served)
+        });
+        let mb = |k: u64| k as f64 / 1024.0;
+        let first = samples.first().map_or(0, |s| s.1);
+        let last = samples.last().map_or(0, |s| s.1);
+        let max = samples.iter().map(|s| s.1).max().unwrap_or(0);
+        // after the first minute (the pool and the allocator warmed up)
+        let warm: Vec<u64> = samples.iter().filter(|s| s.0 >= 60.0).map(|s| s.1).collect();
+        let (wmin, wmax) = (warm.iter().min().copied().unwrap_or(0), warm.iter().max().copied().unwrap_or(0));
+        println!(
+            "soak: {served} requests by {c} clients in {soak:.0} s; server RSS first {:.1} MB, largest {:.1} MB, last {:.1} MB; after the first minute {:.1}-{:.1} MB",
+            mb(first), mb(max), mb(last), mb(wmin), mb(wmax)
+        );
     }
     let preempted = metric(addr, "redco_preemptions_total").unwrap_or(0);
     drop(server);
