@@ -15,20 +15,32 @@ pub trait ParamGather<B: Backend>: Send + Sync {
     /// from `piece`, the tensor the module holds; a parameter that is not in pieces comes
     /// back as it is.
     fn gather(&self, name: &str, piece: &Tensor<B>) -> Result<Tensor<B>>;
+
+    /// The whole parameters of one unit, `(name, piece)` each, in order. The default
+    /// gathers them one at a time; a gatherer that can move a unit in one collective
+    /// (ZeRO-3's flat unit) does.
+    fn gather_all(&self, params: &[(String, Tensor<B>)]) -> Result<Vec<Tensor<B>>> {
+        params.iter().map(|(n, p)| self.gather(n, p)).collect()
+    }
 }
 
 /// A copy of `unit` (visited under `prefix`, its name from the model's root) whose every
-/// parameter is whole, through `g`.
+/// parameter is whole, through `g` ([`ParamGather::gather_all`]: one call for the unit).
 pub fn gathered<B: Backend, M: Module<B> + Clone>(unit: &M, prefix: &str, g: &dyn ParamGather<B>) -> Result<M> {
+    let mut params = Vec::new();
+    unit.visit(prefix, &mut |name, p| params.push((name.to_string(), p.clone())));
+    let mut wholes = g.gather_all(&params)?.into_iter();
     let mut whole = unit.clone();
-    let mut err = None;
-    whole.visit_mut(prefix, &mut |name, p| {
-        if err.is_none() {
-            match g.gather(name, p) {
-                Ok(t) => *p = t,
-                Err(e) => err = Some(e),
-            }
-        }
+    let mut missing = false;
+    whole.visit_mut(prefix, &mut |_, p| match wholes.next() {
+        Some(t) => *p = t,
+        None => missing = true,
     });
-    err.map_or(Ok(whole), Err)
+    if missing || wholes.next().is_some() {
+        return Err(crate::Error::invalid(
+            "gathered",
+            format!("the gatherer of {prefix} did not return one tensor per parameter ({} asked)", params.len()),
+        ));
+    }
+    Ok(whole)
 }

@@ -7,6 +7,7 @@
 //! the f32 pieces themselves and gathers a unit's just before it runs ([`UnitPieces`]).
 
 use crate::nn::ParamGather;
+use crate::ops::gather_unit::{gather_unit, UnitPiece};
 use crate::runtime::{Comm, ReduceKind};
 use crate::sharding::{FlatShard, ShardLayout};
 use crate::{no_grad, Backend, DType, GradStore, MeshAxis, Placement, Result, Tensor, TensorId};
@@ -47,6 +48,27 @@ impl<B: Backend> ParamGather<B> for UnitPieces<B> {
             Some((shard, layout)) => piece.gather_piece(*shard, &self.comm, layout, self.dtype),
             None => Ok(piece.clone()),
         }
+    }
+
+    /// The unit's pieces in one all-gather (and their gradients in one reduce-scatter);
+    /// parameters not in pieces come back as they are.
+    fn gather_all(&self, params: &[(String, Tensor<B>)]) -> Result<Vec<Tensor<B>>> {
+        let held: Vec<UnitPiece<'_, B>> = params
+            .iter()
+            .filter_map(|(n, p)| {
+                self.layouts.get(n).map(|(shard, layout)| UnitPiece { piece: p, shard: *shard, layout })
+            })
+            .collect();
+        let mut wholes = gather_unit(&held, &self.comm, self.dtype)?.into_iter();
+        params
+            .iter()
+            .map(|(n, p)| match self.layouts.contains_key(n) {
+                true => {
+                    wholes.next().ok_or_else(|| crate::Error::invalid("gather_unit", "a whole parameter is missing"))
+                }
+                false => Ok(p.clone()),
+            })
+            .collect()
     }
 }
 

@@ -96,7 +96,15 @@ fn count(pl: Placement) -> bool {
 /// Whether parameter `name` belongs to a decoder layer (a ZeRO-3 unit: Hugging Face's
 /// `model.layers.N.`, `model.decoder.layers.N.`, `transformer.h.N.`).
 pub fn is_unit_param(name: &str) -> bool {
-    name.contains("layers.") || name.starts_with("transformer.h.")
+    unit_of(name).is_some()
+}
+
+/// The unit (decoder layer) parameter `name` belongs to: its name up to the layer's index
+/// (`model.layers.3`), or `None` outside the layers.
+pub fn unit_of(name: &str) -> Option<&str> {
+    let at = ["layers.", "transformer.h."].iter().find_map(|k| name.find(k).map(|i| i + k.len()))?;
+    let digits = name[at..].bytes().take_while(u8::is_ascii_digit).count();
+    (digits > 0).then(|| &name[..at + digits])
 }
 
 /// Elements of `plan`'s local shards per rank: (in decoder layers, elsewhere).
@@ -123,8 +131,8 @@ fn local_elems(plan: &ShardPlan) -> (u64, u64) {
 /// gradients summed in 25 MB buckets, or, with ZeRO-1 and ZeRO-2, a reduce-scatter (of the
 /// f32 gradient) and an all-gather per parameter (ZeRO-1: of the f32 master; ZeRO-2: of
 /// the compute copy, in the compute dtype) of its local shard padded to a multiple of
-/// `dp`; ZeRO-3 gathers a decoder layer's parameters for its forward, and again for its
-/// recomputation. Gradient clipping's norm (one scalar all-reduce per axis) is not counted.
+/// `dp`; ZeRO-3 gathers a decoder layer's parameters (one flat buffer per layer) for its
+/// forward, and again for its recomputation, and reduce-scatters their gradients once. Gradient clipping's norm (one scalar all-reduce per axis) is not counted.
 pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> CommStats {
     let mesh = plan.mesh;
     let mut st = CommStats::default();
@@ -146,20 +154,31 @@ pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> Comm
     }
     if mesh.dp > 1 {
         st.record(CollectiveKind::AllReduce, MeshAxis::Dp, work.dtype_bytes as u64);
-        let local: Vec<(u64, bool)> = plan
+        let local: Vec<(u64, Option<&str>)> = plan
             .params
             .iter()
             .map(|(name, p)| {
                 let n = p.shape.elem_count() as u64;
-                (if count(p.placement) { n / mesh.mp as u64 } else { n }, is_unit_param(name))
+                (if count(p.placement) { n / mesh.mp as u64 } else { n }, unit_of(name))
             })
             .collect();
         if work.zero > 0 {
             let gathered = if work.zero == 1 { 4 } else { work.dtype_bytes as u64 };
+            // ZeRO-3 moves a layer's parameters together (one flat buffer): the padded
+            // elements of each parameter summed per layer
+            let mut units: std::collections::BTreeMap<&str, u64> = Default::default();
+            let mut singles = Vec::new();
             for (n, unit) in local {
                 let padded = n.div_ceil(mesh.dp as u64) * mesh.dp as u64;
+                match unit {
+                    Some(u) if work.zero == 3 => *units.entry(u).or_default() += padded,
+                    _ => singles.push(padded),
+                }
+            }
+            let again = if work.recompute.on() { 2 } else { 1 };
+            let moves = units.values().map(|&n| (n, again)).chain(singles.into_iter().map(|n| (n, 1)));
+            for (padded, times) in moves {
                 st.record(CollectiveKind::ReduceScatter, MeshAxis::Dp, padded * 4);
-                let times = if work.zero == 3 && unit && work.recompute.on() { 2 } else { 1 };
                 for _ in 0..times {
                     st.record(CollectiveKind::AllGather, MeshAxis::Dp, padded * gathered);
                 }

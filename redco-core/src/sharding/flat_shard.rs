@@ -56,7 +56,7 @@ impl FlatShard {
     }
 
     /// `t`'s local shard flattened and zero-padded to [`FlatShard::padded`] elements.
-    fn flat<B: Backend>(&self, t: &Tensor<B>) -> Result<Tensor<B>> {
+    pub(crate) fn flat<B: Backend>(&self, t: &Tensor<B>) -> Result<Tensor<B>> {
         let v = Tensor::from_storage(t.backend(), t.storage().clone(), [self.n], t.dtype());
         if self.padded() == self.n {
             return Ok(v);

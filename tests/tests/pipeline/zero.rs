@@ -318,14 +318,15 @@ mod zero3 {
             for stage in [ZeroStage::Gradients, ZeroStage::Parameters] {
                 let (b, mb) = fit(stage);
                 let tag = format!("{mesh} {dtype:?} {stage:?} {recompute:?}");
-                // one reduce-scatter per trainable parameter (two adapters of two matrices in
-                // each of the two layers) per step; the adapters are gathered after the update
-                // (ZeRO-2), or for the forward and again for the recomputation (ZeRO-3). The
+                // ZeRO-2: one reduce-scatter per trainable parameter (two adapters of two
+                // matrices in each of the two layers) per step, and an all-gather of each
+                // after the update; ZeRO-3: a layer's adapters move together, gathered for
+                // the forward and again for the recomputation, reduce-scattered once. The
                 // frozen base has no master: each rank holds it whole, and it moves not at all
-                let gathers = if stage == ZeroStage::Parameters { 16 } else { 8 };
+                let (gathers, scatters) = if stage == ZeroStage::Parameters { (4, 2) } else { (8, 8) };
                 for (rank, st) in &b.comm {
                     let rs = st.get(CollectiveKind::ReduceScatter, MeshAxis::Dp).calls;
-                    assert_eq!(rs, STEPS * 8, "{tag}: rank {rank}: reduce-scatters");
+                    assert_eq!(rs, STEPS * scatters, "{tag}: rank {rank}: reduce-scatters");
                     let ag = st.get(CollectiveKind::AllGather, MeshAxis::Dp).calls;
                     assert_eq!(ag, STEPS * gathers, "{tag}: rank {rank}: all-gathers");
                 }
@@ -341,32 +342,56 @@ mod zero3 {
         }
     }
 
-    /// Per step at dp = 4 (one micro-batch): one all-gather per layer parameter for the
-    /// forward and one more where the layer is recomputed (whole or selectively: the
-    /// recomputation needs the weights for its matmuls' gradients); one all-gather of every other
-    /// parameter's compute copy after the update; one reduce-scatter per parameter.
+    /// Per step at dp = 4 (one micro-batch): one all-gather per layer (all its parameters
+    /// in one flat buffer) for the forward and one more where the layer is recomputed
+    /// (whole or selectively: the recomputation needs the weights for its matmuls'
+    /// gradients); one all-gather of every other parameter's compute copy after the update;
+    /// one reduce-scatter per layer and one per other parameter. The bytes are the padded
+    /// slices' (`ceil(n / dp) * dp` elements each), all-gathers in the compute dtype,
+    /// reduce-scatters in f32, and the planner predicts every figure.
     #[test]
-    fn zero3_gathers_each_layer_for_its_forward_and_again_for_its_recomputation() {
+    fn zero3_gathers_each_layer_once_for_its_forward_and_again_for_its_recomputation() {
+        use redco_core::planning::planner::{predict_comm, Workload};
+        use redco_core::planning::trace::plan_from_trace;
         let model = Llama::<redco_core::cpu::Cpu>::new(&Default::default(), &cfg(), DType::F32, 9).unwrap();
-        let names: Vec<String> = model.named_parameters().into_iter().map(|(n, _)| n).collect();
         let units = model.gather_units();
-        let in_unit = names.iter().filter(|n| units.iter().any(|u| n.starts_with(&format!("{u}.")))).count() as u64;
-        let others = names.len() as u64 - in_unit;
-        assert!(in_unit > 0 && others > 0);
-        for recompute in [Recompute::None, Recompute::Block, Recompute::Selective] {
-            let (r, _) =
-                run(&format!("z3-count-{}", recompute.name()), "4x1", ZeroStage::Parameters, DType::F32, recompute);
+        let pad = |n: usize| (n.div_ceil(4) * 4) as u64;
+        let (mut unit_elems, mut other_elems, mut others) = (0u64, 0u64, 0u64);
+        for (name, t) in model.named_parameters() {
+            match units.iter().any(|u| name.starts_with(&format!("{u}."))) {
+                true => unit_elems += pad(t.shape().elem_count()),
+                false => (other_elems, others) = (other_elems + pad(t.shape().elem_count()), others + 1),
+            }
+        }
+        let layers = units.len() as u64;
+        assert!(layers > 1 && others > 0);
+        let plan = {
+            let ids = Tensor::from_vec(&Cpu::default(), (0..10).map(|i| i % 16).collect::<Vec<i64>>(), [2, 5]).unwrap();
+            let loss = model.loss(&ids, None, &ids).unwrap();
+            plan_from_trace(&model.named_parameters(), &[&loss], "4x1".parse().unwrap(), true).unwrap()
+        };
+        let dims = cfg().dims();
+        for (recompute, dtype) in
+            [(Recompute::None, DType::F32), (Recompute::Block, DType::BF16), (Recompute::Selective, DType::F32)]
+        {
+            let (r, _) = run(&format!("z3-count-{}", recompute.name()), "4x1", ZeroStage::Parameters, dtype, recompute);
             let steps = STEPS;
+            let per_unit = if recompute.on() { 2 } else { 1 };
+            let width = dtype.size_in_bytes() as u64;
+            let work = Workload { batch: 8, seq: 32, dtype_bytes: width as usize, zero: 3, recompute };
+            let predicted = predict_comm(&plan, &dims, &work);
             for (rank, st) in &r.comm {
-                let ag = st.get(CollectiveKind::AllGather, MeshAxis::Dp).calls;
-                let rs = st.get(CollectiveKind::ReduceScatter, MeshAxis::Dp).calls;
-                let per_unit = if recompute.on() { 2 } else { 1 };
-                assert_eq!(
-                    ag,
-                    steps * (in_unit * per_unit + others),
-                    "rank {rank}, recompute {recompute:?}: all-gathers"
-                );
-                assert_eq!(rs, steps * (in_unit + others), "rank {rank}, recompute {recompute:?}: reduce-scatters");
+                let tag = format!("rank {rank}, recompute {recompute:?}, {dtype:?}");
+                let ag = st.get(CollectiveKind::AllGather, MeshAxis::Dp);
+                let rs = st.get(CollectiveKind::ReduceScatter, MeshAxis::Dp);
+                assert_eq!(ag.calls, steps * (layers * per_unit + others), "{tag}: all-gathers");
+                assert_eq!(rs.calls, steps * (layers + others), "{tag}: reduce-scatters");
+                assert_eq!(ag.bytes, steps * (unit_elems * per_unit + other_elems) * width, "{tag}: all-gather bytes");
+                assert_eq!(rs.bytes, steps * (unit_elems + other_elems) * 4, "{tag}: reduce-scatter bytes");
+                for kind in [CollectiveKind::AllGather, CollectiveKind::ReduceScatter] {
+                    let (p, m) = (predicted.get(kind, MeshAxis::Dp), st.get(kind, MeshAxis::Dp));
+                    assert_eq!((p.calls * steps, p.bytes * steps), (m.calls, m.bytes), "{tag}: the planner's {kind:?}");
+                }
             }
         }
     }
