@@ -8,8 +8,8 @@ use crate::hf::checkpoint::Checkpoint;
 use crate::hf::config::HfConfig;
 use crate::params::{CheckpointSource, ParamSource, Placed, RandomInit};
 use redco_core::nn::{
-    self, gathered, Activation, Embedding, GatedMlp, Init, KeepWhole, Linear, Module, ParamGather, ParamPlacer,
-    RmsNorm, RotaryEmbedding,
+    self, gathered, prefetch_unit, Activation, Embedding, GatedMlp, Init, KeepWhole, Linear, Module, ParamGather,
+    ParamPlacer, RmsNorm, RotaryEmbedding,
 };
 use redco_core::ops::recompute::Recompute;
 use redco_core::{Backend, DType, Error, Result, RotaryMode, Shape, Tensor};
@@ -326,7 +326,14 @@ impl<B: Backend> Llama<B> {
         for (i, l) in self.layers.iter().enumerate() {
             // under ZeRO-3 the layer runs on whole parameters gathered for it
             let whole = match &self.gather {
-                Some(g) => Some(gathered(l, &format!("model.layers.{i}"), g.as_ref())?),
+                Some(g) => {
+                    let whole = gathered(l, &format!("model.layers.{i}"), g.as_ref())?;
+                    // the next layer's gather moves while this one computes
+                    if let Some(next) = self.layers.get(i + 1) {
+                        prefetch_unit(next, &format!("model.layers.{}", i + 1), g.as_ref())?;
+                    }
+                    Some(whole)
+                }
                 None => None,
             };
             let l = whole.as_ref().unwrap_or(l);
@@ -359,11 +366,24 @@ impl<B: Backend> Llama<B> {
             inputs.extend(mask.cloned());
             let (layer, gather) = (l.clone(), self.gather.clone());
             let prefix = format!("model.layers.{i}");
+            // the layer after it (run next in the forward) and the one before it
+            // (recomputed next in the backward)
+            let next = self.layers.get(i + 1).map(|l| (l.clone(), format!("model.layers.{}", i + 1)));
+            let prev = i.checked_sub(1).map(|j| (self.layers[j].clone(), format!("model.layers.{j}")));
+            let ran = std::sync::atomic::AtomicBool::new(false);
             let block = move |xs: &[Tensor<B>]| {
                 let mask = xs.get(3);
-                // under ZeRO-3, gathered for the forward and again for the recomputation
+                // under ZeRO-3, gathered for the forward and again for the recomputation,
+                // with the gather of the layer that runs after it started ahead
                 let whole = match &gather {
-                    Some(g) => Some(gathered(&layer, &prefix, g.as_ref())?),
+                    Some(g) => {
+                        let whole = gathered(&layer, &prefix, g.as_ref())?;
+                        let again = ran.swap(true, std::sync::atomic::Ordering::Relaxed);
+                        if let Some((l, p)) = if again { &prev } else { &next } {
+                            prefetch_unit(l, p, g.as_ref())?;
+                        }
+                        Some(whole)
+                    }
                     None => None,
                 };
                 whole.as_ref().unwrap_or(&layer).forward(dims, &xs[0], &xs[1], &xs[2], &mut |q, k, v| {

@@ -12,8 +12,8 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// One process's rank over MPI: its groups along `dp` and `mp` and the mesh. Started
-/// all-reduces ([`Collective::all_reduce_async`]) run on the rank's worker thread, in the
-/// order they were started, while the rank computes.
+/// collectives ([`Collective::all_reduce_async`], all-gathers and reduce-scatters likewise)
+/// run on the rank's worker thread, in the order they were started, while the rank computes.
 pub struct MpiCollective<B: Backend> {
     inner: Arc<Inner>,
     backend: B,
@@ -78,6 +78,20 @@ impl<B: Backend> MpiCollective<B> {
 
     fn group(&self, axis: MeshAxis) -> &Group {
         &self.inner.groups[axis as usize]
+    }
+
+    /// Runs the collective `f` on the worker thread, after those started before it: the
+    /// result, uploaded, when waited for.
+    fn later(&self, f: impl FnOnce() -> Result<HostData> + Send + 'static) -> Result<Pending<B::Storage>> {
+        let (tx, rx) = mpsc::channel();
+        self.on_worker(Box::new(move || {
+            let _ = tx.send(f());
+        }))?;
+        let b = self.backend.clone();
+        Ok(Pending::later(move || {
+            let h = rx.recv().map_err(|_| Error::invalid("mpi", "the collective worker thread stopped"))??;
+            b.upload_owned(h)
+        }))
     }
 
     /// Runs `job` on the rank's worker thread (started on first use).
@@ -188,6 +202,36 @@ impl Inner {
     }
 
     /// All-reduce of host data over `axis` (the rank's thread or its worker).
+    fn all_gather(&self, axis: MeshAxis, h: HostData) -> Result<HostData> {
+        let g = self.group(axis);
+        self.call(g, CollectiveKind::AllGather, Some(&h), 0, |deadline, on_timeout| {
+            if g.info.size() == 1 {
+                return Ok(h.clone());
+            }
+            HostData::from_bytes(h.dtype(), &g.all_gather(h.as_bytes(), deadline, on_timeout))
+        })
+    }
+
+    fn reduce_scatter(&self, axis: MeshAxis, h: HostData) -> Result<HostData> {
+        let g = self.group(axis);
+        let n = g.info.size();
+        if !h.len().is_multiple_of(n) {
+            return Err(Error::Collective {
+                op: "reduce_scatter",
+                rank: self.mpi.world().rank,
+                msg: format!("{} elements do not split into {n} equal chunks", h.len()),
+            });
+        }
+        self.call(g, CollectiveKind::ReduceScatter, Some(&h), 0, |deadline, on_timeout| {
+            if n == 1 {
+                return Ok(reduce_all(&[Arc::new(h.clone())], ReduceKind::Sum));
+            }
+            let block = h.as_bytes().len() / n;
+            let got = g.all_to_all(h.as_bytes(), block, deadline, on_timeout);
+            Ok(reduce_all(&parts(&got, n, h.dtype())?, ReduceKind::Sum))
+        })
+    }
+
     fn all_reduce(&self, axis: MeshAxis, h: HostData, op: ReduceKind) -> Result<HostData> {
         let g = self.group(axis);
         let n = g.info.size();
@@ -250,48 +294,26 @@ impl<B: Backend> Collective<B> for MpiCollective<B> {
     }
     fn all_reduce_async(&self, axis: MeshAxis, x: &B::Storage, op: ReduceKind) -> Result<Pending<B::Storage>> {
         let h = self.backend.download(x)?;
-        let (tx, rx) = mpsc::channel();
         let inner = self.inner.clone();
-        self.on_worker(Box::new(move || {
-            let _ = tx.send(inner.all_reduce(axis, h, op));
-        }))?;
-        let b = self.backend.clone();
-        Ok(Pending::later(move || {
-            let h = rx.recv().map_err(|_| Error::invalid("mpi", "the collective worker thread stopped"))??;
-            b.upload_owned(h)
-        }))
+        self.later(move || inner.all_reduce(axis, h, op))
     }
     fn all_gather(&self, axis: MeshAxis, x: &B::Storage) -> Result<B::Storage> {
         let h = self.backend.download(x)?;
-        let g = self.group(axis);
-        let out = self.inner.call(g, CollectiveKind::AllGather, Some(&h), 0, |deadline, on_timeout| {
-            if g.info.size() == 1 {
-                return Ok(h.clone());
-            }
-            HostData::from_bytes(h.dtype(), &g.all_gather(h.as_bytes(), deadline, on_timeout))
-        })?;
-        self.backend.upload_owned(out)
+        self.backend.upload_owned(self.inner.all_gather(axis, h)?)
+    }
+    fn all_gather_async(&self, axis: MeshAxis, x: &B::Storage) -> Result<Pending<B::Storage>> {
+        let h = self.backend.download(x)?;
+        let inner = self.inner.clone();
+        self.later(move || inner.all_gather(axis, h))
     }
     fn reduce_scatter(&self, axis: MeshAxis, x: &B::Storage) -> Result<B::Storage> {
         let h = self.backend.download(x)?;
-        let g = self.group(axis);
-        let n = g.info.size();
-        if !h.len().is_multiple_of(n) {
-            return Err(Error::Collective {
-                op: "reduce_scatter",
-                rank: self.rank(),
-                msg: format!("{} elements do not split into {n} equal chunks", h.len()),
-            });
-        }
-        let out = self.inner.call(g, CollectiveKind::ReduceScatter, Some(&h), 0, |deadline, on_timeout| {
-            if n == 1 {
-                return Ok(reduce_all(&[Arc::new(h.clone())], ReduceKind::Sum));
-            }
-            let block = h.as_bytes().len() / n;
-            let got = g.all_to_all(h.as_bytes(), block, deadline, on_timeout);
-            Ok(reduce_all(&parts(&got, n, h.dtype())?, ReduceKind::Sum))
-        })?;
-        self.backend.upload_owned(out)
+        self.backend.upload_owned(self.inner.reduce_scatter(axis, h)?)
+    }
+    fn reduce_scatter_async(&self, axis: MeshAxis, x: &B::Storage) -> Result<Pending<B::Storage>> {
+        let h = self.backend.download(x)?;
+        let inner = self.inner.clone();
+        self.later(move || inner.reduce_scatter(axis, h))
     }
     fn broadcast(&self, axis: MeshAxis, x: &B::Storage, root: usize) -> Result<B::Storage> {
         let h = self.backend.download(x)?;

@@ -22,6 +22,22 @@ pub trait ParamGather<B: Backend>: Send + Sync {
     fn gather_all(&self, params: &[(String, Tensor<B>)]) -> Result<Vec<Tensor<B>>> {
         params.iter().map(|(n, p)| self.gather(n, p)).collect()
     }
+
+    /// Starts moving the unit `params` that will be gathered next (FSDP's prefetch: while
+    /// the current unit computes); the next [`ParamGather::gather_all`] of the same pieces
+    /// takes the moved data. The default does nothing. Every rank must prefetch the same
+    /// units in the same order, and gather each one it prefetches.
+    fn prefetch(&self, params: &[(String, Tensor<B>)]) -> Result<()> {
+        let _ = params;
+        Ok(())
+    }
+}
+
+/// [`ParamGather::prefetch`] of `unit`'s parameters (visited under `prefix`).
+pub fn prefetch_unit<B: Backend, M: Module<B>>(unit: &M, prefix: &str, g: &dyn ParamGather<B>) -> Result<()> {
+    let mut params = Vec::new();
+    unit.visit(prefix, &mut |name, p| params.push((name.to_string(), p.clone())));
+    g.prefetch(&params)
 }
 
 /// A copy of `unit` (visited under `prefix`, its name from the model's root) whose every

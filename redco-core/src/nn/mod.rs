@@ -22,7 +22,7 @@ pub use activation::Activation;
 pub use attention::{padding_mask, scaled_dot_product_attention};
 pub use dropout::Dropout;
 pub use embedding::Embedding;
-pub use gather::{gathered, ParamGather};
+pub use gather::{gathered, prefetch_unit, ParamGather};
 pub use init::Init;
 pub use linear::Linear;
 pub use loss::{cross_entropy, IGNORE_INDEX};

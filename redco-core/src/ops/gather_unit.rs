@@ -12,7 +12,7 @@
 //! the slots in one call. A parameter whose gradient never arrives counts as zero.
 
 use crate::autograd::{is_grad_enabled, no_grad};
-use crate::runtime::Comm;
+use crate::runtime::{Comm, Pending};
 use crate::sharding::{FlatShard, ShardLayout};
 use crate::{Backend, DType, Error, MeshAxis, PartialOp, Placement, Result, Shape, Tensor};
 use std::sync::{Arc, Mutex};
@@ -42,7 +42,24 @@ type Slots<B> = Arc<Mutex<Vec<Option<Tensor<B>>>>>;
 /// `dtype` with one all-gather; recorded so that their gradients reach the pieces with one
 /// reduce-scatter.
 pub fn gather_unit<B: Backend>(pieces: &[UnitPiece<'_, B>], comm: &Comm<B>, dtype: DType) -> Result<Vec<Tensor<B>>> {
-    let Some(first) = pieces.first() else { return Ok(Vec::new()) };
+    if pieces.is_empty() {
+        return Ok(Vec::new());
+    }
+    let gathered = start_gather_unit(pieces, comm, dtype)?.wait()?;
+    finish_gather_unit(pieces, comm, dtype, gathered)
+}
+
+/// Starts [`gather_unit`]'s all-gather ([`Comm::all_gather_async`]: on a transport that
+/// moves data while the rank computes, the gather of the next unit overlaps this one's
+/// compute); [`finish_gather_unit`] makes the whole parameters from its result.
+pub fn start_gather_unit<B: Backend>(
+    pieces: &[UnitPiece<'_, B>],
+    comm: &Comm<B>,
+    dtype: DType,
+) -> Result<Pending<B::Storage>> {
+    let Some(first) = pieces.first() else {
+        return Err(Error::invalid(GATHER_UNIT, "a unit with no parameters in pieces"));
+    };
     let b = first.piece.backend().clone();
     let dp = comm.mesh().dp;
     for p in pieces {
@@ -62,7 +79,7 @@ pub fn gather_unit<B: Backend>(pieces: &[UnitPiece<'_, B>], comm: &Comm<B>, dtyp
     }
     let pers: Vec<usize> = pieces.iter().map(|p| p.shard.per).collect();
     let total: usize = pers.iter().sum();
-    let gathered = no_grad(|| -> Result<B::Storage> {
+    no_grad(|| {
         let cast: Vec<B::Storage> = pieces
             .iter()
             .map(|p| {
@@ -73,8 +90,22 @@ pub fn gather_unit<B: Backend>(pieces: &[UnitPiece<'_, B>], comm: &Comm<B>, dtyp
         let shapes: Vec<Shape> = pers.iter().map(|&n| Shape::new([n])).collect();
         let parts: Vec<(&B::Storage, &Shape)> = cast.iter().zip(&shapes).collect();
         let packed = if parts.len() == 1 { cast[0].clone() } else { b.cat(&parts, 0)? };
-        comm.all_gather(MeshAxis::Dp, &packed, dp * total * dtype.size_in_bytes())
-    })?;
+        comm.all_gather_async(MeshAxis::Dp, &packed, dp * total * dtype.size_in_bytes())
+    })
+}
+
+/// The whole parameters from `gathered`, the result of [`start_gather_unit`] for the same
+/// `pieces`: recorded so that their gradients reach the pieces with one reduce-scatter.
+pub fn finish_gather_unit<B: Backend>(
+    pieces: &[UnitPiece<'_, B>],
+    comm: &Comm<B>,
+    dtype: DType,
+    gathered: B::Storage,
+) -> Result<Vec<Tensor<B>>> {
+    let Some(first) = pieces.first() else { return Ok(Vec::new()) };
+    let b = first.piece.backend().clone();
+    let dp = comm.mesh().dp;
+    let total: usize = pieces.iter().map(|p| p.shard.per).sum();
     // member-major: row d holds member d's piece of every parameter, side by side
     let rows = Shape::new([dp, total]);
     let mut off = 0;
@@ -190,7 +221,8 @@ fn reduce_unit<B: Backend>(
             .collect::<Result<_>>()?;
         let parts: Vec<(&B::Storage, &Shape)> = cols.iter().map(|(s, sh)| (s, sh)).collect();
         let packed = if parts.len() == 1 { cols[0].0.clone() } else { b.cat(&parts, 1)? };
-        let own = comm.reduce_scatter(MeshAxis::Dp, &packed, dp * total * 4)?;
+        // queued behind any gather already started (the prefetch of the unit before)
+        let own = comm.reduce_scatter_async(MeshAxis::Dp, &packed, dp * total * 4)?.wait()?;
         let whole = Shape::new([total]);
         let mut off = 0;
         meta.iter()

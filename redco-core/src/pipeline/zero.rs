@@ -7,11 +7,12 @@
 //! the f32 pieces themselves and gathers a unit's just before it runs ([`UnitPieces`]).
 
 use crate::nn::ParamGather;
-use crate::ops::gather_unit::{gather_unit, UnitPiece};
-use crate::runtime::{Comm, ReduceKind};
+use crate::ops::gather_unit::{finish_gather_unit, gather_unit, start_gather_unit, UnitPiece};
+use crate::runtime::{Comm, Pending, ReduceKind};
 use crate::sharding::{FlatShard, ShardLayout};
 use crate::{no_grad, Backend, DType, GradStore, MeshAxis, Placement, Result, Tensor, TensorId};
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Mutex;
 
 /// ZeRO-3's pieces: for each parameter of the model's units held in pieces, its slicing
 /// and its whole layout; gathered over the rank's communicator in the compute dtype.
@@ -19,12 +20,15 @@ pub struct UnitPieces<B: Backend> {
     comm: Comm<B>,
     dtype: DType,
     layouts: BTreeMap<String, (FlatShard, ShardLayout)>,
+    /// The gather started ahead ([`ParamGather::prefetch`]): the pieces' ids and the
+    /// collective in flight.
+    ahead: Mutex<Option<(Vec<TensorId>, Pending<B::Storage>)>>,
 }
 
 impl<B: Backend> UnitPieces<B> {
     /// Pieces gathered over `comm` in `dtype`, for the parameters in `layouts`.
     pub fn new(comm: Comm<B>, dtype: DType, layouts: BTreeMap<String, (FlatShard, ShardLayout)>) -> Self {
-        UnitPieces { comm, dtype, layouts }
+        UnitPieces { comm, dtype, layouts, ahead: Mutex::new(None) }
     }
 
     /// The slicing and whole layout of parameter `name`, when it is held in pieces.
@@ -59,7 +63,18 @@ impl<B: Backend> ParamGather<B> for UnitPieces<B> {
                 self.layouts.get(n).map(|(shard, layout)| UnitPiece { piece: p, shard: *shard, layout })
             })
             .collect();
-        let mut wholes = gather_unit(&held, &self.comm, self.dtype)?.into_iter();
+        let ids: Vec<TensorId> = held.iter().map(|p| p.piece.id()).collect();
+        let ahead = self.ahead.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let wholes = match ahead {
+            Some((was, pending)) if was == ids => finish_gather_unit(&held, &self.comm, self.dtype, pending.wait()?)?,
+            Some((_, pending)) => {
+                // prefetched for other pieces: completed (every rank started it), then unused
+                pending.wait()?;
+                gather_unit(&held, &self.comm, self.dtype)?
+            }
+            None => gather_unit(&held, &self.comm, self.dtype)?,
+        };
+        let mut wholes = wholes.into_iter();
         params
             .iter()
             .map(|(n, p)| match self.layouts.contains_key(n) {
@@ -69,6 +84,27 @@ impl<B: Backend> ParamGather<B> for UnitPieces<B> {
                 false => Ok(p.clone()),
             })
             .collect()
+    }
+
+    /// Starts the unit's all-gather on the communicator's queue; the next
+    /// [`ParamGather::gather_all`] of the same pieces takes it.
+    fn prefetch(&self, params: &[(String, Tensor<B>)]) -> Result<()> {
+        let held: Vec<UnitPiece<'_, B>> = params
+            .iter()
+            .filter_map(|(n, p)| {
+                self.layouts.get(n).map(|(shard, layout)| UnitPiece { piece: p, shard: *shard, layout })
+            })
+            .collect();
+        if held.is_empty() {
+            return Ok(());
+        }
+        let mut ahead = self.ahead.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, earlier)) = ahead.take() {
+            earlier.wait()?;
+        }
+        let pending = start_gather_unit(&held, &self.comm, self.dtype)?;
+        *ahead = Some((held.iter().map(|p| p.piece.id()).collect(), pending));
+        Ok(())
     }
 }
 

@@ -209,9 +209,10 @@ pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> Comm
 /// ([`selective_kept`]), and one layer's recomputed rest is live at a time. ZeRO stage `zero`: 1 divides the
 /// moments by `dp`; 2 also the f32 masters and the gradients (kept as f32 slices, plus one
 /// layer's full gradients in flight during backward); 3 also the decoder layers'
-/// parameters, held as f32 slices (they are the masters) and gathered per layer: two
-/// layers whole at a time with recompute (the one running and the one being
-/// differentiated), every layer whole from its forward to its backward without.
+/// parameters, held as f32 slices (they are the masters) and gathered per layer: three
+/// layers whole at a time with recompute (the one running, the one being differentiated
+/// and the next one's prefetched gather), every layer whole from its forward to its
+/// backward without.
 pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero: u8) -> Memory {
     let mesh = plan.mesh;
     let params = plan.bytes_per_rank(work.dtype_bytes) as u64;
@@ -229,7 +230,10 @@ pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero: u
     let (params, masters) = if zero == 3 && mesh.dp > 1 {
         let (unit, other) = local_elems(plan);
         let db = work.dtype_bytes as u64;
-        let whole = if work.recompute.on() { 2 * unit / dims.layers.max(1) as u64 } else { unit };
+        // with recompute, three layers whole at a time: the one running, the one being
+        // differentiated and the next one's gather started ahead (the prefetch)
+        let layers = dims.layers.max(1) as u64;
+        let whole = if work.recompute.on() { 3.min(layers) * unit / layers } else { unit };
         // pieces (the units' masters), the others' compute copies, the units gathered
         (4 * unit / dp + other * db + whole * db, 4 * other / dp)
     } else {

@@ -97,6 +97,16 @@ pub trait Collective<B: Backend>: Send + Sync {
     fn all_reduce_async(&self, axis: MeshAxis, x: &B::Storage, op: ReduceKind) -> Result<Pending<B::Storage>> {
         Ok(Pending::ready(self.all_reduce(axis, x, op)))
     }
+    /// Starts [`Collective::all_gather`], as [`Collective::all_reduce_async`] starts its
+    /// collective (ZeRO-3's prefetch of the next unit); the default runs it now.
+    fn all_gather_async(&self, axis: MeshAxis, x: &B::Storage) -> Result<Pending<B::Storage>> {
+        Ok(Pending::ready(self.all_gather(axis, x)))
+    }
+    /// Starts [`Collective::reduce_scatter`], queued behind the collectives started before
+    /// it; the default runs it now.
+    fn reduce_scatter_async(&self, axis: MeshAxis, x: &B::Storage) -> Result<Pending<B::Storage>> {
+        Ok(Pending::ready(self.reduce_scatter(axis, x)))
+    }
     /// Starts an all-reduce of a bucket: the buffers `xs` (each with its element count, all
     /// of one dtype) reduced as one flat buffer, their concatenation, in one call; the
     /// result is each buffer's reduction, in order. Every member passes buffers of the same

@@ -90,6 +90,27 @@ impl<B: Backend> Comm<B> {
         self.count(CollectiveKind::AllGather, axis, bytes);
         self.coll.all_gather(axis, x)
     }
+    /// Counted [`Collective::all_gather_async`] (counted when started); `bytes` is the
+    /// gathered size.
+    pub fn all_gather_async(
+        &self,
+        axis: MeshAxis,
+        x: &B::Storage,
+        bytes: usize,
+    ) -> Result<super::collective::Pending<B::Storage>> {
+        self.count(CollectiveKind::AllGather, axis, bytes);
+        self.coll.all_gather_async(axis, x)
+    }
+    /// Counted [`Collective::reduce_scatter_async`]; `bytes` is the input size.
+    pub fn reduce_scatter_async(
+        &self,
+        axis: MeshAxis,
+        x: &B::Storage,
+        bytes: usize,
+    ) -> Result<super::collective::Pending<B::Storage>> {
+        self.count(CollectiveKind::ReduceScatter, axis, bytes);
+        self.coll.reduce_scatter_async(axis, x)
+    }
     /// Counted [`Collective::reduce_scatter`]; `bytes` is the input size.
     pub fn reduce_scatter(&self, axis: MeshAxis, x: &B::Storage, bytes: usize) -> Result<B::Storage> {
         self.count(CollectiveKind::ReduceScatter, axis, bytes);

@@ -342,6 +342,48 @@ mod zero3 {
         }
     }
 
+    /// The model asks for each layer's gather one layer ahead (FSDP's prefetch): in the
+    /// forward the next layer's, in the backward's recomputation the previous layer's, and
+    /// every prefetched layer is the next one gathered (the contract a prefetching
+    /// gatherer relies on: what it starts is consumed, in the same order on every rank).
+    #[test]
+    fn llama_prefetches_the_layer_it_gathers_next_forward_and_backward() {
+        use redco_core::nn::ParamGather;
+        struct Log(Mutex<Vec<String>>);
+        impl ParamGather<Cpu> for Log {
+            fn gather(&self, _: &str, p: &Tensor<Cpu>) -> Result<Tensor<Cpu>> {
+                Ok(p.clone())
+            }
+            fn gather_all(&self, params: &[(String, Tensor<Cpu>)]) -> Result<Vec<Tensor<Cpu>>> {
+                self.0.lock().unwrap().push(format!("gather {}", unit(&params[0].0)));
+                Ok(params.iter().map(|(_, p)| p.clone()).collect())
+            }
+            fn prefetch(&self, params: &[(String, Tensor<Cpu>)]) -> Result<()> {
+                self.0.lock().unwrap().push(format!("prefetch {}", unit(&params[0].0)));
+                Ok(())
+            }
+        }
+        fn unit(name: &str) -> String {
+            redco_core::planning::planner::unit_of(name).unwrap().to_string()
+        }
+        let ids = Tensor::from_vec(&Cpu::default(), (0..12).map(|i| i % 16).collect::<Vec<i64>>(), [2, 6]).unwrap();
+        for recompute in [Recompute::None, Recompute::Block, Recompute::Selective] {
+            let mut m = Llama::<Cpu>::new(&Default::default(), &cfg(), DType::F32, 9).unwrap();
+            m.set_recompute(recompute);
+            let log = Arc::new(Log(Mutex::new(Vec::new())));
+            m.set_param_gather(Some(log.clone())).unwrap();
+            m.loss(&ids, None, &ids).unwrap().backward().unwrap();
+            let got = log.0.lock().unwrap().clone();
+            let (l0, l1) = ("model.layers.0", "model.layers.1");
+            let mut want = vec![format!("gather {l0}"), format!("prefetch {l1}"), format!("gather {l1}")];
+            if recompute.on() {
+                // the last layer is recomputed first, and the first layer's gather started
+                want.extend([format!("gather {l1}"), format!("prefetch {l0}"), format!("gather {l0}")]);
+            }
+            assert_eq!(got, want, "{recompute:?}");
+        }
+    }
+
     /// Per step at dp = 4 (one micro-batch): one all-gather per layer (all its parameters
     /// in one flat buffer) for the forward and one more where the layer is recomputed
     /// (whole or selectively: the recomputation needs the weights for its matmuls'
