@@ -14,6 +14,9 @@ use crate::{no_grad, Backend, DType, GradStore, MeshAxis, Placement, Result, Ten
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 
+/// A gather started ahead: the ids of the pieces it moves, and the collective in flight.
+type Ahead<B> = (Vec<TensorId>, Pending<<B as Backend>::Storage>);
+
 /// ZeRO-3's pieces: for each parameter of the model's units held in pieces, its slicing
 /// and its whole layout; gathered over the rank's communicator in the compute dtype.
 pub struct UnitPieces<B: Backend> {
@@ -22,7 +25,7 @@ pub struct UnitPieces<B: Backend> {
     layouts: BTreeMap<String, (FlatShard, ShardLayout)>,
     /// The gather started ahead ([`ParamGather::prefetch`]): the pieces' ids and the
     /// collective in flight.
-    ahead: Mutex<Option<(Vec<TensorId>, Pending<B::Storage>)>>,
+    ahead: Mutex<Option<Ahead<B>>>,
 }
 
 impl<B: Backend> UnitPieces<B> {
