@@ -140,7 +140,7 @@ struct Segment {
     len: usize,
 }
 
-/// The engine over model `M` on backend `B` (one rank; tensor-parallel ranks are to come).
+/// The engine over model `M` (or this rank's shard of it) on backend `B`.
 pub struct Engine<B: Backend, M: CausalLm<B>> {
     backend: B,
     model: M,
@@ -157,6 +157,14 @@ pub struct Engine<B: Backend, M: CausalLm<B>> {
 impl<B: Backend, M: CausalLm<B>> Engine<B, M> {
     /// An engine for `model` with a cache of `cfg.blocks` blocks in `dtype` on `b`.
     pub fn new(b: &B, model: M, cfg: EngineConfig, dtype: DType) -> Result<Self> {
+        Engine::split(b, model, cfg, dtype, 1)
+    }
+
+    /// An engine for this rank's shard of `model`, split over `mp` tensor-parallel ranks:
+    /// its cache holds the rank's key/value heads ([`KvGeometry::split`]), `cfg.blocks`
+    /// blocks of them. Every rank's engine must be handed the same requests in the same
+    /// order ([`crate::lockstep`]).
+    pub fn split(b: &B, model: M, cfg: EngineConfig, dtype: DType, mp: usize) -> Result<Self> {
         let c = model.config();
         let geometry = KvGeometry {
             layers: c.layers,
@@ -164,7 +172,8 @@ impl<B: Backend, M: CausalLm<B>> Engine<B, M> {
             head_dim: c.head_dim,
             dtype_bytes: dtype.size_in_bytes(),
             block_size: cfg.block_size.max(1),
-        };
+        }
+        .split(mp);
         if cfg.max_batch_tokens == 0 || cfg.max_running == 0 || cfg.blocks == 0 {
             return Err(Error::invalid("engine", format!("an engine needs tokens, sequences and blocks: {cfg:?}")));
         }
@@ -340,11 +349,21 @@ impl<B: Backend, M: CausalLm<B>> Engine<B, M> {
             at += sg.len;
         }
         let (kv, scale) = (&mut self.kv, self.scale);
+        // under tensor parallelism q, k and v hold this rank's heads: the cache and the
+        // kernel see the local tensors, and the output is this rank's heads of the whole
+        let local =
+            |x: &Tensor<B>| Tensor::from_storage(x.backend(), x.storage().clone(), x.local_shape().clone(), x.dtype());
         let mut attend = |layer: usize, q: Tensor<B>, k: Tensor<B>, v: Tensor<B>| -> Result<Tensor<B>> {
-            kv.write_rows(layer, &written, &k, &v)?;
-            kv.attend_batch(layer, &q, &paged, scale)
+            kv.write_rows(layer, &written, &local(&k), &local(&v))?;
+            let out = kv.attend_batch(layer, &local(&q), &paged, scale)?;
+            if !q.is_sharded() {
+                return Ok(out);
+            }
+            let (shape, placed) = (q.shape().clone(), q.placements());
+            Ok(Tensor::from_local(q.backend(), out.storage().clone(), shape, out.shape().clone(), placed, out.dtype()))
         };
-        let logits = self.model.ragged_logits(&ids, &pos, &rows, &mut attend)?;
+        // the logits gathered: every rank draws the same tokens
+        let logits = self.model.ragged_logits(&ids, &pos, &rows, &mut attend)?.replicate()?;
         let vocab = logits.dims()[1];
         let host = logits.to_vec_f32()?;
         let mut events = Vec::new();

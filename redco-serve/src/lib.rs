@@ -8,15 +8,18 @@
 //!   preemption with recompute) over a model's ragged batches
 //!   ([`CausalLm::ragged_logits`](redco_models::generate::CausalLm::ragged_logits));
 //! - [`worker`]: the engine on a thread of its own, each request's tokens on a channel;
+//! - [`lockstep`]: tensor-parallel serving: every rank runs the engine on its shard, rank 0
+//!   broadcasting each step's new requests and cancellations;
 //! - [`http`]: the OpenAI-compatible front end (axum): completions, chat completions with
 //!   the model's chat template, server-sent-event streaming, models, health, metrics.
 //!
-//! Not yet: tensor-parallel ranks, device backends' paged-attention kernels (the CPU
-//! backend has one), T5, and `cargo xtask bench serve --peer` (transformers serve).
+//! Not yet: device backends' paged-attention kernels (the CPU backend has one), T5, and
+//! `cargo xtask bench serve --peer` (transformers serve).
 
 #![warn(missing_docs)]
 
 pub mod engine;
 pub mod http;
 pub mod kv;
+pub mod lockstep;
 pub mod worker;

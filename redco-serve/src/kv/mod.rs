@@ -52,6 +52,18 @@ impl KvGeometry {
             .fold(1u64, |acc, &x| acc.saturating_mul(x as u64))
     }
 
+    /// This geometry on one of `mp` tensor-parallel ranks: the key/value heads split
+    /// evenly when `mp` divides them (as the sharding rules split attention), whole
+    /// otherwise (a split the rules would not make replicates the heads).
+    pub fn split(self, mp: usize) -> Self {
+        let mp = mp.max(1);
+        if self.kv_heads.is_multiple_of(mp) {
+            KvGeometry { kv_heads: self.kv_heads / mp, ..self }
+        } else {
+            self
+        }
+    }
+
     /// Blocks that fit in `budget` bytes (`--kv-memory`); an error naming the numbers when
     /// not one does.
     pub fn blocks_in(&self, budget: u64) -> Result<usize, String> {

@@ -1,8 +1,9 @@
 //! `redco serve`: an OpenAI-compatible HTTP server over a model directory, on the
 //! continuous-batching engine and paged KV cache of `redco-serve`.
 
-use crate::cmd::check;
-use redco_core::cpu::Cpu;
+use crate::cmd::{backends, check, cores, launch, model_config};
+use redco_core::runtime::current_comm;
+use redco_core::{Backend, Error};
 use redco_models::auto::AutoModel;
 use redco_models::generate::GenerationConfig;
 use redco_models::hf::config::HfConfig;
@@ -10,7 +11,8 @@ use redco_models::hf::tokenizer::Tokenizer;
 use redco_serve::engine::{Engine, EngineConfig};
 use redco_serve::http::{chat::ChatTemplate, App};
 use redco_serve::kv::KvGeometry;
-use redco_serve::worker::EngineHandle;
+use redco_serve::lockstep::Lockstep;
+use redco_serve::worker::{follow, lead, EngineHandle};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -29,7 +31,8 @@ pub struct ServeArgs {
     /// The model's name in requests and `/v1/models` (default: the directory's name).
     #[arg(long)]
     pub served_model_name: Option<String>,
-    /// Mesh as DPxMP (1x1 only so far).
+    /// Mesh as 1xMP: the model split over MP tensor-parallel ranks (threads, or MPI
+    /// processes under a launcher), rank 0 serving HTTP.
     #[arg(long, default_value = "1x1")]
     pub mesh: String,
     /// Compute backend (cpu only so far).
@@ -61,10 +64,17 @@ pub struct ServeArgs {
     pub threads: Option<usize>,
 }
 
-/// Runs the server until SIGTERM or Ctrl-C (then drains).
+/// Runs the server until SIGTERM or Ctrl-C (then drains): on one rank, or on the ranks of
+/// a `1 x mp` mesh (threads, or MPI processes under a launcher), rank 0 serving HTTP and
+/// leading the others in lockstep.
 pub fn run(a: ServeArgs) -> Result<(), String> {
-    if a.mesh != "1x1" {
-        return Err(format!("--mesh {}: redco serve runs on one rank so far (--mesh 1x1)", a.mesh));
+    let mesh = check::mesh(&a.mesh)?;
+    if mesh.dp != 1 {
+        return Err(format!(
+            "--mesh {}: redco serve splits the model over tensor-parallel ranks only (--mesh 1xN); \
+             run one server per data-parallel replica",
+            a.mesh
+        ));
     }
     if a.backend != "cpu" {
         return Err(format!("--backend {}: redco serve runs on the cpu backend so far", a.backend));
@@ -78,15 +88,15 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         ));
     }
     let dtype = check::dtype(&a.dtype)?;
-    let tokenizer = Tokenizer::from_dir(&a.model).map_err(|e| e.to_string())?;
-    let chat_template = ChatTemplate::from_dir(&a.model)?;
+    let plan = model_config::plan(&cfg, mesh)?;
     let geometry = KvGeometry {
         layers: cfg.layers,
         kv_heads: cfg.kv_heads,
         head_dim: cfg.head_dim,
         dtype_bytes: dtype.size_in_bytes(),
         block_size: a.block_size,
-    };
+    }
+    .split(mesh.mp);
     let blocks = geometry.blocks_in(a.kv_memory).map_err(|e| format!("--kv-memory: {e}"))?;
     let engine_cfg = EngineConfig {
         max_batch_tokens: a.max_batch_tokens,
@@ -95,14 +105,60 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         block_size: a.block_size,
         blocks,
     };
-    let threads = a.threads.unwrap_or_else(crate::cmd::cores::host_cores);
-    let dir = a.model.clone();
-    let engine = EngineHandle::start(move || {
-        let b = Cpu::new(threads);
-        let m = AutoModel::from_pretrained(&b, &dir, dtype, None)?;
-        Engine::new(&b, m, engine_cfg, dtype)
-    })?;
-    let mut eos = GenerationConfig::for_model(&cfg).stop_tokens;
+    cores::check_devices(mesh, a.threads, false)?;
+    let threads = cores::threads_per_rank(a.threads, mesh);
+    let on = OnMesh { a: &a, cfg: &cfg, plan: plan.as_ref(), engine: engine_cfg, dtype, mesh, threads };
+    backends::dispatch(backends::BackendKind::Cpu, mesh, on).map_err(|e| e.to_string())
+}
+
+/// The server on every rank of the mesh.
+struct OnMesh<'a> {
+    a: &'a ServeArgs,
+    cfg: &'a HfConfig,
+    plan: Option<&'a redco_core::planning::ShardPlan>,
+    engine: EngineConfig,
+    dtype: redco_core::DType,
+    mesh: redco_core::runtime::Mesh,
+    threads: usize,
+}
+
+impl backends::OnBackend for OnMesh<'_> {
+    type Out = ();
+    fn run<B: backends::CliBackend>(self, d: backends::Devices<B>) -> redco_core::Result<()> {
+        let rank = |b: &B| -> redco_core::Result<()> {
+            let model = AutoModel::from_pretrained(b, &self.a.model, self.dtype, self.plan)?;
+            let engine = Engine::split(b, model, self.engine, self.dtype, self.mesh.mp)?;
+            let sync = current_comm::<B>().map(|c| Lockstep::new(b, c)).transpose()?;
+            match &sync {
+                Some(s) if s.rank() != 0 => {
+                    if launch::is_multi_process() {
+                        // a launcher passes SIGTERM and Ctrl-C to every process: a follower
+                        // leaves when the leader, having drained, tells it to
+                        ignore_stop_signals();
+                    }
+                    follow(engine, s)
+                }
+                _ => lead_and_serve(self.a, self.cfg, engine, sync.as_ref(), self.engine.blocks)
+                    .map_err(|e| Error::invalid("serve", e)),
+            }
+        };
+        d.on_mesh(self.mesh, self.threads, rank)
+    }
+}
+
+/// Rank 0: the HTTP server on a thread of its own, the engine's loop on this one (which
+/// holds the rank's communicator); when the loop fails, the server stops.
+fn lead_and_serve<B: Backend>(
+    a: &ServeArgs,
+    cfg: &HfConfig,
+    engine: Engine<B, AutoModel<B>>,
+    sync: Option<&Lockstep<B>>,
+    blocks: usize,
+) -> Result<(), String> {
+    let tokenizer = Tokenizer::from_dir(&a.model).map_err(|e| e.to_string())?;
+    let chat_template = ChatTemplate::from_dir(&a.model)?;
+    let (handle, inbox) = EngineHandle::channel();
+    let mut eos = GenerationConfig::for_model(cfg).stop_tokens;
     eos.extend(tokenizer.eos_id());
     let model_id = a.served_model_name.clone().unwrap_or_else(|| {
         let canon = a.model.canonicalize().unwrap_or_else(|_| a.model.clone());
@@ -111,7 +167,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
     let context = cfg.max_positions.unwrap_or(usize::MAX / 2);
     let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let app = Arc::new(App {
-        engine,
+        engine: handle,
         tokenizer,
         model_id: model_id.clone(),
         context,
@@ -126,22 +182,62 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
-    rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
-            .await
-            .map_err(|e| format!("cannot listen on {}:{}: {e}", a.host, a.port))?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        crate::outln!(
-            "redco serve: listening on http://{addr} (model {model_id}, {blocks} KV blocks of {} tokens, {})",
-            a.block_size,
-            if app.chat_template.is_some() { "chat template" } else { "no chat template: completions only" }
-        );
-        redco_serve::http::serve(listener, app, shutdown(), std::time::Duration::from_secs(a.drain_timeout))
-            .await
-            .map_err(|e| format!("the server failed: {e}"))
-    })?;
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind((a.host.as_str(), a.port)))
+        .map_err(|e| format!("cannot listen on {}:{}: {e}", a.host, a.port))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let ranks = sync.map_or(1, Lockstep::size);
+    crate::outln!(
+        "redco serve: listening on http://{addr} (model {model_id}, {} rank{}, {blocks} KV blocks of {} tokens each, {})",
+        ranks,
+        if ranks == 1 { "" } else { "s in lockstep" },
+        a.block_size,
+        if app.chat_template.is_some() { "chat template" } else { "no chat template: completions only" }
+    );
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let drain = std::time::Duration::from_secs(a.drain_timeout);
+    let http = std::thread::Builder::new()
+        .name("redco-http".into())
+        .spawn(move || {
+            let stop = async move {
+                tokio::select! {
+                    _ = shutdown() => {}
+                    _ = stop_rx => {}
+                }
+            };
+            let r = rt.block_on(redco_serve::http::serve(listener, app, stop, drain));
+            // the runtime's tasks, and with them every engine handle, go now
+            drop(rt);
+            r.map_err(|e| format!("the server failed: {e}"))
+        })
+        .map_err(|e| format!("cannot start the HTTP thread: {e}"))?;
+    let led = lead(engine, inbox, sync);
+    drop(stop_tx);
+    let served = http.join().map_err(|_| "the HTTP thread panicked".to_string())?;
+    led.map_err(|e| format!("the engine stopped: {e}"))?;
+    served?;
     crate::outln!("redco serve: stopped");
     Ok(())
+}
+
+/// Keeps SIGTERM and SIGINT from ending this process (a follower rank's: the leader's
+/// stop command ends it): the signals are taken by a listener that does nothing.
+fn ignore_stop_signals() {
+    let _ = std::thread::Builder::new().name("redco-signals".into()).spawn(|| {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+        rt.block_on(async {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+                return;
+            };
+            loop {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+        });
+    });
 }
 
 /// Resolves at SIGTERM or Ctrl-C.

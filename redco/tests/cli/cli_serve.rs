@@ -26,7 +26,8 @@ impl Drop for Server {
 
 fn start(model: &std::path::Path, extra: &[&str]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_redco"))
-        .args(["serve", "--model", s(model), "--port", "0", "--kv-memory", "4MB", "--threads", "1"])
+        .args(["serve", "--model", s(model), "--port", "0", "--kv-memory", "4MB"])
+        .args(if extra.contains(&"--threads") { &[][..] } else { &["--threads", "1"][..] })
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -369,4 +370,121 @@ fn serve_renders_the_chat_template_and_drains_on_sigterm() {
     };
     assert_eq!(code, Some(0));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The server split over two tensor-parallel thread ranks (`--mesh 1x2`), rank 0 leading
+/// the other in lockstep: the greedy text of `redco generate` at 1x1 and at 1x2 (alone,
+/// with `n: 2`, streamed, and under concurrent requests), the same log-probabilities as
+/// the one-rank server (to 1e-4), a disconnected stream freeing its blocks on both ranks
+/// (the next requests still meet in the ranks' collectives), and SIGTERM draining to 0.
+#[test]
+fn serve_over_two_tensor_parallel_ranks_gives_generate_s_text() {
+    let model = fixture_named("llama-tiny");
+    let one = start(&model, &[]);
+    let srv = start(&model, &["--mesh", "1x2", "--threads", "2"]);
+    let a = srv.addr.clone();
+    alive(&a);
+    let prompts = ["Hello world", "the cat sat", "a longer prompt than those"];
+    for prompt in prompts {
+        let want = generated(&model, prompt, 10);
+        let (code, at_1x2, err) = redco(&[
+            "generate",
+            "--model",
+            s(&model),
+            "--prompt",
+            prompt,
+            "--max-new-tokens",
+            "10",
+            "--mesh",
+            "1x2",
+            "--threads",
+            "2",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(at_1x2.trim_end_matches('\n'), want, "generate at 1x2 and at 1x1");
+        let ask = json!({"prompt": prompt, "max_tokens": 10, "temperature": 0, "n": 2, "logprobs": 3});
+        let (st, r) = post(&a, "/v1/completions", &ask);
+        assert_eq!(st, 200, "{r}");
+        for c in r["choices"].as_array().unwrap() {
+            let text = c["text"].as_str().unwrap();
+            assert!(!text.is_empty() && want.ends_with(text), "served at 1x2 {text:?}, generate printed {want:?}");
+        }
+        let (_, r1) = post(&one.addr, "/v1/completions", &ask);
+        let lp = |r: &Value| -> Vec<f64> {
+            r["choices"][0]["logprobs"]["token_logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        };
+        let (x, y) = (lp(&r), lp(&r1));
+        assert_eq!(x.len(), 10);
+        for (i, (p, q)) in x.iter().zip(&y).enumerate() {
+            assert!((p - q).abs() <= 1e-4, "{prompt:?} token {i}: logprob {p} at 1x2, {q} at 1x1");
+        }
+        let body = json!({"prompt": prompt, "max_tokens": 10, "temperature": 0, "stream": true}).to_string();
+        let (st, body) = http(&a, "POST", "/v1/completions", body.as_bytes());
+        assert_eq!(st, 200);
+        let (chunks, done) = streamed(&body);
+        assert!(done, "{body}");
+        let text: String = chunks.iter().filter_map(|c| c["choices"].get(0)?["text"].as_str()).collect();
+        assert!(want.ends_with(&text) && !text.is_empty(), "streamed at 1x2 {text:?}, generate printed {want:?}");
+    }
+    // concurrent clients: each gets the text it gets alone
+    let alone: Vec<String> = prompts.iter().map(|p| generated(&model, p, 8)).collect();
+    let clients: Vec<_> = prompts
+        .iter()
+        .cycle()
+        .take(6)
+        .map(|p| {
+            let (a, p) = (a.clone(), p.to_string());
+            std::thread::spawn(move || {
+                let (st, r) = post(&a, "/v1/completions", &json!({"prompt": p, "max_tokens": 8, "temperature": 0}));
+                assert_eq!(st, 200, "{r}");
+                r["choices"][0]["text"].as_str().unwrap().to_string()
+            })
+        })
+        .collect();
+    for (i, c) in clients.into_iter().enumerate() {
+        let text = c.join().unwrap();
+        assert!(alone[i % 3].ends_with(&text) && !text.is_empty(), "client {i}: {text:?} against {:?}", alone[i % 3]);
+    }
+    // a client gone mid-stream: cancelled on both ranks, its blocks freed
+    let mut c = TcpStream::connect(&a).unwrap();
+    let body = json!({"prompt": "a long one", "max_tokens": 40, "temperature": 0, "stream": true}).to_string();
+    c.write_all(format!("POST /v1/completions HTTP/1.0\r\nContent-Length: {}\r\n\r\n{body}", body.len()).as_bytes())
+        .unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let _ = c.read(&mut [0u8; 64]).unwrap();
+    drop(c);
+    let t = Instant::now();
+    loop {
+        let (_, m) = http(&a, "GET", "/metrics", b"");
+        let get = |k: &str| m.lines().find_map(|l| l.strip_prefix(&format!("{k} "))?.parse::<u64>().ok()).unwrap();
+        if get("redco_running_sequences") == 0 && get("redco_kv_blocks_used") == 0 {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "the disconnected stream still holds its blocks:\n{m}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (st, r) = post(&a, "/v1/completions", &json!({"prompt": prompts[0], "max_tokens": 4, "temperature": 0}));
+    assert_eq!(st, 200, "{r}");
+    // idle for a few of the leader's ticks (empty broadcasts), then serving again
+    std::thread::sleep(Duration::from_secs(2));
+    alive(&a);
+    let (st, again) = post(&a, "/v1/completions", &json!({"prompt": prompts[0], "max_tokens": 4, "temperature": 0}));
+    assert_eq!((st, &again["choices"][0]["text"]), (200, &r["choices"][0]["text"]), "{again}");
+    // SIGTERM: drained, exit 0
+    let mut srv = srv;
+    assert!(Command::new("kill").args(["-TERM", &srv.child.id().to_string()]).status().unwrap().success());
+    let t = Instant::now();
+    let code = loop {
+        if let Some(s) = srv.child.try_wait().unwrap() {
+            break s.code();
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "the server did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(code, Some(0));
 }
