@@ -6,7 +6,8 @@
 //! with the weights of an uninterrupted run; a stopped rank is named by the watchdog;
 //! ZeRO-2 and ZeRO-3 (with block or selective recompute) over processes equal their thread runs and the
 //! replicated one; a mesh that does not fit the world is refused; the workdir, identity, integrity and
-//! input checks hold over processes as over threads.
+//! input checks hold over processes as over threads; `redco serve` at 1x2 over two processes
+//! gives `generate`'s greedy text and drains on SIGTERM.
 
 #![cfg(feature = "mpi")]
 
@@ -357,4 +358,54 @@ fn the_workdir_and_input_checks_hold_with_process_ranks() {
     assert_eq!(r.code, Some(0), "{}\n{}", r.stdout, r.stderr);
     let steps: Vec<u64> = losses(&w).iter().map(|(s, _)| *s).collect();
     assert_eq!(steps, (1..=6).collect::<Vec<_>>());
+}
+
+/// `redco serve --mesh 1x2` over two MPI processes: rank 0 serves HTTP and leads rank 1 in
+/// lockstep over TCP; the greedy text is `redco generate`'s (alone and with `n: 2`), and
+/// SIGTERM to the ranks drains the server: rank 0 stops its follower and both exit 0.
+#[test]
+fn serve_over_two_processes_gives_generate_s_text_and_drains_on_sigterm() {
+    use crate::cli_serve::{generated, http, post};
+    use serde_json::json;
+    let d = scratch("serve");
+    let model = fixture_named("llama-tiny");
+    let args = ["serve", "--model", model.to_str().unwrap(), "--mesh", "1x2", "--port", "0", "--kv-memory", "4MB"];
+    let job = mpirun(2).spawn(&exe(), &args, &d).unwrap();
+    let t = Instant::now();
+    let addr = loop {
+        let out = std::fs::read_to_string(d.join("mpirun.out")).unwrap_or_default();
+        if let Some(a) = out.split("http://").nth(1).and_then(|r| r.split_whitespace().next()) {
+            break a.to_string();
+        }
+        if t.elapsed() > Duration::from_secs(120) {
+            let f = job.wait(Duration::ZERO).unwrap();
+            panic!("the server did not start:\n{}\n{}", f.stdout, f.stderr);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let out = std::fs::read_to_string(d.join("mpirun.out")).unwrap();
+    assert!(out.contains("2 ranks in lockstep"), "{out}");
+    for prompt in ["Hello world", "the cat sat"] {
+        let want = generated(&model, prompt, 10);
+        let ask = json!({"prompt": prompt, "max_tokens": 10, "temperature": 0, "n": 2});
+        let (st, r) = post(&addr, "/v1/completions", &ask);
+        assert_eq!(st, 200, "{r}");
+        for c in r["choices"].as_array().unwrap() {
+            let text = c["text"].as_str().unwrap();
+            assert!(!text.is_empty() && want.ends_with(text), "served over processes {text:?}, generate {want:?}");
+        }
+    }
+    assert_eq!(http(&addr, "GET", "/health", b"").0, 200);
+    // SIGTERM to every rank, as a launcher forwards it (mpirun, itself signalled, exits 1
+    // whatever its ranks return: Open MPI 4.1): the follower ignores it, the leader drains,
+    // stops the follower and both exit 0
+    let ranks = job.rank_pids();
+    assert_eq!(ranks.len(), 2, "the ranks under mpirun");
+    for pid in ranks {
+        Job::signal(pid, "TERM").unwrap();
+    }
+    let f = job.wait(Duration::from_secs(120)).unwrap();
+    assert!(!f.timed_out, "the server did not stop after SIGTERM:\n{}\n{}", f.stdout, f.stderr);
+    assert_eq!(f.code, Some(0), "{}\n{}", f.stdout, f.stderr);
+    assert!(f.stdout.contains("redco serve: stopped"), "{}", f.stdout);
 }

@@ -43,7 +43,7 @@ fn start(model: &std::path::Path, extra: &[&str]) -> Server {
 }
 
 /// One HTTP/1.0 exchange (the server closes the connection after it): status, body.
-fn http(addr: &str, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+pub(crate) fn http(addr: &str, method: &str, path: &str, body: &[u8]) -> (u16, String) {
     let mut c = TcpStream::connect(addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let head = format!(
@@ -60,7 +60,7 @@ fn http(addr: &str, method: &str, path: &str, body: &[u8]) -> (u16, String) {
     (status, body)
 }
 
-fn post(addr: &str, path: &str, v: &Value) -> (u16, Value) {
+pub(crate) fn post(addr: &str, path: &str, v: &Value) -> (u16, Value) {
     let (st, body) = http(addr, "POST", path, v.to_string().as_bytes());
     (st, serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}")))
 }
@@ -70,7 +70,7 @@ fn alive(addr: &str) {
 }
 
 /// `redco generate`'s greedy text for `prompt`.
-fn generated(model: &std::path::Path, prompt: &str, n: usize) -> String {
+pub(crate) fn generated(model: &std::path::Path, prompt: &str, n: usize) -> String {
     let (code, out, err) =
         redco(&["generate", "--model", s(model), "--prompt", prompt, "--max-new-tokens", &n.to_string()]);
     assert_eq!(code, 0, "{err}");
