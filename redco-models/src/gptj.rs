@@ -5,7 +5,7 @@
 //! biases in attention, a biased MLP (`gelu_new`) and a biased `lm_head`.
 
 use crate::build::{self, embedding, layer_norm, linear};
-use crate::generate::{CausalLm, KvCache};
+use crate::generate::{CausalLm, KvCache, RaggedAttend};
 use crate::hf::config::HfConfig;
 use crate::params::{ParamSource, RandomInit};
 use redco_core::nn::{self, Activation, Embedding, LayerNorm, Linear, Mlp, RotaryEmbedding};
@@ -129,10 +129,9 @@ impl<B: Backend> GptJ<B> {
         if ids.rank() != 2 {
             return Err(Error::invalid("gptj", format!("input ids must be [batch, seq], got {}", ids.shape())));
         }
-        let (bs, t) = (ids.dims()[0], ids.dims()[1]);
+        let t = ids.dims()[1];
         let past = cache.as_ref().map_or(0, |k| k.len());
         crate::generate::check_context("gptj", past + t, c.max_positions)?;
-        let hd = c.head_dim;
         let default_pos;
         let pos = match positions {
             Some(p) => p,
@@ -141,6 +140,21 @@ impl<B: Backend> GptJ<B> {
                 &default_pos
             }
         };
+        let mut attend = |i: usize, q: Tensor<B>, k: Tensor<B>, v: Tensor<B>| -> Result<Tensor<B>> {
+            let (k, v) = match cache.as_deref_mut() {
+                Some(cache) => cache.append(i, k, v)?,
+                None => (k, v),
+            };
+            nn::scaled_dot_product_attention(&q, &k, &v, mask, true, None)
+        };
+        self.layers_at(ids, pos, &mut attend)
+    }
+
+    /// The blocks over `ids` (`[batch, t]`) at `pos`; `attend(layer, q, k, v)` is each
+    /// layer's attention (with its cache). The final norm applied.
+    fn layers_at(&self, ids: &Tensor<B>, pos: &Tensor<B>, attend: &mut RaggedAttend<'_, B>) -> Result<Tensor<B>> {
+        let c = &self.cfg;
+        let (bs, t, hd) = (ids.dims()[0], ids.dims()[1], c.head_dim);
         let rope = RotaryEmbedding::new(c.rotary_dim.unwrap_or(hd), 10000.0, RotaryMode::Interleaved)?;
         let (cos, sin) = rope.tables(pos, self.wte.weight.dtype())?;
         let mut h = self.wte.forward(ids)?;
@@ -150,11 +164,7 @@ impl<B: Backend> GptJ<B> {
             let q = split(blk.q_proj.forward(&x)?)?.rotary(&cos, &sin, RotaryMode::Interleaved)?;
             let k = split(blk.k_proj.forward(&x)?)?.rotary(&cos, &sin, RotaryMode::Interleaved)?;
             let v = split(blk.v_proj.forward(&x)?)?;
-            let (k, v) = match cache.as_deref_mut() {
-                Some(cache) => cache.append(i, k, v)?,
-                None => (k, v),
-            };
-            let a = nn::scaled_dot_product_attention(&q, &k, &v, mask, true, None)?;
+            let a = attend(i, q, k, v)?;
             let attn = blk.out_proj.forward(&a.transpose(1, 2)?.reshape([bs, t, c.heads * hd])?)?;
             h = h.add(&attn)?.add(&blk.mlp.forward(&x)?)?;
         }
@@ -181,5 +191,16 @@ impl<B: Backend> CausalLm<B> for GptJ<B> {
     ) -> Result<Tensor<B>> {
         let h = self.hidden_states(ids, Some(mask), Some(positions), Some(cache))?;
         self.lm_head.forward(&crate::generate::last_position(&h)?)
+    }
+    fn ragged_logits(
+        &self,
+        ids: &Tensor<B>,
+        positions: &Tensor<B>,
+        rows: &[usize],
+        attend: &mut RaggedAttend<'_, B>,
+    ) -> Result<Tensor<B>> {
+        crate::generate::check_ragged("gptj", ids, positions, rows)?;
+        let h = self.layers_at(ids, positions, attend)?;
+        self.lm_head.forward(&crate::generate::pick_rows(&h, rows)?)
     }
 }

@@ -437,23 +437,8 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
         rows: &[usize],
         attend: &mut crate::generate::RaggedAttend<'_, B>,
     ) -> Result<Tensor<B>> {
-        if ids.rank() != 2 || ids.dims()[0] != 1 || positions.dims() != ids.dims() {
-            return Err(Error::invalid(
-                "llama",
-                format!(
-                    "a ragged batch is ids [1, T] with positions [1, T], got {} and {}",
-                    ids.shape(),
-                    positions.shape()
-                ),
-            ));
-        }
-        let t = ids.dims()[1];
-        if let Some(&r) = rows.iter().find(|&&r| r >= t) {
-            return Err(Error::invalid("llama", format!("logits of token {r} asked of a batch of {t}")));
-        }
+        crate::generate::check_ragged("llama", ids, positions, rows)?;
         let h = self.layers_at(ids, positions, attend)?;
-        let d = h.dims()[2];
-        let picked = Tensor::from_vec(ids.backend(), rows.iter().map(|&r| r as i64).collect::<Vec<_>>(), [rows.len()])?;
-        self.head(&h.reshape([t, d])?.index_select(&picked, 0)?)
+        self.head(&crate::generate::pick_rows(&h, rows)?)
     }
 }

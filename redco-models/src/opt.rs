@@ -6,7 +6,7 @@
 //! tied to the token embedding.
 
 use crate::build::{self, embedding, layer_norm, linear};
-use crate::generate::{CausalLm, KvCache};
+use crate::generate::{CausalLm, KvCache, RaggedAttend};
 use crate::hf::config::HfConfig;
 use crate::params::{ParamSource, RandomInit};
 use redco_core::backend::CmpOp;
@@ -180,10 +180,24 @@ impl<B: Backend> Opt<B> {
         mut cache: Option<&mut KvCache<B>>,
     ) -> Result<Tensor<B>> {
         let c = &self.cfg;
-        let (bs, t) = (ids.dims()[0], ids.dims()[1]);
+        let t = ids.dims()[1];
         let past = cache.as_ref().map_or(0, |k| k.len());
         crate::generate::check_context("opt", past + t, c.max_positions)?;
-        let hd = c.head_dim;
+        let mut attend = |i: usize, q: Tensor<B>, k: Tensor<B>, v: Tensor<B>| -> Result<Tensor<B>> {
+            let (k, v) = match cache.as_deref_mut() {
+                Some(cache) => cache.append(i, k, v)?,
+                None => (k, v),
+            };
+            nn::scaled_dot_product_attention(&q, &k, &v, mask, true, None)
+        };
+        self.layers_at(ids, pos, &mut attend)
+    }
+
+    /// The decoder over `ids` (`[batch, t]`) at table rows `pos`; `attend(layer, q, k, v)`
+    /// is each layer's attention (with its cache). After `project_out`.
+    fn layers_at(&self, ids: &Tensor<B>, pos: &Tensor<B>, attend: &mut RaggedAttend<'_, B>) -> Result<Tensor<B>> {
+        let c = &self.cfg;
+        let (bs, t, hd) = (ids.dims()[0], ids.dims()[1], c.head_dim);
         let mut x = self.embed_tokens.forward(ids)?;
         if let Some(pad) = c.pad_token_id {
             // `padding_idx`: the padding row's lookups pass no gradient to the table
@@ -200,11 +214,7 @@ impl<B: Backend> Opt<B> {
             let q = split(l.q_proj.forward(&a_in)?)?;
             let k = split(l.k_proj.forward(&a_in)?)?;
             let v = split(l.v_proj.forward(&a_in)?)?;
-            let (k, v) = match cache.as_deref_mut() {
-                Some(cache) => cache.append(i, k, v)?,
-                None => (k, v),
-            };
-            let a = nn::scaled_dot_product_attention(&q, &k, &v, mask, true, None)?;
+            let a = attend(i, q, k, v)?;
             h = h.add(&l.out_proj.forward(&a.transpose(1, 2)?.reshape([bs, t, c.heads * hd])?)?)?;
             if !self.pre_norm {
                 h = l.self_attn_layer_norm.forward(&h)?;
@@ -254,5 +264,19 @@ impl<B: Backend> CausalLm<B> for Opt<B> {
         let pos = Tensor::from_vec(ids.backend(), shifted, positions.shape().clone())?;
         let h = self.hidden_states(ids, Some(mask), &pos, Some(cache))?;
         self.head(&crate::generate::last_position(&h)?)
+    }
+    fn ragged_logits(
+        &self,
+        ids: &Tensor<B>,
+        positions: &Tensor<B>,
+        rows: &[usize],
+        attend: &mut RaggedAttend<'_, B>,
+    ) -> Result<Tensor<B>> {
+        crate::generate::check_ragged("opt", ids, positions, rows)?;
+        // OPT's position table is offset by 2
+        let shifted: Vec<i64> = positions.to_vec_i64()?.into_iter().map(|p| p + POSITION_OFFSET).collect();
+        let pos = Tensor::from_vec(ids.backend(), shifted, positions.shape().clone())?;
+        let h = self.layers_at(ids, &pos, attend)?;
+        self.head(&crate::generate::pick_rows(&h, rows)?)
     }
 }

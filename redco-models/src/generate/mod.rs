@@ -75,6 +75,38 @@ pub trait CausalLm<B: Backend> {
     }
 }
 
+/// Checks a ragged batch ([`CausalLm::ragged_logits`]'s): ids `[1, T]`, positions of the
+/// same shape, rows within the batch; returns `T`.
+pub fn check_ragged<B: Backend>(
+    model: &'static str,
+    ids: &Tensor<B>,
+    positions: &Tensor<B>,
+    rows: &[usize],
+) -> Result<usize> {
+    if ids.rank() != 2 || ids.dims()[0] != 1 || positions.dims() != ids.dims() {
+        return Err(Error::invalid(
+            model,
+            format!(
+                "a ragged batch is ids [1, T] with positions [1, T], got {} and {}",
+                ids.shape(),
+                positions.shape()
+            ),
+        ));
+    }
+    let t = ids.dims()[1];
+    if let Some(&r) = rows.iter().find(|&&r| r >= t) {
+        return Err(Error::invalid(model, format!("logits of token {r} asked of a batch of {t}")));
+    }
+    Ok(t)
+}
+
+/// The hidden states `h` (`[1, T, d]`) of the tokens at `rows`, `[rows, d]`.
+pub fn pick_rows<B: Backend>(h: &Tensor<B>, rows: &[usize]) -> Result<Tensor<B>> {
+    let (t, d) = (h.dims()[1], h.dims()[2]);
+    let picked = Tensor::from_vec(h.backend(), rows.iter().map(|&r| r as i64).collect::<Vec<_>>(), [rows.len()])?;
+    h.reshape([t, d])?.index_select(&picked, 0)
+}
+
 /// A layer's attention over a ragged batch: `(layer, q, k, v) -> output` (see
 /// [`CausalLm::ragged_logits`]).
 pub type RaggedAttend<'a, B> = dyn FnMut(usize, Tensor<B>, Tensor<B>, Tensor<B>) -> Result<Tensor<B>> + 'a;

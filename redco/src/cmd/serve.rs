@@ -19,7 +19,8 @@ use std::sync::Arc;
 /// `redco serve` flags.
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
-    /// Hugging Face model directory (a LLaMA: config.json, safetensors, tokenizer.json).
+    /// Hugging Face model directory of a LLaMA, GPT-J or OPT (config.json, safetensors,
+    /// tokenizer.json).
     #[arg(long)]
     pub model: PathBuf,
     /// Address to listen on (loopback by default).
@@ -80,9 +81,9 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         return Err(format!("--backend {}: redco serve runs on the cpu backend so far", a.backend));
     }
     let cfg = HfConfig::from_dir(&a.model).map_err(|e| e.to_string())?;
-    if !matches!(cfg.model_type.as_str(), "llama" | "mistral") {
+    if !matches!(cfg.model_type.as_str(), "llama" | "mistral" | "gptj" | "opt") {
         return Err(format!(
-            "redco serve runs LLaMA models so far; {} is {} (use redco generate)",
+            "redco serve runs the decoder-only models (LLaMA, GPT-J, OPT); {} is {} (use redco generate)",
             a.model.display(),
             cfg.model_type
         ));

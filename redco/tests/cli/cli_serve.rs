@@ -488,3 +488,39 @@ fn serve_over_two_tensor_parallel_ranks_gives_generate_s_text() {
     };
     assert_eq!(code, Some(0));
 }
+
+/// GPT-J and OPT serve too (their ragged batches: rotary or learned positions per token),
+/// on one rank and over two tensor-parallel thread ranks: the greedy text of `redco
+/// generate` for prompts batched together; T5 is refused, naming what runs.
+#[test]
+fn serve_runs_gptj_and_opt_with_generate_s_text_and_refuses_t5() {
+    for name in ["gptj-tiny", "opt-tiny"] {
+        let model = fixture_named(name);
+        let prompts = ["Hello world", "the cat sat on the mat"];
+        let want: Vec<String> = prompts.iter().map(|p| generated(&model, p, 10)).collect();
+        for extra in [&[][..], &["--mesh", "1x2", "--threads", "2"][..]] {
+            let srv = start(&model, extra);
+            let clients: Vec<_> = prompts
+                .iter()
+                .map(|p| {
+                    let (a, p) = (srv.addr.clone(), p.to_string());
+                    std::thread::spawn(move || {
+                        post(&a, "/v1/completions", &json!({"prompt": p, "max_tokens": 10, "temperature": 0}))
+                    })
+                })
+                .collect();
+            for (c, want) in clients.into_iter().zip(&want) {
+                let (st, r) = c.join().unwrap();
+                assert_eq!(st, 200, "{name} {extra:?}: {r}");
+                let text = r["choices"][0]["text"].as_str().unwrap();
+                assert!(
+                    !text.is_empty() && want.ends_with(text),
+                    "{name} {extra:?}: served {text:?}, generate {want:?}"
+                );
+            }
+        }
+    }
+    let (code, _, err) = redco(&["serve", "--model", s(&fixture_named("t5-tiny")), "--port", "0"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("decoder-only") && err.contains("t5"), "{err}");
+}
