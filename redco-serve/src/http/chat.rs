@@ -122,8 +122,7 @@ async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
     let choices = submit(&app, std::slice::from_ref(&ids), &p).await?;
     let (id, created, model) = (format!("chatcmpl-{}", app.engine.next_id()), app.now(), app.model_id.clone());
     if p.stream {
-        let include_usage =
-            body.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool) == Some(true);
+        let include_usage = p.include_usage;
         let (cid, cmodel) = (id.clone(), model.clone());
         let started = std::sync::Mutex::new(vec![false; p.n]);
         let tapp = app.clone();

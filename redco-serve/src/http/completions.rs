@@ -76,8 +76,7 @@ async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
     let (id, created, model) = (format!("cmpl-{}", app.engine.next_id()), app.now(), app.model_id.clone());
     let echo: Vec<String> = prompts.iter().flat_map(|(_, t)| std::iter::repeat_n(t.clone(), p.n)).collect();
     if p.stream {
-        let include_usage =
-            body.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool) == Some(true);
+        let include_usage = p.include_usage;
         let (cid, cmodel) = (id.clone(), model.clone());
         let mut echoed = vec![!p.echo; echo.len()];
         let (tapp, mut offsets) = (app.clone(), vec![0usize; echo.len()]);

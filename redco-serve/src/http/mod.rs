@@ -143,6 +143,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .method_not_allowed_fallback(|| async {
+            let message = "this route does not take that method (POST for completions, GET for the rest)";
+            ApiError { status: StatusCode::METHOD_NOT_ALLOWED, message: message.into(), param: None, code: None }
+        })
         .fallback(|| async {
             ApiError { status: StatusCode::NOT_FOUND, message: "no such route".into(), param: None, code: None }
         })

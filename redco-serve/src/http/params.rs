@@ -25,6 +25,8 @@ pub struct Params {
     /// `logprobs` (completions: how many alternatives; chat: `true`, with `top_logprobs`
     /// alternatives): each token's log-probability and the most likely alternatives.
     pub logprobs: Option<usize>,
+    /// `stream_options.include_usage`: a last streamed chunk with the usage.
+    pub include_usage: bool,
 }
 
 /// At most this many alternatives per token.
@@ -171,6 +173,38 @@ impl Params {
                 ))
             }
         };
+        if let Some(bad) = stop_ids.iter().find(|&&t| t < 0) {
+            return Err(ApiError::invalid("stop_token_ids", format!("token ids are not negative, got {bad}")));
+        }
+        // sampling adjustments this server does not make: refused rather than ignored
+        for (key, neutral) in [("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)] {
+            if let Some(v) = number(body, key)?.filter(|&v| v != neutral) {
+                return Err(ApiError::invalid(key, format!("`{key}` is not supported by this server (got {v})")));
+            }
+        }
+        match body.get("logit_bias") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(m)) if m.is_empty() => {}
+            Some(Value::Object(_)) => {
+                return Err(ApiError::invalid("logit_bias", "`logit_bias` is not supported by this server"))
+            }
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "logit_bias",
+                    format!("`logit_bias` must be an object, got {}", kind(other)),
+                ))
+            }
+        }
+        let include_usage = match body.get("stream_options") {
+            None | Some(Value::Null) => false,
+            Some(Value::Object(o)) => boolean(o, "include_usage")?,
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "stream_options",
+                    format!("`stream_options` must be an object, got {}", kind(other)),
+                ))
+            }
+        };
         if top.is_some() && body.get("logprobs") != Some(&Value::Bool(true)) {
             return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`"));
         }
@@ -183,6 +217,7 @@ impl Params {
             stream: boolean(body, "stream")?,
             echo: boolean(body, "echo")?,
             logprobs,
+            include_usage,
         })
     }
 }
