@@ -6,10 +6,11 @@
 //! written by `redco train`. The requests: prompt lengths and output lengths drawn from a
 //! fixed seed (prompts as token ids, `max_tokens` fixed per request, greedy, no stop), each
 //! streamed, so the client sees its first token and every later one. At each concurrency
-//! (`--concurrency 1,8,32`), that many clients send `--requests` each (bounded by
+//! (`--concurrency 1,8,32,128`), that many clients send `--requests` each (bounded by
 //! `--max-seconds` per level). Printed per level: requests/s, output tokens/s, time to first
-//! token and the time between tokens (p50, p99), and output tokens/s against concurrency
-//! 1's; then the preemptions the run needed. With `--soak SECONDS`, one more level after the
+//! token and the time between tokens (p50, p99), output tokens/s against concurrency 1's,
+//! and the most KV blocks in use (sampled from `/metrics`); then the preemptions the run
+//! needed. `--mesh 1xN` serves over N tensor-parallel thread ranks. With `--soak SECONDS`, one more level after the
 //! others: `--soak-concurrency` clients (default 8) send requests until the time is up,
 //! and the server's RSS is sampled every 5 s (printed: first, largest, last). Not yet:
 //! `--peer PY` (transformers serve).
@@ -127,11 +128,13 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         "json",
         "soak",
         "soak-concurrency",
+        "mesh",
     ])?;
+    let mesh = a.get("mesh").unwrap_or("1x1").to_string();
     let preset = a.get("preset").unwrap_or("llama-134m").to_string();
     let levels: Vec<usize> = a
         .get("concurrency")
-        .unwrap_or("1,8,32")
+        .unwrap_or("1,8,32,128")
         .split(',')
         .map(|x| x.trim().parse().map_err(|_| format!("--concurrency: `{x}` is not a number")))
         .collect::<Result<_, _>>()?;
@@ -170,7 +173,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let mut child = Command::new(&redco)
         .args(["serve", "--model"])
         .arg(&dir)
-        .args(["--port", "0", "--kv-memory", a.get("kv-memory").unwrap_or("2GB")])
+        .args(["--port", "0", "--kv-memory", a.get("kv-memory").unwrap_or("2GB"), "--mesh", &mesh])
         .args([
             "--max-batch-tokens",
             a.get("max-batch-tokens").unwrap_or("256"),
@@ -205,7 +208,17 @@ pub fn run(argv: &[String]) -> Result<(), String> {
             .collect();
         eprintln!("xtask: concurrency {c}: {} requests", c * per_client);
         let t0 = Instant::now();
-        let timings: Vec<Result<Vec<Timing>, String>> = std::thread::scope(|sc| {
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let (timings, blocks): (Vec<Result<Vec<Timing>, String>>, u64) = std::thread::scope(|sc| {
+            // the KV blocks in use, sampled while the level runs: the largest
+            let sampler = sc.spawn(|| {
+                let mut peak = 0;
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    peak = peak.max(metric(addr, "redco_kv_blocks_used").unwrap_or(0));
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+                peak
+            });
             let hs: Vec<_> = reqs
                 .iter()
                 .map(|mine| {
@@ -221,7 +234,10 @@ pub fn run(argv: &[String]) -> Result<(), String> {
                     })
                 })
                 .collect();
-            hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a client thread panicked".into()))).collect()
+            let t: Vec<_> =
+                hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a client thread panicked".into()))).collect();
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            (t, sampler.join().unwrap_or(0))
         });
         let wall = t0.elapsed().as_secs_f64();
         let all: Vec<Timing> = timings.into_iter().collect::<Result<Vec<_>, _>>()?.into_iter().flatten().collect();
@@ -235,6 +251,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
             tokens as f64 / wall,
             [percentile(&mut firsts, 0.5), percentile(&mut firsts, 0.99)],
             [percentile(&mut gaps, 0.5), percentile(&mut gaps, 0.99)],
+            blocks,
         ));
     }
     let soak = a.num("soak", 0)? as f64;
@@ -288,13 +305,13 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
     println!(
-        "\n{:>5} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8}",
-        "conc", "requests", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "x conc 1"
+        "\n{:>5} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10}",
+        "conc", "requests", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "x conc 1", "KV blocks"
     );
     let base = rows.first().map_or(f64::NAN, |r| r.3);
-    for (c, n, rps, tps, ttft, itl) in &rows {
+    for (c, n, rps, tps, ttft, itl, blocks) in &rows {
         println!(
-            "{c:>5} {n:>8} {rps:>8.2} {tps:>10.1} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.2}",
+            "{c:>5} {n:>8} {rps:>8.2} {tps:>10.1} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.2} {blocks:>10}",
             ttft[0],
             ttft[1],
             itl[0],
@@ -306,13 +323,14 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     if let Some(path) = a.get("json") {
         let rows: Vec<serde_json::Value> = rows
             .iter()
-            .map(|(c, n, rps, tps, ttft, itl)| {
+            .map(|(c, n, rps, tps, ttft, itl, blocks)| {
                 serde_json::json!({"concurrency": c, "requests": n,
                 "requests_per_s": rps, "output_tokens_per_s": tps, "ttft_p50_s": ttft[0], "ttft_p99_s": ttft[1],
-                "itl_p50_s": itl[0], "itl_p99_s": itl[1]})
+                "itl_p50_s": itl[0], "itl_p99_s": itl[1], "kv_blocks_used_peak": blocks})
             })
             .collect();
-        let doc = serde_json::json!({"machine": crate::machine::describe(), "preset": preset, "rows": rows});
+        let doc =
+            serde_json::json!({"machine": crate::machine::describe(), "preset": preset, "mesh": mesh, "rows": rows});
         std::fs::write(path, doc.to_string()).map_err(|e| format!("{path}: {e}"))?;
     }
     Ok(())
