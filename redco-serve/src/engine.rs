@@ -119,6 +119,9 @@ pub struct EngineStats {
     pub steps: u64,
     /// Tokens generated.
     pub generated: u64,
+    /// Tokens run through the model outside decode steps: prompts' (prefill) and a
+    /// preempted sequence's recomputed ones; prefix-cache hits are not run, so not counted.
+    pub prefilled: u64,
     /// The KV pool's counts.
     pub kv: PoolStats,
 }
@@ -371,6 +374,11 @@ impl<B: Backend, M: CausalLm<B>> Engine<B, M> {
         let mut row = 0;
         for sg in segments {
             let s = &mut self.running[sg.seq];
+            // every segment but a decode step (the one newest token of a generating sequence)
+            let decode = s.generated > 0 && sg.len == 1 && sg.start + 1 == s.tokens.len();
+            if !decode {
+                self.stats.prefilled += sg.len as u64;
+            }
             s.computed = sg.start + sg.len;
             let table = s.table.as_mut().expect("a running sequence has its blocks");
             self.pool.computed(table, s.computed);
@@ -567,6 +575,53 @@ mod tests {
         let s = engine.stats().kv;
         assert_eq!(s.prefix_hit_tokens, 7 * 32, "{s:?}");
         assert_eq!(s.prompt_tokens, 8 * 34);
+    }
+
+    /// 32 requests sharing a 256-token prefix: its prefill runs once (the first request's),
+    /// counted in the tokens the model ran and in the cache's hits, and each request still
+    /// gets `generate`'s tokens.
+    #[test]
+    fn thirty_two_requests_sharing_a_256_token_prefix_prefill_it_once() {
+        let b = Cpu::new(1);
+        let cfg = HfConfig::from_json(
+            r#"{"model_type":"llama","hidden_size":32,"intermediate_size":48,"num_attention_heads":4,
+                "num_key_value_heads":2,"num_hidden_layers":2,"vocab_size":50,"max_position_embeddings":512}"#,
+        )
+        .unwrap();
+        let m = Llama::new(&b, &cfg, DType::F32, 7).unwrap();
+        let prefix: Vec<i64> = (0..256).map(|i| (i * 7 % 50) as i64).collect();
+        let prompts: Vec<Vec<i64>> =
+            (0..32).map(|i| prefix.iter().copied().chain([i % 50, (i + 1) % 50]).collect()).collect();
+        let ecfg = EngineConfig { max_batch_tokens: 128, max_running: 32, max_waiting: 64, block_size: 16, blocks: 256 };
+        let mut engine = Engine::new(&b, Llama::new(&b, &cfg, DType::F32, 7).unwrap(), ecfg, DType::F32).unwrap();
+        for (i, p) in prompts.iter().enumerate() {
+            let req = Request {
+                id: i as u64,
+                prompt: p.clone(),
+                max_tokens: 3,
+                sampling: Sampling::Greedy,
+                stop_tokens: vec![],
+                logprobs: None,
+            };
+            engine.add(req).unwrap();
+        }
+        let mut out: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
+        while engine.has_work() {
+            for e in engine.step().unwrap() {
+                if let Event::Token { id, token, .. } = e {
+                    out.entry(id).or_default().push(token);
+                }
+            }
+        }
+        for i in [0usize, 1, 17, 31] {
+            assert_eq!(out[&(i as u64)], generated(&b, &m, &prompts[i], 3), "request {i}");
+        }
+        assert_eq!(out.len(), 32);
+        let s = engine.stats();
+        // the first request's 258 prompt tokens, then each other's 2 after the 16 shared blocks
+        assert_eq!(s.prefilled, 258 + 31 * 2, "{s:?}");
+        assert_eq!(s.kv.prefix_hit_tokens, 31 * 256, "{s:?}");
+        assert_eq!(s.preemptions, 0);
     }
 
     #[test]

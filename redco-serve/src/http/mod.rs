@@ -110,6 +110,12 @@ async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
             "Prompt tokens found in the prefix cache.",
             s.kv.prefix_hit_tokens,
         ),
+        (
+            "redco_prefill_tokens_total",
+            "counter",
+            "Tokens run outside decode steps (prompts, recomputations).",
+            s.prefilled,
+        ),
         ("redco_preemptions_total", "counter", "Sequences preempted for blocks.", s.preemptions),
         ("redco_kv_evictions_total", "counter", "Cached KV blocks given to other tokens.", s.kv.evictions),
         ("redco_engine_steps_total", "counter", "Engine steps run.", s.steps),
