@@ -592,7 +592,8 @@ mod tests {
         let prefix: Vec<i64> = (0..256).map(|i| (i * 7 % 50) as i64).collect();
         let prompts: Vec<Vec<i64>> =
             (0..32).map(|i| prefix.iter().copied().chain([i % 50, (i + 1) % 50]).collect()).collect();
-        let ecfg = EngineConfig { max_batch_tokens: 128, max_running: 32, max_waiting: 64, block_size: 16, blocks: 256 };
+        let ecfg =
+            EngineConfig { max_batch_tokens: 128, max_running: 32, max_waiting: 64, block_size: 16, blocks: 256 };
         let mut engine = Engine::new(&b, Llama::new(&b, &cfg, DType::F32, 7).unwrap(), ecfg, DType::F32).unwrap();
         for (i, p) in prompts.iter().enumerate() {
             let req = Request {

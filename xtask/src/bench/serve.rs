@@ -9,8 +9,8 @@
 //! (`--concurrency 1,8,32,128`), that many clients send `--requests` each (bounded by
 //! `--max-seconds` per level). Printed per level: requests/s, output tokens/s, time to first
 //! token and the time between tokens (p50, p99), output tokens/s against concurrency 1's,
-//! and the most KV blocks in use (sampled from `/metrics`); then the preemptions the run
-//! needed. `--mesh 1xN` serves over N tensor-parallel thread ranks. With `--soak SECONDS`, one more level after the
+//! the most KV blocks in use (sampled from `/metrics`) and the server's peak RSS; then the
+//! preemptions the run needed (a small `--kv-memory` makes the engine preempt). `--mesh 1xN` serves over N tensor-parallel thread ranks. With `--soak SECONDS`, one more level after the
 //! others: `--soak-concurrency` clients (default 8) send requests until the time is up,
 //! and the server's RSS is sampled every 5 s (printed: first, largest, last). Not yet:
 //! `--peer PY` (transformers serve).
@@ -97,6 +97,15 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 }
 
 /// A metric of `/metrics`.
+/// One client's timings, or why it stopped.
+type ClientTimings = Result<Vec<Timing>, String>;
+
+/// Process `pid`'s resident set, kB.
+fn rss_kb(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok())
+}
+
 fn metric(addr: &str, name: &str) -> Option<u64> {
     let mut c = TcpStream::connect(addr).ok()?;
     write!(c, "GET /metrics HTTP/1.0\r\n\r\n").ok()?;
@@ -192,6 +201,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         line.split("http://").nth(1).and_then(|r| r.split_whitespace().next()).ok_or(format!("no address: {line}"))?;
     println!("{}", line.trim());
     println!("redco serve --model {preset} (random weights), greedy, streamed; prompts 16-128 tokens, outputs 16-64");
+    let pid = server.0.id();
     let mut rows = Vec::new();
     for &c in &levels {
         // the same request set at every level: client i's requests from seed i
@@ -209,15 +219,16 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         eprintln!("xtask: concurrency {c}: {} requests", c * per_client);
         let t0 = Instant::now();
         let done = std::sync::atomic::AtomicBool::new(false);
-        let (timings, blocks): (Vec<Result<Vec<Timing>, String>>, u64) = std::thread::scope(|sc| {
-            // the KV blocks in use, sampled while the level runs: the largest
+        let (timings, (blocks, rss)): (Vec<ClientTimings>, (u64, u64)) = std::thread::scope(|sc| {
+            // the KV blocks in use and the server's RSS, sampled while the level runs: the largest
             let sampler = sc.spawn(|| {
-                let mut peak = 0;
+                let (mut blocks, mut rss) = (0, 0);
                 while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                    peak = peak.max(metric(addr, "redco_kv_blocks_used").unwrap_or(0));
+                    blocks = blocks.max(metric(addr, "redco_kv_blocks_used").unwrap_or(0));
+                    rss = rss.max(rss_kb(pid).unwrap_or(0));
                     std::thread::sleep(Duration::from_millis(250));
                 }
-                peak
+                (blocks, rss)
             });
             let hs: Vec<_> = reqs
                 .iter()
@@ -237,7 +248,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
             let t: Vec<_> =
                 hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a client thread panicked".into()))).collect();
             done.store(true, std::sync::atomic::Ordering::Relaxed);
-            (t, sampler.join().unwrap_or(0))
+            (t, sampler.join().unwrap_or((0, 0)))
         });
         let wall = t0.elapsed().as_secs_f64();
         let all: Vec<Timing> = timings.into_iter().collect::<Result<Vec<_>, _>>()?.into_iter().flatten().collect();
@@ -252,17 +263,14 @@ pub fn run(argv: &[String]) -> Result<(), String> {
             [percentile(&mut firsts, 0.5), percentile(&mut firsts, 0.99)],
             [percentile(&mut gaps, 0.5), percentile(&mut gaps, 0.99)],
             blocks,
+            rss,
         ));
     }
     let soak = a.num("soak", 0)? as f64;
     if soak > 0.0 {
         let c = a.num("soak-concurrency", 8)?;
-        let pid = server.0.id();
         eprintln!("xtask: soak: {c} clients for {soak} s");
-        let rss = || -> Option<u64> {
-            let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-            s.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok())
-        };
+        let rss = || rss_kb(pid);
         let t0 = Instant::now();
         let (samples, served) = std::thread::scope(|sc| {
             let clients: Vec<_> = (0..c)
@@ -305,28 +313,39 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
     println!(
-        "\n{:>5} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10}",
-        "conc", "requests", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "x conc 1", "KV blocks"
+        "\n{:>5} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10} {:>9}",
+        "conc",
+        "requests",
+        "req/s",
+        "out tok/s",
+        "TTFT p50",
+        "TTFT p99",
+        "ITL p50",
+        "ITL p99",
+        "x conc 1",
+        "KV blocks",
+        "peak RSS"
     );
     let base = rows.first().map_or(f64::NAN, |r| r.3);
-    for (c, n, rps, tps, ttft, itl, blocks) in &rows {
+    for (c, n, rps, tps, ttft, itl, blocks, rss) in &rows {
         println!(
-            "{c:>5} {n:>8} {rps:>8.2} {tps:>10.1} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.2} {blocks:>10}",
+            "{c:>5} {n:>8} {rps:>8.2} {tps:>10.1} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.2} {blocks:>10} {:>6.0} MB",
             ttft[0],
             ttft[1],
             itl[0],
             itl[1],
-            tps / base
+            tps / base,
+            *rss as f64 / 1024.0
         );
     }
     println!("preemptions: {preempted}");
     if let Some(path) = a.get("json") {
         let rows: Vec<serde_json::Value> = rows
             .iter()
-            .map(|(c, n, rps, tps, ttft, itl, blocks)| {
+            .map(|(c, n, rps, tps, ttft, itl, blocks, rss)| {
                 serde_json::json!({"concurrency": c, "requests": n,
                 "requests_per_s": rps, "output_tokens_per_s": tps, "ttft_p50_s": ttft[0], "ttft_p99_s": ttft[1],
-                "itl_p50_s": itl[0], "itl_p99_s": itl[1], "kv_blocks_used_peak": blocks})
+                "itl_p50_s": itl[0], "itl_p99_s": itl[1], "kv_blocks_used_peak": blocks, "peak_rss_kb": rss})
             })
             .collect();
         let doc =
