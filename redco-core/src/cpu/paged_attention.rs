@@ -1,6 +1,7 @@
 //! CPU paged attention: one task per query head, each reading its key/value head's rows of
 //! the pools in place through each segment's row list (no gathered copy), a score per
-//! visible key, a softmax, and the weighted sum of the value rows. f32 and f64 pools; a
+//! visible key (a dot product of independent partial sums, so it vectorizes), a softmax,
+//! and the weighted sum of the value rows. f32 and f64 pools; a
 //! 16-bit pool takes the composite (its rows gathered and widened per segment).
 
 use super::real::Real;
@@ -51,9 +52,7 @@ fn paged<T: Real>(q: &[T], k: &[T], v: &[T], s: &PagedSpec<'_>) -> Vec<T> {
                         // causal: the query at position kv_len - q_len + i sees keys up to it
                         let lim = kv_len - sg.q_len + i + 1;
                         p.clear();
-                        p.extend(sg.slots[..lim].iter().map(|&r| {
-                            qi.iter().zip(&k[at(r)..at(r) + d]).fold(T::zero(), |acc, (&a, &b)| acc + a * b) * scale
-                        }));
+                        p.extend(sg.slots[..lim].iter().map(|&r| dot(qi, &k[at(r)..at(r) + d]) * scale));
                         let mx = T::row_max(&p);
                         let inv = T::one() / T::exp_shift_sum(&mut p, mx);
                         let oi = &mut o[(sg.q_start + i) * d..(sg.q_start + i + 1) * d];
@@ -67,4 +66,23 @@ fn paged<T: Real>(q: &[T], k: &[T], v: &[T], s: &PagedSpec<'_>) -> Vec<T> {
         )
     });
     out
+}
+
+/// Lanes of [`dot`]'s independent partial sums (one 512-bit register of f32).
+const LANES: usize = 16;
+
+/// `a . b` with [`LANES`] independent partial sums, then those summed in order: the
+/// multiply-adds of one key vectorize instead of waiting on each other.
+#[inline(always)]
+fn dot<T: Real>(a: &[T], b: &[T]) -> T {
+    let mut acc = [T::zero(); LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for j in 0..LANES {
+            acc[j] = acc[j] + x[j] * y[j];
+        }
+    }
+    let tail = ra.iter().zip(rb).fold(T::zero(), |s, (&x, &y)| s + x * y);
+    acc.iter().fold(T::zero(), |s, &x| s + x) + tail
 }
