@@ -331,10 +331,7 @@ fn deliver<B: Backend>(t: &Tensor<B>, g: Tensor<B>) -> Result<Tensor<B>> {
     let mut target = crate::placement::without_partial(t.placements());
     // a variable's gradient, and a gathered ZeRO-3 parameter's (its backward
     // reduce-scatters), keep their partial sum over dp
-    let gathered =
-        t.0.node.as_ref().is_some_and(|n| {
-            n.op == crate::ops::gather_piece::GATHER_PIECE || n.op == crate::ops::gather_unit::UNIT_PARAM
-        });
+    let gathered = t.0.node.as_ref().is_some_and(|n| n.op == crate::ops::gather_unit::UNIT_PARAM);
     if (t.is_var() || gathered) && g.placements().get(MeshAxis::Dp) == Placement::Partial(PartialOp::Sum) {
         target = target.with(MeshAxis::Dp, Placement::Partial(PartialOp::Sum));
     }

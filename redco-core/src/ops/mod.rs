@@ -6,7 +6,6 @@ pub mod attention;
 pub mod attention_grad;
 pub mod cross_entropy;
 pub mod elementwise;
-pub mod gather_piece;
 pub mod gather_unit;
 pub mod index;
 pub mod layout;

@@ -52,7 +52,11 @@ impl<B: Backend> UnitPieces<B> {
 impl<B: Backend> ParamGather<B> for UnitPieces<B> {
     fn gather(&self, name: &str, piece: &Tensor<B>) -> Result<Tensor<B>> {
         match self.layouts.get(name) {
-            Some((shard, layout)) => piece.gather_piece(*shard, &self.comm, layout, self.dtype),
+            Some((shard, layout)) => {
+                let one = [UnitPiece { piece, shard: *shard, layout }];
+                let mut whole = gather_unit(&one, &self.comm, self.dtype)?;
+                whole.pop().ok_or_else(|| crate::Error::invalid("gather_unit", "no whole parameter"))
+            }
             None => Ok(piece.clone()),
         }
     }
