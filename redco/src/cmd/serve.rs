@@ -36,7 +36,8 @@ pub struct ServeArgs {
     /// processes under a launcher), rank 0 serving HTTP.
     #[arg(long, default_value = "1x1")]
     pub mesh: String,
-    /// Compute backend (cpu only so far).
+    /// Compute backend: cpu, or a device backend built in (wgpu, cuda, pjrt): the paged
+    /// attention runs the backend's composite path there (each sequence's rows gathered).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// Parameter and KV cache dtype: f32, bf16 or f16.
@@ -77,9 +78,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
             a.mesh
         ));
     }
-    if a.backend != "cpu" {
-        return Err(format!("--backend {}: redco serve runs on the cpu backend so far", a.backend));
-    }
+    let kind = backends::backend(&a.backend)?;
     let cfg = HfConfig::from_dir(&a.model).map_err(|e| e.to_string())?;
     if !matches!(cfg.model_type.as_str(), "llama" | "mistral" | "gptj" | "opt") {
         return Err(format!(
@@ -106,10 +105,12 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         block_size: a.block_size,
         blocks,
     };
-    cores::check_devices(mesh, a.threads, false)?;
+    if kind == backends::BackendKind::Cpu {
+        cores::check_devices(mesh, a.threads, false)?;
+    }
     let threads = cores::threads_per_rank(a.threads, mesh);
     let on = OnMesh { a: &a, cfg: &cfg, plan: plan.as_ref(), engine: engine_cfg, dtype, mesh, threads };
-    backends::dispatch(backends::BackendKind::Cpu, mesh, on).map_err(|e| e.to_string())
+    backends::dispatch(kind, mesh, on).map_err(|e| e.to_string())
 }
 
 /// The server on every rank of the mesh.

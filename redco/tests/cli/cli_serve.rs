@@ -12,9 +12,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A running server and its address.
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    addr: String,
+    /// The address it listens on.
+    pub(crate) addr: String,
 }
 
 impl Drop for Server {
@@ -24,7 +25,7 @@ impl Drop for Server {
     }
 }
 
-fn start(model: &std::path::Path, extra: &[&str]) -> Server {
+pub(crate) fn start(model: &std::path::Path, extra: &[&str]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_redco"))
         .args(["serve", "--model", s(model), "--port", "0", "--kv-memory", "4MB"])
         .args(if extra.contains(&"--threads") { &[][..] } else { &["--threads", "1"][..] })

@@ -1,6 +1,6 @@
 //! `--backend wgpu` in the CLI (with the `wgpu` feature): `eval-dump` on the committed LLaMA
-//! fixture matches transformers, `generate` gives the CPU backend's text, `info` lists the
-//! adapters. Skipped without a wgpu adapter unless `REDCO_REQUIRE_WGPU=1`.
+//! fixture matches transformers, `generate` gives the CPU backend's text, `serve` gives
+//! `generate`'s, `info` lists the adapters. Skipped without a wgpu adapter unless `REDCO_REQUIRE_WGPU=1`.
 #![cfg(feature = "wgpu")]
 
 use crate::common::losses;
@@ -136,4 +136,51 @@ fn train_on_wgpu_at_1x2_writes_everything_its_loss_falls_from_the_cpu_first_loss
     assert!(l[8..].iter().all(|x| x.is_finite() && *x < l[0]), "{l:?}");
     println!("wgpu train test: {:.1} s", started.elapsed().as_secs_f64());
     let _ = (std::fs::remove_dir_all(&gpu), std::fs::remove_dir_all(&cpu));
+}
+
+/// `redco serve --backend wgpu`: the paged cache in wgpu buffers (written through the
+/// composite `write_rows`, read by the composite paged attention), and the greedy text of
+/// `redco generate --backend wgpu` for requests batched together.
+#[test]
+fn serve_on_wgpu_gives_generate_s_text() {
+    if !have_wgpu() {
+        return;
+    }
+    use crate::cli_serve::{post, start};
+    let prompts = ["Hello world", "the cat sat"];
+    let want: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            let m = fixture();
+            let (code, out, err) = redco(&[
+                "generate",
+                "--backend",
+                "wgpu",
+                "--model",
+                m.to_str().unwrap(),
+                "--prompt",
+                p,
+                "--max-new-tokens",
+                "8",
+            ]);
+            assert_eq!(code, 0, "{err}");
+            out.trim_end_matches('\n').to_string()
+        })
+        .collect();
+    let srv = start(&fixture(), &["--backend", "wgpu"]);
+    let clients: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let (a, p) = (srv.addr.clone(), p.to_string());
+            std::thread::spawn(move || {
+                post(&a, "/v1/completions", &serde_json::json!({"prompt": p, "max_tokens": 8, "temperature": 0}))
+            })
+        })
+        .collect();
+    for (c, want) in clients.into_iter().zip(&want) {
+        let (st, r) = c.join().unwrap();
+        assert_eq!(st, 200, "{r}");
+        let text = r["choices"][0]["text"].as_str().unwrap();
+        assert!(!text.is_empty() && want.ends_with(text), "served on wgpu {text:?}, generate printed {want:?}");
+    }
 }
