@@ -1,4 +1,4 @@
-//! The serving engine of redco-rs, behind `redco serve` (issue 38, in progress):
+//! The serving engine of redco-rs, behind `redco serve`:
 //!
 //! - [`kv`]: the paged KV cache: fixed-size blocks from a pool sized by a memory budget, a
 //!   block table per sequence, blocks shared between sequences whose prompts share a prefix
