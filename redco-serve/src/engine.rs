@@ -166,7 +166,8 @@ impl<B: Backend, M: CausalLm<B>> Engine<B, M> {
     /// An engine for this rank's shard of `model`, split over `mp` tensor-parallel ranks:
     /// its cache holds the rank's key/value heads ([`KvGeometry::split`]), `cfg.blocks`
     /// blocks of them. Every rank's engine must be handed the same requests in the same
-    /// order ([`crate::lockstep`]).
+    /// order ([`crate::lockstep`]). Tells `b` that its weights are constant
+    /// ([`Backend::hint_constant_weights`]).
     pub fn split(b: &B, model: M, cfg: EngineConfig, dtype: DType, mp: usize) -> Result<Self> {
         let c = model.config();
         let geometry = KvGeometry {
@@ -182,6 +183,9 @@ impl<B: Backend, M: CausalLm<B>> Engine<B, M> {
         }
         let scale = 1.0 / (c.head_dim as f64).sqrt();
         let context = model.max_positions();
+        // an engine only runs inference: its weights never change (the CPU backend then
+        // keeps them packed for its GEMM)
+        b.hint_constant_weights();
         Ok(Engine {
             backend: b.clone(),
             kv: PagedKv::new(b, geometry, cfg.blocks, dtype)?,

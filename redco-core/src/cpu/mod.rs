@@ -28,6 +28,8 @@ pub mod sgemm;
 pub(crate) mod simd;
 mod softmax;
 mod strided;
+#[cfg(target_arch = "x86_64")]
+mod weight_cache;
 
 pub use block_cache::{BlockStats, LargeBlocks};
 
@@ -41,6 +43,10 @@ use std::sync::Arc;
 pub struct Cpu {
     pool: Arc<rayon::ThreadPool>,
     threads: usize,
+    /// The weights kept packed for the f32 GEMM (off unless hinted, see
+    /// [`Backend::hint_constant_weights`]); shared by the clones of this backend.
+    #[cfg(target_arch = "x86_64")]
+    weights: Arc<weight_cache::WeightCache>,
 }
 
 impl std::fmt::Debug for Cpu {
@@ -80,11 +86,28 @@ impl Cpu {
                 backend: "cpu".into(),
                 msg: format!("cannot start {threads} threads: {e}"),
             })?;
-        Ok(Cpu { pool: Arc::new(pool), threads })
+        Ok(Cpu {
+            pool: Arc::new(pool),
+            threads,
+            #[cfg(target_arch = "x86_64")]
+            weights: Arc::default(),
+        })
     }
     /// The number of compute threads.
     pub fn threads(&self) -> usize {
         self.threads
+    }
+    /// How many weights this backend keeps packed for its GEMM (see
+    /// [`Backend::hint_constant_weights`]; 0 without the hint).
+    pub fn packed_weights(&self) -> u64 {
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.weights.packed_count()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            0
+        }
     }
     /// Runs `f` on this backend's pool.
     pub(crate) fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
@@ -245,7 +268,17 @@ impl Backend for Cpu {
     }
     fn matmul(&self, a: &CpuStorage, b: &CpuStorage, spec: &MatmulSpec) -> Result<CpuStorage> {
         let dt = check_same(a, b, "matmul")?;
+        #[cfg(target_arch = "x86_64")]
+        if dt == DType::F32 && self.weights.is_on() {
+            if let Some(c) = self.run(|| weight_cache::packed_product(&self.weights, &a.0, &b.0, spec, self.threads)) {
+                return Ok(CpuStorage::new(HostData::F32(c)));
+            }
+        }
         st(self.run(|| matmul::matmul(&a.0, &b.0, spec, dt, self.threads))?)
+    }
+    fn hint_constant_weights(&self) {
+        #[cfg(target_arch = "x86_64")]
+        self.weights.switch_on();
     }
     fn reduce(&self, op: ReduceOp, x: &CpuStorage, shape: &Shape, dim: usize) -> Result<CpuStorage> {
         st(self.run(|| reduce::reduce(op, &x.0, shape, dim))?)

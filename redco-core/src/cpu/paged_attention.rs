@@ -52,7 +52,12 @@ fn paged<T: Real>(q: &[T], k: &[T], v: &[T], s: &PagedSpec<'_>) -> Vec<T> {
                         // causal: the query at position kv_len - q_len + i sees keys up to it
                         let lim = kv_len - sg.q_len + i + 1;
                         p.clear();
-                        p.extend(sg.slots[..lim].iter().map(|&r| dot(qi, &k[at(r)..at(r) + d]) * scale));
+                        // a plain loop, not `extend(map)`: an iterator adapter's `fold` is
+                        // compiled apart from this vectorized closure (baseline SSE, measured
+                        // at 18% of a serving run), a loop body is inlined into it
+                        for &r in &sg.slots[..lim] {
+                            p.push(dot(qi, &k[at(r)..at(r) + d]) * scale);
+                        }
                         let mx = T::row_max(&p);
                         let inv = T::one() / T::exp_shift_sum(&mut p, mx);
                         let oi = &mut o[(sg.q_start + i) * d..(sg.q_start + i + 1) * d];
@@ -71,8 +76,9 @@ fn paged<T: Real>(q: &[T], k: &[T], v: &[T], s: &PagedSpec<'_>) -> Vec<T> {
 /// Lanes of [`dot`]'s independent partial sums (one 512-bit register of f32).
 const LANES: usize = 16;
 
-/// `a . b` with [`LANES`] independent partial sums, then those summed in order: the
-/// multiply-adds of one key vectorize instead of waiting on each other.
+/// `a . b` with [`LANES`] independent partial sums, then those summed pairwise (halves
+/// added to halves): the multiply-adds of one key vectorize instead of waiting on each
+/// other, and so does the reduction.
 #[inline(always)]
 fn dot<T: Real>(a: &[T], b: &[T]) -> T {
     let mut acc = [T::zero(); LANES];
@@ -83,6 +89,16 @@ fn dot<T: Real>(a: &[T], b: &[T]) -> T {
             acc[j] = acc[j] + x[j] * y[j];
         }
     }
-    let tail = ra.iter().zip(rb).fold(T::zero(), |s, (&x, &y)| s + x * y);
-    acc.iter().fold(T::zero(), |s, &x| s + x) + tail
+    let mut tail = T::zero();
+    for (&x, &y) in ra.iter().zip(rb) {
+        tail = tail + x * y;
+    }
+    let mut w = LANES;
+    while w > 1 {
+        w /= 2;
+        for j in 0..w {
+            acc[j] = acc[j] + acc[j + w];
+        }
+    }
+    acc[0] + tail
 }

@@ -121,12 +121,38 @@ pub(crate) fn gemm<K: Family, E: Source>(
         let at = Op { ptr: b_op.ptr, rs: b.cs, cs: b.rs };
         let bt = Op { ptr: a_op.ptr, rs: a.cs, cs: a.rs };
         let ct = Op { ptr: c_op.ptr, rs: 1, cs: ldc };
-        gemm_strided::<K, E>(n, m, k, at, bt, ct, accumulate, nt, None);
+        gemm_strided::<K, E>(n, m, k, at, bt, ct, accumulate, nt, None, None);
         false
     } else {
-        gemm_strided::<K, E>(m, n, k, a_op, b_op, c_op, accumulate, nt, epi);
+        gemm_strided::<K, E>(m, n, k, a_op, b_op, c_op, accumulate, nt, epi, None);
         epi.is_some()
     }
+}
+
+/// `C = A*B` (C row-major `m x n`, leading dimension `ldc`) with B already packed for `K`
+/// (`packed`, laid out as [`super::prepacked`] describes, for this `k` and `n`): the
+/// blocked path without its B packing.
+///
+/// # Safety
+/// `packed` holds B packed by family `K` for exactly this `k` and `n`; `a` and `c` cover
+/// the problem; the CPU runs `K`; `m, n, k >= 1`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_packed_b<K: Family>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<f32>,
+    packed: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    threads: usize,
+) {
+    let nt = threads.min(rayon::current_num_threads()).max(1);
+    let a_op = Op { ptr: SendPtr(a.data.as_ptr() as *mut f32), rs: a.rs, cs: a.cs };
+    // B's strides are never read on this path (its panels are packed already)
+    let b_op = Op { ptr: SendPtr(packed as *mut f32), rs: 0, cs: 0 };
+    let c_op = Op { ptr: SendPtr(c), rs: ldc, cs: 1 };
+    gemm_strided::<K, f32>(m, n, k, a_op, b_op, c_op, false, nt, None, Some(SendPtr(packed as *mut f32)));
 }
 
 /// Runs `f(i)` for `i in 0..n`, in parallel on the current rayon pool when `n > 1`.
@@ -170,6 +196,7 @@ fn gemm_strided<K: Family, E: Source>(
     accumulate: bool,
     nt: usize,
     epi: Option<Epilogue>,
+    bpre: Option<SendPtr<f32>>,
 ) {
     let np = n.div_ceil(K::NR);
     let kblocks = k.div_ceil(K::KC);
@@ -207,7 +234,7 @@ fn gemm_strided<K: Family, E: Source>(
                 // SAFETY: tasks write disjoint C tiles (disjoint M or N panel ranges) and each
                 // task's K blocks run in order on one worker; A panels are written once, by the
                 // task that claims them, before being published.
-                unsafe { compute_task::<K, E>(pm, pn, kb, start, blk, apack, flags, a, b, c, accumulate, epi) };
+                unsafe { compute_task::<K, E>(pm, pn, kb, start, blk, apack, flags, a, b, c, accumulate, epi, bpre) };
             };
             // Static round-robin ownership of tasks (equal-sized, so balanced); K blocks
             // outermost on each worker so the packed A of one K block is the working set shared
@@ -281,9 +308,10 @@ fn next_source<K: Family, E: Source>(
     (src, if a.cs == 1 && len > 1 && claimable { (m - r0).min(K::MR) } else { 0 })
 }
 
-/// One task for K block `kb`: packs the B block for N panels `pn0..pn1` and multiplies it
-/// with A panels `pm0..pm1` (visited cyclically from `pm0 + start`); in the last K block,
-/// narrows each A panel's finished rows into `epi`'s output.
+/// One task for K block `kb`: packs the B block for N panels `pn0..pn1` (or finds it in
+/// `bpre`, B packed whole beforehand) and multiplies it with A panels `pm0..pm1` (visited
+/// cyclically from `pm0 + start`); in the last K block, narrows each A panel's finished rows
+/// into `epi`'s output.
 ///
 /// # Safety
 /// Panel ranges must be in bounds; no other task may write the same C tiles concurrently;
@@ -303,27 +331,37 @@ unsafe fn compute_task<K: Family, E: Source>(
     c: Op<f32>,
     accumulate: bool,
     epi: Option<Epilogue>,
+    bpre: Option<SendPtr<f32>>,
 ) {
     let (m, n, k) = blk.shape;
     let len = pm1 - pm0;
+    let np = n.div_ceil(K::NR);
     with_buf(Slot::B, |bbuf| {
-        let bpack = bbuf.reserve((pn1 - pn0) * K::NR * blk.kc_max);
         let j0 = pn0 * K::NR;
         {
             let pc = kb * blk.kc_max;
             let kc = (k - pc).min(blk.kc_max);
             let load_c = accumulate || kb > 0;
-            // SAFETY: B(pc.., j0..) kc x cols is in bounds; the buffer holds (pn1 - pn0) panels.
-            unsafe {
-                K::pack_b(
-                    kc,
-                    (n - j0).min((pn1 - pn0) * K::NR),
-                    b.ptr.get().add(pc * b.rs + j0 * b.cs),
-                    b.rs,
-                    b.cs,
-                    bpack,
-                );
-            }
+            let bpack = match bpre {
+                // SAFETY: the packed B holds K block kb's np panels from kb * np * NR *
+                // kc_max, panel pn0 at pn0 * NR * kc from there (see `prepacked`)
+                Some(p) => unsafe { p.get().add(kb * np * K::NR * blk.kc_max + pn0 * K::NR * kc) },
+                None => {
+                    let bpack = bbuf.reserve((pn1 - pn0) * K::NR * blk.kc_max);
+                    // SAFETY: B(pc.., j0..) kc x cols is in bounds; the buffer holds (pn1 - pn0) panels.
+                    unsafe {
+                        K::pack_b(
+                            kc,
+                            (n - j0).min((pn1 - pn0) * K::NR),
+                            b.ptr.get().add(pc * b.rs + j0 * b.cs),
+                            b.rs,
+                            b.cs,
+                            bpack,
+                        );
+                    }
+                    bpack
+                }
+            };
             // The kernel prefetches the task's next A panel into L2, a slice per B panel,
             // unless the A of a K block stays in L2 anyway (then it walks the current panel).
             let prefetch_next = len * K::MR * kc * 4 > K::L2_A_BYTES;

@@ -41,6 +41,10 @@ mod pack_avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod pack_avx512;
 #[cfg(target_arch = "x86_64")]
+pub mod prepacked;
+#[cfg(target_arch = "x86_64")]
+pub use prepacked::PackedB;
+#[cfg(target_arch = "x86_64")]
 pub mod sink;
 #[cfg(target_arch = "x86_64")]
 pub mod skinny;
@@ -211,6 +215,44 @@ pub fn gemm_uninit<E: Source>(
         Some(isa) => run(isa, m, n, k, a, b, c, ldc, false, threads, None).is_some(),
         None => false,
     }
+}
+
+/// `C = A*B` (row-major `m x n`, leading dimension `ldc`, every element written) with B
+/// packed beforehand ([`PackedB`]: `n = b.n()`, `k = b.k()`), equal bit for bit to
+/// [`gemm_uninit`]'s packed path on the same operands. Returns false, without touching C,
+/// when the family `b` was packed for does not run here (or is not the one detected).
+///
+/// # Panics
+/// If `a` (`m x k`) or `c` is too short.
+#[cfg(target_arch = "x86_64")]
+pub fn gemm_prepacked(
+    m: usize,
+    a: MatRef<f32>,
+    b: &PackedB,
+    c: &mut [std::mem::MaybeUninit<f32>],
+    ldc: usize,
+    threads: usize,
+) -> bool {
+    let (k, n) = (b.k(), b.n());
+    if Isa::detect() != Some(b.isa()) {
+        return false;
+    }
+    if m == 0 {
+        return true;
+    }
+    assert!(m == 1 || ldc >= n, "gemm_prepacked: ldc ({ldc}) < n ({n})");
+    assert!(c.len() >= (m - 1) * ldc + n, "gemm_prepacked: C slice too short");
+    assert!(a.data.len() > (m - 1) * a.rs + (k - 1) * a.cs, "gemm_prepacked: A slice too short");
+    let cp = c.as_mut_ptr() as *mut f32;
+    // SAFETY: `b` was packed by the family detected here for this k and n (its constructor
+    // needs k, n >= 1); A and C cover the problem (asserted).
+    unsafe {
+        match b.isa() {
+            Isa::Avx512 => driver::gemm_packed_b::<kernel_avx512::Avx512>(m, n, k, a, b.as_ptr(), cp, ldc, threads),
+            Isa::Avx2 => driver::gemm_packed_b::<kernel_avx2::Avx2>(m, n, k, a, b.as_ptr(), cp, ldc, threads),
+        }
+    }
+    true
 }
 
 /// `out = A*B` (row-major `m x n`, every element written) for operands of any [`Source`]
