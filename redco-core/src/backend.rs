@@ -373,7 +373,7 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     /// A hint from a program that only runs inference (an inference server): the storages
     /// it multiplies by again and again are constant weights, so the backend may keep them
     /// in a layout its kernels read faster, at the cost of memory (the CPU backend keeps an
-    /// f32 weight packed for its GEMM from the second product by it on: one more copy of
+    /// f32 weight packed for its GEMM from the first product by it on: one more copy of
     /// each such weight). Never changes a result. The default does nothing.
     fn hint_constant_weights(&self) {}
     /// Rotary embedding of `x` (shape `[.., seq, head_dim]`) on its first `2 * cos.cols`

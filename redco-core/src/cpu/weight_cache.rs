@@ -6,11 +6,12 @@
 //! `[out, in]` weight, `x W^T`) and whose left has more rows than the unpacked small-`m`
 //! path takes packs that operand into the GEMM's panels on every call: measured with `perf`
 //! on `redco serve` at 32 concurrent requests (llama-134m, f32), 20% of the server's time.
-//! With the hint, the second product by the same storage packs it whole and keeps it; later
-//! ones read the packed copy (products equal bit for bit: the same panels, the same
-//! kernel). An operand seen once (an activation) is only remembered by address, with a
-//! weak reference, so a freed buffer is never mistaken for a new one at the same address
-//! (the weak reference keeps that address taken) and its entry goes at the next sweep.
+//! With the hint, the first product by a storage packs it whole and keeps it; later ones
+//! read the packed copy (products equal bit for bit: the same panels, the same kernel), so
+//! the packing a server's first long prompt pays is paid once. Entries hold their storage
+//! weakly: a freed buffer is never mistaken for a new one at the same address (the weak
+//! reference keeps that address taken), and the entries of freed storages, packing
+//! included, go at the next insertion.
 
 use super::sgemm::{self, PackedB};
 use crate::HostData;
@@ -18,14 +19,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-/// Entries past which the dead ones are swept at the next insertion.
-const SWEEP_AT: usize = 256;
-
-/// One operand seen: the storage (weakly), its geometry, and its packing once made.
+/// One operand packed: the storage (weakly), its geometry, and its packing.
 struct Entry {
     data: Weak<HostData>,
     geometry: (usize, usize, usize, usize),
-    packed: Option<Arc<PackedB>>,
+    packed: Arc<PackedB>,
 }
 
 /// The cache; off until [`WeightCache::switch_on`].
@@ -52,8 +50,8 @@ impl WeightCache {
         self.packed.load(Ordering::Relaxed)
     }
 
-    /// `b` (`k x n` at strides `rs`, `cs`) packed, when this is at least the second product
-    /// by this storage at this geometry; `None` the first time (or when off).
+    /// `b` (`k x n` at strides `rs`, `cs`) packed: made the first time, kept while `b`
+    /// lives; `None` when off (or where no generated GEMM runs).
     pub(crate) fn get(&self, b: &Arc<HostData>, k: usize, n: usize, rs: usize, cs: usize) -> Option<Arc<PackedB>> {
         if !self.is_on() {
             return None;
@@ -62,23 +60,17 @@ impl WeightCache {
         let key = Arc::as_ptr(b) as usize;
         let geometry = (k, n, rs, cs);
         let mut map = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(e) = map.get_mut(&key) {
+        if let Some(e) = map.get(&key) {
             // the weak reference keeps the address taken, so a live one is this storage
             if e.data.strong_count() > 0 && e.geometry == geometry {
-                if e.packed.is_none() {
-                    e.packed = PackedB::new(k, n, sgemm::MatRef { data, rs, cs }).map(Arc::new);
-                    if e.packed.is_some() {
-                        self.packed.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                return e.packed.clone();
+                return Some(e.packed.clone());
             }
         }
-        if map.len() >= SWEEP_AT {
-            map.retain(|_, e| e.data.strong_count() > 0);
-        }
-        map.insert(key, Entry { data: Arc::downgrade(b), geometry, packed: None });
-        None
+        map.retain(|_, e| e.data.strong_count() > 0);
+        let packed = Arc::new(PackedB::new(k, n, sgemm::MatRef { data, rs, cs })?);
+        self.packed.fetch_add(1, Ordering::Relaxed);
+        map.insert(key, Entry { data: Arc::downgrade(b), geometry, packed: packed.clone() });
+        Some(packed)
     }
 }
 

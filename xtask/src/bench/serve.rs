@@ -3,18 +3,27 @@
 //! program: `cargo build --release -p redco`).
 //!
 //! The model: `--preset` (default llama-134m) with the weights of one training step,
-//! written by `redco train`. The requests: prompt lengths and output lengths drawn from a
-//! fixed seed (prompts as text from the model's word-level vocabulary, `max_tokens` fixed per request,
-//! greedy, no stop), each
-//! streamed, so the client sees its first token and every later one. At each concurrency
-//! (`--concurrency 1,8,32,128`), that many clients send `--requests` each (bounded by
-//! `--max-seconds` per level). Printed per level: requests/s, output tokens/s, time to first
-//! token and the time between tokens (p50, p99), output tokens/s against concurrency 1's,
-//! the most KV blocks in use (sampled from `/metrics`) and the server's peak RSS; then the
-//! preemptions the run needed (a small `--kv-memory` makes the engine preempt). `--mesh 1xN` serves over N tensor-parallel thread ranks. With `--soak SECONDS`, one more level after the
-//! others: `--soak-concurrency` clients (default 8) send requests until the time is up,
-//! and the server's RSS is sampled every 5 s (printed: first, largest, last). Not yet:
-//! `--peer PY` (transformers serve).
+//! written by `redco train`. The requests: prompts of 16-128 words of the model's
+//! word-level vocabulary and output lengths of 16-64 tokens, drawn from a fixed seed
+//! (greedy, no stop), each streamed, so the client sees its first token and every later
+//! one. At each concurrency (`--concurrency 1,8,32,128`), that many clients send
+//! `--requests` each (bounded by `--max-seconds` per level). Printed per level:
+//! requests/s, output tokens/s (the servers' own counts, from each stream's `usage`), time
+//! to first token and the time between tokens (p50, p99), output tokens/s against
+//! concurrency 1's, the most KV blocks in use (sampled from `/metrics`) and the server's
+//! peak RSS; then the preemptions the run needed (a small `--kv-memory` makes the engine
+//! preempt). `--mesh 1xN` serves over N tensor-parallel thread ranks. With `--soak
+//! SECONDS`, one more level after the others: `--soak-concurrency` clients (default 8)
+//! send requests until the time is up, and the server's RSS is sampled every 5 s (printed:
+//! first, largest, last).
+//!
+//! `--peer PY`: after redco's levels (redco's server stopped first), `transformers serve
+//! --continuous-batching --device cpu` run by the Python `PY` (torch and
+//! `transformers[serving]` installed) on the same model directory gets the same requests at
+//! the same levels; printed: its table, then redco's output tokens/s against its at each
+//! level and the time to first token at the first level. Both servers first answer one
+//! greedy request with the same 48-word prompt (a warm-up); their texts are printed side by
+//! side (the same weights and tokenizer: they should agree).
 
 use super::memory::redco_beside;
 use super::serve_load::{
@@ -37,10 +46,11 @@ impl Drop for Server {
     }
 }
 
-/// The prompt both servers answer first, greedy (their texts printed side by side): the
-/// vocabulary's first 12 words.
+/// The prompt both servers answer first, greedy (their texts printed side by side): 48
+/// words cycling through the vocabulary. It also warms each server up before the levels
+/// (a prompt long enough for the batched GEMM path: redco packs its weights then).
 fn probe_prompt(words: &[String]) -> String {
-    words.iter().take(12).cloned().collect::<Vec<_>>().join(" ")
+    words.iter().cycle().take(48).cloned().collect::<Vec<_>>().join(" ")
 }
 
 /// The request set of a level of `c` clients: client i's requests from seed 1000 + i.
