@@ -77,6 +77,10 @@ pub struct LargeBlocks {
     limit: AtomicUsize,
     reused: AtomicU64,
     mapped: AtomicU64,
+    /// Bytes allocated through this allocator and not yet freed (every size).
+    live: AtomicUsize,
+    /// The most bytes live at once (since [`LargeBlocks::reset_peak`]).
+    peak: AtomicUsize,
 }
 
 impl Default for LargeBlocks {
@@ -99,7 +103,39 @@ impl LargeBlocks {
             limit: AtomicUsize::new(limit),
             reused: AtomicU64::new(0),
             mapped: AtomicU64::new(0),
+            live: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
         }
+    }
+
+    /// Bytes the program holds right now through this allocator (every allocation, small
+    /// or large, at its requested size): its heap as it sees it, without the allocators'
+    /// free memory.
+    pub fn live_bytes(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// The most bytes the program held at once (see [`LargeBlocks::live_bytes`]) since it
+    /// started or since [`LargeBlocks::reset_peak`]: what a memory plan should predict, the
+    /// resident set being this plus the allocators' free memory, the code and the stacks.
+    pub fn peak_live_bytes(&self) -> usize {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    /// Starts a new peak from what is live now.
+    pub fn reset_peak(&self) {
+        self.peak.store(self.live_bytes(), Ordering::Relaxed);
+    }
+
+    fn note_alloc(&self, size: usize) {
+        let now = self.live.fetch_add(size, Ordering::Relaxed) + size;
+        if now > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+
+    fn note_free(&self, size: usize) {
+        self.live.fetch_sub(size, Ordering::Relaxed);
     }
 
     /// The counters so far.
@@ -219,14 +255,50 @@ fn pages(size: usize) -> usize {
 // by exactly one allocation until freed; everything else is the system allocator's.
 unsafe impl GlobalAlloc for LargeBlocks {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if !large(&layout) {
+        let p = if !large(&layout) {
             // SAFETY: the caller's contract is forwarded unchanged
-            return unsafe { System.alloc(layout) };
+            unsafe { System.alloc(layout) }
+        } else {
+            self.take(pages(layout.size())).map_or(std::ptr::null_mut(), |(p, _)| p as *mut u8)
+        };
+        if !p.is_null() {
+            self.note_alloc(layout.size());
         }
-        self.take(pages(layout.size())).map_or(std::ptr::null_mut(), |(p, _)| p as *mut u8)
+        p
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract is forwarded unchanged
+        let p = unsafe { self.alloc_zeroed_uncounted(layout) };
+        if !p.is_null() {
+            self.note_alloc(layout.size());
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        self.note_free(layout.size());
+        // SAFETY: the caller's contract is forwarded unchanged
+        unsafe { self.dealloc_uncounted(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: the caller's contract is forwarded unchanged
+        let p = unsafe { self.realloc_uncounted(ptr, layout, new_size) };
+        if !p.is_null() {
+            self.note_free(layout.size());
+            self.note_alloc(new_size);
+        }
+        p
+    }
+}
+
+impl LargeBlocks {
+    /// `alloc_zeroed` without the live count.
+    ///
+    /// # Safety
+    /// As [`GlobalAlloc::alloc_zeroed`].
+    unsafe fn alloc_zeroed_uncounted(&self, layout: Layout) -> *mut u8 {
         if !large(&layout) {
             // SAFETY: as above
             return unsafe { System.alloc_zeroed(layout) };
@@ -242,7 +314,11 @@ unsafe impl GlobalAlloc for LargeBlocks {
         }
     }
 
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+    /// `dealloc` without the live count.
+    ///
+    /// # Safety
+    /// As [`GlobalAlloc::dealloc`].
+    unsafe fn dealloc_uncounted(&self, ptr: *mut u8, layout: Layout) {
         if !large(&layout) {
             // SAFETY: as above
             return unsafe { System.dealloc(ptr, layout) };
@@ -250,7 +326,11 @@ unsafe impl GlobalAlloc for LargeBlocks {
         self.keep(Block { ptr: ptr as usize, len: pages(layout.size()) });
     }
 
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+    /// `realloc` without the live count.
+    ///
+    /// # Safety
+    /// As [`GlobalAlloc::realloc`].
+    unsafe fn realloc_uncounted(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: the caller guarantees a valid layout for new_size with the same align
         let new = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
         match (large(&layout), large(&new)) {
@@ -261,12 +341,17 @@ unsafe impl GlobalAlloc for LargeBlocks {
             }
             _ => {
                 // across the threshold: a new block, the contents copied, the old one freed
-                let p = unsafe { self.alloc(new) };
+                // (uncounted: the caller counts the whole move)
+                let p = if large(&new) {
+                    self.take(pages(new_size)).map_or(std::ptr::null_mut(), |(p, _)| p as *mut u8)
+                } else {
+                    unsafe { System.alloc(new) }
+                };
                 if !p.is_null() {
                     // SAFETY: both blocks hold at least the smaller size and do not overlap
                     unsafe {
                         std::ptr::copy_nonoverlapping(ptr, p, layout.size().min(new_size));
-                        self.dealloc(ptr, layout);
+                        self.dealloc_uncounted(ptr, layout);
                     }
                 }
                 p
@@ -387,6 +472,31 @@ mod tests {
 
     fn layout(bytes: usize) -> Layout {
         Layout::from_size_align(bytes, 64).unwrap()
+    }
+
+    #[test]
+    fn live_bytes_and_their_peak_follow_every_allocation_small_and_large() {
+        let a = LargeBlocks::with_limit(1 << 30);
+        let (small, big) = (layout(1000), layout(LARGE + 4096));
+        // SAFETY: each pointer is freed once with the layout (or size) it was given
+        unsafe {
+            let p = a.alloc(small);
+            let q = a.alloc_zeroed(big);
+            assert!(!p.is_null() && !q.is_null());
+            assert_eq!(a.live_bytes(), 1000 + LARGE + 4096);
+            a.dealloc(q, big);
+            assert_eq!((a.live_bytes(), a.peak_live_bytes()), (1000, 1000 + LARGE + 4096));
+            // growing across the threshold and back counts the new size only
+            let p = a.realloc(p, small, 2 * LARGE);
+            assert!(!p.is_null());
+            assert_eq!(a.live_bytes(), 2 * LARGE);
+            let p = a.realloc(p, layout(2 * LARGE), 500);
+            assert_eq!((a.live_bytes(), a.peak_live_bytes()), (500, 2 * LARGE));
+            a.reset_peak();
+            assert_eq!(a.peak_live_bytes(), 500);
+            a.dealloc(p, layout(500));
+        }
+        assert_eq!(a.live_bytes(), 0);
     }
 
     #[test]

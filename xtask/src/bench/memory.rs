@@ -6,7 +6,9 @@
 //!   recompute, one rank per process).
 //!
 //! Each row: every process's peak resident set (GNU time's `%M`), the planner's predicted
-//! peak per rank (what `redco train` prints before it allocates), their ratio, the median
+//! peak per rank (what `redco train` prints before it allocates), their ratio, the peak heap
+//! of the leader process (what `redco train` prints at its end: the bytes it held allocated at
+//! once, the planner's kind of figure), the median
 //! step time and tokens/s of the steps after the first, and the first and last losses (the
 //! rows must agree). Then the ZeRO-3 peak as a fraction of the unsharded one. The `redco`
 //! binary is the one beside this program, built with `cargo build --release -p redco
@@ -29,6 +31,8 @@ struct Row {
     what: String,
     peaks_kib: Vec<u64>,
     predicted: String,
+    /// The leader process's peak heap as `redco train` printed it (`-` for the peer).
+    heap: String,
     step_s: f64,
     tok_s: f64,
     losses: Vec<f64>,
@@ -52,6 +56,16 @@ fn predicted(stdout: &str) -> String {
         .find(|l| l.starts_with("memory: "))
         .and_then(|l| l.split("about ").nth(1))
         .and_then(|r| r.split(" per rank").next())
+        .unwrap_or("-")
+        .to_string()
+}
+
+/// The peak heap `redco train` printed at its end (`peak heap: X (...)`).
+fn heap(stdout: &str) -> String {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("peak heap: "))
+        .and_then(|r| r.split(" (").next())
         .unwrap_or("-")
         .to_string()
 }
@@ -176,6 +190,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         what: "1 process, unsharded".into(),
         peaks_kib: peaks(&err),
         predicted: predicted(&out),
+        heap: heap(&out),
         step_s,
         tok_s,
         losses,
@@ -192,6 +207,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         what: format!("{np} MPI processes, {np}x1 ZeRO-3 + recompute"),
         peaks_kib: peaks(&err),
         predicted: predicted(&out),
+        heap: heap(&out),
         step_s,
         tok_s,
         losses,
@@ -203,19 +219,20 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     }
 
     println!(
-        "\n{:<40} {:>22} {:>12} {:>10} {:>10} {:>10}  losses (first, last)",
-        "row", "peak RSS/process (GB)", "planner", "planner/m", "step (s)", "tok/s"
+        "\n{:<40} {:>22} {:>12} {:>10} {:>12} {:>10} {:>10}  losses (first, last)",
+        "row", "peak RSS/process (GB)", "planner", "planner/m", "heap rank 0", "step (s)", "tok/s"
     );
     let max_gb = |r: &Row| r.peaks_kib.iter().copied().max().unwrap_or(0) as f64 * 1024.0 / 1e9;
     for r in &rows {
         let lo = r.peaks_kib.iter().copied().min().unwrap_or(0) as f64 * 1024.0 / 1e9;
         let ratio = bytes_of(&r.predicted).map_or("-".into(), |p| format!("{:.2}", p / 1e9 / max_gb(r)));
         println!(
-            "{:<40} {:>22} {:>12} {:>10} {:>10.2} {:>10.1}  {:.6}, {:.6}",
+            "{:<40} {:>22} {:>12} {:>10} {:>12} {:>10.2} {:>10.1}  {:.6}, {:.6}",
             r.what,
             format!("{lo:.2}-{:.2}", max_gb(r)),
             r.predicted,
             ratio,
+            r.heap,
             r.step_s,
             r.tok_s,
             r.losses.first().copied().unwrap_or(f64::NAN),
@@ -235,7 +252,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         let v: Vec<serde_json::Value> = rows
             .iter()
             .map(|r| {
-                serde_json::json!({"row": r.what, "peak_kib": r.peaks_kib, "predicted": r.predicted,
+                serde_json::json!({"row": r.what, "peak_kib": r.peaks_kib, "predicted": r.predicted, "peak_heap": r.heap,
                     "step_s": r.step_s, "tokens_per_s": r.tok_s, "losses": r.losses})
             })
             .collect();
@@ -299,6 +316,7 @@ fn fsdp_row(
         what: format!("torch {} FSDP2, {np} processes + ckpt", lines[0]["torch"].as_str().unwrap_or("?")),
         peaks_kib: lines.iter().filter_map(|l| l["peak_kib"].as_u64()).collect(),
         predicted: "-".into(),
+        heap: "-".into(),
         step_s,
         tok_s: (batch * seq) as f64 / step_s,
         losses: lines[0]["losses"].as_array().into_iter().flatten().filter_map(|v| v.as_f64()).collect(),

@@ -58,6 +58,14 @@ pub(super) fn finish(
     if let Some((_, e)) = report.evals.last() {
         crate::outln!("held-out loss {e:.4}");
     }
+    let heap = crate::ALLOC.peak_live_bytes();
+    if heap > 0 {
+        crate::outln!(
+            "peak heap: {} (the most this process held allocated at once, the planner's kind of \
+             figure; its resident set adds the allocators' free memory, code and stacks)",
+            redco_core::planning::planner::human(heap as u64)
+        );
+    }
     Ok(true)
 }
 
