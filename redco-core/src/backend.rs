@@ -153,6 +153,16 @@ pub enum RotaryMode {
     HalfSplit,
 }
 
+/// Device memory held by a backend's tensors (as torch's `memory_allocated` and
+/// `max_memory_allocated` count it: buffers lent out, not those cached for reuse).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryStats {
+    /// Bytes held now.
+    pub in_use: u64,
+    /// The most bytes held at once since the device opened or [`Backend::reset_peak_memory`].
+    pub peak: u64,
+}
+
 /// A compute device and its kernels. See the module docs.
 pub trait Backend: Clone + Send + Sync + Debug + 'static {
     /// Opaque device storage of one contiguous buffer.
@@ -187,6 +197,13 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     fn sync(&self) -> Result<()> {
         Ok(())
     }
+    /// The device memory this backend's tensors hold, where the backend counts it (device
+    /// backends); `None` (the default) where it is host memory, counted by the allocator.
+    fn memory_stats(&self) -> Option<MemoryStats> {
+        None
+    }
+    /// Starts [`MemoryStats::peak`] again from what is held now.
+    fn reset_peak_memory(&self) {}
 
     /// A buffer of `n` elements, all equal to `value`.
     fn full(&self, n: usize, value: f64, dtype: DType) -> Result<Self::Storage>;

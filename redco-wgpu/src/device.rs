@@ -1,8 +1,10 @@
 //! The device side: adapter selection, the buffer pool, the pending command encoder, the
 //! pipeline cache and kernel dispatch, upload and read-back.
 
+use redco_core::backend::MemoryStats;
 use redco_core::{Error, Result};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Invocations per workgroup of the one-dimensional kernels.
@@ -28,9 +30,26 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> Result<MutexGuard<'_, T>> {
 #[derive(Default)]
 pub(crate) struct Pool {
     free: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
+    /// Bytes of buffers lent out now (held by tensors), and their peak.
+    in_use: AtomicU64,
+    peak: AtomicU64,
 }
 
 impl Pool {
+    /// Counts `b` lent out.
+    fn lend(&self, b: wgpu::Buffer) -> wgpu::Buffer {
+        let now = self.in_use.fetch_add(b.size(), Ordering::Relaxed) + b.size();
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        b
+    }
+    /// Bytes lent out now and their peak.
+    pub(crate) fn stats(&self) -> MemoryStats {
+        MemoryStats { in_use: self.in_use.load(Ordering::Relaxed), peak: self.peak.load(Ordering::Relaxed) }
+    }
+    /// Starts the peak again from what is lent out now.
+    pub(crate) fn reset_peak(&self) {
+        self.peak.store(self.in_use.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
     fn take(&self, class: u64) -> Option<wgpu::Buffer> {
         self.free.lock().ok()?.get_mut(&class)?.pop()
     }
@@ -61,6 +80,7 @@ impl DevBuf {
 impl Drop for DevBuf {
     fn drop(&mut self) {
         if let Some(b) = self.buf.take() {
+            self.pool.in_use.fetch_sub(b.size(), Ordering::Relaxed);
             self.pool.give(b);
         }
     }
@@ -228,6 +248,11 @@ impl Ctx {
         Ok(size_class(bytes).min(max / 4 * 4).max(bytes))
     }
 
+    /// The buffer pool (its counts of bytes lent out).
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
     /// A storage buffer of at least `bytes` bytes (contents undefined), from the pool when
     /// one of its size class is free.
     pub(crate) fn alloc(&self, bytes: u64) -> Result<DevBuf> {
@@ -242,7 +267,7 @@ impl Ctx {
                 mapped_at_creation: false,
             }),
         };
-        Ok(DevBuf { buf: Some(buf), pool: self.pool.clone() })
+        Ok(DevBuf { buf: Some(self.pool.lend(buf)), pool: self.pool.clone() })
     }
 
     /// A new storage buffer holding `data` (padded to its size class).
@@ -256,7 +281,7 @@ impl Ctx {
             mapped_at_creation: false,
         });
         self.write(&buf, data);
-        Ok(DevBuf { buf: Some(buf), pool: self.pool.clone() })
+        Ok(DevBuf { buf: Some(self.pool.lend(buf)), pool: self.pool.clone() })
     }
 
     /// Queues a write of `data` (a multiple of 4 bytes) to the start of `buf`: it lands

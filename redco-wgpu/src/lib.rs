@@ -57,7 +57,7 @@ mod softmax;
 pub(crate) use elem::Dev;
 
 use device::{err, groups_1d, Ctx, DevBuf};
-use redco_core::backend::{BinaryOp, CmpOp, MatmulSpec, ReduceOp, RotaryMode, UnaryOp};
+use redco_core::backend::{BinaryOp, CmpOp, MatmulSpec, MemoryStats, ReduceOp, RotaryMode, UnaryOp};
 use redco_core::ops::adamw::AdamStep;
 use redco_core::ops::attention::AttentionSpec;
 use redco_core::{Backend, DType, Error, HostData, Result, Shape};
@@ -271,6 +271,12 @@ impl Backend for Wgpu {
     }
     fn supports(&self, dtype: DType) -> bool {
         dtype != DType::F64
+    }
+    fn memory_stats(&self) -> Option<MemoryStats> {
+        Some(self.ctx.pool().stats())
+    }
+    fn reset_peak_memory(&self) {
+        self.ctx.pool().reset_peak()
     }
     fn upload(&self, data: &HostData) -> Result<WgpuStorage> {
         let dtype = data.dtype();

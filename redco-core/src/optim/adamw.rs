@@ -2,7 +2,7 @@
 //! data-parallel axis (reduce-scatter the gradient, update this rank's slice, all-gather
 //! the parameter), which gives the same numbers as the replicated update.
 
-use super::{grad_of, local_view};
+use super::{grad_of, local_view, StateTensor};
 use crate::nn::Module;
 use crate::ops::adamw::{AdamItem, AdamStep};
 use crate::runtime::Comm;
@@ -212,24 +212,26 @@ impl<B: Backend> super::Optimizer<B> for AdamW<B> {
     fn steps(&self) -> u64 {
         self.step
     }
-    fn state_tensors(&self) -> Result<Vec<(String, Tensor<B>)>> {
+    fn state_tensors(&self) -> Result<Vec<(String, StateTensor<B>)>> {
         let mut v = Vec::new();
         for (n, (m, s)) in &self.state {
-            v.push((format!("adam_m/{n}"), m.clone()));
-            v.push((format!("adam_v/{n}"), s.clone()));
+            v.push((format!("adam_m/{n}"), StateTensor::Device(m.clone())));
+            v.push((format!("adam_v/{n}"), StateTensor::Device(s.clone())));
         }
         Ok(v)
     }
-    fn load_state(&mut self, steps: u64, mut state: BTreeMap<String, Tensor<B>>) -> Result<()> {
+    fn load_state(&mut self, steps: u64, mut state: BTreeMap<String, StateTensor<B>>) -> Result<()> {
         let names: Vec<String> = state.keys().filter_map(|k| k.strip_prefix("adam_m/").map(str::to_string)).collect();
         let mut out = BTreeMap::new();
         for n in names {
-            let m = state.remove(&format!("adam_m/{n}")).expect("listed");
-            let v = state.remove(&format!("adam_v/{n}")).ok_or_else(|| Error::Parameter {
+            let (mk, vk) = (format!("adam_m/{n}"), format!("adam_v/{n}"));
+            let m =
+                state.remove(&mk).ok_or_else(|| Error::Parameter { name: n.clone(), msg: "adam_m missing".into() })?;
+            let v = state.remove(&vk).ok_or_else(|| Error::Parameter {
                 name: n.clone(),
                 msg: "adam_v missing from the checkpoint".into(),
             })?;
-            out.insert(n, (m, v));
+            out.insert(n, (m.into_device(&mk)?, v.into_device(&vk)?));
         }
         self.set_state(steps, out);
         Ok(())

@@ -5,7 +5,7 @@
 
 use super::integrity::FileSum;
 use crate::nn::{Module, ModuleExt};
-use crate::optim::Optimizer;
+use crate::optim::{Optimizer, StateTensor};
 use crate::runtime::{Comm, Mesh};
 use crate::{Backend, DType, Error, HostData, Placement, Result, Shape, Tensor};
 use safetensors::tensor::TensorView;
@@ -225,14 +225,20 @@ impl Checkpointer {
         let mut manifest =
             Manifest { step, mesh: mesh.to_string(), params: BTreeMap::new(), extra, files: BTreeMap::new() };
         // the file is written one tensor at a time: no second copy of the state in memory
-        let mut items: Vec<(String, Tensor<B>)> = Vec::new();
+        // (and from where it is: an offloaded optimizer's masters and state from host memory)
+        let mut items: Vec<(String, StateTensor<B>)> = Vec::new();
+        let host_masters = opt.host_masters();
         for (name, p) in model.named_parameters() {
             let (dims, placed) = match layouts.and_then(|l| l.get(&name)) {
                 Some(l) => (l.shape.dims().to_vec(), l.placements),
                 None => (p.dims().to_vec(), p.placements()),
             };
             manifest.params.insert(name.clone(), (dims, placement_str(placed.get(crate::MeshAxis::Mp))));
-            items.push((format!("param/{name}"), p));
+            let master = match host_masters.and_then(|h| h.get(&name)) {
+                Some(h) => StateTensor::Host(h.clone()),
+                None => StateTensor::Device(p),
+            };
+            items.push((format!("param/{name}"), master));
         }
         for (key, t) in opt.state_tensors()? {
             items.push((format!("opt/{key}"), t));
@@ -391,6 +397,7 @@ impl Checkpointer {
             Ok((from_view(&v, key)?, Shape::new(v.shape().to_vec())))
         };
         let mut err = None;
+        let host = opt.host().cloned();
         model.visit_mut("", &mut |name, p| {
             if err.is_some() {
                 return;
@@ -402,6 +409,12 @@ impl Checkpointer {
                         name: name.into(),
                         msg: format!("shard {shape} in the checkpoint, {} in the model", p.local_shape()),
                     });
+                }
+                if let (Some(cpu), Some(hm)) = (&host, opt.host_masters_mut()) {
+                    // offloaded: the f32 master in host memory, the compute copy below
+                    let s = cpu.upload(&h.cast(DType::F32))?;
+                    let m = Tensor::from_local(cpu, s, p.shape().clone(), shape, p.placements(), DType::F32);
+                    hm.insert(name.to_string(), m);
                 }
                 let s = p.backend().upload(&h.cast(p.dtype()))?;
                 Ok(Tensor::from_local(
@@ -429,8 +442,7 @@ impl Checkpointer {
             for (key, _) in st.tensors() {
                 if let Some(k) = key.strip_prefix("opt/") {
                     let (h, shape) = get(&key)?;
-                    let dt = h.dtype();
-                    state.insert(k.to_string(), Tensor::from_storage(&b, b.upload(&h)?, shape, dt));
+                    state.insert(k.to_string(), StateTensor::placed(opt, &b, h, shape)?);
                 }
             }
         }

@@ -9,7 +9,7 @@
 
 use super::train_config::{OptimizerConfig, TrainConfig, ZeroStage};
 use super::Batch;
-use crate::optim::{AdamWConfig, Optimizer};
+use crate::optim::{AdamWConfig, Optimizer, StateTensor};
 use crate::planning::ShardPlan;
 use crate::{Backend, DType, Error, Result, Tensor};
 use std::collections::BTreeMap;
@@ -95,7 +95,11 @@ pub(crate) fn push_state<B: Backend>(
     masters: &BTreeMap<String, Tensor<B>>,
     opt: &dyn Optimizer<B>,
 ) -> Result<()> {
-    let saved: BTreeMap<String, Tensor<B>> = opt.state_tensors()?.into_iter().collect();
+    let mut saved = BTreeMap::new();
+    for (k, t) in opt.state_tensors()? {
+        let t = t.into_device(&k)?;
+        saved.insert(k, t);
+    }
     let mut st = StepState { params: BTreeMap::new(), m: BTreeMap::new(), v: BTreeMap::new(), steps: opt.steps() };
     for (name, p) in masters {
         let x = local(p);
@@ -137,8 +141,8 @@ pub(crate) fn pull_state<B: Backend>(
             p.dtype(),
         )
         .into_var();
-        moments.insert(format!("adam_m/{name}"), st.m.remove(name).ok_or_else(missing)?);
-        moments.insert(format!("adam_v/{name}"), st.v.remove(name).ok_or_else(missing)?);
+        moments.insert(format!("adam_m/{name}"), StateTensor::Device(st.m.remove(name).ok_or_else(missing)?));
+        moments.insert(format!("adam_v/{name}"), StateTensor::Device(st.v.remove(name).ok_or_else(missing)?));
     }
     opt.load_state(st.steps, moments)
 }

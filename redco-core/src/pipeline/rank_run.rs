@@ -15,6 +15,7 @@ use super::train_config::ZeroStage;
 use super::train_state::TrainState;
 use super::trainer::{Eval, Trainer};
 use super::{Batch, Deployer, StepCtx};
+use crate::backend::MemoryStats;
 use crate::nn::{Module, ModuleExt};
 use crate::runtime::DEFAULT_BUCKET_BYTES;
 use crate::{
@@ -33,6 +34,8 @@ pub(crate) struct RankResult {
     pub evals: Vec<(u64, f64)>,
     pub stats: CommStats,
     pub observer_errors: Vec<String>,
+    /// The rank's device memory at the end (where its backend counts it).
+    pub memory: Option<MemoryStats>,
 }
 
 /// A rank's run in progress.
@@ -118,6 +121,7 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
             evals: Vec::new(),
             stats: CommStats::default(),
             observer_errors: Vec::new(),
+            memory: None,
         };
         // rank 0 logs: metrics.jsonl, progress lines and the observers
         let mut log = self.open_log(&mut out.observer_errors)?;
@@ -157,6 +161,7 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
         }
         out.stats = self.rk.comm.stats();
         self.export()?;
+        out.memory = self.rk.backend.memory_stats();
         if let Some(l) = &log {
             // the whole curve, across resumed runs: the last entry of every step
             let curve = l.curve();

@@ -7,6 +7,7 @@
 //! where a tensor lies (its header, then the tensor's bytes).
 
 use super::checkpoint::Manifest;
+use crate::optim::{Optimizer, StateTensor};
 use crate::runtime::{Comm, Mesh};
 use crate::sharding::ShardLayout;
 use crate::{Backend, DType, Error, HostData, MeshAxis, Placement, Result, Shape, Tensor};
@@ -228,16 +229,20 @@ fn cut<B: Backend>(comm: &Comm<B>, x: &[f32], whole: &ShardLayout, sliced: bool)
 /// Restores `masters` (laid out as this run holds them: whole local shards, ZeRO-2 slices
 /// or ZeRO-3 pieces) and the optimizer state for them from `files`, for parameters laid
 /// out whole as `layouts`; `sliced` / `opt_sliced`: this run slices its masters / its
-/// optimizer state over dp. Returns the optimizer state, keyed as the optimizer saves it.
+/// optimizer state over dp. Returns the state for `opt`, keyed as it saves it and placed
+/// where it keeps it; an offloaded `opt` gets the f32 masters in host memory too (and
+/// `masters` the compute copies, in their dtype).
 pub(crate) fn restore<B: Backend>(
     files: &SavedFiles,
     comm: &Comm<B>,
     layouts: &BTreeMap<String, ShardLayout>,
     masters: &mut BTreeMap<String, Tensor<B>>,
+    opt: &mut dyn Optimizer<B>,
     (sliced, opt_sliced): (bool, bool),
-) -> Result<BTreeMap<String, Tensor<B>>> {
+) -> Result<BTreeMap<String, StateTensor<B>>> {
     let saved = files.saved;
     let mut state = BTreeMap::new();
+    let host = opt.host().cloned();
     for (name, m) in masters.iter_mut() {
         let whole = layouts
             .get(name)
@@ -261,14 +266,27 @@ pub(crate) fn restore<B: Backend>(
                 msg: format!("{} elements for a local shard of {}", mine.len(), m.local_shape()),
             });
         }
-        let s = b.upload(&HostData::F32(mine))?;
-        *m = Tensor::from_local(&b, s, m.shape().clone(), m.local_shape().clone(), m.placements(), DType::F32)
-            .into_var();
+        let mine = HostData::F32(mine);
+        let (dt, local) = (m.dtype(), m.local_shape().clone());
+        let s = if dt == DType::F32 { b.upload(&mine)? } else { b.upload(&mine.cast(dt))? };
+        if let (Some(cpu), Some(hm)) = (&host, opt.host_masters_mut()) {
+            // offloaded: the f32 master in host memory, the device keeps the compute copy
+            let h = Tensor::from_local(
+                cpu,
+                cpu.upload_owned(mine)?,
+                m.shape().clone(),
+                local.clone(),
+                m.placements(),
+                DType::F32,
+            );
+            hm.insert(name.clone(), h);
+        }
+        *m = Tensor::from_local(&b, s, m.shape().clone(), local, m.placements(), dt).into_var();
         for key in files.opt_keys(name) {
             let x = files.global(&format!("opt/{key}"), name, saved.opt_sliced)?;
             let mine = cut(comm, &x, whole, opt_sliced);
             let shape = if opt_sliced { Shape::new([mine.len()]) } else { whole.local.clone() };
-            state.insert(key, Tensor::from_storage(&b, b.upload(&HostData::F32(mine))?, shape, DType::F32));
+            state.insert(key, StateTensor::placed(opt, &b, HostData::F32(mine), shape)?);
         }
     }
     Ok(state)

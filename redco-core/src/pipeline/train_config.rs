@@ -135,9 +135,10 @@ pub struct TrainConfig {
     /// ZeRO stage over the data-parallel axis (see [`TrainConfig::zero_stage`]; `Off` with
     /// an [`AdamWConfig::zero1`] optimizer is stage 1). Inert at dp = 1.
     pub zero: ZeroStage,
-    /// Offload the optimizer ([`Offloaded`](crate::optim::Offloaded)): its state and f32
-    /// copies of the parameters in host memory, the update on the host's CPU cores, the
-    /// updated parameters uploaded; for a device backend whose memory is short. Not with
+    /// Offload the optimizer ([`Offloaded`](crate::optim::Offloaded)): its state and the
+    /// f32 masters in host memory, the update on the host's CPU cores, the updated
+    /// parameters uploaded in the compute dtype (a 16-bit run's device holds no f32
+    /// master); for a device backend whose memory is short. Not with
     /// ZeRO at dp > 1 or a compiled step (refused).
     pub offload: bool,
     /// Print a progress line every N steps (with `progress_lines`).

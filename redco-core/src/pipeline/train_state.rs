@@ -63,6 +63,25 @@ impl LossScale {
     }
 }
 
+/// Hands `masters` (f32, fresh) to an offloaded `opt`: it keeps them in host memory and
+/// `masters` keeps the compute copies in `compute` (in a 16-bit run the device then holds
+/// no f32 master; in an f32 run the compute copy is the master's device twin). Nothing
+/// changes for an optimizer that keeps its state on the device.
+fn offload_masters<B: Backend>(
+    opt: &mut dyn Optimizer<B>,
+    masters: &mut BTreeMap<String, Tensor<B>>,
+    compute: DType,
+) -> Result<()> {
+    let Some(host) = opt.host().cloned() else { return Ok(()) };
+    let Some(hm) = opt.host_masters_mut() else { return Ok(()) };
+    for (name, m) in masters.iter_mut() {
+        hm.insert(name.clone(), crate::optim::host_copy(&host, m)?);
+        // the f32 device copy goes once the model takes the compute copy (the refresh)
+        *m = crate::no_grad(|| m.cast(compute))?.detach().into_var();
+    }
+    Ok(())
+}
+
 /// A rank's training state: what a checkpoint holds, and what the step strategies update.
 pub(crate) struct TrainState<B: Backend> {
     /// f32 master weights of the trainable parameters (the optimizer, checkpoints and the
@@ -171,6 +190,7 @@ impl<B: Backend> TrainState<B> {
         if let Some(e) = err {
             return Err(e);
         }
+        offload_masters(opt.as_mut(), &mut masters, cfg.compute_dtype)?;
         let pieces = (zero == ZeroStage::Parameters)
             .then(|| Arc::new(UnitPieces::new(comm.clone(), cfg.compute_dtype, layouts)));
         let scale = LossScale::new(cfg);
@@ -182,10 +202,19 @@ impl<B: Backend> TrainState<B> {
     /// for a parameter without a master (frozen).
     pub(crate) fn whole_master(&self, name: &str, p: &Tensor<B>) -> Result<Option<Tensor<B>>> {
         let Some(m) = self.masters.get(name) else { return Ok(None) };
-        let Some(c) = &self.sliced else { return Ok(Some(m.clone())) };
+        let m = match self.opt.host_masters().and_then(|h| h.get(name)) {
+            // offloaded: the f32 master is in host memory (uploaded for the export, alone)
+            Some(h) => {
+                let (b, local) = (m.backend(), m.local_shape().clone());
+                let s = b.upload_owned(h.local_to_host()?)?;
+                Tensor::from_local(b, s, m.shape().clone(), local, m.placements(), DType::F32)
+            }
+            None => m.clone(),
+        };
+        let Some(c) = &self.sliced else { return Ok(Some(m)) };
         Ok(Some(match self.pieces.as_ref().filter(|u| u.layout(name).is_some()) {
-            Some(u) => u.whole_f32(name, m)?,
-            None => FlatShard::of(p, c).gather(c, m, &ShardLayout::of(p))?,
+            Some(u) => u.whole_f32(name, &m)?,
+            None => FlatShard::of(p, c).gather(c, &m, &ShardLayout::of(p))?,
         }))
     }
 
@@ -212,9 +241,9 @@ impl<B: Backend> TrainState<B> {
             let saved = Saved::of(&manifest, saved_stage)?;
             let files = SavedFiles::open(dir, &manifest, saved)?;
             let opt_sliced = ours >= 1 && mesh.dp > 1;
-            let state =
-                reshard::restore(&files, comm, &self.layouts, &mut self.masters, (self.sliced.is_some(), opt_sliced))
-                    .map_err(|e| workdir::with_older_hint(e, ckpt, step))?;
+            let sliced = (self.sliced.is_some(), opt_sliced);
+            let state = reshard::restore(&files, comm, &self.layouts, &mut self.masters, self.opt.as_mut(), sliced)
+                .map_err(|e| workdir::with_older_hint(e, ckpt, step))?;
             self.opt.load_state(files.opt_steps().unwrap_or(manifest.step), state)?;
             if comm.rank() == 0 && (manifest.mesh != mesh.to_string() || saved_stage != ours) {
                 tracing::info!(

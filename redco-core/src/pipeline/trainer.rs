@@ -14,6 +14,7 @@ use super::run_dir::{ClaimOptions, RunDir};
 use super::step::{CompiledRun, EagerStep, StepStrategy};
 use super::train_config::{OptimizerConfig, TrainConfig, ZeroStage};
 use super::{Batch, Deployer, StepCtx};
+use crate::backend::MemoryStats;
 use crate::cpu::Cpu;
 use crate::nn::{KeepWhole, Module, ModuleExt, ParamPlacer};
 use crate::ops::random::mix64;
@@ -45,6 +46,10 @@ pub struct FitReport {
     /// The observers that failed during the run, each as `name (hook): error` (each was
     /// warned about and detached; the run went on). Empty on ranks that do not log.
     pub observer_errors: Vec<String>,
+    /// The device memory of each rank run in this process, by mesh rank, where its backend
+    /// counts it ([`Backend::memory_stats`]; its peak since the device opened): empty on
+    /// the CPU backend.
+    pub device_memory: BTreeMap<usize, MemoryStats>,
 }
 
 impl FitReport {
@@ -58,6 +63,7 @@ impl FitReport {
             rank,
             comm: BTreeMap::new(),
             observer_errors: Vec::new(),
+            device_memory: BTreeMap::new(),
         }
     }
 }
@@ -453,6 +459,7 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
         let results =
             dep.run(|rk| RankRun::start(self, (dep, rk), data, (&plan, &units), run)?.run(stepper.as_ref()))?;
         let comm: BTreeMap<usize, CommStats> = results.iter().map(|r| (r.rank, r.stats.clone())).collect();
+        let device_memory = results.iter().filter_map(|r| Some((r.rank, r.memory?))).collect();
         let first = results.into_iter().next().ok_or_else(|| Error::invalid("fit", "no rank ran in this process"))?;
         Ok(FitReport {
             start_step: run.start_step(),
@@ -462,6 +469,7 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
             rank: first.rank,
             comm,
             observer_errors: first.observer_errors,
+            device_memory,
         })
     }
 }

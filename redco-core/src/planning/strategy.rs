@@ -64,9 +64,10 @@ impl StrategyRow {
 /// for `work` (whose own `zero`/`recompute` are ignored) against `budget` bytes per rank;
 /// `extra` bytes per rank are added to each peak (f32 master weights of a 16-bit run, say).
 ///
-/// Offload takes the optimizer's moments off the device (the f32 masters of a 16-bit run
-/// stay there) and moves each step's f32 gradients to the host and the updated f32
-/// parameters back: 8 bytes per local parameter, counted with the bytes moved.
+/// Offload takes the optimizer's moments and the f32 masters (of a 16-bit run; an f32
+/// run's are its parameters) off the device, and moves each step's f32 gradients to the
+/// host and the updated parameters back in the compute dtype: 4 + dtype bytes per local
+/// parameter, counted with the bytes moved.
 pub fn strategies(
     plan: &ShardPlan,
     dims: &ModelDims,
@@ -88,8 +89,9 @@ pub fn strategies(
                 let mut comm_bytes = predict_comm(plan, dims, &w).entries().into_iter().map(|(_, _, c)| c.bytes).sum();
                 let recomputed_bytes = kept.saturating_sub(memory.activations);
                 let host_bytes = if off {
-                    memory.optimizer -= 8 * local;
-                    comm_bytes += 8 * local;
+                    // the moments and (16-bit) the masters: nothing of the optimizer's stays
+                    memory.optimizer = 0;
+                    comm_bytes += (4 + work.dtype_bytes as u64) * local;
                     12 * local
                 } else {
                     0
@@ -204,7 +206,7 @@ mod tests {
         let rows = strategies(&plan, &dims, &work, sel.memory.total(), 0, false);
         let i = pick(&rows).unwrap();
         assert!(rows[i].strategy.recompute != Recompute::Block || rows[i].strategy.zero > 0, "{}", rows[i].strategy);
-        // offload (a device backend's): moments off the device, 8 bytes a parameter moved
+        // offload (a device backend's), f32: moments off the device, 8 bytes a parameter moved
         let with = strategies(&plan, &dims, &work, u64::MAX, 0, true);
         assert_eq!(with.len(), 15, "ZeRO-0 with each recompute, offloaded");
         let off = with
@@ -218,6 +220,13 @@ mod tests {
             with[pick(&with).unwrap()].strategy,
             Strategy { zero: 0, recompute: Recompute::None, offload: false }
         );
+        // in bf16 the f32 masters leave the device too: 12 bytes a parameter, 6 moved
+        let bf16 = Workload { dtype_bytes: 2, ..work };
+        let plain = strategies(&plan, &dims, &bf16, u64::MAX, 0, false);
+        let with = strategies(&plan, &dims, &bf16, u64::MAX, 0, true);
+        let off = with.iter().find(|r| r.strategy.offload && r.strategy.recompute == Recompute::None).unwrap();
+        assert_eq!(off.memory.total(), plain[0].memory.total() - 12 * n);
+        assert_eq!((off.comm_bytes, off.host_bytes), (plain[0].comm_bytes + 6 * n, 12 * n));
         // on one rank, a byte under the least of the others: offload (with recompute) is the pick
         let (single, _) = llama(Mesh { dp: 1, mp: 1 });
         let rows = strategies(&single, &dims, &work, u64::MAX, 0, true);

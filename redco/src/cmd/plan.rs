@@ -45,8 +45,8 @@ pub struct PlanArgs {
     /// Fit the device for inference instead of training.
     #[arg(long)]
     pub inference: bool,
-    /// Also list optimizer offload (for a device backend: the optimizer's state in host
-    /// memory, 8 bytes a parameter moved each step).
+    /// Also list optimizer offload (for a device backend: the optimizer's state and the f32
+    /// masters in host memory, 4 + dtype bytes a parameter moved each step).
     #[arg(long)]
     pub offload: bool,
     /// Fail instead of replicating layers the mesh cannot split evenly.

@@ -106,8 +106,21 @@ fn train_on_wgpu_at_1x2_writes_everything_its_loss_falls_from_the_cpu_first_loss
         assert_eq!(code, 0, "{backend}: {out}\n{err}");
         out
     };
+    // the "peak device memory" line's figure, in bytes
+    let peak = |out: &str| -> f64 {
+        let line = out.lines().find_map(|l| l.strip_prefix("peak device memory: ")).expect("a device peak line");
+        let mut w = line.split_whitespace();
+        let x: f64 = w.next().and_then(|x| x.parse().ok()).expect("a number");
+        x * match w.next() {
+            Some("GB") => 1e9,
+            Some("MB") => 1e6,
+            Some("kB") => 1e3,
+            _ => 1.0,
+        }
+    };
     let (gpu, cpu) = (dir("wgpu"), dir("cpu"));
     let out = train("wgpu", &gpu, "8", &[]);
+    let device_peak = peak(&out);
     for f in ["metrics.jsonl", "loss.png", "model.safetensors", "config.json", "tokenizer.json"] {
         assert!(gpu.join(f).exists(), "{f} missing:\n{out}");
     }
@@ -120,6 +133,8 @@ fn train_on_wgpu_at_1x2_writes_everything_its_loss_falls_from_the_cpu_first_loss
     let off = dir("wgpu-offload");
     let out = train("wgpu", &off, "8", &["--offload"]);
     assert!(out.contains("AdamW state and f32 masters offloaded to host memory"), "{out}");
+    // the moments (8 bytes a parameter) never on the device: its peak is lower
+    assert!(peak(&out) < device_peak, "peak device memory {} offloaded, {device_peak} not", peak(&out));
     for (i, (x, y)) in l.iter().zip(losses(&off)).enumerate() {
         assert!((x - y).abs() <= 1e-4 * x.abs(), "step {}: {x} on the device, {y} offloaded", i + 1);
     }

@@ -5,6 +5,7 @@
 
 use super::{collate, config, corpus, loss, read_model, trainer, workdir, CFG};
 use redco_core::cpu::Cpu;
+use redco_core::nn::ModuleExt;
 use redco_core::optim::{Decay, Schedule};
 use redco_core::pipeline::{Batch, Deployer, Predictor, StepCtx, TrainConfig, Trainer};
 use redco_core::planning::heuristics::plan_by_names;
@@ -107,5 +108,52 @@ fn offloaded_adamw_on_wgpu_ranks_gives_the_device_run_and_resumes() {
     let resumed = wgpu_trainer(cfg(4, true)).fit(&split, &data, true).expect("resumed");
     assert_eq!(resumed.start_step, 2);
     assert_close(&resumed.losses, &offloaded.losses[2..], TOL, "resumed losses");
+    assert_close(&model_values(&split.workdir), &model_values(&off.workdir), TOL, "resumed weights");
+}
+
+/// Offload in a bf16 run on a wgpu rank: the f32 masters and AdamW's moments live in host
+/// memory (the checkpoint reads them there), so the device's peak drops by at least their
+/// 12 bytes a parameter against the run without offload, while the losses, the exported
+/// f32 weights and a resume stay the device run's.
+#[test]
+fn offload_keeps_the_bf16_runs_masters_and_moments_off_the_wgpu_device() {
+    let Some(_) = redco_tests::wgpu() else { return };
+    // a device of its own: its memory counts this test's tensors only
+    let w = Wgpu::new().expect("device");
+    let on = |name: &str| {
+        let w = w.clone();
+        Deployer::with_backend("1x1".parse().unwrap(), 3, &workdir(name), move |_, _| Ok(w.clone())).expect("deployer")
+    };
+    let (dev, off, split) = (on("wgpu-bf16-dev"), on("wgpu-bf16-offload"), on("wgpu-bf16-offload-split"));
+    let data = corpus().sequences(0, 256);
+    let schedule = Schedule { peak: 3e-3, warmup: 1, total: 4, decay: Decay::Cosine };
+    let cfg = |steps, offload| TrainConfig {
+        schedule,
+        checkpoint_every: Some(2),
+        keep_last: 0,
+        offload,
+        compute_dtype: DType::BF16,
+        ..config(steps, 8, 1)
+    };
+    let peak_of = |dep: &Deployer<Wgpu>, steps, offload, resume| {
+        w.reset_peak_memory();
+        let r = wgpu_trainer(cfg(steps, offload)).fit(dep, &data, resume).expect("bf16 fit");
+        (r, w.memory_stats().expect("wgpu counts its memory").peak)
+    };
+    let (on_device, dev_peak) = peak_of(&dev, 4, false, false);
+    let (offloaded, off_peak) = peak_of(&off, 4, true, false);
+    assert_close(&offloaded.losses, &on_device.losses, TOL, "bf16 losses offloaded vs on the device");
+    assert_close(&model_values(&off.workdir), &model_values(&dev.workdir), TOL, "exported f32 weights");
+    let n = Lm::new(&Cpu::new(1), CFG, DType::F32, 1).expect("model").num_parameters() as u64;
+    assert!(
+        dev_peak >= off_peak + 12 * n,
+        "device peak {dev_peak} B on the device, {off_peak} B offloaded: not 12 B x {n} parameters apart"
+    );
+    assert_eq!(w.memory_stats().map(|m| m.in_use), Some(0), "every device buffer given back after the runs");
+    // two steps, then two more from the checkpoint: the f32 host masters saved and restored
+    peak_of(&split, 2, true, false);
+    let (resumed, _) = peak_of(&split, 4, true, true);
+    assert_eq!(resumed.start_step, 2);
+    assert_close(&resumed.losses, &offloaded.losses[2..], TOL, "resumed bf16 losses");
     assert_close(&model_values(&split.workdir), &model_values(&off.workdir), TOL, "resumed weights");
 }

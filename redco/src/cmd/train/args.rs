@@ -86,8 +86,8 @@ pub struct TrainArgs {
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: Option<u8>,
     /// Offload the optimizer to host memory (device backends: wgpu, cuda): AdamW's state
-    /// and f32 copies of the parameters on the host, the update on its CPU cores, the
-    /// updated parameters uploaded; ZeRO-0 only. Default: the planner's pick on a device
+    /// and the f32 masters on the host, the update on its CPU cores, the updated
+    /// parameters uploaded in the compute dtype; ZeRO-0 only. Default: the planner's pick on a device
     /// backend (`--strategy auto`), on only when the run does not fit otherwise; refused on
     /// the cpu backend, whose memory is the host's.
     #[arg(long)]

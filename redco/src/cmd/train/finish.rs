@@ -58,6 +58,12 @@ pub(super) fn finish(
     if let Some((_, e)) = report.evals.last() {
         crate::outln!("held-out loss {e:.4}");
     }
+    if let Some(peak) = report.device_memory.values().map(|m| m.peak).max() {
+        crate::outln!(
+            "peak device memory: {} (the most a rank's device held in tensors at once)",
+            redco_core::planning::planner::human(peak)
+        );
+    }
     let heap = crate::ALLOC.peak_live_bytes();
     if heap > 0 {
         crate::outln!(
