@@ -53,3 +53,24 @@ fn offload_with_zero_is_refused_naming_the_stage() {
     assert!(e.contains("offload") && e.contains("ZeRO-2"), "{e}");
     assert!(!dep.workdir.join("metrics.jsonl").exists(), "nothing is written");
 }
+
+/// A bf16 checkpoint of another mesh and stage (2x1 ZeRO-2, its masters in dp-slices)
+/// resumed at 1x1 with offload: the resharded f32 masters go to host memory and the run
+/// continues bit for bit as the same resume without offload.
+#[test]
+fn a_resharded_bf16_checkpoint_resumes_offloaded_as_on_the_device() {
+    let data = corpus().sequences(0, 256);
+    let mut resumed = Vec::new();
+    for offload in [false, true] {
+        let dir = workdir(&format!("offload-reshard-{offload}"));
+        let first = Deployer::new("2x1".parse().unwrap(), 5, &dir).unwrap();
+        let z2 = TrainConfig { zero: ZeroStage::Gradients, ..cfg(4, false, DType::BF16) };
+        trainer(z2).fit(&first, &data, false).unwrap();
+        let then = Deployer::new("1x1".parse().unwrap(), 5, &dir).unwrap();
+        let r = trainer(cfg(8, offload, DType::BF16)).fit(&then, &data, true).unwrap();
+        assert_eq!(r.start_step, 4);
+        resumed.push((r.losses, read_model(&dir)));
+    }
+    assert_eq!(resumed[1].0, resumed[0].0, "continued losses offloaded vs on the device");
+    assert_eq!(resumed[1].1, resumed[0].1, "exported f32 weights");
+}
