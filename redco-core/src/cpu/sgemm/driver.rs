@@ -406,7 +406,12 @@ unsafe fn compute_task<K: Family, E: Source>(
                     };
                     // SAFETY: packed panels hold kc steps; tile is owned by this task; the
                     // caller verified the CPU features of K; `pf` addresses are only prefetched.
-                    unsafe { K::kernel(kc, ap, bpack.add((jp - pn0) * K::NR * kc), dst, pf) };
+                    unsafe {
+                        let bp = bpack.add((jp - pn0) * K::NR * kc);
+                        if mr == K::MR || !K::kernel_short(kc, ap, bp, dst) {
+                            K::kernel(kc, ap, bp, dst, pf)
+                        }
+                    };
                 }
                 if let Some(e) = epi.filter(|_| pc + kc == k) {
                     // The panel's rows of this task's columns are final: narrow them while

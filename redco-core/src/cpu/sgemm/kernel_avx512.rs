@@ -13,7 +13,9 @@ use super::source::Source;
 use std::arch::x86_64::*;
 
 mod asm;
+mod short;
 pub use asm::kernel;
+pub use short::{kernel_short, SHORT_MAX};
 
 /// Rows of the micro-tile (broadcast dimension, from packed A).
 pub const MR: usize = 14;
@@ -103,6 +105,11 @@ impl Family for Avx512 {
     unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, dst: TileDst, pf: Prefetch) {
         // SAFETY: forwarded caller contract (the driver checked AVX-512F).
         unsafe { kernel(kc, a, b, dst, pf) }
+    }
+
+    unsafe fn kernel_short(kc: usize, a: *const f32, b: *const f32, dst: TileDst) -> bool {
+        // SAFETY: forwarded caller contract (the driver checked AVX-512F).
+        unsafe { kernel_short(kc, a, b, dst) }
     }
 
     unsafe fn pack_a<E: Source>(kc: usize, rows: usize, src: *const E, rs: usize, cs: usize, dst: *mut f32) {

@@ -65,6 +65,17 @@ pub(crate) trait Family {
     /// `dst` a writable region with no other live references.
     unsafe fn kernel(kc: usize, a: *const f32, b: *const f32, dst: TileDst, pf: Prefetch);
 
+    /// A short last panel's tile (`dst.mr < MR` valid rows) with fewer accumulator rows
+    /// than [`Family::kernel`], bit for bit its result for those rows; returns false, with
+    /// nothing done, where the family has no such kernel for `dst.mr` rows (the default).
+    ///
+    /// # Safety
+    /// As [`Family::kernel`].
+    unsafe fn kernel_short(kc: usize, a: *const f32, b: *const f32, dst: TileDst) -> bool {
+        let _ = (kc, a, b, dst);
+        false
+    }
+
     /// Packs one `MR x kc` panel of A (`rows <= MR` valid rows, the rest zero) from `src`
     /// (A(i0, p0), strides `rs`, `cs`; f32 or 16-bit, widened) into `dst`.
     ///

@@ -278,6 +278,28 @@ pub(super) fn half_sources(isa: Isa) {
     }
 }
 
+/// A last panel shorter than `MR` (a short kernel, where the family has one) gives its rows
+/// bit for bit as a full panel does: `m` rows against the same rows with more below them
+/// (42, a multiple of both families' `MR`), last panels of 1 to 7 rows, 1-3 threads, a K of
+/// two blocks, every B layout the blocked driver takes for these M.
+pub(super) fn short_panels_match_full_panels(isa: Isa) {
+    require(isa);
+    let mut rng = Rng(5);
+    let (full, n, k) = (42, 70, 700);
+    for m in (17..=21).chain(29..=35) {
+        let a = rng.vec(full * k);
+        let b = rng.vec(k * n);
+        for (t, tb) in [(1, false), (2, true), (3, false)] {
+            let bm = if tb { MatRef { data: &b, rs: 1, cs: k } } else { MatRef { data: &b, rs: n, cs: 1 } };
+            let (mut short, mut whole) = (vec![0f32; m * n], vec![0f32; full * n]);
+            gemm(isa, m, n, k, MatRef { data: &a[..m * k], rs: k, cs: 1 }, bm, &mut short, n, false, t);
+            gemm(isa, full, n, k, MatRef { data: &a, rs: k, cs: 1 }, bm, &mut whole, n, false, t);
+            let same = short.iter().zip(&whole).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "m = {m}, {t} threads, B transposed {tb}: rows differ from the full panels'");
+        }
+    }
+}
+
 /// One module of tests per family, each running every sweep above.
 macro_rules! family_tests {
     ($module:ident, $isa:expr) => {
@@ -309,6 +331,10 @@ macro_rules! family_tests {
                 super::misaligned_c_rows($isa)
             }
             #[test]
+            fn short_panels_match_full_panels() {
+                super::short_panels_match_full_panels($isa)
+            }
+            #[test]
             fn half_sources() {
                 super::half_sources($isa)
             }
@@ -318,3 +344,30 @@ macro_rules! family_tests {
 
 family_tests!(avx512, Isa::Avx512);
 family_tests!(avx2, Isa::Avx2);
+#[test]
+#[ignore]
+fn tmp_time_short() {
+    let mut rng = Rng(5);
+    let (n, k) = (2304, 768);
+    let a = rng.vec(42 * k);
+    let b = rng.vec(k * n);
+    for m in [28, 32, 42, 28, 32, 42] {
+        let mut c = vec![0f32; m * n];
+        let t = std::time::Instant::now();
+        for _ in 0..200 {
+            gemm(
+                Isa::Avx512,
+                m,
+                n,
+                k,
+                MatRef { data: &a[..m * k], rs: k, cs: 1 },
+                MatRef { data: &b, rs: n, cs: 1 },
+                &mut c,
+                n,
+                false,
+                2,
+            );
+        }
+        eprintln!("m={m}: {:.3} ms", t.elapsed().as_secs_f64() * 1e3 / 200.0);
+    }
+}
