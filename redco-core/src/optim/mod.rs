@@ -14,7 +14,6 @@ pub use clip::{clip_grad_norm, global_grad_norm, scale_to_norm};
 pub use offload::Offloaded;
 pub use schedule::{Decay, Schedule};
 pub use sgd::Sgd;
-pub(crate) use state_tensor::host_copy;
 pub use state_tensor::StateTensor;
 
 use crate::cpu::Cpu;

@@ -75,7 +75,7 @@ fn offload_masters<B: Backend>(
     let Some(host) = opt.host().cloned() else { return Ok(()) };
     let Some(hm) = opt.host_masters_mut() else { return Ok(()) };
     for (name, m) in masters.iter_mut() {
-        hm.insert(name.clone(), crate::optim::host_copy(&host, m)?);
+        hm.insert(name.clone(), crate::optim::StateTensor::Device(m.clone()).into_host(&host)?);
         // the f32 device copy goes once the model takes the compute copy (the refresh)
         *m = crate::no_grad(|| m.cast(compute))?.detach().into_var();
     }

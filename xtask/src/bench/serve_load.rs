@@ -79,21 +79,27 @@ pub(super) fn draw(g: &mut Lcg, words: &[String]) -> Request {
     (prompt.join(" "), 16 + g.next(49) as usize)
 }
 
-/// Streams one completion of `prompt` (`max_tokens` new tokens, greedy): its timings.
-pub(super) fn stream_one(addr: &str, prompt: &str, max_tokens: usize) -> Result<Timing, String> {
-    let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": true,
-        "stream_options": {"include_usage": true}})
-    .to_string();
+/// A connection to `addr` that has sent `body` as `POST /v1/completions` (HTTP/1.0: the
+/// server closes it after the answer), reads bounded by 10 minutes.
+fn post(addr: &str, body: &str) -> Result<TcpStream, String> {
     let mut c = TcpStream::connect(addr).map_err(|e| format!("{addr}: {e}"))?;
     c.set_read_timeout(Some(Duration::from_secs(600))).map_err(|e| e.to_string())?;
-    let t0 = Instant::now();
     write!(
         c,
         "POST /v1/completions HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .map_err(|e| e.to_string())?;
-    let mut r = BufReader::new(c);
+    Ok(c)
+}
+
+/// Streams one completion of `prompt` (`max_tokens` new tokens, greedy): its timings.
+pub(super) fn stream_one(addr: &str, prompt: &str, max_tokens: usize) -> Result<Timing, String> {
+    let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": true,
+        "stream_options": {"include_usage": true}})
+    .to_string();
+    let t0 = Instant::now();
+    let mut r = BufReader::new(post(addr, &body)?);
     let mut status = String::new();
     r.read_line(&mut status).map_err(|e| e.to_string())?;
     if !status.contains(" 200") {
@@ -277,14 +283,7 @@ pub(super) fn level_json(r: &Level) -> serde_json::Value {
 /// One greedy completion of `prompt`, not streamed: its text.
 pub(super) fn complete(addr: &str, prompt: &str, max_tokens: usize) -> Result<String, String> {
     let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}).to_string();
-    let mut c = TcpStream::connect(addr).map_err(|e| format!("{addr}: {e}"))?;
-    c.set_read_timeout(Some(Duration::from_secs(600))).map_err(|e| e.to_string())?;
-    write!(
-        c,
-        "POST /v1/completions HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .map_err(|e| e.to_string())?;
+    let mut c = post(addr, &body)?;
     let mut s = String::new();
     std::io::Read::read_to_string(&mut c, &mut s).map_err(|e| e.to_string())?;
     let json = s.split_once("\r\n\r\n").map_or("", |(_, b)| b);

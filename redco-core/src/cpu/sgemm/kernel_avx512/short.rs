@@ -48,7 +48,8 @@ unsafe fn rows<const R: usize>(kc: usize, a: *const f32, b: *const f32, dst: Til
 /// nothing done, when `dst.mr > SHORT_MAX` (the full kernel's work).
 ///
 /// # Safety
-/// As [`rows`].
+/// As [`super::kernel`]: AVX-512F, `a` readable for `kc * MR` floats, `b` for `kc * NR`
+/// and 64-byte aligned, `dst` a writable `dst.mr x dst.nr` region.
 #[target_feature(enable = "avx512f")]
 pub unsafe fn kernel_short(kc: usize, a: *const f32, b: *const f32, dst: TileDst) -> bool {
     // SAFETY: forwarded caller contract; each arm takes at least `dst.mr` rows.
