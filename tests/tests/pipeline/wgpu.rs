@@ -80,6 +80,12 @@ fn the_predictor_on_wgpu_ranks_gives_the_cpu_outputs() {
     assert_close(&got, &want, TOL, "per-example losses on wgpu vs cpu");
 }
 
+/// The offload tests' run: `steps` of a 4-step schedule, a checkpoint every 2.
+fn offload_cfg(steps: u64, offload: bool, compute_dtype: DType) -> TrainConfig {
+    let schedule = Schedule { peak: 3e-3, warmup: 1, total: 4, decay: Decay::Cosine };
+    TrainConfig { schedule, checkpoint_every: Some(2), keep_last: 0, offload, compute_dtype, ..config(steps, 8, 1) }
+}
+
 /// Optimizer offload on wgpu ranks: AdamW runs on the CPU backend with its state in host
 /// memory and the parameters are uploaded after each update; the run gives the wgpu run
 /// without offload and the CPU run, and resumes from its own checkpoints.
@@ -91,14 +97,7 @@ fn offloaded_adamw_on_wgpu_ranks_gives_the_device_run_and_resumes() {
         return;
     };
     let data = corpus().sequences(0, 256);
-    let schedule = Schedule { peak: 3e-3, warmup: 1, total: 4, decay: Decay::Cosine };
-    let cfg = |steps, offload| TrainConfig {
-        schedule,
-        checkpoint_every: Some(2),
-        keep_last: 0,
-        offload,
-        ..config(steps, 8, 1)
-    };
+    let cfg = |steps, offload| offload_cfg(steps, offload, DType::F32);
     let on_device = wgpu_trainer(cfg(4, false)).fit(&dev, &data, false).expect("wgpu fit");
     let offloaded = wgpu_trainer(cfg(4, true)).fit(&off, &data, false).expect("offloaded fit");
     assert_eq!(offloaded.losses.len(), 4);
@@ -126,15 +125,7 @@ fn offload_keeps_the_bf16_runs_masters_and_moments_off_the_wgpu_device() {
     };
     let (dev, off, split) = (on("wgpu-bf16-dev"), on("wgpu-bf16-offload"), on("wgpu-bf16-offload-split"));
     let data = corpus().sequences(0, 256);
-    let schedule = Schedule { peak: 3e-3, warmup: 1, total: 4, decay: Decay::Cosine };
-    let cfg = |steps, offload| TrainConfig {
-        schedule,
-        checkpoint_every: Some(2),
-        keep_last: 0,
-        offload,
-        compute_dtype: DType::BF16,
-        ..config(steps, 8, 1)
-    };
+    let cfg = |steps, offload| offload_cfg(steps, offload, DType::BF16);
     let peak_of = |dep: &Deployer<Wgpu>, steps, offload, resume| {
         w.reset_peak_memory();
         let r = wgpu_trainer(cfg(steps, offload)).fit(dep, &data, resume).expect("bf16 fit");
