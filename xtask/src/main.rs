@@ -89,9 +89,11 @@ tasks:
                                    `redco train` unsharded vs NP MPI processes at ZeRO-3 + recompute:
                                    peak RSS per process, the planner's prediction, step time, tok/s
                                    (xtask's `mpi` feature; redco built with --features mpi)
-  bench serve [--preset P] [--concurrency 1,8,32] [--requests N] [--max-seconds S] [--json FILE]
+  bench serve [--preset P] [--concurrency 1,8,32] [--requests N] [--max-seconds S] [--mesh 1xN]
+              [--dtype f32|bf16|f16] [--peer PY] [--json FILE]
                                    `redco serve` on loopback: streamed greedy requests at each
                                    concurrency: requests/s, output tok/s, TTFT and inter-token p50/p99
+                                   (--peer: transformers serve on the same model and requests)
   bench zero [--preset P] [--mesh M] [--steps N] [--batch N] [--seq N] [--reps N] [--procs] [--json FILE]
                                    `redco train` rows DDP, ZeRO-3, each with selective and block
                                    recompute: tok/s, step time and peak RSS against DDP's (thread

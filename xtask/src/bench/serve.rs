@@ -17,6 +17,9 @@
 //! send requests until the time is up, and the server's RSS is sampled every 5 s (printed:
 //! first, largest, last).
 //!
+//! `--dtype f32|bf16|f16` (default f32): the dtype both servers hold the weights and the
+//! KV cache in.
+//!
 //! `--peer PY`: after redco's levels (redco's server stopped first), `transformers serve
 //! --continuous-batching --device cpu` run by the Python `PY` (torch and
 //! `transformers[serving]` installed) on the same model directory gets the same requests at
@@ -82,7 +85,12 @@ fn levels(
 
 /// `transformers serve` in its continuous-batching mode on `dir`, run by `py`, once its
 /// `/health` answers (bounded: 10 minutes); its output in `dir/peer.log`.
-fn start_peer(py: &str, dir: &Path) -> Result<(Server, String), String> {
+fn start_peer(py: &str, dir: &Path, dtype: &str) -> Result<(Server, String), String> {
+    let torch_dtype = match dtype {
+        "bf16" => "bfloat16",
+        "f16" => "float16",
+        _ => "float32",
+    };
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| format!("no free port: {e}"))?
@@ -92,7 +100,7 @@ fn start_peer(py: &str, dir: &Path) -> Result<(Server, String), String> {
     let err = log.try_clone().map_err(|e| e.to_string())?;
     let child = Command::new(py)
         .args(["-m", "transformers.cli.transformers", "serve", "--continuous-batching", "--device", "cpu"])
-        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--log-level", "warning"])
+        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--log-level", "warning", "--dtype", torch_dtype])
         .arg(dir)
         .envs(crate::machine::peer_isa_env())
         .stdout(log)
@@ -188,6 +196,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         "soak-concurrency",
         "mesh",
         "peer",
+        "dtype",
     ])?;
     let mesh = a.get("mesh").unwrap_or("1x1").to_string();
     let preset = a.get("preset").unwrap_or("llama-134m").to_string();
@@ -229,6 +238,14 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     result
 }
 
+/// `--dtype`: both servers' weights and KV cache (f32, the default; bf16; f16).
+fn dtype(a: &Args) -> Result<&str, String> {
+    match a.get("dtype").unwrap_or("f32") {
+        d @ ("f32" | "bf16" | "f16") => Ok(d),
+        d => Err(format!("--dtype: `{d}` is not f32, bf16 or f16")),
+    }
+}
+
 /// The benchmark on the model written in `dir`.
 #[allow(clippy::too_many_arguments)]
 fn bench(
@@ -247,6 +264,7 @@ fn bench(
         .args(["serve", "--model"])
         .arg(dir)
         .args(["--port", "0", "--kv-memory", a.get("kv-memory").unwrap_or("2GB"), "--mesh", mesh])
+        .args(["--dtype", dtype(a)?])
         .args(["--max-batch-tokens", a.get("max-batch-tokens").unwrap_or("256"), "--max-running", "256"])
         .args(["--max-queue", "1024"])
         .stdout(Stdio::piped())
@@ -259,7 +277,8 @@ fn bench(
         line.split("http://").nth(1).and_then(|r| r.split_whitespace().next()).ok_or(format!("no address: {line}"))?;
     println!("{}", line.trim());
     println!(
-        "redco serve --model {preset} (random weights), greedy, streamed; prompts 16-128 words, outputs 16-64 tokens"
+        "redco serve --model {preset} (random weights, {}), greedy, streamed; prompts 16-128 words, outputs 16-64 tokens",
+        dtype(a)?
     );
     let probe_text = probe_prompt(&words);
     let probe = complete(addr, &probe_text, 16)?;
@@ -278,7 +297,7 @@ fn bench(
     if let Some(py) = a.get("peer") {
         let versions = peer_versions(py);
         eprintln!("xtask: the peer: transformers serve --continuous-batching ({versions})");
-        let (peer, paddr) = start_peer(py, dir)?;
+        let (peer, paddr) = start_peer(py, dir, dtype(a)?)?;
         let peer_probe = complete(&paddr, &probe_text, 16)?;
         let peer_rows = levels(&paddr, peer.0.id(), levels_, per_client, &words, max_s)?;
         drop(peer);
