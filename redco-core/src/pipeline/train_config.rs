@@ -138,8 +138,8 @@ pub struct TrainConfig {
     /// Offload the optimizer ([`Offloaded`](crate::optim::Offloaded)): its state and the
     /// f32 masters in host memory, the update on the host's CPU cores, the updated
     /// parameters uploaded in the compute dtype (a 16-bit run's device holds no f32
-    /// master); for a device backend whose memory is short. Not with
-    /// ZeRO at dp > 1 or a compiled step (refused).
+    /// master); for a device backend whose memory is short. With ZeRO-2 or 3, each rank's
+    /// host holds its slice. Not with ZeRO-1 at dp > 1 or a compiled step (refused).
     pub offload: bool,
     /// Print a progress line every N steps (with `progress_lines`).
     pub log_every: u64,

@@ -65,17 +65,23 @@ impl LossScale {
 
 /// Hands `masters` (f32, fresh) to an offloaded `opt`: it keeps them in host memory and
 /// `masters` keeps the compute copies in `compute` (in a 16-bit run the device then holds
-/// no f32 master; in an f32 run the compute copy is the master's device twin). Nothing
-/// changes for an optimizer that keeps its state on the device.
+/// no f32 master; in an f32 run the compute copy is the master's device twin). A ZeRO-3
+/// piece (`piece(name)`) stays f32 on the device: the model gathers it, and its gradient
+/// reaches it in its own dtype (a 16-bit piece would round the gradient). Nothing changes
+/// for an optimizer that keeps its state on the device.
 fn offload_masters<B: Backend>(
     opt: &mut dyn Optimizer<B>,
     masters: &mut BTreeMap<String, Tensor<B>>,
     compute: DType,
+    piece: &dyn Fn(&str) -> bool,
 ) -> Result<()> {
     let Some(host) = opt.host().cloned() else { return Ok(()) };
     let Some(hm) = opt.host_masters_mut() else { return Ok(()) };
     for (name, m) in masters.iter_mut() {
         hm.insert(name.clone(), crate::optim::StateTensor::Device(m.clone()).into_host(&host)?);
+        if piece(name) {
+            continue;
+        }
         // the f32 device copy goes once the model takes the compute copy (the refresh)
         *m = crate::no_grad(|| m.cast(compute))?.detach().into_var();
     }
@@ -190,7 +196,7 @@ impl<B: Backend> TrainState<B> {
         if let Some(e) = err {
             return Err(e);
         }
-        offload_masters(opt.as_mut(), &mut masters, cfg.compute_dtype)?;
+        offload_masters(opt.as_mut(), &mut masters, cfg.compute_dtype, &|name| layouts.contains_key(name))?;
         let pieces = (zero == ZeroStage::Parameters)
             .then(|| Arc::new(UnitPieces::new(comm.clone(), cfg.compute_dtype, layouts)));
         let scale = LossScale::new(cfg);

@@ -375,14 +375,12 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
                  are sharded with any optimizer) or AdamW",
             ));
         }
-        if cfg.offload && dep.mesh.dp > 1 && cfg.zero_stage() != ZeroStage::Off {
+        if cfg.offload && dep.mesh.dp > 1 && cfg.zero_stage() == ZeroStage::Optimizer {
             return Err(Error::unsupported(
                 "fit (offload)",
-                format!(
-                    "offloading the optimizer with ZeRO-{} is not supported yet: offload replicates the optimizer \
-                     state over dp on the host (use ZeRO-0 with offload, or ZeRO without it)",
-                    cfg.zero_stage().number()
-                ),
+                "offloading the optimizer with ZeRO-1 is not supported: ZeRO-1's moments are sharded by \
+                 collectives inside the optimizer, on the device (use ZeRO-2 or 3 with offload: each rank's host \
+                 updates its own slice)",
             ));
         }
         if cfg.offload && self.compiler.is_some() {

@@ -60,7 +60,7 @@ impl StrategyRow {
 }
 
 /// Every strategy for `plan` (ZeRO only where `dp > 1`: on one data-parallel rank it
-/// changes nothing; offload, at ZeRO-0, only with `offload`: a device backend's), costed
+/// changes nothing; offload, at ZeRO-0, 2 and 3, only with `offload`: a device backend's), costed
 /// for `work` (whose own `zero`/`recompute` are ignored) against `budget` bytes per rank;
 /// `extra` bytes per rank are added to each peak (f32 master weights of a 16-bit run, say).
 ///
@@ -82,17 +82,21 @@ pub fn strategies(
     let offloads: &[bool] = if offload { &[false, true] } else { &[false] };
     let mut rows = Vec::new();
     for &off in offloads {
-        for &zero in zeros.iter().filter(|z| !off || **z == 0) {
+        for &zero in zeros.iter().filter(|z| !off || **z != 1) {
             for recompute in [Recompute::None, Recompute::Selective, Recompute::Block] {
                 let w = Workload { zero, recompute, ..*work };
                 let mut memory = train_memory(plan, dims, &w, zero);
                 let mut comm_bytes = predict_comm(plan, dims, &w).entries().into_iter().map(|(_, _, c)| c.bytes).sum();
                 let recomputed_bytes = kept.saturating_sub(memory.activations);
                 let host_bytes = if off {
-                    // the moments and (16-bit) the masters: nothing of the optimizer's stays
-                    memory.optimizer = 0;
-                    comm_bytes += (4 + work.dtype_bytes as u64) * local;
-                    12 * local
+                    // the moments and (16-bit) the masters leave the device (ZeRO-3's f32
+                    // pieces stay, counted with the parameters); at ZeRO-2 and 3 each rank's
+                    // host holds and moves its dp-slice, and its device keeps the slice's
+                    // compute copy (gathered into the parameters each step)
+                    let mine = if zero >= 2 { local / plan.mesh.dp as u64 } else { local };
+                    memory.optimizer = if zero >= 2 { work.dtype_bytes as u64 * mine } else { 0 };
+                    comm_bytes += (4 + work.dtype_bytes as u64) * mine;
+                    12 * mine
                 } else {
                     0
                 };
@@ -208,7 +212,17 @@ mod tests {
         assert!(rows[i].strategy.recompute != Recompute::Block || rows[i].strategy.zero > 0, "{}", rows[i].strategy);
         // offload (a device backend's), f32: moments off the device, 8 bytes a parameter moved
         let with = strategies(&plan, &dims, &work, u64::MAX, 0, true);
-        assert_eq!(with.len(), 15, "ZeRO-0 with each recompute, offloaded");
+        assert_eq!(with.len(), 21, "ZeRO-0, 2 and 3 with each recompute, offloaded");
+        // offloaded at ZeRO-2: nothing of the optimizer's on the device, each rank's slice on its host
+        let z2 =
+            |off| with.iter().find(|r| r.strategy == Strategy { zero: 2, recompute: Recompute::None, offload: off });
+        let (z2, z2off) = (z2(false).unwrap(), z2(true).unwrap());
+        let dp = plan.mesh.dp as u64;
+        assert_eq!(
+            z2off.memory.total(),
+            z2.memory.total() - z2.memory.optimizer + 4 * plan.bytes_per_rank(1) as u64 / dp
+        );
+        assert_eq!(z2off.host_bytes, 12 * plan.bytes_per_rank(1) as u64 / dp);
         let off = with
             .iter()
             .find(|r| r.strategy == Strategy { zero: 0, recompute: Recompute::None, offload: true })

@@ -66,12 +66,11 @@ pub fn choose_strategy(
                     already: use it with a device backend (--backend wgpu or cuda)"
             .into());
     }
-    if ask.offload && ask.zero.is_some_and(|z| z > 0) && mesh.dp > 1 {
-        return Err(format!(
-            "--offload with --zero {} is not supported yet: offload keeps the whole optimizer state on each \
-             rank's host (use --zero 0 with --offload, or ZeRO without it)",
-            ask.zero.unwrap_or(0)
-        ));
+    if ask.offload && ask.zero == Some(1) && mesh.dp > 1 {
+        return Err("--offload with --zero 1 is not supported: ZeRO-1 shards AdamW's moments with collectives \
+                    inside the optimizer, on the device (use --zero 2 or 3 with --offload: each rank's host updates \
+                    its own slice)"
+            .into());
     }
     let offload = if ask.offload { Some(true) } else { (!ask.auto || !ask.device).then_some(false) };
     let offered = |z: u8| match z {
@@ -131,7 +130,7 @@ pub fn choose_strategy(
     if layered && recompute == Some(Recompute::None) {
         hints.push("recompute activations (--recompute selective, or block for the least memory)".to_string());
     }
-    if ask.device && offload == Some(false) && zero.is_none_or(|z| z == 0) {
+    if ask.device && offload == Some(false) && zero.is_none_or(|z| z != 1) {
         hints.push("offload the optimizer to host memory (--offload)".to_string());
     }
     if mesh.dp > 1 && zero.is_some_and(|z| z < 3) {

@@ -139,6 +139,24 @@ fn train_on_wgpu_at_1x2_writes_everything_its_loss_falls_from_the_cpu_first_loss
         assert!((x - y).abs() <= 1e-4 * x.abs(), "step {}: {x} on the device, {y} offloaded", i + 1);
     }
     let _ = std::fs::remove_dir_all(&off);
+    // offload with ZeRO-1 (its moments sharded by collectives on the device) is refused
+    let w = dir("wgpu-offload-zero1");
+    let (code, _, err) = redco(&[
+        "train",
+        "--preset",
+        "llama-tiny",
+        "--backend",
+        "wgpu",
+        "--mesh",
+        "2x1",
+        "--zero",
+        "1",
+        "--offload",
+        "--workdir",
+        w.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--offload with --zero 1 is not supported") && err.contains("--zero 2 or 3"), "{err}");
     // the same seed on the cpu backend: the same first loss (the same weights and batch)
     train("cpu", &cpu, "1", &[]);
     let c = losses(&cpu);

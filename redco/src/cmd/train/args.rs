@@ -87,7 +87,8 @@ pub struct TrainArgs {
     pub zero: Option<u8>,
     /// Offload the optimizer to host memory (device backends: wgpu, cuda): AdamW's state
     /// and the f32 masters on the host, the update on its CPU cores, the updated
-    /// parameters uploaded in the compute dtype; ZeRO-0 only. Default: the planner's pick on a device
+    /// parameters uploaded in the compute dtype; with ZeRO-0, 2 or 3 (at 2 and 3 each
+    /// rank's host holds its slice). Default: the planner's pick on a device
     /// backend (`--strategy auto`), on only when the run does not fit otherwise; refused on
     /// the cpu backend, whose memory is the host's.
     #[arg(long)]
