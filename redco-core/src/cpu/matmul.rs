@@ -300,7 +300,7 @@ fn half_weight_product(a: &HostData, b: &HostData, spec: &MatmulSpec, threads: u
 /// the 16-bit GEMV: measured on a Sapphire Rapids Xeon (2 threads, a 2048 x 5632 weight),
 /// the GEMV is faster up to 8 rows, AMX (whose packing of the weight costs about 2 ms
 /// there) from about 12; 16 rows: 4.5 ms against 3.4.
-const AMX_MIN_ROWS: usize = 9;
+pub(crate) const AMX_MIN_ROWS: usize = 9;
 
 /// bf16 times bf16 through the packed bf16 GEMM ([`bgemm`]: AMX or AVX512-BF16), f32 out;
 /// `None` where neither runs.

@@ -269,9 +269,9 @@ impl Backend for Cpu {
     fn matmul(&self, a: &CpuStorage, b: &CpuStorage, spec: &MatmulSpec) -> Result<CpuStorage> {
         let dt = check_same(a, b, "matmul")?;
         #[cfg(target_arch = "x86_64")]
-        if dt == DType::F32 && self.weights.is_on() {
+        if matches!(dt, DType::F32 | DType::BF16) && self.weights.is_on() {
             if let Some(c) = self.run(|| weight_cache::packed_product(&self.weights, &a.0, &b.0, spec, self.threads)) {
-                return Ok(CpuStorage::new(HostData::F32(c)));
+                return Ok(CpuStorage::new(HostData::from_f32(c, dt)));
             }
         }
         st(self.run(|| matmul::matmul(&a.0, &b.0, spec, dt, self.threads))?)

@@ -33,8 +33,19 @@ const MAX_ROW_BLOCKS: usize = 8;
 #[repr(C, align(64))]
 struct Scratch([f32; BLOCK * BLOCK]);
 
+/// Where the B panels come from: packed per column block from `B` itself, or already
+/// packed whole ([`super::PackedHalfB`]: every panel of all k, panel `p` at `p * panel`).
+#[derive(Clone, Copy)]
+pub(super) enum BSource<'a> {
+    /// The operand, packed block by block.
+    Operand(&'a HalfRef<'a>),
+    /// Every panel, packed once.
+    Packed(&'a [u16]),
+}
+
 /// Runs the GEMM (see the module doc) on `engine`. `m, n, k >= 1`, bounds checked by the
-/// caller, and the engine runs here ([`Engine::runs`]).
+/// caller (a packed B holds `n.div_ceil(32)` panels of all k), and the engine runs here
+/// ([`Engine::runs`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     engine: Engine,
@@ -42,7 +53,7 @@ pub(super) fn run(
     n: usize,
     k: usize,
     a: &HalfRef,
-    b: &HalfRef,
+    b: BSource<'_>,
     c: &mut [MaybeUninit<f32>],
     ldc: usize,
     threads: usize,
@@ -62,12 +73,24 @@ pub(super) fn run(
     let cp = SendPtr(c.as_mut_ptr().cast::<f32>());
     with_buf(Slot::HalfB, |bbuf| {
         // the buffers hold f32s: two u16 each
-        let bp = SendPtr(bbuf.reserve((nc * panel).div_ceil(2)).cast::<u16>());
+        let bp = match b {
+            BSource::Operand(_) => SendPtr(bbuf.reserve((nc * panel).div_ceil(2)).cast::<u16>()),
+            BSource::Packed(_) => SendPtr(std::ptr::null_mut()),
+        };
         for p0 in (0..panels).step_by(nc) {
             let np = nc.min(panels - p0);
-            // SAFETY: panel p of this block is written by task p alone, inside the nc panels
-            // reserved; pack_b reads only elements of B inside k x n (bounds checked).
-            par_for(np, |p| unsafe { pack_b(b, k, n, (p0 + p) * BLOCK, bp.get().add(p * panel)) });
+            let block_b = match b {
+                BSource::Operand(b) => {
+                    // SAFETY: panel p of this block is written by task p alone, inside the nc
+                    // panels reserved; pack_b reads only elements of B inside k x n (bounds
+                    // checked).
+                    par_for(np, |p| unsafe { pack_b(b, k, n, (p0 + p) * BLOCK, bp.get().add(p * panel)) });
+                    bp.get() as *const u16
+                }
+                // the block's panels, as the per-block packing would have written them
+                BSource::Packed(all) => all[p0 * panel..].as_ptr(),
+            };
+            let block_b = SendPtr(block_b.cast_mut());
             let col_tasks = if row_tasks < nt { nt.div_ceil(row_tasks).min(np) } else { 1 };
             par_for(row_tasks * col_tasks, |t| {
                 let (rt, ct) = (t / col_tasks, t % col_tasks);
@@ -79,7 +102,7 @@ pub(super) fn run(
                         // SAFETY: block rb - rb0 of the reserved A buffer (this task's own).
                         unsafe { pack_a(a, m, k, rb * BLOCK, ap.add((rb - rb0) * panel)) };
                     }
-                    let blocks = Blocks { steps, panel, a: ap, b: bp.get(), c: cp.get(), ldc, m, n, p0 };
+                    let blocks = Blocks { steps, panel, a: ap, b: block_b.get(), c: cp.get(), ldc, m, n, p0 };
                     // SAFETY: the engine runs here (bgemm_on checked `runs`); the task's rows
                     // and panels are its own (disjoint from every other task's).
                     unsafe {

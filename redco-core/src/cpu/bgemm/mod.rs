@@ -23,6 +23,10 @@ mod dot;
 mod driver;
 #[cfg(target_arch = "x86_64")]
 mod pack;
+#[cfg(target_arch = "x86_64")]
+mod prepacked;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use prepacked::{bgemm_prepacked, PackedHalfB};
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests;
 
@@ -168,7 +172,7 @@ pub(crate) fn bgemm_on(
         return true;
     }
     #[cfg(target_arch = "x86_64")]
-    driver::run(engine, m, n, k, &a, &b, c, ldc, threads);
+    driver::run(engine, m, n, k, &a, driver::BSource::Operand(&b), c, ldc, threads);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (engine, threads);
     true

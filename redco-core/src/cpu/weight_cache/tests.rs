@@ -113,3 +113,33 @@ fn a_new_weight_is_never_read_through_a_freed_weights_packing() {
     assert_eq!(b.storage_dtype(&c), DType::F64);
     assert_eq!(b.packed_weights(), 20);
 }
+
+/// bf16 weights under the hint (where a bf16 GEMM engine runs: AMX or AVX512-BF16): every
+/// product bit for bit the unhinted backend's, through rows that take the bf16 GEMM, column
+/// counts with a ragged last panel and depths over one k block of the kernel; a weight
+/// packed once, at its first product. Where no engine runs, nothing is packed and the
+/// products still agree.
+#[test]
+fn bf16_weights_are_packed_once_and_give_the_unhinted_products() {
+    let (hinted, plain) = (Cpu::new(2), Cpu::new(2));
+    hinted.hint_constant_weights();
+    let engine = crate::cpu::bgemm::engine().is_some();
+    let mut rng = Rng(31);
+    let mut weights = 0;
+    for &(rows, n, k) in &[(9, 32, 64), (32, 768, 768), (45, 100, 300), (70, 2100, 2600)] {
+        let w = rng.vec(n * k);
+        let on = |b: &Cpu, v: &[f32], s: &[usize]| {
+            Tensor::from_vec(b, v.to_vec(), Shape::from(s)).unwrap().cast(DType::BF16).unwrap()
+        };
+        let (wh, wp) = (on(&hinted, &w, &[n, k]), on(&plain, &w, &[n, k]));
+        weights += 1;
+        for i in 0..2 {
+            let x = rng.vec(rows * k);
+            let got = on(&hinted, &x, &[rows, k]).matmul_t(&wh).unwrap();
+            let want = on(&plain, &x, &[rows, k]).matmul_t(&wp).unwrap();
+            assert_eq!(got.dtype(), DType::BF16);
+            assert_eq!(got.to_vec_f32().unwrap(), want.to_vec_f32().unwrap(), "{rows}x{n}x{k}, product {i}");
+            assert_eq!(hinted.packed_weights(), if engine { weights } else { 0 }, "{rows}x{n}x{k}, product {i}");
+        }
+    }
+}
