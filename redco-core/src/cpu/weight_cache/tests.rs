@@ -125,14 +125,13 @@ fn bf16_weights_are_packed_once_and_give_the_unhinted_products() {
     hinted.hint_constant_weights();
     let engine = crate::cpu::bgemm::engine().is_some();
     let mut rng = Rng(31);
-    let mut weights = 0;
-    for &(rows, n, k) in &[(9, 32, 64), (32, 768, 768), (45, 100, 300), (70, 2100, 2600)] {
+    for (i, &(rows, n, k)) in [(9, 32, 64), (32, 768, 768), (45, 100, 300), (70, 2100, 2600)].iter().enumerate() {
+        let weights = i as u64 + 1;
         let w = rng.vec(n * k);
         let on = |b: &Cpu, v: &[f32], s: &[usize]| {
             Tensor::from_vec(b, v.to_vec(), Shape::from(s)).unwrap().cast(DType::BF16).unwrap()
         };
         let (wh, wp) = (on(&hinted, &w, &[n, k]), on(&plain, &w, &[n, k]));
-        weights += 1;
         for i in 0..2 {
             let x = rng.vec(rows * k);
             let got = on(&hinted, &x, &[rows, k]).matmul_t(&wh).unwrap();
