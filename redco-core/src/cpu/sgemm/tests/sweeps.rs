@@ -344,30 +344,3 @@ macro_rules! family_tests {
 
 family_tests!(avx512, Isa::Avx512);
 family_tests!(avx2, Isa::Avx2);
-#[test]
-#[ignore]
-fn tmp_time_short() {
-    let mut rng = Rng(5);
-    let (n, k) = (2304, 768);
-    let a = rng.vec(42 * k);
-    let b = rng.vec(k * n);
-    for m in [28, 32, 42, 28, 32, 42] {
-        let mut c = vec![0f32; m * n];
-        let t = std::time::Instant::now();
-        for _ in 0..200 {
-            gemm(
-                Isa::Avx512,
-                m,
-                n,
-                k,
-                MatRef { data: &a[..m * k], rs: k, cs: 1 },
-                MatRef { data: &b, rs: n, cs: 1 },
-                &mut c,
-                n,
-                false,
-                2,
-            );
-        }
-        eprintln!("m={m}: {:.3} ms", t.elapsed().as_secs_f64() * 1e3 / 200.0);
-    }
-}
