@@ -38,9 +38,19 @@ struct Row {
     losses: Vec<f64>,
 }
 
-/// The `redco` binary beside this program (the benchmarks that run the CLI as a user does);
-/// missing, an error naming `build`, the command that makes it, and `bench`, who needs it.
+/// The `redco` binary beside this program (the benchmarks that run the CLI as a user does),
+/// built first by `build` (a no-op when it is up to date: a bench never measures a binary
+/// older than the sources); missing, an error naming `build` and `bench`, who needs it.
 pub(super) fn redco_beside(build: &str, bench: &str) -> Result<PathBuf, String> {
+    // built first (a no-op when up to date): a bench must never run a stale binary
+    let mut words = build.split_whitespace();
+    if let Some(cargo) = words.next() {
+        eprintln!("xtask: {build}");
+        let st = std::process::Command::new(cargo).args(words).status().map_err(|e| format!("{build}: {e}"))?;
+        if !st.success() {
+            return Err(format!("{build} failed ({st})"));
+        }
+    }
     let redco = std::env::current_exe().map_err(|e| e.to_string())?.with_file_name("redco");
     if !redco.is_file() {
         return Err(format!("{} is missing: {build} ({bench} runs the CLI)", redco.display()));

@@ -1,6 +1,6 @@
 //! `cargo xtask bench serve`: `redco serve` on loopback under a fixed set of requests at
 //! several concurrencies, as a user's clients would load it (the binary beside this
-//! program: `cargo build --release -p redco`).
+//! program, which it builds first: `cargo build --release -p redco`).
 //!
 //! The model: `--preset` (default llama-134m) with the weights of one training step,
 //! written by `redco train`. The requests: prompts of 16-128 words of the model's
