@@ -27,22 +27,12 @@ pub const SUPPORTED: [&str; 4] = ["llama", "mistral", "gptj", "opt"];
 
 impl<B: Backend> AutoModel<B> {
     /// Activation checkpointing per decoder layer, block or selective (see
-    /// [`Llama::set_recompute`]); LLaMA only for now: the other architectures refuse it.
-    pub fn set_recompute(&mut self, mode: Recompute) -> Result<()> {
-        let refuse = |arch: &str| {
-            Err(Error::unsupported(
-                "recompute",
-                format!("{} recompute is implemented for LLaMA only; {arch} keeps its activations", mode.name()),
-            ))
-        };
+    /// [`Llama::set_recompute`]), for every architecture.
+    pub fn set_recompute(&mut self, mode: Recompute) {
         match self {
-            AutoModel::Llama(m) => {
-                m.set_recompute(mode);
-                Ok(())
-            }
-            _ if !mode.on() => Ok(()),
-            AutoModel::GptJ(_) => refuse("gptj"),
-            AutoModel::Opt(_) => refuse("opt"),
+            AutoModel::Llama(m) => m.set_recompute(mode),
+            AutoModel::GptJ(m) => m.set_recompute(mode),
+            AutoModel::Opt(m) => m.set_recompute(mode),
         }
     }
 
@@ -58,22 +48,25 @@ impl<B: Backend> AutoModel<B> {
     }
 
     /// [`AutoModel::new`] with each parameter handed to `placer` as it is made (see
-    /// [`Llama::new_placed`]). LLaMA places them; the other models are built whole (and
-    /// cut by the plan afterwards).
+    /// [`Llama::new_placed`]): no rank holds more than its part of the model beyond the
+    /// tensor being made.
     pub fn new_placed(b: &B, cfg: &HfConfig, dtype: DType, seed: u64, placer: &dyn ParamPlacer<B>) -> Result<Self> {
-        match cfg.model_type.as_str() {
-            "llama" | "mistral" => Ok(AutoModel::Llama(Llama::new_placed(b, cfg, dtype, seed, placer)?)),
-            _ => Self::new(b, cfg, dtype, seed),
-        }
+        Ok(match cfg.model_type.as_str() {
+            "llama" | "mistral" => AutoModel::Llama(Llama::new_placed(b, cfg, dtype, seed, placer)?),
+            "gptj" => AutoModel::GptJ(GptJ::new_placed(b, cfg, dtype, seed, placer)?),
+            "opt" => AutoModel::Opt(Opt::new_placed(b, cfg, dtype, seed, placer)?),
+            other => return Err(unsupported(other)),
+        })
     }
 
-    /// [`AutoModel::from_pretrained`] with each tensor handed to `placer` as it is read
-    /// (LLaMA; the other models are read whole).
+    /// [`AutoModel::from_pretrained`] with each tensor handed to `placer` as it is read.
     pub fn from_pretrained_placed(b: &B, dir: &Path, dtype: DType, placer: &dyn ParamPlacer<B>) -> Result<Self> {
-        match HfConfig::from_dir(dir)?.model_type.as_str() {
-            "llama" | "mistral" => Ok(AutoModel::Llama(Llama::from_pretrained_placed(b, dir, dtype, placer)?)),
-            _ => Self::from_pretrained(b, dir, dtype, None),
-        }
+        Ok(match HfConfig::from_dir(dir)?.model_type.as_str() {
+            "llama" | "mistral" => AutoModel::Llama(Llama::from_pretrained_placed(b, dir, dtype, placer)?),
+            "gptj" => AutoModel::GptJ(GptJ::from_pretrained_placed(b, dir, dtype, placer)?),
+            "opt" => AutoModel::Opt(Opt::from_pretrained_placed(b, dir, dtype, placer)?),
+            other => return Err(unsupported(other)),
+        })
     }
 
     /// A randomly initialised model for `cfg`.
@@ -150,17 +143,15 @@ impl<B: Backend> Module<B> for AutoModel<B> {
     fn gather_units(&self) -> Vec<String> {
         match self {
             AutoModel::Llama(m) => m.gather_units(),
-            AutoModel::GptJ(_) | AutoModel::Opt(_) => Vec::new(),
+            AutoModel::GptJ(m) => m.gather_units(),
+            AutoModel::Opt(m) => m.gather_units(),
         }
     }
     fn set_param_gather(&mut self, g: Option<std::sync::Arc<dyn redco_core::nn::ParamGather<B>>>) -> Result<()> {
         match self {
             AutoModel::Llama(m) => m.set_param_gather(g),
-            AutoModel::GptJ(_) | AutoModel::Opt(_) => Err(Error::unsupported(
-                "zero3",
-                "ZeRO-3 gathers parameters per decoder layer in LLaMA models only; gptj and opt keep them whole \
-                 (ZeRO-2 shards their masters, optimizer state and gradients)",
-            )),
+            AutoModel::GptJ(m) => m.set_param_gather(g),
+            AutoModel::Opt(m) => m.set_param_gather(g),
         }
     }
 }

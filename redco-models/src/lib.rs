@@ -69,5 +69,6 @@ pub mod opt;
 pub mod params;
 pub mod presets;
 pub mod seq2seq;
+pub mod stack;
 pub mod t5;
 pub mod tiny;

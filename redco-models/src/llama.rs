@@ -7,13 +7,12 @@ use crate::generate::{CausalLm, FixedKvCache, KvCache};
 use crate::hf::checkpoint::Checkpoint;
 use crate::hf::config::HfConfig;
 use crate::params::{CheckpointSource, ParamSource, Placed, RandomInit};
+use crate::stack::{LayerAttend, Stack, StackLayer};
 use redco_core::nn::{
-    self, gathered, prefetch_unit, Activation, Embedding, GatedMlp, Init, KeepWhole, Linear, Module, ParamGather,
-    ParamPlacer, RmsNorm, RotaryEmbedding,
+    self, Activation, Embedding, GatedMlp, Init, KeepWhole, Linear, ParamPlacer, RmsNorm, RotaryEmbedding,
 };
 use redco_core::ops::recompute::Recompute;
 use redco_core::{Backend, DType, Error, Result, RotaryMode, Shape, Tensor};
-use std::sync::Arc;
 
 /// A layer's attention given its index, queries, keys and values (with its cache).
 type Attend<'a, B> = dyn FnMut(usize, Tensor<B>, Tensor<B>, Tensor<B>) -> Result<Tensor<B>> + 'a;
@@ -30,12 +29,15 @@ pub struct LlamaLayer<B: Backend> {
     mlp: GatedMlp<B>,
 }
 
-/// A layer's attention sizes.
+/// A LLaMA layer's attention sizes.
 #[derive(Debug, Clone, Copy)]
-struct Dims {
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
+pub struct Dims {
+    /// Query heads.
+    pub heads: usize,
+    /// Key and value heads.
+    pub kv_heads: usize,
+    /// Features per head.
+    pub head_dim: usize,
 }
 
 impl<B: Backend> LlamaLayer<B> {
@@ -61,6 +63,20 @@ impl<B: Backend> LlamaLayer<B> {
     }
 }
 
+impl<B: Backend> StackLayer<B> for LlamaLayer<B> {
+    type Ctx = Dims;
+    /// `side` is the rotary tables `[cos, sin]`.
+    fn forward(
+        &self,
+        d: Dims,
+        h: &Tensor<B>,
+        side: &[Tensor<B>],
+        attend: &mut LayerAttend<'_, B>,
+    ) -> Result<Tensor<B>> {
+        LlamaLayer::forward(self, d, h, &side[0], &side[1], attend)
+    }
+}
+
 redco_core::module!(LlamaLayer {
     input_layernorm: "input_layernorm",
     q_proj: "self_attn.q_proj",
@@ -79,10 +95,8 @@ pub struct Llama<B: Backend> {
     layers: Vec<LlamaLayer<B>>,
     norm: RmsNorm<B>,
     lm_head: Option<Linear<B>>,
-    /// What each layer recomputes in the backward pass instead of keeping.
-    recompute: Recompute,
-    /// ZeRO-3: what makes a layer's parameters whole when they are held in pieces.
-    gather: Option<Arc<dyn ParamGather<B>>>,
+    /// How the layers run: gathered under ZeRO-3, recomputed in training.
+    stack: Stack<B>,
 }
 
 redco_core::module!(Llama {
@@ -93,10 +107,10 @@ redco_core::module!(Llama {
 }
     /// The decoder layers.
     fn gather_units(&self) -> Vec<String> {
-        (0..self.layers.len()).map(|i| format!("model.layers.{i}")).collect()
+        self.stack.units(self.layers.len())
     }
     fn set_param_gather(&mut self, g: Option<std::sync::Arc<dyn redco_core::nn::ParamGather<B>>>) -> redco_core::Result<()> {
-        self.gather = g;
+        self.stack.set_gather(g);
         Ok(())
     }
 );
@@ -185,8 +199,7 @@ impl<B: Backend> Llama<B> {
             layers,
             norm,
             lm_head,
-            recompute: Recompute::None,
-            gather: None,
+            stack: Stack::new("model.layers"),
         })
     }
 
@@ -278,8 +291,9 @@ impl<B: Backend> Llama<B> {
                 &default_pos
             }
         };
-        if cache.is_none() && self.recompute.on() && redco_core::is_grad_enabled() {
-            return self.layers_recomputed(ids, pos, mask);
+        if cache.is_none() && self.stack.recomputes() {
+            let (h, side, dims) = self.embedded(ids, pos)?;
+            return self.norm.forward(&self.stack.run_recomputed(&self.layers, dims, h, &side, mask)?);
         }
         self.layers_at(ids, pos, &mut |i, q, k, v| {
             let (k, v) = match cache.as_deref_mut() {
@@ -315,31 +329,21 @@ impl<B: Backend> Llama<B> {
         Ok(h)
     }
 
-    /// The decoder layers over `ids` at `pos`; `attend(layer, q, k, v)` is each layer's
-    /// attention (with its cache).
-    fn layers_at(&self, ids: &Tensor<B>, pos: &Tensor<B>, attend: &mut Attend<'_, B>) -> Result<Tensor<B>> {
+    /// The embedded `ids`, the side inputs of every layer (the rotary tables at `pos`) and
+    /// the layers' attention sizes.
+    fn embedded(&self, ids: &Tensor<B>, pos: &Tensor<B>) -> Result<(Tensor<B>, [Tensor<B>; 2], Dims)> {
         let c = &self.cfg;
         let rope = RotaryEmbedding::new(c.head_dim, c.rope_theta, RotaryMode::HalfSplit)?;
         let (cos, sin) = rope.tables(pos, self.embed_tokens.weight.dtype())?;
-        let mut h = self.embed_tokens.forward(ids)?;
         let dims = Dims { heads: c.heads, kv_heads: c.kv_heads, head_dim: c.head_dim };
-        for (i, l) in self.layers.iter().enumerate() {
-            // under ZeRO-3 the layer runs on whole parameters gathered for it
-            let whole = match &self.gather {
-                Some(g) => {
-                    let whole = gathered(l, &format!("model.layers.{i}"), g.as_ref())?;
-                    // the next layer's gather moves while this one computes
-                    if let Some(next) = self.layers.get(i + 1) {
-                        prefetch_unit(next, &format!("model.layers.{}", i + 1), g.as_ref())?;
-                    }
-                    Some(whole)
-                }
-                None => None,
-            };
-            let l = whole.as_ref().unwrap_or(l);
-            h = l.forward(dims, &h, &cos, &sin, &mut |q, k, v| attend(i, q, k, v))?;
-        }
-        self.norm.forward(&h)
+        Ok((self.embed_tokens.forward(ids)?, [cos, sin], dims))
+    }
+
+    /// The decoder layers over `ids` at `pos`; `attend(layer, q, k, v)` is each layer's
+    /// attention (with its cache).
+    fn layers_at(&self, ids: &Tensor<B>, pos: &Tensor<B>, attend: &mut Attend<'_, B>) -> Result<Tensor<B>> {
+        let (h, side, dims) = self.embedded(ids, pos)?;
+        self.norm.forward(&self.stack.run(&self.layers, dims, h, &side, attend)?)
     }
 
     /// What each layer recomputes in the backward pass: nothing (the default), the whole
@@ -348,56 +352,7 @@ impl<B: Backend> Llama<B> {
     /// outputs of its projections and attention kept, its norms, rotary embeddings, SiLU
     /// and product recomputed). Applies to training forwards without a KV cache.
     pub fn set_recompute(&mut self, mode: Recompute) {
-        self.recompute = mode;
-    }
-
-    /// [`Llama::layers_at`] for training, each layer a [`Tensor::recompute`] block (or a
-    /// [`Tensor::recompute_selective`] one).
-    fn layers_recomputed(&self, ids: &Tensor<B>, pos: &Tensor<B>, mask: Option<&Tensor<B>>) -> Result<Tensor<B>> {
-        let c = &self.cfg;
-        let dims = Dims { heads: c.heads, kv_heads: c.kv_heads, head_dim: c.head_dim };
-        let rope = RotaryEmbedding::new(c.head_dim, c.rope_theta, RotaryMode::HalfSplit)?;
-        let (cos, sin) = rope.tables(pos, self.embed_tokens.weight.dtype())?;
-        let mut h = self.embed_tokens.forward(ids)?;
-        for (i, l) in self.layers.iter().enumerate() {
-            let mut params = Vec::new();
-            l.visit("", &mut |_, p| params.push(p.clone()));
-            let mut inputs = vec![h, cos.clone(), sin.clone()];
-            inputs.extend(mask.cloned());
-            let (layer, gather) = (l.clone(), self.gather.clone());
-            let prefix = format!("model.layers.{i}");
-            // the layer after it (run next in the forward) and the one before it
-            // (recomputed next in the backward)
-            let next = self.layers.get(i + 1).map(|l| (l.clone(), format!("model.layers.{}", i + 1)));
-            let prev = i.checked_sub(1).map(|j| (self.layers[j].clone(), format!("model.layers.{j}")));
-            let ran = std::sync::atomic::AtomicBool::new(false);
-            let block = move |xs: &[Tensor<B>]| {
-                let mask = xs.get(3);
-                // under ZeRO-3, gathered for the forward and again for the recomputation,
-                // with the gather of the layer that runs after it started ahead
-                let whole = match &gather {
-                    Some(g) => {
-                        let whole = gathered(&layer, &prefix, g.as_ref())?;
-                        let again = ran.swap(true, std::sync::atomic::Ordering::Relaxed);
-                        if let Some((l, p)) = if again { &prev } else { &next } {
-                            prefetch_unit(l, p, g.as_ref())?;
-                        }
-                        Some(whole)
-                    }
-                    None => None,
-                };
-                whole.as_ref().unwrap_or(&layer).forward(dims, &xs[0], &xs[1], &xs[2], &mut |q, k, v| {
-                    nn::scaled_dot_product_attention(&q, &k, &v, mask, true, None)
-                })
-            };
-            let (inputs, params) = (inputs.iter().collect::<Vec<_>>(), params.iter().collect::<Vec<_>>());
-            h = if self.recompute == Recompute::Selective {
-                Tensor::recompute_selective(&inputs, &params, block)?
-            } else {
-                Tensor::recompute(&inputs, &params, block)?
-            };
-        }
-        self.norm.forward(&h)
+        self.stack.set_recompute(mode);
     }
 
     /// The language-model head over final hidden states.

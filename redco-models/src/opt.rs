@@ -8,9 +8,11 @@
 use crate::build::{self, embedding, layer_norm, linear};
 use crate::generate::{CausalLm, KvCache, RaggedAttend};
 use crate::hf::config::HfConfig;
-use crate::params::{ParamSource, RandomInit};
+use crate::params::{ParamSource, Placed, RandomInit};
+use crate::stack::{LayerAttend, Stack, StackLayer};
 use redco_core::backend::CmpOp;
-use redco_core::nn::{self, Activation, Embedding, LayerNorm, Linear};
+use redco_core::nn::{self, Activation, Embedding, LayerNorm, Linear, ParamPlacer};
+use redco_core::ops::recompute::Recompute;
 use redco_core::planning::ShardPlan;
 use redco_core::{Backend, DType, Error, Result, Tensor};
 use std::path::Path;
@@ -19,6 +21,7 @@ use std::path::Path;
 pub const POSITION_OFFSET: i64 = 2;
 
 /// One OPT decoder layer.
+#[derive(Clone)]
 pub struct OptLayer<B: Backend> {
     q_proj: Linear<B>,
     k_proj: Linear<B>,
@@ -28,6 +31,43 @@ pub struct OptLayer<B: Backend> {
     fc1: Linear<B>,
     fc2: Linear<B>,
     final_layer_norm: LayerNorm<B>,
+}
+
+/// What an OPT layer's forward needs besides its parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct OptCtx {
+    /// Attention heads.
+    pub heads: usize,
+    /// Features per head.
+    pub head_dim: usize,
+    /// LayerNorm before each block (`do_layer_norm_before`) or after it.
+    pub pre_norm: bool,
+    /// The MLP's activation.
+    pub act: Activation,
+}
+
+impl<B: Backend> StackLayer<B> for OptLayer<B> {
+    type Ctx = OptCtx;
+    /// OPT's layers take no side inputs (the positions are added to the embeddings).
+    fn forward(&self, c: OptCtx, h: &Tensor<B>, _: &[Tensor<B>], attend: &mut LayerAttend<'_, B>) -> Result<Tensor<B>> {
+        let (bs, t) = (h.dims()[0], h.dims()[1]);
+        let a_in = if c.pre_norm { self.self_attn_layer_norm.forward(h)? } else { h.clone() };
+        let split = |y: Tensor<B>| y.reshape([bs, t, c.heads, c.head_dim])?.transpose(1, 2);
+        let q = split(self.q_proj.forward(&a_in)?)?;
+        let k = split(self.k_proj.forward(&a_in)?)?;
+        let v = split(self.v_proj.forward(&a_in)?)?;
+        let a = attend(q, k, v)?;
+        let mut h = h.add(&self.out_proj.forward(&a.transpose(1, 2)?.reshape([bs, t, c.heads * c.head_dim])?)?)?;
+        if !c.pre_norm {
+            h = self.self_attn_layer_norm.forward(&h)?;
+        }
+        let f_in = if c.pre_norm { self.final_layer_norm.forward(&h)? } else { h.clone() };
+        h = h.add(&self.fc2.forward(&c.act.forward(&self.fc1.forward(&f_in)?)?)?)?;
+        if !c.pre_norm {
+            h = self.final_layer_norm.forward(&h)?;
+        }
+        Ok(h)
+    }
 }
 
 redco_core::module!(OptLayer {
@@ -54,6 +94,8 @@ pub struct Opt<B: Backend> {
     lm_head: Option<Linear<B>>,
     pre_norm: bool,
     act: Activation,
+    /// How the layers run: gathered under ZeRO-3, recomputed in training.
+    stack: Stack<B>,
 }
 
 redco_core::module!(Opt {
@@ -64,7 +106,16 @@ redco_core::module!(Opt {
     final_layer_norm: "model.decoder.final_layer_norm",
     layers: "model.decoder.layers",
     lm_head: "lm_head"
-});
+}
+    /// The decoder layers.
+    fn gather_units(&self) -> Vec<String> {
+        self.stack.units(self.layers.len())
+    }
+    fn set_param_gather(&mut self, g: Option<std::sync::Arc<dyn redco_core::nn::ParamGather<B>>>) -> Result<()> {
+        self.stack.set_gather(g);
+        Ok(())
+    }
+);
 
 /// OPT's positions for a `[batch, seq]` attention mask: `cumsum(mask) * mask - 1`, plus the
 /// offset (padding gets position `-1 + 2 = 1`).
@@ -85,6 +136,20 @@ impl<B: Backend> Opt<B> {
     /// A randomly initialised model for `cfg`.
     pub fn new(b: &B, cfg: &HfConfig, dtype: DType, seed: u64) -> Result<Self> {
         Self::build(cfg, &mut RandomInit::new(b, dtype, seed))
+    }
+
+    /// [`Opt::new`] with each parameter handed to `placer` as it is made (the trainer's
+    /// keeps only this rank's part; see [`crate::llama::Llama::new_placed`]). The values are
+    /// [`Opt::new`]'s.
+    pub fn new_placed(b: &B, cfg: &HfConfig, dtype: DType, seed: u64, placer: &dyn ParamPlacer<B>) -> Result<Self> {
+        Self::build(cfg, &mut Placed::new(&mut RandomInit::new(b, dtype, seed), placer))
+    }
+
+    /// What each layer recomputes in the backward pass of a training forward (see
+    /// [`crate::llama::Llama::set_recompute`]; selective keeps the projections' and
+    /// attention's outputs and recomputes the LayerNorms and the activation).
+    pub fn set_recompute(&mut self, mode: Recompute) {
+        self.stack.set_recompute(mode);
     }
 
     /// Checks that `cfg` describes an OPT this implementation runs.
@@ -142,6 +207,7 @@ impl<B: Backend> Opt<B> {
             lm_head,
             pre_norm: cfg.flag("do_layer_norm_before", true),
             act: Activation::from_hf(&cfg.hidden_act)?,
+            stack: Stack::new("model.decoder.layers"),
         })
     }
 
@@ -154,6 +220,14 @@ impl<B: Backend> Opt<B> {
         build::load(b, dir, dtype, plan, &["opt"], &|n| tied && n == "lm_head.weight", Self::build)
     }
 
+    /// [`Opt::from_pretrained`] with each tensor handed to `placer` as it is read.
+    pub fn from_pretrained_placed(b: &B, dir: &Path, dtype: DType, placer: &dyn ParamPlacer<B>) -> Result<Self> {
+        let tied = HfConfig::from_dir(dir)?.tie_word_embeddings;
+        build::load(b, dir, dtype, None, &["opt"], &|n| tied && n == "lm_head.weight", |cfg, src| {
+            Self::build(cfg, &mut Placed::new(src, placer))
+        })
+    }
+
     /// Logits `[batch, seq, vocab]`; positions come from the mask as transformers computes
     /// them (all ones without a mask).
     pub fn forward(&self, ids: &Tensor<B>, mask: Option<&Tensor<B>>) -> Result<Tensor<B>> {
@@ -161,11 +235,12 @@ impl<B: Backend> Opt<B> {
             return Err(Error::invalid("opt", format!("input ids must be [batch, seq], got {}", ids.shape())));
         }
         let (bs, t) = (ids.dims()[0], ids.dims()[1]);
-        let m = match mask {
-            Some(m) => m.to_vec_i64()?,
-            None => vec![1; bs * t],
+        let pos = match mask {
+            Some(m) => Tensor::from_vec(ids.backend(), positions_from_mask(&m.to_vec_i64()?, t), [bs, t])?,
+            // every row at `2..t + 2`: one `[t]` row broadcast over the batch (a batch split
+            // over dp keeps its split: the position embeddings are not made per row)
+            None => Tensor::from_vec(ids.backend(), (POSITION_OFFSET..t as i64 + POSITION_OFFSET).collect(), [t])?,
         };
-        let pos = Tensor::from_vec(ids.backend(), positions_from_mask(&m, t), [bs, t])?;
         let h = self.hidden_states(ids, mask, &pos, None)?;
         self.head(&h)
     }
@@ -183,6 +258,10 @@ impl<B: Backend> Opt<B> {
         let t = ids.dims()[1];
         let past = cache.as_ref().map_or(0, |k| k.len());
         crate::generate::check_context("opt", past + t, c.max_positions)?;
+        if cache.is_none() && self.stack.recomputes() {
+            let h = self.embedded(ids, pos)?;
+            return self.finished(self.stack.run_recomputed(&self.layers, self.ctx(), h, &[], mask)?);
+        }
         let mut attend = |i: usize, q: Tensor<B>, k: Tensor<B>, v: Tensor<B>| -> Result<Tensor<B>> {
             let (k, v) = match cache.as_deref_mut() {
                 Some(cache) => cache.append(i, k, v)?,
@@ -193,13 +272,16 @@ impl<B: Backend> Opt<B> {
         self.layers_at(ids, pos, &mut attend)
     }
 
-    /// The decoder over `ids` (`[batch, t]`) at table rows `pos`; `attend(layer, q, k, v)`
-    /// is each layer's attention (with its cache). After `project_out`.
-    fn layers_at(&self, ids: &Tensor<B>, pos: &Tensor<B>, attend: &mut RaggedAttend<'_, B>) -> Result<Tensor<B>> {
-        let c = &self.cfg;
-        let (bs, t, hd) = (ids.dims()[0], ids.dims()[1], c.head_dim);
+    /// What every layer's forward needs besides its parameters.
+    fn ctx(&self) -> OptCtx {
+        OptCtx { heads: self.cfg.heads, head_dim: self.cfg.head_dim, pre_norm: self.pre_norm, act: self.act }
+    }
+
+    /// The layers' input: the token embeddings of `ids` (through `project_in`) plus the
+    /// position embeddings at table rows `pos`.
+    fn embedded(&self, ids: &Tensor<B>, pos: &Tensor<B>) -> Result<Tensor<B>> {
         let mut x = self.embed_tokens.forward(ids)?;
-        if let Some(pad) = c.pad_token_id {
+        if let Some(pad) = self.cfg.pad_token_id {
             // `padding_idx`: the padding row's lookups pass no gradient to the table
             let is_pad = ids.compare_scalar(pad as f64, CmpOp::Eq)?.unsqueeze(-1)?;
             x = is_pad.where_cond(&x.detach(), &x)?;
@@ -207,24 +289,11 @@ impl<B: Backend> Opt<B> {
         if let Some(p) = &self.project_in {
             x = p.forward(&x)?;
         }
-        let mut h = x.add(&self.embed_positions.forward(pos)?)?;
-        for (i, l) in self.layers.iter().enumerate() {
-            let a_in = if self.pre_norm { l.self_attn_layer_norm.forward(&h)? } else { h.clone() };
-            let split = |y: Tensor<B>| y.reshape([bs, t, c.heads, hd])?.transpose(1, 2);
-            let q = split(l.q_proj.forward(&a_in)?)?;
-            let k = split(l.k_proj.forward(&a_in)?)?;
-            let v = split(l.v_proj.forward(&a_in)?)?;
-            let a = attend(i, q, k, v)?;
-            h = h.add(&l.out_proj.forward(&a.transpose(1, 2)?.reshape([bs, t, c.heads * hd])?)?)?;
-            if !self.pre_norm {
-                h = l.self_attn_layer_norm.forward(&h)?;
-            }
-            let f_in = if self.pre_norm { l.final_layer_norm.forward(&h)? } else { h.clone() };
-            h = h.add(&l.fc2.forward(&self.act.forward(&l.fc1.forward(&f_in)?)?)?)?;
-            if !self.pre_norm {
-                h = l.final_layer_norm.forward(&h)?;
-            }
-        }
+        x.add(&self.embed_positions.forward(pos)?)
+    }
+
+    /// The final LayerNorm (if any) and `project_out` (if any) over the last layer's output.
+    fn finished(&self, mut h: Tensor<B>) -> Result<Tensor<B>> {
         if let Some(n) = &self.final_layer_norm {
             h = n.forward(&h)?;
         }
@@ -232,6 +301,13 @@ impl<B: Backend> Opt<B> {
             Some(p) => p.forward(&h),
             None => Ok(h),
         }
+    }
+
+    /// The decoder over `ids` (`[batch, t]`) at table rows `pos`; `attend(layer, q, k, v)`
+    /// is each layer's attention (with its cache). After `project_out`.
+    fn layers_at(&self, ids: &Tensor<B>, pos: &Tensor<B>, attend: &mut RaggedAttend<'_, B>) -> Result<Tensor<B>> {
+        let h = self.embedded(ids, pos)?;
+        self.finished(self.stack.run(&self.layers, self.ctx(), h, &[], attend)?)
     }
 
     /// The head over final hidden states (the token embedding when tied).

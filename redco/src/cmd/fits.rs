@@ -57,7 +57,8 @@ pub fn choose_strategy(
 ) -> Result<(Strategy, String), String> {
     use redco_core::planning::planner::{human, Workload};
     use redco_core::planning::strategy::{pick, strategies};
-    let layered = matches!(cfg.model_type.as_str(), "llama" | "mistral");
+    // ZeRO-3 gathers and recompute run per decoder layer: every decoder-only model has them
+    let layered = matches!(cfg.model_type.as_str(), "llama" | "mistral" | "gptj" | "opt");
     let recompute = ask.recompute.or((!ask.auto).then_some(Recompute::None));
     // ZeRO on one data-parallel rank changes nothing
     let zero = if mesh.dp > 1 { ask.zero.or((!ask.auto).then_some(0)) } else { Some(0) };

@@ -151,7 +151,6 @@ fn cases(t: &Scratch) -> Vec<Case> {
     let good = s(&fixture_named("llama-tiny")).to_string();
     let t5 = s(&fixture_named("t5-tiny")).to_string();
     let g = good.as_str();
-    let opt = s(&fixture_named("opt-tiny")).to_string();
     let inputs = s(&fixture_named("llama-tiny").join("inputs.safetensors")).to_string();
     let out = s(&t.path("dump.safetensors")).to_string();
     let w = s(&t.path("w")).to_string();
@@ -201,10 +200,10 @@ fn cases(t: &Scratch) -> Vec<Case> {
         train_case("flag", &["--schedule", "step"], &["--schedule", "step"]),
         train_case("flag", &["--optimizer", "lamb"], &["--optimizer", "lamb"]),
         train_case("flag", &["--recompute", "everything"], &["--recompute", "everything"]),
-        train_with("flag", &["--model", &opt], &["--zero", "3", "--mesh", "2x1"], &["--zero 3", "opt"]),
+        train_with("flag", &["--model", &t5], &["--zero", "3", "--mesh", "2x1"], &["--zero 3", "t5"]),
         train_case("flag", &["--zero", "4"], &["--zero", "4"]),
         train_case("flag", &["--zero", "1", "--optimizer", "sgd"], &["--zero 1", "sgd"]),
-        train_with("flag", &["--model", &opt], &["--recompute", "block"], &["--recompute block", "opt"]),
+        train_with("flag", &["--model", &t5], &["--recompute", "block"], &["--recompute block", "t5"]),
         plan_case("flag", g, &["--recompute", "half"], &["--recompute", "half"]),
         train_case("flag", &["--dtype", "f8"], &["f8"]),
         train_case("flag", &["--steps", "abc"], &["--steps"]),

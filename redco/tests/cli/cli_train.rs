@@ -199,7 +199,7 @@ fn a_hugging_face_model_without_data_trains_on_the_corpus_through_its_own_tokeni
 /// Each step's loss of a run, from its metrics.
 
 #[test]
-fn recompute_block_and_selective_train_as_keeping_activations_does_and_other_models_refuse_it() {
+fn recompute_block_and_selective_train_as_keeping_activations_does_on_every_decoder_and_t5_refuses_it() {
     // the same run with and without each layer recomputed (whole or selectively), at 1x1
     // and tensor-parallel 1x2: every step's loss equal
     for mesh in ["1x1", "1x2"] {
@@ -247,13 +247,39 @@ fn recompute_block_and_selective_train_as_keeping_activations_does_and_other_mod
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("memory: activations kept (auto: about"), "{out}");
     let _ = std::fs::remove_dir_all(&w);
-    // an architecture without it is refused, naming the flag and the model
-    let model = crate::common::fixture_named("opt-tiny");
-    let w = tmp("recompute-opt");
+    // GPT-J and OPT too: at 2x1 with ZeRO-3 and block recompute, and at 1x2 with selective
+    // recompute, the losses of the run keeping every activation whole on each rank
+    for arch in ["gptj-tiny", "opt-tiny"] {
+        let model = crate::common::fixture_named(arch);
+        let run = |mesh: &str, flags: &[&str]| {
+            let w = tmp(&format!("recompute-{arch}-{mesh}-{}", flags.join("")));
+            let args = ["train", "--model", s(&model), "--steps", "6", "--batch-size", "4", "--seq-len", "16"];
+            let more = ["--mesh", mesh, "--threads", "2", "--strategy", "none", "--workdir", s(&w)];
+            let (code, out, err) = redco(&[&args[..], &more, flags].concat());
+            assert_eq!(code, 0, "{arch} {mesh} {flags:?}: {out}\n{err}");
+            let l = losses(&w);
+            let _ = std::fs::remove_dir_all(&w);
+            l
+        };
+        let kept = run("2x1", &[]);
+        assert_eq!(kept.len(), 6);
+        for (mesh, flags) in
+            [("2x1", &["--zero", "3", "--recompute", "block"][..]), ("1x2", &["--recompute", "selective"])]
+        {
+            let other = run(mesh, flags);
+            assert_eq!(other.len(), 6);
+            for (i, (a, b)) in kept.iter().zip(&other).enumerate() {
+                assert!((a - b).abs() <= 1e-5 * a.abs(), "{arch} step {}: {a} kept, {b} at {mesh} {flags:?}", i + 1);
+            }
+        }
+    }
+    // T5 has neither: refused, naming the flag and the model
+    let model = crate::common::fixture_named("t5-tiny");
+    let w = tmp("recompute-t5");
     let (code, _, err) =
         redco(&["train", "--model", s(&model), "--steps", "2", "--recompute", "block", "--workdir", s(&w)]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--recompute block") && err.contains("opt"), "{err}");
+    assert!(err.contains("--recompute block") && err.contains("t5"), "{err}");
     let _ = std::fs::remove_dir_all(&w);
 }
 

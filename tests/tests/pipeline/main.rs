@@ -11,6 +11,7 @@ use redco_core::{Backend, DType, Result, Tensor};
 use redco_tests::models::{Config, Lm};
 use std::path::{Path, PathBuf};
 
+mod decoders;
 mod lora;
 mod observe;
 mod offload;

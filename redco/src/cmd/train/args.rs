@@ -71,16 +71,16 @@ pub struct TrainArgs {
     /// backward pass from its input: one hidden state kept per layer instead of every
     /// activation, for one more forward per layer); or selective (each layer keeps the
     /// outputs of its matmuls, attention and all-reduces and recomputes its norms, rotary
-    /// embeddings, SiLU and product: no matmul or communication runs twice). LLaMA models;
-    /// runs op by op on pjrt. Default: the planner's pick (`--strategy auto`), recompute
+    /// embeddings, SiLU and product: no matmul or communication runs twice). Decoder-only
+    /// models (LLaMA, GPT-J, OPT); runs op by op on pjrt. Default: the planner's pick (`--strategy auto`), recompute
     /// only when the run does not fit the memory per rank otherwise (printed with the run).
     #[arg(long, value_enum)]
     pub recompute: Option<Recompute>,
     /// ZeRO stage over the data-parallel ranks: 0 (every rank holds the whole training
     /// state), 1 (AdamW's moments sharded over dp), 2 (also the f32 master weights and
     /// the gradients, reduce-scattered during backward; any optimizer) or 3 (FSDP: also
-    /// the decoder layers' parameters, each layer gathered just before it runs; LLaMA
-    /// models). Every stage gives the same results; a run resumes at any stage and mesh
+    /// the decoder layers' parameters, each layer gathered just before it runs;
+    /// decoder-only models). Every stage gives the same results; a run resumes at any stage and mesh
     /// (its checkpoint is resharded). Default: the planner's pick (`--strategy auto`), 0
     /// unless the run does not fit the memory per rank otherwise.
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]

@@ -86,7 +86,7 @@ impl Job<'_> {
             if let Some(l) = &lora {
                 add_lora(&mut m, l, seed)?;
             }
-            m.set_recompute(recompute)?;
+            m.set_recompute(recompute);
             Ok(m)
         };
         let trainer = Trainer::for_backend_placed(model_fn, collate_fn::<B>, loss_fn::<B>, self.config.clone())

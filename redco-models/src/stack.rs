@@ -1,0 +1,158 @@
+//! How a decoder's layers run, shared by every decoder-only model: under ZeRO-3 each layer
+//! on a copy of its parameters gathered whole just before it runs (the next layer's gather
+//! started ahead, FSDP's prefetch of one unit), and in training forwards, when asked, each
+//! layer a recomputed block (activation checkpointing, block or selective). A model keeps
+//! its layers and the math of one layer ([`StackLayer`]); the [`Stack`] holds the policy the
+//! trainer hands it (the gatherer) and the recompute mode, and runs the loop.
+
+use redco_core::nn::{gathered, prefetch_unit, Module, ParamGather};
+use redco_core::ops::recompute::Recompute;
+use redco_core::{Backend, Result, Tensor};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// A layer's attention over its queries, keys and values (with its cache, if any).
+pub type LayerAttend<'a, B> = dyn FnMut(Tensor<B>, Tensor<B>, Tensor<B>) -> Result<Tensor<B>> + 'a;
+
+/// One decoder layer a [`Stack`] runs.
+pub trait StackLayer<B: Backend>: Module<B> + Clone + Send + Sync + 'static {
+    /// What the layer's forward needs besides its parameters (sizes, switches).
+    type Ctx: Copy + Send + Sync + 'static;
+
+    /// The layer over hidden states `h` (`[batch, seq, hidden]`), with the model's side
+    /// inputs `side` (rotary tables, or none); `attend(q, k, v)` is its attention.
+    fn forward(
+        &self,
+        ctx: Self::Ctx,
+        h: &Tensor<B>,
+        side: &[Tensor<B>],
+        attend: &mut LayerAttend<'_, B>,
+    ) -> Result<Tensor<B>>;
+}
+
+/// The run policy of a decoder's layers: where their parameters are gathered (ZeRO-3) and
+/// what they recompute in training.
+#[derive(Clone)]
+pub struct Stack<B: Backend> {
+    /// The layers' name prefix from the model's root (`model.layers`, `transformer.h`).
+    prefix: &'static str,
+    /// What each layer recomputes in the backward pass of a training forward.
+    recompute: Recompute,
+    /// ZeRO-3: what makes a layer's parameters whole when they are held in pieces.
+    gather: Option<Arc<dyn ParamGather<B>>>,
+}
+
+impl<B: Backend> Stack<B> {
+    /// Layers named `prefix.N`, kept whole and recomputing nothing.
+    pub fn new(prefix: &'static str) -> Self {
+        Stack { prefix, recompute: Recompute::None, gather: None }
+    }
+
+    /// The name of layer `i` from the model's root.
+    fn name(&self, i: usize) -> String {
+        format!("{}.{i}", self.prefix)
+    }
+
+    /// The names of `n` layers: the units ZeRO-3 gathers ([`Module::gather_units`]).
+    pub fn units(&self, n: usize) -> Vec<String> {
+        (0..n).map(|i| self.name(i)).collect()
+    }
+
+    /// Sets what each layer recomputes in training forwards.
+    pub fn set_recompute(&mut self, mode: Recompute) {
+        self.recompute = mode;
+    }
+
+    /// What each layer recomputes in training forwards.
+    pub fn recompute(&self) -> Recompute {
+        self.recompute
+    }
+
+    /// Hands the layers a gatherer (ZeRO-3), or takes it back.
+    pub fn set_gather(&mut self, g: Option<Arc<dyn ParamGather<B>>>) {
+        self.gather = g;
+    }
+
+    /// Whether a forward without a cache runs the recomputing loop: recompute is on and
+    /// gradients are being recorded.
+    pub fn recomputes(&self) -> bool {
+        self.recompute.on() && redco_core::is_grad_enabled()
+    }
+
+    /// The layers over `h`; `attend(i, q, k, v)` is layer `i`'s attention (with its cache).
+    /// Under ZeRO-3 each layer runs on its gathered parameters, the next one's gather moving
+    /// while it computes.
+    pub fn run<L: StackLayer<B>>(
+        &self,
+        layers: &[L],
+        ctx: L::Ctx,
+        mut h: Tensor<B>,
+        side: &[Tensor<B>],
+        attend: &mut dyn FnMut(usize, Tensor<B>, Tensor<B>, Tensor<B>) -> Result<Tensor<B>>,
+    ) -> Result<Tensor<B>> {
+        for (i, l) in layers.iter().enumerate() {
+            let whole = match &self.gather {
+                Some(g) => {
+                    let whole = gathered(l, &self.name(i), g.as_ref())?;
+                    if let Some(next) = layers.get(i + 1) {
+                        prefetch_unit(next, &self.name(i + 1), g.as_ref())?;
+                    }
+                    Some(whole)
+                }
+                None => None,
+            };
+            h = whole.as_ref().unwrap_or(l).forward(ctx, &h, side, &mut |q, k, v| attend(i, q, k, v))?;
+        }
+        Ok(h)
+    }
+
+    /// [`Stack::run`] for training without a cache, each layer a [`Tensor::recompute`]
+    /// block (or a [`Tensor::recompute_selective`] one) whose attention is causal under
+    /// `mask` (`[batch, seq]`, 0 = padding). Under ZeRO-3 a layer is gathered for its
+    /// forward and again for its recomputation; the gather started ahead is the next layer's
+    /// in the forward and the previous layer's (recomputed next) in the backward.
+    pub fn run_recomputed<L: StackLayer<B>>(
+        &self,
+        layers: &[L],
+        ctx: L::Ctx,
+        mut h: Tensor<B>,
+        side: &[Tensor<B>],
+        mask: Option<&Tensor<B>>,
+    ) -> Result<Tensor<B>> {
+        let n_side = side.len();
+        for (i, l) in layers.iter().enumerate() {
+            let mut params = Vec::new();
+            l.visit("", &mut |_, p| params.push(p.clone()));
+            let mut inputs = vec![h];
+            inputs.extend(side.iter().cloned());
+            inputs.extend(mask.cloned());
+            let (layer, gather, prefix) = (l.clone(), self.gather.clone(), self.name(i));
+            let next = layers.get(i + 1).map(|l| (l.clone(), self.name(i + 1)));
+            let prev = i.checked_sub(1).map(|j| (layers[j].clone(), self.name(j)));
+            let ran = AtomicBool::new(false);
+            let block = move |xs: &[Tensor<B>]| {
+                let mask = xs.get(1 + n_side);
+                let whole = match &gather {
+                    Some(g) => {
+                        let whole = gathered(&layer, &prefix, g.as_ref())?;
+                        let again = ran.swap(true, Ordering::Relaxed);
+                        if let Some((l, p)) = if again { &prev } else { &next } {
+                            prefetch_unit(l, p, g.as_ref())?;
+                        }
+                        Some(whole)
+                    }
+                    None => None,
+                };
+                whole.as_ref().unwrap_or(&layer).forward(ctx, &xs[0], &xs[1..1 + n_side], &mut |q, k, v| {
+                    redco_core::nn::scaled_dot_product_attention(&q, &k, &v, mask, true, None)
+                })
+            };
+            let (inputs, params) = (inputs.iter().collect::<Vec<_>>(), params.iter().collect::<Vec<_>>());
+            h = match self.recompute {
+                Recompute::Selective => Tensor::recompute_selective(&inputs, &params, block)?,
+                _ => Tensor::recompute(&inputs, &params, block)?,
+            };
+        }
+        Ok(h)
+    }
+}
