@@ -88,7 +88,7 @@ impl<B: Backend> Stack<B> {
         ctx: L::Ctx,
         mut h: Tensor<B>,
         side: &[Tensor<B>],
-        attend: &mut dyn FnMut(usize, Tensor<B>, Tensor<B>, Tensor<B>) -> Result<Tensor<B>>,
+        attend: &mut crate::generate::RaggedAttend<'_, B>,
     ) -> Result<Tensor<B>> {
         for (i, l) in layers.iter().enumerate() {
             let whole = match &self.gather {
