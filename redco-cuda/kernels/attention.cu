@@ -291,3 +291,64 @@ extern "C" __global__ void attn_bwd_kv_##name(const T* q, const T* k, const T* v
     } \
 }
 FOR_FLOATS(ATTN)
+
+// Paged attention of a ragged batch (redco_core::ops::paged_attention): the queries of
+// several sequences in one batch, each sequence's keys and values in rows of a shared pool
+// listed by its slot table. One warp per (token, query head): each lane holds head_dim /
+// 32 features of its query and accumulator, a key's score is the lanes' partial dot
+// products summed by shuffles, and an online softmax runs over the key rows the slot
+// table lists, read in place from the pool ([rows, kv_heads, head_dim]). Causal: query i
+// of a segment sees its first kv_len - q_len + i + 1 keys (always at least one).
+//
+// `tab` (i32): the segment of each token, then at `segs_at` four words per segment
+// (q_start, q_len, kv_len, slots_at: where its slots begin in `tab`), then the slots.
+
+struct PagedArgs {
+    i64 q_heads, kv_heads, tokens, head_dim, segs_at;
+    double scale;
+};
+
+#define PAGED(name, T) \
+extern "C" __global__ void paged_attn_##name(const T* q, const T* k, const T* v, T* out, const i32* tab, \
+                                             PagedArgs a) { \
+    typedef typename Acc<T>::t A; \
+    i64 t = blockIdx.x, h = blockIdx.y; \
+    int lane = threadIdx.x; \
+    const i32* sg = tab + a.segs_at + 4 * (i64)tab[t]; \
+    i64 q_start = sg[0], q_len = sg[1], kv_len = sg[2]; \
+    const i32* slots = tab + sg[3]; \
+    i64 lim = kv_len - q_len + (t - q_start) + 1; \
+    i64 kvh = h / (a.q_heads / a.kv_heads); \
+    i64 d = a.head_dim; \
+    i64 row = (h * a.tokens + t) * d; \
+    A qv[MAX_PER_LANE], acc[MAX_PER_LANE]; \
+    for (int c = 0; c < MAX_PER_LANE; ++c) { \
+        i64 f = lane + 32 * c; \
+        qv[c] = f < d ? (A)to_acc(q[row + f]) : (A)0; \
+        acc[c] = 0; \
+    } \
+    A mx = (A)NEG_INF, l = 0; \
+    for (i64 j = 0; j < lim; ++j) { \
+        i64 kr = ((i64)slots[j] * a.kv_heads + kvh) * d; \
+        A s = 0; \
+        for (int c = 0; c < MAX_PER_LANE; ++c) { \
+            i64 f = lane + 32 * c; \
+            if (f < d) s += qv[c] * (A)to_acc(k[kr + f]); \
+        } \
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o); \
+        s *= (A)a.scale; \
+        A mn = s > mx ? s : mx; \
+        A corr = exp(mx - mn), p = exp(s - mn); \
+        l = l * corr + p; \
+        for (int c = 0; c < MAX_PER_LANE; ++c) { \
+            i64 f = lane + 32 * c; \
+            if (f < d) acc[c] = acc[c] * corr + p * (A)to_acc(v[kr + f]); \
+        } \
+        mx = mn; \
+    } \
+    for (int c = 0; c < MAX_PER_LANE; ++c) { \
+        i64 f = lane + 32 * c; \
+        if (f < d) out[row + f] = from_acc<T>(acc[c] / l); \
+    } \
+}
+FOR_FLOATS(PAGED)

@@ -215,6 +215,15 @@ impl Backend for Cuda {
     ) -> Result<CudaStorage> {
         self.xent_op(logits, shape, targets, ignore_index, Some(grad))
     }
+    fn paged_attention(
+        &self,
+        q: &CudaStorage,
+        k: &CudaStorage,
+        v: &CudaStorage,
+        spec: &redco_core::ops::paged_attention::PagedSpec<'_>,
+    ) -> Result<Option<CudaStorage>> {
+        self.paged_attention_op(q, k, v, spec)
+    }
     fn attention(
         &self,
         q: &CudaStorage,

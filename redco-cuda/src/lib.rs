@@ -28,6 +28,7 @@ mod layout;
 mod matmul;
 mod nccl;
 mod nccl_run;
+mod paged_attention;
 mod reduce;
 mod storage;
 

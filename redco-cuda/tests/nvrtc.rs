@@ -67,7 +67,7 @@ fn the_kernels_the_host_launches_exist() {
         ("norm", vec!["layer_norm", "rms_norm", "norm_bwd"]),
         ("rotary", vec!["rotary"]),
         ("adamw", vec!["adamw", "adamw_many"]),
-        ("attention", vec!["attn_fwd", "attn_bwd_q", "attn_bwd_kv"]),
+        ("attention", vec!["attn_fwd", "attn_bwd_q", "attn_bwd_kv", "paged_attn"]),
         ("reduce", vec!["reduce_rows", "reduce_strided", "argmax"]),
     ] {
         let ks = names(family);

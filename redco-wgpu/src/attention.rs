@@ -8,13 +8,13 @@ use redco_core::ops::attention::AttentionSpec;
 use redco_core::{DType, Error, Result, Shape};
 
 /// Rows (query positions of the heads sharing a kv head) per workgroup, at most.
-const MAX_ROWS: usize = 64;
+pub(crate) const MAX_ROWS: usize = 64;
 /// Keys per tile, at most (the kept keys of a tile are the bits of a u32).
 const MAX_KEYS: usize = 32;
 
 /// Keys per tile for head dim `d`: the most (a power of two up to `MAX_KEYS`) whose key and
 /// value tiles fit the device's workgroup memory; `None` when not even one key fits.
-fn keys_per_tile(d: usize, workgroup_bytes: u32) -> Option<usize> {
+pub(crate) fn keys_per_tile(d: usize, workgroup_bytes: u32) -> Option<usize> {
     let mut bk = MAX_KEYS;
     while bk > 1 && 2 * bk * d * 4 > workgroup_bytes as usize {
         bk /= 2;

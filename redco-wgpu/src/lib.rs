@@ -49,6 +49,7 @@ mod index;
 mod layout;
 mod matmul;
 mod norm;
+mod paged_attention;
 mod reduce;
 mod rotary;
 mod rows;
@@ -529,6 +530,15 @@ impl Backend for Wgpu {
         fused_float(logits, "cross_entropy")?;
         check_len(logits, shape, "cross_entropy")?;
         cross_entropy::cross_entropy(self, logits, shape, targets, ignore_index)
+    }
+    fn paged_attention(
+        &self,
+        q: &WgpuStorage,
+        k: &WgpuStorage,
+        v: &WgpuStorage,
+        spec: &redco_core::ops::paged_attention::PagedSpec<'_>,
+    ) -> Result<Option<WgpuStorage>> {
+        paged_attention::paged_attention(self, q, k, v, spec)
     }
     fn attention(
         &self,

@@ -36,8 +36,9 @@ pub struct ServeArgs {
     /// processes under a launcher), rank 0 serving HTTP.
     #[arg(long, default_value = "1x1")]
     pub mesh: String,
-    /// Compute backend: cpu, or a device backend built in (wgpu, cuda, pjrt): the paged
-    /// attention runs the backend's composite path there (each sequence's rows gathered).
+    /// Compute backend: cpu, or a device backend built in (wgpu, cuda, pjrt). The paged
+    /// attention is one fused kernel reading the pool in place on cpu and wgpu; on cuda and
+    /// pjrt it runs the composite (each sequence's rows gathered, then attention).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// Parameter and KV cache dtype: f32, bf16 or f16.

@@ -276,13 +276,16 @@ pub fn attention_errors<B: Backend>(b: &B) {
 pub fn paged_attention_values<B: Backend>(b: &B) {
     use redco_core::ops::paged_attention::PagedSegment;
     let dt = check_dtype(b);
-    let (heads, kvh, d, rows) = (4usize, 2usize, 8usize, 23usize);
+    let (heads, kvh, d, rows) = (4usize, 2usize, 8usize, 64usize);
+    // the last: a long prefill chunk (its rows span several workgroups of a device kernel,
+    // its keys several tiles), over rows scattered across the pool
     let segs = [
         PagedSegment { q_start: 0, q_len: 1, slots: vec![3, 17, 8, 0, 21] },
         PagedSegment { q_start: 1, q_len: 3, slots: vec![5, 6, 7, 12, 1, 2, 9] },
         PagedSegment { q_start: 4, q_len: 2, slots: vec![20, 4] },
+        PagedSegment { q_start: 6, q_len: 40, slots: (0..70).map(|i| (i * 37 + 11) % rows).collect() },
     ];
-    let t = 6;
+    let t = 46;
     let (q, k, v) = (
         values(heads * t * d, 11, -1.0, 1.0),
         values(rows * kvh * d, 12, -1.0, 1.0),
@@ -327,9 +330,10 @@ pub fn paged_attention_values<B: Backend>(b: &B) {
             assert_close(mine, want, tol(dt), &format!("paged attention, segment at {}, head {h}", s.q_start));
         }
     }
-    let gap = [PagedSegment { q_start: 1, ..segs[0].clone() }, segs[1].clone(), segs[2].clone()];
+    let gap = [PagedSegment { q_start: 1, ..segs[0].clone() }, segs[1].clone(), segs[2].clone(), segs[3].clone()];
     assert!(qt.paged_attention(&kt, &vt, &gap, scale).is_err(), "segments must tile the batch");
-    let outside = [PagedSegment { slots: vec![3, rows], ..segs[0].clone() }, segs[1].clone(), segs[2].clone()];
+    let outside =
+        [PagedSegment { slots: vec![3, rows], ..segs[0].clone() }, segs[1].clone(), segs[2].clone(), segs[3].clone()];
     assert!(qt.paged_attention(&kt, &vt, &outside, scale).is_err(), "a row outside the pool");
-    assert!(qt.paged_attention(&kt, &vt, &segs[..2], scale).is_err(), "the batch not covered");
+    assert!(qt.paged_attention(&kt, &vt, &segs[..3], scale).is_err(), "the batch not covered");
 }
