@@ -27,6 +27,9 @@ pub fn class_of(bytes: usize) -> usize {
 pub struct MemoryStats {
     /// Bytes in buffers that tensors hold now.
     pub in_use: usize,
+    /// The most bytes tensors held at once since the pool was made or
+    /// [`Pool::reset_peak`] (torch's `max_memory_allocated`).
+    pub peak_in_use: usize,
     /// Bytes taken from the driver (in use plus cached).
     pub reserved: usize,
     /// The most bytes ever taken from the driver (the high-water mark).
@@ -73,6 +76,7 @@ impl Pool {
             let mut s = self.lock();
             if let Some(p) = s.free.get_mut(&class).and_then(|v| v.pop()) {
                 s.stats.in_use += class;
+                s.stats.peak_in_use = s.stats.peak_in_use.max(s.stats.in_use);
                 s.stats.reused += 1;
                 return Ok((p, class));
             }
@@ -94,6 +98,7 @@ impl Pool {
         };
         let mut s = self.lock();
         s.stats.in_use += class;
+        s.stats.peak_in_use = s.stats.peak_in_use.max(s.stats.in_use);
         s.stats.reserved += class;
         s.stats.peak_reserved = s.stats.peak_reserved.max(s.stats.reserved);
         s.stats.fresh += 1;
@@ -116,6 +121,12 @@ impl Pool {
                 self.lock().stats.reserved -= class;
             }
         }
+    }
+
+    /// Starts the in-use high-water mark again from what is in use now.
+    pub fn reset_peak(&self) {
+        let mut s = self.lock();
+        s.stats.peak_in_use = s.stats.in_use;
     }
 
     /// The counters now.
@@ -177,6 +188,11 @@ mod tests {
         pool.give(c, 4 << 20);
         assert_eq!(pool.stats().in_use, 0);
         assert_eq!(pool.stats().peak_reserved, (4 << 20) + 1024);
+        assert_eq!(pool.stats().peak_in_use, (4 << 20) + 1024);
+        pool.reset_peak();
+        let (d, cd) = pool.take(1000).unwrap();
+        assert_eq!(pool.stats().peak_in_use, 1024, "the peak starts again");
+        pool.give(d, cd);
     }
 
     #[test]

@@ -10,6 +10,13 @@ use redco_core::{Backend, DType, HostData, Result, Shape};
 impl Backend for Cuda {
     type Storage = CudaStorage;
 
+    fn memory_stats(&self) -> Option<redco_core::backend::MemoryStats> {
+        let s = self.memory();
+        Some(redco_core::backend::MemoryStats { in_use: s.in_use as u64, peak: s.peak_in_use as u64 })
+    }
+    fn reset_peak_memory(&self) {
+        self.inner.pool.reset_peak()
+    }
     fn name(&self) -> String {
         "cuda".into()
     }
