@@ -47,7 +47,7 @@ impl EngineHandle {
     pub fn start<B, M, F>(build: F) -> Result<Self, String>
     where
         B: Backend,
-        M: CausalLm<B> + 'static,
+        M: CausalLm<B> + Sync + 'static,
         F: FnOnce() -> redco_core::Result<Engine<B, M>> + Send + 'static,
     {
         let (handle, inbox) = EngineHandle::channel();
@@ -114,7 +114,7 @@ const TICK: Duration = Duration::from_millis(500);
 /// hand the step's commands to the followers through `sync` (none on one rank), apply them,
 /// run a step, hand out its events. Ends when every handle is dropped and nothing runs
 /// (the followers told to stop), or with the error of a failed broadcast (a rank gone).
-pub fn lead<B: Backend, M: CausalLm<B>>(
+pub fn lead<B: Backend, M: CausalLm<B> + Sync>(
     mut engine: Engine<B, M>,
     inbox: Inbox,
     sync: Option<&Lockstep<B>>,
@@ -216,7 +216,10 @@ pub fn lead<B: Backend, M: CausalLm<B>>(
 
 /// A follower's loop: the leader's commands, then the same step; ends when the leader
 /// says stop, or with the error of a failed broadcast.
-pub fn follow<B: Backend, M: CausalLm<B>>(mut engine: Engine<B, M>, sync: &Lockstep<B>) -> redco_core::Result<()> {
+pub fn follow<B: Backend, M: CausalLm<B> + Sync>(
+    mut engine: Engine<B, M>,
+    sync: &Lockstep<B>,
+) -> redco_core::Result<()> {
     loop {
         for c in sync.follow()? {
             match c {
