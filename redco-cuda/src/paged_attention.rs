@@ -61,6 +61,10 @@ impl Cuda {
         v: &CudaStorage,
         s: &PagedSpec<'_>,
     ) -> Result<Option<CudaStorage>> {
+        // pools held in another dtype than the queries: the op's composite widens them
+        if q.dtype() != k.dtype() {
+            return Ok(None);
+        }
         same(q, k, "paged_attention (k)")?;
         same(q, v, "paged_attention (v)")?;
         let d = s.head_dim;

@@ -167,8 +167,13 @@ impl<B: Backend, M: CausalLm<B> + Sync> Engine<B, M> {
     /// its cache holds the rank's key/value heads ([`KvGeometry::split`]), `cfg.blocks`
     /// blocks of them. Every rank's engine must be handed the same requests in the same
     /// order ([`crate::lockstep`]). Tells `b` that its weights are constant
-    /// ([`Backend::hint_constant_weights`]).
-    pub fn split(b: &B, model: M, cfg: EngineConfig, dtype: DType, mp: usize) -> Result<Self> {
+    /// ([`Backend::hint_constant_weights`]). The cache holds keys and values in `kv_dtype`
+    /// (the model's dtype, or a narrower float: see [`PagedKv`]).
+    pub fn split(b: &B, model: M, cfg: EngineConfig, kv_dtype: DType, mp: usize) -> Result<Self> {
+        if !kv_dtype.is_float() {
+            return Err(Error::invalid("engine", format!("a KV cache of {kv_dtype:?}: it holds floats")));
+        }
+        let dtype = kv_dtype;
         let c = model.config();
         let geometry = KvGeometry {
             layers: c.layers,

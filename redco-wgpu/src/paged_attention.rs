@@ -65,6 +65,10 @@ pub(crate) fn paged_attention(
     v: &WgpuStorage,
     s: &PagedSpec<'_>,
 ) -> Result<Option<WgpuStorage>> {
+    // pools held in another dtype than the queries: the op's composite widens them
+    if q.dtype != k.dtype {
+        return Ok(None);
+    }
     fused_float(q, "paged_attention")?;
     check_same(q, k, "paged_attention (k)")?;
     check_same(q, v, "paged_attention (v)")?;

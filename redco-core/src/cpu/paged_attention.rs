@@ -4,7 +4,9 @@
 //! and the weighted sum of the value rows. f32 and f64 pools, and 16-bit (bf16, f16) pools
 //! read as they are: each key and value element widened to f32 in registers where it is
 //! used, so a step reads half the bytes of an f32 pool (the math in f32, the output
-//! narrowed once: bit for bit the f32 kernel on the widened values).
+//! narrowed once: bit for bit the f32 kernel on the widened values). f32 queries over
+//! 16-bit pools (a bf16 or f16 cache under f32 weights) take the same widening path and
+//! give f32.
 
 use super::real::Real;
 use super::{Cpu, CpuStorage};
@@ -34,6 +36,13 @@ pub(crate) fn paged_attention(
             let q: Vec<f32> = q.iter().map(|x| x.to_f32()).collect();
             let o = b.run(|| paged(&q, k, v, spec, &f16::to_f32));
             HostData::F16(o.into_iter().map(f16::from_f32).collect())
+        }
+        // a 16-bit cache under f32 queries: the pools widened where read, the output f32
+        (HostData::F32(q), HostData::BF16(k), HostData::BF16(v)) => {
+            HostData::F32(b.run(|| paged(q, k, v, spec, &bf16_to_f32)))
+        }
+        (HostData::F32(q), HostData::F16(k), HostData::F16(v)) => {
+            HostData::F32(b.run(|| paged(q, k, v, spec, &f16::to_f32)))
         }
         _ => return Ok(None),
     };
@@ -164,6 +173,11 @@ mod tests {
             let want = paged_attention(&b, &wide(&qh), &wide(&kh), &wide(&vh), &spec).unwrap().unwrap();
             assert_eq!(got.0.dtype(), dt);
             assert_eq!(*got.0, want.0.cast(dt), "{dt:?}");
+            // f32 queries over the same pools: the f32 kernel on the widened pools, in f32
+            let q32 = CpuStorage::new(HostData::F32(q.clone()));
+            let got = paged_attention(&b, &q32, &kh, &vh, &spec).unwrap().expect("f32 over 16-bit pools is fused");
+            let want = paged_attention(&b, &q32, &wide(&kh), &wide(&vh), &spec).unwrap().unwrap();
+            assert_eq!(*got.0, *want.0, "f32 queries over {dt:?} pools");
         }
     }
 }

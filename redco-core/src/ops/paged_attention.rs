@@ -43,7 +43,9 @@ impl<B: Backend> Tensor<B> {
     /// Causal attention of the queries `self` (`[1, q_heads, tokens, head_dim]`, a ragged
     /// batch) over the key and value pools `k`, `v` (`[rows, kv_heads, head_dim]`), each
     /// segment's queries over its own rows (see [`PagedSpec`]). Returns
-    /// `[1, q_heads, tokens, head_dim]`.
+    /// `[1, q_heads, tokens, head_dim]` in the queries' dtype. The pools may be held in
+    /// another float dtype than the queries (a bf16 cache under f32 weights): their values
+    /// are widened where they are read.
     pub fn paged_attention(
         &self,
         k: &Tensor<B>,
@@ -71,8 +73,16 @@ impl<B: Backend> Tensor<B> {
         if k.dims()[2] != head_dim || kv_heads == 0 || q_heads % kv_heads != 0 {
             return Err(Error::invalid(op, format!("{q_heads} query heads of {head_dim} over pools {}", k.shape())));
         }
-        if self.dtype() != k.dtype() || k.dtype() != v.dtype() {
-            return Err(Error::invalid(op, "queries, keys and values have different dtypes"));
+        if k.dtype() != v.dtype() || !self.dtype().is_float() || !k.dtype().is_float() {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "float queries over key and value pools of one float dtype, got {:?} over {:?} and {:?}",
+                    self.dtype(),
+                    k.dtype(),
+                    v.dtype()
+                ),
+            ));
         }
         let mut at = 0;
         for s in segments {
@@ -96,8 +106,12 @@ impl<B: Backend> Tensor<B> {
         for s in spec.segments {
             let ids: Vec<i64> = s.slots.iter().map(|&r| r as i64).collect();
             let ids = Tensor::from_vec(self.backend(), ids, [s.slots.len()])?;
+            // pools held narrower than the queries (a 16-bit cache under f32 weights) are
+            // widened as they are gathered
             let seq = |p: &Tensor<B>| {
-                p.index_select(&ids, 0)?.reshape([1, s.slots.len(), kv_heads, head_dim])?.transpose(1, 2)
+                let rows = p.index_select(&ids, 0)?;
+                let rows = if rows.dtype() == self.dtype() { rows } else { rows.cast(self.dtype())? };
+                rows.reshape([1, s.slots.len(), kv_heads, head_dim])?.transpose(1, 2)
             };
             let q = self.narrow(2, s.q_start, s.q_len)?;
             outs.push(q.attention(&seq(k)?, &seq(v)?, None, true, scale)?);

@@ -5,7 +5,10 @@
 use super::{BlockTable, KvGeometry};
 use redco_core::{Backend, DType, Error, Result, Tensor};
 
-/// Keys and values of every layer, `[blocks * block_size, kv_heads, head_dim]` each.
+/// Keys and values of every layer, `[blocks * block_size, kv_heads, head_dim]` each, in
+/// the cache's dtype (the model's, or a narrower one: a bf16 cache under f32 weights holds
+/// twice the tokens in the same memory; keys and values are rounded as they are written and
+/// widened where attention reads them).
 pub struct PagedKv<B: Backend> {
     geometry: KvGeometry,
     keys: Vec<Tensor<B>>,
@@ -63,9 +66,24 @@ impl<B: Backend> PagedKv<B> {
         }
         let t = k.dims()[2];
         let rows = self.slots(table, start, t)?;
-        let as_rows = |x: &Tensor<B>| x.transpose(1, 2)?.reshape([t, g.kv_heads, g.head_dim]);
-        self.keys[layer].write_rows(&rows, &as_rows(k)?)?;
-        self.values[layer].write_rows(&rows, &as_rows(v)?)
+        self.put(layer, &rows, k, v)
+    }
+
+    /// Writes `k`, `v` (`[1, kv_heads, t, head_dim]`) to rows `rows` of layer `layer`,
+    /// rounded to the cache's dtype where it is narrower than the model's.
+    fn put(&mut self, layer: usize, rows: &[usize], k: &Tensor<B>, v: &Tensor<B>) -> Result<()> {
+        let (g, t) = (self.geometry, rows.len());
+        let dtype = self.keys[layer].dtype();
+        let as_rows = |x: &Tensor<B>| {
+            let x = x.transpose(1, 2)?.reshape([t, g.kv_heads, g.head_dim])?;
+            if x.dtype() == dtype {
+                Ok(x)
+            } else {
+                x.cast(dtype)
+            }
+        };
+        self.keys[layer].write_rows(rows, &as_rows(k)?)?;
+        self.values[layer].write_rows(rows, &as_rows(v)?)
     }
 
     /// Writes the keys and values of a ragged batch in layer `layer`: `k`, `v` are
@@ -83,9 +101,7 @@ impl<B: Backend> PagedKv<B> {
                 format!("keys {} for {t} rows are not [1, {}, {t}, {}]", k.shape(), g.kv_heads, g.head_dim),
             ));
         }
-        let as_rows = |x: &Tensor<B>| x.transpose(1, 2)?.reshape([t, g.kv_heads, g.head_dim]);
-        self.keys[layer].write_rows(rows, &as_rows(k)?)?;
-        self.values[layer].write_rows(rows, &as_rows(v)?)
+        self.put(layer, rows, k, v)
     }
 
     /// Causal attention of a ragged batch's queries `q` (`[1, heads, T, head_dim]`) in layer
@@ -123,7 +139,8 @@ impl<B: Backend> PagedKv<B> {
     /// of `len`) over the sequence's first `len` keys and values, read through `table`.
     pub fn attend(&self, layer: usize, q: &Tensor<B>, table: &BlockTable, len: usize, scale: f64) -> Result<Tensor<B>> {
         let (k, v) = self.read(layer, table, len)?;
-        q.attention(&k, &v, None, true, scale)
+        let wide = |x: Tensor<B>| if x.dtype() == q.dtype() { Ok(x) } else { x.cast(q.dtype()) };
+        q.attention(&wide(k)?, &wide(v)?, None, true, scale)
     }
 }
 

@@ -41,9 +41,14 @@ pub struct ServeArgs {
     /// pjrt it runs the composite (each sequence's rows gathered, then attention).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
-    /// Parameter and KV cache dtype: f32, bf16 or f16.
+    /// Parameter dtype: f32, bf16 or f16 (also the KV cache's unless --kv-dtype says).
     #[arg(long, default_value = "f32")]
     pub dtype: String,
+    /// KV cache dtype: f32, bf16 or f16 (default: --dtype). A 16-bit cache under f32
+    /// weights holds twice the tokens in --kv-memory and reads half the bytes per step; keys
+    /// and values are rounded to it as they are written (vLLM's --kv-cache-dtype).
+    #[arg(long)]
+    pub kv_dtype: Option<String>,
     /// Memory for the paged KV cache (e.g. 512MB, 2GiB): sets how many blocks the pool has.
     #[arg(long, value_parser = check::bytes, default_value = "512MB")]
     pub kv_memory: u64,
@@ -89,12 +94,16 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         ));
     }
     let dtype = check::dtype(&a.dtype)?;
+    let kv_dtype = match &a.kv_dtype {
+        Some(d) => check::dtype(d).map_err(|e| format!("--kv-dtype: {e}"))?,
+        None => dtype,
+    };
     let plan = model_config::plan(&cfg, mesh)?;
     let geometry = KvGeometry {
         layers: cfg.layers,
         kv_heads: cfg.kv_heads,
         head_dim: cfg.head_dim,
-        dtype_bytes: dtype.size_in_bytes(),
+        dtype_bytes: kv_dtype.size_in_bytes(),
         block_size: a.block_size,
     }
     .split(mesh.mp);
@@ -110,7 +119,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         cores::check_devices(mesh, a.threads, false)?;
     }
     let threads = cores::threads_per_rank(a.threads, mesh);
-    let on = OnMesh { a: &a, cfg: &cfg, plan: plan.as_ref(), engine: engine_cfg, dtype, mesh, threads };
+    let on = OnMesh { a: &a, cfg: &cfg, plan: plan.as_ref(), engine: engine_cfg, dtype, kv_dtype, mesh, threads };
     backends::dispatch(kind, mesh, on).map_err(|e| e.to_string())
 }
 
@@ -121,6 +130,7 @@ struct OnMesh<'a> {
     plan: Option<&'a redco_core::planning::ShardPlan>,
     engine: EngineConfig,
     dtype: redco_core::DType,
+    kv_dtype: redco_core::DType,
     mesh: redco_core::runtime::Mesh,
     threads: usize,
 }
@@ -130,7 +140,7 @@ impl backends::OnBackend for OnMesh<'_> {
     fn run<B: backends::CliBackend>(self, d: backends::Devices<B>) -> redco_core::Result<()> {
         let rank = |b: &B| -> redco_core::Result<()> {
             let model = AutoModel::from_pretrained(b, &self.a.model, self.dtype, self.plan)?;
-            let engine = Engine::split(b, model, self.engine, self.dtype, self.mesh.mp)?;
+            let engine = Engine::split(b, model, self.engine, self.kv_dtype, self.mesh.mp)?;
             let sync = current_comm::<B>().map(|c| Lockstep::new(b, c)).transpose()?;
             match &sync {
                 Some(s) if s.rank() != 0 => {
@@ -191,10 +201,11 @@ fn lead_and_serve<B: Backend>(
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let ranks = sync.map_or(1, Lockstep::size);
     crate::outln!(
-        "redco serve: listening on http://{addr} (model {model_id}, {} rank{}, {blocks} KV blocks of {} tokens each, {})",
+        "redco serve: listening on http://{addr} (model {model_id}, {} rank{}, {blocks} KV blocks of {} tokens each in {}, {})",
         ranks,
         if ranks == 1 { "" } else { "s in lockstep" },
         a.block_size,
+        a.kv_dtype.as_deref().unwrap_or(&a.dtype),
         if app.chat_template.is_some() { "chat template" } else { "no chat template: completions only" }
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

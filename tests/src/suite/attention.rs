@@ -330,6 +330,19 @@ pub fn paged_attention_values<B: Backend>(b: &B) {
             assert_close(mine, want, tol(dt), &format!("paged attention, segment at {}, head {h}", s.q_start));
         }
     }
+    // a 16-bit cache under wider queries: the pools' values widened where they are read,
+    // the output in the queries' dtype, as over the pools widened beforehand
+    for half in [DType::BF16, DType::F16] {
+        if !b.supports(half) {
+            continue;
+        }
+        let (kh, vh) = (kt.cast(half).unwrap(), vt.cast(half).unwrap());
+        let got = qt.paged_attention(&kh, &vh, &segs, scale).unwrap();
+        assert_eq!(got.dtype(), dt, "{half:?} pools");
+        let want = qt.paged_attention(&kh.cast(dt).unwrap(), &vh.cast(dt).unwrap(), &segs, scale).unwrap();
+        let what = format!("paged attention over {half:?} pools");
+        assert_close(&got.to_vec_f64().unwrap(), &want.to_vec_f64().unwrap(), tol(dt), &what);
+    }
     let gap = [PagedSegment { q_start: 1, ..segs[0].clone() }, segs[1].clone(), segs[2].clone(), segs[3].clone()];
     assert!(qt.paged_attention(&kt, &vt, &gap, scale).is_err(), "segments must tile the batch");
     let outside =

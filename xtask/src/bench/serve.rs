@@ -18,7 +18,9 @@
 //! first, largest, last).
 //!
 //! `--dtype f32|bf16|f16` (default f32): the dtype both servers hold the weights and the
-//! KV cache in.
+//! KV cache in. `--kv-dtype f32|bf16|f16`: redco's KV cache in another dtype than its
+//! weights (`redco serve --kv-dtype`; the peer keeps its cache in `--dtype`, so the
+//! ratios then compare two configurations, and the report says so).
 //!
 //! `--peer PY`: after redco's levels (redco's server stopped first), `transformers serve
 //! --continuous-batching --device cpu` run by the Python `PY` (torch and
@@ -197,6 +199,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         "mesh",
         "peer",
         "dtype",
+        "kv-dtype",
     ])?;
     let mesh = a.get("mesh").unwrap_or("1x1").to_string();
     let preset = a.get("preset").unwrap_or("llama-134m").to_string();
@@ -246,6 +249,15 @@ fn dtype(a: &Args) -> Result<&str, String> {
     }
 }
 
+/// `--kv-dtype`: redco's KV cache (default: `--dtype`).
+fn kv_dtype(a: &Args) -> Result<&str, String> {
+    match a.get("kv-dtype") {
+        None => dtype(a),
+        Some(d @ ("f32" | "bf16" | "f16")) => Ok(d),
+        Some(d) => Err(format!("--kv-dtype: `{d}` is not f32, bf16 or f16")),
+    }
+}
+
 /// The benchmark on the model written in `dir`.
 #[allow(clippy::too_many_arguments)]
 fn bench(
@@ -265,6 +277,7 @@ fn bench(
         .arg(dir)
         .args(["--port", "0", "--kv-memory", a.get("kv-memory").unwrap_or("2GB"), "--mesh", mesh])
         .args(["--dtype", dtype(a)?])
+        .args(["--kv-dtype", kv_dtype(a)?])
         .args(["--max-batch-tokens", a.get("max-batch-tokens").unwrap_or("256"), "--max-running", "256"])
         .args(["--max-queue", "1024"])
         .stdout(Stdio::piped())
@@ -290,7 +303,7 @@ fn bench(
     }
     let preempted = metric(addr, "redco_preemptions_total").unwrap_or(0);
     drop(server);
-    print_levels(&format!("redco serve (mesh {mesh})"), &rows);
+    print_levels(&format!("redco serve (mesh {mesh}, weights {}, KV cache {})", dtype(a)?, kv_dtype(a)?), &rows);
     println!("preemptions: {preempted}");
     let mut doc = serde_json::json!({"machine": crate::machine::describe(), "preset": preset, "mesh": mesh,
         "rows": rows.iter().map(level_json).collect::<Vec<_>>()});
@@ -307,6 +320,9 @@ fn bench(
         );
         println!("same text: {}", if probe == peer_probe { "yes" } else { "NO" });
         println!("\nredco / transformers serve, output tokens/s:");
+        if kv_dtype(a)? != dtype(a)? {
+            println!("  (redco's KV cache in {}, the peer's in {}: two configurations)", kv_dtype(a)?, dtype(a)?);
+        }
         for (r, p) in rows.iter().zip(&peer_rows) {
             println!(
                 "  concurrency {:>3}: {:>7.1} / {:>7.1} = {:.2}x",
