@@ -89,13 +89,23 @@ fn paged<T: Real, E: Copy + Sync>(
                         // a plain loop, not `extend(map)`: an iterator adapter's `fold` is
                         // compiled apart from this vectorized closure (baseline SSE, measured
                         // at 18% of a serving run), a loop body is inlined into it
-                        for &r in &sg.slots[..lim] {
+                        let slots = &sg.slots[..lim];
+                        for (n, &r) in slots.iter().enumerate() {
+                            // the pool rows are scattered (blocks anywhere, a head's rows a
+                            // token apart): fetch the key a few rows ahead while this one is
+                            // scored
+                            if let Some(&ahead) = slots.get(n + AHEAD) {
+                                prefetch_row(&k[at(ahead)..at(ahead) + d]);
+                            }
                             p.push(dot(qi, &k[at(r)..at(r) + d], w) * scale);
                         }
                         let mx = T::row_max(&p);
                         let inv = T::one() / T::exp_shift_sum(&mut p, mx);
                         let oi = &mut o[(sg.q_start + i) * d..(sg.q_start + i + 1) * d];
-                        for (&pr, &r) in p.iter().zip(&sg.slots[..lim]) {
+                        for (n, (&pr, &r)) in p.iter().zip(slots).enumerate() {
+                            if let Some(&ahead) = slots.get(n + AHEAD) {
+                                prefetch_row(&v[at(ahead)..at(ahead) + d]);
+                            }
                             let pr = pr * inv;
                             oi.iter_mut().zip(&v[at(r)..at(r) + d]).for_each(|(x, &y)| *x = *x + pr * w(y));
                         }
@@ -105,6 +115,26 @@ fn paged<T: Real, E: Copy + Sync>(
         )
     });
     out
+}
+
+/// Keys (and values) ahead of the one in use whose rows [`prefetch_row`] asks for.
+const AHEAD: usize = 4;
+
+/// Asks the CPU to bring `row`'s cache lines into L1 (a hint: nothing is read or checked).
+#[inline(always)]
+fn prefetch_row<E>(row: &[E]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let bytes = std::mem::size_of_val(row);
+        let base = row.as_ptr() as *const i8;
+        for off in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch never faults; the address is inside `row`
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(base.add(off)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = row;
 }
 
 /// Lanes of [`dot`]'s independent partial sums (one 512-bit register of f32).
