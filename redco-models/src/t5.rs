@@ -10,6 +10,7 @@ use crate::hf::config::HfConfig;
 use crate::params::{ParamSource, RandomInit};
 use redco_core::backend::CmpOp;
 use redco_core::nn::{self, join, Activation, Embedding, Linear, Module, RmsNorm};
+use redco_core::ops::recompute::Recompute;
 use redco_core::planning::ShardPlan;
 use redco_core::{Backend, DType, Error, Result, Tensor};
 use std::path::Path;
@@ -18,6 +19,7 @@ use std::path::Path;
 const MASKED: f64 = f32::MIN as f64;
 
 /// One attention block (self or cross).
+#[derive(Clone)]
 pub struct T5Attention<B: Backend> {
     q: Linear<B>,
     k: Linear<B>,
@@ -29,6 +31,7 @@ pub struct T5Attention<B: Backend> {
 redco_core::module!(T5Attention { q: "q", k: "k", v: "v", o: "o", relative_attention_bias: "relative_attention_bias" });
 
 /// The feed-forward block.
+#[derive(Clone)]
 pub enum T5Ff<B: Backend> {
     /// v1.0: `wo(relu(wi(x)))`.
     Dense {
@@ -117,6 +120,7 @@ impl<B: Backend> Module<B> for T5Ff<B> {
 }
 
 /// One encoder or decoder block.
+#[derive(Clone)]
 pub struct T5Block<B: Backend> {
     self_norm: RmsNorm<B>,
     self_attn: T5Attention<B>,
@@ -182,6 +186,8 @@ pub struct T5<B: Backend> {
     decoder: Vec<T5Block<B>>,
     decoder_norm: RmsNorm<B>,
     lm_head: Option<Linear<B>>,
+    /// What each block recomputes in the backward pass of a training forward.
+    recompute: Recompute,
 }
 
 redco_core::module!(T5 {
@@ -349,7 +355,8 @@ impl<B: Backend> T5<B> {
         let decoder = stack(src, "decoder", cfg.num("num_decoder_layers").unwrap_or(cfg.layers), true)?;
         let decoder_norm = rms_norm(src, "decoder.final_layer_norm", d, eps)?;
         let lm_head = if cfg.tie_word_embeddings { None } else { Some(linear(src, "lm_head", d, cfg.vocab, false)?) };
-        Ok(T5 { cfg: cfg.clone(), shared, encoder, encoder_norm, decoder, decoder_norm, lm_head })
+        let recompute = Recompute::None;
+        Ok(T5 { cfg: cfg.clone(), shared, encoder, encoder_norm, decoder, decoder_norm, lm_head, recompute })
     }
 
     /// Loads `dir` (config.json + safetensors) with parameters of `dtype`, laid out by `plan`
@@ -421,11 +428,72 @@ impl<B: Backend> T5<B> {
             bias = bias.add(&Self::additive(m, x.dtype())?)?;
         }
         for blk in &self.encoder {
-            let n = blk.self_norm.forward(&x)?;
-            x = x.add(&Self::attend(&blk.self_attn, &n, None, &n, &bias, h, dh)?.0)?;
-            x = x.add(&blk.ff.forward(&blk.ff_norm.forward(&x)?)?)?;
+            x =
+                self.block(blk, vec![x, bias.clone()], move |blk, xs| Self::encoder_block(blk, &xs[0], &xs[1], h, dh))?;
         }
         self.encoder_norm.forward(&x)
+    }
+
+    /// What each encoder and decoder block recomputes in the backward pass of a training
+    /// forward (without a cache): nothing (the default), the whole block from its inputs
+    /// ([`Recompute::Block`]), or its cheap ops ([`Recompute::Selective`]: the outputs of
+    /// its matmuls kept, its norms, softmax and activations recomputed). The
+    /// relative-position bias is made once per stack outside the blocks and handed in.
+    pub fn set_recompute(&mut self, mode: Recompute) {
+        self.recompute = mode;
+    }
+
+    /// `f(blk, inputs)`, as a recomputed block when recompute is on and gradients are
+    /// recorded (its parameters: the block's, less the position table it does not read).
+    fn block(
+        &self,
+        blk: &T5Block<B>,
+        inputs: Vec<Tensor<B>>,
+        f: impl Fn(&T5Block<B>, &[Tensor<B>]) -> Result<Tensor<B>> + Send + Sync + 'static,
+    ) -> Result<Tensor<B>> {
+        if !(self.recompute.on() && redco_core::is_grad_enabled()) {
+            return f(blk, &inputs);
+        }
+        let mut params = Vec::new();
+        blk.visit("", &mut |n, p| {
+            if !n.ends_with("relative_attention_bias.weight") {
+                params.push(p.clone())
+            }
+        });
+        let owned = blk.clone();
+        let run = move |xs: &[Tensor<B>]| f(&owned, xs);
+        let (inputs, params) = (inputs.iter().collect::<Vec<_>>(), params.iter().collect::<Vec<_>>());
+        match self.recompute {
+            Recompute::Selective => Tensor::recompute_selective(&inputs, &params, run),
+            _ => Tensor::recompute(&inputs, &params, run),
+        }
+    }
+
+    /// An encoder block over `x` with the self-attention bias `bias`.
+    fn encoder_block(blk: &T5Block<B>, x: &Tensor<B>, bias: &Tensor<B>, h: usize, dh: usize) -> Result<Tensor<B>> {
+        let n = blk.self_norm.forward(x)?;
+        let x = x.add(&Self::attend(&blk.self_attn, &n, None, &n, bias, h, dh)?.0)?;
+        x.add(&blk.ff.forward(&blk.ff_norm.forward(&x)?)?)
+    }
+
+    /// A decoder block over `x` without a cache: self-attention under `self_bias`, then
+    /// attention over the encoder output `enc` under `cross_bias`, then the feed-forward.
+    #[allow(clippy::too_many_arguments)]
+    fn decoder_block(
+        blk: &T5Block<B>,
+        x: &Tensor<B>,
+        self_bias: &Tensor<B>,
+        enc: &Tensor<B>,
+        cross_bias: &Tensor<B>,
+        h: usize,
+        dh: usize,
+    ) -> Result<Tensor<B>> {
+        let n = blk.self_norm.forward(x)?;
+        let x = x.add(&Self::attend(&blk.self_attn, &n, None, &n, self_bias, h, dh)?.0)?;
+        let (cn, ca) =
+            blk.cross.as_ref().ok_or_else(|| Error::invalid("t5", "a decoder block lacks cross-attention"))?;
+        let x = x.add(&Self::attend(ca, &cn.forward(&x)?, None, enc, cross_bias, h, dh)?.0)?;
+        x.add(&blk.ff.forward(&blk.ff_norm.forward(&x)?)?)
     }
 
     /// Decoder logits `[batch, tgt, vocab]` for `dec_ids` after the cached positions, over the
@@ -453,7 +521,16 @@ impl<B: Backend> T5<B> {
             Some(m) => Self::additive(m, x.dtype())?,
             None => Tensor::scalar(x.backend(), 0.0, x.dtype())?,
         };
-        for (i, blk) in self.decoder.iter().enumerate() {
+        let incremental = cache.is_some();
+        if !incremental {
+            for blk in &self.decoder {
+                let inputs = vec![x, self_bias.clone(), enc.clone(), cross_bias.clone()];
+                x = self.block(blk, inputs, move |blk, xs| {
+                    Self::decoder_block(blk, &xs[0], &xs[1], &xs[2], &xs[3], h, dh)
+                })?;
+            }
+        }
+        for (i, blk) in self.decoder.iter().enumerate().filter(|_| incremental) {
             let n = blk.self_norm.forward(&x)?;
             let q_in = n.clone();
             // self-attention over cached + new positions

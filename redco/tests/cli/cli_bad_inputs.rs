@@ -203,7 +203,6 @@ fn cases(t: &Scratch) -> Vec<Case> {
         train_with("flag", &["--model", &t5], &["--zero", "3", "--mesh", "2x1"], &["--zero 3", "t5"]),
         train_case("flag", &["--zero", "4"], &["--zero", "4"]),
         train_case("flag", &["--zero", "1", "--optimizer", "sgd"], &["--zero 1", "sgd"]),
-        train_with("flag", &["--model", &t5], &["--recompute", "block"], &["--recompute block", "t5"]),
         plan_case("flag", g, &["--recompute", "half"], &["--recompute", "half"]),
         train_case("flag", &["--dtype", "f8"], &["f8"]),
         train_case("flag", &["--steps", "abc"], &["--steps"]),

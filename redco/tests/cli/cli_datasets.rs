@@ -62,6 +62,24 @@ fn a_t5_trains_on_parquet_pairs_and_a_pairs_directory_as_on_jsonl() {
     let t5 = fixture_named("t5-tiny");
     let args = ["--model", s(&t5), "--source-field", "source", "--target-field", "target"];
     same_losses_as_jsonl("t5", "pairs.jsonl", &["pairs.parquet", "pairs_disk"], &args);
+    // each encoder and decoder block recomputed (whole or selectively): the same losses
+    let (code, log, w) = train("t5-kept", &data("pairs.jsonl"), &args);
+    assert_eq!(code, 0, "{log}");
+    let kept = losses(&w);
+    let _ = std::fs::remove_dir_all(&w);
+    for r in ["block", "selective"] {
+        let (code, log, w) =
+            train(&format!("t5-{r}"), &data("pairs.jsonl"), &[&args[..], &["--recompute", r]].concat());
+        assert_eq!(code, 0, "{log}");
+        assert!(log.contains("recomputed in the backward pass"), "{log}");
+        let got = losses(&w);
+        assert_eq!(got.len(), kept.len());
+        for ((i, a), (j, b)) in kept.iter().zip(&got) {
+            assert_eq!(i, j);
+            assert!((a - b).abs() <= 1e-6 * a.abs(), "--recompute {r}: step {i}: {a} kept, {b} recomputed");
+        }
+        let _ = std::fs::remove_dir_all(&w);
+    }
 }
 
 #[test]

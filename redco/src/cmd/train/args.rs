@@ -71,8 +71,8 @@ pub struct TrainArgs {
     /// backward pass from its input: one hidden state kept per layer instead of every
     /// activation, for one more forward per layer); or selective (each layer keeps the
     /// outputs of its matmuls, attention and all-reduces and recomputes its norms, rotary
-    /// embeddings, SiLU and product: no matmul or communication runs twice). Decoder-only
-    /// models (LLaMA, GPT-J, OPT); runs op by op on pjrt. Default: the planner's pick (`--strategy auto`), recompute
+    /// embeddings, SiLU and product: no matmul or communication runs twice). Every model
+    /// (T5: each encoder and decoder block); runs op by op on pjrt. Default: the planner's pick (`--strategy auto`), recompute
     /// only when the run does not fit the memory per rank otherwise (printed with the run).
     #[arg(long, value_enum)]
     pub recompute: Option<Recompute>,

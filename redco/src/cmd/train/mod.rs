@@ -148,16 +148,10 @@ pub fn run(mut a: TrainArgs) -> Result<(), String> {
         (None, None) => return Err("give a model: --preset llama-tiny, or --model DIR".into()),
     };
     let t5 = cfg.model_type == "t5";
-    if let Some(r) = a.recompute.filter(|r| r.on() && t5) {
-        return Err(format!(
-            "--recompute {} is implemented for the decoder-only models (llama, gptj, opt); this model is t5 (train it \
-             without --recompute)",
-            r.name()
-        ));
-    }
     if a.zero == Some(3) && t5 {
         return Err("--zero 3 gathers parameters per decoder layer, implemented for the decoder-only models (llama, \
-                    gptj, opt); this model is t5 (--zero 2 shards its masters, optimizer state and gradients)"
+                    gptj, opt); this model is t5 (--zero 2 shards its masters, optimizer state and gradients; \
+                    --recompute block or selective cuts its activations)"
             .into());
     }
     let setup = RunSetup { kind, mesh, compute, identity, run, resumed, leader, lora, cfg, tok_dir, seq_from };

@@ -75,12 +75,14 @@ fn read_pairs(
 /// adapters when asked), the held-out loss every `job.every` steps.
 fn trainer<B: Backend>(job: &Job<'_>, config: TrainConfig) -> Trainer<T5<B>, Pair, B> {
     let (dir, lora, seed, pad) = (job.dir.to_path_buf(), job.lora.cloned(), job.seed, job.pad);
+    let recompute = job.a.recompute.map_or(redco_core::Recompute::None, |r| r.mode());
     Trainer::for_backend(
         move |b: &B| {
             let mut m = T5::from_pretrained(b, &dir, DType::F32, None)?;
             if let Some(l) = &lora {
                 add_lora(&mut m, l, seed)?;
             }
+            m.set_recompute(recompute);
             Ok(m)
         },
         move |b: &B, ex: &[Pair]| collate_pairs(b, ex, pad),
@@ -201,6 +203,12 @@ pub(super) fn run(a: &TrainArgs, r: RunSetup) -> std::result::Result<(), String>
             held_out.len(),
             a.seq()
         );
+        if let Some(r) = a.recompute.filter(|r| r.on()) {
+            crate::outln!(
+                "memory: each encoder and decoder block recomputed in the backward pass ({})",
+                r.mode().name()
+            );
+        }
     }
     let steps = config.steps;
     let job = Job {
