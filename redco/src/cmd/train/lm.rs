@@ -252,7 +252,7 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
                 redco_core::Recompute::None => "activations kept",
                 redco_core::Recompute::Block => "each layer recomputed in the backward pass",
                 redco_core::Recompute::Selective =>
-                    "each layer's norms, rotary embeddings and SiLU recomputed in the backward pass (selective)",
+                    "each layer's norms and elementwise ops recomputed in the backward pass, its matmuls kept (selective)",
             }
         );
         if let Some(why) = &s.seq_from {
