@@ -75,7 +75,7 @@ pub(crate) fn attention(
     let (ds, bqs, bks) = (d.to_string(), bq.to_string(), bk.to_string());
     let src = || {
         tpl(
-            include_str!("kernels/attention.wgsl"),
+            &[include_str!("kernels/attention.wgsl"), include_str!("kernels/online_softmax.wgsl")].concat(),
             &[("$D", &ds), ("$BQ", &bqs), ("$BK", &bks), ("$STORE", store), ("$XT", xt)],
         )
     };

@@ -2,7 +2,7 @@
 //! each sequence's queries over the key and value rows its slot table lists in the shared
 //! pools, read in place (no gathered copy per sequence). The segment and slot tables ride
 //! in the launch's parameters; each workgroup takes a block of one segment's rows for one
-//! kv head and runs the online softmax of `attention.wgsl` over key tiles staged through
+//! kv head and runs the online softmax of `online_softmax.wgsl` over key tiles staged through
 //! the slot table.
 
 use crate::attention::{keys_per_tile, MAX_ROWS};
@@ -93,7 +93,7 @@ pub(crate) fn paged_attention(
     let (ds, bqs, bks) = (d.to_string(), bq.to_string(), bk.to_string());
     let src = || {
         tpl(
-            include_str!("kernels/paged_attention.wgsl"),
+            &[include_str!("kernels/paged_attention.wgsl"), include_str!("kernels/online_softmax.wgsl")].concat(),
             &[("$D", &ds), ("$BQ", &bqs), ("$BK", &bks), ("$STORE", store), ("$XT", xt)],
         )
     };

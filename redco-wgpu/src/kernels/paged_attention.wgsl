@@ -70,7 +70,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var mx = LOWEST;
     var l = 0.0;
     var seen = false;
-    var sc: array<f32, BK>;
     for (var t0 = 0u; t0 < kv_end; t0 = t0 + BK) {
         let nk = min(BK, kv_end - t0);
         for (var e = lid.x; e < nk * D; e = e + BQ) {
@@ -80,38 +79,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         }
         workgroupBarrier();
         if (live) {
-            var tmax = LOWEST;
             var keep = 0u;
             for (var j = 0u; j < nk; j = j + 1u) {
                 if (t0 + j <= last) {
-                    var dot = 0.0;
-                    for (var e = 0u; e < D; e = e + 1u) {
-                        dot = dot + qr[e] * kt[j * D + e];
-                    }
-                    sc[j] = dot * scale;
-                    tmax = max(tmax, sc[j]);
                     keep = keep | (1u << j);
                 }
             }
-            if (keep != 0u) {
-                let mn = max(mx, tmax);
-                let corr = select(0.0, exp(mx - mn), seen);
-                seen = true;
-                mx = mn;
-                l = l * corr;
-                for (var e = 0u; e < D; e = e + 1u) {
-                    acc[e] = acc[e] * corr;
-                }
-                for (var j = 0u; j < nk; j = j + 1u) {
-                    if ((keep & (1u << j)) != 0u) {
-                        let pj = exp(sc[j] - mn);
-                        l = l + pj;
-                        for (var e = 0u; e < D; e = e + 1u) {
-                            acc[e] = acc[e] + pj * vt[j * D + e];
-                        }
-                    }
-                }
-            }
+            online_tile(nk, keep, scale, &qr, &acc, &mx, &l, &seen);
         }
         workgroupBarrier();
     }
