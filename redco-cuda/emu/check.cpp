@@ -1,4 +1,4 @@
-// Runs the attention kernels (forward, dq, dk/dv), the multi-tensor AdamW, LayerNorm and
+// Runs the attention kernels (forward, dq, dk/dv), paged attention, the multi-tensor AdamW, LayerNorm and
 // RMSNorm forward and backward, softmax, and the fused cross-entropy forward and backward
 // of `kernels/` on the emulated thread model
 // against f64 references, in f32 and f64. Attention:
@@ -12,6 +12,7 @@
 #include "norm.cu"
 #include "softmax.cu"
 #include "cross_entropy.cu"
+#include <algorithm>
 #include <random>
 #include <string>
 #include <tuple>
@@ -281,7 +282,82 @@ void xent_check(i64 rows, i64 vocab, unsigned threads, unsigned grid, bool bad) 
            ok ? "ok  " : "FAIL", rows, vocab, threads, grid, (int)bad, sizeof(T) == 4 ? "f32" : "f64", worst, flag_f, flag_b);
 }
 
+// Paged attention of a ragged batch: a decode token over 65 keys, a 9-query chunk over 37,
+// a 3-token prompt, and a 40-query chunk over 70 keys, each segment's keys at rows of a
+// 160-row pool drawn at random (segments may share rows, as prefix-cached blocks do), the
+// table built as `src/paged_attention.rs` builds it; against the f64 causal attention.
+template <typename T>
+void paged_check(i64 hq, i64 hk, i64 d, unsigned seed) {
+    struct Seg { i64 q_len, kv_len; };
+    const std::vector<Seg> segs = {{1, 65}, {9, 37}, {3, 3}, {40, 70}};
+    const i64 rows = 160;
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<double> U(-1, 1);
+    i64 tokens = 0;
+    for (auto& g : segs) tokens += g.q_len;
+    std::vector<double> q(hq * tokens * d), k(rows * hk * d), v(rows * hk * d);
+    for (auto* x : {&q, &k, &v}) for (auto& e : *x) e = U(rng);
+    std::vector<std::vector<i32>> slots;
+    for (auto& g : segs) {
+        std::vector<i32> perm(rows);
+        for (i64 r = 0; r < rows; ++r) perm[r] = (i32)r;
+        std::shuffle(perm.begin(), perm.end(), rng);
+        slots.emplace_back(perm.begin(), perm.begin() + g.kv_len);
+    }
+    // the table: each token's segment, four words per segment, then the slots
+    std::vector<i32> tab;
+    for (size_t n = 0; n < segs.size(); ++n) for (i64 i = 0; i < segs[n].q_len; ++i) tab.push_back((i32)n);
+    i64 segs_at = (i64)tab.size(), slots_at = segs_at + 4 * (i64)segs.size(), q_start = 0;
+    for (size_t n = 0; n < segs.size(); ++n) {
+        for (i64 w : {q_start, segs[n].q_len, segs[n].kv_len, slots_at}) tab.push_back((i32)w);
+        q_start += segs[n].q_len;
+        slots_at += segs[n].kv_len;
+    }
+    for (auto& sl : slots) tab.insert(tab.end(), sl.begin(), sl.end());
+    double scale = 1.0 / std::sqrt((double)d);
+    std::vector<double> want(q.size());
+    q_start = 0;
+    for (size_t n = 0; n < segs.size(); ++n) {
+        for (i64 i = 0; i < segs[n].q_len; ++i) for (i64 h = 0; h < hq; ++h) {
+            i64 t = q_start + i, kvh = h / (hq / hk), lim = segs[n].kv_len - segs[n].q_len + i + 1;
+            const double* qi = &q[(h * tokens + t) * d];
+            std::vector<double> p(lim);
+            double mx = -INFINITY, sum = 0;
+            for (i64 j = 0; j < lim; ++j) {
+                const double* kj = &k[((i64)slots[n][j] * hk + kvh) * d];
+                double s = 0;
+                for (i64 f = 0; f < d; ++f) s += qi[f] * kj[f];
+                p[j] = s * scale;
+                mx = std::max(mx, p[j]);
+            }
+            for (auto& e : p) { e = std::exp(e - mx); sum += e; }
+            double* o = &want[(h * tokens + t) * d];
+            for (i64 f = 0; f < d; ++f) {
+                o[f] = 0;
+                for (i64 j = 0; j < lim; ++j) o[f] += p[j] / sum * v[((i64)slots[n][j] * hk + kvh) * d + f];
+            }
+        }
+        q_start += segs[n].q_len;
+    }
+    std::vector<T> tq(q.begin(), q.end()), tk(k.begin(), k.end()), tv(v.begin(), v.end()), out(q.size(), (T)NAN);
+    PagedArgs a{hq, hk, tokens, d, segs_at, scale};
+    launch((unsigned)tokens, 32, [&] {
+        if constexpr (sizeof(T) == 4) paged_attn_f32(tq.data(), tk.data(), tv.data(), out.data(), tab.data(), a);
+        else paged_attn_f64(tq.data(), tk.data(), tv.data(), out.data(), tab.data(), a);
+    }, (unsigned)hq);
+    auto [worst, at] = worst_error(out, want);
+    bool ok = worst <= (sizeof(T) == 4 ? 2e-5 : 1e-12);
+    fails += !ok;
+    printf("%s paged_attention    hq %lld hk %lld d %lld tokens %lld %s: worst %.2e at %lld\n", ok ? "ok  " : "FAIL", hq,
+           hk, d, tokens, sizeof(T) == 4 ? "f32" : "f64", worst, at);
+}
+
 int main() {
+    unsigned pseed = 40;
+    for (auto [hq, hk, d] : {std::tuple{4, 2, 40}, {2, 2, 128}, {3, 1, 256}, {2, 1, 8}}) {
+        paged_check<float>(hq, hk, d, pseed);
+        paged_check<double>(hq, hk, d, pseed++);
+    }
     for (auto [rows, vocab, threads, grid, bad] : {std::tuple{6, 50, 64u, 6u, false}, {5, 1000, 1024u, 2u, true}, {4, 3000, 256u, 4u, true}}) {
         xent_check<float>(rows, vocab, threads, grid, bad);
         xent_check<double>(rows, vocab, threads, grid, bad);

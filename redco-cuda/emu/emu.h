@@ -79,15 +79,18 @@ template <typename T> T __shfl_xor_sync(unsigned m, T v, int o) {
     return __shfl_sync(m, v, (int)((threadIdx.x % 32) ^ o));
 }
 
-// Runs `k` over `grid` blocks of `block` threads (a multiple of 32, at most 1024).
-void launch(unsigned grid, unsigned block, const std::function<void()>& k) {
-    gridDim.x = grid;
+// Runs `k` over a `grid_x` x `grid_y` grid of blocks of `block` threads (a multiple of 32,
+// at most 1024); blocks run in row order (x fastest).
+void launch(unsigned grid_x, unsigned block, const std::function<void()>& k, unsigned grid_y = 1) {
+    gridDim.x = grid_x;
+    gridDim.y = grid_y;
     blockDim.x = block;
     emu::kernel = k;
     emu::fibers.assign(block, emu::Fiber{});
     for (auto& f : emu::fibers) f.stack.resize(1 << 16);
-    for (unsigned b = 0; b < grid; ++b) {
-        blockIdx.x = b;
+    for (unsigned b = 0; b < grid_x * grid_y; ++b) {
+        blockIdx.x = b % grid_x;
+        blockIdx.y = b / grid_x;
         for (auto& x : smem_raw) x = NAN;  // shared memory starts as garbage
         emu::block = emu::Barrier{block};
         emu::warps.assign(block / 32, emu::Barrier{32});
