@@ -27,8 +27,8 @@ pub fn class_of(bytes: usize) -> usize {
 pub struct MemoryStats {
     /// Bytes in buffers that tensors hold now.
     pub in_use: usize,
-    /// The most bytes tensors held at once since the pool was made or
-    /// [`Pool::reset_peak`] (torch's `max_memory_allocated`).
+    /// The most bytes tensors held at once since the pool was made or its peak was last
+    /// reset (`Backend::reset_peak_memory`; torch's `max_memory_allocated`).
     pub peak_in_use: usize,
     /// Bytes taken from the driver (in use plus cached).
     pub reserved: usize,

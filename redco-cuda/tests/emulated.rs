@@ -36,5 +36,8 @@ fn kernels_match_f64_on_the_emulated_thread_model() {
     let out = String::from_utf8_lossy(&run.stdout);
     println!("{out}");
     assert!(run.status.success(), "emulated kernels differ from the reference:\n{out}");
-    assert!(out.contains("0 failures") && out.matches("ok  ").count() >= 2 + 7 * 2 * 2 * 4 + 4 * 2 * 10 + 6 + 4 * 2, "{out}");
+    assert!(
+        out.contains("0 failures") && out.matches("ok  ").count() >= 2 + 7 * 2 * 2 * 4 + 4 * 2 * 10 + 6 + 4 * 2,
+        "{out}"
+    );
 }
