@@ -1,11 +1,12 @@
-//! How a decoder's layers run, shared by every decoder-only model: under ZeRO-3 each layer
-//! on a copy of its parameters gathered whole just before it runs (the next layer's gather
-//! started ahead, FSDP's prefetch of one unit), and in training forwards, when asked, each
-//! layer a recomputed block (activation checkpointing, block or selective). A model keeps
+//! How a decoder's layers run, shared by every decoder-only model: under ZeRO-3 each unit
+//! of layers (one layer, or as many consecutive ones as the gatherer asks) on a copy of
+//! its parameters gathered whole just before it runs (the next unit's gather started
+//! ahead, FSDP's prefetch of one unit), and in training forwards, when asked, each unit a
+//! recomputed block (activation checkpointing, block or selective). A model keeps
 //! its layers and the math of one layer ([`StackLayer`]); the [`Stack`] holds the policy the
 //! trainer hands it (the gatherer) and the recompute mode, and runs the loop.
 
-use redco_core::nn::{gathered, prefetch_unit, Module, ParamGather};
+use redco_core::nn::{gathered, prefetch_units, Module, ParamGather};
 use redco_core::ops::recompute::Recompute;
 use redco_core::{Backend, Result, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -79,9 +80,21 @@ impl<B: Backend> Stack<B> {
         self.recompute.on() && redco_core::is_grad_enabled()
     }
 
+    /// How many consecutive layers run as one unit: gathered together under ZeRO-3 (as
+    /// the gatherer asks, [`ParamGather::units_per_gather`]) and recomputed as one block;
+    /// 1 without a gatherer.
+    fn group(&self) -> usize {
+        self.gather.as_ref().map_or(1, |g| g.units_per_gather().max(1))
+    }
+
+    /// Layers `range` with their names, as [`gathered`] takes them.
+    fn named<'l, L>(&self, layers: &'l [L], range: std::ops::Range<usize>) -> Vec<(&'l L, String)> {
+        range.map(|i| (&layers[i], self.name(i))).collect()
+    }
+
     /// The layers over `h`; `attend(i, q, k, v)` is layer `i`'s attention (with its cache).
-    /// Under ZeRO-3 each layer runs on its gathered parameters, the next one's gather moving
-    /// while it computes.
+    /// Under ZeRO-3 each unit of layers runs on its gathered parameters, the next unit's
+    /// gather moving while it computes.
     pub fn run<L: StackLayer<B>>(
         &self,
         layers: &[L],
@@ -90,27 +103,30 @@ impl<B: Backend> Stack<B> {
         side: &[Tensor<B>],
         attend: &mut crate::generate::RaggedAttend<'_, B>,
     ) -> Result<Tensor<B>> {
-        for (i, l) in layers.iter().enumerate() {
-            let whole = match &self.gather {
-                Some(g) => {
-                    let whole = gathered(l, &self.name(i), g.as_ref())?;
-                    if let Some(next) = layers.get(i + 1) {
-                        prefetch_unit(next, &self.name(i + 1), g.as_ref())?;
-                    }
-                    Some(whole)
-                }
-                None => None,
-            };
-            h = whole.as_ref().unwrap_or(l).forward(ctx, &h, side, &mut |q, k, v| attend(i, q, k, v))?;
+        let Some(g) = &self.gather else {
+            for (i, l) in layers.iter().enumerate() {
+                h = l.forward(ctx, &h, side, &mut |q, k, v| attend(i, q, k, v))?;
+            }
+            return Ok(h);
+        };
+        let (n, k) = (layers.len(), self.group());
+        for start in (0..n).step_by(k) {
+            let end = (start + k).min(n);
+            let wholes = gathered(&self.named(layers, start..end), g.as_ref())?;
+            prefetch_units(&self.named(layers, end..(end + k).min(n)), g.as_ref())?;
+            for (i, l) in (start..end).zip(&wholes) {
+                h = l.forward(ctx, &h, side, &mut |q, k, v| attend(i, q, k, v))?;
+            }
         }
         Ok(h)
     }
 
-    /// [`Stack::run`] for training without a cache, each layer a [`Tensor::recompute`]
-    /// block (or a [`Tensor::recompute_selective`] one) whose attention is causal under
-    /// `mask` (`[batch, seq]`, 0 = padding). Under ZeRO-3 a layer is gathered for its
-    /// forward and again for its recomputation; the gather started ahead is the next layer's
-    /// in the forward and the previous layer's (recomputed next) in the backward.
+    /// [`Stack::run`] for training without a cache, each unit of layers (one layer without
+    /// a gatherer) a [`Tensor::recompute`] block (or a [`Tensor::recompute_selective`] one)
+    /// whose attention is causal under `mask` (`[batch, seq]`, 0 = padding). Under ZeRO-3 a
+    /// unit is gathered for its forward and again for its recomputation; the gather started
+    /// ahead is the next unit's in the forward and the previous unit's (recomputed next) in
+    /// the backward.
     pub fn run_recomputed<L: StackLayer<B>>(
         &self,
         layers: &[L],
@@ -120,32 +136,41 @@ impl<B: Backend> Stack<B> {
         mask: Option<&Tensor<B>>,
     ) -> Result<Tensor<B>> {
         let n_side = side.len();
-        for (i, l) in layers.iter().enumerate() {
+        let (n, k) = (layers.len(), self.group());
+        for start in (0..n).step_by(k) {
+            let end = (start + k).min(n);
             let mut params = Vec::new();
-            l.visit("", &mut |_, p| params.push(p.clone()));
+            for l in &layers[start..end] {
+                l.visit("", &mut |_, p| params.push(p.clone()));
+            }
             let mut inputs = vec![h];
             inputs.extend(side.iter().cloned());
             inputs.extend(mask.cloned());
-            let (layer, gather, prefix) = (l.clone(), self.gather.clone(), self.name(i));
-            let next = layers.get(i + 1).map(|l| (l.clone(), self.name(i + 1)));
-            let prev = i.checked_sub(1).map(|j| (layers[j].clone(), self.name(j)));
+            let owned = |r: std::ops::Range<usize>| -> Vec<(L, String)> {
+                r.map(|i| (layers[i].clone(), self.name(i))).collect()
+            };
+            let (unit, gather) = (owned(start..end), self.gather.clone());
+            let next = owned(end..(end + k).min(n));
+            let prev = owned(start.saturating_sub(k)..start);
             let ran = AtomicBool::new(false);
             let block = move |xs: &[Tensor<B>]| {
                 let mask = xs.get(1 + n_side);
-                let whole = match &gather {
+                let wholes = match &gather {
                     Some(g) => {
-                        let whole = gathered(&layer, &prefix, g.as_ref())?;
+                        let wholes = gathered(&refs(&unit), g.as_ref())?;
                         let again = ran.swap(true, Ordering::Relaxed);
-                        if let Some((l, p)) = if again { &prev } else { &next } {
-                            prefetch_unit(l, p, g.as_ref())?;
-                        }
-                        Some(whole)
+                        prefetch_units(&refs(if again { &prev } else { &next }), g.as_ref())?;
+                        wholes
                     }
-                    None => None,
+                    None => unit.iter().map(|(l, _)| l.clone()).collect(),
                 };
-                whole.as_ref().unwrap_or(&layer).forward(ctx, &xs[0], &xs[1..1 + n_side], &mut |q, k, v| {
-                    redco_core::nn::scaled_dot_product_attention(&q, &k, &v, mask, true, None)
-                })
+                let mut h = xs[0].clone();
+                for l in &wholes {
+                    h = l.forward(ctx, &h, &xs[1..1 + n_side], &mut |q, k, v| {
+                        redco_core::nn::scaled_dot_product_attention(&q, &k, &v, mask, true, None)
+                    })?;
+                }
+                Ok(h)
             };
             let (inputs, params) = (inputs.iter().collect::<Vec<_>>(), params.iter().collect::<Vec<_>>());
             h = match self.recompute {
@@ -155,4 +180,9 @@ impl<B: Backend> Stack<B> {
         }
         Ok(h)
     }
+}
+
+/// Borrowed units with their names, as [`gathered`] takes them.
+fn refs<L>(units: &[(L, String)]) -> Vec<(&L, String)> {
+    units.iter().map(|(l, s)| (l, s.clone())).collect()
 }

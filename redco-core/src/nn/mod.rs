@@ -22,7 +22,7 @@ pub use activation::Activation;
 pub use attention::{padding_mask, scaled_dot_product_attention};
 pub use dropout::Dropout;
 pub use embedding::Embedding;
-pub use gather::{gathered, prefetch_unit, ParamGather};
+pub use gather::{gathered, prefetch_units, NamedUnits, ParamGather};
 pub use init::Init;
 pub use linear::Linear;
 pub use loss::{cross_entropy, IGNORE_INDEX};
@@ -51,7 +51,8 @@ pub trait Module<B: Backend> {
     fn visit_linears_mut(&mut self, _prefix: &str, _f: &mut dyn FnMut(&str, &mut Linear<B>)) {}
     /// The units whose parameters may be held in pieces and gathered just before the unit
     /// runs (ZeRO-3): name prefixes as [`Module::visit`] gives them from the root (a
-    /// transformer's blocks). The default has none.
+    /// transformer's blocks), in the order they run; the gatherer may have consecutive ones
+    /// gathered together ([`ParamGather::units_per_gather`]). The default has none.
     fn gather_units(&self) -> Vec<String> {
         Vec::new()
     }

@@ -135,6 +135,12 @@ pub struct TrainConfig {
     /// ZeRO stage over the data-parallel axis (see [`TrainConfig::zero_stage`]; `Off` with
     /// an [`AdamWConfig::zero1`] optimizer is stage 1). Inert at dp = 1.
     pub zero: ZeroStage,
+    /// ZeRO-3: how many consecutive units of the model ([`Module::gather_units`](crate::nn::Module::gather_units),
+    /// its transformer blocks) one gather moves (and one recompute block spans): fewer,
+    /// larger collectives against more parameters whole at a time. 1 (the default) gathers
+    /// each block on its own; `redco_core::planning::strategy::strategies` picks it for a
+    /// run the planner configures. 0 is refused; inert below stage 3.
+    pub unit_layers: usize,
     /// Offload the optimizer ([`Offloaded`](crate::optim::Offloaded)): its state and the
     /// f32 masters in host memory, the update on the host's CPU cores, the updated
     /// parameters uploaded in the compute dtype (a 16-bit run's device holds no f32
@@ -204,6 +210,7 @@ impl Default for TrainConfig {
             keep_last: 2,
             nan: NanPolicy::Error,
             zero: ZeroStage::Off,
+            unit_layers: 1,
             offload: false,
             log_every: 10,
             progress_lines: true,

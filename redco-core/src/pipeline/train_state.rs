@@ -135,6 +135,12 @@ impl<B: Backend> TrainState<B> {
         opt.set_comm(Some(comm.clone()));
         let sliced = (zero >= ZeroStage::Gradients).then(|| comm.clone());
         let units = if zero == ZeroStage::Parameters { model.gather_units() } else { Vec::new() };
+        if zero == ZeroStage::Parameters && cfg.unit_layers == 0 {
+            return Err(crate::Error::invalid(
+                "fit (ZeRO-3)",
+                "unit_layers is 0: a ZeRO-3 unit gathers at least one of the model's blocks",
+            ));
+        }
         if zero == ZeroStage::Parameters && units.is_empty() {
             return Err(crate::Error::unsupported(
                 "fit (ZeRO-3)",
@@ -198,7 +204,7 @@ impl<B: Backend> TrainState<B> {
         }
         offload_masters(opt.as_mut(), &mut masters, cfg.compute_dtype, &|name| layouts.contains_key(name))?;
         let pieces = (zero == ZeroStage::Parameters)
-            .then(|| Arc::new(UnitPieces::new(comm.clone(), cfg.compute_dtype, layouts)));
+            .then(|| Arc::new(UnitPieces::new(comm.clone(), cfg.compute_dtype, layouts, cfg.unit_layers)));
         let scale = LossScale::new(cfg);
         Ok(TrainState { masters, opt, scale, best, start: 0, zero, sliced, pieces, layouts: whole })
     }

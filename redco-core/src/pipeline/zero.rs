@@ -23,15 +23,18 @@ pub struct UnitPieces<B: Backend> {
     comm: Comm<B>,
     dtype: DType,
     layouts: BTreeMap<String, (FlatShard, ShardLayout)>,
+    /// Consecutive units gathered together ([`ParamGather::units_per_gather`]).
+    group: usize,
     /// The gather started ahead ([`ParamGather::prefetch`]): the pieces' ids and the
     /// collective in flight.
     ahead: Mutex<Option<Ahead<B>>>,
 }
 
 impl<B: Backend> UnitPieces<B> {
-    /// Pieces gathered over `comm` in `dtype`, for the parameters in `layouts`.
-    pub fn new(comm: Comm<B>, dtype: DType, layouts: BTreeMap<String, (FlatShard, ShardLayout)>) -> Self {
-        UnitPieces { comm, dtype, layouts, ahead: Mutex::new(None) }
+    /// Pieces gathered over `comm` in `dtype`, for the parameters in `layouts`, `group`
+    /// consecutive units at a time (at least 1).
+    pub fn new(comm: Comm<B>, dtype: DType, layouts: BTreeMap<String, (FlatShard, ShardLayout)>, group: usize) -> Self {
+        UnitPieces { comm, dtype, layouts, group: group.max(1), ahead: Mutex::new(None) }
     }
 
     /// The slicing and whole layout of parameter `name`, when it is held in pieces.
@@ -112,6 +115,10 @@ impl<B: Backend> ParamGather<B> for UnitPieces<B> {
         let pending = start_gather_unit(&held, &self.comm, self.dtype)?;
         *ahead = Some((held.iter().map(|p| p.piece.id()).collect(), pending));
         Ok(())
+    }
+
+    fn units_per_gather(&self) -> usize {
+        self.group
     }
 }
 

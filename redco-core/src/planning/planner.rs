@@ -39,13 +39,30 @@ pub struct Workload {
     pub dtype_bytes: usize,
     /// ZeRO stage over `dp`: 0 (nothing sharded), 1 (AdamW's moments), 2 (the f32
     /// masters, the moments and the gradients), 3 (also the parameters of the decoder
-    /// layers, gathered per layer: [`is_unit_param`]).
+    /// layers, gathered per unit of [`Workload::unit_layers`] layers: [`is_unit_param`]).
     pub zero: u8,
     /// What each transformer layer recomputes in the backward pass (activation
     /// checkpointing): nothing, the whole layer (one hidden state kept per layer, one more
     /// forward per layer) or its cheap ops (the outputs of its matmuls, attention and
     /// all-reduces kept).
     pub recompute: Recompute,
+    /// ZeRO-3's unit: how many consecutive decoder layers are gathered together (one
+    /// collective, prefetched together) and, with recompute, recomputed as one block. The
+    /// estimates read 0 as 1; handed to [`strategies`](super::strategy::strategies), 0
+    /// leaves it to the planner.
+    pub unit_layers: usize,
+}
+
+impl Workload {
+    /// The layers of a ZeRO-3 unit where stage `zero` on `dp` ranks gathers units (at
+    /// least 1, at most `layers`); 1 otherwise.
+    pub fn unit_layers_at(&self, zero: u8, dp: usize, layers: usize) -> usize {
+        if zero == 3 && dp > 1 {
+            self.unit_layers.clamp(1, layers.max(1))
+        } else {
+            1
+        }
+    }
 }
 
 /// Per-rank memory estimate in bytes.
@@ -102,9 +119,22 @@ pub fn is_unit_param(name: &str) -> bool {
 /// The unit (decoder layer) parameter `name` belongs to: its name up to the layer's index
 /// (`model.layers.3`), or `None` outside the layers.
 pub fn unit_of(name: &str) -> Option<&str> {
+    layer_of(name).map(|(_, _, end)| &name[..end])
+}
+
+/// The decoder layer parameter `name` belongs to: the layers' prefix (`model.layers`), the
+/// layer's index, and where its name ends in `name`; `None` outside the layers.
+fn layer_of(name: &str) -> Option<(&str, usize, usize)> {
     let at = ["layers.", "transformer.h."].iter().find_map(|k| name.find(k).map(|i| i + k.len()))?;
     let digits = name[at..].bytes().take_while(u8::is_ascii_digit).count();
-    (digits > 0).then(|| &name[..at + digits])
+    let index = name[at..at + digits].parse().ok()?;
+    Some((&name[..at - 1], index, at + digits))
+}
+
+/// The ZeRO-3 unit parameter `name` belongs to when units are `k` consecutive layers: the
+/// layers' prefix and the unit's index (layer index / `k`); `None` outside the layers.
+pub fn unit_group(name: &str, k: usize) -> Option<(&str, usize)> {
+    layer_of(name).map(|(prefix, i, _)| (prefix, i / k.max(1)))
 }
 
 /// Elements of `plan`'s local shards per rank: (in decoder layers, elsewhere).
@@ -131,8 +161,9 @@ fn local_elems(plan: &ShardPlan) -> (u64, u64) {
 /// gradients summed in 25 MB buckets, or, with ZeRO-1 and ZeRO-2, a reduce-scatter (of the
 /// f32 gradient) and an all-gather per parameter (ZeRO-1: of the f32 master; ZeRO-2: of
 /// the compute copy, in the compute dtype) of its local shard padded to a multiple of
-/// `dp`; ZeRO-3 gathers a decoder layer's parameters (one flat buffer per layer) for its
-/// forward, and again for its recomputation, and reduce-scatters their gradients once. Gradient clipping's norm (one scalar all-reduce per axis) is not counted.
+/// `dp`; ZeRO-3 gathers a unit's parameters (one flat buffer per unit of
+/// [`Workload::unit_layers`] decoder layers) for its forward, and again for its
+/// recomputation, and reduce-scatters their gradients once. Gradient clipping's norm (one scalar all-reduce per axis) is not counted.
 pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> CommStats {
     let mesh = plan.mesh;
     let mut st = CommStats::default();
@@ -153,20 +184,21 @@ pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> Comm
         }
     }
     if mesh.dp > 1 {
+        let k = work.unit_layers_at(work.zero, mesh.dp, dims.layers);
         st.record(CollectiveKind::AllReduce, MeshAxis::Dp, work.dtype_bytes as u64);
-        let local: Vec<(u64, Option<&str>)> = plan
+        let local: Vec<(u64, Option<(&str, usize)>)> = plan
             .params
             .iter()
             .map(|(name, p)| {
                 let n = p.shape.elem_count() as u64;
-                (if count(p.placement) { n / mesh.mp as u64 } else { n }, unit_of(name))
+                (if count(p.placement) { n / mesh.mp as u64 } else { n }, unit_group(name, k))
             })
             .collect();
         if work.zero > 0 {
             let gathered = if work.zero == 1 { 4 } else { work.dtype_bytes as u64 };
-            // ZeRO-3 moves a layer's parameters together (one flat buffer): the padded
-            // elements of each parameter summed per layer
-            let mut units: std::collections::BTreeMap<&str, u64> = Default::default();
+            // ZeRO-3 moves a unit's parameters together (one flat buffer): the padded
+            // elements of each parameter summed per unit of `k` layers
+            let mut units: std::collections::BTreeMap<(&str, usize), u64> = Default::default();
             let mut singles = Vec::new();
             for (n, unit) in local {
                 let padded = n.div_ceil(mesh.dp as u64) * mesh.dp as u64;
@@ -203,17 +235,19 @@ pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> Comm
 
 /// Training memory per rank. Activations follow Korthikanti et al. (2022), per layer
 /// `s*b*h*(10 + 24/t + 5*a*s/(h*t))` bytes at 2-byte precision, scaled to `dtype_bytes`;
-/// with block recompute, each layer keeps only its input (`s*b*h` elements) and one layer's
-/// activations live at a time, during its recomputation; with selective recompute, each
-/// layer keeps its input and the outputs of its matmuls, attention and all-reduces
-/// ([`selective_kept`]), and one layer's recomputed rest is live at a time. ZeRO stage `zero`: 1 divides the
+/// with block recompute, each block (a layer; under ZeRO-3 a unit of
+/// [`Workload::unit_layers`] layers) keeps only its input (`s*b*h` elements) and one
+/// block's activations live at a time, during its recomputation; with selective
+/// recompute, each layer keeps its input and the outputs of its matmuls, attention and
+/// all-reduces ([`selective_kept`]), and one block's recomputed rest is live at a time. ZeRO stage `zero`: 1 divides the
 /// moments by `dp`; 2 also the f32 masters and the gradients (kept as f32 slices, plus one
 /// layer's full gradients in flight during backward); 3 also the decoder layers'
-/// parameters, held as f32 slices (they are the masters) and gathered per layer: three
-/// layers whole at a time with recompute (the one running, the one being differentiated
+/// parameters, held as f32 slices (they are the masters) and gathered per unit: three
+/// units whole at a time with recompute (the one running, the one being differentiated
 /// and the next one's prefetched gather), every layer whole from its forward to its
-/// backward without; plus one layer's flat collective buffers (the gathered buffer its
-/// parameters are cut from, its gradients packed for the reduce-scatter).
+/// backward without; plus one unit's flat collective buffers (the gathered buffer its
+/// parameters are cut from, its gradients packed for the reduce-scatter) and its full
+/// gradients in flight.
 pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero: u8) -> Memory {
     let mesh = plan.mesh;
     let params = plan.bytes_per_rank(work.dtype_bytes) as u64;
@@ -227,19 +261,21 @@ pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero: u
         _ => 4 * n_local,
     };
     let layer = params / dims.layers.max(1) as u64;
-    let mut grads = if zero >= 2 && mesh.dp > 1 { 4 * n_local / dp + layer } else { params };
+    // ZeRO-3's unit: `k` consecutive layers gathered (and recomputed) together
+    let k = work.unit_layers_at(zero, mesh.dp, dims.layers) as u64;
+    let mut grads = if zero >= 2 && mesh.dp > 1 { 4 * n_local / dp + k * layer } else { params };
     let (params, masters) = if zero == 3 && mesh.dp > 1 {
         let (unit, other) = local_elems(plan);
         let db = work.dtype_bytes as u64;
-        // with recompute, three layers whole at a time: the one running, the one being
+        // with recompute, three units whole at a time: the one running, the one being
         // differentiated and the next one's gather started ahead (the prefetch)
         let layers = dims.layers.max(1) as u64;
-        let whole = if work.recompute.on() { 3.min(layers) * unit / layers } else { unit };
-        // the flat buffers of one layer's collectives beside what they carry: the gathered
+        let whole = if work.recompute.on() { (3 * k).min(layers) * unit / layers } else { unit };
+        // the flat buffers of one unit's collectives beside what they carry: the gathered
         // buffer its parameters are cut from, and its f32 gradients packed for the
         // reduce-scatter (measured on the 0.7B bench model at 4x1: without these two
         // terms the prediction was 0.90x the run's peak heap)
-        let flat = unit / layers;
+        let flat = k * unit / layers;
         grads += 4 * flat;
         // pieces (the units' masters), the others' compute copies, the units gathered
         (4 * unit / dp + other * db + (whole + flat) * db, 4 * other / dp)
@@ -251,12 +287,14 @@ pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero: u
     let per_layer = s * b * h * (10.0 + 24.0 / t + 5.0 * a * s / (h * t)) * work.dtype_bytes as f64 / 2.0;
     let logits = s * b * dims.vocab as f64 / t * 4.0;
     let layers = dims.layers as f64;
+    // a recompute block is a unit: its input kept, its `k` layers live while it reruns
+    let (blocks, k) = ((dims.layers as u64).div_ceil(k) as f64, k as f64);
     let kept = match work.recompute {
         Recompute::None => per_layer * layers,
-        Recompute::Block => s * b * h * work.dtype_bytes as f64 * layers + per_layer,
+        Recompute::Block => s * b * h * work.dtype_bytes as f64 * blocks + k * per_layer,
         Recompute::Selective => {
             let sel = s * b * selective_kept(dims, mesh.mp) * work.dtype_bytes as f64;
-            sel * layers + (per_layer - sel).max(0.0)
+            sel * layers + k * (per_layer - sel).max(0.0)
         }
     };
     Memory { params, grads, optimizer: moments + masters, activations: (kept + logits) as u64 }
@@ -406,7 +444,7 @@ mod tests {
         let dims = ModelDims { layers: 24, hidden: 1536, heads: 16, kv_heads: 16, vocab: 32000, intermediate: 4096 };
         let shapes = vec![("model.embed_tokens.weight".to_string(), Shape::new([32000, 1536]))];
         let plan = plan_by_names(&shapes, Mesh { dp: 1, mp: 1 });
-        let work = Workload { batch: 4, seq: 512, dtype_bytes: 4, zero: 0, recompute: Recompute::None };
+        let work = Workload { batch: 4, seq: 512, dtype_bytes: 4, zero: 0, recompute: Recompute::None, unit_layers: 1 };
         let kept = train_memory(&plan, &dims, &work, 0);
         let again = train_memory(&plan, &dims, &Workload { recompute: Recompute::Block, ..work }, 0);
         let (s, b, h) = (512.0, 4.0, 1536.0);
@@ -427,7 +465,14 @@ mod tests {
         let (s, b, h, i) = (512.0, 4.0, 1536.0, 4096.0);
         for mp in [1, 2] {
             let plan = plan_by_names(&shapes, Mesh { dp: 1, mp });
-            let work = Workload { batch: 4, seq: 512, dtype_bytes: 4, zero: 0, recompute: Recompute::Selective };
+            let work = Workload {
+                batch: 4,
+                seq: 512,
+                dtype_bytes: 4,
+                zero: 0,
+                recompute: Recompute::Selective,
+                unit_layers: 1,
+            };
             let t = mp as f64;
             let logits = s * b * 32000.0 / t * 4.0;
             // input, q k v attention out over mp, gate and up over mp, o and down (and their all-reduced copies)

@@ -25,6 +25,8 @@ pub fn available_memory() -> Option<u64> {
 pub struct StrategyAsk {
     /// `--zero`, when given.
     pub zero: Option<u8>,
+    /// `--unit-layers` (ZeRO-3's unit), when given.
+    pub unit_layers: Option<usize>,
     /// `--recompute`, when given.
     pub recompute: Option<Recompute>,
     /// `--strategy auto`: what the flags leave open is the planner's pick; otherwise ZeRO-0 and
@@ -84,12 +86,15 @@ pub fn choose_strategy(
             zero: zero.unwrap_or(0),
             recompute: recompute.unwrap_or_default(),
             offload: offload == Some(true),
+            unit_layers: ask.unit_layers.unwrap_or(1),
         };
         return Ok((chosen, "no estimate for this model".into()));
     };
     let plan = plan_by_names(&shapes, mesh);
     let dtype_bytes = if compute == DType::F32 { 4 } else { 2 };
-    let work = Workload { batch, seq, dtype_bytes, zero: 0, recompute: Recompute::None };
+    // ZeRO-3's unit: as given, else the planner's (auto) or one layer
+    let unit_layers = ask.unit_layers.unwrap_or(if ask.auto { 0 } else { 1 });
+    let work = Workload { batch, seq, dtype_bytes, zero: 0, recompute: Recompute::None, unit_layers };
     // every rank on this host shares its memory: the ranks of this process, times the
     // processes on this host
     let world = super::launch::world();

@@ -39,6 +39,10 @@ pub struct PlanArgs {
     /// attention and all-reduce outputs kept); memory and communication estimated so.
     #[arg(long, value_enum, default_value_t = Recompute::None)]
     pub recompute: Recompute,
+    /// ZeRO-3's unit, as `train --unit-layers`: consecutive decoder layers gathered together;
+    /// default: the planner's pick (listed with the memory tools).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub unit_layers: Option<u64>,
     /// Device memory (e.g. 80GB, 24GiB): report the smallest MP that fits.
     #[arg(long)]
     pub device_memory: Option<String>,
@@ -122,7 +126,9 @@ pub fn run(mut a: PlanArgs) -> Result<(), String> {
             return Err(format!("{n}: {}", p.reason));
         }
     }
-    let work = Workload { batch: a.batch, seq, dtype_bytes, zero: a.zero, recompute: a.recompute.mode() };
+    let pinned = a.unit_layers.map_or(0, |k| k.min(cfg.layers.max(1) as u64) as usize);
+    let mut work =
+        Workload { batch: a.batch, seq, dtype_bytes, zero: a.zero, recompute: a.recompute.mode(), unit_layers: pinned };
     let fit = match &a.device_memory {
         Some(mem) => {
             let bytes = check::bytes(mem)?;
@@ -144,6 +150,13 @@ pub fn run(mut a: PlanArgs) -> Result<(), String> {
     };
     let rows = strategies(&plan, &cfg.dims(), &work, budget, 0, a.offload);
     let picked = pick(&rows);
+    if pinned == 0 {
+        // the report's own estimate (at `--zero`, `--recompute`) with the planner's unit
+        work.unit_layers = rows
+            .iter()
+            .find(|r| r.strategy.zero == a.zero && r.strategy.recompute == a.recompute.mode() && !r.strategy.offload)
+            .map_or(1, |r| r.strategy.unit_layers);
+    }
     let report = PlanReport::new(plan, cfg.dims(), work);
     if a.json {
         let mut v = json(&a, &cfg, mesh, &report, fit);
@@ -186,10 +199,10 @@ pub fn run(mut a: PlanArgs) -> Result<(), String> {
 fn print_strategies(rows: &[StrategyRow], picked: Option<usize>, budget: u64, from: &str) {
     let b = if budget == u64::MAX { "no limit".to_string() } else { human(budget) };
     crate::outln!("\nmemory tools for training, against {b} per rank ({from}):");
-    crate::outln!("  {:<34} {:>12} {:>12} {:>12}  fits", "strategy", "peak/rank", "moved/step", "recomputed");
+    crate::outln!("  {:<52} {:>12} {:>12} {:>12}  fits", "strategy", "peak/rank", "moved/step", "recomputed");
     for (i, r) in rows.iter().enumerate() {
         crate::outln!(
-            "  {:<34} {:>12} {:>12} {:>12}  {}{}",
+            "  {:<52} {:>12} {:>12} {:>12}  {}{}",
             r.strategy.to_string(),
             human(r.memory.total()),
             human(r.comm_bytes),
@@ -214,6 +227,7 @@ fn strategies_json(rows: &[StrategyRow], picked: Option<usize>, budget: u64, fro
                 "zero": r.strategy.zero,
                 "recompute": r.strategy.recompute.name(),
                 "offload": r.strategy.offload,
+                "unit_layers": r.strategy.unit_layers,
                 "host_bytes_per_rank": r.host_bytes,
                 "peak_bytes_per_rank": r.memory.total(),
                 "comm_bytes_per_step": r.comm_bytes,
@@ -264,7 +278,7 @@ fn json(a: &PlanArgs, cfg: &HfConfig, mesh: Mesh, r: &PlanReport, fit: Option<Fi
     json!({
         "model": {"model_type": cfg.model_type, "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads, "vocab": cfg.vocab},
         "mesh": {"dp": mesh.dp, "mp": mesh.mp},
-        "workload": {"batch_size": a.batch, "seq_len": a.seq.unwrap_or(0), "dtype": a.dtype, "zero": a.zero, "recompute": a.recompute.name()},
+        "workload": {"batch_size": a.batch, "seq_len": a.seq.unwrap_or(0), "dtype": a.dtype, "zero": a.zero, "recompute": a.recompute.name(), "unit_layers": r.work.unit_layers},
         "rules": "name heuristics (config only)",
         "params": params,
         "comm_per_step": comm,

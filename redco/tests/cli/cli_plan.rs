@@ -170,6 +170,26 @@ fn plan_lists_the_memory_tools_and_picks_the_cheapest_that_fits() {
     assert!(num(sel, "peak_bytes_per_rank") > num(block, "peak_bytes_per_rank"), "{s}");
     assert!(num(sel, "recomputed_bytes_per_step") < num(block, "recomputed_bytes_per_step"), "{s}");
     assert_eq!(num(sel, "comm_bytes_per_step"), num(none, "comm_bytes_per_step"), "{s}");
+    // ZeRO-3's unit: this model's layers are 3.2 MB each in f32, so the planner gathers all
+    // four together (short of a 25 MB collective); pinned to one layer, the same bytes move
+    // and the peak is lower
+    for r in &all {
+        let want = if r["zero"] == 3 { 4 } else { 1 };
+        assert_eq!(r["unit_layers"].as_u64(), Some(want), "{r}");
+    }
+    let mut args = base.to_vec();
+    args.extend(["--device-memory", "1TB", "--json", "--unit-layers", "1"]);
+    let (code, out, err) = redco(&args);
+    assert_eq!(code, 0, "{err}");
+    let one = serde_json::from_str::<serde_json::Value>(&out).unwrap()["strategies"]["rows"].clone();
+    let one = one.as_array().unwrap();
+    for (a, b) in all.iter().zip(one) {
+        assert_eq!(b["unit_layers"].as_u64(), Some(1), "{b}");
+        assert_eq!(a["comm_bytes_per_step"], b["comm_bytes_per_step"], "{a} against {b}");
+        if a["zero"] == 3 {
+            assert!(num(a, "peak_bytes_per_rank") > num(b, "peak_bytes_per_rank"), "{a} against {b}");
+        }
+    }
     // a budget just under the plain peak: the pick is the cheapest of those under it
     let plain = peak(0);
     let s = rows(&format!("{}B", plain - 1));
@@ -205,4 +225,5 @@ fn plan_lists_the_memory_tools_and_picks_the_cheapest_that_fits() {
     args.extend(["--device-memory", "1TB"]);
     let (_, out, _) = redco(&args);
     assert!(out.contains("ZeRO-0, recompute none") && out.contains("<- pick"), "{out}");
+    assert!(out.contains("ZeRO-3 (4 layers a unit), recompute block"), "{out}");
 }

@@ -320,10 +320,38 @@ fn zero_stages_1_to_3_train_as_replicated_adamw_does_and_resume_at_another_mesh_
     assert!(out.contains("gradients sharded over dp (ZeRO-2)"), "{out}");
     let (code, out, err) = run("3", &w3);
     assert_eq!(code, 0, "{out}\n{err}");
+    // llama-tiny's layers are small: the planner gathers all four as one unit
+    assert!(out.contains("4 layers at a time gathered where they run (ZeRO-3)"), "{out}");
+    let w3one = tmp("zero-3-one");
+    let (code, out, err) = redco(&[
+        "train",
+        "--preset",
+        "llama-tiny",
+        "--steps",
+        "6",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "16",
+        "--mesh",
+        "2x1",
+        "--threads",
+        "2",
+        "--zero",
+        "3",
+        "--unit-layers",
+        "1",
+        "--checkpoint-every",
+        "3",
+        "--workdir",
+        s(&w3one),
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("each layer gathered where it runs (ZeRO-3)"), "{out}");
     let a = losses(&w0);
     assert_eq!(a.len(), 6);
-    for (stage, b) in [("ZeRO-1", losses(&w1)), ("ZeRO-2", losses(&w2)), ("ZeRO-3", losses(&w3))] {
+    let stages = [("ZeRO-1", losses(&w1)), ("ZeRO-2", losses(&w2)), ("ZeRO-3", losses(&w3))];
+    for (stage, b) in stages.into_iter().chain([("ZeRO-3, one layer a unit", losses(&w3one))]) {
         for (i, (x, y)) in a.iter().zip(&b).enumerate() {
             assert!((x - y).abs() <= 1e-5 * x.abs(), "step {}: {x} replicated, {y} {stage}", i + 1);
         }

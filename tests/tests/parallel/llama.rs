@@ -160,7 +160,8 @@ fn llama_with_each_layer_recomputed_equals_keeping_activations_at_1x1_and_1x2() 
     assert_eq!(ar.bytes, ((2 * l + 1) * 2 + 2 * l) * act + 3 * tok, "all-reduce bytes, recomputed:\n{s}");
     // and the planner predicts exactly that
     use redco_core::planning::planner::{predict_comm, Workload};
-    let work = Workload { batch: BATCH, seq: SEQ, dtype_bytes: 4, zero: 0, recompute: Recompute::Block };
+    let work =
+        Workload { batch: BATCH, seq: SEQ, dtype_bytes: 4, zero: 0, recompute: Recompute::Block, unit_layers: 1 };
     let predicted = predict_comm(&plan, &c.dims(), &work).get(CollectiveKind::AllReduce, MeshAxis::Mp);
     assert_eq!((predicted.calls, predicted.bytes), (ar.calls, ar.bytes), "predicted against measured:\n{s}");
 }
@@ -190,7 +191,8 @@ fn llama_with_selective_recompute_equals_keeping_activations_and_repeats_no_all_
     assert_eq!(ar.bytes, (2 * l + 1) * 2 * act + 3 * tok, "all-reduce bytes, selective:\n{s}");
     assert_eq!(s.total_calls(), plain.stats.total_calls(), "selective against none:\n{s}\n{}", plain.stats);
     use redco_core::planning::planner::{predict_comm, Workload};
-    let work = Workload { batch: BATCH, seq: SEQ, dtype_bytes: 4, zero: 0, recompute: Recompute::Selective };
+    let work =
+        Workload { batch: BATCH, seq: SEQ, dtype_bytes: 4, zero: 0, recompute: Recompute::Selective, unit_layers: 1 };
     let predicted = predict_comm(&plan, &c.dims(), &work).get(CollectiveKind::AllReduce, MeshAxis::Mp);
     assert_eq!((predicted.calls, predicted.bytes), (ar.calls, ar.bytes), "predicted against measured:\n{s}");
 }

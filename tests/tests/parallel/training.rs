@@ -189,6 +189,7 @@ fn planner_predicts_the_measured_communication() {
                 dtype_bytes: 4,
                 zero: zero1 as u8,
                 recompute: redco_core::Recompute::None,
+                unit_layers: 1,
             },
         );
         assert_eq!(predicted, measured, "zero1 {zero1}\npredicted:\n{predicted}\nmeasured:\n{measured}");

@@ -18,6 +18,7 @@ mod offload;
 mod seq2seq;
 mod wgpu;
 mod zero;
+mod zero_units;
 
 const CFG: Config = Config { vocab: 16, hidden: 32, layers: 1, heads: 4, kv_heads: 4, inter: 64, llama: true };
 

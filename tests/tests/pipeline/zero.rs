@@ -110,7 +110,7 @@ fn zero2_resumes_exactly_and_a_checkpoint_of_another_stage_is_resharded() {
     }
 }
 
-mod zero3 {
+pub(super) mod zero3 {
     //! ZeRO-3 on the real LLaMA: its decoder layers held as f32 pieces and gathered per
     //! layer, against DDP at the same mesh.
 
@@ -126,11 +126,16 @@ mod zero3 {
     use std::sync::{Arc, Mutex};
 
     fn cfg() -> HfConfig {
-        HfConfig::from_json(
-            r#"{"model_type":"llama","hidden_size":32,"intermediate_size":48,"num_attention_heads":4,
-                "num_key_value_heads":2,"num_hidden_layers":2,"vocab_size":16,"rope_theta":10000.0,
-                "tie_word_embeddings":false,"max_position_embeddings":64}"#,
-        )
+        cfg_layers(2)
+    }
+
+    /// The test LLaMA with `layers` decoder layers.
+    pub(in super::super) fn cfg_layers(layers: usize) -> HfConfig {
+        HfConfig::from_json(&format!(
+            r#"{{"model_type":"llama","hidden_size":32,"intermediate_size":48,"num_attention_heads":4,
+                "num_key_value_heads":2,"num_hidden_layers":{layers},"vocab_size":16,"rope_theta":10000.0,
+                "tie_word_embeddings":false,"max_position_embeddings":64}}"#
+        ))
         .unwrap()
     }
 
@@ -140,7 +145,7 @@ mod zero3 {
         Ok(Batch::from([("input_ids".to_string(), Tensor::from_vec(b, ids, [ex.len(), t])?)]))
     }
 
-    fn train_config(zero: ZeroStage, dtype: DType, steps: u64) -> TrainConfig {
+    pub(in super::super) fn train_config(zero: ZeroStage, dtype: DType, steps: u64) -> TrainConfig {
         TrainConfig {
             batch_size: 8,
             steps,
@@ -183,11 +188,22 @@ mod zero3 {
         placed: bool,
         held: Option<Arc<Mutex<Vec<usize>>>>,
     ) -> Trainer<Llama<Cpu>, Vec<i64>> {
+        placed_trainer_of(self::cfg(), cfg, recompute, placed, held)
+    }
+
+    /// [`placed_trainer`] of the LLaMA configured by `model`.
+    pub(in super::super) fn placed_trainer_of(
+        model: HfConfig,
+        cfg: TrainConfig,
+        recompute: Recompute,
+        placed: bool,
+        held: Option<Arc<Mutex<Vec<usize>>>>,
+    ) -> Trainer<Llama<Cpu>, Vec<i64>> {
         Trainer::for_backend_placed(
             move |b: &Cpu, placer: &dyn ParamPlacer<Cpu>| {
                 let mut m = match placed {
-                    true => Llama::new_placed(b, &self::cfg(), DType::F32, 9, placer)?,
-                    false => Llama::new(b, &self::cfg(), DType::F32, 9)?,
+                    true => Llama::new_placed(b, &model, DType::F32, 9, placer)?,
+                    false => Llama::new(b, &model, DType::F32, 9)?,
                 };
                 if let Some(h) = &held {
                     let mut n = 0;
@@ -461,7 +477,7 @@ mod zero3 {
             let steps = STEPS;
             let per_unit = if recompute.on() { 2 } else { 1 };
             let width = dtype.size_in_bytes() as u64;
-            let work = Workload { batch: 8, seq: 32, dtype_bytes: width as usize, zero: 3, recompute };
+            let work = Workload { batch: 8, seq: 32, dtype_bytes: width as usize, zero: 3, recompute, unit_layers: 1 };
             let predicted = predict_comm(&plan, &dims, &work);
             for (rank, st) in &r.comm {
                 let tag = format!("rank {rank}, recompute {recompute:?}, {dtype:?}");

@@ -5,9 +5,10 @@
 //! `--mesh` (default 4x1):
 //!
 //! - DDP (`--zero 0 --recompute none`), the peer;
-//! - ZeRO-3 (`--zero 3 --recompute none`): each layer's parameters all-gathered before its
+//! - ZeRO-3 (`--zero 3 --recompute none`): each unit's parameters all-gathered before its
 //!   forward (kept, with its activations, for its backward) and its gradients
-//!   reduce-scattered;
+//!   reduce-scattered, in units of the planner's size (its fewest layers reaching a 25 MB
+//!   collective), and again pinned to one layer a unit (`--unit-layers 1`);
 //! - DDP and ZeRO-3 with selective recompute (each layer's matmul, attention and all-reduce
 //!   outputs kept, its norms, rotary embeddings, SiLU and product recomputed) and with block
 //!   recompute (the layer recomputed from its input; ZeRO-3 gathers it a second time for
@@ -29,14 +30,16 @@ use crate::args::Args;
 use std::path::PathBuf;
 use std::process::Command;
 
-/// The rows: name, `--zero`, `--recompute`.
-const ROWS: [(&str, &str, &str); 6] = [
-    ("DDP", "0", "none"),
-    ("ZeRO-3", "3", "none"),
-    ("DDP + selective recompute", "0", "selective"),
-    ("DDP + block recompute", "0", "block"),
-    ("ZeRO-3 + selective recompute", "3", "selective"),
-    ("ZeRO-3 + block recompute", "3", "block"),
+/// The rows: name, `--zero`, `--recompute`, `--unit-layers` (empty: the planner's).
+const ROWS: [(&str, &str, &str, &str); 8] = [
+    ("DDP", "0", "none", ""),
+    ("ZeRO-3", "3", "none", ""),
+    ("DDP + selective recompute", "0", "selective", ""),
+    ("DDP + block recompute", "0", "block", ""),
+    ("ZeRO-3 + selective recompute", "3", "selective", ""),
+    ("ZeRO-3 + block recompute", "3", "block", ""),
+    ("ZeRO-3, 1 layer a unit", "3", "none", "1"),
+    ("ZeRO-3 + block, 1 layer a unit", "3", "block", "1"),
 ];
 
 /// One `redco train` run under GNU time, in one process or as `procs` MPI processes: its
@@ -93,28 +96,30 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     println!("machine: {}", crate::machine::describe());
     let ranks = if procs.is_some() { format!("{np} MPI processes") } else { "thread ranks".to_string() };
     println!("redco train --preset {preset} --mesh {mesh} ({ranks}), batch {batch} x {seq}, {steps} steps, f32, AdamW");
-    let args = |seq: usize, zero: &str, recompute: &str| -> Vec<String> {
+    let args = |seq: usize, zero: &str, recompute: &str, unit: &str| -> Vec<String> {
         let steps = steps.to_string();
         let (batch, seq) = (batch.to_string(), seq.to_string());
         ["train", "--preset", &preset, "--mesh", &mesh, "--steps", &steps, "--batch-size", &batch, "--seq-len", &seq]
             .into_iter()
             .chain(["--checkpoint-every", "100000", "--sample-tokens", "0", "--overwrite", "--oversubscribe"])
-            .chain(["--zero", zero, "--recompute", recompute, "--workdir"])
+            .chain(["--zero", zero, "--recompute", recompute])
+            .chain(if unit.is_empty() { vec![] } else { vec!["--unit-layers", unit] })
+            .chain(["--workdir"])
             .map(String::from)
             .collect()
     };
     eprintln!("xtask: the floor (DDP at --seq-len 8)");
-    let (_, _, _, floor) = train(&redco, &args(8, "0", "none"), &scratch.join("floor"), procs)
+    let (_, _, _, floor) = train(&redco, &args(8, "0", "none", ""), &scratch.join("floor"), procs)
         .map_err(|e| format!("the floor run failed: {e}"))?;
     let mut toks = vec![Vec::new(); ROWS.len()];
     let mut times = vec![Vec::new(); ROWS.len()];
     let mut rss = vec![Vec::new(); ROWS.len()];
     let mut losses = vec![Vec::new(); ROWS.len()];
     for rep in 0..reps {
-        for (i, (what, zero, recompute)) in ROWS.iter().enumerate() {
+        for (i, (what, zero, recompute, unit)) in ROWS.iter().enumerate() {
             eprintln!("xtask: repetition {}/{reps}: {what}", rep + 1);
             let (l, step_s, tok_s, peak) =
-                train(&redco, &args(seq, zero, recompute), &scratch.join(format!("row{i}")), procs)
+                train(&redco, &args(seq, zero, recompute, unit), &scratch.join(format!("row{i}")), procs)
                     .map_err(|e| format!("the {what} row failed: {e}"))?;
             toks[i].push(tok_s);
             times[i].push(step_s);
@@ -130,14 +135,14 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let gb = |b: f64| b / 1e9;
     println!("\nfloor (DDP at --seq-len 8): peak RSS {:.2} GB", gb(floor));
     println!(
-        "{:<30} {:>9} {:>9} {:>7} {:>9} {:>11}  losses (first, last)",
+        "{:<32} {:>9} {:>9} {:>7} {:>9} {:>11}  losses (first, last)",
         "row", "tok/s", "step (s)", "x DDP", "peak GB", "activ. GB"
     );
-    for (i, (what, zero, _)) in ROWS.iter().enumerate() {
+    for (i, (what, zero, _, _)) in ROWS.iter().enumerate() {
         // the floor holds DDP's training state: the activations of the DDP rows only
         let act = if *zero == "0" { format!("{:.2}", gb(act[i])) } else { "-".into() };
         println!(
-            "{what:<30} {:>9.1} {:>9.3} {:>7.2} {:>9.2} {:>11}  {:.6}, {:.6}",
+            "{what:<32} {:>9.1} {:>9.3} {:>7.2} {:>9.2} {:>11}  {:.6}, {:.6}",
             tok[i],
             time[i],
             tok[i] / tok[0],
@@ -154,11 +159,17 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         act[2] / act[0],
         act[3] / act[0]
     );
+    println!(
+        "the planner's ZeRO-3 unit / one layer a unit, tokens/s: {:.2}x without recompute, {:.2}x with block \
+         recompute",
+        tok[1] / tok[6],
+        tok[5] / tok[7]
+    );
     if let Some(path) = a.get("json") {
         let rows: Vec<serde_json::Value> = ROWS
             .iter()
             .enumerate()
-            .map(|(i, (what, _, _))| {
+            .map(|(i, (what, _, _, _))| {
                 serde_json::json!({"row": what, "tokens_per_s": tok[i], "step_s": time[i], "peak_rss_bytes": peak[i],
                     "activation_bytes": act[i], "losses": losses[i]})
             })

@@ -85,6 +85,12 @@ pub struct TrainArgs {
     /// unless the run does not fit the memory per rank otherwise.
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: Option<u8>,
+    /// ZeRO-3's unit: how many consecutive decoder layers one gather moves (one collective,
+    /// prefetched together, and with recompute one recompute block). Default: the
+    /// planner's pick with `--strategy auto` (the fewest layers whose parameters reach a
+    /// 25 MB collective, fewer where that would not fit), else 1 (each layer on its own).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub unit_layers: Option<u64>,
     /// Offload the optimizer to host memory (device backends: wgpu, cuda): AdamW's state
     /// and the f32 masters on the host, the update on its CPU cores, the updated
     /// parameters uploaded in the compute dtype; with ZeRO-0, 2 or 3 (at 2 and 3 each

@@ -192,6 +192,7 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
         s.compute,
         fits::StrategyAsk {
             zero: a.zero,
+            unit_layers: a.unit_layers.map(|k| k.min(cfg.layers.max(1) as u64) as usize),
             recompute: a.recompute.map(|r| r.mode()),
             auto: a.strategy == StrategyMode::Auto,
             budget: a.device_memory,
@@ -211,6 +212,7 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
     let mut config = train_config(a, train.len(), identity, s.compute, cfg.vocab)?;
     config.zero = ZeroStage::from_number(strategy.zero).unwrap_or_default();
     config.offload = strategy.offload;
+    config.unit_layers = strategy.unit_layers.max(1);
     let steps = config.steps;
     if already_past(a, s.resumed, steps, s.leader) {
         return Ok(());
@@ -241,12 +243,18 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
             "memory: {}{}{} ({why})",
             if strategy.offload { "AdamW state and f32 masters offloaded to host memory, " } else { "" },
             match strategy.zero {
-                1 => "AdamW state sharded over dp (ZeRO-1), ",
-                2 => "f32 masters, AdamW state and gradients sharded over dp (ZeRO-2), ",
+                1 => "AdamW state sharded over dp (ZeRO-1), ".to_string(),
+                2 => "f32 masters, AdamW state and gradients sharded over dp (ZeRO-2), ".into(),
+                3 if strategy.unit_layers > 1 => format!(
+                    "parameters, f32 masters, AdamW state and gradients sharded over dp, {} layers at a time \
+                     gathered where they run (ZeRO-3), ",
+                    strategy.unit_layers
+                ),
                 3 =>
                     "parameters, f32 masters, AdamW state and gradients sharded over dp, each layer gathered where \
-                      it runs (ZeRO-3), ",
-                _ => "",
+                      it runs (ZeRO-3), "
+                        .into(),
+                _ => String::new(),
             },
             match strategy.recompute {
                 redco_core::Recompute::None => "activations kept",
