@@ -1,6 +1,6 @@
 //! Decisions made once, by rank 0, and broadcast: so ranks that are processes on
-//! different hosts (each reading its own view of the files) never diverge. Also the check
-//! that every rank sees the same workdir.
+//! different hosts (each reading its own view of the files) never diverge. Also the checks
+//! that every rank sees the same workdir and was configured as rank 0 was.
 
 use crate::runtime::Comm;
 use crate::{Backend, DType, Error, HostData, MeshAxis, Placement, Placements, Result, Shape, Tensor};
@@ -83,6 +83,34 @@ pub fn check_shared_workdir<B: Backend>(comm: &Comm<B>, b: &B, workdir: &Path, h
         ));
     }
     Ok(())
+}
+
+/// Refuses, on a rank whose settings differ from rank 0's, a run whose ranks must agree on
+/// them (ranks that are processes each build their own configuration: a planner that
+/// reads the memory free when its process starts may choose otherwise). `settings` are
+/// `(name, value)`; the error names the rank, its host and both values. A mismatch would
+/// otherwise surface as ranks calling different collectives: a hang, or wrong sums.
+pub fn check_same_as_leader<B: Backend>(comm: &Comm<B>, b: &B, host: &str, settings: &[(&str, f64)]) -> Result<()> {
+    let mine: Vec<f64> = settings.iter().map(|(_, v)| *v).collect();
+    let leader = from_leader(comm, b, &mine)?;
+    let differ: Vec<String> = settings
+        .iter()
+        .zip(&leader)
+        .filter(|((_, v), l)| v.to_bits() != l.to_bits())
+        .map(|((name, v), l)| format!("{name} {v} (rank 0: {l})"))
+        .collect();
+    if differ.is_empty() {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        "fit",
+        format!(
+            "rank {} on host {host} was configured otherwise than rank 0: {}; every rank must run the same \
+             strategy (give --zero, --unit-layers and --offload explicitly, or the same --device-memory)",
+            comm.rank(),
+            differ.join(", ")
+        ),
+    ))
 }
 
 /// A rank's own slice of a batch entry split over `dp` (what `collate_fn` made from this

@@ -2,7 +2,7 @@
 //! [`TrainState`], the step loop driven by a [`StepStrategy`] and a [`Cadence`], the eval,
 //! the metrics and observers (rank 0), checkpoints and the export.
 
-use super::agree::{check_shared_workdir, dp_shard, from_leader};
+use super::agree::{check_same_as_leader, check_shared_workdir, dp_shard, from_leader};
 use super::cadence::Cadence;
 use super::checkpoint::{export_each, Checkpointer};
 use super::data::Dataset;
@@ -69,6 +69,13 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
         check_shared_workdir(&rk.comm, &rk.backend, &dep.workdir, &host)?;
         let resume = agree_on_resume(rk, run, &host)?;
         let zero = if dep.mesh.dp > 1 { cfg.zero_stage() } else { ZeroStage::Off };
+        // what decides each rank's collectives: the same on every rank, or a clear error
+        let settings = [
+            ("ZeRO stage", zero.number() as f64),
+            ("layers a ZeRO-3 unit", if zero == ZeroStage::Parameters { cfg.unit_layers as f64 } else { 1.0 }),
+            ("offload", u8::from(cfg.offload) as f64),
+        ];
+        check_same_as_leader(&rk.comm, &rk.backend, &host, &settings)?;
         // each parameter cut to this rank's part as it is made (a constructor that takes
         // the placer); whatever the constructor made whole, the plan cuts now
         let units = if zero == ZeroStage::Parameters { units } else { &[] };

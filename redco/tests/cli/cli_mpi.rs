@@ -7,7 +7,8 @@
 //! ZeRO-2 and ZeRO-3 (with block or selective recompute) over processes equal their thread runs and the
 //! replicated one; a mesh that does not fit the world is refused; the workdir, identity, integrity and
 //! input checks hold over processes as over threads; `redco serve` at 1x2 over two processes
-//! gives `generate`'s greedy text and drains on SIGTERM.
+//! gives `generate`'s greedy text and drains on SIGTERM; ranks configured differently are
+//! refused.
 
 #![cfg(feature = "mpi")]
 
@@ -253,6 +254,29 @@ fn a_stopped_rank_is_named_by_the_watchdog_and_the_job_ends() {
     assert!(!r.timed_out && r.code != Some(0), "{:?}\n{}", r.code, r.stderr);
     assert!(took < Duration::from_secs(30), "the job took {took:?} to end (timeout 4 s)");
     assert!(r.stderr.contains("watchdog") && r.stderr.contains("rank 3 is not responding"), "{}", r.stderr);
+}
+
+/// Ranks that are processes build their own configuration: where they disagree on what
+/// decides their collectives (here rank 3 given another ZeRO-3 unit), the run is refused
+/// naming the rank and both settings, never a hang.
+#[test]
+fn ranks_configured_differently_are_refused_naming_the_rank_and_the_settings() {
+    let d = scratch("differ");
+    let w = d.join("w");
+    let exe = exe();
+    let run = |k: &str| {
+        let args = train_args(w.to_str().unwrap(), "2", &["--zero", "3", "--unit-layers", k]).join(" ");
+        format!("exec '{}' {args}", exe.display())
+    };
+    let script = format!("if [ \"$OMPI_COMM_WORLD_RANK\" = 3 ]; then {}; else {}; fi", run("2"), run("1"));
+    let r = mpirun(4).run(Path::new("/bin/sh"), &["-c", &script], &d, Duration::from_secs(120)).unwrap();
+    assert!(!r.timed_out, "the job ended on its own: {}", r.stderr);
+    assert_ne!(r.code, Some(0), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("rank 3 on host") && r.stderr.contains("layers a ZeRO-3 unit 2 (rank 0: 1)"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]
