@@ -138,7 +138,7 @@ pub fn unit_group(name: &str, k: usize) -> Option<(&str, usize)> {
 }
 
 /// Elements of `plan`'s local shards per rank: (in decoder layers, elsewhere).
-fn local_elems(plan: &ShardPlan) -> (u64, u64) {
+pub(crate) fn local_elems(plan: &ShardPlan) -> (u64, u64) {
     let (mut unit, mut other) = (0u64, 0u64);
     for (name, p) in &plan.params {
         let n = p.shape.elem_count() as u64 / if count(p.placement) { plan.mesh.mp as u64 } else { 1 };

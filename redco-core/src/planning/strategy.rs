@@ -143,21 +143,7 @@ pub const UNIT_TARGET_BYTES: u64 = crate::runtime::DEFAULT_BUCKET_BYTES as u64;
 /// whole at a time and, with recompute, longer recompute blocks.
 pub fn unit_layers_for(plan: &ShardPlan, dims: &ModelDims, work: &Workload, budget: u64, extra: u64) -> usize {
     let layers = dims.layers.max(1);
-    let per_layer = plan
-        .params
-        .iter()
-        .filter(|(n, _)| super::planner::is_unit_param(n))
-        .map(|(_, p)| {
-            let n = p.shape.elem_count() as u64;
-            if matches!(p.placement, crate::Placement::Shard(_)) {
-                n / plan.mesh.mp as u64
-            } else {
-                n
-            }
-        })
-        .sum::<u64>()
-        * work.dtype_bytes as u64
-        / layers as u64;
+    let per_layer = super::planner::local_elems(plan).0 * work.dtype_bytes as u64 / layers as u64;
     let want = UNIT_TARGET_BYTES.div_ceil(per_layer.max(1)).clamp(1, layers as u64) as usize;
     (1..=want)
         .rev()

@@ -286,29 +286,14 @@ fn recompute_block_and_selective_train_as_keeping_activations_does_on_every_deco
 #[test]
 fn zero_stages_1_to_3_train_as_replicated_adamw_does_and_resume_at_another_mesh_and_stage() {
     // the same run at 2x1 with the training state whole on each rank and sharded over dp
-    let run = |zero: &str, w: &std::path::Path| {
-        redco(&[
-            "train",
-            "--preset",
-            "llama-tiny",
-            "--steps",
-            "6",
-            "--batch-size",
-            "4",
-            "--seq-len",
-            "16",
-            "--mesh",
-            "2x1",
-            "--threads",
-            "2",
-            "--zero",
-            zero,
-            "--checkpoint-every",
-            "3",
-            "--workdir",
-            s(w),
-        ])
+    let run_with = |zero: &str, w: &std::path::Path, extra: &[&str]| {
+        let mut args = vec!["train", "--preset", "llama-tiny", "--steps", "6", "--batch-size", "4", "--seq-len", "16"];
+        args.extend(["--mesh", "2x1", "--threads", "2", "--zero", zero, "--checkpoint-every", "3"]);
+        args.extend_from_slice(extra);
+        args.extend(["--workdir", s(w)]);
+        redco(&args)
     };
+    let run = |zero: &str, w: &std::path::Path| run_with(zero, w, &[]);
     let (w0, w1, w2, w3) = (tmp("zero-0"), tmp("zero-1"), tmp("zero-2"), tmp("zero-3"));
     let (code, out, err) = run("0", &w0);
     assert_eq!(code, 0, "{out}\n{err}");
@@ -323,29 +308,7 @@ fn zero_stages_1_to_3_train_as_replicated_adamw_does_and_resume_at_another_mesh_
     // llama-tiny's layers are small: the planner gathers all four as one unit
     assert!(out.contains("4 layers at a time gathered where they run (ZeRO-3)"), "{out}");
     let w3one = tmp("zero-3-one");
-    let (code, out, err) = redco(&[
-        "train",
-        "--preset",
-        "llama-tiny",
-        "--steps",
-        "6",
-        "--batch-size",
-        "4",
-        "--seq-len",
-        "16",
-        "--mesh",
-        "2x1",
-        "--threads",
-        "2",
-        "--zero",
-        "3",
-        "--unit-layers",
-        "1",
-        "--checkpoint-every",
-        "3",
-        "--workdir",
-        s(&w3one),
-    ]);
+    let (code, out, err) = run_with("3", &w3one, &["--unit-layers", "1"]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("each layer gathered where it runs (ZeRO-3)"), "{out}");
     let a = losses(&w0);
