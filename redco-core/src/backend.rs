@@ -453,6 +453,31 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     ) -> Result<Vec<Self::Storage>> {
         items.iter_mut().map(|it| self.adamw_into(it.x, it.g, it.m, it.v, it.n, step)).collect()
     }
+    /// The mixed-precision AdamW step of many parameters at once: each item's moments
+    /// updated as [`Backend::adamw_into`] does (in their own buffers where the backend
+    /// can), with the gradient (any float dtype) read as f32 and multiplied by
+    /// `grad_scale` (the loss scale's inverse and the clipping factor folded in); returns,
+    /// in the items' order, each new f32 master and its compute copy in `copy`. A GPU backend does
+    /// it in one pass over the bytes (one launch); the default
+    /// ([`ops::adamw::composite_adamw_master_many`]) casts, scales, updates and casts per
+    /// item.
+    fn adamw_master_many(
+        &self,
+        items: &mut [ops::adamw::AdamMasterItem<'_, Self::Storage>],
+        step: &ops::adamw::AdamStep,
+        grad_scale: f64,
+        copy: DType,
+    ) -> Result<Vec<(Self::Storage, Self::Storage)>> {
+        ops::adamw::composite_adamw_master_many(self, items, step, grad_scale, copy)
+    }
+    /// The sum of the squares of every element of the tensors `xs` (contiguous storages
+    /// and their shapes): one scalar, accumulated in f64 where the backend has it (else
+    /// f32). A global gradient norm reads it. The default
+    /// ([`ops::reduce::composite_sum_squares`]) casts, squares and sums each tensor and
+    /// adds the sums in order; a GPU backend reads every tensor once in its own dtype.
+    fn sum_squares_many(&self, xs: &[(&Self::Storage, &Shape)]) -> Result<Self::Storage> {
+        ops::reduce::composite_sum_squares(self, xs)
+    }
     /// Per-row cross-entropy of `logits` (`[n, vocab]`) against integer `targets` (`[n]`);
     /// rows whose target equals `ignore_index` give 0. Returns `[n]`.
     fn cross_entropy(

@@ -1,4 +1,5 @@
-// Runs the attention kernels (forward, dq, dk/dv), paged attention, the multi-tensor AdamW, LayerNorm and
+// Runs the attention kernels (forward, dq, dk/dv), paged attention, the multi-tensor AdamW (and its
+// mixed-precision form over f32 masters), the split-row reductions, the multi-tensor sum of squares, LayerNorm and
 // RMSNorm forward and backward, softmax, and the fused cross-entropy forward and backward
 // of `kernels/` on the emulated thread model
 // against f64 references, in f32 and f64. Attention:
@@ -9,6 +10,8 @@
 #include "common.cuh"
 #include "attention.cu"
 #include "adamw.cu"
+#include "reduce.cu"
+SUM_SQUARES(bf16, bf16)  // FOR_FLOATS is f32 and f64 here
 #include "norm.cu"
 #include "softmax.cu"
 #include "cross_entropy.cu"
@@ -352,6 +355,137 @@ void paged_check(i64 hq, i64 hk, i64 d, unsigned seed) {
            hk, d, tokens, sizeof(T) == 4 ? "f32" : "f64", worst, at);
 }
 
+// The multi-tensor mixed-precision AdamW over f32 masters (gradients G, compute copies C)
+// against the f64 update of the same stored values, with the gradient multiplier folded
+// in; every copy must be exactly the new master rounded to C.
+template <typename G, typename C, typename K>
+void adamw_master_check(const char* what, K kernel) {
+    const i64 chunk = 64;
+    std::vector<i64> sizes = {1, chunk - 1, chunk + 1, 3 * chunk};
+    AdamStep h{3e-3, 0.9, 0.95, 1e-8, 0.1, 0.19, 0.0975};
+    const double gscale = 0.37;
+    std::mt19937 rng(9);
+    std::uniform_real_distribution<double> U(-1, 1);
+    std::vector<std::vector<float>> x, nx, m, v;
+    std::vector<std::vector<G>> g;
+    std::vector<std::vector<C>> y;
+    std::vector<std::vector<double>> want_x, want_m, want_v;
+    std::vector<i64> table, chunks;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+        i64 n = sizes[t];
+        x.emplace_back(n); nx.emplace_back(n, NAN); m.emplace_back(n); v.emplace_back(n); g.emplace_back(n);
+        y.emplace_back(n, from_acc<C>(NAN));
+        want_x.emplace_back(n); want_m.emplace_back(n); want_v.emplace_back(n);
+        for (i64 i = 0; i < n; ++i) {
+            x[t][i] = (float)U(rng); g[t][i] = from_acc<G>((float)(0.5 * U(rng)));
+            m[t][i] = (float)(0.1 * U(rng)); v[t][i] = (float)(0.005 * (1 + U(rng)));
+            double gi = (double)to_acc(g[t][i]) * gscale;
+            double mi = h.beta1 * m[t][i] + (1 - h.beta1) * gi;
+            double vi = h.beta2 * v[t][i] + (1 - h.beta2) * gi * gi;
+            want_m[t][i] = mi; want_v[t][i] = vi;
+            want_x[t][i] = x[t][i] * (1 - h.lr * h.wd) - h.lr * (mi / h.bias1) / (std::sqrt(vi / h.bias2) + h.eps);
+        }
+        // the last tensor's master is updated where it is (the same buffer in and out)
+        float* out = t + 1 == sizes.size() ? x[t].data() : nx[t].data();
+        for (const void* p : {(const void*)x[t].data(), (const void*)out, (const void*)y[t].data(),
+                              (const void*)g[t].data(), (const void*)m[t].data(), (const void*)v[t].data()})
+            table.push_back((i64)p);
+        table.push_back(n);
+        for (i64 s = 0; s < n; s += chunk) { chunks.push_back((i64)t); chunks.push_back(s); }
+    }
+    i64 nc = (i64)chunks.size() / 2;
+    auto x0 = x;
+    launch(3, 256, [&] { kernel(table.data(), chunks.data(), nc, chunk, h, gscale); });
+    double worst = 0;
+    i64 copies_off = 0;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+        bool in_place = t + 1 == sizes.size();
+        auto& got_x = in_place ? x[t] : nx[t];
+        for (auto [got, want] : {std::pair{&got_x, &want_x[t]}, {&m[t], &want_m[t]}, {&v[t], &want_v[t]}})
+            worst = std::max(worst, worst_error(*got, *want).first);
+        for (i64 i = 0; i < sizes[t]; ++i) {
+            C r = from_acc<C>(got_x[i]);
+            copies_off += std::memcmp(&r, &y[t][i], sizeof(C)) != 0;
+            if (!in_place) worst = std::max(worst, x[t][i] == x0[t][i] ? 0.0 : 1.0);  // the input master is left alone
+        }
+    }
+    bool ok = worst <= 1e-5 && copies_off == 0;
+    fails += !ok;
+    printf("%s adamw_master %s: worst %.2e, %lld copies not the rounded master\n", ok ? "ok  " : "FAIL", what, worst,
+           copies_off);
+}
+
+// A few long rows reduced in split spans (sum, max, min) against f64, with more spans
+// than blocks (blocks loop) and spans that do not divide the row.
+template <typename T>
+void split_reduce_check(i64 rows, i64 size, i64 parts, unsigned threads, unsigned grid) {
+    typedef typename Acc<T>::t A;
+    std::mt19937 rng(13 + size);
+    std::uniform_real_distribution<double> U(-2, 2);
+    std::vector<T> x(rows * size);
+    for (auto& e : x) e = (T)U(rng);
+    for (int op : {0, 1, 2}) {
+        std::vector<double> want(rows);
+        for (i64 r = 0; r < rows; ++r) {
+            double acc = op == 0 ? 0 : (op == 1 ? -INFINITY : INFINITY);
+            for (i64 j = 0; j < size; ++j) {
+                double e = x[r * size + j];
+                acc = op == 0 ? acc + e : (op == 1 ? std::max(acc, e) : std::min(acc, e));
+            }
+            want[r] = acc;
+        }
+        std::vector<A> partial(rows * parts, (A)NAN);
+        std::vector<T> y(rows, (T)NAN);
+        launch(grid, threads, [&] {
+            if constexpr (sizeof(T) == 4) reduce_split_f32(x.data(), partial.data(), rows, size, parts, op);
+            else reduce_split_f64(x.data(), partial.data(), rows, size, parts, op);
+        });
+        launch(2, 64, [&] {
+            if constexpr (sizeof(T) == 4) reduce_parts_f32(partial.data(), y.data(), rows, parts, op);
+            else reduce_parts_f64(partial.data(), y.data(), rows, parts, op);
+        });
+        double worst = worst_error(y, want).first * (op == 0 ? 1.0 / std::sqrt((double)size) : 1.0);
+        double tol = sizeof(T) == 4 ? 1e-5 : 1e-12;
+        bool ok = worst <= tol;
+        fails += !ok;
+        printf("%s reduce_split op %d rows %lld size %lld parts %lld %s: worst %.2e\n", ok ? "ok  " : "FAIL", op, rows,
+               size, parts, sizeof(T) == 4 ? "f32" : "f64", worst);
+    }
+}
+
+// The sum of squares of several tensors (empty, one element, chunk edges) in T, folded in
+// f64 by 3 blocks, then the partials added by one block.
+template <typename T, typename K>
+void sum_squares_check(const char* what, K kernel) {
+    const i64 chunk = 64;
+    std::vector<i64> sizes = {0, 1, chunk - 1, chunk + 1, 3 * chunk, 5};
+    std::mt19937 rng(21);
+    std::uniform_real_distribution<double> U(-3, 3);
+    std::vector<std::vector<T>> xs;
+    std::vector<i64> table, chunks;
+    double want = 0;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+        xs.emplace_back(sizes[t]);
+        for (auto& e : xs.back()) {
+            e = from_acc<T>((typename Acc<T>::t)U(rng));
+            want += (double)to_acc(e) * (double)to_acc(e);
+        }
+        table.push_back((i64)xs.back().data());
+        table.push_back(sizes[t]);
+        for (i64 s = 0; s < sizes[t]; s += chunk) { chunks.push_back((i64)t); chunks.push_back(s); }
+    }
+    i64 nc = (i64)chunks.size() / 2;
+    const unsigned grid = 3;
+    std::vector<double> partial(grid, NAN), y(1, NAN);
+    launch(grid, 128, [&] { kernel(table.data(), chunks.data(), nc, chunk, partial.data()); });
+    launch(1, 64, [&] { sum_partials(partial.data(), (i64)grid, y.data()); });
+    double worst = std::fabs(y[0] - want) / want;
+    if (worst != worst) worst = INFINITY;
+    bool ok = worst <= 1e-13;
+    fails += !ok;
+    printf("%s sum_squares_many %s: %.6f vs %.6f, worst %.2e\n", ok ? "ok  " : "FAIL", what, y[0], want, worst);
+}
+
 int main() {
     unsigned pseed = 40;
     for (auto [hq, hk, d] : {std::tuple{4, 2, 40}, {2, 2, 128}, {3, 1, 256}, {2, 1, 8}}) {
@@ -368,6 +502,16 @@ int main() {
     }
     adamw_many_check<float>();
     adamw_many_check<double>();
+    adamw_master_check<float, bf16>("f32 -> bf16", adamw_master_f32_bf16);
+    adamw_master_check<bf16, bf16>("bf16 -> bf16", adamw_master_bf16_bf16);
+    adamw_master_check<float, float>("f32 -> f32", adamw_master_f32_f32);
+    for (auto [rows, size, parts, threads, grid] : {std::tuple{1, 5000, 7, 256u, 3u}, {3, 1000, 4, 64u, 12u}, {2, 300, 5, 32u, 4u}}) {
+        split_reduce_check<float>(rows, size, parts, threads, grid);
+        split_reduce_check<double>(rows, size, parts, threads, grid);
+    }
+    sum_squares_check<float>("f32", sum_squares_many_f32);
+    sum_squares_check<double>("f64", sum_squares_many_f64);
+    sum_squares_check<bf16>("bf16", sum_squares_many_bf16);
     Case cases[] = {
         {1, 2, 2, 37, 37, 40, 1, 0},   // causal, square, d not a multiple of 32
         {2, 4, 2, 9, 70, 64, 1, 0},    // grouped heads, fewer queries than keys (a prefill on a cache)

@@ -24,7 +24,27 @@ template <typename A> A warp_max(A v) {
     return v;
 }
 #define FOR_FLOATS(M) M(f32, float) M(f64, double)
+// bf16 as common.cuh has it (the conversions written out on the host), for the
+// mixed-precision kernels; f16's are PTX, so those pairs are left to the GPU.
+struct bf16 { unsigned short x; };
+inline float to_acc(bf16 v) {
+    unsigned u = ((unsigned)v.x) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+template <> inline bf16 from_acc<bf16>(float v) {
+    unsigned u;
+    std::memcpy(&u, &v, 4);
+    bf16 r;
+    if ((u & 0x7fffffffu) > 0x7f800000u) r.x = (unsigned short)((u >> 16) | 0x40);
+    else r.x = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return r;
+}
+#define FOR_MASTER(M) M(f32, float, bf16, bf16) M(bf16, bf16, bf16, bf16) M(f32, float, f32, float)
 #define __launch_bounds__(n)
+// Rust's `as` for the integer kernels (not checked here: their semantics are the GPU's)
+template <typename T> T cast_to(double v) { return (T)v; }
 inline float rsqrt(float v) { return 1.0f / std::sqrt(v); }
 inline double rsqrt(double v) { return 1.0 / std::sqrt(v); }
 // Block-wide sum and max as in common.cuh; `static` is the block's shared memory here (the

@@ -6,9 +6,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <vector>
-using std::exp; using std::log; using std::fmax; using std::sqrt;
+using std::exp; using std::log; using std::fmax; using std::fmin; using std::sqrt;
 
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 dim3 threadIdx, blockIdx, blockDim, gridDim;

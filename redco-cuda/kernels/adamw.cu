@@ -41,3 +41,44 @@ extern "C" __global__ void adamw_many_##name(const i64* table, const i64* chunks
     } \
 }
 FOR_FLOATS(ADAMW)
+
+// adamw_master_<G>_<C>: the mixed-precision step of every parameter in one launch: f32
+// masters read from one buffer and written to another (the same one where the host owns
+// it alone), gradients of type G multiplied by `gscale` as they are read
+// (the loss scale's inverse and the clipping factor folded in), f32 moments, and the
+// parameter's compute copy written as C. Per element it reads G, the master and both
+// moments and writes the master, the moments and the copy: for bf16 gradients and copies,
+// 2 + 4 * 3 bytes in and 4 * 3 + 2 out. `table` holds seven i64 per tensor (master in,
+// master out, copy, g, m, v as device addresses, then n); `chunks` as adamw_many's.
+template <typename G, typename C>
+__device__ __forceinline__ void adam_master_one(const float* x, float* nx, C* y, const G* g, float* m, float* v,
+                                                i64 i, const AdamStep& h, float gscale) {
+    float lr = (float)h.lr, b1 = (float)h.beta1, b2 = (float)h.beta2, eps = (float)h.eps;
+    float decay = 1.0f - (float)(h.lr * h.wd), c1 = (float)(1.0 / h.bias1), c2 = (float)(1.0 / h.bias2);
+    float gi = to_acc(g[i]) * gscale;
+    float mi = b1 * m[i] + (1.0f - b1) * gi;
+    float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    float xi = x[i] * decay - lr * (mi * c1) / (sqrt(vi * c2) + eps);
+    m[i] = mi;
+    v[i] = vi;
+    nx[i] = xi;
+    y[i] = from_acc<C>(xi);
+}
+
+#define ADAMW_MASTER(gname, G, cname, C) \
+extern "C" __global__ void adamw_master_##gname##_##cname(const i64* table, const i64* chunks, i64 nchunks, \
+                                                          i64 chunk, AdamStep h, double gscale) { \
+    float s = (float)gscale; \
+    for (i64 c = blockIdx.x; c < nchunks; c += gridDim.x) { \
+        const i64* e = table + 7 * chunks[2 * c]; \
+        i64 start = chunks[2 * c + 1], end = min(e[6], start + chunk); \
+        const float* x = (const float*)e[0]; \
+        float* nx = (float*)e[1]; \
+        C* y = (C*)e[2]; \
+        const G* g = (const G*)e[3]; \
+        float* m = (float*)e[4]; \
+        float* v = (float*)e[5]; \
+        for (i64 i = start + threadIdx.x; i < end; i += blockDim.x) adam_master_one<G, C>(x, nx, y, g, m, v, i, h, s); \
+    } \
+}
+FOR_MASTER(ADAMW_MASTER)

@@ -133,3 +133,6 @@ template <> __device__ __forceinline__ u8 cast_to<u8>(double v) { return sat_int
 
 #define FOR_FLOATS(M) M(f32, float) M(f64, double) M(bf16, bf16) M(f16, f16)
 #define FOR_ALL(M) FOR_FLOATS(M) M(i64, i64) M(i32, i32) M(u8, u8)
+// The (gradient, compute copy) pairs of the mixed-precision AdamW over f32 masters.
+#define FOR_MASTER(M) M(f32, float, bf16, bf16) M(bf16, bf16, bf16, bf16) M(f32, float, f16, f16) M(f16, f16, f16, f16) \
+    M(f32, float, f32, float)

@@ -7,7 +7,7 @@ use crate::elementwise::same;
 use crate::launch::elementwise;
 use crate::storage::CudaStorage;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use redco_core::ops::adamw::{AdamItem, AdamStep};
+use redco_core::ops::adamw::{AdamItem, AdamMasterItem, AdamStep};
 use redco_core::{DType, Error, HostData, Result};
 
 /// `AdamStep` as the kernel takes it.
@@ -171,9 +171,94 @@ impl Cuda {
     }
 }
 
+/// Bytes one mixed-precision AdamW step moves per parameter element
+/// (`kernels/adamw.cu`'s `adamw_master_*`): the gradient (`grad` bytes) and the f32 master
+/// and moments read, the master and moments written, and the compute copy (`copy` bytes)
+/// written. For bf16 gradients and copies, 28 bytes: a step's bound is that times the
+/// parameters over the device's copy rate.
+pub fn master_step_bytes(grad: DType, copy: DType) -> usize {
+    grad.size_in_bytes() + 3 * 4 + 3 * 4 + copy.size_in_bytes()
+}
+
+impl Cuda {
+    /// [`redco_core::Backend::adamw_master_many`]: one launch per gradient dtype; each new
+    /// master and compute copy in a fresh buffer (the old master is read, never written),
+    /// the moments updated in place.
+    pub(crate) fn adamw_master_many_op(
+        &self,
+        items: &mut [AdamMasterItem<'_, CudaStorage>],
+        h: &AdamStep,
+        grad_scale: f64,
+        copy: DType,
+    ) -> Result<Vec<(CudaStorage, CudaStorage)>> {
+        if ![DType::F32, DType::BF16, DType::F16].contains(&copy) {
+            return Err(Error::UnsupportedDType { op: "adamw_master_many (compute copy)", dtype: copy });
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for it in items.iter_mut() {
+            for (t, what) in [(it.x, "master"), (&*it.m, "first moment"), (&*it.v, "second moment")] {
+                if t.dtype() != DType::F32 {
+                    return Err(Error::invalid("adamw_master_many", format!("the {what} is {:?}, not F32", t.dtype())));
+                }
+            }
+            let gd = it.g.dtype();
+            let pair = (gd == DType::F32) || (gd == copy);
+            if !gd.is_float() || gd == DType::F64 || !pair {
+                return Err(Error::invalid(
+                    "adamw_master_many",
+                    format!("no kernel for {gd:?} gradients with {copy:?} copies (f32 gradients, or the copy's dtype)"),
+                ));
+            }
+            if [it.x, it.g, &*it.m, &*it.v].iter().any(|t| t.len() != it.n) {
+                return Err(Error::invalid("adamw_master_many", format!("every buffer must hold {} elements", it.n)));
+            }
+            self.own(it.m)?;
+            self.own(it.v)?;
+            out.push((self.alloc(it.n, DType::F32)?, self.alloc(it.n, copy)?));
+        }
+        let s = Step::from(h);
+        let grads: &[DType] = if copy == DType::F32 { &[DType::F32] } else { &[DType::F32, copy] };
+        for &gd in grads {
+            let of: Vec<usize> = (0..items.len()).filter(|&i| items[i].g.dtype() == gd).collect();
+            if of.is_empty() {
+                continue;
+            }
+            let mut table = Vec::with_capacity(7 * of.len());
+            for &i in &of {
+                let it = &items[i];
+                for p in [it.x.ptr(), out[i].0.ptr(), out[i].1.ptr(), it.g.ptr(), it.m.ptr(), it.v.ptr()] {
+                    table.push(p as i64);
+                }
+                table.push(it.n as i64);
+            }
+            let sizes: Vec<usize> = of.iter().map(|&i| items[i].n).collect();
+            let list: Vec<i64> = chunks(&sizes, CHUNK).into_iter().flat_map(|(t, s)| [t as i64, s as i64]).collect();
+            if list.is_empty() {
+                continue;
+            }
+            let n_chunks = list.len() / 2;
+            let (table, list) = (self.upload_data(&HostData::I64(table))?, self.upload_data(&HostData::I64(list))?);
+            let f = self.function("adamw", &format!("adamw_master_{}_{}", tn(gd), tn(copy)))?;
+            let (tp, cp, nc, ch) = (table.ptr(), list.ptr(), n_chunks as i64, CHUNK as i64);
+            self.launch(&f, many_config(n_chunks), |l| {
+                l.arg(&tp).arg(&cp).arg(&nc).arg(&ch).arg(&s).arg(&grad_scale);
+            })?;
+        }
+        Ok(out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{chunks, many_config, CHUNK};
+    use super::{chunks, many_config, master_step_bytes, CHUNK};
+    use redco_core::DType;
+
+    #[test]
+    fn a_mixed_precision_step_moves_28_bytes_a_bf16_parameter() {
+        assert_eq!(master_step_bytes(DType::BF16, DType::BF16), 28);
+        assert_eq!(master_step_bytes(DType::F32, DType::BF16), 30);
+        assert_eq!(master_step_bytes(DType::F32, DType::F32), 32);
+    }
 
     #[test]
     fn every_element_is_in_exactly_one_chunk() {

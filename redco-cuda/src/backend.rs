@@ -203,6 +203,18 @@ impl Backend for Cuda {
     ) -> Result<Vec<CudaStorage>> {
         self.adamw_many_op(items, step)
     }
+    fn adamw_master_many(
+        &self,
+        items: &mut [redco_core::ops::adamw::AdamMasterItem<'_, CudaStorage>],
+        step: &AdamStep,
+        grad_scale: f64,
+        copy: DType,
+    ) -> Result<Vec<(CudaStorage, CudaStorage)>> {
+        self.adamw_master_many_op(items, step, grad_scale, copy)
+    }
+    fn sum_squares_many(&self, xs: &[(&CudaStorage, &Shape)]) -> Result<CudaStorage> {
+        self.sum_squares_many_op(xs)
+    }
     fn cross_entropy(
         &self,
         logits: &CudaStorage,

@@ -29,6 +29,19 @@ pub fn per_row(rows: usize, len: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
 }
 
+/// Spans per row of a row reduction over `rows` rows of `size` elements: 1 (a block per
+/// row) when there are rows enough to fill the GPU, else each row split into spans of at
+/// least 16K elements, about 1024 blocks in all (a whole tensor's sum is one row: on one
+/// block it would run on one SM of 132).
+pub fn split_parts(rows: usize, size: usize) -> usize {
+    const MIN_SPAN: usize = 16 * 1024;
+    const BLOCKS: usize = 1024;
+    if rows == 0 || rows >= BLOCKS / 4 {
+        return 1;
+    }
+    (size / MIN_SPAN).min(BLOCKS.div_ceil(rows)).max(1)
+}
+
 /// Shared memory a block may use without opting in (the same on every architecture).
 pub const SHARED_BYTES: usize = 48 * 1024;
 
@@ -189,6 +202,20 @@ pub fn around(shape: &Shape, dim: usize) -> (usize, usize, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_rows_are_split_and_many_rows_are_not() {
+        // a 0.7B model's embedding gradient summed whole: 1024 spans of 48K elements
+        assert_eq!(split_parts(1, 32000 * 1536), 1024);
+        // a small tensor stays on one block
+        assert_eq!(split_parts(1, 4096), 1);
+        assert_eq!(split_parts(1, 40 * 1024), 2);
+        // few rows share the 1024 blocks
+        assert_eq!(split_parts(8, 1 << 26), 128);
+        // enough rows fill the GPU as they are
+        assert_eq!(split_parts(256, 1 << 26), 1);
+        assert_eq!(split_parts(0, 1 << 26), 1);
+    }
 
     #[test]
     fn launch_sizes_cover_the_work() {

@@ -32,6 +32,7 @@ mod paged_attention;
 mod reduce;
 mod storage;
 
+pub use adamw::master_step_bytes;
 pub use alloc::MemoryStats;
 pub use context::Cuda;
 pub use device::{cublas_present, devices, driver_present, nvrtc_present, GpuInfo};

@@ -1,12 +1,13 @@
 //! Reductions along one dimension (`kernels/reduce.cu`).
 
+use crate::adamw::{chunks, many_config};
 use crate::context::{tn, Cuda};
 use crate::elementwise::fits;
-use crate::launch::{around, elementwise, per_row};
+use crate::launch::{around, elementwise, per_row, split_parts};
 use crate::storage::CudaStorage;
 use cudarc::driver::PushKernelArg;
 use redco_core::backend::ReduceOp;
-use redco_core::{DType, Error, Result, Shape};
+use redco_core::{DType, Error, HostData, Result, Shape};
 
 impl Cuda {
     pub(crate) fn reduce_op(&self, op: ReduceOp, x: &CudaStorage, shape: &Shape, dim: usize) -> Result<CudaStorage> {
@@ -39,7 +40,22 @@ impl Cuda {
             return Ok(y);
         }
         let (xp, yp) = (x.ptr(), y.ptr());
-        if inner == 1 && x.dtype().is_float() {
+        let parts = split_parts(outer, size);
+        if inner == 1 && x.dtype().is_float() && parts > 1 {
+            // few long rows (a whole tensor's sum): spans of each row on their own blocks,
+            // then the spans folded in order
+            let acc = if x.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
+            let partial = self.alloc(outer * parts, acc)?;
+            let (pp, p64) = (partial.ptr(), parts as i64);
+            let f = self.function("reduce", &format!("reduce_split_{t}"))?;
+            self.launch(&f, per_row(outer * parts, size.div_ceil(parts)), |l| {
+                l.arg(&xp).arg(&pp).arg(&o64).arg(&s64).arg(&p64).arg(&code);
+            })?;
+            let f = self.function("reduce", &format!("reduce_parts_{t}"))?;
+            self.launch(&f, per_row(outer, parts), |l| {
+                l.arg(&pp).arg(&yp).arg(&o64).arg(&p64).arg(&code);
+            })?;
+        } else if inner == 1 && x.dtype().is_float() {
             let f = self.function("reduce", &format!("reduce_rows_{t}"))?;
             self.launch(&f, per_row(outer, size), |l| {
                 l.arg(&xp).arg(&yp).arg(&o64).arg(&s64).arg(&code);
@@ -50,6 +66,61 @@ impl Cuda {
                 l.arg(&xp).arg(&yp).arg(&o64).arg(&s64).arg(&i64_).arg(&code);
             })?;
         }
+        Ok(y)
+    }
+}
+
+/// Elements per chunk of the multi-tensor sum of squares.
+const SQ_CHUNK: usize = 16 * 1024;
+
+impl Cuda {
+    /// [`redco_core::Backend::sum_squares_many`]: one launch per dtype over chunks of every
+    /// tensor (each block's partial in f64), then one block adds the partials in order: an
+    /// f64 scalar.
+    pub(crate) fn sum_squares_many_op(&self, xs: &[(&CudaStorage, &Shape)]) -> Result<CudaStorage> {
+        for (x, shape) in xs {
+            fits(x, shape, "sum_squares_many")?;
+            if !x.dtype().is_float() {
+                return Err(Error::UnsupportedDType { op: "sum_squares_many", dtype: x.dtype() });
+            }
+        }
+        // the launches, one per dtype present: (dtype, table, chunk list, blocks)
+        let mut launches = Vec::new();
+        for dt in [DType::F32, DType::BF16, DType::F16, DType::F64] {
+            let of: Vec<&(&CudaStorage, &Shape)> = xs.iter().filter(|(x, _)| x.dtype() == dt).collect();
+            let sizes: Vec<usize> = of.iter().map(|(_, s)| s.elem_count()).collect();
+            let list: Vec<i64> = chunks(&sizes, SQ_CHUNK).into_iter().flat_map(|(t, s)| [t as i64, s as i64]).collect();
+            if list.is_empty() {
+                continue;
+            }
+            let table: Vec<i64> = of.iter().flat_map(|(x, s)| [x.ptr() as i64, s.elem_count() as i64]).collect();
+            let blocks = many_config(list.len() / 2).grid_dim.0 as usize;
+            launches.push((dt, table, list, blocks));
+        }
+        let total: usize = launches.iter().map(|l| l.3).sum();
+        let y = self.alloc(1, DType::F64)?;
+        let partial = self.alloc(total.max(1), DType::F64)?;
+        if total == 0 {
+            return self.fill(1, 0.0, DType::F64);
+        }
+        let mut at = 0usize;
+        for (dt, table, list, blocks) in launches {
+            let n_chunks = list.len() / 2;
+            let (table, list) = (self.upload_data(&HostData::I64(table))?, self.upload_data(&HostData::I64(list))?);
+            let f = self.function("reduce", &format!("sum_squares_many_{}", tn(dt)))?;
+            let (tp, cp, nc, ch) = (table.ptr(), list.ptr(), n_chunks as i64, SQ_CHUNK as i64);
+            let pp = partial.ptr() + (at * 8) as u64;
+            let cfg = many_config(n_chunks);
+            self.launch(&f, cfg, |l| {
+                l.arg(&tp).arg(&cp).arg(&nc).arg(&ch).arg(&pp);
+            })?;
+            at += blocks;
+        }
+        let f = self.function("reduce", "sum_partials")?;
+        let (pp, n, yp) = (partial.ptr(), total as i64, y.ptr());
+        self.launch(&f, per_row(1, total), |l| {
+            l.arg(&pp).arg(&n).arg(&yp);
+        })?;
         Ok(y)
     }
 }

@@ -2,7 +2,7 @@
 //! and the parameter are updated in one pass by backends that override it.
 
 use crate::autograd::GradModeGuard;
-use crate::{Backend, Result, Shape, Tensor};
+use crate::{Backend, DType, Result, Shape, Tensor};
 
 /// The scalars of one AdamW step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -35,6 +35,50 @@ pub struct AdamItem<'a, S> {
     pub v: &'a mut S,
     /// The number of elements of each.
     pub n: usize,
+}
+
+/// One parameter of a mixed-precision multi-tensor AdamW step over f32 masters
+/// ([`crate::Backend::adamw_master_many`]).
+pub struct AdamMasterItem<'a, S> {
+    /// The f32 master (`n` elements); left as it is (the new one is returned).
+    pub x: &'a S,
+    /// Its gradient, in any float dtype (read as f32 and multiplied by the step's gradient
+    /// scale).
+    pub g: &'a S,
+    /// The first moment (f32), updated like `x`.
+    pub m: &'a mut S,
+    /// The second moment (f32), likewise.
+    pub v: &'a mut S,
+    /// The number of elements of each.
+    pub n: usize,
+}
+
+/// [`crate::Backend::adamw_master_many`] written with the backend's other ops: per item,
+/// the gradient cast to f32 and scaled (when `grad_scale` is not 1), [`Backend::adamw_into`],
+/// and the new master cast to `copy`. Returns `(new master, compute copy)` per item.
+pub fn composite_adamw_master_many<B: Backend>(
+    b: &B,
+    items: &mut [AdamMasterItem<'_, B::Storage>],
+    h: &AdamStep,
+    grad_scale: f64,
+    copy: DType,
+) -> Result<Vec<(B::Storage, B::Storage)>> {
+    let _g = GradModeGuard::no_grad();
+    let mut out = Vec::with_capacity(items.len());
+    for it in items.iter_mut() {
+        let xd = b.storage_dtype(it.x);
+        let mut g = Tensor::from_storage(b, it.g.clone(), Shape::new([it.n]), b.storage_dtype(it.g));
+        if g.dtype() != xd {
+            g = g.cast(xd)?;
+        }
+        if grad_scale != 1.0 {
+            g = g.scale(grad_scale)?;
+        }
+        let nx = b.adamw_into(it.x, g.storage(), it.m, it.v, it.n, h)?;
+        let c = if copy == xd { nx.clone() } else { b.cast(&nx, it.n, copy)? };
+        out.push((nx, c));
+    }
+    Ok(out)
 }
 
 /// The update written with tensor ops: `m = b1 m + (1 - b1) g`, `v = b2 v + (1 - b2) g^2`,

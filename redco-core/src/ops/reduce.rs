@@ -137,3 +137,18 @@ impl<B: Backend> Tensor<B> {
         Ok(t)
     }
 }
+
+/// [`Backend::sum_squares_many`](crate::Backend::sum_squares_many) written with tensor ops:
+/// each tensor cast to the accumulation dtype (f64 where the backend has it, else f32),
+/// squared and summed, the sums added in order to a zero scalar.
+pub fn composite_sum_squares<B: Backend>(b: &B, xs: &[(&B::Storage, &Shape)]) -> Result<B::Storage> {
+    crate::no_grad(|| {
+        let acc_dt = if b.supports(DType::F64) { DType::F64 } else { DType::F32 };
+        let mut acc = Tensor::zeros(b, [], acc_dt)?;
+        for (x, shape) in xs {
+            let t = Tensor::from_storage(b, (*x).clone(), (*shape).clone(), b.storage_dtype(x));
+            acc = acc.add(&t.cast(acc_dt)?.square()?.sum_all()?)?;
+        }
+        Ok(acc.storage().clone())
+    })
+}

@@ -4,10 +4,10 @@
 
 use super::{grad_of, local_view, StateTensor};
 use crate::nn::Module;
-use crate::ops::adamw::{AdamItem, AdamStep};
+use crate::ops::adamw::{AdamItem, AdamMasterItem, AdamStep};
 use crate::runtime::Comm;
 use crate::sharding::{FlatShard, ShardLayout};
-use crate::{Backend, Error, GradStore, Result, Tensor};
+use crate::{Backend, DType, Error, GradStore, Result, Tensor};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -78,25 +78,33 @@ impl<B: Backend> AdamW<B> {
         self.state.values().map(|(m, v)| (m.elem_count() + v.elem_count()) * m.dtype().size_in_bytes()).sum()
     }
 
-    /// One update of every parameter of `model` that has a gradient in `grads`.
-    pub fn step<M: Module<B> + ?Sized>(&mut self, model: &mut M, grads: &GradStore<B>) -> Result<()> {
+    /// Counts one more step and returns its scalars.
+    fn next_step(&mut self) -> AdamStep {
         self.step += 1;
         let c = self.cfg;
         let t = self.step as i32;
-        let (bc1, bc2) = (1.0 - c.beta1.powi(t), 1.0 - c.beta2.powi(t));
-        let comm = self.comm.clone();
-        let dp = comm.as_ref().map_or(1, |c| c.mesh().dp);
-        let zero = c.zero1 && dp > 1;
-        let state = &mut self.state;
-        let h = AdamStep {
+        AdamStep {
             lr: c.lr,
             beta1: c.beta1,
             beta2: c.beta2,
             eps: c.eps,
             weight_decay: c.weight_decay,
-            bias1: bc1,
-            bias2: bc2,
-        };
+            bias1: 1.0 - c.beta1.powi(t),
+            bias2: 1.0 - c.beta2.powi(t),
+        }
+    }
+
+    /// Whether the moments are sharded over a data-parallel axis of more than one rank.
+    fn sharded(&self) -> bool {
+        self.cfg.zero1 && self.comm.as_ref().is_some_and(|c| c.mesh().dp > 1)
+    }
+
+    /// One update of every parameter of `model` that has a gradient in `grads`.
+    pub fn step<M: Module<B> + ?Sized>(&mut self, model: &mut M, grads: &GradStore<B>) -> Result<()> {
+        let h = self.next_step();
+        let comm = self.comm.clone();
+        let zero = self.sharded();
+        let state = &mut self.state;
         // one fused pass per parameter (the backend's `adamw`, composite by default)
         let update = |x: &Tensor<B>, g: &Tensor<B>, st: &mut (Tensor<B>, Tensor<B>)| -> Result<Tensor<B>> {
             let b = x.backend();
@@ -139,6 +147,96 @@ impl<B: Backend> AdamW<B> {
     }
 }
 
+/// Parameters by name, each with its gradient (local views).
+type WithGrads<B> = BTreeMap<String, (Tensor<B>, Tensor<B>)>;
+
+/// The parameters of `model` with a gradient: their local views and local gradients (in
+/// the gradient's dtype when `cast` is false, else the parameter's), by name.
+fn with_grads<B: Backend, M: Module<B> + ?Sized>(model: &M, grads: &GradStore<B>, cast: bool) -> Result<WithGrads<B>> {
+    let mut work = BTreeMap::new();
+    let mut err = None;
+    model.visit("", &mut |name, p| {
+        if err.is_some() {
+            return;
+        }
+        let g = match grad_of(name, p, grads) {
+            Ok(Some(g)) if !cast || g.dtype() == p.dtype() => Ok(local_view(g)),
+            Ok(Some(g)) => local_view(g).cast(p.dtype()),
+            Ok(None) => return,
+            Err(e) => Err(e),
+        };
+        match g {
+            Ok(g) => drop(work.insert(name.to_string(), (local_view(p), g))),
+            Err(e) => err = Some(e),
+        }
+    });
+    err.map_or(Ok(work), Err)
+}
+
+impl<B: Backend> AdamW<B> {
+    /// [`super::Optimizer::update_with_copies`] for replicated moments: one
+    /// [`Backend::adamw_master_many`] over every f32 master with a gradient (moments shared
+    /// with a checkpoint being written are copied first: the update never writes a buffer
+    /// someone else reads). `None` when a master with a gradient is not f32.
+    fn step_with_copies<M: Module<B> + ?Sized>(
+        &mut self,
+        masters: &mut M,
+        grads: &GradStore<B>,
+        grad_scale: f64,
+        dtype: DType,
+    ) -> Result<Option<BTreeMap<String, B::Storage>>> {
+        let work = crate::no_grad(|| with_grads(masters, grads, false))?;
+        if work.values().any(|(x, _)| x.dtype() != DType::F32) {
+            return Ok(None);
+        }
+        let Some(b) = work.values().next().map(|(x, _)| x.backend().clone()) else { return Ok(Some(BTreeMap::new())) };
+        let h = self.next_step();
+        let state = &mut self.state;
+        crate::no_grad(|| -> Result<Option<BTreeMap<String, B::Storage>>> {
+            for (name, (x, _)) in &work {
+                if !state.contains_key(name) {
+                    state.insert(name.clone(), (x.zeros_like()?, x.zeros_like()?));
+                }
+            }
+            let (mut names, mut items) = (Vec::new(), Vec::new());
+            for (name, st) in state.iter_mut() {
+                let Some((x, g)) = work.get(name) else { continue };
+                // moments a checkpoint being written holds too: a tensor of our own over the
+                // same buffer, which the backend copies before writing (its `adamw_into`)
+                for t in [&mut st.0, &mut st.1] {
+                    if Arc::get_mut(&mut t.0).is_none() {
+                        *t = Tensor::from_storage(&b, t.storage().clone(), t.shape().clone(), t.dtype());
+                    }
+                }
+                let (Some(mi), Some(vi)) = (Arc::get_mut(&mut st.0 .0), Arc::get_mut(&mut st.1 .0)) else {
+                    return Err(Error::invalid("adamw", format!("the moments of {name} are shared")));
+                };
+                names.push(name.clone());
+                let n = x.elem_count();
+                items.push(AdamMasterItem {
+                    x: x.storage(),
+                    g: g.storage(),
+                    m: &mut mi.storage,
+                    v: &mut vi.storage,
+                    n,
+                });
+            }
+            let out = b.adamw_master_many(&mut items, &h, grad_scale, dtype)?;
+            drop(items);
+            if out.len() != names.len() {
+                return Err(Error::invalid("adamw_master_many", format!("{} results for {}", out.len(), names.len())));
+            }
+            let (mut new, mut copies) = (BTreeMap::new(), BTreeMap::new());
+            for (name, (nx, c)) in names.into_iter().zip(out) {
+                new.insert(name.clone(), nx);
+                copies.insert(name, c);
+            }
+            super::update_each(masters, |name, _| Ok(new.remove(name)))?;
+            Ok(Some(copies))
+        })
+    }
+}
+
 /// The replicated update of every parameter of `model` with a gradient: one
 /// [`Backend::adamw_many`] over all of them (moments shared with a checkpoint being
 /// written go through `update`, which leaves those buffers alone).
@@ -151,26 +249,7 @@ fn update_all<B: Backend, M: Module<B> + ?Sized>(
     moments: impl Fn(&mut BTreeMap<String, (Tensor<B>, Tensor<B>)>, &str, &Tensor<B>) -> Result<()>,
 ) -> Result<()> {
     // the parameters with a gradient, their local views and gradients in their dtype
-    let mut work: BTreeMap<String, (Tensor<B>, Tensor<B>)> = BTreeMap::new();
-    let mut err = None;
-    model.visit("", &mut |name, p| {
-        if err.is_some() {
-            return;
-        }
-        let g = match grad_of(name, p, grads) {
-            Ok(Some(g)) if g.dtype() == p.dtype() => Ok(local_view(g)),
-            Ok(Some(g)) => local_view(g).cast(p.dtype()),
-            Ok(None) => return,
-            Err(e) => Err(e),
-        };
-        match g {
-            Ok(g) => drop(work.insert(name.to_string(), (local_view(p), g))),
-            Err(e) => err = Some(e),
-        }
-    });
-    if let Some(e) = err {
-        return Err(e);
-    }
+    let work = with_grads(model, grads, true)?;
     let Some(b) = work.values().next().map(|(x, _)| x.backend().clone()) else { return Ok(()) };
     for (name, (x, _)) in &work {
         moments(state, name, x)?;
@@ -208,6 +287,18 @@ impl<B: Backend> super::Optimizer<B> for AdamW<B> {
     }
     fn update(&mut self, model: &mut dyn Module<B>, grads: &GradStore<B>) -> Result<()> {
         self.step(model, grads)
+    }
+    fn update_with_copies(
+        &mut self,
+        masters: &mut dyn Module<B>,
+        grads: &GradStore<B>,
+        grad_scale: f64,
+        dtype: DType,
+    ) -> Result<Option<BTreeMap<String, B::Storage>>> {
+        if self.sharded() {
+            return Ok(None);
+        }
+        self.step_with_copies(masters, grads, grad_scale, dtype)
     }
     fn steps(&self) -> u64 {
         self.step

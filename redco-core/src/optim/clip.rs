@@ -44,24 +44,44 @@ fn device_grad_norm<B: Backend>(
     grads: &GradStore<B>,
 ) -> Result<f64> {
     no_grad(|| {
-        let zero = || Tensor::zeros(b, [], DType::F64);
-        let (mut split, mut whole) = (zero()?, zero()?);
+        // the gradients split over mp and the whole ones, each summed in one backend call
+        let (mut split_xs, mut whole_xs) = (Vec::new(), Vec::new());
         for p in params {
             let Some(g) = grads.get(p) else { continue };
-            let local = Tensor::from_storage(g.backend(), g.storage().clone(), g.local_shape().clone(), g.dtype());
-            let sq = local.cast(DType::F64)?.square()?.sum_all()?;
+            let item = (g.storage(), g.local_shape());
             if matches!(g.placements().get(MeshAxis::Mp), Placement::Shard(_)) {
-                split = split.add(&sq)?;
+                split_xs.push(item);
             } else {
-                whole = whole.add(&sq)?;
+                whole_xs.push(item);
             }
         }
+        let sum = |xs: &[(&B::Storage, &crate::Shape)]| -> Result<Tensor<B>> {
+            let s = b.sum_squares_many(xs)?;
+            let dt = b.storage_dtype(&s);
+            let t = Tensor::from_storage(b, s, [], dt);
+            if dt == DType::F64 {
+                Ok(t)
+            } else {
+                t.cast(DType::F64)
+            }
+        };
+        let (mut split, whole) = (sum(&split_xs)?, sum(&whole_xs)?);
         if let Some(c) = comm.filter(|c| c.mesh().mp > 1) {
             let r = c.all_reduce(MeshAxis::Mp, split.storage(), ReduceKind::Sum, 8)?;
             split = Tensor::from_storage(b, r, split.shape().clone(), DType::F64);
         }
         split.add(&whole)?.sqrt()?.to_scalar()
     })
+}
+
+/// The factor that brings gradients of global norm `norm` to at most `max_norm`: 1 when
+/// they are within it, or when `norm` is not finite (the caller decides about those).
+pub fn clip_factor(norm: f64, max_norm: f64) -> f64 {
+    if norm.is_finite() && norm > max_norm && norm > 0.0 {
+        max_norm / norm
+    } else {
+        1.0
+    }
 }
 
 /// Scales every gradient so that the global norm is at most `max_norm`; returns the norm
@@ -85,8 +105,8 @@ pub fn scale_to_norm<B: Backend>(
     norm: f64,
     max_norm: f64,
 ) -> Result<()> {
-    if norm.is_finite() && norm > max_norm && norm > 0.0 {
-        let s = max_norm / norm;
+    let s = clip_factor(norm, max_norm);
+    if s != 1.0 {
         no_grad(|| -> Result<()> {
             for p in params {
                 if let Some(g) = grads.get(p).cloned() {

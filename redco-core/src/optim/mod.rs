@@ -10,7 +10,7 @@ mod sgd;
 mod state_tensor;
 
 pub use adamw::{AdamW, AdamWConfig};
-pub use clip::{clip_grad_norm, global_grad_norm, scale_to_norm};
+pub use clip::{clip_factor, clip_grad_norm, global_grad_norm, scale_to_norm};
 pub use offload::Offloaded;
 pub use schedule::{Decay, Schedule};
 pub use sgd::Sgd;
@@ -40,6 +40,23 @@ pub trait Optimizer<B: Backend>: Send {
     /// Restores the update count and the state saved by [`Optimizer::state_tensors`]
     /// (placed where [`Optimizer::host`] says: [`StateTensor::placed`]).
     fn load_state(&mut self, steps: u64, state: BTreeMap<String, StateTensor<B>>) -> Result<()>;
+    /// The mixed-precision update in one pass, where the optimizer offers it: every
+    /// parameter of `masters` (f32) with a gradient in `grads` (any float dtype) is
+    /// updated with its gradient multiplied by `grad_scale` (the loss scale's inverse and
+    /// the clipping factor folded in), and the new masters' compute copies in `dtype` are
+    /// returned by parameter name, so the caller needs no separate scaling or casting
+    /// pass. `None` (the default, and where the optimizer cannot: ZeRO-1 over dp, state on
+    /// the host): nothing was done; scale the gradients, [`Optimizer::update`] and cast.
+    fn update_with_copies(
+        &mut self,
+        masters: &mut dyn Module<B>,
+        grads: &GradStore<B>,
+        grad_scale: f64,
+        dtype: crate::DType,
+    ) -> Result<Option<BTreeMap<String, B::Storage>>> {
+        let _ = (masters, grads, grad_scale, dtype);
+        Ok(None)
+    }
     /// The host backend an offloaded optimizer keeps its state on; `None` (the default):
     /// the state lives with the parameters on their backend.
     fn host(&self) -> Option<&Cpu> {

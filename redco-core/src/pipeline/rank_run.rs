@@ -247,13 +247,19 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
         let cfg = &t.config;
         let scale = self.state.scale.scale;
         let f16 = cfg.compute_dtype == DType::F16;
+        // the one-pass mixed-precision update ([`Optimizer::update_with_copies`]) where the
+        // masters are whole (no ZeRO slices or pieces) and the compute copies 16-bit; with
+        // nothing to sum over dp and no loss scale, its kernel reads the 16-bit gradients
+        // as they are
+        let fusable = cfg.compute_dtype != DType::F32 && self.state.sliced.is_none() && self.state.pieces.is_none();
+        let native = fusable && self.dep.mesh.dp == 1 && scale == 1.0;
         // the gradients as the masters' (ZeRO-2: already f32 slices), and whether each
         // master's parameter is split over mp (slices do not say)
         let mut g32 = GradStore::new();
         let (mut params, mut split) = (Vec::new(), Vec::new());
         for (name, p) in self.model.named_parameters() {
             if let (Some(g), Some(m)) = (grads.get(&p), self.state.masters.get(&name)) {
-                let g = g.cast(DType::F32)?;
+                let g = if native { g.clone() } else { g.cast(DType::F32)? };
                 let g = if scale != 1.0 { crate::no_grad(|| g.scale(1.0 / scale))? } else { g };
                 g32.insert(m, g);
                 params.push(m.clone());
@@ -282,6 +288,34 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
         // backend's own threads with one hand-off
         let (state, model, sync, mesh) = (&mut self.state, &mut self.model, &self.sync, self.dep.mesh);
         let norm = crate::runtime::on_backend(&self.rk.backend, || -> Result<f64> {
+            if fusable {
+                let norm = match cfg.clip_norm {
+                    Some(_) => sync.norm(&params, &grads, &split)?,
+                    None if sync.all_summed(mesh) => sync.norm(&params, &grads, &split)?,
+                    None => f64::NAN,
+                };
+                let coef = match cfg.clip_norm {
+                    Some(c) => crate::optim::clip_factor(norm, c),
+                    None => 1.0,
+                };
+                let dtype = cfg.compute_dtype;
+                if let Some(copies) = state.opt.update_with_copies(&mut state.masters, &grads, coef, dtype)? {
+                    state.install(model, copies, dtype)?;
+                    return Ok(norm);
+                }
+                // not offered by this optimizer: the separate passes, on f32 gradients
+                for p in &params {
+                    if let Some(g) = grads.get(p).filter(|g| g.dtype() != DType::F32).cloned() {
+                        grads.insert(p, g.cast(DType::F32)?);
+                    }
+                }
+                if let Some(c) = cfg.clip_norm {
+                    crate::optim::scale_to_norm(&params, &mut grads, norm, c)?;
+                }
+                state.opt.update(&mut state.masters, &grads)?;
+                state.refresh(model, cfg.compute_dtype)?;
+                return Ok(norm);
+            }
             let norm = match cfg.clip_norm {
                 Some(c) => sync.clip(&params, &mut grads, c, &split)?,
                 None if sync.all_summed(mesh) => sync.norm(&params, &grads, &split)?,

@@ -300,6 +300,30 @@ impl<B: Backend> TrainState<B> {
         better
     }
 
+    /// Puts the compute copies an optimizer wrote with its update
+    /// ([`Optimizer::update_with_copies`](crate::optim::Optimizer::update_with_copies)) into
+    /// `model`, laid out as their masters (whole masters only: no ZeRO slices or pieces);
+    /// parameters without a copy keep theirs.
+    pub(crate) fn install(
+        &self,
+        model: &mut impl Module<B>,
+        mut copies: BTreeMap<String, B::Storage>,
+        dtype: DType,
+    ) -> Result<()> {
+        if self.sliced.is_some() || self.pieces.is_some() {
+            return Err(crate::Error::invalid(
+                "fit",
+                "compute copies of sliced masters must be gathered, not installed",
+            ));
+        }
+        model.visit_mut("", &mut |name, p| {
+            let (Some(m), Some(s)) = (self.masters.get(name), copies.remove(name)) else { return };
+            let (shape, local) = (m.shape().clone(), m.local_shape().clone());
+            *p = Tensor::from_local(m.backend(), s, shape, local, m.placements(), dtype).into_var();
+        });
+        Ok(())
+    }
+
     /// Copies the masters into `model`'s trainable parameters in `dtype` (the compute
     /// copies the next step runs with; ZeRO-2's slices cast, then all-gathered); frozen
     /// parameters are left alone.

@@ -356,6 +356,14 @@ macro_rules! suite {
             fn adamw_many_step() {
                 $crate::suite::optim::adamw_many_step(&$make)
             }
+            #[test]
+            fn adamw_master_many_step() {
+                $crate::suite::optim::adamw_master_many_step(&$make)
+            }
+            #[test]
+            fn sum_squares_many_value() {
+                $crate::suite::optim::sum_squares_many_value(&$make)
+            }
         }
         mod random {
             #[allow(unused_imports)]
