@@ -163,6 +163,17 @@ pub struct MemoryStats {
     pub peak: u64,
 }
 
+/// Device time of one family of ops ([`Backend::op_profile`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpTime {
+    /// The family (`matmul`, `attention forward`, `AdamW`, ...).
+    pub family: String,
+    /// Calls timed.
+    pub calls: u64,
+    /// Seconds of device time (host time for rows that say so).
+    pub seconds: f64,
+}
+
 /// A compute device and its kernels. See the module docs.
 pub trait Backend: Clone + Send + Sync + Debug + 'static {
     /// Opaque device storage of one contiguous buffer.
@@ -204,6 +215,22 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     }
     /// Starts [`MemoryStats::peak`] again from what is held now.
     fn reset_peak_memory(&self) {}
+    /// Starts timing the device's work by op family (dropping an earlier profile); `false`
+    /// (the default) where the backend has no device timers.
+    fn profile_ops(&self) -> bool {
+        false
+    }
+    /// The device time of each op family since [`Backend::profile_ops`] (waits for the
+    /// device), longest first, and stops timing; empty where nothing was profiled.
+    fn op_profile(&self) -> Result<Vec<OpTime>> {
+        Ok(Vec::new())
+    }
+    /// The device's dense peak rate in FLOP/s for products in `dtype` (tensor cores, f32
+    /// accumulation), where the backend knows it: what model-FLOPs utilisation divides by.
+    fn peak_flops(&self, dtype: DType) -> Option<f64> {
+        let _ = dtype;
+        None
+    }
 
     /// A buffer of `n` elements, all equal to `value`.
     fn full(&self, n: usize, value: f64, dtype: DType) -> Result<Self::Storage>;

@@ -7,8 +7,9 @@
 use crate::device::err;
 use cudarc::driver::sys::CUdeviceptr;
 use redco_core::Result;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// Sizes below this are rounded to 512 bytes; larger ones to 2 MiB.
 const SMALL: usize = 1 << 20;
@@ -38,18 +39,23 @@ pub struct MemoryStats {
     pub reused: u64,
     /// Requests that called the driver.
     pub fresh: u64,
+    /// Buffers given back to the driver.
+    pub freed: u64,
+    /// Host nanoseconds spent in the driver's allocation and free calls.
+    pub driver_nanos: u64,
 }
 
 /// Where raw device memory comes from (the driver, or a fake in tests).
 pub trait Source: Send + Sync {
     /// A new buffer of `bytes` bytes.
     fn alloc(&self, bytes: usize) -> Result<CUdeviceptr>;
-    /// Frees a buffer from [`Source::alloc`].
-    fn free(&self, ptr: CUdeviceptr);
+    /// Frees buffers from [`Source::alloc`] (one wait for the device for all of them).
+    fn free(&self, ptrs: &[CUdeviceptr]);
 }
 
 struct State {
-    free: HashMap<usize, Vec<CUdeviceptr>>,
+    /// Cached buffers by size class.
+    free: BTreeMap<usize, Vec<CUdeviceptr>>,
     stats: MemoryStats,
 }
 
@@ -59,41 +65,58 @@ pub struct Pool {
     state: Mutex<State>,
 }
 
+/// How much larger than asked a cached buffer may be and still be handed out (a quarter:
+/// at large batch the activations' sizes differ by a few 2 MiB classes step to step, and a
+/// miss costs a driver call that waits for the device).
+fn fits_in(class: usize, cached: usize) -> bool {
+    class > SMALL && cached <= class + class / 4
+}
+
 impl Pool {
     /// A pool over `source`.
     pub fn new(source: Box<dyn Source>) -> Arc<Pool> {
-        Arc::new(Pool { source, state: Mutex::new(State { free: HashMap::new(), stats: MemoryStats::default() }) })
+        Arc::new(Pool { source, state: Mutex::new(State { free: BTreeMap::new(), stats: MemoryStats::default() }) })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A buffer of at least `bytes` bytes: its pointer and size class.
+    /// A buffer of at least `bytes` bytes: its pointer and size class (the class of the
+    /// buffer handed out: a cached one up to a quarter larger may serve a large request).
     pub fn take(&self, bytes: usize) -> Result<(CUdeviceptr, usize)> {
         let class = class_of(bytes);
         {
             let mut s = self.lock();
-            if let Some(p) = s.free.get_mut(&class).and_then(|v| v.pop()) {
-                s.stats.in_use += class;
+            let hit = s.free.range_mut(class..).find(|(_, v)| !v.is_empty()).map(|(&c, _)| c);
+            if let Some(c) = hit.filter(|&c| c == class || fits_in(class, c)) {
+                let p = s.free.get_mut(&c).and_then(|v| v.pop()).expect("a cached buffer");
+                s.stats.in_use += c;
                 s.stats.peak_in_use = s.stats.peak_in_use.max(s.stats.in_use);
                 s.stats.reused += 1;
-                return Ok((p, class));
+                return Ok((p, c));
             }
         }
-        let p = match self.source.alloc(class) {
+        let p = match self.driver_alloc(class) {
             Ok(p) => p,
             Err(_) => {
-                // out of memory with buffers cached: give them back and try once more
-                self.release();
-                self.source.alloc(class).map_err(|e| {
-                    let s = self.stats();
-                    err(format!(
-                        "out of GPU memory: asked for {} MiB with {} MiB in use ({e})",
-                        class >> 20,
-                        s.in_use >> 20
-                    ))
-                })?
+                // out of memory with buffers cached: give back the largest until as much is
+                // free, then everything, trying again after each
+                let again = if self.release_at_least(class) > 0 { self.driver_alloc(class).ok() } else { None };
+                match again {
+                    Some(p) => p,
+                    None => {
+                        self.release();
+                        self.driver_alloc(class).map_err(|e| {
+                            let s = self.stats();
+                            err(format!(
+                                "out of GPU memory: asked for {} MiB with {} MiB in use ({e})",
+                                class >> 20,
+                                s.in_use >> 20
+                            ))
+                        })?
+                    }
+                }
             }
         };
         let mut s = self.lock();
@@ -105,6 +128,28 @@ impl Pool {
         Ok((p, class))
     }
 
+    /// The source's allocation, its host time counted.
+    fn driver_alloc(&self, class: usize) -> Result<CUdeviceptr> {
+        let t = Instant::now();
+        let r = self.source.alloc(class);
+        self.lock().stats.driver_nanos += t.elapsed().as_nanos() as u64;
+        r
+    }
+
+    /// Frees `ptrs` (all of size class `classes[i]`) through the source, counted.
+    fn driver_free(&self, ptrs: &[(usize, CUdeviceptr)]) {
+        if ptrs.is_empty() {
+            return;
+        }
+        let raw: Vec<CUdeviceptr> = ptrs.iter().map(|p| p.1).collect();
+        let t = Instant::now();
+        self.source.free(&raw);
+        let mut s = self.lock();
+        s.stats.driver_nanos += t.elapsed().as_nanos() as u64;
+        s.stats.freed += ptrs.len() as u64;
+        s.stats.reserved -= ptrs.iter().map(|p| p.0).sum::<usize>();
+    }
+
     /// Returns a buffer from [`Pool::take`] to the cache.
     pub fn give(&self, ptr: CUdeviceptr, class: usize) {
         let mut s = self.lock();
@@ -112,15 +157,36 @@ impl Pool {
         s.free.entry(class).or_default().push(ptr);
     }
 
-    /// Frees every cached buffer.
-    pub fn release(&self) {
-        let free: Vec<(usize, Vec<CUdeviceptr>)> = self.lock().free.drain().collect();
-        for (class, ptrs) in free {
-            for p in ptrs {
-                self.source.free(p);
-                self.lock().stats.reserved -= class;
+    /// Frees cached buffers, largest first, until at least `bytes` are freed (or the cache
+    /// is empty); returns the bytes freed.
+    pub fn release_at_least(&self, bytes: usize) -> usize {
+        let mut picked = Vec::new();
+        let mut freed = 0;
+        {
+            let mut s = self.lock();
+            while freed < bytes {
+                let Some(mut e) = s.free.last_entry() else { break };
+                let class = *e.key();
+                match e.get_mut().pop() {
+                    Some(p) => {
+                        picked.push((class, p));
+                        freed += class;
+                    }
+                    None => drop(e.remove()),
+                }
             }
         }
+        self.driver_free(&picked);
+        freed
+    }
+
+    /// Frees every cached buffer.
+    pub fn release(&self) {
+        let all: Vec<(usize, CUdeviceptr)> = std::mem::take(&mut self.lock().free)
+            .into_iter()
+            .flat_map(|(c, ptrs)| ptrs.into_iter().map(move |p| (c, p)))
+            .collect();
+        self.driver_free(&all);
     }
 
     /// Starts the in-use high-water mark again from what is in use now.
@@ -144,6 +210,7 @@ impl Drop for Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     /// Hands out increasing fake addresses, failing past a budget.
@@ -151,6 +218,8 @@ mod tests {
         next: AtomicU64,
         budget: usize,
         live: Mutex<usize>,
+        /// The length of each batch freed.
+        frees: Mutex<Vec<usize>>,
     }
     impl Source for Arc<Fake> {
         fn alloc(&self, bytes: usize) -> Result<CUdeviceptr> {
@@ -161,7 +230,9 @@ mod tests {
             *live += bytes;
             Ok(self.next.fetch_add(bytes as u64, Ordering::Relaxed))
         }
-        fn free(&self, _ptr: CUdeviceptr) {}
+        fn free(&self, ptrs: &[CUdeviceptr]) {
+            self.frees.lock().unwrap().push(ptrs.len());
+        }
     }
 
     #[test]
@@ -175,7 +246,12 @@ mod tests {
 
     #[test]
     fn freed_buffers_are_reused_and_counted() {
-        let fake = Arc::new(Fake { next: AtomicU64::new(4096), budget: 64 << 20, live: Mutex::new(0) });
+        let fake = Arc::new(Fake {
+            next: AtomicU64::new(4096),
+            budget: 64 << 20,
+            live: Mutex::new(0),
+            frees: Mutex::new(Vec::new()),
+        });
         let pool = Pool::new(Box::new(fake.clone()));
         let (a, ca) = pool.take(3 << 20).unwrap();
         let (b, _) = pool.take(1000).unwrap();
@@ -197,7 +273,12 @@ mod tests {
 
     #[test]
     fn running_out_releases_the_cache_then_reports() {
-        let fake = Arc::new(Fake { next: AtomicU64::new(4096), budget: 8 << 20, live: Mutex::new(0) });
+        let fake = Arc::new(Fake {
+            next: AtomicU64::new(4096),
+            budget: 8 << 20,
+            live: Mutex::new(0),
+            frees: Mutex::new(Vec::new()),
+        });
         let pool = Pool::new(Box::new(fake.clone()));
         let (a, ca) = pool.take(6 << 20).unwrap();
         pool.give(a, ca);
@@ -206,5 +287,86 @@ mod tests {
         let e = pool.take(4 << 20).unwrap_err().to_string();
         assert!(e.contains("out of GPU memory") && e.contains("4 MiB"), "{e}");
         assert_eq!(pool.stats().reserved, 0);
+    }
+
+    #[test]
+    fn a_cached_buffer_up_to_a_quarter_larger_serves_a_large_request() {
+        let fake = Arc::new(Fake {
+            next: AtomicU64::new(4096),
+            budget: 256 << 20,
+            live: Mutex::new(0),
+            frees: Mutex::new(Vec::new()),
+        });
+        let pool = Pool::new(Box::new(fake.clone()));
+        let (a, ca) = pool.take(10 << 20).unwrap();
+        pool.give(a, ca);
+        // 8 MiB: the cached 10 MiB is a quarter larger: handed out, counted as 10 MiB
+        let (b, cb) = pool.take(8 << 20).unwrap();
+        assert_eq!((b, cb), (a, 10 << 20));
+        assert_eq!((pool.stats().fresh, pool.stats().reused, pool.stats().in_use), (1, 1, 10 << 20));
+        pool.give(b, cb);
+        // 6 MiB: 10 MiB is too large, a fresh buffer
+        let (c, cc) = pool.take(6 << 20).unwrap();
+        assert_ne!(c, a);
+        assert_eq!(cc, 6 << 20);
+        pool.give(c, cc);
+        // small requests take their own class only
+        let (d, cd) = pool.take(1000).unwrap();
+        pool.give(d, cd);
+        let (e, ce) = pool.take(700).unwrap();
+        assert_eq!((e, ce), (d, 1024));
+        let (f, cf) = pool.take(600).unwrap();
+        assert_eq!(cf, 1024, "600 bytes round to 1 KiB");
+        assert_ne!(f, d, "the cached buffer is taken");
+    }
+
+    #[test]
+    fn running_out_frees_the_largest_cached_buffers_first_in_one_batch() {
+        struct Counting {
+            live: Mutex<usize>,
+            budget: usize,
+            next: AtomicU64,
+            sizes: Mutex<HashMap<CUdeviceptr, usize>>,
+            batches: Mutex<Vec<usize>>,
+        }
+        impl Source for Arc<Counting> {
+            fn alloc(&self, bytes: usize) -> Result<CUdeviceptr> {
+                let mut live = self.live.lock().unwrap();
+                if *live + bytes > self.budget {
+                    return Err(err("fake device full"));
+                }
+                *live += bytes;
+                let p = self.next.fetch_add(bytes as u64, Ordering::Relaxed);
+                self.sizes.lock().unwrap().insert(p, bytes);
+                Ok(p)
+            }
+            fn free(&self, ptrs: &[CUdeviceptr]) {
+                let mut live = self.live.lock().unwrap();
+                for p in ptrs {
+                    *live -= self.sizes.lock().unwrap().remove(p).unwrap();
+                }
+                self.batches.lock().unwrap().push(ptrs.len());
+            }
+        }
+        let src = Arc::new(Counting {
+            live: Mutex::new(0),
+            budget: 40 << 20,
+            next: AtomicU64::new(4096),
+            sizes: Mutex::new(HashMap::new()),
+            batches: Mutex::new(Vec::new()),
+        });
+        let pool = Pool::new(Box::new(src.clone()));
+        let held: Vec<_> = [2 << 20, 4 << 20, 12 << 20, 16 << 20].iter().map(|&b| pool.take(b).unwrap()).collect();
+        for &(p, c) in &held {
+            pool.give(p, c);
+        }
+        // 34 MiB cached of 40; 20 MiB more fit once the 16 and 12 MiB buffers are freed
+        let (_, c) = pool.take(20 << 20).unwrap();
+        assert_eq!(c, 20 << 20);
+        assert_eq!(*src.batches.lock().unwrap(), vec![2], "one batch of the two largest");
+        let s = pool.stats();
+        assert_eq!((s.freed, s.reserved), (2, (2 << 20) + (4 << 20) + (20 << 20)));
+        // the small ones stay cached
+        assert_eq!(pool.take(4 << 20).unwrap(), held[1]);
     }
 }

@@ -17,6 +17,16 @@ impl Backend for Cuda {
     fn reset_peak_memory(&self) {
         self.inner.pool.reset_peak()
     }
+    fn profile_ops(&self) -> bool {
+        self.start_profile();
+        true
+    }
+    fn op_profile(&self) -> Result<Vec<redco_core::backend::OpTime>> {
+        self.take_profile()
+    }
+    fn peak_flops(&self, dtype: DType) -> Option<f64> {
+        self.dense_peak(dtype)
+    }
     fn name(&self) -> String {
         "cuda".into()
     }

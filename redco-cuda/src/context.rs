@@ -3,6 +3,7 @@
 use crate::alloc::{MemoryStats, Pool, Source};
 use crate::device::{err, require_driver};
 use crate::kernels;
+use crate::profile::{op_family, Profiler};
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig};
 use redco_core::{DType, Result};
@@ -22,8 +23,17 @@ pub(crate) struct Inner {
     pub(crate) arch: String,
     pub(crate) name: String,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
-    functions: Mutex<HashMap<String, CudaFunction>>,
+    functions: Mutex<HashMap<String, Kernel>>,
     pub(crate) blas: Mutex<Option<Arc<cudarc::cublas::CudaBlas>>>,
+    pub(crate) profiler: Profiler,
+}
+
+/// A compiled kernel and the op family its time is counted in
+/// ([`crate::profile::op_family`]).
+#[derive(Clone)]
+pub(crate) struct Kernel {
+    f: CudaFunction,
+    family: &'static str,
 }
 
 impl std::fmt::Debug for Cuda {
@@ -41,13 +51,16 @@ impl Source for Driver {
         // SAFETY: the context is current; the buffer is owned by the pool until freed
         unsafe { cudarc::driver::result::malloc_sync(bytes) }.map_err(err)
     }
-    fn free(&self, ptr: CUdeviceptr) {
+    fn free(&self, ptrs: &[CUdeviceptr]) {
         if self.0.bind_to_thread().is_ok() {
-            // SAFETY: `ptr` came from alloc and no tensor holds it any more; the context's
-            // stream is synchronised first, so no queued kernel still reads it
+            // SAFETY: every pointer came from alloc and no tensor holds it any more; the
+            // context is synchronised first (once for all), so no queued kernel still reads
+            // them
             unsafe {
                 let _ = self.0.synchronize();
-                let _ = cudarc::driver::result::free_sync(ptr);
+                for &p in ptrs {
+                    let _ = cudarc::driver::result::free_sync(p);
+                }
             }
         }
     }
@@ -79,6 +92,7 @@ impl Cuda {
                 modules: Mutex::new(HashMap::new()),
                 functions: Mutex::new(HashMap::new()),
                 blas: Mutex::new(None),
+                profiler: Profiler::default(),
             }),
         })
     }
@@ -99,7 +113,7 @@ impl Cuda {
     }
 
     /// The kernel `name` of `family`, compiling the family for this GPU on first use.
-    pub(crate) fn function(&self, family: &'static str, name: &str) -> Result<CudaFunction> {
+    pub(crate) fn function(&self, family: &'static str, name: &str) -> Result<Kernel> {
         let key = format!("{family}/{name}");
         if let Some(f) = self.inner.functions.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(f.clone());
@@ -122,22 +136,25 @@ impl Cuda {
         };
         let f =
             module.load_function(name).map_err(|e| err(format!("kernels/{family}.cu has no kernel {name}: {e}")))?;
-        self.inner.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(key, f.clone());
-        Ok(f)
+        let k = Kernel { f, family: op_family(family, name) };
+        self.inner.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(key, k.clone());
+        Ok(k)
     }
 
-    /// Launches `f` with `cfg`; `args` pushes the kernel's arguments in order.
+    /// Launches `k` with `cfg`; `args` pushes the kernel's arguments in order.
     pub(crate) fn launch<'a>(
         &'a self,
-        f: &'a CudaFunction,
+        k: &'a Kernel,
         cfg: LaunchConfig,
         args: impl FnOnce(&mut cudarc::driver::LaunchArgs<'a>),
     ) -> Result<()> {
-        let mut b = self.inner.stream.launch_builder(f);
-        args(&mut b);
-        // SAFETY: every kernel's argument list is pushed by its one host wrapper, which
-        // passes buffers of the lengths the kernel indexes
-        unsafe { b.launch(cfg) }.map(|_| ()).map_err(|e| err(format!("kernel launch failed: {e}")))
+        self.timed(k.family, || {
+            let mut b = self.inner.stream.launch_builder(&k.f);
+            args(&mut b);
+            // SAFETY: every kernel's argument list is pushed by its one host wrapper, which
+            // passes buffers of the lengths the kernel indexes
+            unsafe { b.launch(cfg) }.map(|_| ()).map_err(|e| err(format!("kernel launch failed: {e}")))
+        })
     }
 
     /// The cuBLAS handle on this backend's stream, created on first use.

@@ -29,13 +29,15 @@ mod matmul;
 mod nccl;
 mod nccl_run;
 mod paged_attention;
+mod profile;
 mod reduce;
 mod storage;
 
 pub use adamw::master_step_bytes;
 pub use alloc::MemoryStats;
 pub use context::Cuda;
-pub use device::{cublas_present, devices, driver_present, nvrtc_present, GpuInfo};
+pub use device::{cublas_present, dense_peak_flops, devices, driver_present, nvrtc_present, GpuInfo};
 pub use nccl::{nccl_present, Nccl};
 pub use nccl_run::NcclFactory;
+pub use profile::op_family;
 pub use storage::CudaStorage;

@@ -96,34 +96,36 @@ impl Cuda {
         self.inner.ctx.bind_to_thread().map_err(err)?;
         // SAFETY: the operand lengths were checked against the spec above; alpha and beta
         // live on this frame through the call, which only queues the GEMM on the stream
-        unsafe {
-            cudarc::cublas::result::gemm_strided_batched_ex(
-                *blas.handle(),
-                op(g.ta),
-                op(g.tb),
-                g.m,
-                g.n,
-                g.k,
-                alpha,
-                b.ptr() as *const c_void,
-                data,
-                g.lda,
-                g.stride_a,
-                a.ptr() as *const c_void,
-                data,
-                g.ldb,
-                g.stride_b,
-                beta,
-                c.ptr() as *mut c_void,
-                data,
-                g.ldc,
-                g.stride_c,
-                batch,
-                compute,
-                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(|e| err(format!("cuBLAS GEMM failed for {s:?}: {e}")))?;
+        self.timed("matmul", || {
+            unsafe {
+                cudarc::cublas::result::gemm_strided_batched_ex(
+                    *blas.handle(),
+                    op(g.ta),
+                    op(g.tb),
+                    g.m,
+                    g.n,
+                    g.k,
+                    alpha,
+                    b.ptr() as *const c_void,
+                    data,
+                    g.lda,
+                    g.stride_a,
+                    a.ptr() as *const c_void,
+                    data,
+                    g.ldb,
+                    g.stride_b,
+                    beta,
+                    c.ptr() as *mut c_void,
+                    data,
+                    g.ldc,
+                    g.stride_c,
+                    batch,
+                    compute,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(|e| err(format!("cuBLAS GEMM failed for {s:?}: {e}")))
+        })?;
         Ok(c)
     }
 }

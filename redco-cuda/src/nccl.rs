@@ -225,7 +225,8 @@ impl Nccl {
             c.entering = Some((started, what.clone()));
             c.raw[which].0
         };
-        let r = f(comm, stream);
+        // the collective's device time (a rank's wait for its peers included) in a profile
+        let r = self.cuda.timed("collectives", || Ok(f(comm, stream)))?;
         let mut c = lock(&self.comms);
         c.entering = None;
         if let Some(why) = &c.aborted {

@@ -93,8 +93,10 @@ impl Cuda {
             self.inner.ctx.bind_to_thread().map_err(err)?;
             // SAFETY: the buffer holds `bytes.len()` bytes; the copy from pageable host memory
             // has read the source before it returns
-            unsafe { cudarc::driver::result::memcpy_htod_async(s.ptr(), bytes, self.inner.stream.cu_stream()) }
-                .map_err(|e| err(format!("copy to the GPU failed: {e}")))?;
+            self.timed("host copies", || {
+                unsafe { cudarc::driver::result::memcpy_htod_async(s.ptr(), bytes, self.inner.stream.cu_stream()) }
+                    .map_err(|e| err(format!("copy to the GPU failed: {e}")))
+            })?;
         }
         s.know(match data {
             HostData::I64(v) => Some(Bounds::of(v.iter().copied())),
@@ -110,8 +112,10 @@ impl Cuda {
         if !bytes.is_empty() {
             self.inner.ctx.bind_to_thread().map_err(err)?;
             // SAFETY: `bytes` is as long as the buffer; the stream is synchronised before it is read
-            unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut bytes, s.ptr(), self.inner.stream.cu_stream()) }
-                .map_err(|e| err(format!("copy from the GPU failed: {e}")))?;
+            self.timed("host copies", || {
+                unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut bytes, s.ptr(), self.inner.stream.cu_stream()) }
+                    .map_err(|e| err(format!("copy from the GPU failed: {e}")))
+            })?;
         }
         self.inner.stream.synchronize().map_err(|e| err(format!("a kernel failed: {e}")))?;
         HostData::from_bytes(s.dtype(), &bytes)
