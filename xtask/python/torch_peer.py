@@ -3,11 +3,15 @@ answers one JSON line on stdout, so that redco and torch are measured in the sam
 interleaved, with the same thread count. `REDCO_TORCH_DEVICE=cuda` runs the peer on the
 GPU (for `cargo xtask gpu-check cuda`), synchronising before every clock read."""
 import argparse
+import contextlib
+import gc
 import json
+import math
 import os
 import resource
 import sys
 import time
+import traceback
 
 import torch
 
@@ -136,6 +140,133 @@ def train(req):
     return {"times": times, "phases": phases, "losses": losses}
 
 
+def _driver():
+    """The GPU driver as the answer names it: the NVIDIA driver (through NVML, where pynvml
+    is installed) and the CUDA driver API version torch sees (`torch._C._cuda_getDriverVersion`,
+    private: torch has no public accessor), else the CUDA torch was built with; "none" on cpu."""
+    if DEVICE == "cpu":
+        return "none"
+    parts = []
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        v = pynvml.nvmlSystemGetDriverVersion()
+        parts.append("nvidia " + (v.decode() if isinstance(v, bytes) else str(v)))
+    except Exception:
+        pass
+    try:
+        v = int(torch._C._cuda_getDriverVersion())
+        parts.append(f"cuda driver api {v // 1000}.{v % 1000 // 10}")
+    except Exception:
+        pass
+    if not parts:
+        parts.append(f"cuda runtime {torch.version.cuda} (torch build)")
+    return ", ".join(parts)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Sends whatever is written to file descriptor 1 (compiler and library chatter, from
+    Python or from C) to stderr while it lasts, so stdout carries only the answers."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def train_real(req):
+    """Seconds per training step at real sizes, for GPU comparisons: a fresh randomly
+    initialised LlamaForCausalLM of `config` (torch.manual_seed(0)), f32 master weights on
+    DEVICE, `attn_implementation` `attn` ("sdpa" or "eager"), wrapped in `torch.compile`
+    when `compile`; AdamW (`lr`, `weight_decay`; fused on cuda); each step zero_grad, forward
+    under bf16 autocast with labels = the random ids `[batch, seq]`, backward, step, for
+    `warmup` untimed then `reps` timed steps. Answers the timed steps' seconds, every step's
+    loss (null where not finite), the CUDA peak allocated bytes over the timed steps (null
+    on cpu), the parameter count, torch, device and driver. The model and optimizer are
+    freed before answering, failed or not, so requests never hold two models at once."""
+    import transformers
+
+    cfg = req["config"]
+    batch, seq, reps = int(req["batch"]), int(req["seq"]), int(req["reps"])
+    warmup = int(req.get("warmup", 2))
+    attn = req.get("attn", "sdpa")
+    if attn not in ("sdpa", "eager"):
+        raise ValueError(f"train_real: attn {attn!r} is neither \"sdpa\" nor \"eager\"")
+    compiled = bool(req.get("compile", False))
+    cuda = DEVICE != "cpu"
+    device_type = torch.device(DEVICE).type
+    stage = "building the model"
+    model = run = opt = ids = loss = None
+    try:
+        with _stdout_to_stderr():
+            torch.manual_seed(0)
+            c = transformers.LlamaConfig(**cfg, attn_implementation=attn)
+            model = transformers.LlamaForCausalLM(c).float().to(DEVICE)
+            model.train()
+            params = sum(p.numel() for p in model.parameters())
+            stage = "building the optimizer"
+            lr, wd = float(req.get("lr", 1e-4)), float(req.get("weight_decay", 0.0))
+            if cuda:
+                opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=wd, fused=True)
+            else:
+                opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=wd)
+            stage = "torch.compile" if compiled else "preparing the inputs"
+            run = torch.compile(model) if compiled else model
+            ids = _random_ids(cfg, batch, seq)
+            times, losses = [], []
+            for i in range(warmup + reps):
+                if i == warmup and cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                if i == 0 and compiled:
+                    stage = "the first step (torch.compile compiles the model there)"
+                else:
+                    stage = f"step {i} ({'warm-up' if i < warmup else 'timed'})"
+                t = _clock()
+                opt.zero_grad(set_to_none=True)
+                with torch.autocast(device_type, dtype=torch.bfloat16):
+                    loss = run(input_ids=ids, labels=ids, use_cache=False).loss
+                loss.backward()
+                opt.step()
+                dt = _clock() - t
+                if i >= warmup:
+                    times.append(dt)
+                x = loss.item()
+                losses.append(x if math.isfinite(x) else None)
+                loss = None
+            stage = "reading the device"
+            return {
+                "times": times,
+                "losses": losses,
+                "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+                "params": params,
+                "torch": torch.__version__,
+                "device": torch.cuda.get_device_name() if cuda else "cpu",
+                "driver": _driver(),
+                "compiled": compiled,
+            }
+    except Exception as e:
+        # the failed frames below this one (activations, on an OOM) are let go before the
+        # cache is emptied below, not when the caller drops the exception
+        traceback.clear_frames(e.__traceback__)
+        raise RuntimeError(f"train_real failed in {stage}: {type(e).__name__}: {str(e)[:4000]}") from None
+    finally:
+        # drop every reference (an exception's traceback keeps this frame alive), then the
+        # compiled graphs, then the cached blocks
+        model = run = opt = ids = loss = None
+        if compiled:
+            with contextlib.suppress(Exception):
+                torch._dynamo.reset()
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+
+
 def forward(req):
     """Seconds per forward pass (logits `[batch, seq, vocab]`, under inference_mode) for
     `warmup` untimed then `reps` timed passes on random ids `[batch, seq]`."""
@@ -221,6 +352,8 @@ def main():
                 out = train(req)
             elif op == "forward":
                 out = forward(req)
+            elif op == "train_real":
+                out = train_real(req)
             else:
                 out = {"error": f"unknown op {op}"}
         except Exception as e:  # report, keep serving

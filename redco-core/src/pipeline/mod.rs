@@ -33,7 +33,7 @@ pub use deployer::{Deployer, MakeBackend, StepCtx};
 pub use predictor::Predictor;
 pub use run_dir::{ClaimOptions, RunDir};
 pub use train_config::{NanPolicy, OptimizerConfig, TrainConfig, ZeroStage};
-pub use trainer::{FitReport, Trainer};
+pub use trainer::{FitReport, StepProfile, Trainer};
 
 use crate::Tensor;
 use std::collections::BTreeMap;

@@ -13,7 +13,7 @@ use super::run_dir::RunDir;
 use super::step::{params_of, shard_batch, train_ctx, StepOutcome, StepStrategy, Trained};
 use super::train_config::ZeroStage;
 use super::train_state::TrainState;
-use super::trainer::{Eval, Trainer};
+use super::trainer::{Eval, StepProfile, Trainer};
 use super::{Batch, Deployer, StepCtx};
 use crate::backend::MemoryStats;
 use crate::nn::{Module, ModuleExt};
@@ -36,6 +36,15 @@ pub(crate) struct RankResult {
     pub observer_errors: Vec<String>,
     /// The rank's device memory at the end (where its backend counts it).
     pub memory: Option<MemoryStats>,
+    /// The steps after the first timed by op family ([`TrainConfig::profile`]).
+    pub profile: Option<StepProfile>,
+}
+
+/// A profile in progress: when it started and the steps and tokens since.
+struct Profiling {
+    since: Instant,
+    steps: u64,
+    tokens: u64,
 }
 
 /// A rank's run in progress.
@@ -129,7 +138,9 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
             stats: CommStats::default(),
             observer_errors: Vec::new(),
             memory: None,
+            profile: None,
         };
+        let mut profiling: Option<Profiling> = None;
         // rank 0 logs: metrics.jsonl, progress lines and the observers
         let mut log = self.open_log(&mut out.observer_errors)?;
         let ckpt = Checkpointer::new(&self.dep.workdir, cfg.keep_last);
@@ -141,6 +152,20 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
             let StepOutcome::Trained(trained) = stepper.step(&mut self, step, lr)? else { continue };
             out.losses.push(trained.loss);
             let dt = t0.elapsed().as_secs_f64();
+            match profiling.as_mut() {
+                Some(p) => {
+                    p.steps += 1;
+                    p.tokens += trained.tokens as u64;
+                }
+                // the first step done: the steady state is timed from here
+                None if cfg.profile => {
+                    // a backend without device timers still gets its tokens/s timed
+                    self.rk.backend.profile_ops();
+                    self.rk.backend.sync()?;
+                    profiling = Some(Profiling { since: Instant::now(), steps: 0, tokens: 0 });
+                }
+                None => {}
+            }
             let done = step + 1;
             if cadence.reads_state(done) {
                 stepper.sync_state(&mut self)?;
@@ -167,6 +192,12 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
             }
         }
         out.stats = self.rk.comm.stats();
+        if let Some(p) = profiling {
+            let ops = self.rk.backend.op_profile()?;
+            let (steps, tokens, seconds) = (p.steps, p.tokens, p.since.elapsed().as_secs_f64());
+            let peak_flops = self.rk.backend.peak_flops(cfg.compute_dtype);
+            out.profile = Some(StepProfile { steps, tokens, seconds, ops, peak_flops });
+        }
         self.export()?;
         out.memory = self.rk.backend.memory_stats();
         if let Some(l) = &log {

@@ -141,6 +141,11 @@ pub struct TrainConfig {
     /// each block on its own; `redco_core::planning::strategy::strategies` picks it for a
     /// run the planner configures. 0 is refused; inert below stage 3.
     pub unit_layers: usize,
+    /// Time the device's work by op family ([`Backend::profile_ops`](crate::Backend::profile_ops))
+    /// over every step of the run after its first (compilation and first allocations are
+    /// not steady state): [`FitReport::profile`](super::FitReport::profile). Each timed
+    /// call costs the host a few microseconds; off by default.
+    pub profile: bool,
     /// Offload the optimizer ([`Offloaded`](crate::optim::Offloaded)): its state and the
     /// f32 masters in host memory, the update on the host's CPU cores, the updated
     /// parameters uploaded in the compute dtype (a 16-bit run's device holds no f32
@@ -211,6 +216,7 @@ impl Default for TrainConfig {
             nan: NanPolicy::Error,
             zero: ZeroStage::Off,
             unit_layers: 1,
+            profile: false,
             offload: false,
             log_every: 10,
             progress_lines: true,

@@ -14,7 +14,7 @@ use super::run_dir::{ClaimOptions, RunDir};
 use super::step::{CompiledRun, EagerStep, StepStrategy};
 use super::train_config::{OptimizerConfig, TrainConfig, ZeroStage};
 use super::{Batch, Deployer, StepCtx};
-use crate::backend::MemoryStats;
+use crate::backend::{MemoryStats, OpTime};
 use crate::cpu::Cpu;
 use crate::nn::{KeepWhole, Module, ModuleExt, ParamPlacer};
 use crate::ops::random::mix64;
@@ -50,6 +50,44 @@ pub struct FitReport {
     /// counts it ([`Backend::memory_stats`]; its peak since the device opened): empty on
     /// the CPU backend.
     pub device_memory: BTreeMap<usize, MemoryStats>,
+    /// With [`TrainConfig::profile`]: each rank's steady-state steps timed by op family,
+    /// by mesh rank (where the backend times them; empty otherwise).
+    pub profile: BTreeMap<usize, StepProfile>,
+}
+
+/// The steps of a run after its first, timed ([`TrainConfig::profile`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepProfile {
+    /// Optimizer steps timed.
+    pub steps: u64,
+    /// Tokens those steps trained on (the whole batch's, every dp rank's).
+    pub tokens: u64,
+    /// Their wall time on this rank, the device waited for at the end.
+    pub seconds: f64,
+    /// The device's time by op family, longest first ([`Backend::op_profile`]).
+    pub ops: Vec<OpTime>,
+    /// The device's dense peak for products in the compute dtype, where the backend knows
+    /// it ([`Backend::peak_flops`]).
+    pub peak_flops: Option<f64>,
+}
+
+impl StepProfile {
+    /// Tokens per second over the timed steps.
+    pub fn tokens_per_second(&self) -> f64 {
+        self.tokens as f64 / self.seconds.max(f64::MIN_POSITIVE)
+    }
+    /// The wall time the device rows do not cover (launch overhead, synchronisation, host
+    /// work between ops): the wall time less every row that is device time.
+    pub fn host_gap_seconds(&self) -> f64 {
+        let device: f64 = self.ops.iter().filter(|o| !o.family.contains("host")).map(|o| o.seconds).sum();
+        (self.seconds - device).max(0.0)
+    }
+    /// Model FLOPs utilisation: `flops_per_token` (e.g.
+    /// [`train_flops_per_token`](crate::planning::flops::train_flops_per_token)) at the
+    /// measured rate over the device's dense peak; `None` where the peak is unknown.
+    pub fn mfu(&self, flops_per_token: f64) -> Option<f64> {
+        Some(flops_per_token * self.tokens_per_second() / self.peak_flops?)
+    }
 }
 
 impl FitReport {
@@ -64,6 +102,7 @@ impl FitReport {
             comm: BTreeMap::new(),
             observer_errors: Vec::new(),
             device_memory: BTreeMap::new(),
+            profile: BTreeMap::new(),
         }
     }
 }
@@ -458,6 +497,7 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
             dep.run(|rk| RankRun::start(self, (dep, rk), data, (&plan, &units), run)?.run(stepper.as_ref()))?;
         let comm: BTreeMap<usize, CommStats> = results.iter().map(|r| (r.rank, r.stats.clone())).collect();
         let device_memory = results.iter().filter_map(|r| Some((r.rank, r.memory?))).collect();
+        let profile = results.iter().filter_map(|r| Some((r.rank, r.profile.clone()?))).collect();
         let first = results.into_iter().next().ok_or_else(|| Error::invalid("fit", "no rank ran in this process"))?;
         Ok(FitReport {
             start_step: run.start_step(),
@@ -468,6 +508,7 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
             comm,
             observer_errors: first.observer_errors,
             device_memory,
+            profile,
         })
     }
 }
@@ -478,4 +519,29 @@ struct Prepared<B: Backend> {
     /// The model's ZeRO-3 units.
     units: Vec<String>,
     compiled: Option<Arc<dyn CompiledStep<B>>>,
+}
+
+#[cfg(test)]
+mod profile_tests {
+    use super::{OpTime, StepProfile};
+
+    #[test]
+    fn a_profile_gives_tokens_per_second_host_gaps_and_mfu() {
+        let op = |f: &str, s: f64| OpTime { family: f.into(), calls: 10, seconds: s };
+        let p = StepProfile {
+            steps: 4,
+            tokens: 4 * 8192,
+            seconds: 2.0,
+            ops: vec![op("matmul", 1.2), op("AdamW", 0.3), op("allocator (driver calls, host)", 0.25)],
+            peak_flops: Some(1e15),
+        };
+        assert_eq!(p.tokens_per_second(), 16384.0);
+        // the host's allocator row is not device time
+        assert!((p.host_gap_seconds() - 0.5).abs() < 1e-12);
+        let mfu = p.mfu(5e9).unwrap();
+        assert!((mfu - 5e9 * 16384.0 / 1e15).abs() < 1e-12);
+        assert_eq!(StepProfile { peak_flops: None, ..p.clone() }.mfu(5e9), None);
+        // device rows longer than the wall (clock skew) give no negative gap
+        assert_eq!(StepProfile { seconds: 1.0, ..p }.host_gap_seconds(), 0.0);
+    }
 }

@@ -419,3 +419,22 @@ fn strategy_auto_takes_the_planners_pick_for_the_memory_per_rank_and_refuses_wha
         let _ = std::fs::remove_dir_all(w);
     }
 }
+
+#[test]
+fn profile_times_the_steps_after_the_first() {
+    let w = tmp("profile");
+    let args = ["train", "--preset", "llama-tiny", "--steps", "4", "--batch-size", "4", "--seq-len", "16"];
+    let (code, out, err) = redco(&[&args[..], &["--profile", "--workdir", s(&w), "--threads", "2"]].concat());
+    assert_eq!(code, 0, "{out}\n{err}");
+    // 3 steps of 4 x 16 tokens after the first; the cpu backend has no device timers
+    let line = out.lines().find(|l| l.starts_with("profile over 3 steps after the first")).expect(&out);
+    let rate: f64 = line.split(", ").nth(1).and_then(|r| r.split(' ').next()).and_then(|r| r.parse().ok()).expect(line);
+    assert!(rate > 0.0, "{line}");
+    assert!(out.contains("no device timers"), "{out}");
+    assert!(!out.contains("MFU"), "no peak on the cpu backend:\n{out}");
+    // without the flag, no profile
+    let w2 = tmp("no-profile");
+    let (code, out, err) = redco(&[&args[..], &["--workdir", s(&w2), "--threads", "2"]].concat());
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(!out.contains("profile over"), "{out}");
+}

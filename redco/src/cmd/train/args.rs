@@ -99,6 +99,13 @@ pub struct TrainArgs {
     /// the cpu backend, whose memory is the host's.
     #[arg(long)]
     pub offload: bool,
+    /// Time the device's work by op family over every step after the first and print the
+    /// table at the end: each family's share of a step, the host's gaps between them,
+    /// tokens/s and the model-FLOPs utilisation against the device's dense peak (cuda; a
+    /// backend without device timers prints tokens/s alone). Costs the host a few
+    /// microseconds a kernel launch.
+    #[arg(long)]
+    pub profile: bool,
     /// Who picks the memory tools `--zero` and `--recompute` leave open: auto (the planner:
     /// among those that fit the memory per rank, the fewest bytes moved and recomputed; as
     /// `redco plan` lists them) or none (ZeRO-0, every activation kept). A run that fits
@@ -261,6 +268,7 @@ pub(super) fn train_config(
         overwrite: a.overwrite,
         zero: ZeroStage::from_number(a.zero.unwrap_or(0)).unwrap_or_default(),
         offload: a.offload,
+        profile: a.profile,
         ..Default::default()
     })
 }

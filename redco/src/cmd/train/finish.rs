@@ -16,6 +16,46 @@ pub(super) struct Ending<'a> {
     pub task: &'a str,
     /// A line printed after the loss line (e.g. the bundled corpus's entropy).
     pub note: Option<String>,
+    /// The model FLOPs of training one token, for `--profile`'s MFU (none: not shown).
+    pub flops_per_token: Option<f64>,
+}
+
+/// `--profile`'s table: each op family's device time per step and share of the step, the
+/// host's gaps, tokens/s and the model-FLOPs utilisation.
+fn print_profile(p: &redco_core::pipeline::StepProfile, flops_per_token: Option<f64>) {
+    if p.steps == 0 {
+        crate::outln!("profile: no step after the first to time (run more --steps)");
+        return;
+    }
+    let per = |s: f64| s / p.steps as f64 * 1e3;
+    let step_ms = per(p.seconds);
+    crate::outln!(
+        "\nprofile over {} steps after the first: {:.1} ms a step, {:.0} tokens/s",
+        p.steps,
+        step_ms,
+        p.tokens_per_second()
+    );
+    if let (Some(f), Some(peak)) = (flops_per_token, p.peak_flops) {
+        let mfu = p.mfu(f).unwrap_or(f64::NAN);
+        crate::outln!(
+            "MFU {:.1}% ({:.2} GFLOP a token, 6N + 12LHQT; {:.1} TFLOP/s of the device's {:.0} dense)",
+            100.0 * mfu,
+            f / 1e9,
+            f * p.tokens_per_second() / 1e12,
+            peak / 1e12
+        );
+    }
+    if p.ops.is_empty() {
+        crate::outln!("(this backend has no device timers: no table by op family)");
+        return;
+    }
+    crate::outln!("{:<42} {:>8} {:>10} {:>7}", "op family", "calls", "ms/step", "share");
+    let mut rows: Vec<(String, u64, f64)> = p.ops.iter().map(|o| (o.family.clone(), o.calls, o.seconds)).collect();
+    rows.push(("host gaps (wall time no device row covers)".into(), 0, p.host_gap_seconds()));
+    for (family, calls, secs) in rows {
+        let calls = if calls == 0 { "-".to_string() } else { (calls / p.steps).to_string() };
+        crate::outln!("{family:<42} {calls:>8} {:>10.2} {:>6.1}%", per(secs), 100.0 * per(secs) / step_ms);
+    }
 }
 
 /// Ends a run: `--comm-stats` on every process; on the leader, the LoRA export, the model
@@ -63,6 +103,9 @@ pub(super) fn finish(
             "peak device memory: {} (the most a rank's device held in tensors at once)",
             redco_core::planning::planner::human(peak)
         );
+    }
+    if let Some(p) = report.profile.get(&report.rank) {
+        print_profile(p, end.flops_per_token);
     }
     let heap = crate::ALLOC.peak_live_bytes();
     if heap > 0 {

@@ -307,7 +307,10 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
         )
     });
     let files = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"];
-    if !finish(a, &s, &report, steps, Ending { files: &files, task: "CAUSAL_LM", note })? {
+    // MFU's FLOPs are counted for LLaMA's shape (a SwiGLU MLP); other decoders show tokens/s
+    let flops_per_token =
+        (cfg.model_type == "llama").then(|| redco_core::planning::flops::train_flops_per_token(&cfg.dims(), seq_len));
+    if !finish(a, &s, &report, steps, Ending { files: &files, task: "CAUSAL_LM", note, flops_per_token })? {
         return Ok(());
     }
     // the sample runs on this process alone

@@ -225,7 +225,13 @@ pub(super) fn run(a: &TrainArgs, r: RunSetup) -> std::result::Result<(), String>
     };
     let report = backends::dispatch(r.kind, r.mesh, &job).map_err(err)?;
     let files = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"];
-    if !finish(a, &r, &report, steps, Ending { files: &files, task: "SEQ_2_SEQ_LM", note: None })? {
+    if !finish(
+        a,
+        &r,
+        &report,
+        steps,
+        Ending { files: &files, task: "SEQ_2_SEQ_LM", note: None, flops_per_token: None },
+    )? {
         return Ok(());
     }
     // the held-out outputs on this process alone
