@@ -1,6 +1,8 @@
 //! GEMM throughput of the CUDA backend on GPU 0: `n x n x n` products in f32 and bf16
 //! (f32 accumulation), timed over several calls after a warm-up, printed one line each:
-//! `gemm <dtype> <n>^3 <TFLOP/s> TFLOP/s`. Used by `cargo xtask gpu-check cuda`.
+//! `gemm <dtype> <n>^3 <TFLOP/s> TFLOP/s`; then the device's copy rate (a 1 GiB buffer
+//! copied on the device, bytes read plus written per second: `copy <GB/s> GB/s`), what a
+//! memory-bound kernel such as AdamW is bounded by. Used by `cargo xtask gpu-check cuda`.
 //!
 //! `cargo run --release -p redco-cuda --example gemm_tflops [-- N...]` (default 4096 8192).
 
@@ -50,6 +52,7 @@ fn main() -> Result<(), String> {
             );
         }
     }
+    println!("copy {:.0} GB/s", cuda.copy_rate(1 << 30, 20).map_err(|e| e.to_string())? / 1e9);
     let m = cuda.memory();
     println!("allocator: peak {} MiB reserved, {} reused / {} fresh", m.peak_reserved >> 20, m.reused, m.fresh);
     Ok(())

@@ -171,15 +171,6 @@ impl Cuda {
     }
 }
 
-/// Bytes one mixed-precision AdamW step moves per parameter element
-/// (`kernels/adamw.cu`'s `adamw_master_*`): the gradient (`grad` bytes) and the f32 master
-/// and moments read, the master and moments written, and the compute copy (`copy` bytes)
-/// written. For bf16 gradients and copies, 28 bytes: a step's bound is that times the
-/// parameters over the device's copy rate.
-pub fn master_step_bytes(grad: DType, copy: DType) -> usize {
-    grad.size_in_bytes() + 3 * 4 + 3 * 4 + copy.size_in_bytes()
-}
-
 impl Cuda {
     /// [`redco_core::Backend::adamw_master_many`]: one launch per gradient dtype; each new
     /// master and compute copy in a fresh buffer (the old master is read, never written),
@@ -250,15 +241,7 @@ impl Cuda {
 
 #[cfg(test)]
 mod tests {
-    use super::{chunks, many_config, master_step_bytes, CHUNK};
-    use redco_core::DType;
-
-    #[test]
-    fn a_mixed_precision_step_moves_28_bytes_a_bf16_parameter() {
-        assert_eq!(master_step_bytes(DType::BF16, DType::BF16), 28);
-        assert_eq!(master_step_bytes(DType::F32, DType::BF16), 30);
-        assert_eq!(master_step_bytes(DType::F32, DType::F32), 32);
-    }
+    use super::{chunks, many_config, CHUNK};
 
     #[test]
     fn every_element_is_in_exactly_one_chunk() {

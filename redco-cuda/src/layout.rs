@@ -7,7 +7,7 @@ use crate::elementwise::fits;
 use crate::launch::{elementwise as cfg, Dims};
 use crate::storage::CudaStorage;
 use cudarc::driver::PushKernelArg;
-use redco_core::{Error, Result, Shape};
+use redco_core::{DType, Error, Result, Shape};
 
 fn strides(dims: &[usize]) -> Vec<i64> {
     Shape::new(dims.to_vec()).strides().into_iter().map(|s| s as i64).collect()
@@ -40,6 +40,23 @@ impl Cuda {
     }
 
     /// A copy of `x` in a new buffer (device to device).
+    /// The device's copy rate: bytes read plus written per second copying a buffer of
+    /// `bytes` on the device, the best of `reps` copies after a warm-up.
+    pub fn copy_rate(&self, bytes: usize, reps: usize) -> Result<f64> {
+        let x = self.alloc(bytes / 4, DType::F32)?;
+        self.duplicate(&x)?;
+        self.inner.stream.synchronize().map_err(|e| err(format!("a kernel failed: {e}")))?;
+        let mut best = f64::MAX;
+        for _ in 0..reps.max(1) {
+            let t = std::time::Instant::now();
+            let y = self.duplicate(&x)?;
+            self.inner.stream.synchronize().map_err(|e| err(format!("a kernel failed: {e}")))?;
+            best = best.min(t.elapsed().as_secs_f64());
+            drop(y);
+        }
+        Ok(2.0 * (bytes / 4 * 4) as f64 / best)
+    }
+
     pub(crate) fn duplicate(&self, x: &CudaStorage) -> Result<CudaStorage> {
         let y = self.alloc(x.len(), x.dtype())?;
         let bytes = x.len() * x.dtype().size_in_bytes();

@@ -33,7 +33,6 @@ mod profile;
 mod reduce;
 mod storage;
 
-pub use adamw::master_step_bytes;
 pub use alloc::MemoryStats;
 pub use context::Cuda;
 pub use device::{cublas_present, dense_peak_flops, devices, driver_present, nvrtc_present, GpuInfo};

@@ -156,7 +156,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         Some((b, rest)) if !b.starts_with("--") => (b.as_str(), rest),
         _ => {
             return Err(
-                "usage: cargo xtask gpu-check wgpu [--allow-cpu-adapter] | pjrt [--plugin PATH] [--allow-cpu] | cuda [--python PY] | bundle [--out DIR]"
+                "usage: cargo xtask gpu-check wgpu [--allow-cpu-adapter] | pjrt [--plugin PATH] [--allow-cpu] | cuda [--python PY] [--real-size] | bundle [--out DIR]"
                     .into()
             )
         }

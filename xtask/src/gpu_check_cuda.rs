@@ -1,5 +1,6 @@
-//! `cargo xtask gpu-check cuda [--python PY]`: the CUDA backend on a machine with an
-//! NVIDIA GPU, in one prepared run. `PY` (default `python3`) is a Python with torch and the
+//! `cargo xtask gpu-check cuda [--python PY] [--real-size [--steps N] [--batch B] [--seq T]]`:
+//! the CUDA backend on a machine with an NVIDIA GPU, in one prepared run (`--real-size`:
+//! the real-size training rows instead, [`crate::gpu_check_real`]). `PY` (default `python3`) is a Python with torch and the
 //! `nvidia-*` wheels (cuBLAS, NCCL, NVRTC; NVRTC is fetched like the CI's where they
 //! lack it): their library
 //! directories go on `LD_LIBRARY_PATH`, with a `libnccl.so` link to the wheel's
@@ -43,9 +44,10 @@ fn nccl_link(libs: &[PathBuf]) -> Option<PathBuf> {
 
 /// Runs the task.
 pub fn run(argv: &[String]) -> Result<(), String> {
-    let args = Args::parse(argv, &[])?;
-    args.only(&["python"])?;
+    let args = Args::parse(argv, &["real-size"])?;
+    args.only(&["python", "real-size", "steps", "batch", "seq"])?;
     let python = args.get("python").unwrap_or("python3").to_string();
+    let real = (args.num("steps", 6)?.max(2), args.num("batch", 8)?.max(1), args.num("seq", 1024)?.max(2));
     let libs = wheel_libs(&python);
     // NVRTC from torch's wheels where they have it (a GPU machine without a network), else
     // fetched
@@ -76,6 +78,11 @@ pub fn run(argv: &[String]) -> Result<(), String> {
             "gpu-check cuda needs an NVIDIA GPU: {}",
             info.lines().find(|l| l.starts_with("cuda")).unwrap_or("redco info failed")
         ));
+    }
+    if args.has("real-size") {
+        let rows = crate::gpu_check_real::rows(&envs, &python, real)?;
+        let device = info.lines().find(|l| l.starts_with("cuda: cuda:")).unwrap_or("cuda").trim_start_matches("cuda: ");
+        return report("cuda", &format!("gpu-check cuda --real-size on {device}"), &rows);
     }
     let mut rows: Vec<(String, String, bool)> = Vec::new();
     let mut tests = |what: &str, a: &[&str]| -> Result<(), String> {

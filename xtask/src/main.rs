@@ -29,6 +29,7 @@ mod gpu_bundle;
 mod gpu_check;
 mod gpu_check_cuda;
 mod gpu_check_pjrt;
+mod gpu_check_real;
 mod machine;
 mod nvrtc;
 mod pjrt;

@@ -53,6 +53,15 @@ pub struct AdamMasterItem<'a, S> {
     pub n: usize,
 }
 
+/// Bytes a one-pass [`crate::Backend::adamw_master_many`] moves per parameter element:
+/// the gradient (`grad`'s size) and the f32 master and moments read, the master and the
+/// moments written, the compute copy (`copy`'s size) written. For bf16 gradients and
+/// copies, 28 bytes: a step's bound is that times the parameters over the device's copy
+/// rate.
+pub fn master_step_bytes(grad: DType, copy: DType) -> usize {
+    grad.size_in_bytes() + 3 * 4 + 3 * 4 + copy.size_in_bytes()
+}
+
 /// [`crate::Backend::adamw_master_many`] written with the backend's other ops: per item,
 /// the gradient cast to f32 and scaled (when `grad_scale` is not 1), [`Backend::adamw_into`],
 /// and the new master cast to `copy`. Returns `(new master, compute copy)` per item.
@@ -101,4 +110,17 @@ pub fn composite_adamw<B: Backend>(
     let step = m.scale(1.0 / h.bias1)?.div(&denom)?;
     let x = x.scale(1.0 - h.lr * h.weight_decay)?.sub(&step.scale(h.lr)?)?;
     Ok((x.storage().clone(), m.storage().clone(), v.storage().clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::master_step_bytes;
+    use crate::DType;
+
+    #[test]
+    fn a_mixed_precision_step_moves_28_bytes_a_bf16_parameter() {
+        assert_eq!(master_step_bytes(DType::BF16, DType::BF16), 28);
+        assert_eq!(master_step_bytes(DType::F32, DType::BF16), 30);
+        assert_eq!(master_step_bytes(DType::F32, DType::F32), 32);
+    }
 }

@@ -166,6 +166,10 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
                 }
                 None => {}
             }
+            // the profile ends with the run's last step, before its eval and checkpoint
+            if profiling.is_some() && step + 1 >= cfg.steps {
+                out.profile = self.end_profile(profiling.take())?;
+            }
             let done = step + 1;
             if cadence.reads_state(done) {
                 stepper.sync_state(&mut self)?;
@@ -192,11 +196,8 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
             }
         }
         out.stats = self.rk.comm.stats();
-        if let Some(p) = profiling {
-            let ops = self.rk.backend.op_profile()?;
-            let (steps, tokens, seconds) = (p.steps, p.tokens, p.since.elapsed().as_secs_f64());
-            let peak_flops = self.rk.backend.peak_flops(cfg.compute_dtype);
-            out.profile = Some(StepProfile { steps, tokens, seconds, ops, peak_flops });
+        if profiling.is_some() {
+            out.profile = self.end_profile(profiling)?;
         }
         self.export()?;
         out.memory = self.rk.backend.memory_stats();
@@ -206,6 +207,16 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
             t.observers.each("on_end", &mut out.observer_errors, |o| o.on_end(&self.dep.workdir, &curve));
         }
         Ok(out)
+    }
+
+    /// The profile of the steps since `p` started (the device waited for first).
+    fn end_profile(&self, p: Option<Profiling>) -> Result<Option<StepProfile>> {
+        let Some(p) = p else { return Ok(None) };
+        let ops = self.rk.backend.op_profile()?;
+        self.rk.backend.sync()?;
+        let (steps, tokens, seconds) = (p.steps, p.tokens, p.since.elapsed().as_secs_f64());
+        let peak_flops = self.rk.backend.peak_flops(self.trainer.config.compute_dtype);
+        Ok(Some(StepProfile { steps, tokens, seconds, ops, peak_flops }))
     }
 
     /// Rank 0's metrics log (and the observers told the run starts); none on other ranks.

@@ -13,7 +13,7 @@ mod load;
 mod memory;
 mod mpi;
 mod peak;
-mod random_ckpt;
+pub(crate) mod random_ckpt;
 mod real_size;
 mod serve;
 mod serve_load;
