@@ -1,5 +1,6 @@
 //! `POST /v1/chat/completions`: the messages rendered with the model's chat template
-//! (`tokenizer_config.json`'s `chat_template`, a Jinja template run by minijinja).
+//! (`chat_template.jinja`, or `tokenizer_config.json`'s `chat_template`: a Jinja template
+//! run by minijinja).
 
 use super::choices::{stream, submit, Piece};
 use super::completions::usage;
@@ -31,22 +32,23 @@ fn token(cfg: &Value, key: &str) -> String {
 }
 
 impl ChatTemplate {
-    /// The template of `dir/tokenizer_config.json`; `None` when the model has none.
+    /// The model's template: `dir/chat_template.jinja` (where current transformers saves
+    /// it), else `tokenizer_config.json`'s `chat_template` (a string, or a list of named
+    /// templates: the one named `default`, else the first); `None` when the model has none.
+    /// The special tokens come from `tokenizer_config.json`.
     pub fn from_dir(dir: &Path) -> Result<Option<Self>, String> {
         let path = dir.join("tokenizer_config.json");
-        let Ok(text) = std::fs::read_to_string(&path) else { return Ok(None) };
-        let cfg: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        let source = match cfg.get("chat_template") {
-            Some(Value::String(s)) => s.clone(),
-            // a list of named templates: the default one, else the first
-            Some(Value::Array(a)) => {
-                let named = |n: &str| a.iter().find(|t| t.get("name").and_then(Value::as_str) == Some(n));
-                match named("default").or(a.first()).and_then(|t| t.get("template")).and_then(Value::as_str) {
-                    Some(s) => s.to_string(),
-                    None => return Ok(None),
-                }
-            }
-            _ => return Ok(None),
+        let cfg: Value = match std::fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?,
+            Err(_) => Value::Null,
+        };
+        let jinja = dir.join("chat_template.jinja");
+        let (source, path) = match std::fs::read_to_string(&jinja) {
+            Ok(t) => (t, jinja),
+            Err(_) => match Self::from_config(&cfg) {
+                Some(s) => (s, path),
+                None => return Ok(None),
+            },
         };
         let mut env = minijinja::Environment::new();
         env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
@@ -54,6 +56,19 @@ impl ChatTemplate {
         });
         env.add_template_owned("chat", source).map_err(|e| format!("{}: the chat template: {e}", path.display()))?;
         Ok(Some(ChatTemplate { env, bos: token(&cfg, "bos_token"), eos: token(&cfg, "eos_token") }))
+    }
+
+    /// `tokenizer_config.json`'s `chat_template`: a string, or the `default` (else the
+    /// first) of a list of named templates.
+    fn from_config(cfg: &Value) -> Option<String> {
+        Some(match cfg.get("chat_template") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(a)) => {
+                let named = |n: &str| a.iter().find(|t| t.get("name").and_then(Value::as_str) == Some(n));
+                named("default").or(a.first())?.get("template")?.as_str()?.to_string()
+            }
+            _ => return None,
+        })
     }
 
     /// The prompt text of `messages`, ready for the assistant's turn.
@@ -87,6 +102,7 @@ fn messages(v: Option<&Value>) -> Result<&Value, ApiError> {
                 format!("a message is an object with a string `role` and string `content`, got {}", kind(m)),
             ));
         }
+        super::fields::check_role(i, m["role"].as_str().unwrap_or_default(), m)?;
     }
     Ok(v)
 }
@@ -101,13 +117,15 @@ pub async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
 
 async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
     let body = app.parse_body(&body)?;
+    super::fields::check(&body, &["messages", "top_logprobs"])?;
+    let msgs = messages(body.get("messages"))?;
     let Some(template) = &app.chat_template else {
         return Err(ApiError::bad_request(format!(
-            "the model {} has no chat template (tokenizer_config.json has no chat_template): use /v1/completions",
+            "the model {} has no chat template (no chat_template.jinja, and tokenizer_config.json has no \
+             chat_template): use /v1/completions",
             app.model_id
         )));
     };
-    let msgs = messages(body.get("messages"))?;
     let p = Params::read(&body, app.context)?;
     let p = Params { max_tokens: p.max_tokens.min(app.context.saturating_sub(1)), ..p };
     let text = template.render(msgs).map_err(|e| ApiError::invalid("messages", e))?;
@@ -156,4 +174,55 @@ async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
     Ok(axum::Json(json!({"id": id, "object": "chat.completion", "created": created, "model": model,
         "choices": out, "usage": usage(prompt_tokens, generated)}))
     .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ChatTemplate;
+    use serde_json::json;
+
+    fn dir(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("redco-chat-template-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn templates_are_read_from_the_jinja_file_the_config_or_its_named_list() {
+        let msgs = json!([{"role": "user", "content": "hi"}]);
+        let t = "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}";
+        // transformers' current layout: chat_template.jinja beside a config without one
+        let d = dir("jinja");
+        std::fs::write(d.join("chat_template.jinja"), t).unwrap();
+        std::fs::write(d.join("tokenizer_config.json"), json!({"bos_token": "<s>"}).to_string()).unwrap();
+        assert_eq!(ChatTemplate::from_dir(&d).unwrap().unwrap().render(&msgs).unwrap(), "<s><user>hi");
+        // the jinja file wins over the config's
+        std::fs::write(
+            d.join("tokenizer_config.json"),
+            json!({"chat_template": "old", "bos_token": "<s>"}).to_string(),
+        )
+        .unwrap();
+        assert_eq!(ChatTemplate::from_dir(&d).unwrap().unwrap().render(&msgs).unwrap(), "<s><user>hi");
+        // the jinja file alone, no tokenizer_config.json
+        std::fs::remove_file(d.join("tokenizer_config.json")).unwrap();
+        assert_eq!(ChatTemplate::from_dir(&d).unwrap().unwrap().render(&msgs).unwrap(), "<user>hi");
+        // a list of named templates in the config: `default`, else the first
+        let d = dir("named");
+        let list = json!({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": t}],
+            "bos_token": {"content": "<s>"}});
+        std::fs::write(d.join("tokenizer_config.json"), list.to_string()).unwrap();
+        assert_eq!(ChatTemplate::from_dir(&d).unwrap().unwrap().render(&msgs).unwrap(), "<s><user>hi");
+        let first = json!({"chat_template": [{"name": "rag", "template": "R"}]});
+        std::fs::write(d.join("tokenizer_config.json"), first.to_string()).unwrap();
+        assert_eq!(ChatTemplate::from_dir(&d).unwrap().unwrap().render(&msgs).unwrap(), "R");
+        // none at all
+        let d = dir("none");
+        std::fs::write(d.join("tokenizer_config.json"), json!({"bos_token": "<s>"}).to_string()).unwrap();
+        assert!(ChatTemplate::from_dir(&d).unwrap().is_none());
+        // a broken template is an error naming the file
+        std::fs::write(d.join("chat_template.jinja"), "{% for %}").unwrap();
+        let e = ChatTemplate::from_dir(&d).err().unwrap();
+        assert!(e.contains("chat_template.jinja"), "{e}");
+    }
 }

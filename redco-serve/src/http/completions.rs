@@ -68,6 +68,7 @@ pub async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
 
 async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
     let body = app.parse_body(&body)?;
+    super::fields::check(&body, &["prompt", "echo"])?;
     let p = Params::read(&body, 16)?;
     let prompts = prompts(&app, body.get("prompt"))?;
     let ids: Vec<Vec<i64>> = prompts.iter().map(|(i, _)| i.clone()).collect();

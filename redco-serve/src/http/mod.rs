@@ -8,6 +8,7 @@ pub mod chat;
 pub mod choices;
 pub mod completions;
 pub mod error;
+pub mod fields;
 pub mod latency;
 pub mod logprobs;
 pub mod params;

@@ -298,10 +298,11 @@ fn serve_renders_the_chat_template_and_drains_on_sigterm() {
     for f in ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json"] {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();
     }
-    let mut tc: Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer_config.json")).unwrap()).unwrap();
-    tc["chat_template"] = json!("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}");
-    std::fs::write(dir.join("tokenizer_config.json"), tc.to_string()).unwrap();
+    // the template where current transformers saves it: chat_template.jinja beside a
+    // tokenizer_config.json without one
+    std::fs::copy(src.join("tokenizer_config.json"), dir.join("tokenizer_config.json")).unwrap();
+    let template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}";
+    std::fs::write(dir.join("chat_template.jinja"), template).unwrap();
     let mut srv = start(&dir, &["--served-model-name", "tiny-chat"]);
     let a = srv.addr.clone();
     let msgs = json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]);
@@ -581,6 +582,29 @@ fn serve_survives_more_bad_requests_slow_clients_and_a_burst_of_a_thousand() {
         assert!(v["error"]["message"].is_string() && v["error"]["type"].is_string(), "{text}");
         alive(a);
     }
+    // fields this server does not implement: a 400 naming each, never an answer that
+    // ignores them
+    let refused = [
+        ("/v1/chat/completions", chat(json!({"tools": [{"type": "function", "function": {"name": "f"}}]})), "tools"),
+        ("/v1/chat/completions", chat(json!({"tool_choice": "required"})), "tool_choice"),
+        ("/v1/chat/completions", chat(json!({"response_format": {"type": "json_object"}})), "response_format"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "wizard", "content": "hi"}]}), "messages[0].role"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "tool", "content": "4"}]}), "messages[0].role"),
+        ("/v1/chat/completions", chat(json!({"prompt": "x"})), "prompt"),
+        ("/v1/completions", json!({"prompt": "x", "best_of": 3}), "best_of"),
+        ("/v1/completions", json!({"prompt": "x", "suffix": "end"}), "suffix"),
+        ("/v1/completions", json!({"prompt": "x", "guided_json": {"type": "object"}}), "guided_json"),
+        ("/v1/completions", json!({"prompt": "x", "ignore_eos": true}), "ignore_eos"),
+    ];
+    for (path, body, param) in &refused {
+        let (st, v) = post(a, path, body);
+        assert_eq!((st, v["error"]["param"].as_str()), (400, Some(*param)), "{body}: {v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains(param.split('.').next().unwrap()), "{v}");
+        alive(a);
+    }
+    // `user` is accepted and ignored (README: the fields accepted and ignored)
+    let (st, r) = post(a, "/v1/completions", &json!({"prompt": "x", "max_tokens": 2, "user": "u-17", "best_of": 1}));
+    assert_eq!(st, 200, "{r}");
     // neutral values of the refused fields are accepted
     let (st, r) =
         post(a, "/v1/completions", &json!({"prompt": "x", "max_tokens": 2, "presence_penalty": 0, "logit_bias": {}}));

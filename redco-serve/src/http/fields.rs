@@ -1,0 +1,165 @@
+//! Which request fields each endpoint implements. A field outside them is refused with a
+//! 400 naming it, as OpenAI's API refuses an unrecognized argument: a client that asks for
+//! tools, a response format or a suffix gets an error, never an answer that silently is not
+//! what it asked for. `user` (an end-user id kept for abuse monitoring) is the one field
+//! accepted and ignored.
+
+use super::error::ApiError;
+use super::params::kind;
+use serde_json::{Map, Value};
+
+/// The fields both endpoints read (their values are checked by `Params::read`).
+const COMMON: [&str; 17] = [
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "n",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+];
+
+/// Fields accepted and ignored: they change nothing a client gets back.
+pub const IGNORED: [&str; 1] = ["user"];
+
+/// Fields of OpenAI's API (or vLLM's) that this server does not implement, with what the
+/// refusal says; a neutral value (absent, null, an empty list, `"none"`) is accepted.
+fn not_implemented(key: &str, v: &Value, n: usize) -> Option<&'static str> {
+    let neutral = match v {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::String(s) => s.is_empty() || (key == "tool_choice" && s == "none"),
+        _ => false,
+    };
+    if neutral {
+        return None;
+    }
+    Some(match key {
+        "tools" | "tool_choice" | "functions" | "function_call" | "parallel_tool_calls" => {
+            "tool calling is not implemented by this server"
+        }
+        "response_format" if v.get("type").and_then(Value::as_str) == Some("text") => return None,
+        "response_format" | "guided_json" | "guided_regex" | "guided_choice" | "guided_grammar" => {
+            "structured output (constrained decoding) is not implemented by this server"
+        }
+        // best_of = n draws exactly the n choices asked for
+        "best_of" if v.as_u64().is_some_and(|b| b as usize == n) => return None,
+        "best_of" => "`best_of` (drawing more choices than returned) is not implemented by this server",
+        "suffix" => "`suffix` (text after the completion, for insertion) is not implemented by this server",
+        _ => return None,
+    })
+}
+
+/// Refuses every field of `body` that the endpoint does not implement: its own fields are
+/// `own` besides [`COMMON`] and [`IGNORED`].
+pub fn check(body: &Map<String, Value>, own: &[&str]) -> Result<(), ApiError> {
+    let n = body.get("n").and_then(Value::as_u64).unwrap_or(1) as usize;
+    for (key, v) in body {
+        if COMMON.contains(&key.as_str()) || IGNORED.contains(&key.as_str()) || own.contains(&key.as_str()) {
+            continue;
+        }
+        if let Some(why) = not_implemented(key, v, n) {
+            return Err(ApiError::invalid(key, format!("`{key}` ({}): {why}", short(v))));
+        }
+        let known = ["best_of", "suffix", "response_format", "tools", "tool_choice", "functions", "function_call"];
+        if known.contains(&key.as_str()) || key == "parallel_tool_calls" || key.starts_with("guided_") {
+            continue; // a neutral value
+        }
+        return Err(ApiError::invalid(
+            key,
+            format!("Unrecognized request argument supplied: `{key}` (this server does not implement it)"),
+        ));
+    }
+    Ok(())
+}
+
+/// A value shown in a refusal: its JSON kind, or a short string.
+fn short(v: &Value) -> String {
+    match v {
+        Value::String(s) if s.len() <= 40 => format!("\"{s}\""),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        other => kind(other).to_string(),
+    }
+}
+
+/// The roles a chat message may have here; `tool` needs tool calling.
+pub fn check_role(i: usize, role: &str, m: &Value) -> Result<(), ApiError> {
+    let param = format!("messages[{i}].role");
+    match role {
+        "system" | "developer" | "user" => Ok(()),
+        "assistant" if m.get("tool_calls").is_some_and(|t| !t.is_null()) => Err(ApiError::invalid(
+            &format!("messages[{i}].tool_calls"),
+            format!(
+                "`messages[{i}].tool_calls`: assistant messages with tool calls need tool calling, which this \
+                 server does not implement"
+            ),
+        )),
+        "assistant" => Ok(()),
+        "tool" | "function" => Err(ApiError::invalid(
+            &param,
+            format!("`{param}`: `{role}` messages need tool calling, which this server does not implement"),
+        )),
+        other => {
+            Err(ApiError::invalid(&param, format!("`{other}` is not a role (system, developer, user or assistant)")))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn check_c(v: Value) -> Result<(), ApiError> {
+        check(v.as_object().unwrap(), &["prompt", "echo"])
+    }
+
+    #[test]
+    fn fields_not_implemented_are_refused_by_name_and_neutral_ones_pass() {
+        let ok = json!({"model": "m", "prompt": "a", "max_tokens": 3, "user": "u-1", "best_of": 2, "n": 2,
+            "suffix": null, "tools": [], "tool_choice": "none", "response_format": {"type": "text"}});
+        check_c(ok).unwrap();
+        for (body, param) in [
+            (json!({"prompt": "a", "tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
+            (json!({"prompt": "a", "tool_choice": "auto"}), "tool_choice"),
+            (json!({"prompt": "a", "response_format": {"type": "json_object"}}), "response_format"),
+            (json!({"prompt": "a", "best_of": 3}), "best_of"),
+            (json!({"prompt": "a", "suffix": "end"}), "suffix"),
+            (json!({"prompt": "a", "guided_regex": "a+"}), "guided_regex"),
+            (json!({"prompt": "a", "ignore_eos": true}), "ignore_eos"),
+            (json!({"prompt": "a", "wizardry": 1}), "wizardry"),
+        ] {
+            let e = check_c(body.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+            assert!(e.message.contains(param), "{}", e.message);
+            assert_eq!(e.status.as_u16(), 400);
+        }
+        // a chat field is unknown to completions
+        assert_eq!(check_c(json!({"prompt": "a", "messages": []})).unwrap_err().param.as_deref(), Some("messages"));
+    }
+
+    #[test]
+    fn chat_roles_are_the_four_and_tool_messages_wait_for_tool_calling() {
+        let m = json!({});
+        for r in ["system", "developer", "user", "assistant"] {
+            check_role(0, r, &m).unwrap();
+        }
+        let e = check_role(2, "wizard", &m).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[2].role"));
+        assert!(e.message.contains("wizard"));
+        assert!(check_role(1, "tool", &m).unwrap_err().message.contains("tool calling"));
+        let e = check_role(1, "assistant", &json!({"tool_calls": [{"id": "x"}]})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[1].tool_calls"));
+    }
+}
