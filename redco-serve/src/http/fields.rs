@@ -110,9 +110,10 @@ pub fn check_role(i: usize, role: &str, m: &Value) -> Result<(), ApiError> {
             &param,
             format!("`{param}`: `{role}` messages need tool calling, which this server does not implement"),
         )),
-        other => {
-            Err(ApiError::invalid(&param, format!("`{other}` is not a role (system, developer, user or assistant)")))
-        }
+        other => Err(ApiError::invalid(
+            &param,
+            format!("`{param}`: `{other}` is not a role (system, developer, user or assistant)"),
+        )),
     }
 }
 
