@@ -92,7 +92,7 @@ pub async fn submit(app: &App, prompts: &[Vec<i64>], p: &Params) -> Result<Vec<C
                 logprobs: p.logprobs,
             };
             match app.engine.submit(req).await {
-                Ok(rx) => out.push(Choice { id, rx, detok: Detok::default(), arrived, last: None }),
+                Ok(rx) => out.push(Choice { id, rx, detok: Detok::after(prompt), arrived, last: None }),
                 Err(msg) => {
                     cancel(app, &out);
                     let full = msg.contains("queue is full");
