@@ -44,6 +44,10 @@ pub struct Request {
     /// Report each token's log-probability and this many of the most likely alternatives
     /// (`None`: no log-probabilities).
     pub logprobs: Option<usize>,
+    /// Report each prompt token's log-probability (after the first, which has none) and
+    /// this many alternatives, as [`Event::PromptLogprobs`] while the prompt runs (`None`:
+    /// not asked). Such a prompt takes no cached prefix: every position is computed.
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// A token's log-probability under the model (its logits' log-softmax, before sampling's
@@ -97,6 +101,17 @@ pub enum Event {
         /// Its log-probability, when the request asked.
         logprob: Option<Logprob>,
     },
+    /// Log-probabilities of prompt tokens of request `id` ([`Request::prompt_logprobs`]):
+    /// the tokens at `first..first + logprobs.len()` of the prompt, in order; every
+    /// position from 1 is reported once, before the request's first token.
+    PromptLogprobs {
+        /// The request.
+        id: u64,
+        /// The prompt position of the first entry (at least 1).
+        first: usize,
+        /// Each token and its log-probability.
+        logprobs: Vec<(i64, Logprob)>,
+    },
     /// Request `id` ended.
     Finished {
         /// The request.
@@ -134,6 +149,8 @@ struct Seq {
     table: Option<BlockTable>,
     /// Leading tokens whose keys and values are written.
     computed: usize,
+    /// Prompt positions whose log-probability was reported (from 1), when asked.
+    reported: usize,
 }
 
 /// One sequence's part of a step's batch.
@@ -232,7 +249,7 @@ impl<B: Backend, M: CausalLm<B> + Sync> Engine<B, M> {
             return Err(Error::invalid("engine", format!("the queue is full ({} waiting)", self.waiting.len())));
         }
         let tokens = req.prompt.clone();
-        self.waiting.push_back(Seq { req, tokens, generated: 0, table: None, computed: 0 });
+        self.waiting.push_back(Seq { req, tokens, generated: 0, table: None, computed: 0, reported: 1 });
         Ok(())
     }
 
@@ -282,7 +299,12 @@ impl<B: Backend, M: CausalLm<B> + Sync> Engine<B, M> {
             if self.shares_pending_prefix(&front.tokens) {
                 break;
             }
-            match self.pool.allocate_prompt(&front.tokens) {
+            let allocated = match front.req.prompt_logprobs {
+                // every position's logits are wanted: none skipped as a cached prefix
+                Some(_) => self.pool.allocate_prompt_uncached(&front.tokens),
+                None => self.pool.allocate_prompt(&front.tokens),
+            };
+            match allocated {
                 Ok(p) => {
                     let mut s = self.waiting.pop_front().expect("the front was just read");
                     s.computed = p.cached_tokens;
@@ -337,10 +359,21 @@ impl<B: Backend, M: CausalLm<B> + Sync> Engine<B, M> {
         let mut ids = Vec::new();
         let mut pos = Vec::new();
         let mut rows = Vec::new();
+        // per segment: the prompt positions whose next token's log-probability its rows give
+        let mut scored: Vec<std::ops::Range<usize>> = Vec::with_capacity(segments.len());
         for sg in segments {
             let s = &self.running[sg.seq];
+            let at = ids.len();
             ids.extend_from_slice(&s.tokens[sg.start..sg.start + sg.len]);
             pos.extend((sg.start..sg.start + sg.len).map(|p| p as i64));
+            // the row of position q gives the log-probability of prompt token q + 1
+            let prompt = s.req.prompt.len();
+            let range = match s.req.prompt_logprobs {
+                Some(_) => (sg.start.max(s.reported - 1))..(sg.start + sg.len).min(prompt - 1),
+                None => 0..0,
+            };
+            rows.extend(range.clone().map(|q| at + q - sg.start));
+            scored.push(range);
             if sg.start + sg.len == s.tokens.len() {
                 rows.push(ids.len() - 1);
             }
@@ -385,8 +418,21 @@ impl<B: Backend, M: CausalLm<B> + Sync> Engine<B, M> {
         let mut events = Vec::new();
         let mut done = Vec::new();
         let mut row = 0;
-        for sg in segments {
+        for (sg, range) in segments.iter().zip(scored) {
             let s = &mut self.running[sg.seq];
+            if let (Some(top), false) = (s.req.prompt_logprobs, range.is_empty()) {
+                let first = range.start + 1;
+                let logprobs = range
+                    .map(|q| {
+                        let logits = &host[row * vocab..(row + 1) * vocab];
+                        row += 1;
+                        let t = s.req.prompt[q + 1];
+                        (t, Logprob::of(logits, t as usize, top))
+                    })
+                    .collect::<Vec<_>>();
+                s.reported = first + logprobs.len();
+                events.push(Event::PromptLogprobs { id: s.req.id, first, logprobs });
+            }
             // every segment but a decode step (the one newest token of a generating sequence)
             let decode = s.generated > 0 && sg.len == 1 && sg.start + 1 == s.tokens.len();
             if !decode {
@@ -497,6 +543,7 @@ mod tests {
                 sampling: Sampling::Greedy,
                 stop_tokens: vec![],
                 logprobs: None,
+                prompt_logprobs: None,
             };
             engine.add(req).unwrap();
         }
@@ -510,6 +557,7 @@ mod tests {
                         assert_eq!(reason, Finish::Length);
                         ended += 1;
                     }
+                    Event::PromptLogprobs { .. } => panic!("no request asked for prompt log-probabilities"),
                 }
             }
             if !engine.has_work() {
@@ -550,6 +598,76 @@ mod tests {
         assert_eq!(s.kv.used, 0, "every block released");
     }
 
+    /// Prompt log-probabilities: every prompt token from the second is scored once, by the
+    /// whole prompt's forward pass's logits at the position before it, whatever the
+    /// chunking, with the same prompt already cached (it is computed again, not skipped),
+    /// and across preemption (recomputed positions are not reported twice).
+    #[test]
+    fn prompt_logprobs_are_the_forward_pass_s_at_every_position_once() {
+        let b = Cpu::new(1);
+        let m = model(&b);
+        let top = 3;
+        let want: Vec<Vec<(i64, Logprob)>> = prompts()
+            .iter()
+            .map(|p| {
+                let ids = Tensor::from_vec(&b, p.clone(), [1, p.len()]).unwrap();
+                let logits = m.forward(&ids, None, None).unwrap().to_vec_f32().unwrap();
+                (1..p.len()).map(|k| (p[k], Logprob::of(&logits[(k - 1) * 50..k * 50], p[k] as usize, top))).collect()
+            })
+            .collect();
+        let base = EngineConfig { max_batch_tokens: 5, max_running: 8, max_waiting: 32, block_size: 4, blocks: 64 };
+        for cfg in [base, EngineConfig { blocks: 9, ..base }] {
+            let mut engine = Engine::new(&b, model(&b), cfg, DType::F32).unwrap();
+            // each prompt twice: the second finds the first's blocks cached
+            for (i, p) in prompts().into_iter().chain(prompts()).enumerate() {
+                let req = Request {
+                    id: i as u64,
+                    prompt: p,
+                    max_tokens: 4,
+                    sampling: Sampling::Greedy,
+                    stop_tokens: vec![],
+                    logprobs: Some(top),
+                    prompt_logprobs: Some(top),
+                };
+                engine.add(req).unwrap();
+            }
+            let mut got: BTreeMap<u64, Vec<(i64, Logprob)>> = BTreeMap::new();
+            let mut tokens: BTreeMap<u64, usize> = BTreeMap::new();
+            for _ in 0..2000 {
+                for e in engine.step().unwrap() {
+                    match e {
+                        Event::PromptLogprobs { id, first, logprobs } => {
+                            let g = got.entry(id).or_default();
+                            assert_eq!(first, g.len() + 1, "request {id}: positions in order, each once");
+                            assert!(!tokens.contains_key(&id), "request {id}: the prompt is scored before any token");
+                            g.extend(logprobs);
+                        }
+                        Event::Token { id, .. } => *tokens.entry(id).or_default() += 1,
+                        Event::Finished { .. } => {}
+                    }
+                }
+                if !engine.has_work() {
+                    break;
+                }
+            }
+            let n = prompts().len();
+            for id in 0..2 * n as u64 {
+                let (w, g) = (&want[id as usize % n], got.remove(&id).unwrap_or_default());
+                assert_eq!(g.len(), w.len(), "request {id}: every position from 1 ({cfg:?})");
+                for ((gt, gl), (wt, wl)) in g.iter().zip(w) {
+                    assert_eq!(gt, wt);
+                    assert!((gl.logprob - wl.logprob).abs() < 1e-4, "request {id}: {gl:?} vs {wl:?}");
+                    let ids = |l: &Logprob| l.top.iter().map(|t| t.0).collect::<Vec<_>>();
+                    assert_eq!(ids(gl), ids(wl), "request {id}: the same alternatives");
+                }
+                assert_eq!(tokens[&id], 4, "request {id} generated as asked");
+            }
+            if cfg.blocks == 9 {
+                assert!(engine.stats().preemptions > 0, "the small cache preempted");
+            }
+        }
+    }
+
     /// Requests sharing a long prompt prefix, all queued at once: the prefix is computed
     /// once (the others find its blocks in the cache), and each still gets `generate`'s
     /// tokens.
@@ -570,6 +688,7 @@ mod tests {
                 sampling: Sampling::Greedy,
                 stop_tokens: vec![],
                 logprobs: None,
+                prompt_logprobs: None,
             };
             engine.add(req).unwrap();
         }
@@ -616,6 +735,7 @@ mod tests {
                 sampling: Sampling::Greedy,
                 stop_tokens: vec![],
                 logprobs: None,
+                prompt_logprobs: None,
             };
             engine.add(req).unwrap();
         }
@@ -664,6 +784,7 @@ mod tests {
             sampling: Sampling::Greedy,
             stop_tokens: vec![],
             logprobs: None,
+            prompt_logprobs: None,
         };
         assert!(engine.add(req(0, vec![])).is_err(), "empty prompt");
         assert!(engine.add(req(0, vec![1; 64])).is_err(), "the whole context");

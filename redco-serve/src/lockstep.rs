@@ -111,6 +111,7 @@ pub fn encode(cmds: &[Command]) -> Vec<u8> {
                 }
                 put_list(&mut w, &r.stop_tokens);
                 put(&mut w, r.logprobs.map_or(u64::MAX, |n| n as u64));
+                put(&mut w, r.prompt_logprobs.map_or(u64::MAX, |n| n as u64));
             }
             Command::Cancel(id) => {
                 w.push(1);
@@ -148,7 +149,8 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Command>> {
                 };
                 let stop_tokens = r.list()?;
                 let logprobs = r.opt()?.map(|n| n as usize);
-                Command::Add(Request { id, prompt, max_tokens, sampling, stop_tokens, logprobs })
+                let prompt_logprobs = r.opt()?.map(|n| n as usize);
+                Command::Add(Request { id, prompt, max_tokens, sampling, stop_tokens, logprobs, prompt_logprobs })
             }
             1 => Command::Cancel(r.u64()?),
             2 => Command::Stop,
@@ -223,14 +225,16 @@ mod tests {
             sampling,
             proptest::collection::vec(any::<i64>(), 0..4),
             proptest::option::of(0usize..20),
+            proptest::option::of(0usize..20),
         )
-            .prop_map(|(id, prompt, max_tokens, sampling, stop_tokens, logprobs)| Request {
+            .prop_map(|(id, prompt, max_tokens, sampling, stop_tokens, logprobs, prompt_logprobs)| Request {
                 id,
                 prompt,
                 max_tokens,
                 sampling,
                 stop_tokens,
                 logprobs,
+                prompt_logprobs,
             })
     }
 

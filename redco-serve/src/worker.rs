@@ -19,6 +19,8 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 pub enum Output {
     /// A new token, with its log-probability when asked.
     Token(i64, Option<Logprob>),
+    /// Prompt tokens' log-probabilities (from the second token on, in order; when asked).
+    PromptLogprobs(Vec<(i64, Logprob)>),
     /// The request ended.
     Finished(Finish),
     /// The engine failed; the request ended without its tokens.
@@ -192,6 +194,7 @@ pub fn lead<B: Backend, M: CausalLm<B> + Sync>(
                 for e in events {
                     let (id, out) = match e {
                         Event::Token { id, token, logprob } => (id, Output::Token(token, logprob)),
+                        Event::PromptLogprobs { id, logprobs, .. } => (id, Output::PromptLogprobs(logprobs)),
                         Event::Finished { id, reason } => (id, Output::Finished(reason)),
                     };
                     let finished = matches!(out, Output::Finished(_));

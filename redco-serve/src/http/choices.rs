@@ -24,6 +24,9 @@ pub struct Done {
     pub tokens: usize,
     /// Each token's log-probability, when asked.
     pub logprobs: Vec<(i64, Logprob)>,
+    /// The prompt's tokens' log-probabilities from its second token on, when asked
+    /// (`echo` with `logprobs`).
+    pub prompt_logprobs: Vec<(i64, Logprob)>,
 }
 
 /// What one output of a choice adds: text safe to hand out, the finish reason when it
@@ -35,6 +38,8 @@ pub struct Piece {
     pub end: Option<&'static str>,
     /// The token and its log-probability.
     pub logprob: Option<(i64, Logprob)>,
+    /// Prompt tokens' log-probabilities that arrived (before any token).
+    pub prompt: Vec<(i64, Logprob)>,
 }
 
 /// One submitted choice.
@@ -90,6 +95,9 @@ pub async fn submit(app: &App, prompts: &[Vec<i64>], p: &Params) -> Result<Vec<C
                 sampling,
                 stop_tokens,
                 logprobs: p.logprobs,
+                // `echo` with `logprobs`: the prompt's tokens scored too (an evaluation
+                // harness's loglikelihood)
+                prompt_logprobs: if p.echo { p.logprobs } else { None },
             };
             match app.engine.submit(req).await {
                 Ok(rx) => out.push(Choice { id, rx, detok: Detok::after(prompt), arrived, last: None }),
@@ -122,15 +130,19 @@ impl Choice {
                 if self.detok.stopped() {
                     // a stop string ended it: the engine need not go on
                     app.engine.cancel(self.id);
-                    Piece { delta, end: Some("stop"), logprob }
+                    Piece { delta, end: Some("stop"), logprob, prompt: Vec::new() }
                 } else {
-                    Piece { delta, end: None, logprob }
+                    Piece { delta, end: None, logprob, prompt: Vec::new() }
                 }
             })),
+            Output::PromptLogprobs(prompt) => {
+                Some(Ok(Piece { delta: String::new(), end: None, logprob: None, prompt }))
+            }
             Output::Finished(f) => Some(self.detok.finish(&app.tokenizer).map(|rest| Piece {
                 delta: rest,
                 end: Some(reason(f)),
                 logprob: None,
+                prompt: Vec::new(),
             })),
             Output::Failed(e) => Some(Err(e)),
         }
@@ -139,15 +151,17 @@ impl Choice {
     /// Runs the choice to its end.
     pub async fn collect(mut self, app: &App, stop: &[String]) -> Result<Done, ApiError> {
         let mut text = String::new();
-        let mut logprobs = Vec::new();
+        let (mut logprobs, mut prompt_logprobs) = (Vec::new(), Vec::new());
         let failed = |message| ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message, param: None, code: None };
         loop {
             match self.next(app, stop).await {
                 Some(Ok(p)) => {
                     text.push_str(&p.delta);
                     logprobs.extend(p.logprob);
+                    prompt_logprobs.extend(p.prompt);
                     if let Some(reason) = p.end {
-                        return Ok(Done { text, reason, tokens: self.detok.tokens(), logprobs });
+                        let tokens = self.detok.tokens();
+                        return Ok(Done { text, reason, tokens, logprobs, prompt_logprobs });
                     }
                 }
                 Some(Err(e)) => return Err(failed(e)),
@@ -186,7 +200,8 @@ pub fn stream(
             let at = live.iter().position(|(j, _)| *j == i).expect("the choice that answered is live");
             match out {
                 Some(Ok(p)) => {
-                    if (!p.delta.is_empty() || p.end.is_some() || p.logprob.is_some()) && !send(chunk(i, &p)).await {
+                    let news = !p.delta.is_empty() || p.end.is_some() || p.logprob.is_some() || !p.prompt.is_empty();
+                    if news && !send(chunk(i, &p)).await {
                         return;
                     }
                     if p.end.is_some() {

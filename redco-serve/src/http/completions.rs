@@ -81,11 +81,16 @@ async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
         let (cid, cmodel) = (id.clone(), model.clone());
         let mut echoed = vec![!p.echo; echo.len()];
         let (tapp, mut offsets) = (app.clone(), vec![0usize; echo.len()]);
+        let sids: Vec<Vec<i64>> = ids.iter().flat_map(|t| std::iter::repeat_n(t.clone(), p.n)).collect();
         let chunk = move |i: usize, p: &Piece| {
             let text = if echoed[i] { p.delta.clone() } else { format!("{}{}", echo[i], p.delta) };
             echoed[i] = true;
-            let lp =
-                p.logprob.as_ref().map(|e| logprobs::completion(&tapp.tokenizer, std::slice::from_ref(e), offsets[i]));
+            // the prompt's log-probabilities come first, in one chunk with the echoed text
+            let lp = if p.prompt.is_empty() {
+                p.logprob.as_ref().map(|e| logprobs::completion(&tapp.tokenizer, std::slice::from_ref(e), offsets[i]))
+            } else {
+                Some(logprobs::echoed(&tapp.tokenizer, &sids[i], &p.prompt, &[]))
+            };
             offsets[i] += text.len();
             json!({"id": cid, "object": "text_completion", "created": created, "model": cmodel,
                 "choices": [{"text": text, "index": i, "logprobs": lp, "finish_reason": p.end}]})
@@ -106,8 +111,11 @@ async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
     for (i, d) in done.into_iter().enumerate() {
         let d = d?;
         generated += d.tokens;
-        let start = if p.echo { echo[i].len() } else { 0 };
-        let lp = p.logprobs.map(|_| logprobs::completion(&app.tokenizer, &d.logprobs, start));
+        let lp = match (p.logprobs, p.echo) {
+            (Some(_), true) => Some(logprobs::echoed(&app.tokenizer, &ids[i / p.n], &d.prompt_logprobs, &d.logprobs)),
+            (Some(_), false) => Some(logprobs::completion(&app.tokenizer, &d.logprobs, 0)),
+            (None, _) => None,
+        };
         let text = if p.echo { format!("{}{}", echo[i], d.text) } else { d.text };
         out.push(json!({"text": text, "index": i, "logprobs": lp, "finish_reason": d.reason}));
     }

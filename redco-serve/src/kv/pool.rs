@@ -123,10 +123,21 @@ impl BlockPool {
     /// block the pool already holds is shared (counted as a prefix hit), the rest are
     /// fresh. Nothing changes when the pool cannot give enough blocks.
     pub fn allocate_prompt(&mut self, tokens: &[i64]) -> Result<Prompt, OutOfBlocks> {
+        self.allocate(tokens, true)
+    }
+
+    /// [`BlockPool::allocate_prompt`] with no cached prefix taken: every token is computed
+    /// (a prompt whose every position's logits are wanted). Its full blocks are still
+    /// registered for sharing as they are computed.
+    pub fn allocate_prompt_uncached(&mut self, tokens: &[i64]) -> Result<Prompt, OutOfBlocks> {
+        self.allocate(tokens, false)
+    }
+
+    fn allocate(&mut self, tokens: &[i64], reuse: bool) -> Result<Prompt, OutOfBlocks> {
         let bs = self.block_size;
         let mut hits: Vec<(BlockId, u64)> = Vec::new();
         let mut parent = 0;
-        for chunk in tokens.chunks_exact(bs) {
+        for chunk in tokens.chunks_exact(bs).take_while(|_| reuse) {
             match self.index.get(&(parent, chunk.to_vec())) {
                 Some(&(b, key)) => {
                     hits.push((b, key));

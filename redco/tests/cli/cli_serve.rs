@@ -686,3 +686,58 @@ fn serve_survives_more_bad_requests_slow_clients_and_a_burst_of_a_thousand() {
     assert_eq!(st, 200);
     assert!(want.ends_with(r["choices"][0]["text"].as_str().unwrap()), "after the burst: {r} against {want:?}");
 }
+
+/// An evaluation harness's loglikelihood request (lm-evaluation-harness's
+/// `local-completions`: token-id prompts, `echo`, `logprobs: 1`, `max_tokens: 1`): every
+/// prompt token after the first scored, equal to transformers' log-softmax of its logits
+/// (the fixture's), two prompts in one request; the first token's `null`.
+#[test]
+fn echo_with_logprobs_scores_every_prompt_token_as_transformers_does() {
+    let model = fixture_named("llama-tiny");
+    let r = redco_models::hf::safetensors::read_all(&model.join("reference.safetensors")).unwrap();
+    let logits = r["logits"].data.to_f64_vec();
+    let vocab = r["logits"].shape.dims()[2];
+    // the fixture's rows: [5 9 13 2 40 33 7], and [11 3 21 60 8] after two padding tokens
+    let rows: [(Vec<i64>, usize); 2] = [(vec![5, 9, 13, 2, 40, 33, 7], 0), (vec![11, 3, 21, 60, 8], 2)];
+    let seq = 7;
+    let srv = start(&model, &[]);
+    let body = json!({"prompt": [rows[0].0, rows[1].0], "echo": true, "logprobs": 1, "max_tokens": 1,
+        "temperature": 0});
+    let (st, v) = post(&srv.addr, "/v1/completions", &body);
+    assert_eq!(st, 200, "{v}");
+    for (i, (ids, pad)) in rows.iter().enumerate() {
+        let lp = &v["choices"][i]["logprobs"];
+        let lps = lp["token_logprobs"].as_array().unwrap();
+        assert_eq!(lps.len(), ids.len() + 1, "every prompt token and the one generated: {lp}");
+        assert!(lps[0].is_null() && lp["top_logprobs"][0].is_null(), "the first token has no log-probability");
+        for k in 1..ids.len() {
+            let row = &logits[(i * seq + pad + k - 1) * vocab..(i * seq + pad + k) * vocab];
+            let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let lse = m + row.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+            let want = row[ids[k] as usize] - lse;
+            let got = lps[k].as_f64().unwrap();
+            assert!((got - want).abs() < 1e-4, "prompt {i} token {k}: {got} vs transformers' {want}");
+            // the one alternative asked for is the most likely token's
+            let top: Vec<f64> =
+                lp["top_logprobs"][k].as_object().unwrap().values().filter_map(|x| x.as_f64()).collect();
+            assert_eq!(top.len(), 1, "{lp}");
+            assert!((top[0] - (m - lse)).abs() < 1e-4, "prompt {i} token {k}: top {top:?}");
+        }
+        assert_eq!(lp["tokens"].as_array().unwrap().len(), ids.len() + 1);
+        assert!(lp["text_offset"].as_array().unwrap().windows(2).all(|w| w[0].as_u64() <= w[1].as_u64()));
+    }
+    // streamed, the prompt's scores come first, with the echoed text
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    sbody["prompt"] = json!(rows[0].0);
+    let (st, text) = http(&srv.addr, "POST", "/v1/completions", sbody.to_string().as_bytes());
+    assert_eq!(st, 200, "{text}");
+    let (chunks, done) = streamed(&text);
+    assert!(done, "{text}");
+    let first = &chunks[0]["choices"][0]["logprobs"]["token_logprobs"];
+    assert_eq!(first.as_array().map(Vec::len), Some(rows[0].0.len()), "{text}");
+    let whole = &v["choices"][0]["logprobs"]["token_logprobs"];
+    for k in 1..rows[0].0.len() {
+        assert!((first[k].as_f64().unwrap() - whole[k].as_f64().unwrap()).abs() < 1e-6, "{first} vs {whole}");
+    }
+}
