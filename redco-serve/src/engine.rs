@@ -7,11 +7,13 @@
 //! released) and recomputed later from its tokens; its full blocks stay cached, so the
 //! recomputation finds most of them.
 
+use crate::guide::{Constraint, GuideSpec, Guides};
 use crate::kv::{BlockPool, BlockTable, KvGeometry, PagedKv, PoolStats};
 use redco_core::ops::paged_attention::PagedSegment;
 use redco_core::{no_grad, Backend, DType, Error, Result, Tensor};
 use redco_models::generate::{CausalLm, Sampling};
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// How the engine batches and how much cache it has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +50,9 @@ pub struct Request {
     /// this many alternatives, as [`Event::PromptLogprobs`] while the prompt runs (`None`:
     /// not asked). Such a prompt takes no cached prefix: every position is computed.
     pub prompt_logprobs: Option<usize>,
+    /// What the output must match (constrained decoding, [`crate::guide`]); the engine
+    /// needs its model's [`Guides`] ([`Engine::with_guides`]).
+    pub guide: Option<GuideSpec>,
 }
 
 /// A token's log-probability under the model (its logits' log-softmax, before sampling's
@@ -151,6 +156,8 @@ struct Seq {
     computed: usize,
     /// Prompt positions whose log-probability was reported (from 1), when asked.
     reported: usize,
+    /// The grammar state of a constrained request.
+    constraint: Option<Constraint>,
 }
 
 /// One sequence's part of a step's batch.
@@ -172,9 +179,17 @@ pub struct Engine<B: Backend, M: CausalLm<B>> {
     stats: EngineStats,
     scale: f64,
     context: Option<usize>,
+    guides: Option<Arc<Guides>>,
 }
 
 impl<B: Backend, M: CausalLm<B> + Sync> Engine<B, M> {
+    /// The engine with its model's vocabulary for constrained decoding: requests with a
+    /// [`Request::guide`] are refused without it.
+    pub fn with_guides(mut self, guides: Arc<Guides>) -> Self {
+        self.guides = Some(guides);
+        self
+    }
+
     /// An engine for `model` with a cache of `cfg.blocks` blocks in `dtype` on `b`.
     pub fn new(b: &B, model: M, cfg: EngineConfig, dtype: DType) -> Result<Self> {
         Engine::split(b, model, cfg, dtype, 1)
@@ -219,6 +234,7 @@ impl<B: Backend, M: CausalLm<B> + Sync> Engine<B, M> {
             stats: EngineStats::default(),
             scale,
             context,
+            guides: None,
         })
     }
 
@@ -248,8 +264,15 @@ impl<B: Backend, M: CausalLm<B> + Sync> Engine<B, M> {
         if self.waiting.len() >= self.cfg.max_waiting {
             return Err(Error::invalid("engine", format!("the queue is full ({} waiting)", self.waiting.len())));
         }
+        let constraint = match (&req.guide, &self.guides) {
+            (None, _) => None,
+            (Some(spec), Some(g)) => Some(g.constraint(spec).map_err(|e| Error::invalid("engine", e))?),
+            (Some(_), None) => {
+                return Err(Error::invalid("engine", "this engine has no vocabulary for constrained decoding"))
+            }
+        };
         let tokens = req.prompt.clone();
-        self.waiting.push_back(Seq { req, tokens, generated: 0, table: None, computed: 0, reported: 1 });
+        self.waiting.push_back(Seq { req, tokens, generated: 0, table: None, computed: 0, reported: 1, constraint });
         Ok(())
     }
 
@@ -411,10 +434,43 @@ impl<B: Backend, M: CausalLm<B> + Sync> Engine<B, M> {
         // the backend's own compute threads: one hand-off per step instead of two thread
         // switches per op (a decode step is hundreds of small ops)
         let model = &self.model;
-        let (host, vocab) = redco_core::runtime::on_backend(&b, || -> Result<(Vec<f32>, usize)> {
-            let logits = model.ragged_logits(&ids, &pos, &rows, &mut attend)?.replicate()?;
-            Ok((logits.to_vec_f32()?, logits.dims()[1]))
-        })?;
+        // the constrained sequences that draw this step: their masks are computed (on this
+        // thread's neighbour) while the forward pass runs
+        let mut masks: Vec<(usize, Constraint)> = Vec::new();
+        for sg in segments {
+            let s = &mut self.running[sg.seq];
+            if sg.start + sg.len == s.tokens.len() {
+                masks.extend(s.constraint.take().map(|c| (sg.seq, c)));
+            }
+        }
+        let (forward, prepared) = std::thread::scope(|scope| {
+            let masker = (!masks.is_empty()).then(|| {
+                scope.spawn(move || {
+                    for (_, c) in masks.iter_mut() {
+                        // a failure here fails again where the mask is applied, ending
+                        // that request alone
+                        let _ = c.prepare();
+                    }
+                    masks
+                })
+            });
+            let forward = redco_core::runtime::on_backend(&b, || -> Result<(Vec<f32>, usize)> {
+                let logits = model.ragged_logits(&ids, &pos, &rows, &mut attend)?.replicate()?;
+                Ok((logits.to_vec_f32()?, logits.dims()[1]))
+            });
+            let prepared = masker.map(|h| h.join());
+            (forward, prepared)
+        });
+        match prepared {
+            Some(Ok(done)) => {
+                for (i, c) in done {
+                    self.running[i].constraint = Some(c);
+                }
+            }
+            Some(Err(_)) => return Err(Error::invalid("engine", "the grammar engine panicked")),
+            None => {}
+        }
+        let (host, vocab) = forward?;
         let mut events = Vec::new();
         let mut done = Vec::new();
         let mut row = 0;
@@ -446,15 +502,39 @@ impl<B: Backend, M: CausalLm<B> + Sync> Engine<B, M> {
             }
             let logits = &host[row * vocab..(row + 1) * vocab];
             row += 1;
-            // the draw is the token's index, as `generate` draws for a batch of one
-            let chosen = s.req.sampling.choose(logits, s.generated as u64)?;
+            // the draw is the token's index, as `generate` draws for a batch of one; a
+            // constrained sequence draws among the tokens its grammar allows
+            let chosen = match s.constraint.as_mut() {
+                Some(c) => {
+                    let mut masked = logits.to_vec();
+                    match c.apply(&mut masked) {
+                        Ok(()) => Some(s.req.sampling.choose(&masked, s.generated as u64)?),
+                        Err(e) => {
+                            tracing::warn!(id = s.req.id, error = %e, "constrained decoding ended a request");
+                            None
+                        }
+                    }
+                }
+                None => Some(s.req.sampling.choose(logits, s.generated as u64)?),
+            };
+            let Some(chosen) = chosen else {
+                // the grammar allows nothing more: the request ends here
+                events.push(Event::Finished { id: s.req.id, reason: Finish::Stop });
+                done.push(s.req.id);
+                continue;
+            };
             let logprob = s.req.logprobs.map(|top| Logprob::of(logits, chosen, top));
             let token = chosen as i64;
+            // the grammar's end: nothing more may follow this token
+            let grammar_done = match s.constraint.as_mut().filter(|_| !s.req.stop_tokens.contains(&token)) {
+                Some(c) => c.consume(token).is_err() || c.is_stopped(),
+                None => false,
+            };
             s.tokens.push(token);
             s.generated += 1;
             self.stats.generated += 1;
             events.push(Event::Token { id: s.req.id, token, logprob });
-            let reason = if s.req.stop_tokens.contains(&token) {
+            let reason = if s.req.stop_tokens.contains(&token) || grammar_done {
                 Some(Finish::Stop)
             } else if s.generated >= s.req.max_tokens {
                 Some(Finish::Length)
@@ -544,6 +624,7 @@ mod tests {
                 stop_tokens: vec![],
                 logprobs: None,
                 prompt_logprobs: None,
+                guide: None,
             };
             engine.add(req).unwrap();
         }
@@ -628,6 +709,7 @@ mod tests {
                     stop_tokens: vec![],
                     logprobs: Some(top),
                     prompt_logprobs: Some(top),
+                    guide: None,
                 };
                 engine.add(req).unwrap();
             }
@@ -668,6 +750,121 @@ mod tests {
         }
     }
 
+    /// Constrained requests on random weights, greedy and sampled, batched with an
+    /// unconstrained one: every constrained output is one its grammar accepts (a JSON
+    /// object valid against its schema, a regex match, one of the choices), ended by the
+    /// grammar; the unconstrained request gets what `generate` gives it alone.
+    #[test]
+    fn constrained_requests_give_what_their_grammar_accepts_whatever_the_weights() {
+        use crate::guide::Guides;
+        let b = Cpu::new(1);
+        let dir = std::env::temp_dir().join(format!("redco-engine-guide-{}", std::process::id()));
+        redco_models::presets::write_byte_tokenizer(&dir).unwrap();
+        let tok = redco_models::hf::tokenizer::Tokenizer::from_dir(&dir).unwrap();
+        let cfg = HfConfig::from_json(&format!(
+            r#"{{"model_type":"llama","hidden_size":32,"intermediate_size":48,"num_attention_heads":4,
+                "num_key_value_heads":2,"num_hidden_layers":2,"vocab_size":{},"max_position_embeddings":512}}"#,
+            tok.vocab_size()
+        ))
+        .unwrap();
+        let model = || Llama::new(&b, &cfg, DType::F32, 11).unwrap();
+        let guides = Arc::new(Guides::from_dir(&dir, cfg.vocab, &[2]).unwrap());
+        let ecfg = EngineConfig { max_batch_tokens: 16, max_running: 8, max_waiting: 16, block_size: 4, blocks: 256 };
+        let mut engine = Engine::new(&b, model(), ecfg, DType::F32).unwrap().with_guides(guides);
+        let schema = serde_json::json!({"type": "object", "properties": {
+            "n": {"type": "integer", "minimum": 0, "maximum": 99},
+            "ok": {"type": "boolean"},
+            "tag": {"type": "string", "enum": ["red", "green"]}},
+            "required": ["n", "ok", "tag"], "additionalProperties": false});
+        let specs = [
+            Some(GuideSpec::JsonSchema(schema)),
+            Some(GuideSpec::Regex("[a-c]{2,4}x".into())),
+            Some(GuideSpec::Choice(vec!["yes".into(), "no".into(), "maybe so".into()])),
+            None,
+        ];
+        let prompt = tok.encode("Answer:", false).unwrap();
+        let samplings = [Sampling::Greedy, Sampling::Sample { temperature: 1.0, top_k: None, top_p: None, seed: 5 }];
+        let mut id = 0;
+        let mut asked = BTreeMap::new();
+        for sampling in &samplings {
+            for spec in &specs {
+                let req = Request {
+                    id,
+                    prompt: prompt.clone(),
+                    max_tokens: 64,
+                    sampling: sampling.clone(),
+                    stop_tokens: vec![2],
+                    logprobs: None,
+                    prompt_logprobs: None,
+                    guide: spec.clone(),
+                };
+                engine.add(req).unwrap();
+                asked.insert(id, (spec.clone(), sampling.clone()));
+                id += 1;
+            }
+        }
+        let mut out: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
+        let mut ended = BTreeMap::new();
+        for _ in 0..2000 {
+            for e in engine.step().unwrap() {
+                match e {
+                    Event::Token { id, token, .. } => out.entry(id).or_default().push(token),
+                    Event::Finished { id, reason } => drop(ended.insert(id, reason)),
+                    Event::PromptLogprobs { .. } => unreachable!(),
+                }
+            }
+            if !engine.has_work() {
+                break;
+            }
+        }
+        for (id, (spec, sampling)) in asked {
+            let ids: Vec<i64> = out[&id].iter().copied().filter(|&t| t != 2).collect();
+            let text = tok.decode(&ids, true).unwrap();
+            match spec {
+                Some(GuideSpec::JsonSchema(_)) => {
+                    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+                    let n = v["n"].as_i64().unwrap_or(-1);
+                    assert!((0..=99).contains(&n) && v["ok"].is_boolean(), "{v}");
+                    assert!(["red", "green"].contains(&v["tag"].as_str().unwrap_or("")), "{v}");
+                    assert_eq!(v.as_object().unwrap().len(), 3, "{v}");
+                }
+                Some(GuideSpec::Regex(_)) => {
+                    let (body, x) = text.split_at(text.len().saturating_sub(1));
+                    assert!(
+                        x == "x" && (2..=4).contains(&body.len()) && body.chars().all(|c| "abc".contains(c)),
+                        "{text:?}"
+                    );
+                }
+                Some(GuideSpec::Choice(c)) => assert!(c.contains(&text), "{text:?}"),
+                None => {
+                    if sampling == Sampling::Greedy {
+                        // generate's tokens, up to the stop token the request has
+                        let want = generated(&b, &model(), &prompt, 64);
+                        assert_eq!(out[&id], want[..out[&id].len()], "the unconstrained request");
+                    }
+                    continue;
+                }
+            }
+            assert_eq!(ended[&id], Finish::Stop, "request {id} ended by its grammar: {text:?}");
+        }
+        // a grammar llguidance refuses is refused when added
+        let bad = Request {
+            id: 99,
+            prompt: prompt.clone(),
+            max_tokens: 4,
+            sampling: Sampling::Greedy,
+            stop_tokens: vec![],
+            logprobs: None,
+            prompt_logprobs: None,
+            guide: Some(GuideSpec::Regex("(".into())),
+        };
+        assert!(engine.add(bad.clone()).is_err());
+        // as is any grammar on an engine without the model's vocabulary
+        let mut plain = Engine::new(&b, model(), ecfg, DType::F32).unwrap();
+        let e = plain.add(Request { guide: Some(GuideSpec::Regex("a".into())), ..bad }).unwrap_err();
+        assert!(e.to_string().contains("constrained decoding"), "{e}");
+    }
+
     /// Requests sharing a long prompt prefix, all queued at once: the prefix is computed
     /// once (the others find its blocks in the cache), and each still gets `generate`'s
     /// tokens.
@@ -689,6 +886,7 @@ mod tests {
                 stop_tokens: vec![],
                 logprobs: None,
                 prompt_logprobs: None,
+                guide: None,
             };
             engine.add(req).unwrap();
         }
@@ -736,6 +934,7 @@ mod tests {
                 stop_tokens: vec![],
                 logprobs: None,
                 prompt_logprobs: None,
+                guide: None,
             };
             engine.add(req).unwrap();
         }
@@ -785,6 +984,7 @@ mod tests {
             stop_tokens: vec![],
             logprobs: None,
             prompt_logprobs: None,
+            guide: None,
         };
         assert!(engine.add(req(0, vec![])).is_err(), "empty prompt");
         assert!(engine.add(req(0, vec![1; 64])).is_err(), "the whole context");

@@ -7,6 +7,8 @@
 //! - [`engine`]: continuous batching (iteration-level scheduling, chunked prefill,
 //!   preemption with recompute) over a model's ragged batches
 //!   ([`CausalLm::ragged_logits`](redco_models::generate::CausalLm::ragged_logits));
+//! - [`guide`]: constrained decoding (structured output): llguidance's token masks over the
+//!   model's vocabulary for a JSON schema, a regular expression or a choice;
 //! - [`worker`]: the engine on a thread of its own, each request's tokens on a channel;
 //! - [`lockstep`]: tensor-parallel serving: every rank runs the engine on its shard, rank 0
 //!   broadcasting each step's new requests and cancellations;
@@ -19,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod engine;
+pub mod guide;
 pub mod http;
 pub mod kv;
 pub mod lockstep;

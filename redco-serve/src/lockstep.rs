@@ -9,6 +9,7 @@
 //! As Megatron's and vLLM's workers do, only the leader talks to clients.
 
 use crate::engine::Request;
+use crate::guide::GuideSpec;
 use redco_core::runtime::Comm;
 use redco_core::{Backend, Error, HostData, MeshAxis, Result};
 use redco_models::generate::Sampling;
@@ -112,6 +113,9 @@ pub fn encode(cmds: &[Command]) -> Vec<u8> {
                 put_list(&mut w, &r.stop_tokens);
                 put(&mut w, r.logprobs.map_or(u64::MAX, |n| n as u64));
                 put(&mut w, r.prompt_logprobs.map_or(u64::MAX, |n| n as u64));
+                let guide = r.guide.as_ref().map_or(Vec::new(), |g| g.to_json().to_string().into_bytes());
+                put(&mut w, guide.len() as u64);
+                w.extend_from_slice(&guide);
             }
             Command::Cancel(id) => {
                 w.push(1);
@@ -150,7 +154,25 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Command>> {
                 let stop_tokens = r.list()?;
                 let logprobs = r.opt()?.map(|n| n as usize);
                 let prompt_logprobs = r.opt()?.map(|n| n as usize);
-                Command::Add(Request { id, prompt, max_tokens, sampling, stop_tokens, logprobs, prompt_logprobs })
+                let guide = match r.bytes()? {
+                    [] => None,
+                    b => Some(
+                        serde_json::from_slice(b)
+                            .ok()
+                            .and_then(|v| GuideSpec::from_json(&v))
+                            .ok_or_else(|| Error::invalid("serve", "a command's grammar is not one encode wrote"))?,
+                    ),
+                };
+                Command::Add(Request {
+                    id,
+                    prompt,
+                    max_tokens,
+                    sampling,
+                    stop_tokens,
+                    logprobs,
+                    prompt_logprobs,
+                    guide,
+                })
             }
             1 => Command::Cancel(r.u64()?),
             2 => Command::Stop,
@@ -198,6 +220,15 @@ impl Reader<'_> {
         Ok(Some(self.u64()?).filter(|&v| v != u64::MAX))
     }
 
+    fn bytes(&mut self) -> Result<&[u8]> {
+        let n = self.u64()? as usize;
+        let b = self.bytes.get(self.at..self.at.saturating_add(n)).ok_or_else(|| {
+            Error::invalid("serve", format!("{n} bytes asked for, {} left", self.bytes.len() - self.at))
+        })?;
+        self.at += n;
+        Ok(b)
+    }
+
     fn list(&mut self) -> Result<Vec<i64>> {
         let n = self.u64()? as usize;
         if n > (self.bytes.len() - self.at) / 8 {
@@ -226,15 +257,14 @@ mod tests {
             proptest::collection::vec(any::<i64>(), 0..4),
             proptest::option::of(0usize..20),
             proptest::option::of(0usize..20),
+            proptest::option::of(prop_oneof![
+                "[a-z]{1,8}".prop_map(GuideSpec::Regex),
+                proptest::collection::vec("[a-z ]{0,6}", 1..4).prop_map(GuideSpec::Choice),
+                Just(GuideSpec::JsonSchema(serde_json::json!({"type": "object"}))),
+            ]),
         )
-            .prop_map(|(id, prompt, max_tokens, sampling, stop_tokens, logprobs, prompt_logprobs)| Request {
-                id,
-                prompt,
-                max_tokens,
-                sampling,
-                stop_tokens,
-                logprobs,
-                prompt_logprobs,
+            .prop_map(|(id, prompt, max_tokens, sampling, stop_tokens, logprobs, prompt_logprobs, guide)| {
+                Request { id, prompt, max_tokens, sampling, stop_tokens, logprobs, prompt_logprobs, guide }
             })
     }
 

@@ -127,6 +127,7 @@ async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
         )));
     };
     let p = Params::read(&body, app.context)?;
+    app.check_guide(&p)?;
     let p = Params { max_tokens: p.max_tokens.min(app.context.saturating_sub(1)), ..p };
     let text = template.render(msgs).map_err(|e| ApiError::invalid("messages", e))?;
     let ids = app.tokenizer.encode(&text, false).map_err(|e| ApiError::invalid("messages", e.to_string()))?;

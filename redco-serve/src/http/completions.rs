@@ -70,6 +70,7 @@ async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
     let body = app.parse_body(&body)?;
     super::fields::check(&body, &["prompt", "echo"])?;
     let p = Params::read(&body, 16)?;
+    app.check_guide(&p)?;
     let prompts = prompts(&app, body.get("prompt"))?;
     let ids: Vec<Vec<i64>> = prompts.iter().map(|(i, _)| i.clone()).collect();
     let prompt_tokens: usize = ids.iter().map(Vec::len).sum();

@@ -1,6 +1,6 @@
 //! Which request fields each endpoint implements. A field outside them is refused with a
 //! 400 naming it, as OpenAI's API refuses an unrecognized argument: a client that asks for
-//! tools, a response format or a suffix gets an error, never an answer that silently is not
+//! tools or a suffix gets an error, never an answer that silently is not
 //! what it asked for. `user` (an end-user id kept for abuse monitoring) is the one field
 //! accepted and ignored.
 
@@ -9,7 +9,7 @@ use super::params::kind;
 use serde_json::{Map, Value};
 
 /// The fields both endpoints read (their values are checked by `Params::read`).
-const COMMON: [&str; 17] = [
+const COMMON: [&str; 21] = [
     "model",
     "max_tokens",
     "max_completion_tokens",
@@ -27,6 +27,10 @@ const COMMON: [&str; 17] = [
     "frequency_penalty",
     "repetition_penalty",
     "logit_bias",
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
 ];
 
 /// Fields accepted and ignored: they change nothing a client gets back.
@@ -48,9 +52,8 @@ fn not_implemented(key: &str, v: &Value, n: usize) -> Option<&'static str> {
         "tools" | "tool_choice" | "functions" | "function_call" | "parallel_tool_calls" => {
             "tool calling is not implemented by this server"
         }
-        "response_format" if v.get("type").and_then(Value::as_str) == Some("text") => return None,
-        "response_format" | "guided_json" | "guided_regex" | "guided_choice" | "guided_grammar" => {
-            "structured output (constrained decoding) is not implemented by this server"
+        "guided_grammar" | "guided_decoding_backend" => {
+            "grammars other than a JSON schema, a regular expression or a choice are not implemented by this server"
         }
         // best_of = n draws exactly the n choices asked for
         "best_of" if v.as_u64().is_some_and(|b| b as usize == n) => return None,
@@ -71,7 +74,7 @@ pub fn check(body: &Map<String, Value>, own: &[&str]) -> Result<(), ApiError> {
         if let Some(why) = not_implemented(key, v, n) {
             return Err(ApiError::invalid(key, format!("`{key}` ({}): {why}", short(v))));
         }
-        let known = ["best_of", "suffix", "response_format", "tools", "tool_choice", "functions", "function_call"];
+        let known = ["best_of", "suffix", "tools", "tool_choice", "functions", "function_call"];
         if known.contains(&key.as_str()) || key == "parallel_tool_calls" || key.starts_with("guided_") {
             continue; // a neutral value
         }
@@ -134,10 +137,9 @@ mod tests {
         for (body, param) in [
             (json!({"prompt": "a", "tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
             (json!({"prompt": "a", "tool_choice": "auto"}), "tool_choice"),
-            (json!({"prompt": "a", "response_format": {"type": "json_object"}}), "response_format"),
+            (json!({"prompt": "a", "guided_grammar": "root ::= x"}), "guided_grammar"),
             (json!({"prompt": "a", "best_of": 3}), "best_of"),
             (json!({"prompt": "a", "suffix": "end"}), "suffix"),
-            (json!({"prompt": "a", "guided_regex": "a+"}), "guided_regex"),
             (json!({"prompt": "a", "ignore_eos": true}), "ignore_eos"),
             (json!({"prompt": "a", "wizardry": 1}), "wizardry"),
         ] {

@@ -42,6 +42,8 @@ pub struct App {
     pub eos: Vec<i64>,
     /// The chat template, when the model has one.
     pub chat_template: Option<ChatTemplate>,
+    /// The model's vocabulary for constrained decoding, or why there is none.
+    pub guides: Result<Arc<crate::guide::Guides>, String>,
     /// When the server started (Unix seconds).
     pub started: u64,
     /// Latency histograms and the output rate.
@@ -49,6 +51,24 @@ pub struct App {
 }
 
 impl App {
+    /// Checks a request's output constraint against the model's vocabulary: a 400 naming
+    /// the field for a grammar llguidance refuses, or where the model has no vocabulary
+    /// for it.
+    pub fn check_guide(&self, p: &params::Params) -> Result<(), ApiError> {
+        let Some(spec) = &p.guide else { return Ok(()) };
+        let field = match spec {
+            crate::guide::GuideSpec::Regex(_) => "guided_regex",
+            crate::guide::GuideSpec::Choice(_) => "guided_choice",
+            crate::guide::GuideSpec::JsonSchema(_) => "response_format",
+        };
+        match &self.guides {
+            Ok(g) => g.constraint(spec).map(drop).map_err(|e| ApiError::invalid(field, format!("the grammar: {e}"))),
+            Err(why) => {
+                Err(ApiError::invalid(field, format!("structured output is not available for this model: {why}")))
+            }
+        }
+    }
+
     /// Unix seconds now.
     pub fn now(&self) -> u64 {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())

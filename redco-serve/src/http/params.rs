@@ -2,8 +2,9 @@
 //! with OpenAI's types and ranges (a wrong type or value is a 400 naming the field).
 
 use super::error::ApiError;
+use crate::guide::GuideSpec;
 use redco_models::generate::Sampling;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 /// The generation fields of a request.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +28,84 @@ pub struct Params {
     pub logprobs: Option<usize>,
     /// `stream_options.include_usage`: a last streamed chunk with the usage.
     pub include_usage: bool,
+    /// What the output must match: `response_format` (`json_object`, `json_schema`) or
+    /// vLLM's `guided_json`, `guided_regex`, `guided_choice` (at most one of them).
+    pub guide: Option<GuideSpec>,
+}
+
+/// The output constraint of a request's `response_format` and vLLM's `guided_*` fields.
+fn guide(body: &Map<String, Value>) -> Result<Option<GuideSpec>, ApiError> {
+    let mut found: Vec<(&str, GuideSpec)> = Vec::new();
+    match body.get("response_format") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(rf)) => match rf.get("type").and_then(Value::as_str) {
+            Some("text") => {}
+            Some("json_object") => found.push(("response_format", GuideSpec::JsonSchema(json!({"type": "object"})))),
+            Some("json_schema") => {
+                let schema = rf.get("json_schema").and_then(|j| j.get("schema")).cloned().ok_or_else(|| {
+                    ApiError::invalid("response_format", "`json_schema` response formats need `json_schema.schema`")
+                })?;
+                found.push(("response_format", GuideSpec::JsonSchema(schema)));
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    "response_format",
+                    format!("`response_format.type` must be text, json_object or json_schema, got {other:?}"),
+                ))
+            }
+        },
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "response_format",
+                format!("`response_format` must be an object, got {}", kind(other)),
+            ))
+        }
+    }
+    match body.get("guided_json") {
+        None | Some(Value::Null) => {}
+        // a schema, or a schema's JSON text
+        Some(Value::String(s)) => {
+            let v = serde_json::from_str(s)
+                .map_err(|e| ApiError::invalid("guided_json", format!("`guided_json` is not JSON: {e}")))?;
+            found.push(("guided_json", GuideSpec::JsonSchema(v)));
+        }
+        Some(v @ Value::Object(_)) => found.push(("guided_json", GuideSpec::JsonSchema(v.clone()))),
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "guided_json",
+                format!("`guided_json` must be a schema, got {}", kind(other)),
+            ))
+        }
+    }
+    match body.get("guided_regex") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(r)) => found.push(("guided_regex", GuideSpec::Regex(r.clone()))),
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "guided_regex",
+                format!("`guided_regex` must be a string, got {}", kind(other)),
+            ))
+        }
+    }
+    match body.get("guided_choice") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(a)) if !a.is_empty() => {
+            let c = a
+                .iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| ApiError::invalid("guided_choice", "`guided_choice` must be an array of strings"))?;
+            found.push(("guided_choice", GuideSpec::Choice(c)));
+        }
+        Some(_) => {
+            return Err(ApiError::invalid("guided_choice", "`guided_choice` must be a non-empty array of strings"))
+        }
+    }
+    if found.len() > 1 {
+        let names: Vec<&str> = found.iter().map(|f| f.0).collect();
+        return Err(ApiError::invalid(names[1], format!("give one output constraint, not {}", names.join(" and "))));
+    }
+    Ok(found.pop().map(|f| f.1))
 }
 
 /// At most this many alternatives per token.
@@ -218,6 +297,7 @@ impl Params {
             echo: boolean(body, "echo")?,
             logprobs,
             include_usage,
+            guide: guide(body)?,
         })
     }
 }

@@ -9,6 +9,7 @@ use redco_models::generate::GenerationConfig;
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::tokenizer::Tokenizer;
 use redco_serve::engine::{Engine, EngineConfig};
+use redco_serve::guide::Guides;
 use redco_serve::http::{chat::ChatTemplate, App};
 use redco_serve::kv::KvGeometry;
 use redco_serve::lockstep::Lockstep;
@@ -119,7 +120,23 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         cores::check_devices(mesh, a.threads, false)?;
     }
     let threads = cores::threads_per_rank(a.threads, mesh);
-    let on = OnMesh { a: &a, cfg: &cfg, plan: plan.as_ref(), engine: engine_cfg, dtype, kv_dtype, mesh, threads };
+    // the vocabulary for constrained decoding, read once for every rank; a tokenizer it
+    // cannot read leaves structured output refused with the reason
+    let guides = Tokenizer::from_dir(&a.model)
+        .map_err(|e| e.to_string())
+        .and_then(|tok| Guides::from_dir(&a.model, cfg.vocab, &end_tokens(&cfg, &tok)))
+        .map(Arc::new);
+    let on = OnMesh {
+        a: &a,
+        cfg: &cfg,
+        plan: plan.as_ref(),
+        engine: engine_cfg,
+        dtype,
+        kv_dtype,
+        mesh,
+        threads,
+        guides: &guides,
+    };
     backends::dispatch(kind, mesh, on).map_err(|e| e.to_string())
 }
 
@@ -133,6 +150,15 @@ struct OnMesh<'a> {
     kv_dtype: redco_core::DType,
     mesh: redco_core::runtime::Mesh,
     threads: usize,
+    guides: &'a Result<Arc<Guides>, String>,
+}
+
+/// The tokens that end a generation: the generation config's, and the tokenizer's
+/// end-of-sequence token.
+fn end_tokens(cfg: &HfConfig, tok: &Tokenizer) -> Vec<i64> {
+    let mut eos = GenerationConfig::for_model(cfg).stop_tokens;
+    eos.extend(tok.eos_id());
+    eos
 }
 
 impl backends::OnBackend for OnMesh<'_> {
@@ -140,7 +166,10 @@ impl backends::OnBackend for OnMesh<'_> {
     fn run<B: backends::CliBackend>(self, d: backends::Devices<B>) -> redco_core::Result<()> {
         let rank = |b: &B| -> redco_core::Result<()> {
             let model = AutoModel::from_pretrained(b, &self.a.model, self.dtype, self.plan)?;
-            let engine = Engine::split(b, model, self.engine, self.kv_dtype, self.mesh.mp)?;
+            let mut engine = Engine::split(b, model, self.engine, self.kv_dtype, self.mesh.mp)?;
+            if let Ok(g) = self.guides {
+                engine = engine.with_guides(g.clone());
+            }
             let sync = current_comm::<B>().map(|c| Lockstep::new(b, c)).transpose()?;
             match &sync {
                 Some(s) if s.rank() != 0 => {
@@ -151,7 +180,7 @@ impl backends::OnBackend for OnMesh<'_> {
                     }
                     follow(engine, s)
                 }
-                _ => lead_and_serve(self.a, self.cfg, engine, sync.as_ref(), self.engine.blocks)
+                _ => lead_and_serve(self.a, self.cfg, engine, sync.as_ref(), (self.engine.blocks, self.guides))
                     .map_err(|e| Error::invalid("serve", e)),
             }
         };
@@ -166,13 +195,12 @@ fn lead_and_serve<B: Backend>(
     cfg: &HfConfig,
     engine: Engine<B, AutoModel<B>>,
     sync: Option<&Lockstep<B>>,
-    blocks: usize,
+    (blocks, guides): (usize, &Result<Arc<Guides>, String>),
 ) -> Result<(), String> {
     let tokenizer = Tokenizer::from_dir(&a.model).map_err(|e| e.to_string())?;
     let chat_template = ChatTemplate::from_dir(&a.model)?;
     let (handle, inbox) = EngineHandle::channel();
-    let mut eos = GenerationConfig::for_model(cfg).stop_tokens;
-    eos.extend(tokenizer.eos_id());
+    let eos = end_tokens(cfg, &tokenizer);
     let model_id = a.served_model_name.clone().unwrap_or_else(|| {
         let canon = a.model.canonicalize().unwrap_or_else(|_| a.model.clone());
         canon.file_name().map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned())
@@ -187,6 +215,7 @@ fn lead_and_serve<B: Backend>(
         vocab: cfg.vocab,
         eos,
         chat_template,
+        guides: guides.clone(),
         started,
         latency: Default::default(),
     });

@@ -741,3 +741,115 @@ fn echo_with_logprobs_scores_every_prompt_token_as_transformers_does() {
         assert!((first[k].as_f64().unwrap() - whole[k].as_f64().unwrap()).abs() < 1e-6, "{first} vs {whole}");
     }
 }
+
+/// A random-weight LLaMA (the llama-tiny preset's shape) with a byte-level tokenizer, whose
+/// vocabulary can spell any text, and a chat template: the model structured output is
+/// tested on.
+fn byte_model() -> std::path::PathBuf {
+    let dir = crate::common::scratch_dir("serve", "byte-model");
+    redco_models::presets::write_byte_tokenizer(&dir).unwrap();
+    let vocab = redco_models::hf::tokenizer::Tokenizer::from_dir(&dir).unwrap().vocab_size();
+    let raw = redco_models::presets::config("llama-tiny", vocab).unwrap();
+    let cfg = redco_models::hf::config::HfConfig::from_json(&raw.to_string()).unwrap();
+    let b = redco_core::cpu::Cpu::new(1);
+    let m = redco_models::llama::Llama::new(&b, &cfg, redco_core::DType::F32, 3).unwrap();
+    redco_models::hf::save::save_pretrained(&m, &cfg, &dir, 1 << 30).unwrap();
+    let template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:";
+    std::fs::write(dir.join("chat_template.jinja"), template).unwrap();
+    dir
+}
+
+/// Structured output on random weights: `response_format` (json_object, json_schema) on
+/// chat and completions, vLLM's guided_regex and guided_choice, streamed and not; every
+/// answer is one its grammar accepts, ended by it; a grammar llguidance refuses is a 400
+/// naming the field.
+#[test]
+fn structured_output_is_valid_whatever_the_weights() {
+    let model = byte_model();
+    let srv = start(&model, &[]);
+    let a = srv.addr.as_str();
+    let schema = json!({"type": "object", "properties": {
+        "name": {"type": "string", "enum": ["ada", "bob"]},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"type": "string", "enum": ["x", "y"]}, "maxItems": 3}},
+        "required": ["name", "age", "tags"], "additionalProperties": false});
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": true}});
+    let msgs = json!([{"role": "user", "content": "Who?"}]);
+    let check = |text: &str| {
+        let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert!(["ada", "bob"].contains(&v["name"].as_str().unwrap_or("")), "{v}");
+        assert!((0..=120).contains(&v["age"].as_i64().unwrap_or(-1)), "{v}");
+        assert!(v["tags"].as_array().is_some_and(|t| t.len() <= 3), "{v}");
+    };
+    for temperature in [0.0, 1.0] {
+        let body = json!({"messages": msgs, "response_format": rf, "max_tokens": 200, "temperature": temperature,
+            "seed": 1});
+        let (st, r) = post(a, "/v1/chat/completions", &body);
+        assert_eq!(st, 200, "{r}");
+        check(r["choices"][0]["message"]["content"].as_str().unwrap());
+        assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+        let (st, r) = post(
+            a,
+            "/v1/completions",
+            &json!({"prompt": "Person:", "response_format": rf,
+            "max_tokens": 200, "temperature": temperature, "seed": 2}),
+        );
+        assert_eq!(st, 200, "{r}");
+        check(r["choices"][0]["text"].as_str().unwrap());
+    }
+    // streamed: the deltas make the same valid object
+    let body = json!({"messages": msgs, "response_format": rf, "max_tokens": 200, "temperature": 0, "stream": true});
+    let (st, text) = http(a, "POST", "/v1/chat/completions", body.to_string().as_bytes());
+    assert_eq!(st, 200, "{text}");
+    let (chunks, done) = streamed(&text);
+    assert!(done);
+    let joined: String =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect::<Vec<_>>().concat();
+    check(&joined);
+    // any JSON object
+    let (st, r) = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": "{", "response_format": {"type": "json_object"},
+        "max_tokens": 120, "temperature": 0}),
+    );
+    assert_eq!(st, 200, "{r}");
+    let t = r["choices"][0]["text"].as_str().unwrap();
+    if r["choices"][0]["finish_reason"] == "stop" {
+        assert!(serde_json::from_str::<Value>(t).is_ok_and(|v| v.is_object()), "{t:?}");
+    } else {
+        assert!(t.starts_with('{'), "an object cut by max_tokens: {t:?}");
+    }
+    // a regular expression and a choice
+    let (st, r) = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": "Code:", "guided_regex": "[A-F]{3}-[0-9]{2}",
+        "max_tokens": 20, "temperature": 1.0, "seed": 4}),
+    );
+    assert_eq!(st, 200, "{r}");
+    let t = r["choices"][0]["text"].as_str().unwrap();
+    let b = t.as_bytes();
+    assert!(b.len() == 6 && b[..3].iter().all(|c| (b'A'..=b'F').contains(c)) && b[3] == b'-', "{t:?}");
+    assert!(b[4..].iter().all(u8::is_ascii_digit), "{t:?}");
+    let (st, r) = post(
+        a,
+        "/v1/chat/completions",
+        &json!({"messages": msgs, "guided_choice": ["left", "right"],
+        "max_tokens": 20, "temperature": 0}),
+    );
+    assert_eq!(st, 200, "{r}");
+    assert!(["left", "right"].contains(&r["choices"][0]["message"]["content"].as_str().unwrap()), "{r}");
+    // grammars that cannot be: a 400 naming the field
+    for (body, param) in [
+        (json!({"prompt": "x", "guided_regex": "(", "max_tokens": 4}), "guided_regex"),
+        (json!({"prompt": "x", "response_format": {"type": "json_schema"}, "max_tokens": 4}), "response_format"),
+        (json!({"prompt": "x", "response_format": {"type": "yaml"}, "max_tokens": 4}), "response_format"),
+        (json!({"prompt": "x", "guided_choice": [], "max_tokens": 4}), "guided_choice"),
+        (json!({"prompt": "x", "guided_regex": "a", "guided_choice": ["a"], "max_tokens": 4}), "guided_choice"),
+    ] {
+        let (st, v) = post(a, "/v1/completions", &body);
+        assert_eq!((st, v["error"]["param"].as_str()), (400, Some(param)), "{body}: {v}");
+    }
+    alive(a);
+}
