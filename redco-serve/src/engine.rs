@@ -52,7 +52,7 @@ pub struct Request {
     pub prompt_logprobs: Option<usize>,
     /// What the output must match (constrained decoding, [`crate::guide`]); the engine
     /// needs its model's [`Guides`] ([`Engine::with_guides`]).
-    pub guide: Option<GuideSpec>,
+    pub guide: Option<Arc<GuideSpec>>,
 }
 
 /// A token's log-probability under the model (its logits' log-softmax, before sampling's
@@ -796,7 +796,7 @@ mod tests {
                     stop_tokens: vec![2],
                     logprobs: None,
                     prompt_logprobs: None,
-                    guide: spec.clone(),
+                    guide: spec.clone().map(Arc::new),
                 };
                 engine.add(req).unwrap();
                 asked.insert(id, (spec.clone(), sampling.clone()));
@@ -856,12 +856,12 @@ mod tests {
             stop_tokens: vec![],
             logprobs: None,
             prompt_logprobs: None,
-            guide: Some(GuideSpec::Regex("(".into())),
+            guide: Some(Arc::new(GuideSpec::Regex("(".into()))),
         };
         assert!(engine.add(bad.clone()).is_err());
         // as is any grammar on an engine without the model's vocabulary
         let mut plain = Engine::new(&b, model(), ecfg, DType::F32).unwrap();
-        let e = plain.add(Request { guide: Some(GuideSpec::Regex("a".into())), ..bad }).unwrap_err();
+        let e = plain.add(Request { guide: Some(Arc::new(GuideSpec::Regex("a".into()))), ..bad }).unwrap_err();
         assert!(e.to_string().contains("constrained decoding"), "{e}");
     }
 

@@ -160,6 +160,7 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Command>> {
                         serde_json::from_slice(b)
                             .ok()
                             .and_then(|v| GuideSpec::from_json(&v))
+                            .map(std::sync::Arc::new)
                             .ok_or_else(|| Error::invalid("serve", "a command's grammar is not one encode wrote"))?,
                     ),
                 };
@@ -257,11 +258,14 @@ mod tests {
             proptest::collection::vec(any::<i64>(), 0..4),
             proptest::option::of(0usize..20),
             proptest::option::of(0usize..20),
-            proptest::option::of(prop_oneof![
-                "[a-z]{1,8}".prop_map(GuideSpec::Regex),
-                proptest::collection::vec("[a-z ]{0,6}", 1..4).prop_map(GuideSpec::Choice),
-                Just(GuideSpec::JsonSchema(serde_json::json!({"type": "object"}))),
-            ]),
+            proptest::option::of(
+                prop_oneof![
+                    "[a-z]{1,8}".prop_map(GuideSpec::Regex),
+                    proptest::collection::vec("[a-z ]{0,6}", 1..4).prop_map(GuideSpec::Choice),
+                    Just(GuideSpec::JsonSchema(serde_json::json!({"type": "object"}))),
+                ]
+                .prop_map(std::sync::Arc::new),
+            ),
         )
             .prop_map(|(id, prompt, max_tokens, sampling, stop_tokens, logprobs, prompt_logprobs, guide)| {
                 Request { id, prompt, max_tokens, sampling, stop_tokens, logprobs, prompt_logprobs, guide }

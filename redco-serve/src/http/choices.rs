@@ -98,7 +98,7 @@ pub async fn submit(app: &App, prompts: &[Vec<i64>], p: &Params) -> Result<Vec<C
                 // `echo` with `logprobs`: the prompt's tokens scored too (an evaluation
                 // harness's loglikelihood)
                 prompt_logprobs: if p.echo { p.logprobs } else { None },
-                guide: p.guide.clone(),
+                guide: p.guide.clone().map(std::sync::Arc::new),
             };
             match app.engine.submit(req).await {
                 Ok(rx) => out.push(Choice { id, rx, detok: Detok::after(prompt), arrived, last: None }),
