@@ -7,7 +7,9 @@ use super::completions::usage;
 use super::error::ApiError;
 use super::logprobs;
 use super::params::{kind, Params};
+use super::tools::{self, Parser, ToolChoice, Tools};
 use super::App;
+use crate::guide::GuideSpec;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -18,6 +20,7 @@ use std::sync::Arc;
 /// A model's chat template with the special tokens it names.
 pub struct ChatTemplate {
     env: minijinja::Environment<'static>,
+    source: String,
     bos: String,
     eos: String,
 }
@@ -54,8 +57,9 @@ impl ChatTemplate {
         env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
             Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
         });
-        env.add_template_owned("chat", source).map_err(|e| format!("{}: the chat template: {e}", path.display()))?;
-        Ok(Some(ChatTemplate { env, bos: token(&cfg, "bos_token"), eos: token(&cfg, "eos_token") }))
+        env.add_template_owned("chat", source.clone())
+            .map_err(|e| format!("{}: the chat template: {e}", path.display()))?;
+        Ok(Some(ChatTemplate { env, source, bos: token(&cfg, "bos_token"), eos: token(&cfg, "eos_token") }))
     }
 
     /// `tokenizer_config.json`'s `chat_template`: a string, or the `default` (else the
@@ -71,11 +75,24 @@ impl ChatTemplate {
         })
     }
 
+    /// The template's text (which tool-call format it teaches: [`super::tools::Parser::detect`]).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     /// The prompt text of `messages`, ready for the assistant's turn.
     pub fn render(&self, messages: &Value) -> Result<String, String> {
+        self.render_with_tools(messages, None)
+    }
+
+    /// [`ChatTemplate::render`] with the request's tools in the template's `tools`, as
+    /// transformers' `apply_chat_template(tools=...)` passes them.
+    pub fn render_with_tools(&self, messages: &Value, tools: Option<&[Value]>) -> Result<String, String> {
         let t = self.env.get_template("chat").map_err(|e| e.to_string())?;
+        let tools = tools.map(minijinja::Value::from_serialize);
         t.render(minijinja::context! {
             messages => minijinja::Value::from_serialize(messages),
+            tools => tools,
             add_generation_prompt => true,
             bos_token => self.bos.clone(),
             eos_token => self.eos.clone(),
@@ -102,7 +119,7 @@ fn messages(v: Option<&Value>) -> Result<&Value, ApiError> {
                 format!("a message is an object with a string `role` and string `content`, got {}", kind(m)),
             ));
         }
-        super::fields::check_role(i, m["role"].as_str().unwrap_or_default(), m)?;
+        super::fields::check_role(i, m["role"].as_str().unwrap_or_default())?;
     }
     Ok(v)
 }
@@ -117,8 +134,9 @@ pub async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
 
 async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
     let body = app.parse_body(&body)?;
-    super::fields::check(&body, &["messages", "top_logprobs"])?;
+    super::fields::check(&body, &["messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"])?;
     let msgs = messages(body.get("messages"))?;
+    let tools = Tools::read(&body)?;
     let Some(template) = &app.chat_template else {
         return Err(ApiError::bad_request(format!(
             "the model {} has no chat template (no chat_template.jinja, and tokenizer_config.json has no \
@@ -126,10 +144,34 @@ async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
             app.model_id
         )));
     };
-    let p = Params::read(&body, app.context)?;
+    let mut p = Params::read(&body, app.context)?;
+    // `required` or a named function: the answer is constrained to calls
+    if let Some(schema) = tools.as_ref().and_then(Tools::forced_schema) {
+        if p.guide.is_some() {
+            return Err(ApiError::invalid("tool_choice", "a required tool call and an output format cannot both hold"));
+        }
+        p.guide = Some(GuideSpec::JsonSchema(schema));
+    }
     app.check_guide(&p)?;
+    let calling = tools.as_ref().filter(|t| t.choice != ToolChoice::None);
+    let parser = match (calling.map(|t| &t.choice), app.tool_parser(template)) {
+        (Some(ToolChoice::Auto), None) => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                format!(
+                    "`tool_choice` auto parses the model's calls, but its chat template shows no tool-call format: \
+                     start the server with --tool-call-parser ({})",
+                    Parser::NAMES.join(", ")
+                ),
+            ))
+        }
+        (_, parser) => parser,
+    };
     let p = Params { max_tokens: p.max_tokens.min(app.context.saturating_sub(1)), ..p };
-    let text = template.render(msgs).map_err(|e| ApiError::invalid("messages", e))?;
+    let shown = tools::template_messages(msgs);
+    let text = template
+        .render_with_tools(&shown, tools.as_ref().map(|t| t.list.as_slice()))
+        .map_err(|e| ApiError::invalid("messages", e))?;
     let ids = app.tokenizer.encode(&text, false).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     // without max_tokens, the completion may use what the context leaves
     let p = if body.get("max_tokens").is_none() && body.get("max_completion_tokens").is_none() {
@@ -140,6 +182,10 @@ async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
     let prompt_tokens = ids.len();
     let choices = submit(&app, std::slice::from_ref(&ids), &p).await?;
     let (id, created, model) = (format!("chatcmpl-{}", app.engine.next_id()), app.now(), app.model_id.clone());
+    if let Some(t) = calling {
+        let answer = Answer { id, created, model, prompt_tokens };
+        return with_calls(&app, choices, &p, &t.choice, parser, answer).await;
+    }
     if p.stream {
         let include_usage = p.include_usage;
         let (cid, cmodel) = (id.clone(), model.clone());
@@ -175,6 +221,100 @@ async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
     Ok(axum::Json(json!({"id": id, "object": "chat.completion", "created": created, "model": model,
         "choices": out, "usage": usage(prompt_tokens, generated)}))
     .into_response())
+}
+
+/// What a chat answer names besides its choices.
+struct Answer {
+    id: String,
+    created: u64,
+    model: String,
+    prompt_tokens: usize,
+}
+
+/// The answer of a request that may call tools: each choice run whole, its calls taken
+/// from the constrained JSON (`required`, a named function) or parsed from the text
+/// (`auto`), as `message.tool_calls` with `finish_reason` `tool_calls`; streamed, the same
+/// answer as chunks (the role, the content, the calls as one tool-call delta each, the
+/// finish reason), once the choice has ended.
+async fn with_calls(
+    app: &Arc<App>,
+    choices: Vec<super::choices::Choice>,
+    p: &Params,
+    choice: &ToolChoice,
+    parser: Option<Parser>,
+    a: Answer,
+) -> Result<Response, ApiError> {
+    let done = futures_util::future::join_all(choices.into_iter().map(|c| c.collect(app, &p.stop))).await;
+    let mut out = Vec::new();
+    let mut generated = 0;
+    for d in done {
+        let d = d?;
+        generated += d.tokens;
+        let (content, calls) = match (choice, parser) {
+            (ToolChoice::Required | ToolChoice::Named(_), _) if d.reason == "stop" => {
+                let calls = tools::forced_calls(&d.text).map_err(|e| ApiError {
+                    status: axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    message: e,
+                    param: None,
+                    code: None,
+                })?;
+                (None, calls)
+            }
+            // cut by max_tokens before the calls were whole: the text as it is
+            (ToolChoice::Required | ToolChoice::Named(_), _) => (Some(d.text.clone()), Vec::new()),
+            (_, Some(parser)) => parser.parse(&d.text),
+            (_, None) => (Some(d.text.clone()), Vec::new()),
+        };
+        let lp = p.logprobs.map(|_| logprobs::chat(&app.tokenizer, &d.logprobs));
+        out.push((content, calls, d.reason, lp));
+    }
+    let usage = usage(a.prompt_tokens, generated);
+    if !p.stream {
+        let choices: Vec<Value> = out
+            .into_iter()
+            .enumerate()
+            .map(|(i, (content, calls, reason, lp))| {
+                let mut message = json!({"role": "assistant", "content": content});
+                let reason = if calls.is_empty() { reason } else { "tool_calls" };
+                if !calls.is_empty() {
+                    message["tool_calls"] = tools::tool_calls_json(&calls, false);
+                }
+                json!({"index": i, "message": message, "logprobs": lp, "finish_reason": reason})
+            })
+            .collect();
+        return Ok(axum::Json(json!({"id": a.id, "object": "chat.completion", "created": a.created,
+            "model": a.model, "choices": choices, "usage": usage}))
+        .into_response());
+    }
+    let chunk = |i: usize, delta: Value, reason: Option<&str>| {
+        json!({"id": a.id, "object": "chat.completion.chunk", "created": a.created, "model": a.model,
+            "choices": [{"index": i, "delta": delta, "logprobs": null, "finish_reason": reason}]})
+    };
+    let mut events = Vec::new();
+    for (i, (content, calls, reason, _)) in out.into_iter().enumerate() {
+        events.push(chunk(i, json!({"role": "assistant", "content": ""}), None));
+        if let Some(c) = content {
+            events.push(chunk(i, json!({"content": c}), None));
+        }
+        let reason = if calls.is_empty() { reason } else { "tool_calls" };
+        for (k, call) in tools::tool_calls_json(&calls, true).as_array().into_iter().flatten().enumerate() {
+            let mut call = call.clone();
+            call["index"] = json!(k);
+            events.push(chunk(i, json!({"tool_calls": [call]}), None));
+        }
+        events.push(chunk(i, json!({}), Some(reason)));
+    }
+    if p.include_usage {
+        events.push(json!({"id": a.id, "object": "chat.completion.chunk", "created": a.created, "model": a.model,
+            "choices": [], "usage": usage}));
+    }
+    let mut body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+    body.push_str("data: [DONE]\n\n");
+    Ok(Response::builder()
+        .header(axum::http::header::CONTENT_TYPE, "text/event-stream")
+        .header(axum::http::header::CACHE_CONTROL, "no-cache")
+        .body(axum::body::Body::from(body))
+        .unwrap_or_else(|_| Response::new(axum::body::Body::empty())))
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! 400 naming it, as OpenAI's API refuses an unrecognized argument: a client that asks for
 //! tools or a suffix gets an error, never an answer that silently is not
 //! what it asked for. `user` (an end-user id kept for abuse monitoring) is the one field
-//! accepted and ignored.
+//! accepted and ignored. Chat implements tools; completions refuse them.
 
 use super::error::ApiError;
 use super::params::kind;
@@ -49,9 +49,8 @@ fn not_implemented(key: &str, v: &Value, n: usize) -> Option<&'static str> {
         return None;
     }
     Some(match key {
-        "tools" | "tool_choice" | "functions" | "function_call" | "parallel_tool_calls" => {
-            "tool calling is not implemented by this server"
-        }
+        "tools" | "tool_choice" | "parallel_tool_calls" => "tools are for /v1/chat/completions",
+        "functions" | "function_call" => "OpenAI's deprecated functions: send `tools` and `tool_choice`",
         "guided_grammar" | "guided_decoding_backend" => {
             "grammars other than a JSON schema, a regular expression or a choice are not implemented by this server"
         }
@@ -97,25 +96,17 @@ fn short(v: &Value) -> String {
 }
 
 /// The roles a chat message may have here; `tool` needs tool calling.
-pub fn check_role(i: usize, role: &str, m: &Value) -> Result<(), ApiError> {
+pub fn check_role(i: usize, role: &str) -> Result<(), ApiError> {
     let param = format!("messages[{i}].role");
     match role {
-        "system" | "developer" | "user" => Ok(()),
-        "assistant" if m.get("tool_calls").is_some_and(|t| !t.is_null()) => Err(ApiError::invalid(
-            &format!("messages[{i}].tool_calls"),
-            format!(
-                "`messages[{i}].tool_calls`: assistant messages with tool calls need tool calling, which this \
-                 server does not implement"
-            ),
-        )),
-        "assistant" => Ok(()),
-        "tool" | "function" => Err(ApiError::invalid(
+        "system" | "developer" | "user" | "assistant" | "tool" => Ok(()),
+        "function" => Err(ApiError::invalid(
             &param,
-            format!("`{param}`: `{role}` messages need tool calling, which this server does not implement"),
+            format!("`{param}`: `function` messages are OpenAI's deprecated form: send `tool` messages"),
         )),
         other => Err(ApiError::invalid(
             &param,
-            format!("`{param}`: `{other}` is not a role (system, developer, user or assistant)"),
+            format!("`{param}`: `{other}` is not a role (system, developer, user, assistant or tool)"),
         )),
     }
 }
@@ -153,16 +144,13 @@ mod tests {
     }
 
     #[test]
-    fn chat_roles_are_the_four_and_tool_messages_wait_for_tool_calling() {
-        let m = json!({});
-        for r in ["system", "developer", "user", "assistant"] {
-            check_role(0, r, &m).unwrap();
+    fn chat_roles_are_openai_s_five() {
+        for r in ["system", "developer", "user", "assistant", "tool"] {
+            check_role(0, r).unwrap();
         }
-        let e = check_role(2, "wizard", &m).unwrap_err();
+        let e = check_role(2, "wizard").unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages[2].role"));
         assert!(e.message.contains("wizard"));
-        assert!(check_role(1, "tool", &m).unwrap_err().message.contains("tool calling"));
-        let e = check_role(1, "assistant", &json!({"tool_calls": [{"id": "x"}]})).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("messages[1].tool_calls"));
+        assert!(check_role(1, "function").unwrap_err().message.contains("tool"));
     }
 }

@@ -13,6 +13,7 @@ pub mod latency;
 pub mod logprobs;
 pub mod params;
 pub mod text;
+pub mod tools;
 
 use crate::worker::EngineHandle;
 use axum::extract::State;
@@ -44,6 +45,8 @@ pub struct App {
     pub chat_template: Option<ChatTemplate>,
     /// The model's vocabulary for constrained decoding, or why there is none.
     pub guides: Result<Arc<crate::guide::Guides>, String>,
+    /// The tool-call format `--tool-call-parser` named (else the chat template's, detected).
+    pub tool_parser: Option<tools::Parser>,
     /// When the server started (Unix seconds).
     pub started: u64,
     /// Latency histograms and the output rate.
@@ -51,6 +54,11 @@ pub struct App {
 }
 
 impl App {
+    /// How the model writes tool calls: `--tool-call-parser`'s, else what `template` shows.
+    pub fn tool_parser(&self, template: &ChatTemplate) -> Option<tools::Parser> {
+        self.tool_parser.or_else(|| tools::Parser::detect(template.source()))
+    }
+
     /// Checks a request's output constraint against the model's vocabulary: a 400 naming
     /// the field for a grammar llguidance refuses, or where the model has no vocabulary
     /// for it.

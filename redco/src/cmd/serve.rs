@@ -10,7 +10,7 @@ use redco_models::hf::config::HfConfig;
 use redco_models::hf::tokenizer::Tokenizer;
 use redco_serve::engine::{Engine, EngineConfig};
 use redco_serve::guide::Guides;
-use redco_serve::http::{chat::ChatTemplate, App};
+use redco_serve::http::{chat::ChatTemplate, tools::Parser, App};
 use redco_serve::kv::KvGeometry;
 use redco_serve::lockstep::Lockstep;
 use redco_serve::worker::{follow, lead, EngineHandle};
@@ -33,6 +33,11 @@ pub struct ServeArgs {
     /// The model's name in requests and `/v1/models` (default: the directory's name).
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// How the model writes tool calls, for chat requests with `tools` and `tool_choice`
+    /// auto: hermes (`<tool_call>` JSON, Hermes and Qwen), llama3_json (Llama 3.1) or mistral
+    /// (`[TOOL_CALLS]`). Default: the format the chat template shows, if it shows one.
+    #[arg(long, value_parser = ["hermes", "llama3_json", "mistral"])]
+    pub tool_call_parser: Option<String>,
     /// Mesh as 1xMP: the model split over MP tensor-parallel ranks (threads, or MPI
     /// processes under a launcher), rank 0 serving HTTP.
     #[arg(long, default_value = "1x1")]
@@ -216,6 +221,7 @@ fn lead_and_serve<B: Backend>(
         eos,
         chat_template,
         guides: guides.clone(),
+        tool_parser: a.tool_call_parser.as_deref().map(Parser::from_name).transpose()?,
         started,
         latency: Default::default(),
     });

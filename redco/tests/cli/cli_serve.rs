@@ -585,15 +585,19 @@ fn serve_survives_more_bad_requests_slow_clients_and_a_burst_of_a_thousand() {
     // fields this server does not implement: a 400 naming each, never an answer that
     // ignores them
     let refused = [
-        ("/v1/chat/completions", chat(json!({"tools": [{"type": "function", "function": {"name": "f"}}]})), "tools"),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}),
+            "tools",
+        ),
         ("/v1/chat/completions", chat(json!({"tool_choice": "required"})), "tool_choice"),
-        ("/v1/chat/completions", chat(json!({"response_format": {"type": "json_object"}})), "response_format"),
+        ("/v1/chat/completions", chat(json!({"functions": [{"name": "f"}]})), "functions"),
         ("/v1/chat/completions", json!({"messages": [{"role": "wizard", "content": "hi"}]}), "messages[0].role"),
-        ("/v1/chat/completions", json!({"messages": [{"role": "tool", "content": "4"}]}), "messages[0].role"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "function", "content": "4"}]}), "messages[0].role"),
         ("/v1/chat/completions", chat(json!({"prompt": "x"})), "prompt"),
         ("/v1/completions", json!({"prompt": "x", "best_of": 3}), "best_of"),
         ("/v1/completions", json!({"prompt": "x", "suffix": "end"}), "suffix"),
-        ("/v1/completions", json!({"prompt": "x", "guided_json": {"type": "object"}}), "guided_json"),
+        ("/v1/completions", json!({"prompt": "x", "guided_grammar": "root ::= \"a\""}), "guided_grammar"),
         ("/v1/completions", json!({"prompt": "x", "ignore_eos": true}), "ignore_eos"),
     ];
     for (path, body, param) in &refused {
@@ -745,8 +749,8 @@ fn echo_with_logprobs_scores_every_prompt_token_as_transformers_does() {
 /// A random-weight LLaMA (the llama-tiny preset's shape) with a byte-level tokenizer, whose
 /// vocabulary can spell any text, and a chat template: the model structured output is
 /// tested on.
-fn byte_model() -> std::path::PathBuf {
-    let dir = crate::common::scratch_dir("serve", "byte-model");
+fn byte_model(name: &str) -> std::path::PathBuf {
+    let dir = crate::common::scratch_dir("serve", &format!("byte-model-{name}"));
     redco_models::presets::write_byte_tokenizer(&dir).unwrap();
     let vocab = redco_models::hf::tokenizer::Tokenizer::from_dir(&dir).unwrap().vocab_size();
     let raw = redco_models::presets::config("llama-tiny", vocab).unwrap();
@@ -765,7 +769,7 @@ fn byte_model() -> std::path::PathBuf {
 /// naming the field.
 #[test]
 fn structured_output_is_valid_whatever_the_weights() {
-    let model = byte_model();
+    let model = byte_model("structured");
     let srv = start(&model, &[]);
     let a = srv.addr.as_str();
     let schema = json!({"type": "object", "properties": {
@@ -852,4 +856,120 @@ fn structured_output_is_valid_whatever_the_weights() {
         assert_eq!((st, v["error"]["param"].as_str()), (400, Some(param)), "{body}: {v}");
     }
     alive(a);
+}
+
+/// Tool calling on random weights: a named function and `required` give calls whose
+/// arguments validate against the function's schema (`finish_reason` `tool_calls`,
+/// streamed as tool-call deltas); the template renders the tools; a conversation with the
+/// assistant's calls and the tool's result goes back in; `auto` on a template without a
+/// tool-call format is a 400 that says to name a parser.
+#[test]
+fn tool_calls_are_valid_calls_whatever_the_weights() {
+    let model = byte_model("tools");
+    // a Hermes-style template: the tools listed, calls in <tool_call> tags
+    let template = "{% if tools %}Tools: {% for t in tools %}{{ t.function.name }} {% endfor %}\n{% endif %}\
+        {% for m in messages %}{{ m.role }}: {% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{{ c.function.name }} \
+        {{ c.function.arguments.city }}</tool_call>{% endfor %}{% else %}{{ m.content }}{% endif %}\n{% endfor %}assistant:";
+    std::fs::write(model.join("chat_template.jinja"), template).unwrap();
+    let srv = start(&model, &[]);
+    let a = srv.addr.as_str();
+    let weather = json!({"type": "function", "function": {"name": "get_weather", "description": "The weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city", "days"],
+        "additionalProperties": false}}});
+    let now = json!({"type": "function", "function": {"name": "now", "parameters": {"type": "object",
+        "properties": {}, "additionalProperties": false}}});
+    let msgs = json!([{"role": "user", "content": "Weather in Paris?"}]);
+    let valid = |c: &Value| {
+        let name = c["function"]["name"].as_str().unwrap();
+        let args: Value = serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(c["type"], "function");
+        assert!(c["id"].as_str().unwrap().starts_with("call_"), "{c}");
+        match name {
+            "get_weather" => {
+                assert!(["Paris", "Rome"].contains(&args["city"].as_str().unwrap()), "{args}");
+                assert!((1..=7).contains(&args["days"].as_i64().unwrap()), "{args}");
+            }
+            "now" => assert_eq!(args, json!({})),
+            other => panic!("a call of {other}"),
+        }
+        name.to_string()
+    };
+    for temperature in [0.0, 1.0] {
+        let named = json!({"type": "function", "function": {"name": "get_weather"}});
+        let body = json!({"messages": msgs, "tools": [weather, now], "tool_choice": named, "max_tokens": 200,
+            "temperature": temperature, "seed": 3});
+        let (st, r) = post(a, "/v1/chat/completions", &body);
+        assert_eq!(st, 200, "{r}");
+        let m = &r["choices"][0]["message"];
+        assert_eq!((r["choices"][0]["finish_reason"].as_str(), m["content"].is_null()), (Some("tool_calls"), true));
+        assert_eq!(m["tool_calls"].as_array().unwrap().len(), 1, "{r}");
+        assert_eq!(valid(&m["tool_calls"][0]), "get_weather");
+        let body = json!({"messages": msgs, "tools": [weather, now], "tool_choice": "required", "max_tokens": 300,
+            "temperature": temperature, "seed": 4, "parallel_tool_calls": false});
+        let (st, r) = post(a, "/v1/chat/completions", &body);
+        assert_eq!(st, 200, "{r}");
+        let calls = r["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+        assert!(!calls.is_empty(), "{r}");
+        calls.iter().for_each(|c| drop(valid(c)));
+    }
+    // streamed: a tool-call delta, then the finish reason
+    let body = json!({"messages": msgs, "tools": [weather], "tool_choice": "required", "max_tokens": 200,
+        "temperature": 0, "stream": true, "parallel_tool_calls": false});
+    let (st, text) = http(a, "POST", "/v1/chat/completions", body.to_string().as_bytes());
+    assert_eq!(st, 200, "{text}");
+    let (chunks, done) = streamed(&text);
+    assert!(done, "{text}");
+    let deltas: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].get(0)).collect();
+    assert!(!deltas.is_empty() && deltas[0]["index"] == 0, "{text}");
+    assert_eq!(valid(deltas[0]), "get_weather");
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls", "{text}");
+    // the template renders the tools: the prompt grows by them
+    let plain = post(a, "/v1/chat/completions", &json!({"messages": msgs, "max_tokens": 1})).1;
+    let listed = post(
+        a,
+        "/v1/chat/completions",
+        &json!({"messages": msgs, "tools": [weather], "tool_choice": "none", "max_tokens": 1}),
+    )
+    .1;
+    let tokens = |r: &Value| r["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(tokens(&listed), tokens(&plain) + "Tools: get_weather \n".len() as u64, "{listed}");
+    // the calls and their result sent back (arguments as JSON text, as clients send them)
+    let back = json!([{"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 1}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]);
+    let (st, r) = post(
+        a,
+        "/v1/chat/completions",
+        &json!({"messages": back, "tools": [weather], "tool_choice": "none",
+        "max_tokens": 4}),
+    );
+    assert_eq!(st, 200, "{r}");
+    // the rendered call names its city: the arguments reached the template as an object
+    let again = post(a, "/v1/chat/completions", &json!({"messages": back, "max_tokens": 1})).1;
+    let shorter = json!([back[0], {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
+        "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]}, back[2]]);
+    let short = post(a, "/v1/chat/completions", &json!({"messages": shorter, "max_tokens": 1})).1;
+    assert_eq!(tokens(&again), tokens(&short) + "Paris".len() as u64, "{again} {short}");
+    // auto: the template shows <tool_call>, so calls are parsed as Hermes writes them; on
+    // random weights the answer is text
+    let (st, r) = post(a, "/v1/chat/completions", &json!({"messages": msgs, "tools": [weather], "max_tokens": 8}));
+    assert_eq!(st, 200, "{r}");
+    assert!(r["choices"][0]["message"]["content"].is_string() || r["choices"][0]["message"]["tool_calls"].is_array());
+    alive(a);
+    drop(srv);
+    // auto needs a tool-call format: a template without one, and no --tool-call-parser
+    std::fs::write(model.join("chat_template.jinja"), "{% for m in messages %}{{ m.content }}{% endfor %}").unwrap();
+    let srv = start(&model, &[]);
+    let (st, v) =
+        post(&srv.addr, "/v1/chat/completions", &json!({"messages": msgs, "tools": [weather], "max_tokens": 4}));
+    assert_eq!((st, v["error"]["param"].as_str()), (400, Some("tool_choice")), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("--tool-call-parser"), "{v}");
+    drop(srv);
+    // named, the parser is the server's
+    let srv = start(&model, &["--tool-call-parser", "hermes"]);
+    let (st, r) =
+        post(&srv.addr, "/v1/chat/completions", &json!({"messages": msgs, "tools": [weather], "max_tokens": 4}));
+    assert_eq!(st, 200, "{r}");
 }
