@@ -241,9 +241,17 @@ impl Parser {
         }
     }
 
-    /// The calls in `text` and the text around them (`None` when there is none); no
-    /// call: the whole text is the content.
+    /// The calls in `text` and the text before them (`None` when there is none); no call:
+    /// the whole text, as it is, is the content.
     pub fn parse(self, text: &str) -> (Option<String>, Vec<Call>) {
+        let (content, calls) = self.calls(text);
+        if calls.is_empty() {
+            return (Some(text.to_string()), calls);
+        }
+        (content, calls)
+    }
+
+    fn calls(self, text: &str) -> (Option<String>, Vec<Call>) {
         let keep = |s: &str| Some(s.trim().to_string()).filter(|s| !s.is_empty());
         match self {
             Parser::Hermes => {
