@@ -18,6 +18,7 @@ mod attention;
 mod backend;
 mod bounds;
 mod context;
+pub mod cudnn;
 mod device;
 mod elementwise;
 mod fused;

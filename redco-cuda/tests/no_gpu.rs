@@ -18,3 +18,43 @@ fn without_a_driver_the_backend_says_so() {
     let e = redco_cuda::devices().expect_err("no driver: no device list").to_string();
     assert!(e.contains("no CUDA driver"), "{e}");
 }
+
+/// cuDNN's loading path: a file that is not there is an error naming it and where cuDNN
+/// comes from; a library that is not cuDNN is refused by name; where cuDNN is installed
+/// (a GPU machine with the wheel), its version is read.
+#[test]
+fn cudnn_is_found_or_its_absence_explained() {
+    // each case in a process of its own: the library is loaded once per process
+    let exe = std::env::current_exe().unwrap();
+    let run = |file: &str| {
+        let out = std::process::Command::new(&exe)
+            .args(["--exact", "cudnn_probe", "--nocapture", "--include-ignored"])
+            .env("REDCO_CUDNN_LIBRARY", file)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+    };
+    let missing = run("/nonexistent/libcudnn.so.9");
+    assert!(missing.contains("cuDNN is not available") && missing.contains("/nonexistent/libcudnn.so.9"), "{missing}");
+    assert!(missing.contains("nvidia-cudnn-cu13"), "{missing}");
+    // the C library is a shared library without cudnnGetVersion
+    let libc = run("libc.so.6");
+    assert!(libc.contains("has no cudnnGetVersion"), "{libc}");
+    match redco_cuda::cudnn::cudnn() {
+        Ok(c) => assert!(c.version.0 >= 8, "{:?}", c.version),
+        Err(e) => assert!(e.to_string().contains("cuDNN is not available"), "{e}"),
+    }
+    let old = redco_cuda::cudnn::require_fused_attention((7, 5));
+    assert!(old.is_err(), "a Turing GPU or no cuDNN: no fused attention");
+}
+
+/// Run by [`cudnn_is_found_or_its_absence_explained`] in a process of its own: prints what
+/// loading cuDNN gives.
+#[test]
+#[ignore = "run by cudnn_is_found_or_its_absence_explained"]
+fn cudnn_probe() {
+    match redco_cuda::cudnn::cudnn() {
+        Ok(c) => println!("cudnn: {:?} from {}", c.version, c.file),
+        Err(e) => println!("{e}"),
+    }
+}

@@ -26,8 +26,12 @@ pub fn describe() {
             for g in list {
                 crate::outln!("cuda: {g}");
             }
+            let cudnn = match redco_cuda::cudnn::cudnn() {
+                Ok(c) => format!("{}.{}.{} ({})", c.version.0, c.version.1, c.version.2, c.file),
+                Err(_) => "missing".into(),
+            };
             crate::outln!(
-                "cuda libraries: nvrtc {}, cublas {}, nccl {}",
+                "cuda libraries: nvrtc {}, cublas {}, nccl {}, cudnn {cudnn}",
                 yes(redco_cuda::nvrtc_present()),
                 yes(redco_cuda::cublas_present()),
                 yes(redco_cuda::nccl_present())
