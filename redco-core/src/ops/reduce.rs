@@ -138,7 +138,7 @@ impl<B: Backend> Tensor<B> {
     }
 }
 
-/// [`Backend::sum_squares_many`](crate::Backend::sum_squares_many) written with tensor ops:
+/// [`Backend::sum_squares_many`] written with tensor ops:
 /// each tensor cast to the accumulation dtype (f64 where the backend has it, else f32),
 /// squared and summed, the sums added in order to a zero scalar.
 pub fn composite_sum_squares<B: Backend>(b: &B, xs: &[(&B::Storage, &Shape)]) -> Result<B::Storage> {

@@ -9,7 +9,7 @@ use super::params::kind;
 use serde_json::{Map, Value};
 
 /// The fields both endpoints read (their values are checked by `Params::read`).
-const COMMON: [&str; 21] = [
+pub const COMMON: [&str; 21] = [
     "model",
     "max_tokens",
     "max_completion_tokens",
