@@ -59,6 +59,43 @@ pub(crate) fn many_config(n_chunks: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
 }
 
+/// A multi-tensor launch's tables on the device (`kernels/adamw.cu`, `kernels/reduce.cu`'s
+/// sum of squares): each tensor's row of addresses followed by its length, and the chunk
+/// list (two i64 per chunk: the tensor, the chunk's first element).
+pub(crate) struct MultiTensor {
+    /// The per-tensor rows.
+    pub table: CudaStorage,
+    /// The chunk list.
+    pub list: CudaStorage,
+    /// Chunks in the list.
+    pub chunks: usize,
+}
+
+/// The per-tensor rows of a multi-tensor table: each row's addresses, then the tensor's
+/// length.
+fn table_of(rows: &[Vec<u64>], sizes: &[usize]) -> Vec<i64> {
+    rows.iter().zip(sizes).flat_map(|(r, &n)| r.iter().map(|&p| p as i64).chain([n as i64])).collect()
+}
+
+impl Cuda {
+    /// Uploads the tables of a launch over tensors whose rows of addresses are `rows` and
+    /// whose lengths are `sizes`, in chunks of `chunk` elements; `None` when no tensor has
+    /// an element. The tables go with the launch on the stream: the kernel reads them
+    /// before any later op can reuse their buffers.
+    pub(crate) fn multi_tensor(&self, rows: &[Vec<u64>], sizes: &[usize], chunk: usize) -> Result<Option<MultiTensor>> {
+        let list: Vec<i64> = chunks(sizes, chunk).into_iter().flat_map(|(t, s)| [t as i64, s as i64]).collect();
+        if list.is_empty() {
+            return Ok(None);
+        }
+        let chunks = list.len() / 2;
+        Ok(Some(MultiTensor {
+            table: self.upload_data(&HostData::I64(table_of(rows, sizes)))?,
+            list: self.upload_data(&HostData::I64(list))?,
+            chunks,
+        }))
+    }
+}
+
 /// Checks one item as [`Cuda::adamw_in_place`] does.
 fn check(x: &CudaStorage, g: &CudaStorage, m: &CudaStorage, v: &CudaStorage, n: usize) -> Result<()> {
     for t in [g, m, v] {
@@ -144,26 +181,15 @@ impl Cuda {
             if of.is_empty() {
                 continue;
             }
-            let mut table = Vec::with_capacity(6 * of.len());
-            for &i in &of {
-                let it = &items[i];
-                for p in [it.x.ptr(), out[i].ptr(), it.g.ptr(), it.m.ptr(), it.v.ptr()] {
-                    table.push(p as i64);
-                }
-                table.push(it.n as i64);
-            }
+            let rows: Vec<Vec<u64>> = of
+                .iter()
+                .map(|&i| vec![items[i].x.ptr(), out[i].ptr(), items[i].g.ptr(), items[i].m.ptr(), items[i].v.ptr()])
+                .collect();
             let sizes: Vec<usize> = of.iter().map(|&i| items[i].n).collect();
-            let list: Vec<i64> = chunks(&sizes, CHUNK).into_iter().flat_map(|(t, s)| [t as i64, s as i64]).collect();
-            if list.is_empty() {
-                continue;
-            }
-            let n_chunks = list.len() / 2;
-            // the tables go with the launch on the stream; the kernel reads them before
-            // any later op can reuse their buffers
-            let (table, list) = (self.upload_data(&HostData::I64(table))?, self.upload_data(&HostData::I64(list))?);
+            let Some(t) = self.multi_tensor(&rows, &sizes, CHUNK)? else { continue };
             let f = self.function("adamw", &format!("adamw_many_{}", tn(dt)))?;
-            let (tp, cp, nc, ch) = (table.ptr(), list.ptr(), n_chunks as i64, CHUNK as i64);
-            self.launch(&f, many_config(n_chunks), |l| {
+            let (tp, cp, nc, ch) = (t.table.ptr(), t.list.ptr(), t.chunks as i64, CHUNK as i64);
+            self.launch(&f, many_config(t.chunks), |l| {
                 l.arg(&tp).arg(&cp).arg(&nc).arg(&ch).arg(&s);
             })?;
         }
@@ -214,24 +240,18 @@ impl Cuda {
             if of.is_empty() {
                 continue;
             }
-            let mut table = Vec::with_capacity(7 * of.len());
-            for &i in &of {
-                let it = &items[i];
-                for p in [it.x.ptr(), out[i].0.ptr(), out[i].1.ptr(), it.g.ptr(), it.m.ptr(), it.v.ptr()] {
-                    table.push(p as i64);
-                }
-                table.push(it.n as i64);
-            }
+            let rows: Vec<Vec<u64>> = of
+                .iter()
+                .map(|&i| {
+                    let it = &items[i];
+                    vec![it.x.ptr(), out[i].0.ptr(), out[i].1.ptr(), it.g.ptr(), it.m.ptr(), it.v.ptr()]
+                })
+                .collect();
             let sizes: Vec<usize> = of.iter().map(|&i| items[i].n).collect();
-            let list: Vec<i64> = chunks(&sizes, CHUNK).into_iter().flat_map(|(t, s)| [t as i64, s as i64]).collect();
-            if list.is_empty() {
-                continue;
-            }
-            let n_chunks = list.len() / 2;
-            let (table, list) = (self.upload_data(&HostData::I64(table))?, self.upload_data(&HostData::I64(list))?);
+            let Some(t) = self.multi_tensor(&rows, &sizes, CHUNK)? else { continue };
             let f = self.function("adamw", &format!("adamw_master_{}_{}", tn(gd), tn(copy)))?;
-            let (tp, cp, nc, ch) = (table.ptr(), list.ptr(), n_chunks as i64, CHUNK as i64);
-            self.launch(&f, many_config(n_chunks), |l| {
+            let (tp, cp, nc, ch) = (t.table.ptr(), t.list.ptr(), t.chunks as i64, CHUNK as i64);
+            self.launch(&f, many_config(t.chunks), |l| {
                 l.arg(&tp).arg(&cp).arg(&nc).arg(&ch).arg(&s).arg(&grad_scale);
             })?;
         }
@@ -241,7 +261,15 @@ impl Cuda {
 
 #[cfg(test)]
 mod tests {
-    use super::{chunks, many_config, CHUNK};
+    use super::{chunks, many_config, table_of, CHUNK};
+
+    #[test]
+    fn a_table_row_is_the_addresses_then_the_length() {
+        // adamw_many's six i64 a tensor, the master form's seven, the sum of squares' two
+        assert_eq!(table_of(&[vec![10, 20], vec![30, 40]], &[5, 6]), vec![10, 20, 5, 30, 40, 6]);
+        let seven = table_of(&[vec![1, 2, 3, 4, 5, 6]], &[9]);
+        assert_eq!((seven.len(), seven[6]), (7, 9));
+    }
 
     #[test]
     fn every_element_is_in_exactly_one_chunk() {

@@ -1,13 +1,13 @@
 //! Reductions along one dimension (`kernels/reduce.cu`).
 
-use crate::adamw::{chunks, many_config};
+use crate::adamw::many_config;
 use crate::context::{tn, Cuda};
 use crate::elementwise::fits;
 use crate::launch::{around, elementwise, per_row, split_parts};
 use crate::storage::CudaStorage;
 use cudarc::driver::PushKernelArg;
 use redco_core::backend::ReduceOp;
-use redco_core::{DType, Error, HostData, Result, Shape};
+use redco_core::{DType, Error, Result, Shape};
 
 impl Cuda {
     pub(crate) fn reduce_op(&self, op: ReduceOp, x: &CudaStorage, shape: &Shape, dim: usize) -> Result<CudaStorage> {
@@ -84,34 +84,29 @@ impl Cuda {
                 return Err(Error::UnsupportedDType { op: "sum_squares_many", dtype: x.dtype() });
             }
         }
-        // the launches, one per dtype present: (dtype, table, chunk list, blocks)
+        // the launches, one per dtype present, and the blocks of each
         let mut launches = Vec::new();
         for dt in [DType::F32, DType::BF16, DType::F16, DType::F64] {
             let of: Vec<&(&CudaStorage, &Shape)> = xs.iter().filter(|(x, _)| x.dtype() == dt).collect();
+            let rows: Vec<Vec<u64>> = of.iter().map(|(x, _)| vec![x.ptr()]).collect();
             let sizes: Vec<usize> = of.iter().map(|(_, s)| s.elem_count()).collect();
-            let list: Vec<i64> = chunks(&sizes, SQ_CHUNK).into_iter().flat_map(|(t, s)| [t as i64, s as i64]).collect();
-            if list.is_empty() {
-                continue;
+            if let Some(t) = self.multi_tensor(&rows, &sizes, SQ_CHUNK)? {
+                let blocks = many_config(t.chunks).grid_dim.0 as usize;
+                launches.push((dt, t, blocks));
             }
-            let table: Vec<i64> = of.iter().flat_map(|(x, s)| [x.ptr() as i64, s.elem_count() as i64]).collect();
-            let blocks = many_config(list.len() / 2).grid_dim.0 as usize;
-            launches.push((dt, table, list, blocks));
         }
-        let total: usize = launches.iter().map(|l| l.3).sum();
-        let y = self.alloc(1, DType::F64)?;
-        let partial = self.alloc(total.max(1), DType::F64)?;
+        let total: usize = launches.iter().map(|l| l.2).sum();
         if total == 0 {
             return self.fill(1, 0.0, DType::F64);
         }
+        let y = self.alloc(1, DType::F64)?;
+        let partial = self.alloc(total, DType::F64)?;
         let mut at = 0usize;
-        for (dt, table, list, blocks) in launches {
-            let n_chunks = list.len() / 2;
-            let (table, list) = (self.upload_data(&HostData::I64(table))?, self.upload_data(&HostData::I64(list))?);
+        for (dt, t, blocks) in launches {
             let f = self.function("reduce", &format!("sum_squares_many_{}", tn(dt)))?;
-            let (tp, cp, nc, ch) = (table.ptr(), list.ptr(), n_chunks as i64, SQ_CHUNK as i64);
+            let (tp, cp, nc, ch) = (t.table.ptr(), t.list.ptr(), t.chunks as i64, SQ_CHUNK as i64);
             let pp = partial.ptr() + (at * 8) as u64;
-            let cfg = many_config(n_chunks);
-            self.launch(&f, cfg, |l| {
+            self.launch(&f, many_config(t.chunks), |l| {
                 l.arg(&tp).arg(&cp).arg(&nc).arg(&ch).arg(&pp);
             })?;
             at += blocks;
