@@ -1,4 +1,4 @@
-//! `cargo xtask gpu-check cuda [--python PY] [--real-size [--steps N] [--batch B] [--seq T]]`:
+//! `cargo xtask gpu-check cuda [--python PY] [--real-size [--with-7b] [--steps N] [--batch B] [--seq T]]`:
 //! the CUDA backend on a machine with an NVIDIA GPU, in one prepared run (`--real-size`:
 //! the real-size training rows instead, [`crate::gpu_check_real`]). `PY` (default `python3`) is a Python with torch and the
 //! `nvidia-*` wheels (cuBLAS, NCCL, NVRTC; NVRTC is fetched like the CI's where they
@@ -44,8 +44,8 @@ fn nccl_link(libs: &[PathBuf]) -> Option<PathBuf> {
 
 /// Runs the task.
 pub fn run(argv: &[String]) -> Result<(), String> {
-    let args = Args::parse(argv, &["real-size"])?;
-    args.only(&["python", "real-size", "steps", "batch", "seq"])?;
+    let args = Args::parse(argv, &["real-size", "with-7b"])?;
+    args.only(&["python", "real-size", "with-7b", "steps", "batch", "seq"])?;
     let python = args.get("python").unwrap_or("python3").to_string();
     let real = (args.num("steps", 6)?.max(2), args.num("batch", 8)?.max(1), args.num("seq", 1024)?.max(2));
     let libs = wheel_libs(&python);
@@ -80,7 +80,10 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         ));
     }
     if args.has("real-size") {
-        let rows = crate::gpu_check_real::rows(&envs, &python, real)?;
+        let mut rows = crate::gpu_check_real::rows(&envs, &python, real)?;
+        if args.has("with-7b") {
+            rows.extend(crate::gpu_check_real::row_7b(&envs, (real.0.min(4), real.1 / 2, real.2))?);
+        }
         let device = info.lines().find(|l| l.starts_with("cuda: cuda:")).unwrap_or("cuda").trim_start_matches("cuda: ");
         return report("cuda", &format!("gpu-check cuda --real-size on {device}"), &rows);
     }

@@ -5,7 +5,8 @@
 //! checkpoint is written once (`target/real-size/<name>`, with a byte-level tokenizer) and
 //! trained by `redco train --backend cuda --dtype bf16 --profile` at batch 8 x 1024 (f32
 //! masters, AdamW): its tokens/s, MFU (6N + 12LHQT against the device's dense bf16 peak)
-//! and table of device time by op family. torch trains the same shapes on the same batch
+//! and table of device time by op family (`--no-save`: no checkpoint or model to write on
+//! the GPU machine's disk). torch trains the same shapes on the same batch
 //! (bf16 autocast over f32 weights, SDPA attention, fused AdamW), eager and under
 //! `torch.compile`, through the peer (`python/torch_peer.py`'s `train_real`). The AdamW
 //! row is set against its bound: the bytes a mixed-precision step moves
@@ -95,6 +96,74 @@ fn model_dir(name: &str, shape: Shape) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
+/// `redco train --backend cuda --dtype bf16 --profile --no-save` of the model in `dir`
+/// (with `extra` flags): its success and output.
+fn train(
+    envs: &[(&str, &str)],
+    name: &str,
+    dir: &Path,
+    (steps, batch, seq): (usize, usize, usize),
+    extra: &[&str],
+) -> Result<(bool, String), String> {
+    let wd = std::env::temp_dir().join(format!("redco-real-size-{name}-{}", std::process::id()));
+    let (d, w) = (dir.to_string_lossy().into_owned(), wd.to_string_lossy().into_owned());
+    let (st, b, t) = (steps.to_string(), batch.to_string(), seq.to_string());
+    let head = ["run", "--release", "-q", "-p", "redco", "--features", "cuda", "--", "train", "--backend", "cuda"];
+    let run = [
+        "--model",
+        &d,
+        "--dtype",
+        "bf16",
+        "--batch-size",
+        &b,
+        "--seq-len",
+        &t,
+        "--steps",
+        &st,
+        "--warmup",
+        "0",
+        "--profile",
+        "--no-save",
+        "--workdir",
+        &w,
+        "--overwrite",
+    ];
+    let r = cargo(&[&head[..], &run[..], extra].concat(), envs, true);
+    let _ = std::fs::remove_dir_all(&wd);
+    r
+}
+
+/// The 7B row (`--with-7b`): the `llama-7b` shape of `redco plan` (hidden 4096, 32 layers,
+/// 32 heads, intermediate 11008, vocabulary 32000) in bf16 with AdamW and block
+/// recompute, the memory tools the planner picks for the device (optimizer offload where
+/// the device does not hold the f32 masters and moments): tokens/s, MFU, the device's
+/// peak and the planner's line.
+pub(crate) fn row_7b(
+    envs: &[(&str, &str)],
+    (steps, batch, seq): (usize, usize, usize),
+) -> Result<Vec<(String, String, bool)>, String> {
+    let shape = (4096, 32, 32, 11008);
+    let dir = model_dir("llama-7b", shape)?;
+    let (ok, out) = train(envs, "llama-7b", &dir, (steps, batch, seq), &["--recompute", "block"])?;
+    let what = format!("llama-7b bf16 training, batch {batch} x {seq}, block recompute");
+    let memory = out.lines().find(|l| l.starts_with("memory: ")).unwrap_or("memory: (no line)").to_string();
+    let peak = out.lines().find(|l| l.starts_with("peak device memory: ")).unwrap_or("").to_string();
+    Ok(match parse_profile(&out).filter(|_| ok) {
+        Some(p) => {
+            let mfu = p.mfu.map_or("MFU unknown".into(), |m| format!("MFU {:.1}%", 100.0 * m));
+            vec![
+                (
+                    format!("{what}: redco"),
+                    format!("{:.0} tok/s, {mfu}, {:.1} ms a step; {peak}", p.tok_s, p.step_ms),
+                    true,
+                ),
+                ("llama-7b: the planner's choice".into(), memory, true),
+            ]
+        }
+        None => vec![(format!("{what}: redco"), "failed (see above)".into(), false)],
+    })
+}
+
 /// Trains every shape with redco and torch; the rows of `gpu-check cuda`'s table.
 pub(crate) fn rows(
     envs: &[(&str, &str)],
@@ -119,42 +188,7 @@ pub(crate) fn rows(
         let dims = ModelDims { layers, hidden, heads, kv_heads: heads, vocab: VOCAB, intermediate: inter };
         let flops = train_flops_per_token(&dims, seq);
         let dir = model_dir(name, shape)?;
-        let wd = std::env::temp_dir().join(format!("redco-real-size-{name}-{}", std::process::id()));
-        let (d, w) = (dir.to_string_lossy().into_owned(), wd.to_string_lossy().into_owned());
-        let (st, b, t) = (steps.to_string(), batch.to_string(), seq.to_string());
-        let args = [
-            "run",
-            "--release",
-            "-q",
-            "-p",
-            "redco",
-            "--features",
-            "cuda",
-            "--",
-            "train",
-            "--backend",
-            "cuda",
-            "--model",
-            &d,
-            "--dtype",
-            "bf16",
-            "--batch-size",
-            &b,
-            "--seq-len",
-            &t,
-            "--steps",
-            &st,
-            "--warmup",
-            "0",
-            "--profile",
-            "--checkpoint-every",
-            "1000000",
-            "--workdir",
-            &w,
-            "--overwrite",
-        ];
-        let (ok, out) = cargo(&args, envs, true)?;
-        let _ = std::fs::remove_dir_all(&wd);
+        let (ok, out) = train(envs, name, &dir, (steps, batch, seq), &[])?;
         let what = format!("{name} bf16 training, batch {batch} x {seq}");
         let redco = parse_profile(&out).filter(|_| ok);
         match &redco {

@@ -191,7 +191,7 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
                 t.observers.each("on_step", &mut out.observer_errors, |o| o.on_step(&m));
             }
             let better = self.state.improves(eval, t.eval.as_ref().is_some_and(|e| e.lower_is_better));
-            if cadence.checkpoints(done, better) {
+            if cfg.save && cadence.checkpoints(done, better) {
                 self.checkpoint(&ckpt, done, better, eval)?;
             }
         }
@@ -199,7 +199,9 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
         if profiling.is_some() {
             out.profile = self.end_profile(profiling)?;
         }
-        self.export()?;
+        if cfg.save {
+            self.export()?;
+        }
         out.memory = self.rk.backend.memory_stats();
         if let Some(l) = &log {
             // the whole curve, across resumed runs: the last entry of every step

@@ -141,6 +141,10 @@ pub struct TrainConfig {
     /// each block on its own; `redco_core::planning::strategy::strategies` picks it for a
     /// run the planner configures. 0 is refused; inert below stage 3.
     pub unit_layers: usize,
+    /// Write checkpoints and the final model export (the default). False: neither, for a
+    /// benchmark or profiling run that keeps nothing (a 7B run's checkpoint is 80 GB of
+    /// masters and moments); the run cannot be resumed.
+    pub save: bool,
     /// Time the device's work by op family ([`Backend::profile_ops`](crate::Backend::profile_ops))
     /// over every step of the run after its first (compilation and first allocations are
     /// not steady state): [`FitReport::profile`](super::FitReport::profile). Each timed
@@ -216,6 +220,7 @@ impl Default for TrainConfig {
             nan: NanPolicy::Error,
             zero: ZeroStage::Off,
             unit_layers: 1,
+            save: true,
             profile: false,
             offload: false,
             log_every: 10,

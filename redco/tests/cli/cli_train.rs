@@ -438,3 +438,20 @@ fn profile_times_the_steps_after_the_first() {
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(!out.contains("profile over"), "{out}");
 }
+
+#[test]
+fn no_save_trains_and_writes_no_checkpoint_and_no_model() {
+    let w = tmp("no-save");
+    let args = ["train", "--preset", "llama-tiny", "--steps", "3", "--batch-size", "4", "--seq-len", "16"];
+    let (code, out, err) =
+        redco(&[&args[..], &["--no-save", "--checkpoint-every", "1", "--workdir", s(&w), "--threads", "2"]].concat());
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("loss ") && out.contains("nothing saved (--no-save)"), "{out}");
+    assert!(!out.contains("sample:"), "no model to sample from:\n{out}");
+    assert!(w.join("metrics.jsonl").exists(), "the run's record is still kept");
+    assert!(!w.join("checkpoints").exists() || std::fs::read_dir(w.join("checkpoints")).unwrap().next().is_none());
+    assert!(!w.join("model.safetensors").exists());
+    // and it cannot be asked to resume
+    let (code, _, err) = redco(&[&args[..], &["--no-save", "--resume", "--workdir", s(&w)]].concat());
+    assert_eq!(code, 2, "{err}");
+}

@@ -106,6 +106,11 @@ pub struct TrainArgs {
     /// microseconds a kernel launch.
     #[arg(long)]
     pub profile: bool,
+    /// Save nothing: no checkpoint, no final model, no sample (a benchmark or profiling
+    /// run; it cannot be resumed). A 7B model's checkpoint is 80 GB of f32 masters and
+    /// AdamW moments.
+    #[arg(long, conflicts_with_all = ["resume", "resume_from"])]
+    pub no_save: bool,
     /// Who picks the memory tools `--zero` and `--recompute` leave open: auto (the planner:
     /// among those that fit the memory per rank, the fewest bytes moved and recomputed; as
     /// `redco plan` lists them) or none (ZeRO-0, every activation kept). A run that fits
@@ -269,6 +274,7 @@ pub(super) fn train_config(
         zero: ZeroStage::from_number(a.zero.unwrap_or(0)).unwrap_or_default(),
         offload: a.offload,
         profile: a.profile,
+        save: !a.no_save,
         ..Default::default()
     })
 }

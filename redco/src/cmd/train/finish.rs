@@ -75,6 +75,11 @@ pub(super) fn finish(
         return Ok(false);
     }
     let w = &a.workdir;
+    if a.no_save {
+        print_summary(report, steps, end);
+        crate::outln!("nothing saved (--no-save): no checkpoint, no model, no sample");
+        return Ok(false);
+    }
     if let Some(l) = &s.lora {
         let base = a.model.clone().unwrap_or_else(|| w.clone());
         super::lora::finish(w, l, a.lora.peft(), &base, end.task)?;
@@ -89,6 +94,13 @@ pub(super) fn finish(
             }
         }
     }
+    print_summary(report, steps, end);
+    Ok(true)
+}
+
+/// The run's summary lines: the loss, the note, the held-out loss, the device's peak, the
+/// profile and the heap's peak.
+fn print_summary(report: &FitReport, steps: u64, end: Ending<'_>) {
     let first = report.losses.first().copied().unwrap_or(f64::NAN);
     let last = report.losses.last().copied().unwrap_or(f64::NAN);
     crate::outln!("\nloss {first:.4} -> {last:.4} over steps {}..{steps}", report.start_step + 1);
@@ -115,7 +127,6 @@ pub(super) fn finish(
             redco_core::planning::planner::human(heap as u64)
         );
     }
-    Ok(true)
 }
 
 /// CPU threads for work this process does alone after the run (a sample): its share of
