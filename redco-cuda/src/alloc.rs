@@ -88,9 +88,14 @@ impl Pool {
         let class = class_of(bytes);
         {
             let mut s = self.lock();
-            let hit = s.free.range_mut(class..).find(|(_, v)| !v.is_empty()).map(|(&c, _)| c);
-            if let Some(c) = hit.filter(|&c| c == class || fits_in(class, c)) {
-                let p = s.free.get_mut(&c).and_then(|v| v.pop()).expect("a cached buffer");
+            // the smallest cached class that can serve the request, and a buffer of it
+            let hit = s
+                .free
+                .range_mut(class..)
+                .find(|(_, v)| !v.is_empty())
+                .filter(|(&c, _)| c == class || fits_in(class, c))
+                .and_then(|(&c, v)| Some((v.pop()?, c)));
+            if let Some((p, c)) = hit {
                 s.stats.in_use += c;
                 s.stats.peak_in_use = s.stats.peak_in_use.max(s.stats.in_use);
                 s.stats.reused += 1;

@@ -21,14 +21,23 @@ fn without_a_driver_the_backend_says_so() {
 
 /// cuDNN's loading path: a file that is not there is an error naming it and where cuDNN
 /// comes from; a library that is not cuDNN is refused by name; where cuDNN is installed
-/// (a GPU machine with the wheel), its version is read.
+/// (a GPU machine with the wheel), its version is read. The library is loaded once per
+/// process, so each case runs this test again in a process of its own
+/// (`REDCO_CUDNN_PROBE` set: it prints what loading gives, and stops there).
 #[test]
 fn cudnn_is_found_or_its_absence_explained() {
-    // each case in a process of its own: the library is loaded once per process
+    if std::env::var_os("REDCO_CUDNN_PROBE").is_some() {
+        match redco_cuda::cudnn::cudnn() {
+            Ok(c) => println!("cudnn: {:?} from {}", c.version, c.file),
+            Err(e) => println!("{e}"),
+        }
+        return;
+    }
     let exe = std::env::current_exe().unwrap();
     let run = |file: &str| {
         let out = std::process::Command::new(&exe)
-            .args(["--exact", "cudnn_probe", "--nocapture", "--include-ignored"])
+            .args(["--exact", "cudnn_is_found_or_its_absence_explained", "--nocapture"])
+            .env("REDCO_CUDNN_PROBE", "1")
             .env("REDCO_CUDNN_LIBRARY", file)
             .output()
             .unwrap();
@@ -46,15 +55,4 @@ fn cudnn_is_found_or_its_absence_explained() {
     }
     let old = redco_cuda::cudnn::require_fused_attention((7, 5));
     assert!(old.is_err(), "a Turing GPU or no cuDNN: no fused attention");
-}
-
-/// Run by [`cudnn_is_found_or_its_absence_explained`] in a process of its own: prints what
-/// loading cuDNN gives.
-#[test]
-#[ignore = "run by cudnn_is_found_or_its_absence_explained"]
-fn cudnn_probe() {
-    match redco_cuda::cudnn::cudnn() {
-        Ok(c) => println!("cudnn: {:?} from {}", c.version, c.file),
-        Err(e) => println!("{e}"),
-    }
 }
