@@ -15,6 +15,7 @@ mod cli_plan;
 mod cli_seq2seq;
 mod cli_serve;
 mod cli_serve_cache;
+mod cli_serve_clients;
 mod cli_train;
 mod cli_two_hosts;
 mod cli_wgpu;
