@@ -332,22 +332,17 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
         // backend's own threads with one hand-off
         let (state, model, sync, mesh) = (&mut self.state, &mut self.model, &self.sync, self.dep.mesh);
         let norm = crate::runtime::on_backend(&self.rk.backend, || -> Result<f64> {
-            if fusable {
-                let norm = match cfg.clip_norm {
-                    Some(_) => sync.norm(&params, &grads, &split)?,
-                    None if sync.all_summed(mesh) => sync.norm(&params, &grads, &split)?,
-                    None => f64::NAN,
-                };
-                let coef = match cfg.clip_norm {
-                    Some(c) => crate::optim::clip_factor(norm, c),
-                    None => 1.0,
-                };
-                let dtype = cfg.compute_dtype;
+            let dtype = cfg.compute_dtype;
+            let norm = if fusable {
+                let needed = cfg.clip_norm.is_some() || sync.all_summed(mesh);
+                let norm = if needed { sync.norm(&params, &grads, &split)? } else { f64::NAN };
+                let coef = cfg.clip_norm.map_or(1.0, |c| crate::optim::clip_factor(norm, c));
                 if let Some(copies) = state.opt.update_with_copies(&mut state.masters, &grads, coef, dtype)? {
                     state.install(model, copies, dtype)?;
                     return Ok(norm);
                 }
-                // not offered by this optimizer: the separate passes, on f32 gradients
+                // not offered by this optimizer: the separate passes below, on f32 gradients
+                // clipped by the norm just taken
                 for p in &params {
                     if let Some(g) = grads.get(p).filter(|g| g.dtype() != DType::F32).cloned() {
                         grads.insert(p, g.cast(DType::F32)?);
@@ -356,17 +351,16 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
                 if let Some(c) = cfg.clip_norm {
                     crate::optim::scale_to_norm(&params, &mut grads, norm, c)?;
                 }
-                state.opt.update(&mut state.masters, &grads)?;
-                state.refresh(model, cfg.compute_dtype)?;
-                return Ok(norm);
-            }
-            let norm = match cfg.clip_norm {
-                Some(c) => sync.clip(&params, &mut grads, c, &split)?,
-                None if sync.all_summed(mesh) => sync.norm(&params, &grads, &split)?,
-                None => f64::NAN,
+                norm
+            } else {
+                match cfg.clip_norm {
+                    Some(c) => sync.clip(&params, &mut grads, c, &split)?,
+                    None if sync.all_summed(mesh) => sync.norm(&params, &grads, &split)?,
+                    None => f64::NAN,
+                }
             };
             state.opt.update(&mut state.masters, &grads)?;
-            state.refresh(model, cfg.compute_dtype)?;
+            state.refresh(model, dtype)?;
             Ok(norm)
         })?;
         Ok(Some(norm))
