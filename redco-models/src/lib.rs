@@ -20,6 +20,7 @@
 //!   [`generate::GenerationConfig::for_model`] takes the stop and padding tokens from the
 //!   model's config.
 //! * **Sequence to sequence** ([`seq2seq`]): collate, loss and generation for T5.
+//! * **GGUF** ([`gguf`]): llama.cpp's format, read and written; LLaMA models exported to it.
 //! * **Presets** ([`presets`]): LLaMA configurations that need no download, the bundled
 //!   synthetic corpus and its tokenizers.
 //!
@@ -62,6 +63,7 @@
 pub mod auto;
 pub mod build;
 pub mod generate;
+pub mod gguf;
 pub mod gptj;
 pub mod hf;
 pub mod llama;

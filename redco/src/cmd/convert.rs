@@ -6,6 +6,9 @@
 //!   run with the same plan) continues from it.
 //! - `--to hf`: reassembles a redco checkpoint (a `step-*` directory, or a workdir's newest)
 //!   into `config.json` + safetensors that transformers loads.
+//! - `--to gguf`: writes a Hugging Face LLaMA directory as one GGUF file (`--out x.gguf`) that
+//!   llama.cpp runs, in `--dtype` (f32, f16 or bf16), with its SentencePiece vocabulary and
+//!   chat template.
 
 use super::check;
 use clap::Args;
@@ -31,14 +34,15 @@ use std::path::{Path, PathBuf};
 #[derive(Args)]
 #[command(allow_negative_numbers = true)]
 pub struct ConvertArgs {
-    /// What to write: `redco` (sharded checkpoint) or `hf` (Hugging Face directory).
+    /// What to write: `redco` (sharded checkpoint), `hf` (Hugging Face directory) or `gguf`
+    /// (one llama.cpp file, from a Hugging Face LLaMA directory).
     #[arg(long)]
     pub to: String,
     /// Input: a Hugging Face directory (for --to redco), or a redco workdir / step directory
     /// (for --to hf).
     #[arg(long)]
     pub input: PathBuf,
-    /// Output directory.
+    /// Output directory (the output file for --to gguf).
     #[arg(long)]
     pub out: PathBuf,
     /// Mesh of the sharded checkpoint (for --to redco).
@@ -181,7 +185,12 @@ pub fn run(a: ConvertArgs) -> std::result::Result<(), String> {
             }
             crate::outln!("wrote the Hugging Face model {}", d.display());
         }
-        other => return Err(format!("--to must be `redco` or `hf`, not `{other}`")),
+        "gguf" => {
+            let dtype = check::dtype(&a.dtype)?;
+            redco_models::gguf::llama::export(&a.input, &a.out, dtype).map_err(|e| e.to_string())?;
+            crate::outln!("wrote the GGUF file {} ({})", a.out.display(), a.dtype);
+        }
+        other => return Err(format!("--to must be `redco`, `hf` or `gguf`, not `{other}`")),
     }
     Ok(())
 }

@@ -16,6 +16,7 @@ mod peak;
 pub(crate) mod random_ckpt;
 mod real_size;
 mod serve;
+mod serve_llama;
 mod serve_load;
 pub(crate) mod stats;
 pub(crate) mod torch;

@@ -29,6 +29,12 @@
 //! level and the time to first token at the first level. Both servers first answer one
 //! greedy request with the same 48-word prompt (a warm-up); their texts are printed side by
 //! side (the same weights and tokenizer: they should agree).
+//!
+//! `--peer-llama-cpp BIN` (a `llama-server`; `--llama-vocab FILE` its vocabulary): the model
+//! gets a SentencePiece vocabulary llama.cpp reads and random weights, and after redco's
+//! levels (and transformers' with `--peer`) llama.cpp serves the same model, converted by
+//! `redco convert --to gguf` at `--dtype`, with the same requests; printed as for `--peer`.
+//! See `serve_llama.rs`.
 
 use super::memory::redco_beside;
 use super::serve_load::{
@@ -42,7 +48,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A server, killed when dropped.
-struct Server(Child);
+pub(super) struct Server(pub(super) Child);
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -109,23 +115,28 @@ fn start_peer(py: &str, dir: &Path, dtype: &str) -> Result<(Server, String), Str
         .stderr(err)
         .spawn()
         .map_err(|e| format!("{py}: {e}"))?;
-    let mut server = Server(child);
     let addr = format!("127.0.0.1:{port}");
+    wait_healthy(Server(child), &addr, &log_path, "transformers serve").map(|s| (s, addr))
+}
+
+/// `server` once `addr/health` answers (bounded: 10 minutes); an error with the tail of its
+/// log `log_path` if it exits or does not answer in time.
+pub(super) fn wait_healthy(mut server: Server, addr: &str, log_path: &Path, name: &str) -> Result<Server, String> {
     let t0 = Instant::now();
     let tail = || {
-        let s = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let s = std::fs::read_to_string(log_path).unwrap_or_default();
         s.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
     };
-    while !healthy(&addr) {
+    while !healthy(addr) {
         if let Ok(Some(status)) = server.0.try_wait() {
-            return Err(format!("transformers serve exited ({status}) before serving:\n{}", tail()));
+            return Err(format!("{name} exited ({status}) before serving:\n{}", tail()));
         }
         if t0.elapsed() > Duration::from_secs(600) {
-            return Err(format!("transformers serve did not answer /health in 10 minutes:\n{}", tail()));
+            return Err(format!("{name} did not answer /health in 10 minutes:\n{}", tail()));
         }
         std::thread::sleep(Duration::from_millis(500));
     }
-    Ok((server, addr))
+    Ok(server)
 }
 
 /// The peer's torch and transformers versions (printed with its figures).
@@ -198,6 +209,8 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         "soak-concurrency",
         "mesh",
         "peer",
+        "peer-llama-cpp",
+        "llama-vocab",
         "dtype",
         "kv-dtype",
     ])?;
@@ -214,27 +227,22 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let redco = redco_beside("cargo build --release -p redco", "bench serve")?;
     let dir = std::env::temp_dir().join(format!("redco-bench-serve-{}", std::process::id()));
     println!("machine: {}", crate::machine::describe());
-    eprintln!("xtask: writing the {preset} model (one training step)");
-    let o = Command::new(&redco)
-        .args([
-            "train",
-            "--preset",
-            &preset,
-            "--steps",
-            "1",
-            "--batch-size",
-            "1",
-            "--seq-len",
-            "8",
-            "--sample-tokens",
-            "0",
-        ])
-        .arg("--workdir")
-        .arg(&dir)
-        .output()
-        .map_err(|e| format!("{}: {e}", redco.display()))?;
-    if !o.status.success() {
-        return Err(format!("redco train failed: {}", String::from_utf8_lossy(&o.stderr).trim()));
+    if let Some(bin) = a.get("peer-llama-cpp") {
+        let vocab = super::serve_llama::vocab_file(&a, Path::new(bin))?;
+        eprintln!("xtask: writing the {preset} model (random weights) with the vocabulary of {}", vocab.display());
+        super::serve_llama::write_model(&dir, &preset, &vocab)?;
+    } else {
+        eprintln!("xtask: writing the {preset} model (one training step)");
+        let o = Command::new(&redco)
+            .args(["train", "--preset", &preset, "--steps", "1", "--batch-size", "1", "--seq-len", "8"])
+            .args(["--sample-tokens", "0"])
+            .arg("--workdir")
+            .arg(&dir)
+            .output()
+            .map_err(|e| format!("{}: {e}", redco.display()))?;
+        if !o.status.success() {
+            return Err(format!("redco train failed: {}", String::from_utf8_lossy(&o.stderr).trim()));
+        }
     }
     let result = bench(&a, &redco, &dir, &mesh, &preset, &levels_, per_client, max_s);
     let _ = std::fs::remove_dir_all(&dir);
@@ -271,7 +279,12 @@ fn bench(
     max_s: f64,
 ) -> Result<(), String> {
     let tok = dir.join("tokenizer.json");
-    let words = vocabulary_words(&std::fs::read_to_string(&tok).map_err(|e| format!("{}: {e}", tok.display()))?)?;
+    let tok_text = std::fs::read_to_string(&tok).map_err(|e| format!("{}: {e}", tok.display()))?;
+    let words = if a.get("peer-llama-cpp").is_some() {
+        super::serve_llama::words(&tok_text)?
+    } else {
+        vocabulary_words(&tok_text)?
+    };
     let mut child = Command::new(redco)
         .args(["serve", "--model"])
         .arg(dir)
@@ -314,38 +327,59 @@ fn bench(
         let peer_probe = complete(&paddr, &probe_text, 16)?;
         let peer_rows = levels(&paddr, peer.0.id(), levels_, per_client, &words, max_s)?;
         drop(peer);
-        print_levels(&format!("transformers serve --continuous-batching --device cpu ({versions})"), &peer_rows);
-        println!(
-            "\ngreedy text of `{probe_text}`, 16 tokens:\n  redco:        {probe:?}\n  transformers: {peer_probe:?}"
-        );
-        println!("same text: {}", if probe == peer_probe { "yes" } else { "NO" });
-        println!("\nredco / transformers serve, output tokens/s:");
+        let name = format!("transformers serve --continuous-batching --device cpu ({versions})");
+        compare(&name, "transformers", &rows, &peer_rows, [&probe_text, &probe, &peer_probe]);
         if kv_dtype(a)? != dtype(a)? {
             println!("  (redco's KV cache in {}, the peer's in {}: two configurations)", kv_dtype(a)?, dtype(a)?);
         }
-        for (r, p) in rows.iter().zip(&peer_rows) {
-            println!(
-                "  concurrency {:>3}: {:>7.1} / {:>7.1} = {:.2}x",
-                r.concurrency,
-                r.tok_s,
-                p.tok_s,
-                r.tok_s / p.tok_s
-            );
-        }
-        if let (Some(r), Some(p)) = (rows.first(), peer_rows.first()) {
-            println!(
-                "time to first token at concurrency {}, p50: redco {:.3} s, transformers {:.3} s ({:.2}x)",
-                r.concurrency,
-                r.ttft[0],
-                p.ttft[0],
-                r.ttft[0] / p.ttft[0]
-            );
-        }
         doc["peer"] = serde_json::json!({"versions": versions, "same_greedy_text": probe == peer_probe,
+            "rows": peer_rows.iter().map(level_json).collect::<Vec<_>>()});
+    }
+    if let Some(bin) = a.get("peer-llama-cpp") {
+        let bin = Path::new(bin);
+        let version = super::serve_llama::version(bin);
+        eprintln!("xtask: the peer: llama-server ({version}); converting the model to GGUF");
+        let gguf = super::serve_llama::convert(redco, dir, dtype(a)?)?;
+        let slots = levels_.iter().copied().max().unwrap_or(1);
+        let (peer, paddr) = super::serve_llama::start(bin, &gguf, dir, slots, kv_dtype(a)?)?;
+        let peer_probe = complete(&paddr, &probe_text, 16)?;
+        let peer_rows = levels(&paddr, peer.0.id(), levels_, per_client, &words, max_s)?;
+        drop(peer);
+        let name = format!(
+            "llama-server ({version}; GGUF {}, KV cache {}, {slots} slots, {} threads)",
+            dtype(a)?,
+            kv_dtype(a)?,
+            crate::machine::cores()
+        );
+        compare(&name, "llama.cpp", &rows, &peer_rows, [&probe_text, &probe, &peer_probe]);
+        doc["peer_llama_cpp"] = serde_json::json!({"version": version, "same_greedy_text": probe == peer_probe,
             "rows": peer_rows.iter().map(level_json).collect::<Vec<_>>()});
     }
     if let Some(path) = a.get("json") {
         std::fs::write(path, doc.to_string()).map_err(|e| format!("{path}: {e}"))?;
     }
     Ok(())
+}
+
+/// Prints a peer's table, the greedy texts of the probe (`probe`: prompt, redco's text, the
+/// peer's), redco's output tokens/s against the peer's at each level, and the time to first
+/// token at the first level.
+fn compare(title: &str, peer: &str, rows: &[Level], peer_rows: &[Level], probe: [&str; 3]) {
+    print_levels(title, peer_rows);
+    let [prompt, ours, theirs] = probe;
+    println!("\ngreedy text of `{prompt}`, 16 tokens:\n  redco:  {ours:?}\n  {peer}: {theirs:?}");
+    println!("same text: {}", if ours == theirs { "yes" } else { "NO" });
+    println!("\nredco / {peer}, output tokens/s:");
+    for (r, p) in rows.iter().zip(peer_rows) {
+        println!("  concurrency {:>3}: {:>7.1} / {:>7.1} = {:.2}x", r.concurrency, r.tok_s, p.tok_s, r.tok_s / p.tok_s);
+    }
+    for (r, p) in rows.iter().zip(peer_rows) {
+        println!(
+            "time to first token at concurrency {:>3}, p50: redco {:.3} s, {peer} {:.3} s ({:.2}x)",
+            r.concurrency,
+            r.ttft[0],
+            p.ttft[0],
+            r.ttft[0] / p.ttft[0]
+        );
+    }
 }

@@ -1,0 +1,207 @@
+//! A Hugging Face LLaMA directory written as a GGUF file that llama.cpp runs
+//! (`general.architecture = "llama"`), in f32, f16 or bf16: llama.cpp's tensor names, its
+//! hyperparameter keys, the SentencePiece vocabulary of `tokenizer.json` and the chat
+//! template.
+//!
+//! transformers stores each head's query and key rows as two halves (the rotary pairs are
+//! `(i, i + d/2)`); llama.cpp's LLaMA rotates adjacent pairs `(2i, 2i + 1)`. The query and
+//! key matrices are permuted as llama.cpp's own converter does, so both compute the same
+//! function: within each head, row `t * d/2 + j` moves to `2j + t`.
+
+use super::format::{GgmlType, Value, Writer};
+use super::vocab::spm_from_hf_json;
+use crate::hf::checkpoint::Checkpoint;
+use crate::hf::config::HfConfig;
+use redco_core::{DType, Error, Result};
+use std::path::Path;
+
+fn err(what: impl std::fmt::Display) -> Error {
+    Error::invalid("gguf", what.to_string())
+}
+
+/// GGML's type and llama.cpp's `general.file_type` for a dtype written.
+fn ggml_type(dtype: DType) -> Result<(GgmlType, u32)> {
+    match dtype {
+        DType::F32 => Ok((GgmlType::F32, 0)),
+        DType::F16 => Ok((GgmlType::F16, 1)),
+        DType::BF16 => Ok((GgmlType::BF16, 32)),
+        d => Err(err(format!("GGUF export writes f32, f16 or bf16, not {d:?}"))),
+    }
+}
+
+/// llama.cpp's name for a transformers LLaMA tensor (None: a buffer it does not store).
+fn gguf_name(hf: &str) -> Result<Option<String>> {
+    let fixed = match hf {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(n) = fixed {
+        return Ok(Some(n.to_string()));
+    }
+    if hf.ends_with("rotary_emb.inv_freq") {
+        return Ok(None);
+    }
+    let rest = hf.strip_prefix("model.layers.").ok_or_else(|| err(format!("tensor `{hf}` is not a LLaMA tensor")))?;
+    let (layer, part) = rest.split_once('.').ok_or_else(|| err(format!("tensor `{hf}` is not a LLaMA tensor")))?;
+    let short = match part {
+        "input_layernorm.weight" => "attn_norm.weight",
+        "self_attn.q_proj.weight" => "attn_q.weight",
+        "self_attn.k_proj.weight" => "attn_k.weight",
+        "self_attn.v_proj.weight" => "attn_v.weight",
+        "self_attn.o_proj.weight" => "attn_output.weight",
+        "post_attention_layernorm.weight" => "ffn_norm.weight",
+        "mlp.gate_proj.weight" => "ffn_gate.weight",
+        "mlp.up_proj.weight" => "ffn_up.weight",
+        "mlp.down_proj.weight" => "ffn_down.weight",
+        _ => return Err(err(format!("tensor `{hf}` has no llama.cpp counterpart (biases are not exported)"))),
+    };
+    Ok(Some(format!("blk.{layer}.{short}")))
+}
+
+/// Rows of a `[heads * d, cols]` query or key matrix in llama.cpp's order (see the module
+/// docs), as bytes of `elem` bytes per value.
+fn permute_rows(bytes: &[u8], heads: usize, d: usize, cols: usize, elem: usize) -> Vec<u8> {
+    let row = cols * elem;
+    let mut out = vec![0u8; bytes.len()];
+    for h in 0..heads {
+        for t in 0..2 {
+            for j in 0..d / 2 {
+                let from = (h * d + t * (d / 2) + j) * row;
+                let to = (h * d + 2 * j + t) * row;
+                out[to..to + row].copy_from_slice(&bytes[from..from + row]);
+            }
+        }
+    }
+    out
+}
+
+/// The chat template of `dir`: `chat_template.jinja`, else `tokenizer_config.json`'s
+/// `chat_template` (the `default` one of a list of named templates).
+fn chat_template(dir: &Path, tok_cfg: &serde_json::Value) -> Option<String> {
+    if let Ok(t) = std::fs::read_to_string(dir.join("chat_template.jinja")) {
+        return Some(t);
+    }
+    match &tok_cfg["chat_template"] {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Array(list) => list
+            .iter()
+            .find(|t| t["name"].as_str() == Some("default"))
+            .and_then(|t| t["template"].as_str())
+            .map(str::to_string),
+        _ => None,
+    }
+}
+
+/// Writes the LLaMA model of Hugging Face directory `dir` to `out` as GGUF, its matrices in
+/// `dtype` (norms stay f32, as llama.cpp keeps them). Refused with the reason: another
+/// architecture, biases, rotary scaling, a tokenizer that is not SentencePiece-style.
+pub fn export(dir: &Path, out: &Path, dtype: DType) -> Result<()> {
+    let cfg = HfConfig::from_dir(dir)?;
+    if cfg.model_type != "llama" {
+        return Err(err(format!("GGUF export supports LLaMA models; this one is `{}`", cfg.model_type)));
+    }
+    if cfg.attention_bias || cfg.mlp_bias {
+        return Err(err("GGUF export does not write LLaMA biases (attention_bias / mlp_bias are set)"));
+    }
+    if !cfg.raw["rope_scaling"].is_null() {
+        return Err(err(format!("GGUF export does not write rope_scaling {}", cfg.raw["rope_scaling"])));
+    }
+    let (ty, file_type) = ggml_type(dtype)?;
+    let read = |f: &str| -> Result<serde_json::Value> {
+        let p = dir.join(f);
+        let text = std::fs::read_to_string(&p).map_err(|e| err(format!("{}: {e}", p.display())))?;
+        serde_json::from_str(&text).map_err(|e| err(format!("{}: {e}", p.display())))
+    };
+    let tok = read("tokenizer.json")?;
+    let tok_cfg = read("tokenizer_config.json").unwrap_or(serde_json::Value::Null);
+    let special = |k: &str| match &tok_cfg[k] {
+        serde_json::Value::String(s) => Some(s.clone()),
+        v => v["content"].as_str().map(str::to_string),
+    };
+    let (bos, eos) = (special("bos_token"), special("eos_token"));
+    let mut vocab = spm_from_hf_json(&tok, bos.as_deref(), eos.as_deref())?;
+    if vocab.tokens.len() > cfg.vocab {
+        return Err(err(format!("the tokenizer has {} tokens, the model {}", vocab.tokens.len(), cfg.vocab)));
+    }
+    // rows of the embedding no token reaches: padding entries, as llama.cpp's converter writes
+    for i in vocab.tokens.len()..cfg.vocab {
+        vocab.tokens.push(format!("[PAD{i}]"));
+        vocab.scores.push(-1000.0);
+        vocab.types.push(super::vocab::token_type::UNUSED);
+    }
+    let mut w = Writer::new();
+    let name = dir.file_name().map_or("model".into(), |n| n.to_string_lossy().to_string());
+    let set = |w: &mut Writer, k: &str, v: usize| w.set(k, Value::U32(v as u32));
+    w.set("general.architecture", Value::Str("llama".into()));
+    w.set("general.name", Value::Str(name));
+    w.set("general.file_type", Value::U32(file_type));
+    set(&mut w, "llama.vocab_size", cfg.vocab);
+    set(&mut w, "llama.context_length", cfg.max_positions.unwrap_or(2048));
+    set(&mut w, "llama.embedding_length", cfg.hidden);
+    set(&mut w, "llama.block_count", cfg.layers);
+    set(&mut w, "llama.feed_forward_length", cfg.intermediate);
+    set(&mut w, "llama.rope.dimension_count", cfg.head_dim);
+    set(&mut w, "llama.attention.head_count", cfg.heads);
+    set(&mut w, "llama.attention.head_count_kv", cfg.kv_heads);
+    set(&mut w, "llama.attention.key_length", cfg.head_dim);
+    set(&mut w, "llama.attention.value_length", cfg.head_dim);
+    w.set("llama.attention.layer_norm_rms_epsilon", Value::F32(cfg.norm_eps as f32));
+    w.set("llama.rope.freq_base", Value::F32(cfg.rope_theta as f32));
+    w.set("tokenizer.ggml.model", Value::Str("llama".into()));
+    w.set("tokenizer.ggml.pre", Value::Str("default".into()));
+    w.set("tokenizer.ggml.tokens", Value::strings(&vocab.tokens));
+    w.set("tokenizer.ggml.scores", Value::f32s(&vocab.scores));
+    w.set("tokenizer.ggml.token_type", Value::i32s(&vocab.types));
+    for (k, id) in [("bos", vocab.bos), ("eos", vocab.eos), ("unknown", vocab.unk)] {
+        if let Some(id) = id {
+            w.set(&format!("tokenizer.ggml.{k}_token_id"), Value::U32(id));
+        }
+    }
+    if let Some(pad) = cfg.pad_token_id.and_then(|p| u32::try_from(p).ok()) {
+        w.set("tokenizer.ggml.padding_token_id", Value::U32(pad));
+    }
+    w.set("tokenizer.ggml.add_bos_token", Value::Bool(vocab.add_bos));
+    w.set("tokenizer.ggml.add_eos_token", Value::Bool(false));
+    if let Some(t) = chat_template(dir, &tok_cfg) {
+        w.set("tokenizer.chat_template", Value::Str(t));
+    }
+    let ck = Checkpoint::open(dir)?;
+    let names: Vec<(String, Vec<usize>)> = ck.tensors().map(|(n, s, _)| (n.to_string(), s.dims().to_vec())).collect();
+    for (hf, dims) in names {
+        let Some(gname) = gguf_name(&hf)? else { continue };
+        let (t, d) = if dims.len() == 1 { (GgmlType::F32, DType::F32) } else { (ty, dtype) };
+        let data = ck.read_as(&hf, d)?.data;
+        let mut bytes = data.as_bytes().to_vec();
+        let elem = t.elem_bytes().unwrap_or(4) as usize;
+        if hf.ends_with("q_proj.weight") {
+            bytes = permute_rows(&bytes, cfg.heads, cfg.head_dim, dims[1], elem);
+        } else if hf.ends_with("k_proj.weight") {
+            bytes = permute_rows(&bytes, cfg.kv_heads, cfg.head_dim, dims[1], elem);
+        }
+        w.tensor(&gname, dims.iter().rev().map(|&x| x as u64).collect(), t, bytes)?;
+    }
+    w.write(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_rows_move_to_adjacent_pairs() {
+        // one head of d = 4, one column: rows [r0 r1 r2 r3] pair (0,2) and (1,3) in
+        // transformers; llama.cpp wants the pairs adjacent: [r0 r2 r1 r3]
+        let rows: Vec<u8> = vec![0, 1, 2, 3, 10, 11, 12, 13];
+        assert_eq!(permute_rows(&rows, 2, 4, 1, 1), vec![0, 2, 1, 3, 10, 12, 11, 13]);
+    }
+
+    #[test]
+    fn names_map_and_unknown_tensors_are_refused() {
+        assert_eq!(gguf_name("model.layers.3.mlp.down_proj.weight").unwrap().unwrap(), "blk.3.ffn_down.weight");
+        assert_eq!(gguf_name("model.layers.0.self_attn.rotary_emb.inv_freq").unwrap(), None);
+        assert!(gguf_name("model.layers.0.self_attn.q_proj.bias").is_err());
+        assert!(gguf_name("transformer.h.0.attn.weight").is_err());
+    }
+}
