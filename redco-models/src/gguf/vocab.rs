@@ -202,21 +202,26 @@ fn merge_pair(m: &Value) -> Option<(String, String)> {
     }
 }
 
-/// The SentencePiece vocabulary of a LLaMA-style `tokenizer.json` (a BPE model with byte
-/// fallback whose text reaches it with spaces as `▁`), for a GGUF file. `bos`/`eos` name the
+/// The SentencePiece vocabulary of a LLaMA-style `tokenizer.json` (a BPE model, usually with
+/// byte fallback, whose text reaches it with spaces as `▁`), for a GGUF file. `bos`/`eos` name the
 /// special tokens (from `tokenizer_config.json`). A tokenizer of another kind (byte-level
 /// BPE, WordPiece, word-level, ...) is an error saying so.
 pub fn spm_from_hf_json(tok: &Value, bos: Option<&str>, eos: Option<&str>) -> Result<SpmVocab> {
     let model = &tok["model"];
-    if model["type"].as_str() != Some("BPE") || model["byte_fallback"].as_bool() != Some(true) {
+    if model["type"].as_str() != Some("BPE") {
         return Err(err(format!(
-            "only SentencePiece-style tokenizers (BPE with byte fallback, as LLaMA's) convert to GGUF; this one is {} (byte_fallback {})",
-            model["type"].as_str().unwrap_or("of no known type"),
-            model["byte_fallback"]
+            "only SentencePiece-style tokenizers (BPE over `▁`-marked text, as LLaMA's) convert to GGUF; this one is {}",
+            model["type"].as_str().unwrap_or("of no known type")
         )));
     }
-    if !tok.to_string().contains('▁') {
-        return Err(err("the tokenizer does not mark spaces with `▁`, so it is not a SentencePiece vocabulary"));
+    // LLaMA's layout: spaces become `▁` in the normalizer (or a Metaspace pre-tokenizer);
+    // a byte-level BPE (GPT-2's) maps bytes to printable characters instead
+    let marks = |v: &Value| v.to_string().contains('▁');
+    if !marks(&tok["normalizer"]) && !marks(&tok["pre_tokenizer"]) {
+        return Err(err(format!(
+            "only SentencePiece-style tokenizers (BPE over `▁`-marked text, as LLaMA's) convert to GGUF; this one's pre-tokenizer is {}",
+            tok["pre_tokenizer"]["type"].as_str().unwrap_or("absent")
+        )));
     }
     let mut tokens: Vec<Option<String>> = Vec::new();
     let mut put = |id: u64, s: &str| {
@@ -380,7 +385,7 @@ mod tests {
         crate::presets::write_byte_tokenizer(&d).unwrap();
         let j: Value = serde_json::from_str(&std::fs::read_to_string(d.join("tokenizer.json")).unwrap()).unwrap();
         let e = spm_from_hf_json(&j, None, None).unwrap_err().to_string();
-        assert!(e.contains("byte_fallback false"), "{e}");
+        assert!(e.contains("pre-tokenizer is ByteLevel"), "{e}");
         std::fs::remove_dir_all(d).ok();
     }
 }

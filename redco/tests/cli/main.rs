@@ -7,6 +7,7 @@ mod common;
 mod cli_bad_inputs;
 mod cli_datasets;
 mod cli_eval_dump;
+mod cli_gguf;
 mod cli_kill;
 mod cli_lora;
 mod cli_mpi;

@@ -1,0 +1,107 @@
+//! `redco convert --to gguf` on the committed transformers LLaMA fixture: the file reads
+//! back with llama.cpp's keys and names, its query and key rows in llama.cpp's rotary
+//! order, its other tensors bit for bit, its vocabulary tokenizing as the fixture's
+//! `tokenizer.json` does; another architecture is refused by name.
+
+use super::common::{fixture_named, redco, s, scratch_dir};
+use redco_core::DType;
+use redco_models::gguf::format::{GgmlType, Gguf, Value};
+use redco_models::gguf::vocab;
+use redco_models::hf::checkpoint::Checkpoint;
+use redco_models::hf::tokenizer::Tokenizer;
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+#[test]
+fn the_llama_fixture_converts_to_a_gguf_llama_cpp_reads() {
+    let src = fixture_named("llama-tiny");
+    let d = scratch_dir("gguf", "llama");
+    std::fs::create_dir_all(&d).unwrap();
+    let out = d.join("tiny-f32.gguf");
+    let (code, _, err) = redco(&["convert", "--to", "gguf", "--input", s(&src), "--out", s(&out)]);
+    assert_eq!(code, 0, "{err}");
+    let (g, map) = Gguf::open(&out).unwrap();
+    let num = |k: &str| g.get(k).and_then(Value::as_u64).unwrap_or_else(|| panic!("no {k}"));
+    assert_eq!(g.get("general.architecture").and_then(Value::as_str), Some("llama"));
+    assert_eq!(
+        [
+            num("llama.block_count"),
+            num("llama.embedding_length"),
+            num("llama.attention.head_count"),
+            num("llama.attention.head_count_kv"),
+            num("llama.feed_forward_length"),
+            num("llama.vocab_size"),
+            num("llama.rope.dimension_count"),
+        ],
+        [2, 32, 4, 2, 48, 64, 8]
+    );
+    assert_eq!(g.get("llama.rope.freq_base").and_then(Value::as_f64), Some(500000.0));
+    assert_eq!(g.tensors.len(), 2 * 9 + 3, "9 tensors a layer, embedding, final norm, head");
+    let ck = Checkpoint::open(&src).unwrap();
+    let tensor = |name: &str| g.tensors.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let q = tensor("blk.0.attn_q.weight");
+    assert_eq!((q.dims.clone(), q.ty), (vec![32, 32], GgmlType::F32));
+    // keys: 2 heads of 8; llama.cpp's row 2j + t of a head is transformers' row t * 4 + j
+    let k = tensor("blk.1.attn_k.weight");
+    assert_eq!(k.dims, vec![32, 16]);
+    let ours = f32s(g.tensor_bytes(&map, k).unwrap());
+    let hf = ck.read_as("model.layers.1.self_attn.k_proj.weight", DType::F32).unwrap().data.to_f32_vec();
+    for h in 0..2 {
+        for j in 0..4 {
+            for t in 0..2 {
+                let (to, from) = (h * 8 + 2 * j + t, h * 8 + t * 4 + j);
+                assert_eq!(&ours[to * 32..(to + 1) * 32], &hf[from * 32..(from + 1) * 32], "row {to}");
+            }
+        }
+    }
+    for (gname, hname) in [
+        ("token_embd.weight", "model.embed_tokens.weight"),
+        ("blk.1.ffn_down.weight", "model.layers.1.mlp.down_proj.weight"),
+        ("output_norm.weight", "model.norm.weight"),
+        ("output.weight", "lm_head.weight"),
+    ] {
+        let want = ck.read_as(hname, DType::F32).unwrap().data.to_f32_vec();
+        assert_eq!(f32s(g.tensor_bytes(&map, tensor(gname)).unwrap()), want, "{gname}");
+    }
+    // the vocabulary, read back from the file, tokenizes as the fixture's tokenizer.json
+    let v = vocab::spm_from_gguf(&g).unwrap();
+    assert_eq!(v.tokens.len(), 64, "62 tokens padded to the model's 64 rows");
+    assert_eq!((v.bos, v.eos), (Some(1), Some(2)));
+    let tok_dir = d.join("tokenizer");
+    std::fs::create_dir_all(&tok_dir).unwrap();
+    std::fs::write(tok_dir.join("tokenizer.json"), vocab::hf_json_from_spm(&v).unwrap().to_string()).unwrap();
+    std::fs::write(tok_dir.join("tokenizer_config.json"), vocab::hf_config_from_spm(&v).to_string()).unwrap();
+    let back = Tokenizer::from_dir(&tok_dir).unwrap();
+    let fixture = Tokenizer::from_dir(&src).unwrap();
+    for text in ["hello world", "the cat sat on the mat", "abc  def", "zz top"] {
+        assert_eq!(back.encode(text, true).unwrap(), fixture.encode(text, true).unwrap(), "{text:?}");
+    }
+
+    // bf16: the matrices rounded, the norms kept in f32
+    let out16 = d.join("tiny-bf16.gguf");
+    let (code, _, err) = redco(&["convert", "--to", "gguf", "--input", s(&src), "--out", s(&out16), "--dtype", "bf16"]);
+    assert_eq!(code, 0, "{err}");
+    let (g16, map16) = Gguf::open(&out16).unwrap();
+    let t16 = |n: &str| g16.tensors.iter().find(|t| t.name == n).unwrap().clone();
+    assert_eq!(t16("blk.0.ffn_up.weight").ty, GgmlType::BF16);
+    assert_eq!(t16("blk.0.attn_norm.weight").ty, GgmlType::F32);
+    let up = ck.read_as("model.layers.0.mlp.up_proj.weight", DType::BF16).unwrap().data;
+    assert_eq!(g16.tensor_bytes(&map16, &t16("blk.0.ffn_up.weight")).unwrap(), up.as_bytes());
+    assert_eq!(g16.get("general.file_type").and_then(Value::as_u64), Some(32));
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
+fn another_architecture_is_refused_by_name() {
+    let d = scratch_dir("gguf", "gptj");
+    std::fs::create_dir_all(&d).unwrap();
+    let out = d.join("x.gguf");
+    let (code, _, err) =
+        redco(&["convert", "--to", "gguf", "--input", s(&fixture_named("gptj-tiny")), "--out", s(&out)]);
+    assert_ne!(code, 0);
+    assert!(err.contains("supports LLaMA") && err.contains("gptj"), "{err}");
+    assert!(!out.exists(), "no file is left behind");
+    std::fs::remove_dir_all(&d).ok();
+}
