@@ -30,6 +30,12 @@
 //! greedy request with the same 48-word prompt (a warm-up); their texts are printed side by
 //! side (the same weights and tokenizer: they should agree).
 //!
+//! `--guided json`: after redco's levels, the same levels again with every request
+//! constrained to JSON (`response_format: {"type": "json_object"}`); printed: that table and
+//! the constrained output tokens/s against the unconstrained at each level (the cost of the
+//! grammar's token masks). It needs a vocabulary that spells JSON: `--llama-vocab FILE`
+//! (below) gives the model one; the presets' word-level one cannot.
+//!
 //! `--peer-llama-cpp BIN` (a `llama-server`; `--llama-vocab FILE` its vocabulary): the model
 //! gets a SentencePiece vocabulary llama.cpp reads and random weights, and after redco's
 //! levels (and transformers' with `--peer`) llama.cpp serves the same model, converted by
@@ -83,10 +89,23 @@ fn levels(
     words: &[String],
     max_s: f64,
 ) -> Result<Vec<Level>, String> {
+    levels_with(addr, pid, levels, per_client, words, max_s, &serde_json::Value::Null)
+}
+
+/// [`levels`] with the fields of `extra` in every request.
+fn levels_with(
+    addr: &str,
+    pid: u32,
+    levels: &[usize],
+    per_client: usize,
+    words: &[String],
+    max_s: f64,
+    extra: &serde_json::Value,
+) -> Result<Vec<Level>, String> {
     let mut rows = Vec::new();
     for &c in levels {
         eprintln!("xtask: concurrency {c}: {} requests", c * per_client);
-        rows.push(run_level(addr, pid, &requests(c, per_client, words), max_s)?);
+        rows.push(run_level(addr, pid, &requests(c, per_client, words), max_s, extra)?);
     }
     Ok(rows)
 }
@@ -165,7 +184,7 @@ fn soak_level(addr: &str, pid: u32, c: usize, soak: f64, words: &[String]) {
                     let mut n = 0usize;
                     while t0.elapsed().as_secs_f64() < soak {
                         let (p, m) = draw(&mut g, words);
-                        if super::serve_load::stream_one(addr, &p, m).is_ok() {
+                        if super::serve_load::stream_one(addr, &p, m, &serde_json::Value::Null).is_ok() {
                             n += 1;
                         }
                     }
@@ -211,9 +230,15 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         "peer",
         "peer-llama-cpp",
         "llama-vocab",
+        "guided",
         "dtype",
         "kv-dtype",
     ])?;
+    if a.get("guided").is_some() && super::serve_llama::vocab_file(&a)?.is_none() {
+        return Err("--guided needs a vocabulary that spells JSON: add --llama-vocab FILE (a SentencePiece GGUF, \
+                    e.g. llama.cpp's models/ggml-vocab-llama-spm.gguf); the preset's word-level one cannot"
+            .into());
+    }
     let mesh = a.get("mesh").unwrap_or("1x1").to_string();
     let preset = a.get("preset").unwrap_or("llama-134m").to_string();
     let levels_: Vec<usize> = a
@@ -227,8 +252,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let redco = redco_beside("cargo build --release -p redco", "bench serve")?;
     let dir = std::env::temp_dir().join(format!("redco-bench-serve-{}", std::process::id()));
     println!("machine: {}", crate::machine::describe());
-    if let Some(bin) = a.get("peer-llama-cpp") {
-        let vocab = super::serve_llama::vocab_file(&a, Path::new(bin))?;
+    if let Some(vocab) = super::serve_llama::vocab_file(&a)? {
         eprintln!("xtask: writing the {preset} model (random weights) with the vocabulary of {}", vocab.display());
         super::serve_llama::write_model(&dir, &preset, &vocab)?;
     } else {
@@ -280,7 +304,7 @@ fn bench(
 ) -> Result<(), String> {
     let tok = dir.join("tokenizer.json");
     let tok_text = std::fs::read_to_string(&tok).map_err(|e| format!("{}: {e}", tok.display()))?;
-    let words = if a.get("peer-llama-cpp").is_some() {
+    let words = if super::serve_llama::vocab_file(a)?.is_some() {
         super::serve_llama::words(&tok_text)?
     } else {
         vocabulary_words(&tok_text)?
@@ -310,6 +334,15 @@ fn bench(
     let probe = complete(addr, &probe_text, 16)?;
     let pid = server.0.id();
     let rows = levels(addr, pid, levels_, per_client, &words, max_s)?;
+    let guided = match a.get("guided") {
+        None => None,
+        Some("json") => {
+            eprintln!("xtask: the same levels, every request constrained to JSON (response_format json_object)");
+            let extra = serde_json::json!({"response_format": {"type": "json_object"}});
+            Some(levels_with(addr, pid, levels_, per_client, &words, max_s, &extra)?)
+        }
+        Some(g) => return Err(format!("--guided: `{g}` is not `json`")),
+    };
     let soak = a.num("soak", 0)? as f64;
     if soak > 0.0 {
         soak_level(addr, pid, a.num("soak-concurrency", 8)?, soak, &words);
@@ -318,8 +351,24 @@ fn bench(
     drop(server);
     print_levels(&format!("redco serve (mesh {mesh}, weights {}, KV cache {})", dtype(a)?, kv_dtype(a)?), &rows);
     println!("preemptions: {preempted}");
+    if let Some(g) = &guided {
+        print_levels("redco serve, every request constrained to JSON (response_format json_object)", g);
+        println!("\nconstrained / unconstrained, output tokens/s:");
+        for (r, c) in rows.iter().zip(g) {
+            println!(
+                "  concurrency {:>3}: {:>7.1} / {:>7.1} = {:.2}x",
+                r.concurrency,
+                c.tok_s,
+                r.tok_s,
+                c.tok_s / r.tok_s
+            );
+        }
+    }
     let mut doc = serde_json::json!({"machine": crate::machine::describe(), "preset": preset, "mesh": mesh,
         "rows": rows.iter().map(level_json).collect::<Vec<_>>()});
+    if let Some(g) = &guided {
+        doc["guided_json_rows"] = serde_json::json!(g.iter().map(level_json).collect::<Vec<_>>());
+    }
     if let Some(py) = a.get("peer") {
         let versions = peer_versions(py);
         eprintln!("xtask: the peer: transformers serve --continuous-batching ({versions})");

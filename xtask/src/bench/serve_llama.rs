@@ -19,14 +19,17 @@ use redco_models::hf::config::HfConfig;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-/// `--llama-vocab`, else `models/ggml-vocab-llama-spm.gguf` of the llama.cpp source tree
-/// whose `build/bin` holds `bin`.
-pub(super) fn vocab_file(a: &Args, bin: &Path) -> Result<PathBuf, String> {
+/// The SentencePiece vocabulary the model gets: `--llama-vocab`, else with
+/// `--peer-llama-cpp BIN` `models/ggml-vocab-llama-spm.gguf` of the llama.cpp source tree
+/// whose `build/bin` holds BIN; None without either (the preset's word-level vocabulary).
+pub(super) fn vocab_file(a: &Args) -> Result<Option<PathBuf>, String> {
     if let Some(v) = a.get("llama-vocab") {
-        return Ok(PathBuf::from(v));
+        return Ok(Some(PathBuf::from(v)));
     }
+    let Some(bin) = a.get("peer-llama-cpp").map(Path::new) else { return Ok(None) };
     let bin = bin.canonicalize().map_err(|e| format!("{}: {e}", bin.display()))?;
-    bin.ancestors().map(|d| d.join("models").join("ggml-vocab-llama-spm.gguf")).find(|p| p.is_file()).ok_or_else(|| {
+    let found = bin.ancestors().map(|d| d.join("models").join("ggml-vocab-llama-spm.gguf")).find(|p| p.is_file());
+    found.map(Some).ok_or_else(|| {
         format!(
             "no SentencePiece vocabulary for the llama.cpp peer: pass --llama-vocab FILE \
                  (llama.cpp's models/ggml-vocab-llama-spm.gguf; none was found above {})",

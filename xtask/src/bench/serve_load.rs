@@ -93,11 +93,20 @@ fn post(addr: &str, body: &str) -> Result<TcpStream, String> {
     Ok(c)
 }
 
-/// Streams one completion of `prompt` (`max_tokens` new tokens, greedy): its timings.
-pub(super) fn stream_one(addr: &str, prompt: &str, max_tokens: usize) -> Result<Timing, String> {
-    let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": true,
-        "stream_options": {"include_usage": true}})
-    .to_string();
+/// Streams one completion of `prompt` (`max_tokens` new tokens, greedy, with the fields of
+/// `extra` added when it is an object): its timings.
+pub(super) fn stream_one(
+    addr: &str,
+    prompt: &str,
+    max_tokens: usize,
+    extra: &serde_json::Value,
+) -> Result<Timing, String> {
+    let mut body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": true,
+        "stream_options": {"include_usage": true}});
+    if let (Some(b), Some(x)) = (body.as_object_mut(), extra.as_object()) {
+        b.extend(x.clone());
+    }
+    let body = body.to_string();
     let t0 = Instant::now();
     let mut r = BufReader::new(post(addr, &body)?);
     let mut status = String::new();
@@ -184,9 +193,15 @@ pub(super) fn healthy(addr: &str) -> bool {
 type ClientTimings = Result<Vec<Timing>, String>;
 
 /// Runs one level: `reqs.len()` clients at once, each sending its requests in turn (none
-/// started after `max_s`), while the server's KV blocks in use and its resident set (process
+/// started after `max_s`; each with the fields of `extra`), while the server's KV blocks in use and its resident set (process
 /// `pid`) are sampled every 250 ms.
-pub(super) fn run_level(addr: &str, pid: u32, reqs: &[Vec<Request>], max_s: f64) -> Result<Level, String> {
+pub(super) fn run_level(
+    addr: &str,
+    pid: u32,
+    reqs: &[Vec<Request>],
+    max_s: f64,
+    extra: &serde_json::Value,
+) -> Result<Level, String> {
     let t0 = Instant::now();
     let done = std::sync::atomic::AtomicBool::new(false);
     let (timings, (blocks, rss)): (Vec<ClientTimings>, (u64, u64)) = std::thread::scope(|sc| {
@@ -209,7 +224,7 @@ pub(super) fn run_level(addr: &str, pid: u32, reqs: &[Vec<Request>], max_s: f64)
                         if t0.elapsed().as_secs_f64() > max_s {
                             break;
                         }
-                        out.push(stream_one(addr, p, *n)?);
+                        out.push(stream_one(addr, p, *n, extra)?);
                     }
                     Ok(out)
                 })
