@@ -1,7 +1,8 @@
 //! A Hugging Face LLaMA directory written as a GGUF file that llama.cpp runs
 //! (`general.architecture = "llama"`), in f32, f16 or bf16: llama.cpp's tensor names, its
 //! hyperparameter keys, the SentencePiece vocabulary of `tokenizer.json` and the chat
-//! template.
+//! template ([`export`]); and such a file read back into a Hugging Face directory
+//! ([`import`]: the float types; quantized blocks are refused naming their type).
 //!
 //! transformers stores each head's query and key rows as two halves (the rotary pairs are
 //! `(i, i + d/2)`); llama.cpp's LLaMA rotates adjacent pairs `(2i, 2i + 1)`. The query and
@@ -58,6 +59,143 @@ fn gguf_name(hf: &str) -> Result<Option<String>> {
         _ => return Err(err(format!("tensor `{hf}` has no llama.cpp counterpart (biases are not exported)"))),
     };
     Ok(Some(format!("blk.{layer}.{short}")))
+}
+
+/// transformers' name for a llama.cpp LLaMA tensor.
+fn hf_name(g: &str) -> Result<String> {
+    let fixed = match g {
+        "token_embd.weight" => Some("model.embed_tokens.weight"),
+        "output_norm.weight" => Some("model.norm.weight"),
+        "output.weight" => Some("lm_head.weight"),
+        _ => None,
+    };
+    if let Some(n) = fixed {
+        return Ok(n.to_string());
+    }
+    let not = || err(format!("tensor `{g}` is not a LLaMA tensor this reader knows"));
+    let rest = g.strip_prefix("blk.").ok_or_else(not)?;
+    let (layer, part) = rest.split_once('.').ok_or_else(not)?;
+    let long = match part {
+        "attn_norm.weight" => "input_layernorm.weight",
+        "attn_q.weight" => "self_attn.q_proj.weight",
+        "attn_k.weight" => "self_attn.k_proj.weight",
+        "attn_v.weight" => "self_attn.v_proj.weight",
+        "attn_output.weight" => "self_attn.o_proj.weight",
+        "ffn_norm.weight" => "post_attention_layernorm.weight",
+        "ffn_gate.weight" => "mlp.gate_proj.weight",
+        "ffn_up.weight" => "mlp.up_proj.weight",
+        "ffn_down.weight" => "mlp.down_proj.weight",
+        _ => return Err(not()),
+    };
+    Ok(format!("model.layers.{layer}.{long}"))
+}
+
+/// [`permute_rows`] undone: llama.cpp's row `2j + t` of a head back to `t * d/2 + j`.
+fn unpermute_rows(bytes: &[u8], heads: usize, d: usize, cols: usize, elem: usize) -> Vec<u8> {
+    let row = cols * elem;
+    let mut out = vec![0u8; bytes.len()];
+    for h in 0..heads {
+        for t in 0..2 {
+            for j in 0..d / 2 {
+                let to = (h * d + t * (d / 2) + j) * row;
+                let from = (h * d + 2 * j + t) * row;
+                out[to..to + row].copy_from_slice(&bytes[from..from + row]);
+            }
+        }
+    }
+    out
+}
+
+/// Writes the LLaMA model of GGUF file `file` (float tensors: f32, f16, bf16) as a Hugging
+/// Face directory `out`: `config.json`, `model.safetensors` (each tensor in its stored
+/// type), `tokenizer.json` and `tokenizer_config.json` from its SentencePiece vocabulary,
+/// and `chat_template.jinja` when it has one. Another architecture, a quantized tensor, a
+/// rotary scaling or a tokenizer other than SentencePiece is refused by name.
+pub fn import(file: &Path, out: &Path) -> Result<()> {
+    use super::format::Gguf;
+    use redco_core::HostData;
+    let (g, map) = Gguf::open(file)?;
+    let arch = g.get("general.architecture").and_then(Value::as_str).unwrap_or("none");
+    if arch != "llama" {
+        return Err(err(format!("GGUF import reads LLaMA models; this file's architecture is `{arch}`")));
+    }
+    if let Some(t) = g.tensors.iter().find(|t| t.ty.elem_bytes().is_none()) {
+        return Err(err(format!(
+            "tensor `{}` is quantized ({}); GGUF import reads f32, f16 and bf16 tensors",
+            t.name,
+            t.ty.name()
+        )));
+    }
+    if let Some((k, _)) = g.metadata.iter().find(|(k, _)| k.starts_with("llama.rope.scaling")) {
+        return Err(err(format!("GGUF import does not read rotary scaling (`{k}`)")));
+    }
+    let num = |k: &str| -> Result<usize> {
+        g.get(k).and_then(Value::as_u64).map(|x| x as usize).ok_or_else(|| err(format!("the file has no `{k}`")))
+    };
+    let mut vocab = super::vocab::spm_from_gguf(&g)?;
+    let rows = num("llama.vocab_size").unwrap_or(vocab.tokens.len());
+    // the padding entries that fill the embedding's rows past the tokenizer (as `export`
+    // and llama.cpp's converter write them) are no tokens of the tokenizer
+    while vocab.types.last() == Some(&super::vocab::token_type::UNUSED)
+        && vocab.tokens.last().is_some_and(|t| t.starts_with("[PAD"))
+    {
+        vocab.tokens.pop();
+        vocab.scores.pop();
+        vocab.types.pop();
+    }
+    let (hidden, heads) = (num("llama.embedding_length")?, num("llama.attention.head_count")?);
+    let kv_heads = num("llama.attention.head_count_kv").unwrap_or(heads);
+    let head_dim = num("llama.attention.key_length").unwrap_or(hidden / heads.max(1));
+    let layers = num("llama.block_count")?;
+    let float = |k: &str, d: f64| g.get(k).and_then(Value::as_f64).unwrap_or(d);
+    let tied = !g.tensors.iter().any(|t| t.name == "output.weight");
+    let mut config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+        "hidden_size": hidden, "intermediate_size": num("llama.feed_forward_length")?,
+        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "head_dim": head_dim, "max_position_embeddings": num("llama.context_length").unwrap_or(2048),
+        "rms_norm_eps": float("llama.attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": float("llama.rope.freq_base", 10000.0),
+        "vocab_size": rows,
+        "tie_word_embeddings": tied, "attention_bias": false, "mlp_bias": false,
+    });
+    for (k, id) in [("bos_token_id", vocab.bos), ("eos_token_id", vocab.eos)] {
+        config[k] = id.map_or(serde_json::Value::Null, |i| serde_json::json!(i));
+    }
+    let mut tensors = Vec::new();
+    for t in &g.tensors {
+        let name = hf_name(&t.name)?;
+        let dims: Vec<usize> = t.dims.iter().rev().map(|&d| d as usize).collect();
+        let mut bytes = g.tensor_bytes(&map, t)?.to_vec();
+        let elem = t.ty.elem_bytes().unwrap_or(4) as usize;
+        let cols = dims.last().copied().unwrap_or(1);
+        let rows_of = |h: usize| h * head_dim;
+        if t.name.ends_with("attn_q.weight") || t.name.ends_with("attn_k.weight") {
+            let h = if t.name.ends_with("attn_q.weight") { heads } else { kv_heads };
+            if dims.len() != 2 || dims[0] != rows_of(h) {
+                return Err(err(format!("tensor `{}` has shape {dims:?}, not [{}, {hidden}]", t.name, rows_of(h))));
+            }
+            bytes = unpermute_rows(&bytes, h, head_dim, cols, elem);
+        }
+        let dtype = match t.ty {
+            GgmlType::F32 => DType::F32,
+            GgmlType::F16 => DType::F16,
+            _ => DType::BF16,
+        };
+        tensors.push((name, HostData::from_bytes(dtype, &bytes)?, dims));
+    }
+    std::fs::create_dir_all(out).map_err(|e| err(format!("{}: {e}", out.display())))?;
+    let write = |f: &str, bytes: &[u8]| redco_core::pipeline::checkpoint::write_atomic(&out.join(f), bytes);
+    let st = redco_core::pipeline::checkpoint::safetensors_bytes(&tensors, Default::default())?;
+    write("model.safetensors", &st)?;
+    write("config.json", serde_json::to_string_pretty(&config).unwrap_or_default().as_bytes())?;
+    let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
+    write("tokenizer.json", pretty(&super::vocab::hf_json_from_spm(&vocab)?).as_bytes())?;
+    write("tokenizer_config.json", pretty(&super::vocab::hf_config_from_spm(&vocab)).as_bytes())?;
+    if let Some(t) = g.get("tokenizer.chat_template").and_then(Value::as_str) {
+        write("chat_template.jinja", t.as_bytes())?;
+    }
+    Ok(())
 }
 
 /// Rows of a `[heads * d, cols]` query or key matrix in llama.cpp's order (see the module
@@ -190,11 +328,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn query_rows_move_to_adjacent_pairs() {
+    fn query_rows_move_to_adjacent_pairs_and_back() {
         // one head of d = 4, one column: rows [r0 r1 r2 r3] pair (0,2) and (1,3) in
         // transformers; llama.cpp wants the pairs adjacent: [r0 r2 r1 r3]
         let rows: Vec<u8> = vec![0, 1, 2, 3, 10, 11, 12, 13];
         assert_eq!(permute_rows(&rows, 2, 4, 1, 1), vec![0, 2, 1, 3, 10, 12, 11, 13]);
+        let wide: Vec<u8> = (0..64).collect();
+        assert_eq!(unpermute_rows(&permute_rows(&wide, 2, 8, 2, 2), 2, 8, 2, 2), wide);
+        for g in ["blk.3.ffn_down.weight", "blk.0.attn_k.weight", "output.weight", "token_embd.weight"] {
+            assert_eq!(gguf_name(&hf_name(g).unwrap()).unwrap().unwrap(), g);
+        }
+        assert!(hf_name("blk.0.attn_q.bias").is_err());
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //!   model's config and tokenizer beside it, so `redco train --model <out> --resume` (or any
 //!   run with the same plan) continues from it.
 //! - `--to hf`: reassembles a redco checkpoint (a `step-*` directory, or a workdir's newest)
-//!   into `config.json` + safetensors that transformers loads.
+//!   into `config.json` + safetensors that transformers loads; from a `.gguf` file (a LLaMA in
+//!   f32, f16 or bf16), writes its Hugging Face directory with the file's vocabulary.
 //! - `--to gguf`: writes a Hugging Face LLaMA directory as one GGUF file (`--out x.gguf`) that
 //!   llama.cpp runs, in `--dtype` (f32, f16 or bf16), with its SentencePiece vocabulary and
 //!   chat template.
@@ -172,6 +173,10 @@ pub fn run(a: ConvertArgs) -> std::result::Result<(), String> {
             let d = to_redco(&a).map_err(|e| e.to_string())?;
             copy_side_files(&a.input, &a.out)?;
             crate::outln!("wrote the sharded checkpoint {} (mesh {})", d.display(), a.mesh);
+        }
+        "hf" if a.input.extension().is_some_and(|e| e == "gguf") => {
+            redco_models::gguf::llama::import(&a.input, &a.out).map_err(|e| e.to_string())?;
+            crate::outln!("wrote the Hugging Face model {}", a.out.display());
         }
         "hf" => {
             let d = to_hf(&a).map_err(|e| e.to_string())?;

@@ -1,7 +1,8 @@
 //! `redco convert --to gguf` on the committed transformers LLaMA fixture: the file reads
 //! back with llama.cpp's keys and names, its query and key rows in llama.cpp's rotary
 //! order, its other tensors bit for bit, its vocabulary tokenizing as the fixture's
-//! `tokenizer.json` does; another architecture is refused by name.
+//! `tokenizer.json` does, and `convert --to hf` of it gives the fixture back (tensors bit
+//! for bit, the same greedy text); another architecture is refused by name.
 
 use super::common::{fixture_named, redco, s, scratch_dir};
 use redco_core::DType;
@@ -78,6 +79,32 @@ fn the_llama_fixture_converts_to_a_gguf_llama_cpp_reads() {
     for text in ["hello world", "the cat sat on the mat", "abc  def", "zz top"] {
         assert_eq!(back.encode(text, true).unwrap(), fixture.encode(text, true).unwrap(), "{text:?}");
     }
+
+    // and back: `convert --to hf` of the file gives the fixture's tensors bit for bit, its
+    // configuration, and the same greedy text
+    let back_dir = d.join("back");
+    let (code, _, err) = redco(&["convert", "--to", "hf", "--input", s(&out), "--out", s(&back_dir)]);
+    assert_eq!(code, 0, "{err}");
+    let back_ck = Checkpoint::open(&back_dir).unwrap();
+    assert_eq!(back_ck.tensors().count(), ck.tensors().count());
+    for (name, shape, _) in ck.tensors() {
+        let want = ck.read_as(name, DType::F32).unwrap();
+        assert_eq!(back_ck.shape(name), Some(shape), "{name}");
+        assert_eq!(back_ck.read(name).unwrap(), want, "{name}");
+    }
+    let cfg = redco_models::hf::config::HfConfig::from_dir(&back_dir).unwrap();
+    let orig = redco_models::hf::config::HfConfig::from_dir(&src).unwrap();
+    assert_eq!(
+        (cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads, cfg.intermediate, cfg.vocab, cfg.head_dim),
+        (orig.hidden, orig.layers, orig.heads, orig.kv_heads, orig.intermediate, orig.vocab, orig.head_dim)
+    );
+    assert_eq!((cfg.rope_theta, cfg.norm_eps as f32), (orig.rope_theta, orig.norm_eps as f32));
+    let gen = |m: &std::path::Path| {
+        let (code, out, err) = redco(&["generate", "--model", s(m), "--prompt", "the cat", "--max-new-tokens", "8"]);
+        assert_eq!(code, 0, "{err}");
+        out
+    };
+    assert_eq!(gen(&back_dir), gen(&src), "the same greedy text");
 
     // bf16: the matrices rounded, the norms kept in f32
     let out16 = d.join("tiny-bf16.gguf");
