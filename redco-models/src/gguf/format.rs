@@ -237,6 +237,17 @@ impl TensorInfo {
     pub fn elems(&self) -> u64 {
         self.dims.iter().product()
     }
+
+    /// Bytes of its data, for the plain types and the block types [`super::quant`] reads
+    /// (None for others, or a shape that is not whole blocks).
+    pub fn byte_len(&self) -> Option<u64> {
+        if let Some(b) = self.ty.elem_bytes() {
+            return self.elems().checked_mul(b);
+        }
+        let (per, size) = super::quant::block(self.ty)?;
+        let n = self.elems();
+        n.is_multiple_of(per as u64).then(|| n / per as u64 * size as u64)
+    }
 }
 
 /// A GGUF file's header: its metadata and tensor descriptions (the data stays in the file).
@@ -379,8 +390,8 @@ impl Gguf {
             if t.offset % align != 0 {
                 return Err(corrupt(format!("tensor `{}` is not aligned to {align} bytes", t.name)));
             }
-            if let Some(b) = t.ty.elem_bytes() {
-                let end = t.elems().checked_mul(b).and_then(|n| n.checked_add(t.offset + data_offset));
+            if let Some(len) = t.byte_len() {
+                let end = len.checked_add(t.offset + data_offset);
                 if end.is_none_or(|e| e > bytes.len() as u64) {
                     return Err(corrupt(format!(
                         "tensor `{}` runs past the end of the file (truncated, or a corrupt shape)",
@@ -419,13 +430,14 @@ impl Gguf {
         }
     }
 
-    /// The bytes of tensor `t` of a plain type, from the file's bytes `file`.
+    /// The bytes of tensor `t` (a plain type or a block type [`super::quant`] reads), from
+    /// the file's bytes `file`.
     pub fn tensor_bytes<'a>(&self, file: &'a [u8], t: &TensorInfo) -> Result<&'a [u8]> {
-        let b = t.ty.elem_bytes().ok_or_else(|| {
+        let len = t.byte_len().ok_or_else(|| {
             Error::invalid("gguf", format!("tensor `{}` is {}, which this reader does not read", t.name, t.ty.name()))
         })?;
         let start = (self.data_offset + t.offset) as usize;
-        Ok(&file[start..start + (t.elems() * b) as usize])
+        Ok(&file[start..start + len as usize])
     }
 }
 

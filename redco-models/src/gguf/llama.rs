@@ -2,7 +2,8 @@
 //! (`general.architecture = "llama"`), in f32, f16 or bf16: llama.cpp's tensor names, its
 //! hyperparameter keys, the SentencePiece vocabulary of `tokenizer.json` and the chat
 //! template ([`export`]); and such a file read back into a Hugging Face directory
-//! ([`import`]: the float types; quantized blocks are refused naming their type).
+//! ([`import`]: the float types as stored; `Q8_0`, `Q4_0`, `Q4_K` and `Q6_K` blocks
+//! dequantized; other block types refused naming their type).
 //!
 //! transformers stores each head's query and key rows as two halves (the rotary pairs are
 //! `(i, i + d/2)`); llama.cpp's LLaMA rotates adjacent pairs `(2i, 2i + 1)`. The query and
@@ -106,12 +107,13 @@ fn unpermute_rows(bytes: &[u8], heads: usize, d: usize, cols: usize, elem: usize
     out
 }
 
-/// Writes the LLaMA model of GGUF file `file` (float tensors: f32, f16, bf16) as a Hugging
-/// Face directory `out`: `config.json`, `model.safetensors` (each tensor in its stored
-/// type), `tokenizer.json` and `tokenizer_config.json` from its SentencePiece vocabulary,
-/// and `chat_template.jinja` when it has one. Another architecture, a quantized tensor, a
+/// Writes the LLaMA model of GGUF file `file` as a Hugging Face directory `out`:
+/// `config.json`, `model.safetensors` (float tensors in their stored type, quantized ones
+/// dequantized to `dequant`: f32, bf16 or f16), `tokenizer.json` and
+/// `tokenizer_config.json` from its SentencePiece vocabulary, and `chat_template.jinja`
+/// when it has one. Another architecture, a block type [`super::quant`] does not read, a
 /// rotary scaling or a tokenizer other than SentencePiece is refused by name.
-pub fn import(file: &Path, out: &Path) -> Result<()> {
+pub fn import(file: &Path, out: &Path, dequant: DType) -> Result<()> {
     use super::format::Gguf;
     use redco_core::HostData;
     let (g, map) = Gguf::open(file)?;
@@ -119,9 +121,10 @@ pub fn import(file: &Path, out: &Path) -> Result<()> {
     if arch != "llama" {
         return Err(err(format!("GGUF import reads LLaMA models; this file's architecture is `{arch}`")));
     }
-    if let Some(t) = g.tensors.iter().find(|t| t.ty.elem_bytes().is_none()) {
+    ggml_type(dequant)?;
+    if let Some(t) = g.tensors.iter().find(|t| t.byte_len().is_none()) {
         return Err(err(format!(
-            "tensor `{}` is quantized ({}); GGUF import reads f32, f16 and bf16 tensors",
+            "tensor `{}` is {}; GGUF import reads f32, f16, bf16, Q8_0, Q4_0, Q4_K and Q6_K tensors",
             t.name,
             t.ty.name()
         )));
@@ -166,7 +169,15 @@ pub fn import(file: &Path, out: &Path) -> Result<()> {
     for t in &g.tensors {
         let name = hf_name(&t.name)?;
         let dims: Vec<usize> = t.dims.iter().rev().map(|&d| d as usize).collect();
-        let mut bytes = g.tensor_bytes(&map, t)?.to_vec();
+        let raw = g.tensor_bytes(&map, t)?;
+        let quantized = t.ty.elem_bytes().is_none();
+        let mut bytes = if quantized {
+            let v = super::quant::dequantize(t.ty, raw, t.elems() as usize)
+                .map_err(|e| err(format!("tensor `{}`: {e}", t.name)))?;
+            v.iter().flat_map(|x| x.to_le_bytes()).collect()
+        } else {
+            raw.to_vec()
+        };
         let elem = t.ty.elem_bytes().unwrap_or(4) as usize;
         let cols = dims.last().copied().unwrap_or(1);
         let rows_of = |h: usize| h * head_dim;
@@ -177,12 +188,13 @@ pub fn import(file: &Path, out: &Path) -> Result<()> {
             }
             bytes = unpermute_rows(&bytes, h, head_dim, cols, elem);
         }
-        let dtype = match t.ty {
-            GgmlType::F32 => DType::F32,
-            GgmlType::F16 => DType::F16,
-            _ => DType::BF16,
+        let data = match t.ty {
+            _ if quantized => HostData::from_bytes(DType::F32, &bytes)?.into_dtype(dequant),
+            GgmlType::F32 => HostData::from_bytes(DType::F32, &bytes)?,
+            GgmlType::F16 => HostData::from_bytes(DType::F16, &bytes)?,
+            _ => HostData::from_bytes(DType::BF16, &bytes)?,
         };
-        tensors.push((name, HostData::from_bytes(dtype, &bytes)?, dims));
+        tensors.push((name, data, dims));
     }
     std::fs::create_dir_all(out).map_err(|e| err(format!("{}: {e}", out.display())))?;
     let write = |f: &str, bytes: &[u8]| redco_core::pipeline::checkpoint::write_atomic(&out.join(f), bytes);

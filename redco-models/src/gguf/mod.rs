@@ -1,7 +1,9 @@
 //! GGUF, llama.cpp's file format: the container ([`format`]: read and write), SentencePiece
-//! vocabularies between GGUF and `tokenizer.json` ([`vocab`]), and LLaMA models written for
-//! llama.cpp ([`llama::export`], behind `redco convert --to gguf`).
+//! vocabularies between GGUF and `tokenizer.json` ([`vocab`]), llama.cpp's quantized blocks
+//! read back to f32 ([`quant`]), and LLaMA models written for llama.cpp and read back
+//! ([`llama::export`] and [`llama::import`], behind `redco convert --to gguf` and `--to hf`).
 
 pub mod format;
 pub mod llama;
+pub mod quant;
 pub mod vocab;

@@ -5,8 +5,9 @@
 //!   model's config and tokenizer beside it, so `redco train --model <out> --resume` (or any
 //!   run with the same plan) continues from it.
 //! - `--to hf`: reassembles a redco checkpoint (a `step-*` directory, or a workdir's newest)
-//!   into `config.json` + safetensors that transformers loads; from a `.gguf` file (a LLaMA in
-//!   f32, f16 or bf16), writes its Hugging Face directory with the file's vocabulary.
+//!   into `config.json` + safetensors that transformers loads; from a `.gguf` file (a LLaMA),
+//!   writes its Hugging Face directory with the file's vocabulary: float tensors as stored,
+//!   `Q8_0`/`Q4_0`/`Q4_K`/`Q6_K` ones dequantized to `--dtype`.
 //! - `--to gguf`: writes a Hugging Face LLaMA directory as one GGUF file (`--out x.gguf`) that
 //!   llama.cpp runs, in `--dtype` (f32, f16 or bf16), with its SentencePiece vocabulary and
 //!   chat template.
@@ -175,7 +176,8 @@ pub fn run(a: ConvertArgs) -> std::result::Result<(), String> {
             crate::outln!("wrote the sharded checkpoint {} (mesh {})", d.display(), a.mesh);
         }
         "hf" if a.input.extension().is_some_and(|e| e == "gguf") => {
-            redco_models::gguf::llama::import(&a.input, &a.out).map_err(|e| e.to_string())?;
+            let dtype = check::dtype(&a.dtype)?;
+            redco_models::gguf::llama::import(&a.input, &a.out, dtype).map_err(|e| e.to_string())?;
             crate::outln!("wrote the Hugging Face model {}", a.out.display());
         }
         "hf" => {
