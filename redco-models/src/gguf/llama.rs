@@ -91,22 +91,6 @@ fn hf_name(g: &str) -> Result<String> {
     Ok(format!("model.layers.{layer}.{long}"))
 }
 
-/// [`permute_rows`] undone: llama.cpp's row `2j + t` of a head back to `t * d/2 + j`.
-fn unpermute_rows(bytes: &[u8], heads: usize, d: usize, cols: usize, elem: usize) -> Vec<u8> {
-    let row = cols * elem;
-    let mut out = vec![0u8; bytes.len()];
-    for h in 0..heads {
-        for t in 0..2 {
-            for j in 0..d / 2 {
-                let to = (h * d + t * (d / 2) + j) * row;
-                let from = (h * d + 2 * j + t) * row;
-                out[to..to + row].copy_from_slice(&bytes[from..from + row]);
-            }
-        }
-    }
-    out
-}
-
 /// Writes the LLaMA model of GGUF file `file` as a Hugging Face directory `out`:
 /// `config.json`, `model.safetensors` (float tensors in their stored type, quantized ones
 /// dequantized to `dequant`: f32, bf16 or f16), `tokenizer.json` and
@@ -186,7 +170,7 @@ pub fn import(file: &Path, out: &Path, dequant: DType) -> Result<()> {
             if dims.len() != 2 || dims[0] != rows_of(h) {
                 return Err(err(format!("tensor `{}` has shape {dims:?}, not [{}, {hidden}]", t.name, rows_of(h))));
             }
-            bytes = unpermute_rows(&bytes, h, head_dim, cols, elem);
+            bytes = permute_rows(&bytes, h, head_dim, cols, elem, false);
         }
         let data = match t.ty {
             _ if quantized => HostData::from_bytes(DType::F32, &bytes)?.into_dtype(dequant),
@@ -210,16 +194,17 @@ pub fn import(file: &Path, out: &Path, dequant: DType) -> Result<()> {
     Ok(())
 }
 
-/// Rows of a `[heads * d, cols]` query or key matrix in llama.cpp's order (see the module
-/// docs), as bytes of `elem` bytes per value.
-fn permute_rows(bytes: &[u8], heads: usize, d: usize, cols: usize, elem: usize) -> Vec<u8> {
+/// Rows of a `[heads * d, cols]` query or key matrix moved between transformers' order and
+/// llama.cpp's (see the module docs; `to_llama` false undoes it), as bytes of `elem` bytes
+/// per value.
+fn permute_rows(bytes: &[u8], heads: usize, d: usize, cols: usize, elem: usize, to_llama: bool) -> Vec<u8> {
     let row = cols * elem;
     let mut out = vec![0u8; bytes.len()];
     for h in 0..heads {
         for t in 0..2 {
             for j in 0..d / 2 {
-                let from = (h * d + t * (d / 2) + j) * row;
-                let to = (h * d + 2 * j + t) * row;
+                let (hf, llama) = ((h * d + t * (d / 2) + j) * row, (h * d + 2 * j + t) * row);
+                let (from, to) = if to_llama { (hf, llama) } else { (llama, hf) };
                 out[to..to + row].copy_from_slice(&bytes[from..from + row]);
             }
         }
@@ -326,9 +311,9 @@ pub fn export(dir: &Path, out: &Path, dtype: DType) -> Result<()> {
         let mut bytes = data.as_bytes().to_vec();
         let elem = t.elem_bytes().unwrap_or(4) as usize;
         if hf.ends_with("q_proj.weight") {
-            bytes = permute_rows(&bytes, cfg.heads, cfg.head_dim, dims[1], elem);
+            bytes = permute_rows(&bytes, cfg.heads, cfg.head_dim, dims[1], elem, true);
         } else if hf.ends_with("k_proj.weight") {
-            bytes = permute_rows(&bytes, cfg.kv_heads, cfg.head_dim, dims[1], elem);
+            bytes = permute_rows(&bytes, cfg.kv_heads, cfg.head_dim, dims[1], elem, true);
         }
         w.tensor(&gname, dims.iter().rev().map(|&x| x as u64).collect(), t, bytes)?;
     }
@@ -344,9 +329,9 @@ mod tests {
         // one head of d = 4, one column: rows [r0 r1 r2 r3] pair (0,2) and (1,3) in
         // transformers; llama.cpp wants the pairs adjacent: [r0 r2 r1 r3]
         let rows: Vec<u8> = vec![0, 1, 2, 3, 10, 11, 12, 13];
-        assert_eq!(permute_rows(&rows, 2, 4, 1, 1), vec![0, 2, 1, 3, 10, 12, 11, 13]);
+        assert_eq!(permute_rows(&rows, 2, 4, 1, 1, true), vec![0, 2, 1, 3, 10, 12, 11, 13]);
         let wide: Vec<u8> = (0..64).collect();
-        assert_eq!(unpermute_rows(&permute_rows(&wide, 2, 8, 2, 2), 2, 8, 2, 2), wide);
+        assert_eq!(permute_rows(&permute_rows(&wide, 2, 8, 2, 2, true), 2, 8, 2, 2, false), wide);
         for g in ["blk.3.ffn_down.weight", "blk.0.attn_k.weight", "output.weight", "token_embd.weight"] {
             assert_eq!(gguf_name(&hf_name(g).unwrap()).unwrap().unwrap(), g);
         }

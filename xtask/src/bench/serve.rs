@@ -80,20 +80,9 @@ fn requests(c: usize, per_client: usize, words: &[String]) -> Vec<Vec<Request>> 
         .collect()
 }
 
-/// Runs every level against the server at `addr` (process `pid`).
+/// Runs every level against the server at `addr` (process `pid`), with the fields of
+/// `extra` in every request.
 fn levels(
-    addr: &str,
-    pid: u32,
-    levels: &[usize],
-    per_client: usize,
-    words: &[String],
-    max_s: f64,
-) -> Result<Vec<Level>, String> {
-    levels_with(addr, pid, levels, per_client, words, max_s, &serde_json::Value::Null)
-}
-
-/// [`levels`] with the fields of `extra` in every request.
-fn levels_with(
     addr: &str,
     pid: u32,
     levels: &[usize],
@@ -333,13 +322,13 @@ fn bench(
     let probe_text = probe_prompt(&words);
     let probe = complete(addr, &probe_text, 16)?;
     let pid = server.0.id();
-    let rows = levels(addr, pid, levels_, per_client, &words, max_s)?;
+    let rows = levels(addr, pid, levels_, per_client, &words, max_s, &serde_json::Value::Null)?;
     let guided = match a.get("guided") {
         None => None,
         Some("json") => {
             eprintln!("xtask: the same levels, every request constrained to JSON (response_format json_object)");
             let extra = serde_json::json!({"response_format": {"type": "json_object"}});
-            Some(levels_with(addr, pid, levels_, per_client, &words, max_s, &extra)?)
+            Some(levels(addr, pid, levels_, per_client, &words, max_s, &extra)?)
         }
         Some(g) => return Err(format!("--guided: `{g}` is not `json`")),
     };
@@ -374,7 +363,7 @@ fn bench(
         eprintln!("xtask: the peer: transformers serve --continuous-batching ({versions})");
         let (peer, paddr) = start_peer(py, dir, dtype(a)?)?;
         let peer_probe = complete(&paddr, &probe_text, 16)?;
-        let peer_rows = levels(&paddr, peer.0.id(), levels_, per_client, &words, max_s)?;
+        let peer_rows = levels(&paddr, peer.0.id(), levels_, per_client, &words, max_s, &serde_json::Value::Null)?;
         drop(peer);
         let name = format!("transformers serve --continuous-batching --device cpu ({versions})");
         compare(&name, "transformers", &rows, &peer_rows, [&probe_text, &probe, &peer_probe]);
@@ -392,7 +381,7 @@ fn bench(
         let slots = levels_.iter().copied().max().unwrap_or(1);
         let (peer, paddr) = super::serve_llama::start(bin, &gguf, dir, slots, kv_dtype(a)?)?;
         let peer_probe = complete(&paddr, &probe_text, 16)?;
-        let peer_rows = levels(&paddr, peer.0.id(), levels_, per_client, &words, max_s)?;
+        let peer_rows = levels(&paddr, peer.0.id(), levels_, per_client, &words, max_s, &serde_json::Value::Null)?;
         drop(peer);
         let name = format!(
             "llama-server ({version}; GGUF {}, KV cache {}, {slots} slots, {} threads)",
