@@ -30,8 +30,9 @@
 //! greedy request with the same 48-word prompt (a warm-up); their texts are printed side by
 //! side (the same weights and tokenizer: they should agree).
 //!
-//! `--guided json`: after redco's levels, the same levels again with every request
-//! constrained to JSON (`response_format: {"type": "json_object"}`); printed: that table and
+//! `--guided json`: after redco's levels, one constrained warm-up request, then the same
+//! levels again with every request constrained to JSON (`response_format: {"type":
+//! "json_object"}`); printed: that table and
 //! the constrained output tokens/s against the unconstrained at each level (the cost of the
 //! grammar's token masks). It needs a vocabulary that spells JSON: `--llama-vocab FILE`
 //! (below) gives the model one; the presets' word-level one cannot.
@@ -328,6 +329,9 @@ fn bench(
         Some("json") => {
             eprintln!("xtask: the same levels, every request constrained to JSON (response_format json_object)");
             let extra = serde_json::json!({"response_format": {"type": "json_object"}});
+            // a warm-up request first, as for the unconstrained levels: the first constrained
+            // request also sets the grammar up over the vocabulary, which is not its rate
+            super::serve_load::stream_one(addr, &probe_text, 16, &extra)?;
             Some(levels(addr, pid, levels_, per_client, &words, max_s, &extra)?)
         }
         Some(g) => return Err(format!("--guided: `{g}` is not `json`")),
