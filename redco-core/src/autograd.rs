@@ -42,6 +42,9 @@ pub enum OpMeta {
     Permute(Vec<usize>),
     /// An op along one dimension (reductions, narrow, cat, index_select).
     Dim(usize),
+    /// A ZeRO-3 parameter gathered whole from its dp pieces: its gradient keeps its partial
+    /// sum over dp (the gather's backward reduce-scatters it).
+    GatheredParam,
 }
 
 thread_local! {
@@ -331,7 +334,7 @@ fn deliver<B: Backend>(t: &Tensor<B>, g: Tensor<B>) -> Result<Tensor<B>> {
     let mut target = crate::placement::without_partial(t.placements());
     // a variable's gradient, and a gathered ZeRO-3 parameter's (its backward
     // reduce-scatters), keep their partial sum over dp
-    let gathered = t.0.node.as_ref().is_some_and(|n| n.op == crate::ops::gather_unit::UNIT_PARAM);
+    let gathered = t.0.node.as_ref().is_some_and(|n| n.meta == OpMeta::GatheredParam);
     if (t.is_var() || gathered) && g.placements().get(MeshAxis::Dp) == Placement::Partial(PartialOp::Sum) {
         target = target.with(MeshAxis::Dp, Placement::Partial(PartialOp::Sum));
     }

@@ -243,7 +243,7 @@ element!(i64, I64);
 element!(i32, I32);
 element!(u8, U8);
 
-/// `f` over `v`, in order, each chunk in the CPU's widest vector copy (`cpu::simd`), on the
+/// `f` over `v`, in order, each chunk in the CPU's widest vector copy ([`crate::host_simd`]), on the
 /// current rayon pool's threads for large buffers (a checkpoint's tensors while loading, the
 /// bf16 activations of mixed-precision compute).
 fn par_map<T: Copy + Sync, U: Send>(v: &[T], f: impl Fn(T) -> U + Sync + Send + Copy) -> Vec<U> {
@@ -251,7 +251,7 @@ fn par_map<T: Copy + Sync, U: Send>(v: &[T], f: impl Fn(T) -> U + Sync + Send + 
     const CHUNK: usize = 1 << 14;
     let mut out: Vec<U> = Vec::with_capacity(v.len());
     let convert = |src: &[T], dst: &mut [std::mem::MaybeUninit<U>]| {
-        crate::cpu::simd::vectorized(
+        crate::host_simd::vectorized(
             #[inline(always)]
             || {
                 for (o, &x) in dst.iter_mut().zip(src) {
@@ -274,7 +274,7 @@ fn par_map<T: Copy + Sync, U: Send>(v: &[T], f: impl Fn(T) -> U + Sync + Send + 
 /// bf16 to f32: the bits shifted up (exact), a NaN made quiet as `bf16::to_f32` does;
 /// branch-free, so loops over it vectorise.
 #[inline(always)]
-pub(crate) fn bf16_to_f32(x: bf16) -> f32 {
+pub fn bf16_to_f32(x: bf16) -> f32 {
     let b = u32::from(x.to_bits());
     let quiet = if b & 0x7fff > 0x7f80 { 0x0040_0000 } else { 0 };
     f32::from_bits((b << 16) | quiet)
@@ -283,7 +283,7 @@ pub(crate) fn bf16_to_f32(x: bf16) -> f32 {
 /// f32 to bf16, rounding to nearest even, NaN kept a (quiet) NaN, as `bf16::from_f32`,
 /// branch-free so loops over it vectorise.
 #[inline(always)]
-pub(crate) fn f32_to_bf16(x: f32) -> bf16 {
+pub fn f32_to_bf16(x: f32) -> bf16 {
     let b = x.to_bits();
     let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
     let nan = ((b >> 16) as u16) | 0x40;
@@ -291,13 +291,15 @@ pub(crate) fn f32_to_bf16(x: f32) -> bf16 {
 }
 
 /// Float values of a buffer in their compute type.
-pub(crate) enum Floats<'a> {
+pub enum Floats<'a> {
+    /// f32 values (f32, f16 and bf16 buffers).
     F32(std::borrow::Cow<'a, [f32]>),
+    /// f64 values (f64 and integer buffers).
     F64(std::borrow::Cow<'a, [f64]>),
 }
 
 /// Borrows f32/f64 data, converts f16/bf16 to f32 and integers to f64.
-pub(crate) fn floats(h: &HostData) -> Floats<'_> {
+pub fn floats(h: &HostData) -> Floats<'_> {
     match h {
         HostData::F32(v) => Floats::F32(std::borrow::Cow::Borrowed(v)),
         HostData::F64(v) => Floats::F64(std::borrow::Cow::Borrowed(v)),

@@ -6,10 +6,15 @@
 //! - [`Tensor`]: a global shape, a dtype, a placement per mesh axis, and reverse-mode
 //!   autograd ([`Tensor::backward`], [`no_grad`]);
 //! - [`nn`]: layers and the [`nn::Module`] parameter tree with Hugging Face-style names;
-//! - [`cpu`]: the embedded default backend (multi-threaded, AVX-512 and AVX2 GEMMs).
+//! - [`optim`], [`sharding`], [`runtime`] and [`planning`]: optimizers, the sharding
+//!   vocabulary and the two rules, ranks and collectives, and the planner.
+//!
+//! The core has no backend of its own: `redco-cpu` is the embedded default, and the
+//! training pipeline (trainer, checkpoints, datasets) is `redco-pipeline`.
 //!
 //! ```
-//! use redco_core::{cpu::Cpu, DType, Tensor};
+//! use redco_core::{DType, Tensor};
+//! use redco_cpu::Cpu;
 //! let dev = Cpu::new(1);
 //! let w = Tensor::from_vec(&dev, vec![1.0f32, 2.0, 3.0, 4.0], [2, 2]).unwrap().into_var();
 //! let x = Tensor::from_vec(&dev, vec![1.0f32, -1.0], [1, 2]).unwrap();
@@ -24,17 +29,16 @@
 
 pub mod autograd;
 pub mod backend;
-pub mod cpu;
 pub mod display;
 pub mod dtype;
 pub mod error;
+pub mod host_simd;
 pub mod nn;
 pub mod ops;
 pub mod optim;
-#[cfg(feature = "pipeline")]
-pub mod pipeline;
 pub mod placement;
 pub mod planning;
+pub mod recompute;
 pub mod runtime;
 pub mod shape;
 pub mod sharding;
@@ -44,7 +48,7 @@ pub use autograd::{is_grad_enabled, no_grad, GradModeGuard, GradStore, OpMeta};
 pub use backend::{Backend, BinaryOp, CmpOp, MatmulSpec, ReduceOp, RotaryMode, UnaryOp};
 pub use dtype::{DType, Element, HostData};
 pub use error::{Error, Result};
-pub use ops::recompute::Recompute;
 pub use placement::{MeshAxis, PartialOp, Placement, Placements};
+pub use recompute::Recompute;
 pub use shape::Shape;
 pub use tensor::{Tensor, TensorId};

@@ -4,8 +4,8 @@
 //!
 //! Skipped without a GPU unless `REDCO_REQUIRE_CUDA=1`.
 
-use redco_core::cpu::Cpu;
 use redco_core::runtime::{spmd, spmd_with, Mesh, SpmdOptions, Threads};
+use redco_cpu::Cpu;
 use redco_cuda::{Cuda, NcclFactory};
 use redco_tests::check::assert_close;
 use redco_tests::one_step::{plan, step, worst, Step, TOL};

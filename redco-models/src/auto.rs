@@ -7,8 +7,8 @@ use crate::hf::config::HfConfig;
 use crate::llama::Llama;
 use crate::opt::Opt;
 use redco_core::nn::{Linear, Module, ParamPlacer};
-use redco_core::ops::recompute::Recompute;
 use redco_core::planning::ShardPlan;
+use redco_core::recompute::Recompute;
 use redco_core::{Backend, DType, Error, Result, Tensor};
 use std::path::Path;
 

@@ -10,8 +10,8 @@ use crate::hf::config::HfConfig;
 use crate::params::{ParamSource, Placed, RandomInit};
 use crate::stack::{LayerAttend, Stack, StackLayer};
 use redco_core::nn::{self, Activation, Embedding, LayerNorm, Linear, Mlp, ParamPlacer, RotaryEmbedding};
-use redco_core::ops::recompute::Recompute;
 use redco_core::planning::ShardPlan;
+use redco_core::recompute::Recompute;
 use redco_core::{Backend, DType, Error, Result, RotaryMode, Tensor};
 use std::path::Path;
 
@@ -119,11 +119,11 @@ impl<B: Backend> GptJ<B> {
     /// Checks that `cfg` describes a GPT-J this implementation runs.
     pub fn check_config(cfg: &HfConfig) -> Result<()> {
         if cfg.model_type != "gptj" {
-            return Err(Error::invalid("gptj", format!("config has model_type `{}`, not gptj", cfg.model_type)));
+            return Err(Error::config("gptj", format!("config has model_type `{}`, not gptj", cfg.model_type)));
         }
         let rd = cfg.rotary_dim.unwrap_or(cfg.head_dim);
         if rd > cfg.head_dim || !rd.is_multiple_of(2) {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 "gptj",
                 format!("rotary_dim {rd} must be even and at most the head dim {}", cfg.head_dim),
             ));

@@ -11,7 +11,7 @@ use crate::stack::{LayerAttend, Stack, StackLayer};
 use redco_core::nn::{
     self, Activation, Embedding, GatedMlp, Init, KeepWhole, Linear, ParamPlacer, RmsNorm, RotaryEmbedding,
 };
-use redco_core::ops::recompute::Recompute;
+use redco_core::recompute::Recompute;
 use redco_core::{Backend, DType, Error, Result, RotaryMode, Shape, Tensor};
 
 /// A layer's attention given its index, queries, keys and values (with its cache).
@@ -122,7 +122,7 @@ impl<B: Backend> Llama<B> {
     }
 
     /// [`Llama::new`] with each parameter handed to `placer` as it is made (the trainer's
-    /// keeps only this rank's part: [`redco_core::pipeline::Trainer::for_backend_placed`]).
+    /// keeps only this rank's part: [`redco_pipeline::Trainer::for_backend_placed`]).
     /// The values are [`Llama::new`]'s.
     pub fn new_placed(b: &B, cfg: &HfConfig, dtype: DType, seed: u64, placer: &dyn ParamPlacer<B>) -> Result<Self> {
         Self::build(cfg, &mut Placed::new(&mut RandomInit::new(b, dtype, seed), placer))
@@ -131,16 +131,16 @@ impl<B: Backend> Llama<B> {
     /// Checks that `cfg` describes a LLaMA this implementation runs.
     pub fn check_config(cfg: &HfConfig) -> Result<()> {
         if !matches!(cfg.model_type.as_str(), "llama" | "mistral") {
-            return Err(Error::invalid("llama", format!("config has model_type `{}`, not llama", cfg.model_type)));
+            return Err(Error::config("llama", format!("config has model_type `{}`, not llama", cfg.model_type)));
         }
         if cfg.kv_heads == 0 || !cfg.heads.is_multiple_of(cfg.kv_heads) {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 "llama",
                 format!("{} heads are not a multiple of {} key/value heads", cfg.heads, cfg.kv_heads),
             ));
         }
         if !cfg.head_dim.is_multiple_of(2) {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 "llama",
                 format!("rotary embedding needs an even head_dim, got {}", cfg.head_dim),
             ));

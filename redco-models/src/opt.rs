@@ -12,8 +12,8 @@ use crate::params::{ParamSource, Placed, RandomInit};
 use crate::stack::{LayerAttend, Stack, StackLayer};
 use redco_core::backend::CmpOp;
 use redco_core::nn::{self, Activation, Embedding, LayerNorm, Linear, ParamPlacer};
-use redco_core::ops::recompute::Recompute;
 use redco_core::planning::ShardPlan;
+use redco_core::recompute::Recompute;
 use redco_core::{Backend, DType, Error, Result, Tensor};
 use std::path::Path;
 
@@ -155,7 +155,7 @@ impl<B: Backend> Opt<B> {
     /// Checks that `cfg` describes an OPT this implementation runs.
     pub fn check_config(cfg: &HfConfig) -> Result<()> {
         if cfg.model_type != "opt" {
-            return Err(Error::invalid("opt", format!("config has model_type `{}`, not opt", cfg.model_type)));
+            return Err(Error::config("opt", format!("config has model_type `{}`, not opt", cfg.model_type)));
         }
         if !cfg.flag("layer_norm_elementwise_affine", true) {
             return Err(Error::unsupported("opt", "layer_norm_elementwise_affine = false is not supported"));

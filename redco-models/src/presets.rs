@@ -3,8 +3,8 @@
 //! (written as ordinary `tokenizer.json` files, so a trained preset is a Hugging Face model
 //! directory like any other).
 
-use redco_core::pipeline::synthetic::MarkovCorpus;
 use redco_core::{Error, Result};
+use redco_pipeline::synthetic::MarkovCorpus;
 use serde_json::{json, Value};
 use std::path::Path;
 
@@ -177,8 +177,8 @@ fn write_tokenizer(dir: &Path, model: Value, pre_tokenizer: Value, decoder: Valu
     let io = |e: std::io::Error| Error::invalid("tokenizer", format!("{}: {e}", dir.display()));
     std::fs::create_dir_all(dir).map_err(io)?;
     let pretty = |v: &Value| serde_json::to_string_pretty(v).unwrap_or_default();
-    redco_core::pipeline::checkpoint::write_atomic(&dir.join("tokenizer.json"), pretty(&tok).as_bytes())?;
-    redco_core::pipeline::checkpoint::write_atomic(&dir.join("tokenizer_config.json"), pretty(&cfg).as_bytes())
+    redco_pipeline::checkpoint::write_atomic(&dir.join("tokenizer.json"), pretty(&tok).as_bytes())?;
+    redco_pipeline::checkpoint::write_atomic(&dir.join("tokenizer_config.json"), pretty(&cfg).as_bytes())
 }
 
 #[cfg(test)]

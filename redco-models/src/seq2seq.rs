@@ -7,8 +7,8 @@
 
 use crate::generate::{GenerationConfig, Sampling};
 use crate::t5::T5;
-use redco_core::pipeline::Batch;
 use redco_core::{Backend, Error, Result, Tensor};
+use redco_pipeline::Batch;
 
 /// One training example: token ids of the source and of the target (each with its end of
 /// sequence token when the tokenizer adds one).
@@ -78,7 +78,7 @@ pub fn generate_targets<B: Backend>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use redco_core::cpu::Cpu;
+    use redco_cpu::Cpu;
 
     #[test]
     fn pairs_pad_sources_under_a_mask_and_targets_with_minus_100() {

@@ -7,7 +7,7 @@
 //! trainer hands it (the gatherer) and the recompute mode, and runs the loop.
 
 use redco_core::nn::{gathered, prefetch_units, Module, ParamGather};
-use redco_core::ops::recompute::Recompute;
+use redco_core::recompute::Recompute;
 use redco_core::{Backend, Result, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -12,7 +12,7 @@
 //! # fn main() -> redco_core::Result<()> {
 //! let mpi = redco_mpi::Mpi::init()?;
 //! let mesh = redco_core::runtime::Mesh::new(2, 2)?;
-//! let dep = redco_core::pipeline::Deployer::new(mesh, 42, "workdir".as_ref())?.with_comm(mpi.clone())?;
+//! let dep = redco_pipeline::Deployer::new(mesh, 42, "workdir".as_ref())?.with_comm(mpi.clone())?;
 //! # Ok(()) }
 //! ```
 //!

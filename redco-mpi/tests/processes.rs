@@ -4,10 +4,8 @@
 //! an error; a rank that never enters a collective is named by the others' watchdog and
 //! the job ends within the timeout.
 
-use redco_core::{
-    cpu::spmd_cpu,
-    runtime::{Mesh, SpmdOptions},
-};
+use redco_core::runtime::{Mesh, SpmdOptions};
+use redco_cpu::spmd_cpu;
 use redco_mpi::check::battery;
 use redco_mpi::launch::Mpirun;
 use std::path::{Path, PathBuf};

@@ -45,7 +45,7 @@ pub use eager::{Pjrt, ProgramStats};
 pub use executable::Executable;
 pub use kv::KvStore;
 pub use proto::CompileOptions;
-pub use redco_core::pipeline::compiled::{StepInputs, StepReport};
+pub use redco_pipeline::compiled::{StepInputs, StepReport};
 pub use shared_step::{PjrtStepCompiler, SharedStep};
 pub use step::CompiledTrainStep;
 pub use storage::PjrtStorage;

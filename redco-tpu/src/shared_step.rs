@@ -1,4 +1,4 @@
-//! The compiled step as the [`Trainer`](redco_core::pipeline::Trainer) drives it: one
+//! The compiled step as the [`Trainer`](redco_pipeline::Trainer) drives it: one
 //! [`CompiledTrainStep`] (one SPMD program over the mesh's devices) shared by the ranks'
 //! threads. Each rank hands in its slice of the batch, as it would join a collective; the
 //! last one to arrive runs the program for all of them, and every rank gets the report.
@@ -11,10 +11,10 @@ use crate::storage::PjrtStorage;
 use crate::trace::Tracer;
 use redco_core::nn::Module;
 use redco_core::optim::AdamWConfig;
-use redco_core::pipeline::compiled::{CompiledStep, StepCompiler, StepInputs, StepReport, StepState};
-use redco_core::pipeline::Batch;
 use redco_core::planning::ShardPlan;
 use redco_core::{DType, Error, Result, Shape, Tensor};
+use redco_pipeline::compiled::{CompiledStep, StepCompiler, StepInputs, StepReport, StepState};
+use redco_pipeline::Batch;
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};

@@ -2,7 +2,6 @@
 //! LLaMA: 10 AdamW steps, the same losses (1e-5 relative) and parameters (1e-4); over
 //! meshes of several devices (data and tensor parallel) the same as on one.
 
-use redco_core::cpu::Cpu;
 use redco_core::nn::ModuleExt;
 use redco_core::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use redco_core::planning::trace::plan_from_trace;
@@ -11,6 +10,7 @@ use redco_core::{
     runtime::{CollectiveKind, Mesh},
 };
 use redco_core::{Backend, DType, MeshAxis, Placement, Tensor};
+use redco_cpu::Cpu;
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;
 use redco_tpu::{CompiledTrainStep, Pjrt, StepInputs};

@@ -2,8 +2,8 @@
 //! cache, op by op): the same tokens for the committed LLaMA fixture and a batch of two
 //! random-weight prompts, and bad sizes refused.
 
-use redco_core::cpu::Cpu;
 use redco_core::{Backend, DType, Tensor};
+use redco_cpu::Cpu;
 use redco_models::generate::{generate, FixedKvCache, GenerationConfig};
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;

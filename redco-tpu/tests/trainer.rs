@@ -2,13 +2,13 @@
 //! ranks: the same losses and trained weights at 1x1, 1x2 and 2x2, and a run resumed from a
 //! checkpoint that ends where the uninterrupted one does.
 
-use redco_core::cpu::Cpu;
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
-use redco_core::pipeline::{Batch, Deployer, FitReport, OptimizerConfig, TrainConfig, Trainer};
 use redco_core::runtime::{CollectiveKind, Mesh};
 use redco_core::{Backend, DType, MeshAxis, Result, Tensor};
+use redco_cpu::Cpu;
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;
+use redco_pipeline::{Batch, Deployer, FitReport, OptimizerConfig, TrainConfig, Trainer};
 use redco_tpu::{Pjrt, PjrtStepCompiler, Tracer};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -3,8 +3,8 @@
 //! adapter exists.
 
 use redco_core::backend::MatmulSpec;
-use redco_core::cpu::Cpu;
 use redco_core::{Backend, DType, HostData};
+use redco_cpu::Cpu;
 use redco_wgpu::{wgpu, Wgpu};
 use std::time::Instant;
 

@@ -18,11 +18,15 @@
 
 pub use redco_core as core;
 pub use redco_core::*;
-pub use redco_core::{cpu, nn, optim, pipeline, planning, runtime, sharding};
+pub use redco_core::{nn, optim, planning, runtime, sharding};
+/// The CPU backend ([`redco_cpu`]), the embedded default.
+pub use redco_cpu as cpu;
 /// The CUDA backend ([`redco_cuda`]), with the `cuda` feature.
 #[cfg(feature = "cuda")]
 pub use redco_cuda as cuda;
 pub use redco_models as models;
+/// The three-function pipeline ([`redco_pipeline`]): deployer, trainer, predictor, checkpoints.
+pub use redco_pipeline as pipeline;
 pub mod observe;
 pub mod plot;
 /// The wgpu backend ([`redco_wgpu`]), with the `wgpu` feature.
@@ -41,3 +45,13 @@ pub use redco_tpu as tpu;
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeExamples;
+
+/// The user guide's Rust examples (`docs/guide.md`), compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/guide.md")]
+pub struct GuideExamples;
+
+/// The parallelism guide's Rust examples (`docs/parallelism.md`), compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/parallelism.md")]
+pub struct ParallelismExamples;

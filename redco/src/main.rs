@@ -6,9 +6,9 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 /// Large freed buffers are kept and reused instead of being mapped and faulted in again
-/// each training step (see `redco_core::cpu::LargeBlocks`).
+/// each training step (see `redco_cpu::LargeBlocks`).
 #[global_allocator]
-static ALLOC: redco_core::cpu::LargeBlocks = redco_core::cpu::LargeBlocks::new();
+static ALLOC: redco_cpu::LargeBlocks = redco_cpu::LargeBlocks::new();
 
 /// redco: automatic distributed training and inference of large language models.
 #[derive(Parser)]
@@ -65,8 +65,8 @@ fn command() -> clap::Command {
 }
 
 fn main() -> ExitCode {
-    // a program's choice, before any thread starts (see redco_core::cpu::malloc)
-    redco_core::cpu::malloc::tune();
+    // a program's choice, before any thread starts (see redco_cpu::malloc)
+    redco_cpu::malloc::tune();
     let cli = match Cli::from_arg_matches(&command().get_matches()) {
         Ok(c) => c,
         Err(e) => e.exit(),

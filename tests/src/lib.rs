@@ -18,7 +18,7 @@ pub mod reference;
 pub mod strategies;
 pub mod suite;
 
-use redco_core::cpu::Cpu;
+use redco_cpu::Cpu;
 
 /// The CPU backend under test (2 threads, to exercise the parallel paths).
 pub fn cpu() -> Cpu {

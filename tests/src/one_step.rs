@@ -1,12 +1,12 @@
 //! One training step of a small LLaMA, run the same way on any backend, for the device
 //! parity tests (wgpu, CUDA): the logits, then loss, backward and one AdamW update.
 
-use redco_core::cpu::Cpu;
 use redco_core::nn::ModuleExt;
 use redco_core::optim::{AdamW, AdamWConfig};
 use redco_core::planning::trace::plan_from_trace;
 use redco_core::{planning::ShardPlan, runtime::Mesh};
 use redco_core::{Backend, DType, Result, Tensor};
+use redco_cpu::Cpu;
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;
 use std::collections::BTreeMap;

@@ -4,8 +4,8 @@
 //!
 //! Skipped without a wgpu adapter unless `REDCO_REQUIRE_WGPU=1`.
 
-use redco_core::cpu::Cpu;
 use redco_core::runtime::{spmd, Mesh, SpmdOptions};
+use redco_cpu::Cpu;
 use redco_tests::check::assert_close;
 use redco_tests::one_step::{plan, step, worst, TOL};
 use redco_wgpu::Wgpu;

@@ -11,7 +11,7 @@ pub fn describe() -> String {
         })
         .unwrap_or_else(|| std::env::consts::ARCH.to_string());
     let held = if peer_isa_env().is_empty() { "" } else { ", run as AVX2-only (REDCO_ASSUME_NO_AVX512)" };
-    format!("{model}, {} cores, {}{held} ({})", cores(), simd(), redco_core::cpu::kernel_families())
+    format!("{model}, {} cores, {}{held} ({})", cores(), simd(), redco_cpu::kernel_families())
 }
 
 /// Set to anything but empty or `0`, the CPU backend (which reads it too), the benchmarks

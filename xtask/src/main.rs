@@ -38,13 +38,13 @@ mod test;
 use std::process::ExitCode;
 
 /// Large freed buffers are kept and reused instead of being mapped and faulted in again
-/// each training step (see `redco_core::cpu::LargeBlocks`).
+/// each training step (see `redco_cpu::LargeBlocks`).
 #[global_allocator]
-static ALLOC: redco_core::cpu::LargeBlocks = redco_core::cpu::LargeBlocks::new();
+static ALLOC: redco_cpu::LargeBlocks = redco_cpu::LargeBlocks::new();
 
 fn main() -> ExitCode {
-    // a program's choice, before any thread starts (see redco_core::cpu::malloc)
-    redco_core::cpu::malloc::tune();
+    // a program's choice, before any thread starts (see redco_cpu::malloc)
+    redco_cpu::malloc::tune();
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let result = match argv.first().map(String::as_str) {
         Some("test") => test::run(&argv[1..]),

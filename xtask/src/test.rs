@@ -1,11 +1,11 @@
 //! `cargo xtask test`: everything CI checks, in order, stopping at the first failure.
 //!
 //! Tests that need AVX-512F (every test under a module named `avx512`, such as
-//! `cpu::sgemm::tests::sweeps::avx512::*`) are left out on a CPU without it, and named:
+//! `sgemm::tests::sweeps::avx512::*` in redco-cpu) are left out on a CPU without it, and named:
 //! xtask prints a line listing them and why, and nextest prints each as `SKIP`; on a CPU
 //! without AVX2 and FMA, the tests under `avx2` modules are left out too, and the `amx`
-//! ones (the AMX bf16 GEMM's) where `redco_core::cpu::amx_bf16` is false, the `dot` ones (the
-//! AVX512-BF16 GEMM's) where `redco_core::cpu::avx512_bf16` is false. Set
+//! ones (the AMX bf16 GEMM's) where `redco_cpu::amx_bf16` is false, the `dot` ones (the
+//! AVX512-BF16 GEMM's) where `redco_cpu::avx512_bf16` is false. Set
 //! `REDCO_ASSUME_NO_AVX512=1` to do the same on an AVX-512 machine; the variable reaches
 //! the tests, where it also turns the CPU backend's AVX-512 code paths off, so the run
 //! is the one an AVX2-only CPU gets.
@@ -147,11 +147,11 @@ fn skipped_here() -> Option<Skip> {
             modules.push("avx2");
             why.push("this CPU lacks AVX2 and FMA");
         }
-        if !redco_core::cpu::amx_bf16() {
+        if !redco_cpu::amx_bf16() {
             modules.push("amx");
             why.push("the AMX bf16 GEMM does not run here (no AMX-BF16, or turned off)");
         }
-        if !redco_core::cpu::avx512_bf16() {
+        if !redco_cpu::avx512_bf16() {
             modules.push("dot");
             why.push("the AVX512-BF16 GEMM does not run here (no AVX512-BF16)");
         }
@@ -209,8 +209,9 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     if !args.has("no-lint") {
         cargo(&["fmt", "--all", "--check"])?;
         cargo(&["clippy", "--workspace", "--all-targets", "--features", FEATURES, "--", "-D", "warnings"])?;
-        // the core as an embedder takes it: without the pipeline's dependencies
-        cargo(&["clippy", "-p", "redco-core", "--no-default-features", "--all-targets", "--", "-D", "warnings"])?;
+        // the core as an embedder takes it, alone and with the CPU backend: without the
+        // pipeline's dependencies
+        cargo(&["clippy", "-p", "redco-core", "-p", "redco-cpu", "--all-targets", "--", "-D", "warnings"])?;
         cargo_env(&["doc", "--workspace", "--no-deps", "--features", FEATURES], &[("RUSTDOCFLAGS", "-D warnings")])?;
     }
     let nextest = has_nextest();

@@ -1,6 +1,6 @@
 //! Seeded parameter initialisation (counter-based, so identical on every backend).
 
-use crate::ops::random::uniform_at;
+use crate::ops::random::{normal_at, uniform_at};
 use crate::{Backend, DType, HostData, Result, Shape, Tensor};
 
 /// How to fill a new parameter.
@@ -28,13 +28,7 @@ impl Init {
         match self {
             Init::Const(c) => vec![c; n as usize],
             Init::Uniform(a) => (0..n).map(|i| (2.0 * uniform_at(seed, i) - 1.0) * a).collect(),
-            Init::Normal(s) => (0..n)
-                .map(|i| {
-                    let u1 = uniform_at(seed, 2 * i).max(1e-300);
-                    let u2 = uniform_at(seed, 2 * i + 1);
-                    s * (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-                })
-                .collect(),
+            Init::Normal(s) => (0..n).map(|i| normal_at(seed, i, s)).collect(),
         }
     }
 }

@@ -86,24 +86,3 @@ impl<B: Backend> Module<B> for Linear<B> {
         f(p, self)
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::Linear;
-    use crate::cpu::Cpu;
-    use crate::nn::ModuleExt;
-    use crate::DType;
-
-    #[test]
-    fn parameters_are_found_by_name() {
-        let dev = Cpu::new(1);
-        let fc = Linear::new(&dev, 3, 2, true, DType::F32, 0).unwrap();
-        let names: Vec<String> = fc.named_parameters().into_iter().map(|(n, _)| n).collect();
-        assert_eq!(names, ["weight", "bias"]);
-        let w = fc.parameter("weight").unwrap();
-        assert_eq!(w.dims(), [2, 3]);
-        assert_eq!(w.to_vec_f32().unwrap(), fc.weight.to_vec_f32().unwrap());
-        assert_eq!(fc.parameter("bias").unwrap().dims(), [2]);
-        assert!(fc.parameter("weights").is_none());
-    }
-}

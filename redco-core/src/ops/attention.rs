@@ -158,7 +158,7 @@ impl<B: Backend> Tensor<B> {
         let (q, k, v, mask) = attention_layout(self, k, v, mask)?;
         let ls = attention_spec_local(&q, &k, mask.as_ref(), &spec);
         // selective recompute keeps the attention's output rather than running it again
-        let s = crate::ops::recompute::kept("attention", q.local_shape().elem_count(), || {
+        let s = crate::recompute::kept("attention", q.local_shape().elem_count(), || {
             q.backend().attention(q.storage(), k.storage(), v.storage(), mask.as_ref().map(|m| m.storage()), &ls)
         })?;
         if !needs_grad(&[Some(&q), Some(&k), Some(&v)]) {

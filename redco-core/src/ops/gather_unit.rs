@@ -164,17 +164,20 @@ pub fn finish_gather_unit<B: Backend>(
             Ok(vec![Some(Tensor::zeros(&b2, [], DType::F32)?)])
         };
         let l = p.layout;
-        out.push(Tensor::from_op_placed(
-            &b,
-            s,
-            l.shape.clone(),
-            l.local.clone(),
-            placed(l),
-            dtype,
-            UNIT_PARAM,
-            &[&token],
-            backward,
-        ));
+        out.push(
+            Tensor::from_op_placed(
+                &b,
+                s,
+                l.shape.clone(),
+                l.local.clone(),
+                placed(l),
+                dtype,
+                UNIT_PARAM,
+                &[&token],
+                backward,
+            )
+            .with_meta(crate::OpMeta::GatheredParam),
+        );
     }
     Ok(out)
 }

@@ -157,26 +157,3 @@ impl<B: Backend> Tensor<B> {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use crate::cpu::Cpu;
-    use crate::Tensor;
-    use std::sync::Arc;
-
-    #[test]
-    fn write_rows_on_the_cpu_writes_the_buffer_itself_when_nothing_else_holds_it() {
-        let b = Cpu::new(1);
-        let mut t = Tensor::from_vec(&b, vec![0f32; 12], [4, 3]).unwrap();
-        let src = Tensor::from_vec(&b, vec![1f32, 2., 3.], [1, 3]).unwrap();
-        let at = Arc::as_ptr(&t.storage().0);
-        t.write_rows(&[2], &src).unwrap();
-        assert_eq!(Arc::as_ptr(&t.storage().0), at, "written in place");
-        // shared: written on a copy, the other holder unchanged
-        let other = t.clone();
-        t.write_rows(&[0], &src).unwrap();
-        assert_ne!(Arc::as_ptr(&t.storage().0), at);
-        assert_eq!(other.to_vec_f64().unwrap()[..3], [0.0, 0.0, 0.0]);
-        assert_eq!(t.to_vec_f64().unwrap()[..9], [1.0, 2.0, 3.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0]);
-    }
-}

@@ -94,7 +94,7 @@ impl<B: Backend> Tensor<B> {
         };
         // selective recompute keeps a matmul's output rather than running it again
         let n = spec.batch * spec.m * spec.n;
-        let s = crate::ops::recompute::kept("matmul", n, || a.backend().matmul(a.storage(), b.storage(), &spec))?;
+        let s = crate::recompute::kept("matmul", n, || a.backend().matmul(a.storage(), b.storage(), &spec))?;
         let lbs: Vec<usize> =
             if a_batched { la.dims()[..la.rank() - 2].to_vec() } else { lb.dims()[..lb.rank() - 2].to_vec() };
         let local: Vec<usize> = lbs.into_iter().chain([lm, ln]).collect();

@@ -13,7 +13,6 @@ pub mod matmul;
 pub mod norm;
 pub mod paged_attention;
 pub mod random;
-pub mod recompute;
 pub mod reduce;
 pub mod rotary;
 pub mod softmax;

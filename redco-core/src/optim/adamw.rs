@@ -2,7 +2,7 @@
 //! data-parallel axis (reduce-scatter the gradient, update this rank's slice, all-gather
 //! the parameter), which gives the same numbers as the replicated update.
 
-use super::{grad_of, local_view, StateTensor};
+use super::{grad_of, local_view};
 use crate::nn::Module;
 use crate::ops::adamw::{AdamItem, AdamMasterItem, AdamStep};
 use crate::runtime::Comm;
@@ -303,15 +303,15 @@ impl<B: Backend> super::Optimizer<B> for AdamW<B> {
     fn steps(&self) -> u64 {
         self.step
     }
-    fn state_tensors(&self) -> Result<Vec<(String, StateTensor<B>)>> {
+    fn state_tensors(&self) -> Result<Vec<(String, Tensor<B>)>> {
         let mut v = Vec::new();
         for (n, (m, s)) in &self.state {
-            v.push((format!("adam_m/{n}"), StateTensor::Device(m.clone())));
-            v.push((format!("adam_v/{n}"), StateTensor::Device(s.clone())));
+            v.push((format!("adam_m/{n}"), m.clone()));
+            v.push((format!("adam_v/{n}"), s.clone()));
         }
         Ok(v)
     }
-    fn load_state(&mut self, steps: u64, mut state: BTreeMap<String, StateTensor<B>>) -> Result<()> {
+    fn load_state(&mut self, steps: u64, mut state: BTreeMap<String, Tensor<B>>) -> Result<()> {
         let names: Vec<String> = state.keys().filter_map(|k| k.strip_prefix("adam_m/").map(str::to_string)).collect();
         let mut out = BTreeMap::new();
         for n in names {
@@ -322,7 +322,7 @@ impl<B: Backend> super::Optimizer<B> for AdamW<B> {
                 name: n.clone(),
                 msg: "adam_v missing from the checkpoint".into(),
             })?;
-            out.insert(n, (m.into_device(&mk)?, v.into_device(&vk)?));
+            out.insert(n, (m, v));
         }
         self.set_state(steps, out);
         Ok(())

@@ -4,19 +4,14 @@
 
 mod adamw;
 mod clip;
-mod offload;
 mod schedule;
 mod sgd;
-mod state_tensor;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use clip::{clip_factor, clip_grad_norm, global_grad_norm, scale_to_norm};
-pub use offload::Offloaded;
 pub use schedule::{Decay, Schedule};
 pub use sgd::Sgd;
-pub use state_tensor::StateTensor;
 
-use crate::cpu::Cpu;
 use crate::nn::Module;
 use crate::{Backend, GradStore, Result, Tensor};
 use std::collections::BTreeMap;
@@ -35,11 +30,10 @@ pub trait Optimizer<B: Backend>: Send {
     fn update(&mut self, model: &mut dyn Module<B>, grads: &GradStore<B>) -> Result<()>;
     /// Updates done so far.
     fn steps(&self) -> u64;
-    /// The state tensors (this rank's local ones), named `kind/parameter`, where they live.
-    fn state_tensors(&self) -> Result<Vec<(String, StateTensor<B>)>>;
-    /// Restores the update count and the state saved by [`Optimizer::state_tensors`]
-    /// (placed where [`Optimizer::host`] says: [`StateTensor::placed`]).
-    fn load_state(&mut self, steps: u64, state: BTreeMap<String, StateTensor<B>>) -> Result<()>;
+    /// The state tensors (this rank's local ones), named `kind/parameter`.
+    fn state_tensors(&self) -> Result<Vec<(String, Tensor<B>)>>;
+    /// Restores the update count and the state saved by [`Optimizer::state_tensors`].
+    fn load_state(&mut self, steps: u64, state: BTreeMap<String, Tensor<B>>) -> Result<()>;
     /// The mixed-precision update in one pass, where the optimizer offers it: every
     /// parameter of `masters` (f32) with a gradient in `grads` (any float dtype) is
     /// updated with its gradient multiplied by `grad_scale` (the loss scale's inverse and
@@ -57,22 +51,6 @@ pub trait Optimizer<B: Backend>: Send {
         let _ = (masters, grads, grad_scale, dtype);
         Ok(None)
     }
-    /// The host backend an offloaded optimizer keeps its state on; `None` (the default):
-    /// the state lives with the parameters on their backend.
-    fn host(&self) -> Option<&Cpu> {
-        None
-    }
-    /// The f32 masters an offloaded optimizer keeps in host memory, by parameter name:
-    /// where it has one, it is the parameter's master (checkpoints and exports read it) and
-    /// the tensor it updates on `B` is only the compute copy. `None` (the default): the
-    /// parameters it updates are the masters.
-    fn host_masters(&self) -> Option<&BTreeMap<String, Tensor<Cpu>>> {
-        None
-    }
-    /// [`Optimizer::host_masters`], to seed or restore them.
-    fn host_masters_mut(&mut self) -> Option<&mut BTreeMap<String, Tensor<Cpu>>> {
-        None
-    }
 }
 
 /// A rank-local view of a tensor's storage (replicated, no history), for elementwise
@@ -84,7 +62,7 @@ pub(crate) fn local_view<B: Backend>(t: &Tensor<B>) -> Tensor<B> {
 /// Runs `f(name, param)` for every parameter of `model` without recording gradients and,
 /// where it returns new local storage, replaces the parameter by a fresh variable with the
 /// same layout. Stops at the first error.
-pub(crate) fn update_each<B: Backend, M: Module<B> + ?Sized>(
+pub fn update_each<B: Backend, M: Module<B> + ?Sized>(
     model: &mut M,
     mut f: impl FnMut(&str, &Tensor<B>) -> Result<Option<B::Storage>>,
 ) -> Result<()> {

@@ -1,6 +1,6 @@
 //! SGD with momentum (and optional decoupled weight decay).
 
-use super::{grad_of, local_view, StateTensor};
+use super::{grad_of, local_view};
 use crate::nn::Module;
 use crate::{Backend, GradStore, Result, Tensor};
 use std::collections::BTreeMap;
@@ -53,14 +53,14 @@ impl<B: Backend> super::Optimizer<B> for Sgd<B> {
     fn steps(&self) -> u64 {
         self.steps
     }
-    fn state_tensors(&self) -> Result<Vec<(String, StateTensor<B>)>> {
-        Ok(self.velocity.iter().map(|(n, v)| (format!("velocity/{n}"), StateTensor::Device(v.clone()))).collect())
+    fn state_tensors(&self) -> Result<Vec<(String, Tensor<B>)>> {
+        Ok(self.velocity.iter().map(|(n, v)| (format!("velocity/{n}"), v.clone())).collect())
     }
-    fn load_state(&mut self, steps: u64, state: BTreeMap<String, StateTensor<B>>) -> Result<()> {
+    fn load_state(&mut self, steps: u64, state: BTreeMap<String, Tensor<B>>) -> Result<()> {
         let mut velocity = BTreeMap::new();
         for (k, v) in state {
             if let Some(n) = k.strip_prefix("velocity/") {
-                velocity.insert(n.to_string(), v.into_device(&k)?);
+                velocity.insert(n.to_string(), v);
             }
         }
         self.steps = steps;

@@ -103,7 +103,7 @@ impl<B: Backend> Tensor<B> {
         let b = self.backend();
         // selective recompute keeps a redistribution's result rather than moving it again
         let expect = local_shape(self.shape(), target, [c.mesh().dp, c.mesh().mp])?;
-        let (s, local) = crate::ops::recompute::kept("redistribute", expect.elem_count(), || {
+        let (s, local) = crate::recompute::kept("redistribute", expect.elem_count(), || {
             let mut x = Local { s: self.storage().clone(), local: self.local_shape().clone(), p: self.placements() };
             for axis in AXES {
                 x = step(b, &c, x, axis, target.get(axis))?;

@@ -144,7 +144,7 @@ mod tests {
     use crate::generate::KvCache;
     use crate::hf::config::HfConfig;
     use crate::llama::Llama;
-    use redco_core::cpu::Cpu;
+    use redco_cpu::Cpu;
 
     /// Prompt then two single tokens through a fixed cache of 12 positions give the logits
     /// of the growing cache, on the CPU backend; padding masks narrow what is seen.

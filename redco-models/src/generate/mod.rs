@@ -411,8 +411,8 @@ pub fn generate_beam<B: Backend, M: CausalLm<B> + Sync + ?Sized>(
 mod tests {
     use super::*;
     use crate::llama::Llama;
-    use redco_core::cpu::Cpu;
     use redco_core::DType;
+    use redco_cpu::Cpu;
 
     fn tiny_llama(b: &Cpu, eos: &[i64], pad: Option<i64>) -> Llama<Cpu> {
         let json = r#"{"model_type":"llama","hidden_size":16,"intermediate_size":32,"num_hidden_layers":1,

@@ -181,8 +181,8 @@ pub fn import(file: &Path, out: &Path, dequant: DType) -> Result<()> {
         tensors.push((name, data, dims));
     }
     std::fs::create_dir_all(out).map_err(|e| err(format!("{}: {e}", out.display())))?;
-    let write = |f: &str, bytes: &[u8]| redco_core::pipeline::checkpoint::write_atomic(&out.join(f), bytes);
-    let st = redco_core::pipeline::checkpoint::safetensors_bytes(&tensors, Default::default())?;
+    let write = |f: &str, bytes: &[u8]| redco_pipeline::checkpoint::write_atomic(&out.join(f), bytes);
+    let st = redco_pipeline::checkpoint::safetensors_bytes(&tensors, Default::default())?;
     write("model.safetensors", &st)?;
     write("config.json", serde_json::to_string_pretty(&config).unwrap_or_default().as_bytes())?;
     let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();

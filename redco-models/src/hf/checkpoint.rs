@@ -201,7 +201,7 @@ const CHUNK: usize = 1 << 16;
 /// A fresh buffer for `total` values, advised for huge pages.
 fn fresh<T>(total: usize) -> Vec<T> {
     let v: Vec<T> = Vec::with_capacity(total);
-    redco_core::cpu::malloc::advise_huge_pages(v.as_ptr() as *const u8, total * std::mem::size_of::<T>());
+    redco_cpu::malloc::advise_huge_pages(v.as_ptr() as *const u8, total * std::mem::size_of::<T>());
     v
 }
 

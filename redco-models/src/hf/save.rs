@@ -6,9 +6,9 @@
 
 use super::config::HfConfig;
 use redco_core::nn::{Module, ModuleExt};
-use redco_core::pipeline::checkpoint::{safetensors_bytes, write_atomic};
 use redco_core::runtime::current_comm;
 use redco_core::{Backend, Error, Result};
+use redco_pipeline::checkpoint::{safetensors_bytes, write_atomic};
 use std::collections::BTreeMap;
 use std::path::Path;
 

@@ -10,8 +10,8 @@
 //!   spells them out, and the data check ([`check_ids`]) then refuses that text by name.
 
 use super::tokenizer::Tokenizer;
-use redco_core::pipeline::token_ids::first_out_of_range;
 use redco_core::{Error, Result};
+use redco_pipeline::token_ids::first_out_of_range;
 
 /// How a tokenizer fits a model's embedding of `vocab_size` rows: `Ok(None)` when every id
 /// it has is a row, `Ok(Some(warning))` when only added tokens that no ordinary encoding

@@ -10,8 +10,8 @@ use crate::hf::config::HfConfig;
 use crate::params::{ParamSource, RandomInit};
 use redco_core::backend::CmpOp;
 use redco_core::nn::{self, join, Activation, Embedding, Linear, Module, RmsNorm};
-use redco_core::ops::recompute::Recompute;
 use redco_core::planning::ShardPlan;
+use redco_core::recompute::Recompute;
 use redco_core::{Backend, DType, Error, Result, Tensor};
 use std::path::Path;
 
@@ -280,7 +280,7 @@ impl<B: Backend> T5<B> {
     /// Checks that `cfg` describes a T5 this implementation runs.
     pub fn check_config(cfg: &HfConfig) -> Result<()> {
         if cfg.model_type != "t5" {
-            return Err(Error::invalid("t5", format!("config has model_type `{}`, not t5", cfg.model_type)));
+            return Err(Error::config("t5", format!("config has model_type `{}`, not t5", cfg.model_type)));
         }
         ff_kind(cfg).map(|_| ())
     }

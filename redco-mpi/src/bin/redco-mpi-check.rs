@@ -5,9 +5,9 @@
 //! bus bandwidth of a large all-reduce. `--stall-rank R --timeout S` makes rank R stop
 //! before a barrier (alive, heartbeat running) to show the watchdog naming it.
 
-use redco_core::cpu::Cpu;
 use redco_core::runtime::{spmd_with, Mesh, ReduceKind, SpmdOptions};
 use redco_core::{Backend, Error, HostData, MeshAxis, Result};
+use redco_cpu::Cpu;
 use redco_mpi::check::battery;
 use redco_mpi::Mpi;
 use std::path::PathBuf;

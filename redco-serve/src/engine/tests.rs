@@ -2,7 +2,7 @@
 //! prompt log-probabilities and constrained decoding, on a small random LLaMA.
 
 use super::*;
-use redco_core::cpu::Cpu;
+use redco_cpu::Cpu;
 use redco_models::generate::{generate, GenerationConfig};
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;

@@ -148,7 +148,7 @@ impl<B: Backend> PagedKv<B> {
 mod tests {
     use super::*;
     use crate::kv::BlockPool;
-    use redco_core::cpu::Cpu;
+    use redco_cpu::Cpu;
 
     fn random(b: &Cpu, shape: [usize; 4], seed: u64) -> Tensor<Cpu> {
         Tensor::randn(b, shape, DType::F32, seed).unwrap()

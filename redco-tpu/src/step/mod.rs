@@ -26,7 +26,6 @@ use crate::hlo::Et;
 use crate::proto::CompileOptions;
 use crate::storage::PjrtStorage;
 use crate::trace::{Input, TVal, Tracer};
-use redco_core::cpu::Cpu;
 use redco_core::nn::{Module, ModuleExt};
 use redco_core::optim::AdamWConfig;
 use redco_core::placement::local_shape;
@@ -35,6 +34,7 @@ use redco_core::{
     runtime::{Comm, CommGuard, CommStats, Mesh, ReduceKind},
 };
 use redco_core::{DType, HostData, MeshAxis, Placement, Placements, Result, Shape, Tensor};
+use redco_cpu::Cpu;
 use std::sync::Arc;
 
 mod run;

@@ -5,8 +5,8 @@ use super::{Binding, CompiledTrainStep, HEAD};
 use crate::api::pjrt_error;
 use crate::eager::Pjrt;
 use crate::storage::PjrtStorage;
-use redco_core::pipeline::compiled::{StepInputs, StepReport};
 use redco_core::{DType, HostData, MeshAxis, Result, Shape, Tensor};
+use redco_pipeline::compiled::{StepInputs, StepReport};
 use std::sync::Arc;
 
 impl CompiledTrainStep {

@@ -7,12 +7,12 @@
 //! [`CliBackend`] trait's.
 
 use crate::cmd::launch;
-use redco_core::cpu::Cpu;
-use redco_core::pipeline::{Deployer, Trainer};
-use redco_core::runtime::{spmd_with, CommFactory, Mesh, SpmdOptions};
+use redco_core::runtime::{spmd_with, Comm, CommFactory, Mesh, SpmdOptions};
 use redco_core::{Backend, Result};
+use redco_cpu::Cpu;
 use redco_models::auto::AutoModel;
 use redco_models::hf::config::HfConfig;
+use redco_pipeline::{Deployer, Trainer};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -156,13 +156,19 @@ impl<B: CliBackend> Devices<B> {
     /// process's first rank's result: on this thread, without a communicator, for one
     /// device; as an SPMD run otherwise (a thread per rank, or this process's rank under a
     /// launcher, connected as the launcher says).
-    pub fn on_mesh<R: Send>(&self, mesh: Mesh, threads: usize, f: impl Fn(&B) -> Result<R> + Sync) -> Result<R> {
+    pub fn on_mesh<R: Send>(
+        &self,
+        mesh: Mesh,
+        threads: usize,
+        f: impl Fn(&B, Option<&Comm<B>>) -> Result<R> + Sync,
+    ) -> Result<R> {
         if mesh.size() == 1 && !launch::is_multi_process() {
-            return f(&(self.make)(0, threads)?);
+            return f(&(self.make)(0, threads)?, None);
         }
         let opts = SpmdOptions { threads_per_rank: Some(threads), ..SpmdOptions::default() };
         let factory = launch::factory::<B>();
-        spmd_with(&*factory, mesh, &opts, |r, t| (self.make)(r, t), |rk| f(&rk.backend)).map(|mut v| v.swap_remove(0))
+        spmd_with(&*factory, mesh, &opts, |r, t| (self.make)(r, t), |rk| f(&rk.backend, Some(&rk.comm)))
+            .map(|mut v| v.swap_remove(0))
     }
 }
 

@@ -14,21 +14,20 @@
 
 use super::check;
 use clap::Args;
-use redco_core::cpu::Cpu;
 use redco_core::nn::ModuleExt;
 use redco_core::optim::Sgd;
-use redco_core::pipeline::checkpoint::{Checkpointer, Manifest};
 use redco_core::planning::trace::plan_from_trace;
-use redco_core::{
-    cpu::spmd_cpu,
-    runtime::{Mesh, SpmdOptions},
-};
+use redco_core::runtime::{Mesh, SpmdOptions};
 use redco_core::{DType, Error, Result, Shape, Tensor};
+use redco_cpu::spmd_cpu;
+use redco_cpu::Cpu;
 use redco_models::auto::AutoModel;
 use redco_models::hf::checkpoint::Checkpoint;
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::save::{save_pretrained, DEFAULT_SHARD_BYTES};
 use redco_models::t5::T5;
+use redco_pipeline::checkpoint::{Checkpointer, Manifest};
+use redco_pipeline::optimizer::OnDevice;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -92,7 +91,7 @@ fn to_redco(a: &ConvertArgs) -> Result<PathBuf> {
     let ckpt = Checkpointer::new(&a.out, 0);
     let opts = SpmdOptions { threads_per_rank: Some(1), ..SpmdOptions::default() };
     let dirs = spmd_cpu(mesh, &opts, |rk| {
-        let opt = Sgd::<Cpu>::new(0.0, 0.0, 0.0);
+        let opt = OnDevice::<Cpu>(Box::new(Sgd::new(0.0, 0.0, 0.0)));
         if t5 {
             ckpt.save(Some(&rk.comm), 0, &T5::from_pretrained(&rk.backend, &a.input, dtype, Some(&plan))?, &opt)
         } else {

@@ -6,14 +6,14 @@ use super::backends::{self, CliBackend, Devices, OnBackend};
 use super::{check, cores, model_config};
 use clap::Args;
 use redco_core::nn::ModuleExt;
-use redco_core::pipeline::checkpoint::{safetensors_bytes, write_atomic};
-use redco_core::runtime::current_comm;
+use redco_core::runtime::Comm;
 use redco_core::{Backend, DType, HostData, Result, Tensor};
 use redco_models::auto::AutoModel;
 use redco_models::generate::{generate, BeamConfig, CausalLm, GenerationConfig};
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::safetensors::{read_all, HostTensor};
 use redco_models::t5::T5;
+use redco_pipeline::checkpoint::{safetensors_bytes, write_atomic};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -52,10 +52,16 @@ pub struct EvalDumpArgs {
 
 type Named = Vec<(String, HostData, Vec<usize>)>;
 
-fn dump<B: Backend>(b: &B, a: &EvalDumpArgs, inputs: &BTreeMap<String, HostTensor>, dtype: DType) -> Result<Named> {
+fn dump<B: Backend>(
+    b: &B,
+    comm: Option<&Comm<B>>,
+    a: &EvalDumpArgs,
+    inputs: &BTreeMap<String, HostTensor>,
+    dtype: DType,
+) -> Result<Named> {
     let cfg = HfConfig::from_dir(&a.model)?;
     check_inputs(a, inputs, &cfg).map_err(|e| redco_core::Error::invalid("eval-dump", e))?;
-    let plan = model_config::plan(&cfg, current_comm::<B>().map_or(redco_core::runtime::Mesh::single(), |c| c.mesh()))
+    let plan = model_config::plan(&cfg, comm.map_or(redco_core::runtime::Mesh::single(), |c| c.mesh()))
         .map_err(|e| redco_core::Error::invalid("eval-dump", e))?;
     let get = |k: &str| -> Result<Option<Tensor<B>>> {
         inputs.get(k).map(|t| Tensor::from_host(b, &t.data, t.shape.clone())).transpose()
@@ -209,7 +215,7 @@ struct OnMesh<'a> {
 impl OnBackend for OnMesh<'_> {
     type Out = Named;
     fn run<B: CliBackend>(self, d: Devices<B>) -> redco_core::Result<Self::Out> {
-        d.on_mesh(self.mesh, self.threads, |b| dump(b, self.a, self.inputs, self.dtype))
+        d.on_mesh(self.mesh, self.threads, |b, comm| dump(b, comm, self.a, self.inputs, self.dtype))
     }
 }
 

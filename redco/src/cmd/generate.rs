@@ -5,7 +5,7 @@
 use super::backends::{self, BackendKind, CliBackend, Devices, OnBackend};
 use super::{check, cores, fits, model_config};
 use clap::Args;
-use redco_core::runtime::current_comm;
+use redco_core::runtime::Comm;
 use redco_core::{Backend, Error, Result, Tensor};
 use redco_models::auto::AutoModel;
 use redco_models::generate::{generate_beam, generate_with, BeamConfig, GenerationConfig, Sampling};
@@ -97,13 +97,13 @@ fn new_tokens(cfg: &HfConfig, given: Option<usize>, prompt: usize, speak: bool) 
 /// New tokens per prompt when neither `--max-new-tokens` nor the model's context says less.
 const DEFAULT_NEW_TOKENS: usize = 32;
 
-fn run_rank<B: Backend>(b: &B, a: &GenerateArgs, prompts: &[String]) -> Result<Vec<String>> {
+fn run_rank<B: Backend>(b: &B, comm: Option<&Comm<B>>, a: &GenerateArgs, prompts: &[String]) -> Result<Vec<String>> {
     let cfg = HfConfig::from_dir(&a.model)?;
-    let mesh = current_comm::<B>().map_or(redco_core::runtime::Mesh::single(), |c| c.mesh());
+    let mesh = comm.map_or(redco_core::runtime::Mesh::single(), |c| c.mesh());
     let plan = model_config::plan(&cfg, mesh).map_err(|e| Error::invalid("generate", e))?;
     let dtype = check::dtype(&a.dtype).map_err(|e| Error::invalid("generate", e))?;
     let tok = Tokenizer::from_dir(&a.model)?;
-    let speak = current_comm::<B>().is_none_or(|c| c.rank() == 0);
+    let speak = comm.is_none_or(|c| c.rank() == 0);
     if let Some(w) = vocab::check_tokenizer(&tok, cfg.vocab)? {
         if speak {
             crate::cmd::out::warn(format_args!("redco: warning: {w}"));
@@ -202,7 +202,7 @@ struct OnMesh<'a> {
 impl OnBackend for OnMesh<'_> {
     type Out = Vec<String>;
     fn run<B: CliBackend>(self, d: Devices<B>) -> Result<Vec<String>> {
-        d.on_mesh(self.mesh, self.threads, |b| run_rank(b, self.a, self.prompts))
+        d.on_mesh(self.mesh, self.threads, |b, comm| run_rank(b, comm, self.a, self.prompts))
     }
 }
 

@@ -50,7 +50,7 @@ pub fn run(a: InfoArgs) -> Result<(), String> {
             "transports": transports(),
             "world": {"rank": w.rank, "size": w.size, "local_rank": w.local_rank, "local_size": w.local_size,
                       "host": w.host, "launcher": format!("{:?}", w.launcher)},
-            "cpu": {"threads": threads, "kernels": redco_core::cpu::kernel_families().to_string()},
+            "cpu": {"threads": threads, "kernels": redco_cpu::kernel_families().to_string()},
         });
         crate::outln!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
         return Ok(());
@@ -68,7 +68,7 @@ pub fn run(a: InfoArgs) -> Result<(), String> {
     );
     let w = super::launch::world();
     crate::outln!("world: {w}");
-    crate::outln!("cpu: {threads} threads, kernels: {}", redco_core::cpu::kernel_families());
+    crate::outln!("cpu: {threads} threads, kernels: {}", redco_cpu::kernel_families());
     #[cfg(feature = "wgpu")]
     wgpu_adapters();
     #[cfg(feature = "tpu")]

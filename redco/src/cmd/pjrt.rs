@@ -65,9 +65,9 @@ pub fn describe() {
 /// run must go op by op (said on the leader's output either way).
 impl super::backends::CliBackend for Pjrt {
     fn with_lm_step(
-        trainer: redco_core::pipeline::Trainer<redco_models::auto::AutoModel<Pjrt>, Vec<i64>, Pjrt>,
+        trainer: redco_pipeline::Trainer<redco_models::auto::AutoModel<Pjrt>, Vec<i64>, Pjrt>,
         step: &super::backends::LmStep,
-    ) -> redco_core::pipeline::Trainer<redco_models::auto::AutoModel<Pjrt>, Vec<i64>, Pjrt> {
+    ) -> redco_pipeline::Trainer<redco_models::auto::AutoModel<Pjrt>, Vec<i64>, Pjrt> {
         use redco_models::auto::AutoModel;
         use redco_tpu::Tracer;
         if let Some(why) = &step.blocked {
@@ -83,9 +83,7 @@ impl super::backends::CliBackend for Pjrt {
         let compiler = redco_tpu::PjrtStepCompiler::new(
             move |t: &Tracer| AutoModel::new(t, &cfg, redco_core::DType::F32, seed),
             // the next-token loss: the model shifts the labels internally
-            |m: &AutoModel<Tracer>, b: &redco_core::pipeline::Batch<Tracer>| {
-                m.loss(&b["input_ids"], None, &b["input_ids"])
-            },
+            |m: &AutoModel<Tracer>, b: &redco_pipeline::Batch<Tracer>| m.loss(&b["input_ids"], None, &b["input_ids"]),
             step.timeout,
         );
         trainer.with_compiled_step(std::sync::Arc::new(compiler))

@@ -2,7 +2,7 @@
 //! continuous-batching engine and paged KV cache of `redco-serve`.
 
 use crate::cmd::{backends, check, cores, launch, model_config};
-use redco_core::runtime::current_comm;
+use redco_core::runtime::Comm;
 use redco_core::{Backend, Error};
 use redco_models::auto::AutoModel;
 use redco_models::generate::GenerationConfig;
@@ -169,13 +169,13 @@ fn end_tokens(cfg: &HfConfig, tok: &Tokenizer) -> Vec<i64> {
 impl backends::OnBackend for OnMesh<'_> {
     type Out = ();
     fn run<B: backends::CliBackend>(self, d: backends::Devices<B>) -> redco_core::Result<()> {
-        let rank = |b: &B| -> redco_core::Result<()> {
+        let rank = |b: &B, comm: Option<&Comm<B>>| -> redco_core::Result<()> {
             let model = AutoModel::from_pretrained(b, &self.a.model, self.dtype, self.plan)?;
             let mut engine = Engine::split(b, model, self.engine, self.kv_dtype, self.mesh.mp)?;
             if let Ok(g) = self.guides {
                 engine = engine.with_guides(g.clone());
             }
-            let sync = current_comm::<B>().map(|c| Lockstep::new(b, c)).transpose()?;
+            let sync = comm.map(|c| Lockstep::new(b, c.clone())).transpose()?;
             match &sync {
                 Some(s) if s.rank() != 0 => {
                     if launch::is_multi_process() {

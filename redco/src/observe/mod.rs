@@ -26,7 +26,7 @@ mod tensorboard;
 
 pub use plot::LossPlot;
 pub use progress::ProgressBar;
-pub use redco_core::pipeline::observe::TrainObserver;
+pub use redco_pipeline::observe::TrainObserver;
 pub use tensorboard::{masked_crc32c, tfrecord, EventWriter, TensorBoard, FILE_VERSION};
 
 use std::io::IsTerminal;

@@ -1,8 +1,8 @@
 //! The loss plot, drawn when a run ends.
 
-use redco_core::pipeline::metrics::StepMetrics;
-use redco_core::pipeline::observe::TrainObserver;
 use redco_core::Result;
+use redco_pipeline::metrics::StepMetrics;
+use redco_pipeline::observe::TrainObserver;
 use std::path::{Path, PathBuf};
 
 /// The [`TrainObserver`] that draws the whole training curve (across resumed runs) to

@@ -1,8 +1,8 @@
 //! A progress bar for terminals (indicatif).
 
-use redco_core::pipeline::metrics::StepMetrics;
-use redco_core::pipeline::observe::TrainObserver;
 use redco_core::Result;
+use redco_pipeline::metrics::StepMetrics;
+use redco_pipeline::observe::TrainObserver;
 use std::path::Path;
 
 /// The [`TrainObserver`] that draws a progress bar on stderr: steps done of the total, the

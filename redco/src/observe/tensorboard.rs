@@ -1,9 +1,9 @@
 //! TensorBoard scalars: an event file of `Event` protobufs in TFRecord framing, written
 //! without TensorFlow (the few messages are derived here, the framing is 30 lines).
 
-use redco_core::pipeline::metrics::StepMetrics;
-use redco_core::pipeline::observe::TrainObserver;
 use redco_core::{Error, Result};
+use redco_pipeline::metrics::StepMetrics;
+use redco_pipeline::observe::TrainObserver;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! TensorBoard's own reader where Python has it.
 
 use super::{TensorBoard, TrainObserver, FILE_VERSION};
-use redco_core::pipeline::metrics::StepMetrics;
+use redco_pipeline::metrics::StepMetrics;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

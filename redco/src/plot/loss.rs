@@ -6,8 +6,8 @@ use plotters::chart::SeriesLabelPosition;
 use plotters::coord::Shift;
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;
-use redco_core::pipeline::metrics::StepMetrics;
 use redco_core::Result;
+use redco_pipeline::metrics::StepMetrics;
 use std::path::Path;
 
 /// Width and height of [`loss_plot`]'s image.

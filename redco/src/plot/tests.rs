@@ -1,7 +1,7 @@
 use super::style::{self, BLUE, ORANGE};
 use super::*;
 use plotters::style::RGBColor;
-use redco_core::pipeline::metrics::StepMetrics;
+use redco_pipeline::metrics::StepMetrics;
 use std::path::PathBuf;
 
 fn tmp(name: &str) -> PathBuf {

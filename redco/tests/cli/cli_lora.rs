@@ -6,8 +6,8 @@
 //! `PeftModel` over the base gives the same logits.
 
 use crate::common::{fixture_named, redco, s};
-use redco_core::cpu::Cpu;
 use redco_core::{DType, Tensor};
+use redco_cpu::Cpu;
 use redco_models::auto::AutoModel;
 use redco_models::hf::safetensors::read_all;
 use std::path::{Path, PathBuf};

@@ -606,7 +606,7 @@ fn serve_survives_more_bad_requests_slow_clients_and_a_burst_of_a_thousand() {
         assert!(v["error"]["message"].as_str().unwrap().contains(param.split('.').next().unwrap()), "{v}");
         alive(a);
     }
-    // `user` is accepted and ignored (README: the fields accepted and ignored)
+    // `user` is accepted and ignored (docs/serving.md: the fields accepted and ignored)
     let (st, r) = post(a, "/v1/completions", &json!({"prompt": "x", "max_tokens": 2, "user": "u-17", "best_of": 1}));
     assert_eq!(st, 200, "{r}");
     // neutral values of the refused fields are accepted

@@ -70,7 +70,7 @@ fn byte_model(name: &str) -> std::path::PathBuf {
     let vocab = redco_models::hf::tokenizer::Tokenizer::from_dir(&dir).unwrap().vocab_size();
     let raw = redco_models::presets::config("llama-tiny", vocab).unwrap();
     let cfg = redco_models::hf::config::HfConfig::from_json(&raw.to_string()).unwrap();
-    let b = redco_core::cpu::Cpu::new(1);
+    let b = redco_cpu::Cpu::new(1);
     let m = redco_models::llama::Llama::new(&b, &cfg, redco_core::DType::F32, 3).unwrap();
     redco_models::hf::save::save_pretrained(&m, &cfg, &dir, 1 << 30).unwrap();
     let template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:";

@@ -7,11 +7,11 @@
 //! xtask fuzz` runs 100,000 per target).
 
 use proptest::prelude::*;
-use redco_core::pipeline::checkpoint::Manifest;
-use redco_core::pipeline::data::{Dataset, JsonlDataset};
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::safetensors::{files, read_all};
 use redco_models::hf::tokenizer::Tokenizer;
+use redco_pipeline::checkpoint::Manifest;
+use redco_pipeline::data::{Dataset, JsonlDataset};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 

@@ -1,15 +1,15 @@
 //! The rules on GPT-J-, OPT- and T5-shaped models: Megatron's split found from the
 //! dataflow (also with opaque names), and the split run equal to the single-device run.
 
-use redco_core::cpu::Cpu;
 use redco_core::nn::{Module, ModuleExt};
 use redco_core::planning::trace::plan_from_trace;
 use redco_core::{
-    cpu::spmd_cpu,
     planning::ShardPlan,
     runtime::{Mesh, SpmdOptions},
 };
 use redco_core::{Placement, Result, Tensor};
+use redco_cpu::spmd_cpu;
+use redco_cpu::Cpu;
 use redco_tests::blocks::{GptJ, Opt, T5};
 use redco_tests::check::assert_close;
 use std::collections::BTreeMap;

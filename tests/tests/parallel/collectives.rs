@@ -1,10 +1,8 @@
 //! The in-process collective over a mesh: values, ordering, counts and failures.
 
-use redco_core::{
-    cpu::spmd_cpu,
-    runtime::{CollectiveKind, Mesh, ReduceKind, SpmdOptions},
-};
+use redco_core::runtime::{CollectiveKind, Mesh, ReduceKind, SpmdOptions};
 use redco_core::{Backend, DType, Error, HostData, MeshAxis, Tensor};
+use redco_cpu::spmd_cpu;
 use std::time::{Duration, Instant};
 
 fn opts(timeout_ms: u64) -> SpmdOptions {

@@ -2,15 +2,15 @@
 //! (parameter names hidden from the planner): the same loss and gradients at 1x2 and 1x4 as
 //! on one device, Megatron's placements and Megatron's communication count.
 
-use redco_core::cpu::Cpu;
 use redco_core::nn::{Module, ModuleExt};
 use redco_core::planning::trace::plan_from_trace;
 use redco_core::{
-    cpu::spmd_cpu,
     planning::ShardPlan,
     runtime::{current_comm, CollectiveKind, CommStats, Mesh, SpmdOptions},
 };
 use redco_core::{DType, MeshAxis, Placement, Recompute, Result, Tensor};
+use redco_cpu::spmd_cpu;
+use redco_cpu::Cpu;
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;
 use redco_tests::check::assert_close;

@@ -1,12 +1,12 @@
 //! The two rules: placements read off the traced dataflow equal Megatron's split, equal the
 //! name heuristics, and do not depend on the parameter names.
 
-use redco_core::cpu::Cpu;
 use redco_core::nn::ModuleExt;
 use redco_core::planning::heuristics::plan_by_names;
 use redco_core::planning::trace::plan_from_trace;
 use redco_core::{planning::ShardPlan, runtime::Mesh};
 use redco_core::{DType, Placement, Tensor};
+use redco_cpu::Cpu;
 use redco_tests::models::{Config, Lm};
 use std::collections::BTreeMap;
 
@@ -105,7 +105,8 @@ fn overrides_apply_and_a_regex_that_matches_nothing_is_an_error() {
 
 #[test]
 fn a_plan_for_another_mesh_is_rejected() {
-    use redco_core::{cpu::spmd_cpu, runtime::SpmdOptions};
+    use redco_core::runtime::SpmdOptions;
+    use redco_cpu::spmd_cpu;
     let plan = traced(LLAMA, Mesh::new(1, 2).unwrap(), false, true).unwrap();
     let err = spmd_cpu(Mesh::new(1, 4).unwrap(), &SpmdOptions::default(), |rk| {
         let mut m = Lm::new(&rk.backend, LLAMA, DType::F32, 3)?;

@@ -1,12 +1,10 @@
 //! Every op family on split inputs equals the op on whole inputs (values and gradients):
 //! the propagation rules, the redistributions and their conjugates in backward.
 
-use redco_core::cpu::Cpu;
-use redco_core::{
-    cpu::spmd_cpu,
-    runtime::{Mesh, SpmdOptions},
-};
+use redco_core::runtime::{Mesh, SpmdOptions};
 use redco_core::{DType, HostData, MeshAxis, Placement, Placements, Result, RotaryMode, Tensor};
+use redco_cpu::spmd_cpu;
+use redco_cpu::Cpu;
 use redco_tests::check::{assert_close, values};
 
 type Op = fn(&[Tensor<Cpu>]) -> Result<Tensor<Cpu>>;

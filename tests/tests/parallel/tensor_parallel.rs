@@ -1,14 +1,14 @@
 //! Tensor-parallel equivalence: the same model, loss and gradients at every mesh, and
 //! Megatron's communication count.
 
-use redco_core::cpu::Cpu;
 use redco_core::nn::ModuleExt;
 use redco_core::{
-    cpu::spmd_cpu,
     planning::ShardPlan,
     runtime::{CollectiveKind, CommStats, Mesh, SpmdOptions},
 };
 use redco_core::{DType, MeshAxis, Result, Tensor};
+use redco_cpu::spmd_cpu;
+use redco_cpu::Cpu;
 use redco_tests::check::assert_close;
 use redco_tests::models::{Config, Lm};
 use std::collections::BTreeMap;

@@ -2,16 +2,16 @@
 //! AdamW steps at meshes 1x2, 1x4, 2x1 and 2x2 equal the single-device run; ZeRO-1 gives
 //! the same parameters as the replicated optimizer.
 
-use redco_core::cpu::Cpu;
 use redco_core::nn::ModuleExt;
 use redco_core::optim::{AdamW, AdamWConfig};
-use redco_core::pipeline::data_parallel::{sync_grads, DEFAULT_BUCKET_BYTES};
 use redco_core::{
-    cpu::spmd_cpu,
     planning::ShardPlan,
     runtime::{CollectiveKind, Mesh, SpmdOptions},
 };
 use redco_core::{DType, MeshAxis, Result, Tensor};
+use redco_cpu::spmd_cpu;
+use redco_cpu::Cpu;
+use redco_pipeline::data_parallel::{sync_grads, DEFAULT_BUCKET_BYTES};
 use redco_tests::check::assert_close;
 use redco_tests::models::{Config, Lm};
 use std::collections::BTreeMap;
@@ -244,8 +244,8 @@ fn schedules_warm_up_and_decay() {
 /// the same bits as `sync_grads` after backward, at 2x2.
 #[test]
 fn overlapped_buckets_sum_the_same_bits_as_sync_grads() {
-    use redco_core::pipeline::data_parallel::OverlappedBuckets;
     use redco_core::{GradStore, Placement};
+    use redco_pipeline::data_parallel::OverlappedBuckets;
     let mesh: Mesh = "2x2".parse().unwrap();
     let plan = crate::rules::traced(LLAMA, mesh, false, true).unwrap();
     spmd_cpu(mesh, &SpmdOptions::default(), |rk| {

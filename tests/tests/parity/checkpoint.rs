@@ -1,13 +1,11 @@
 //! Checkpoints: saving back in transformers' layout (whole and sharded files, from a split
 //! model) and refusing broken files and configs with errors that say what is wrong.
 
-use redco_core::cpu::Cpu;
 use redco_core::nn::ModuleExt;
-use redco_core::{
-    cpu::spmd_cpu,
-    runtime::{Mesh, SpmdOptions},
-};
+use redco_core::runtime::{Mesh, SpmdOptions};
 use redco_core::{DType, Tensor};
+use redco_cpu::spmd_cpu;
+use redco_cpu::Cpu;
 use redco_models::generate::{generate, GenerationConfig};
 use redco_models::hf::checkpoint::Checkpoint;
 use redco_models::hf::config::HfConfig;

@@ -2,9 +2,9 @@
 //! to another's loader, a T5 without its relative-attention tables, an OPT without its
 //! position table; and every model saves back to a directory it (and transformers) reloads.
 
-use redco_core::cpu::Cpu;
 use redco_core::nn::ModuleExt;
 use redco_core::DType;
+use redco_cpu::Cpu;
 use redco_models::gptj::GptJ;
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::safetensors::read_all;
@@ -36,7 +36,7 @@ fn without(name: &str, drop: &dyn Fn(&str) -> bool) -> PathBuf {
         .filter(|(n, _)| !drop(n))
         .map(|(n, t)| (n, t.data, t.shape.dims().to_vec()))
         .collect();
-    let bytes = redco_core::pipeline::checkpoint::safetensors_bytes(&tensors, BTreeMap::new()).unwrap();
+    let bytes = redco_pipeline::checkpoint::safetensors_bytes(&tensors, BTreeMap::new()).unwrap();
     std::fs::write(d.join("model.safetensors"), bytes).unwrap();
     d
 }

@@ -1,14 +1,12 @@
 //! LLaMA against transformers: logits, loss and every gradient, on a batch whose second
 //! row is left-padded, with grouped-query attention and rope theta 500000, at 1x1, 1x2, 2x2.
 
-use redco_core::cpu::Cpu;
 use redco_core::nn::ModuleExt;
 use redco_core::planning::trace::plan_from_trace;
-use redco_core::{
-    cpu::spmd_cpu,
-    runtime::{Mesh, SpmdOptions},
-};
+use redco_core::runtime::{Mesh, SpmdOptions};
 use redco_core::{DType, Result, Tensor};
+use redco_cpu::spmd_cpu;
+use redco_cpu::Cpu;
 use redco_models::generate::{generate_with, CausalLm, GenerationConfig};
 use redco_models::hf::safetensors::read_all;
 use redco_models::llama::Llama;
@@ -144,7 +142,7 @@ fn a_checkpoint_with_missing_or_misshaped_tensors_is_refused_by_name() {
     t.shape = redco_core::Shape::new([31]);
     let tensors: Vec<(String, redco_core::HostData, Vec<usize>)> =
         all.into_iter().map(|(n, t)| (n, t.data, t.shape.dims().to_vec())).collect();
-    let bytes = redco_core::pipeline::checkpoint::safetensors_bytes(&tensors, BTreeMap::new()).unwrap();
+    let bytes = redco_pipeline::checkpoint::safetensors_bytes(&tensors, BTreeMap::new()).unwrap();
     std::fs::write(d.join("model.safetensors"), bytes).unwrap();
     let err = Llama::from_pretrained(&Cpu::new(1), &d, DType::F32).err().unwrap().to_string();
     assert!(err.contains("model.layers.1.mlp.up_proj.weight") && err.contains("missing"), "{err}");

@@ -3,15 +3,15 @@
 //! tokens), on padded batches, at 1x1, 1x2 and 2x2 with the plan from the traced step; and
 //! the rules' placements equal Megatron's split with every parameter renamed.
 
-use redco_core::cpu::Cpu;
 use redco_core::nn::ModuleExt;
 use redco_core::planning::trace::plan_from_trace;
 use redco_core::{
-    cpu::spmd_cpu,
     planning::ShardPlan,
     runtime::{Mesh, SpmdOptions},
 };
 use redco_core::{DType, Placement, Result, Tensor};
+use redco_cpu::spmd_cpu;
+use redco_cpu::Cpu;
 use redco_models::auto::AutoModel;
 use redco_models::generate::{generate, BeamConfig, GenerationConfig};
 use redco_models::hf::config::HfConfig;

@@ -4,14 +4,14 @@
 //! selectively, against DDP at the same mesh keeping every activation.
 
 use super::{corpus, read_model, workdir};
-use redco_core::cpu::Cpu;
 use redco_core::nn::{Module, ModuleExt, ParamPlacer};
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
-use redco_core::pipeline::{Batch, Deployer, FitReport, OptimizerConfig, StepCtx, TrainConfig, Trainer, ZeroStage};
 use redco_core::runtime::CollectiveKind;
 use redco_core::{Backend, DType, MeshAxis, Recompute, Result, Tensor};
+use redco_cpu::Cpu;
 use redco_models::auto::AutoModel;
 use redco_models::hf::config::HfConfig;
+use redco_pipeline::{Batch, Deployer, FitReport, OptimizerConfig, StepCtx, TrainConfig, Trainer, ZeroStage};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 

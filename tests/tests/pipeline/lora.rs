@@ -3,16 +3,16 @@
 //! split like their base layers under 1x2 with the losses of 1x1, and a merged export that
 //! computes the adapted model's logits.
 
-use redco_core::cpu::Cpu;
 use redco_core::nn::lora::{add_lora, merge, LoraConfig};
 use redco_core::nn::{Module, ModuleExt};
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
-use redco_core::pipeline::synthetic::MarkovCorpus;
-use redco_core::pipeline::{Deployer, FitReport, OptimizerConfig, StepCtx, TrainConfig, Trainer};
 use redco_core::runtime::Mesh;
 use redco_core::{DType, Placement, Tensor};
+use redco_cpu::Cpu;
 use redco_models::auto::AutoModel;
 use redco_models::hf::safetensors::read_all;
+use redco_pipeline::synthetic::MarkovCorpus;
+use redco_pipeline::{Deployer, FitReport, OptimizerConfig, StepCtx, TrainConfig, Trainer};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -49,9 +49,9 @@ fn fit(name: &str, mesh: Mesh, lora: bool) -> (FitReport, PathBuf) {
         |b: &Cpu, ex: &[Vec<i64>]| {
             let t = ex[0].len();
             let ids: Vec<i64> = ex.iter().flatten().copied().collect();
-            Ok(redco_core::pipeline::Batch::from([("input_ids".to_string(), Tensor::from_vec(b, ids, [ex.len(), t])?)]))
+            Ok(redco_pipeline::Batch::from([("input_ids".to_string(), Tensor::from_vec(b, ids, [ex.len(), t])?)]))
         },
-        |_: &StepCtx<Cpu>, m: &AutoModel<Cpu>, batch: &redco_core::pipeline::Batch<Cpu>| {
+        |_: &StepCtx<Cpu>, m: &AutoModel<Cpu>, batch: &redco_pipeline::Batch<Cpu>| {
             m.loss(&batch["input_ids"], None, &batch["input_ids"])
         },
         config,

@@ -1,13 +1,13 @@
 //! The three-function pipeline: learning, accumulation, kill-and-resume, bad input.
 
-use redco_core::cpu::Cpu;
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
-use redco_core::pipeline::data::{Dataset, JsonlDataset};
-use redco_core::pipeline::metrics::read_metrics;
-use redco_core::pipeline::synthetic::MarkovCorpus;
-use redco_core::pipeline::{Batch, Deployer, NanPolicy, OptimizerConfig, Predictor, StepCtx, TrainConfig, Trainer};
 use redco_core::runtime::Mesh;
 use redco_core::{Backend, DType, Result, Tensor};
+use redco_cpu::Cpu;
+use redco_pipeline::data::{Dataset, JsonlDataset};
+use redco_pipeline::metrics::read_metrics;
+use redco_pipeline::synthetic::MarkovCorpus;
+use redco_pipeline::{Batch, Deployer, NanPolicy, OptimizerConfig, Predictor, StepCtx, TrainConfig, Trainer};
 use redco_tests::models::{Config, Lm};
 use std::path::{Path, PathBuf};
 
@@ -72,7 +72,7 @@ fn read_model(dir: &Path) -> Vec<(String, Vec<u8>)> {
 }
 
 /// Mean held-out loss through the Predictor (per-example losses, in order).
-fn eval_loss(dep: &Deployer, report: &redco_core::pipeline::FitReport, data: &Vec<Vec<i64>>) -> f64 {
+fn eval_loss(dep: &Deployer, report: &redco_pipeline::FitReport, data: &Vec<Vec<i64>>) -> f64 {
     let wd = dep.workdir.clone();
     let pred = Predictor::new(
         move |b: &Cpu| {
@@ -235,7 +235,7 @@ fn a_nan_loss_stops_with_its_step_and_keeps_the_last_checkpoint() {
     );
     let err = t.fit(&dep, &data, false).unwrap_err().to_string();
     assert!(err.contains("loss is NaN at step 5") && err.contains("last checkpoint is intact"), "{err}");
-    let ck = redco_core::pipeline::checkpoint::Checkpointer::new(&dep.workdir, 0);
+    let ck = redco_pipeline::checkpoint::Checkpointer::new(&dep.workdir, 0);
     assert_eq!(ck.latest().unwrap().unwrap().0, 4);
     // skipping instead of stopping
     let skip = Trainer::new(
@@ -364,7 +364,7 @@ fn eval_is_logged_and_the_best_checkpoint_is_kept() {
         read_metrics(&dep.workdir).unwrap().iter().filter_map(|m| m.eval.map(|e| (m.step, e))).collect();
     assert_eq!(evals.iter().map(|e| e.0).collect::<Vec<_>>(), vec![20, 40, 60]);
     let (best_step, best) = evals.iter().cloned().fold((0, f64::INFINITY), |a, b| if b.1 < a.1 { b } else { a });
-    let ck = redco_core::pipeline::checkpoint::Checkpointer::new(&dep.workdir, 1);
+    let ck = redco_pipeline::checkpoint::Checkpointer::new(&dep.workdir, 1);
     let (dir, metric) = ck.best().expect("a best checkpoint");
     assert_eq!(metric, best);
     assert!(dir.ends_with(format!("step-{best_step:08}")) && dir.join("manifest.json").exists(), "{}", dir.display());
@@ -375,7 +375,7 @@ fn checkpoints_at_epoch_ends_and_at_the_end() {
     let dep = Deployer::new(Mesh::single(), 3, &workdir("epochs")).unwrap();
     let cfg = TrainConfig { keep_last: 0, ..config(10, 8, 1) };
     trainer(cfg).fit(&dep, &corpus().sequences(0, 32), false).unwrap();
-    let ck = redco_core::pipeline::checkpoint::Checkpointer::new(&dep.workdir, 0);
+    let ck = redco_pipeline::checkpoint::Checkpointer::new(&dep.workdir, 0);
     let mut steps: Vec<u64> = ck.complete().unwrap().into_iter().map(|(s, _)| s).collect();
     steps.sort();
     assert_eq!(steps, vec![4, 8, 10], "32 examples, 8 per step: an epoch every 4 steps, plus the last");

@@ -2,10 +2,10 @@
 //! resumed run continues from, and a failing observer is detached without failing the run.
 
 use super::{config, corpus, trainer, workdir};
-use redco_core::pipeline::metrics::StepMetrics;
-use redco_core::pipeline::observe::TrainObserver;
-use redco_core::pipeline::Deployer;
 use redco_core::{Error, Result};
+use redco_pipeline::metrics::StepMetrics;
+use redco_pipeline::observe::TrainObserver;
+use redco_pipeline::Deployer;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 

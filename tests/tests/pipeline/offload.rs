@@ -5,8 +5,8 @@
 
 use super::{config, corpus, read_model, trainer, workdir};
 use redco_core::optim::{Decay, Schedule};
-use redco_core::pipeline::{Deployer, TrainConfig, ZeroStage};
 use redco_core::DType;
+use redco_pipeline::{Deployer, TrainConfig, ZeroStage};
 
 fn cfg(steps: u64, offload: bool, dtype: DType) -> TrainConfig {
     TrainConfig {

@@ -3,14 +3,14 @@
 //! held-out sources are exact, and the exported directory loads back (and, where Python
 //! has transformers, generates the same tokens in transformers).
 
-use redco_core::cpu::Cpu;
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
-use redco_core::pipeline::{Deployer, OptimizerConfig, StepCtx, TrainConfig, Trainer};
 use redco_core::runtime::Mesh;
 use redco_core::{DType, Recompute, Result};
+use redco_cpu::Cpu;
 use redco_models::hf::config::HfConfig;
 use redco_models::seq2seq::{collate_pairs, generate_targets, seq2seq_loss, Pair};
 use redco_models::t5::T5;
+use redco_pipeline::{Deployer, OptimizerConfig, StepCtx, TrainConfig, Trainer};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

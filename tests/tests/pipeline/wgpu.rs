@@ -4,13 +4,13 @@
 //! `REDCO_REQUIRE_WGPU=1`.
 
 use super::{collate, config, corpus, loss, read_model, trainer, workdir, CFG};
-use redco_core::cpu::Cpu;
 use redco_core::nn::ModuleExt;
 use redco_core::optim::{Decay, Schedule};
-use redco_core::pipeline::{Batch, Deployer, Predictor, StepCtx, TrainConfig, Trainer, ZeroStage};
 use redco_core::planning::heuristics::plan_by_names;
 use redco_core::runtime::Mesh;
 use redco_core::{Backend, DType, Result};
+use redco_cpu::Cpu;
+use redco_pipeline::{Batch, Deployer, Predictor, StepCtx, TrainConfig, Trainer, ZeroStage};
 use redco_tests::check::assert_close;
 use redco_tests::models::Lm;
 use redco_wgpu::Wgpu;

@@ -2,11 +2,11 @@
 //! over `dp` train as the replicated (DDP) run does, with the collectives counted.
 
 use super::{config, corpus, read_model, trainer, workdir, CFG};
-use redco_core::cpu::Cpu;
 use redco_core::nn::ModuleExt;
-use redco_core::pipeline::{Deployer, FitReport, OptimizerConfig, TrainConfig, ZeroStage};
 use redco_core::runtime::CollectiveKind;
 use redco_core::{DType, MeshAxis};
+use redco_cpu::Cpu;
+use redco_pipeline::{Deployer, FitReport, OptimizerConfig, TrainConfig, ZeroStage};
 use redco_tests::models::Lm;
 
 fn run(name: &str, mesh: &str, cfg: TrainConfig) -> (FitReport, Vec<(String, Vec<f64>)>) {
@@ -115,14 +115,14 @@ pub(super) mod zero3 {
     //! layer, against DDP at the same mesh.
 
     use super::{corpus, workdir};
-    use redco_core::cpu::Cpu;
     use redco_core::nn::{Module, ModuleExt, ParamPlacer};
     use redco_core::optim::{AdamWConfig, Decay, Schedule};
-    use redco_core::pipeline::{Batch, Deployer, FitReport, OptimizerConfig, StepCtx, TrainConfig, Trainer, ZeroStage};
     use redco_core::runtime::CollectiveKind;
     use redco_core::{Backend, DType, MeshAxis, Recompute, Result, Tensor};
+    use redco_cpu::Cpu;
     use redco_models::hf::config::HfConfig;
     use redco_models::llama::Llama;
+    use redco_pipeline::{Batch, Deployer, FitReport, OptimizerConfig, StepCtx, TrainConfig, Trainer, ZeroStage};
     use std::sync::{Arc, Mutex};
 
     fn cfg() -> HfConfig {
@@ -452,7 +452,7 @@ pub(super) mod zero3 {
     fn zero3_gathers_each_layer_once_for_its_forward_and_again_for_its_recomputation() {
         use redco_core::planning::planner::{predict_comm, Workload};
         use redco_core::planning::trace::plan_from_trace;
-        let model = Llama::<redco_core::cpu::Cpu>::new(&Default::default(), &cfg(), DType::F32, 9).unwrap();
+        let model = Llama::<redco_cpu::Cpu>::new(&Default::default(), &cfg(), DType::F32, 9).unwrap();
         let units = model.gather_units();
         let pad = |n: usize| (n.div_ceil(4) * 4) as u64;
         let (mut unit_elems, mut other_elems, mut others) = (0u64, 0u64, 0u64);
@@ -502,8 +502,8 @@ mod reshard {
 
     use super::zero3::{llama_trainer, STEPS};
     use super::{corpus, read_model, workdir};
-    use redco_core::pipeline::{Deployer, ZeroStage};
     use redco_core::{DType, Recompute};
+    use redco_pipeline::{Deployer, ZeroStage};
 
     #[test]
     fn saved_at_4x1_zero3_resumes_at_2x2_1x1_2x1_zero1_and_2x2_zero2() {

@@ -4,13 +4,13 @@
 
 use super::zero::zero3::{cfg_layers, placed_trainer_of, train_config};
 use super::{corpus, read_model, workdir};
-use redco_core::cpu::Cpu;
 use redco_core::nn::{Module, ModuleExt, ParamGather};
-use redco_core::pipeline::{Deployer, FitReport, TrainConfig, ZeroStage};
 use redco_core::planning::planner::{predict_comm, unit_of, Workload};
 use redco_core::runtime::CollectiveKind;
 use redco_core::{DType, MeshAxis, Recompute, Result, Tensor};
+use redco_cpu::Cpu;
 use redco_models::llama::Llama;
+use redco_pipeline::{Deployer, FitReport, TrainConfig, ZeroStage};
 use std::sync::{Arc, Mutex};
 
 /// Decoder layers of the test model, and the layers of a unit.

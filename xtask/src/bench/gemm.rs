@@ -9,8 +9,8 @@ use super::stats::median;
 use super::torch::TorchPeer;
 use crate::args::Args;
 use crate::machine;
-use redco_core::cpu::Cpu;
 use redco_core::{DType, HostData, Tensor};
+use redco_cpu::Cpu;
 use std::time::Instant;
 
 /// (m, k, n): square sizes and the LLM shapes of the bench model (tokens 1024, hidden 512,

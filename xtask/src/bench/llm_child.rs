@@ -8,16 +8,16 @@ use super::llm::{hf_config, Shape, ADAMW, BATCH, PROMPT, SEQ};
 use redco_core::nn::Module;
 use redco_core::nn::ModuleExt;
 use redco_core::optim::{AdamW, Optimizer};
-use redco_core::pipeline::data_parallel::{sync_grads, OverlappedBuckets, DEFAULT_BUCKET_BYTES};
 use redco_core::planning::trace::plan_from_trace;
+use redco_core::{no_grad, Backend, DType, Error, MeshAxis, Tensor};
 use redco_core::{
-    cpu::spmd_cpu,
     planning::ShardPlan,
     runtime::{on_backend, Mesh, Rank, SpmdOptions},
 };
-use redco_core::{no_grad, Backend, DType, Error, MeshAxis, Tensor};
+use redco_cpu::spmd_cpu;
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;
+use redco_pipeline::data_parallel::{sync_grads, OverlappedBuckets, DEFAULT_BUCKET_BYTES};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -207,7 +207,7 @@ pub fn child(
     // the sharding plan, traced from a short forward pass on one CPU device (the plan does
     // not depend on the backend)
     let plan = if mesh.size() > 1 {
-        let b = redco_core::cpu::Cpu::try_new(threads_per_rank * mesh.size()).map_err(|e| e.to_string())?;
+        let b = redco_cpu::Cpu::try_new(threads_per_rank * mesh.size()).map_err(|e| e.to_string())?;
         let m = Llama::new(&b, &cfg, DType::F32, 0).map_err(|e| e.to_string())?;
         let ids = Tensor::from_vec(&b, ids[..2 * 8].to_vec(), [2, 8]).map_err(|e| e.to_string())?;
         let loss = m.loss(&ids, None, &ids).map_err(|e| e.to_string())?;
@@ -249,12 +249,12 @@ pub fn child(
         #[cfg(feature = "mpi")]
         "cpu-mpi" => {
             let mpi = redco_mpi::Mpi::init().map_err(|e| e.to_string())?;
-            let f: &dyn redco_core::runtime::CommFactory<redco_core::cpu::Cpu> = &*mpi;
+            let f: &dyn redco_core::runtime::CommFactory<redco_cpu::Cpu> = &*mpi;
             let r = redco_core::runtime::spmd_with(
                 f,
                 mesh,
                 &opts,
-                |_, t| redco_core::cpu::Cpu::try_new(t),
+                |_, t| redco_cpu::Cpu::try_new(t),
                 |rk| {
                     let times = job.measure(rk)?;
                     Ok((times, super::mpi::sum_over_mesh(rk, peak_rss() as f64)?))

@@ -8,11 +8,11 @@
 
 use super::llm::{ADAMW, BATCH, PROMPT, SEQ};
 use super::llm_child::RankTimes;
-use redco_core::cpu::Cpu;
 use redco_core::nn::ModuleExt;
 use redco_core::planning::trace::plan_from_trace;
 use redco_core::{planning::ShardPlan, runtime::Mesh};
 use redco_core::{DType, Error, Tensor};
+use redco_cpu::Cpu;
 use redco_models::generate::FixedKvCache;
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;

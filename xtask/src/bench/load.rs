@@ -18,11 +18,11 @@
 //! --vocab 32000 --dtype bf16 --mp 4 --mpi --decode 8`.
 
 use crate::args::Args;
-use redco_core::cpu::Cpu;
 use redco_core::nn::ModuleExt;
 use redco_core::planning::heuristics::plan_by_names;
 use redco_core::runtime::{Collective, Comm, CommGuard, Mesh, ReduceKind};
 use redco_core::{DType, Error, MeshAxis, Result};
+use redco_cpu::Cpu;
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::save::save_pretrained;
 use redco_models::llama::Llama;

@@ -6,11 +6,11 @@ use super::super::check::{self, Recompute, StrategyMode};
 use super::err;
 use clap::Args;
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
-use redco_core::pipeline::checkpoint::Checkpointer;
-use redco_core::pipeline::workdir;
-use redco_core::pipeline::{OptimizerConfig, TrainConfig, ZeroStage};
 use redco_core::DType;
 use redco_models::hf::config::HfConfig;
+use redco_pipeline::checkpoint::Checkpointer;
+use redco_pipeline::workdir;
+use redco_pipeline::{OptimizerConfig, TrainConfig, ZeroStage};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 

@@ -1,11 +1,11 @@
 //! The bundled corpus as training data: as the presets' words ([`Synthetic`]), or as text
 //! encoded by a model's own tokenizer ([`EncodedSynthetic`]).
 
-use redco_core::pipeline::data::Dataset;
 use redco_core::{Error, Result};
 use redco_models::hf::tokenizer::Tokenizer;
 use redco_models::hf::vocab;
 use redco_models::presets::SyntheticText;
+use redco_pipeline::data::Dataset;
 
 /// Mixed into `--seed` to seed the corpus's Markov chain.
 pub(super) const SEED_MIX: u64 = 0x5157;

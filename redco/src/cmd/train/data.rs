@@ -1,11 +1,11 @@
 //! `redco train --data`: the records of a JSONL file, a Parquet or Arrow IPC file or a
-//! `datasets` `save_to_disk` directory (through [`redco_core::pipeline::data::open`]), their
+//! `datasets` `save_to_disk` directory (through [`redco_pipeline::data::open`]), their
 //! text fields, the digest that identifies them in a run, and the decoder-only packing.
 
-use redco_core::pipeline::data::{self, Dataset, JsonDataset, SourceKind};
-use redco_core::pipeline::integrity::FileSum;
 use redco_core::{Error, Result};
 use redco_models::hf::tokenizer::Tokenizer;
+use redco_pipeline::data::{self, Dataset, JsonDataset, SourceKind};
+use redco_pipeline::integrity::FileSum;
 use std::path::{Path, PathBuf};
 
 /// The records at `path` (a DatasetDict's split `split`, default train), refused when there

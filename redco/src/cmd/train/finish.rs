@@ -3,9 +3,9 @@
 //! (config.json, the tokenizer files), and the loss and held-out lines.
 
 use super::{err, RunSetup, TrainArgs};
-use redco_core::pipeline::checkpoint::write_atomic;
-use redco_core::pipeline::FitReport;
 use redco_core::{Error, Result};
+use redco_pipeline::checkpoint::write_atomic;
+use redco_pipeline::FitReport;
 use std::path::{Path, PathBuf};
 
 /// What a finished run reports besides its [`FitReport`].
@@ -22,7 +22,7 @@ pub(super) struct Ending<'a> {
 
 /// `--profile`'s table: each op family's device time per step and share of the step, the
 /// host's gaps, tokens/s and the model-FLOPs utilisation.
-fn print_profile(p: &redco_core::pipeline::StepProfile, flops_per_token: Option<f64>) {
+fn print_profile(p: &redco_pipeline::StepProfile, flops_per_token: Option<f64>) {
     if p.steps == 0 {
         crate::outln!("profile: no step after the first to time (run more --steps)");
         return;
@@ -138,7 +138,7 @@ pub(super) fn own_threads(a: &TrainArgs) -> usize {
 
 /// Writes each local rank's collective counts as JSON, `{rank, stats: [{kind, axis, calls,
 /// bytes}]}`, one file per rank (`{rank}` in `path` replaced by it).
-fn write_comm_stats(path: &Path, report: &redco_core::pipeline::FitReport) -> Result<()> {
+fn write_comm_stats(path: &Path, report: &redco_pipeline::FitReport) -> Result<()> {
     for (rank, stats) in &report.comm {
         let file = PathBuf::from(path.to_string_lossy().replace("{rank}", &rank.to_string()));
         let rows: Vec<serde_json::Value> = stats
@@ -150,7 +150,7 @@ fn write_comm_stats(path: &Path, report: &redco_core::pipeline::FitReport) -> Re
             .collect();
         let text = serde_json::to_string_pretty(&serde_json::json!({"rank": rank, "stats": rows}))
             .map_err(|e| Error::invalid("comm-stats", e.to_string()))?;
-        redco_core::pipeline::checkpoint::write_atomic(&file, text.as_bytes())?;
+        redco_pipeline::checkpoint::write_atomic(&file, text.as_bytes())?;
     }
     Ok(())
 }

@@ -11,8 +11,6 @@ use crate::cmd::check::StrategyMode;
 use crate::cmd::fits;
 use redco_core::nn::lora::{add_lora, LoraConfig};
 use redco_core::nn::{KeepWhole, ParamPlacer};
-use redco_core::pipeline::data::Dataset;
-use redco_core::pipeline::{Batch, FitReport, StepCtx, TrainConfig, Trainer, ZeroStage};
 use redco_core::{Backend, DType, Result, Tensor};
 use redco_models::auto::AutoModel;
 use redco_models::generate::{generate_with, GenerationConfig, Sampling};
@@ -20,6 +18,8 @@ use redco_models::hf::config::HfConfig;
 use redco_models::hf::tokenizer::Tokenizer;
 use redco_models::hf::vocab;
 use redco_models::presets::SyntheticText;
+use redco_pipeline::data::Dataset;
+use redco_pipeline::{Batch, FitReport, StepCtx, TrainConfig, Trainer, ZeroStage};
 use std::path::{Path, PathBuf};
 
 fn collate_fn<B: Backend>(b: &B, examples: &[Vec<i64>]) -> Result<Batch<B>> {
@@ -62,7 +62,7 @@ struct Job<'a> {
     /// The compiled step as asked for (backends that compile whole steps use it).
     step: LmStep,
     /// The claimed workdir.
-    run: &'a redco_core::pipeline::RunDir,
+    run: &'a redco_pipeline::RunDir,
     /// The mesh.
     mesh: redco_core::runtime::Mesh,
     /// What each layer recomputes in the backward pass.
@@ -282,7 +282,7 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
     } else if super::super::launch::is_multi_process() {
         Some("ranks in several processes: a compiled step needs one client over every device".into())
     } else {
-        redco_core::pipeline::compiled::ineligible(&config)
+        redco_pipeline::compiled::ineligible(&config)
     };
     let timeout = std::time::Duration::from_secs_f64(a.timeout.unwrap_or(120.0));
     let step = LmStep { cfg: cfg.clone(), seed: a.seed, timeout, blocked, leader: s.leader };

@@ -5,11 +5,11 @@
 //! `adapter_model.safetensors`, loaded with `PeftModel.from_pretrained(base, dir)`).
 
 use clap::Args;
-use redco_core::cpu::Cpu;
 use redco_core::nn::lora::{merge, LoraConfig, DEFAULT_TARGETS};
-use redco_core::pipeline::checkpoint::{export_safetensors, write_atomic};
 use redco_core::{Error, Tensor};
+use redco_cpu::Cpu;
 use redco_models::hf::safetensors::read_all;
+use redco_pipeline::checkpoint::{export_safetensors, write_atomic};
 use std::collections::BTreeMap;
 use std::path::Path;
 

@@ -23,12 +23,12 @@ pub use args::TrainArgs;
 use super::backends::{self, BackendKind};
 use super::{check, cores};
 use redco_core::nn::lora::LoraConfig;
-use redco_core::pipeline::{ClaimOptions, RunDir};
 use redco_core::runtime::Mesh;
 use redco_core::{DType, Error};
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::tokenizer::Tokenizer;
 use redco_models::presets::{self, SyntheticText};
+use redco_pipeline::{ClaimOptions, RunDir};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 

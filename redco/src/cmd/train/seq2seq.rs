@@ -12,11 +12,11 @@ use super::finish::{finish, own_threads, Ending};
 use super::{err, RunSetup};
 use crate::cmd::backends::{self, CliBackend, Devices, OnBackend};
 use redco_core::nn::lora::{add_lora, set_dropout_seed, LoraConfig};
-use redco_core::pipeline::{Batch, FitReport, StepCtx, TrainConfig, Trainer};
 use redco_core::{Backend, DType, Error, Result};
 use redco_models::hf::tokenizer::Tokenizer;
 use redco_models::seq2seq::{collate_pairs, generate_targets, seq2seq_loss, Pair};
 use redco_models::t5::T5;
+use redco_pipeline::{Batch, FitReport, StepCtx, TrainConfig, Trainer};
 use std::path::Path;
 
 /// The pairs of the `--data` records (any format `data::open` reads), tokenised (the
@@ -235,7 +235,7 @@ pub(super) fn run(a: &TrainArgs, r: RunSetup) -> std::result::Result<(), String>
         return Ok(());
     }
     // the held-out outputs on this process alone
-    let b = redco_core::cpu::Cpu::try_new(own_threads(a)).map_err(err)?;
+    let b = redco_cpu::Cpu::try_new(own_threads(a)).map_err(err)?;
     report_outputs(&b, &a.workdir, &tok, &held_out, max_target).map_err(err)?;
     super::lora::print_outputs(&a.workdir, r.lora.is_some() && a.lora.peft())
 }
