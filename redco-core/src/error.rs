@@ -106,6 +106,16 @@ pub enum Error {
         /// What is not supported, and what to do instead where there is a way.
         msg: String,
     },
+    /// Input data that is malformed: a corrupt or truncated checkpoint, GGUF or dataset file,
+    /// a row without a field the run needs, a token id out of the vocabulary. The program
+    /// is fine; the file or the data must change.
+    #[error("{op}: {msg}")]
+    Data {
+        /// The reader or check that refused it (`safetensors`, `gguf`, `jsonl`, `data`, ...).
+        op: &'static str,
+        /// What is wrong and where (the file, line, row or tensor).
+        msg: String,
+    },
     /// A file-system or stream operation that failed, with the path and the OS error.
     #[error("{op}: {what} {}: {source}", path.display())]
     Io {
@@ -163,6 +173,10 @@ impl Error {
     /// Shorthand for [`Error::Config`].
     pub fn config(op: &'static str, msg: impl Into<String>) -> Self {
         Error::Config { op, msg: msg.into() }
+    }
+    /// Shorthand for [`Error::Data`].
+    pub fn data(op: &'static str, msg: impl Into<String>) -> Self {
+        Error::Data { op, msg: msg.into() }
     }
     /// Shorthand for [`Error::Unsupported`].
     pub fn unsupported(op: &'static str, msg: impl Into<String>) -> Self {

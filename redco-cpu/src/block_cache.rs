@@ -23,7 +23,7 @@
 //!
 //! ```ignore
 //! #[global_allocator]
-//! static ALLOC: redco_core::cpu::LargeBlocks = redco_core::cpu::LargeBlocks::new();
+//! static ALLOC: redco_cpu::LargeBlocks = redco_cpu::LargeBlocks::new();
 //! ```
 //!
 //! On systems other than Linux, or with `REDCO_LARGE_BLOCKS=0`, it forwards everything to

@@ -93,7 +93,7 @@ pub(crate) fn advise_mapping(ptr: *const u8, bytes: usize) {
 ///
 /// ```
 /// // first thing in main, before any thread starts
-/// let tuned = redco_core::cpu::malloc::tune();
+/// let tuned = redco_cpu::malloc::tune();
 /// # let _ = tuned;
 /// ```
 pub fn tune() -> bool {

@@ -174,7 +174,7 @@ fn write_tokenizer(dir: &Path, model: Value, pre_tokenizer: Value, decoder: Valu
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
         "unk_token": "<unk>", "pad_token": "</s>", "padding_side": "left", "clean_up_tokenization_spaces": false
     });
-    let io = |e: std::io::Error| Error::invalid("tokenizer", format!("{}: {e}", dir.display()));
+    let io = |e: std::io::Error| Error::io("tokenizer", "cannot create", dir, e);
     std::fs::create_dir_all(dir).map_err(io)?;
     let pretty = |v: &Value| serde_json::to_string_pretty(v).unwrap_or_default();
     redco_pipeline::checkpoint::write_atomic(&dir.join("tokenizer.json"), pretty(&tok).as_bytes())?;

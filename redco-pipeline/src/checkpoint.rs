@@ -4,6 +4,7 @@
 //! consolidated export to one Hugging Face safetensors file.
 
 use super::integrity::FileSum;
+use super::st_writer::sync_dir;
 use crate::optimizer::{StateTensor, TrainOptimizer};
 use redco_core::nn::{Module, ModuleExt};
 use redco_core::runtime::{Comm, Mesh};
@@ -38,12 +39,6 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     written?;
     sync_dir(path.parent().unwrap_or(Path::new(".")));
     Ok(())
-}
-
-pub(crate) fn sync_dir(dir: &Path) {
-    if let Ok(d) = fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
 }
 
 fn st_dtype(d: DType) -> safetensors::Dtype {
@@ -128,7 +123,7 @@ impl Manifest {
     pub fn read(dir: &Path) -> Result<Manifest> {
         let mpath = dir.join("manifest.json");
         serde_json::from_slice(&fs::read(&mpath).map_err(|e| Error::io("checkpoint", "cannot read", &mpath, e))?)
-            .map_err(|e| Error::invalid("checkpoint", format!("{} is not a valid manifest: {e}", mpath.display())))
+            .map_err(|e| Error::data("checkpoint", format!("{} is not a valid manifest: {e}", mpath.display())))
     }
 
     /// Checks `data`, the contents of the checkpoint file `name` in `dir`, against the

@@ -29,7 +29,7 @@ impl FileSum {
 
     /// The sum of the file at `path`, read in 8 MiB pieces (never whole into memory).
     pub fn of_file(path: &Path) -> Result<Self> {
-        let err = |e: std::io::Error| Error::invalid("checkpoint", format!("cannot read {}: {e}", path.display()));
+        let err = |e: std::io::Error| Error::io("checkpoint", "cannot read", path, e);
         let mut f = std::fs::File::open(path).map_err(err)?;
         let mut h = Xxh3::new();
         let mut buf = vec![0u8; 8 << 20];

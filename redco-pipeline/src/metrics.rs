@@ -102,7 +102,7 @@ pub fn read_metrics(workdir: &Path) -> Result<Vec<StepMetrics>> {
         .enumerate()
         .map(|(i, l)| {
             serde_json::from_str(l)
-                .map_err(|e| Error::invalid("metrics", format!("{} line {}: {e}", path.display(), i + 1)))
+                .map_err(|e| Error::data("metrics", format!("{} line {}: {e}", path.display(), i + 1)))
         })
         .collect()
 }

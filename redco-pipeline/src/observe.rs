@@ -43,8 +43,8 @@ use std::sync::Mutex;
 /// so an observer implements only what it needs.
 ///
 /// ```
-/// use redco_core::pipeline::metrics::StepMetrics;
-/// use redco_core::pipeline::observe::TrainObserver;
+/// use redco_pipeline::metrics::StepMetrics;
+/// use redco_pipeline::observe::TrainObserver;
 ///
 /// /// Remembers the lowest loss seen.
 /// #[derive(Default)]

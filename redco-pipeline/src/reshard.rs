@@ -49,11 +49,11 @@ impl LazyFile {
         file.read_exact_at(&mut n, 0).map_err(|e| Error::io("checkpoint", "cannot read", path, e))?;
         let len = u64::from_le_bytes(n);
         if len > 1 << 30 {
-            return Err(Error::invalid("checkpoint", format!("{}: a header of {len} bytes", path.display())));
+            return Err(Error::data("checkpoint", format!("{}: a header of {len} bytes", path.display())));
         }
         let mut head = vec![0u8; len as usize];
         file.read_exact_at(&mut head, 8).map_err(|e| Error::io("checkpoint", "cannot read", path, e))?;
-        let bad = |e: String| Error::invalid("checkpoint", format!("{}: {e}", path.display()));
+        let bad = |e: String| Error::data("checkpoint", format!("{}: {e}", path.display()));
         let v: serde_json::Value = serde_json::from_slice(&head).map_err(|e| bad(e.to_string()))?;
         let obj = v.as_object().ok_or_else(|| bad("the header is not an object".into()))?;
         let (mut index, mut meta) = (HashMap::new(), HashMap::new());

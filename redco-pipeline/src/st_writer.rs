@@ -2,7 +2,6 @@
 //! shapes), then each tensor's bytes as it comes, hashed on the way. A checkpoint of a model
 //! whose state is tens of gigabytes is written without a second copy of it in memory.
 
-use super::checkpoint::sync_dir;
 use super::integrity::FileSum;
 use redco_core::{DType, Error, HostData, Result};
 use std::collections::BTreeMap;
@@ -130,5 +129,12 @@ impl StWriter {
         }
         sync_dir(self.path.parent().unwrap_or(Path::new(".")));
         Ok(FileSum { bytes: self.written, xxh3: format!("{:032x}", self.hash.digest128()) })
+    }
+}
+
+/// Syncs `dir`'s entries (a rename into it) to disk, where the OS lets a directory be opened.
+pub(crate) fn sync_dir(dir: &Path) {
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
     }
 }

@@ -15,8 +15,10 @@
 //! - [`http`]: the OpenAI-compatible front end (axum): completions, chat completions with
 //!   the model's chat template, server-sent-event streaming, models, health, metrics.
 //!
-//! Not yet: device backends' paged-attention kernels (the CPU backend has one), T5, and
-//! `cargo xtask bench serve --peer` (transformers serve).
+//! Paged attention is one fused kernel on the CPU (`redco-cpu/src/paged_attention.rs`),
+//! wgpu (`redco-wgpu/src/paged_attention.rs`) and CUDA (`paged_attn_*` in
+//! `redco-cuda/kernels/attention.cu`) backends; PJRT takes the composite (each sequence's
+//! rows gathered, then the backend's attention). LLaMA, GPT-J and OPT serve; T5 is refused.
 
 #![warn(missing_docs)]
 

@@ -78,7 +78,7 @@ fn main() -> ExitCode {
         cmd::out::warn(format_args!("redco: error: {e}"));
         return ExitCode::from(2);
     }
-    let r = match cli.command {
+    let r: cmd::error::CliResult<()> = match cli.command {
         Command::Train(a) => cmd::train::run(*a),
         Command::Generate(a) => cmd::generate::run(a),
         Command::Convert(a) => cmd::convert::run(a),
@@ -93,7 +93,7 @@ fn main() -> ExitCode {
     };
     let rank = cmd::launch::world();
     // the command's result, then whether its output reached stdout
-    let r = r.and_then(|()| cmd::out::finish().map_or(Ok(()), Err));
+    let r = r.and_then(|()| cmd::out::finish().map_or(Ok(()), |m| Err(m.into())));
     match r {
         Ok(()) => {
             cmd::launch::finish(true, 0);

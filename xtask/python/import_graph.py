@@ -28,10 +28,11 @@ from pathlib import Path
 # file), `cpu` over `ops` and `runtime`, `nn`, `optim` over both, and `planning` under
 # `pipeline` ("only pipeline imports planning"). The doc's cycles (backend -> ops,
 # tensor -> autograd, ops -> nn, dtype -> cpu, the vocabulary's) then count as back up.
-# `host_simd` (out of `cpu/` in the crate split: the SIMD detection `dtype` uses) is lowest.
+# `host_simd` (out of `cpu/` in the crate split: the SIMD detection `dtype` uses) is lowest;
+# `recompute` (the tape, out of `ops/`) sits on autograd.
 LAYERS = {
     "redco-core": ["host_simd", "dtype", "shape", "error", "placement", "backend", "tensor",
-                   "autograd", "display", "runtime", "sharding", "ops", "cpu", "nn", "optim",
+                   "autograd", "recompute", "display", "runtime", "sharding", "ops", "cpu", "nn", "optim",
                    "planning", "pipeline"],
     # kv cache, grammar, the engine over both, rank 0's broadcast, the loop, the HTTP front
     "redco-serve": ["kv", "guide", "engine", "lockstep", "worker", "http"],

@@ -405,12 +405,12 @@ impl Gguf {
 
     /// Reads and parses the file at `path` (memory-mapped).
     pub fn open(path: &Path) -> Result<(Gguf, memmap2::Mmap)> {
-        let io = |e: std::io::Error| Error::invalid("gguf", format!("{}: {e}", path.display()));
+        let io = |e: std::io::Error| Error::io("gguf", "cannot read", path, e);
         let f = std::fs::File::open(path).map_err(io)?;
         // SAFETY: the map is only read; a file truncated underneath it would fault, which
         // no reader can prevent, and the header is validated against its length.
         let map = unsafe { memmap2::Mmap::map(&f) }.map_err(io)?;
-        let g = Gguf::parse(&map).map_err(|e| Error::invalid("gguf", format!("{}: {e}", path.display())))?;
+        let g = Gguf::parse(&map).map_err(|e| Error::data("gguf", format!("{}: {e}", path.display())))?;
         Ok((g, map))
     }
 
@@ -532,7 +532,7 @@ impl Writer {
             offset = (offset + bytes.len() as u64).div_ceil(align) * align;
         }
         head.resize((head.len() as u64).div_ceil(align) as usize * align as usize, 0);
-        let io = |e: std::io::Error| Error::invalid("gguf", format!("writing {}: {e}", path.display()));
+        let io = |e: std::io::Error| Error::io("gguf", "cannot write", path, e);
         let tmp = path.with_extension("gguf.partial");
         let mut f = std::io::BufWriter::with_capacity(1 << 22, std::fs::File::create(&tmp).map_err(io)?);
         f.write_all(&head).map_err(io)?;

@@ -27,7 +27,7 @@ pub struct Checkpoint {
 }
 
 fn err(p: &Path, e: impl std::fmt::Display) -> Error {
-    Error::invalid("safetensors", format!("{}: {e}", p.display()))
+    Error::data("safetensors", format!("{}: {e}", p.display()))
 }
 
 fn dtype_of(d: safetensors::Dtype) -> Option<DType> {

@@ -15,7 +15,7 @@ pub struct HostTensor {
 }
 
 fn err(p: &Path, e: impl std::fmt::Display) -> Error {
-    Error::invalid("safetensors", format!("{}: {e}", p.display()))
+    Error::data("safetensors", format!("{}: {e}", p.display()))
 }
 
 /// The checkpoint files of `dir`.

@@ -6,7 +6,7 @@
 
 use super::config::HfConfig;
 use redco_core::nn::{Module, ModuleExt};
-use redco_core::runtime::current_comm;
+use redco_core::runtime::Comm;
 use redco_core::{Backend, Error, Result};
 use redco_pipeline::checkpoint::{safetensors_bytes, write_atomic};
 use std::collections::BTreeMap;
@@ -17,15 +17,17 @@ pub const DEFAULT_SHARD_BYTES: usize = 5_000_000_000;
 
 /// Writes `model` (with configuration `cfg`) to `dir` in transformers' layout, splitting the
 /// weights into files of at most `max_shard_bytes` (a tensor larger than that gets a file of
-/// its own). Every rank calls it; rank 0 writes.
+/// its own). Every rank of a sharded model calls it with its communicator; rank 0 (or the
+/// caller, without one) writes.
 pub fn save_pretrained<B: Backend, M: Module<B> + ?Sized>(
     model: &M,
     cfg: &HfConfig,
     dir: &Path,
     max_shard_bytes: usize,
+    comm: Option<&Comm<B>>,
 ) -> Result<()> {
-    let rank = current_comm::<B>().map_or(0, |c| c.rank());
-    let io = |e: std::io::Error| Error::invalid("save", format!("{}: {e}", dir.display()));
+    let rank = comm.map_or(0, |c| c.rank());
+    let io = |e: std::io::Error| Error::io("save", "cannot write", dir, e);
     if rank == 0 {
         std::fs::create_dir_all(dir).map_err(io)?;
     }

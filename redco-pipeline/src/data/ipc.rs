@@ -37,7 +37,7 @@ struct Index {
 }
 
 fn bad(path: &Path, what: impl std::fmt::Display) -> Error {
-    Error::invalid("data", format!("{}: not a readable Arrow IPC file: {what}", path.display()))
+    Error::data("data", format!("{}: not a readable Arrow IPC file: {what}", path.display()))
 }
 
 /// `len` bytes at `offset` of `f` (of `size` bytes), checked to lie inside it.

@@ -19,7 +19,7 @@ pub struct JsonlDataset {
 impl JsonlDataset {
     /// Indexes `path` (one pass over the file, skipping blank lines).
     pub fn open(path: &Path) -> Result<Self> {
-        let err = |e: std::io::Error| Error::invalid("jsonl", format!("cannot read {}: {e}", path.display()));
+        let err = |e: std::io::Error| Error::io("jsonl", "cannot read", path, e);
         let f = File::open(path).map_err(err)?;
         let mut r = BufReader::new(f);
         let mut offsets = Vec::new();
@@ -57,11 +57,11 @@ impl Dataset<serde_json::Value> for JsonlDataset {
             .get(i)
             .ok_or_else(|| Error::invalid("jsonl", format!("index {i} out of range")))?;
         let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        let err = |e: std::io::Error| Error::invalid("jsonl", format!("{}: {e}", self.path.display()));
+        let err = |e: std::io::Error| Error::io("jsonl", "cannot read", &self.path, e);
         f.seek(SeekFrom::Start(off)).map_err(err)?;
         let mut text = String::new();
         BufReader::new(&mut *f).take(1 << 30).read_line(&mut text).map_err(err)?;
         serde_json::from_str(text.trim_end())
-            .map_err(|e| Error::invalid("jsonl", format!("{} line {line}: malformed JSON: {e}", self.path.display())))
+            .map_err(|e| Error::data("jsonl", format!("{} line {line}: malformed JSON: {e}", self.path.display())))
     }
 }

@@ -22,7 +22,7 @@ pub(crate) struct ParquetFile {
 }
 
 fn bad(path: &Path, what: impl std::fmt::Display) -> Error {
-    Error::invalid("data", format!("{}: not a readable Parquet file: {what}", path.display()))
+    Error::data("data", format!("{}: not a readable Parquet file: {what}", path.display()))
 }
 
 impl ParquetFile {

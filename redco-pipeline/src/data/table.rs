@@ -27,7 +27,7 @@ pub(crate) trait Blocks: Send + Sync {
 /// corrupt inputs instead of answering an error) into an error naming `path`.
 pub(crate) fn guard<T>(path: &Path, f: impl FnOnce() -> Result<T>) -> Result<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
-        Err(Error::invalid("data", format!("{}: the decoder failed on this file (corrupt data?)", path.display())))
+        Err(Error::data("data", format!("{}: the decoder failed on this file (corrupt data?)", path.display())))
     })
 }
 
@@ -145,7 +145,7 @@ impl Dataset<serde_json::Value> for TableDataset {
             *cache = Some(((u, chunk), batch));
         }
         let Some((_, batch)) = cache.as_ref() else {
-            return Err(Error::invalid("data", format!("{}: no decoded rows", part.path().display())));
+            return Err(Error::data("data", format!("{}: no decoded rows", part.path().display())));
         };
         let row = in_unit - chunk * chunk_rows;
         let why = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| value::row(batch, row))) {
@@ -153,7 +153,7 @@ impl Dataset<serde_json::Value> for TableDataset {
             Ok(Err(e)) => strip(&e),
             Err(_) => "the decoder failed on this row (corrupt data?)".into(),
         };
-        Err(Error::invalid("data", format!("{} row {i}: {why}", self.name.display())))
+        Err(Error::data("data", format!("{} row {i}: {why}", self.name.display())))
     }
 
     fn require_field(&self, name: &str) -> Result<()> {
@@ -174,7 +174,7 @@ impl Dataset<serde_json::Value> for TableDataset {
 /// An error's message without its `op: ` prefix.
 fn strip(e: &Error) -> String {
     match e {
-        Error::Invalid { msg, .. } => msg.clone(),
+        Error::Invalid { msg, .. } | Error::Data { msg, .. } => msg.clone(),
         other => other.to_string(),
     }
 }

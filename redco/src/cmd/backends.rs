@@ -57,19 +57,22 @@ pub fn backend(name: &str) -> std::result::Result<BackendKind, String> {
         #[cfg(not(feature = "wgpu"))]
         "wgpu" => Err(format!(
             "backend `wgpu` is not compiled into this redco (build with `--features wgpu`); available: {AVAILABLE}"
-        )),
+        )
+        .into()),
         #[cfg(feature = "tpu")]
         "pjrt" | "tpu" => Ok(BackendKind::Pjrt),
         #[cfg(not(feature = "tpu"))]
         "pjrt" | "tpu" => Err(format!(
             "backend `{name}` is not compiled into this redco (build with `--features tpu`); available: {AVAILABLE}"
-        )),
+        )
+        .into()),
         #[cfg(feature = "cuda")]
         "cuda" => Ok(BackendKind::Cuda),
         #[cfg(not(feature = "cuda"))]
         "cuda" => Err(format!(
             "backend `cuda` is not compiled into this redco (build with `--features cuda`); available: {AVAILABLE}"
-        )),
+        )
+        .into()),
         other => Err(format!("unknown backend `{other}` (available: {AVAILABLE})")),
     }
 }

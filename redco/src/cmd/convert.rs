@@ -13,6 +13,7 @@
 //!   chat template.
 
 use super::check;
+use crate::cmd::error::CliResult;
 use clap::Args;
 use redco_core::nn::ModuleExt;
 use redco_core::optim::Sgd;
@@ -59,7 +60,7 @@ pub struct ConvertArgs {
 
 const SIDE_FILES: [&str; 4] = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"];
 
-fn copy_side_files(from: &Path, to: &Path) -> std::result::Result<(), String> {
+fn copy_side_files(from: &Path, to: &Path) -> CliResult<()> {
     std::fs::create_dir_all(to).map_err(|e| format!("cannot create {}: {e}", to.display()))?;
     for f in SIDE_FILES {
         if from.join(f).exists() && from != to {
@@ -159,29 +160,29 @@ fn to_hf(a: &ConvertArgs) -> Result<PathBuf> {
         }
         params.insert(name.clone(), whole);
     }
-    save_pretrained(&params, &cfg, &a.out, a.max_shard_bytes)?;
+    save_pretrained(&params, &cfg, &a.out, a.max_shard_bytes, None)?;
     Ok(a.out.clone())
 }
 
 /// Runs `redco convert`.
-pub fn run(a: ConvertArgs) -> std::result::Result<(), String> {
+pub fn run(a: ConvertArgs) -> CliResult<()> {
     if super::launch::is_multi_process() {
         return Err("convert runs in one process (its ranks are threads); start it without mpirun".into());
     }
     match a.to.as_str() {
         "redco" => {
-            let d = to_redco(&a).map_err(|e| e.to_string())?;
+            let d = to_redco(&a)?;
             copy_side_files(&a.input, &a.out)?;
             crate::outln!("wrote the sharded checkpoint {} (mesh {})", d.display(), a.mesh);
         }
         "hf" if a.input.extension().is_some_and(|e| e == "gguf") => {
             let dtype = check::dtype(&a.dtype)?;
-            redco_models::gguf::llama::import(&a.input, &a.out, dtype).map_err(|e| e.to_string())?;
+            redco_models::gguf::llama::import(&a.input, &a.out, dtype)?;
             crate::outln!("wrote the Hugging Face model {}", a.out.display());
         }
         "hf" => {
-            let d = to_hf(&a).map_err(|e| e.to_string())?;
-            let src = step_dir(&a.input).map_err(|e| e.to_string())?;
+            let d = to_hf(&a)?;
+            let src = step_dir(&a.input)?;
             for from in [a.input.clone(), src.join("../..")] {
                 for f in SIDE_FILES.iter().skip(1) {
                     if from.join(f).exists() && !d.join(f).exists() {
@@ -193,10 +194,10 @@ pub fn run(a: ConvertArgs) -> std::result::Result<(), String> {
         }
         "gguf" => {
             let dtype = check::dtype(&a.dtype)?;
-            redco_models::gguf::llama::export(&a.input, &a.out, dtype).map_err(|e| e.to_string())?;
+            redco_models::gguf::llama::export(&a.input, &a.out, dtype)?;
             crate::outln!("wrote the GGUF file {} ({})", a.out.display(), a.dtype);
         }
-        other => return Err(format!("--to must be `redco`, `hf` or `gguf`, not `{other}`")),
+        other => return Err(format!("--to must be `redco`, `hf` or `gguf`, not `{other}`").into()),
     }
     Ok(())
 }

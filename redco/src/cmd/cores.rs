@@ -1,6 +1,7 @@
 //! The CPU backend's devices are this host's cores: how many there are, how the ranks on
 //! this host share them, and whether a mesh fits them.
 
+use crate::cmd::error::CliResult;
 use redco_core::runtime::Mesh;
 
 /// Threads per rank when `total` threads (default: the host's cores) are shared by the
@@ -38,7 +39,7 @@ pub fn host_cores() -> usize {
 
 /// The CPU backend's devices are its cores: a mesh with more ranks than cores is refused
 /// unless `oversubscribe`.
-pub fn check_devices(mesh: Mesh, threads: Option<usize>, oversubscribe: bool) -> Result<(), String> {
+pub fn check_devices(mesh: Mesh, threads: Option<usize>, oversubscribe: bool) -> CliResult<()> {
     let cores = threads.unwrap_or_else(host_cores);
     let here = super::launch::ranks_on_host(mesh);
     if here > cores && !oversubscribe {
@@ -52,7 +53,7 @@ pub fn check_devices(mesh: Mesh, threads: Option<usize>, oversubscribe: bool) ->
             Some(t) => format!("{t} (--threads {t})"),
             None => format!("{cores} (cores)"),
         };
-        return Err(format!("{whose} but the cpu backend has {has}; use a smaller mesh or --oversubscribe"));
+        return Err(format!("{whose} but the cpu backend has {has}; use a smaller mesh or --oversubscribe").into());
     }
     Ok(())
 }

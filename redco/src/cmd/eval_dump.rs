@@ -4,6 +4,7 @@
 
 use super::backends::{self, CliBackend, Devices, OnBackend};
 use super::{check, cores, model_config};
+use crate::cmd::error::CliResult;
 use clap::Args;
 use redco_core::nn::ModuleExt;
 use redco_core::runtime::Comm;
@@ -60,9 +61,8 @@ fn dump<B: Backend>(
     dtype: DType,
 ) -> Result<Named> {
     let cfg = HfConfig::from_dir(&a.model)?;
-    check_inputs(a, inputs, &cfg).map_err(|e| redco_core::Error::invalid("eval-dump", e))?;
-    let plan = model_config::plan(&cfg, comm.map_or(redco_core::runtime::Mesh::single(), |c| c.mesh()))
-        .map_err(|e| redco_core::Error::invalid("eval-dump", e))?;
+    check_inputs(a, inputs, &cfg).map_err(|e| e.into_redco("eval-dump"))?;
+    let plan = model_config::plan(&cfg, comm.map_or(redco_core::runtime::Mesh::single(), |c| c.mesh()))?;
     let get = |k: &str| -> Result<Option<Tensor<B>>> {
         inputs.get(k).map(|t| Tensor::from_host(b, &t.data, t.shape.clone())).transpose()
     };
@@ -103,11 +103,7 @@ fn dump<B: Backend>(
 /// Refuses inputs the models cannot take, naming the tensor: ids that are not integers of
 /// rank 2 or lie outside the vocabulary (labels may also be -100), masks of another shape
 /// than their ids, and (decoder-only models) sequences or generations beyond the context.
-fn check_inputs(
-    a: &EvalDumpArgs,
-    inputs: &BTreeMap<String, HostTensor>,
-    cfg: &HfConfig,
-) -> std::result::Result<(), String> {
+fn check_inputs(a: &EvalDumpArgs, inputs: &BTreeMap<String, HostTensor>, cfg: &HfConfig) -> CliResult<()> {
     let file = a.inputs.display();
     for (ids, mask) in [
         ("input_ids", Some("attention_mask")),
@@ -119,17 +115,16 @@ fn check_inputs(
         let values: Vec<i64> = match &t.data {
             HostData::I64(v) => v.clone(),
             HostData::I32(v) => v.iter().map(|&x| i64::from(x)).collect(),
-            d => return Err(format!("{file}: `{ids}` is {:?}; token ids must be I64 or I32", d.dtype())),
+            d => return Err(format!("{file}: `{ids}` is {:?}; token ids must be I64 or I32", d.dtype()).into()),
         };
         if t.shape.rank() != 2 {
-            return Err(format!("{file}: `{ids}` has shape {}; expected [batch, seq]", t.shape));
+            return Err(format!("{file}: `{ids}` has shape {}; expected [batch, seq]", t.shape).into());
         }
         let source = format!("{file}: `{ids}`");
-        redco_models::hf::vocab::check_ids(&values, cfg.vocab, ids == "labels", &source, None)
-            .map_err(|e| e.to_string())?;
+        redco_models::hf::vocab::check_ids(&values, cfg.vocab, ids == "labels", &source, None)?;
         if let Some(m) = mask.and_then(|m| inputs.get(m).map(|t| (m, t))) {
             if m.1.shape != t.shape {
-                return Err(format!("{file}: `{}` has shape {} but `{ids}` has {}", m.0, m.1.shape, t.shape));
+                return Err(format!("{file}: `{}` has shape {} but `{ids}` has {}", m.0, m.1.shape, t.shape).into());
             }
         }
         if let (false, Some(ctx)) = (cfg.model_type == "t5", cfg.max_positions) {
@@ -144,7 +139,8 @@ fn check_inputs(
                     } else {
                         String::new()
                     }
-                ));
+                )
+                .into());
             }
         }
     }
@@ -220,19 +216,19 @@ impl OnBackend for OnMesh<'_> {
 }
 
 /// Runs `redco eval-dump`.
-pub fn run(a: EvalDumpArgs) -> std::result::Result<(), String> {
+pub fn run(a: EvalDumpArgs) -> CliResult<()> {
     let mesh = check::mesh(&a.mesh)?;
     let dtype = check::dtype(&a.dtype)?;
-    let inputs = read_all(&a.inputs).map_err(|e| e.to_string())?;
+    let inputs = read_all(&a.inputs)?;
     let kind = backends::backend(&a.backend)?;
     let threads = cores::threads_per_rank(a.threads, mesh);
     let on = OnMesh { a: &a, inputs: &inputs, dtype, mesh, threads };
-    let tensors = backends::dispatch(kind, mesh, on).map_err(|e| e.to_string())?;
+    let tensors = backends::dispatch(kind, mesh, on)?;
     let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
-    let bytes = safetensors_bytes(&tensors, meta).map_err(|e| e.to_string())?;
+    let bytes = safetensors_bytes(&tensors, meta)?;
     // one writer: the process of rank 0
     if super::launch::is_leader() {
-        write_atomic(&a.out, &bytes).map_err(|e| e.to_string())?;
+        write_atomic(&a.out, &bytes)?;
         crate::outln!("wrote {} tensors to {}", tensors.len(), a.out.display());
     }
     Ok(())

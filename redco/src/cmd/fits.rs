@@ -1,6 +1,7 @@
 //! Refusing work that cannot fit this machine before anything is allocated for it: a
 //! training run's memory (the planner's estimate) and a generation's context and memory.
 
+use crate::cmd::error::CliResult;
 use redco_core::planning::heuristics::plan_by_names;
 use redco_core::planning::strategy::Strategy;
 use redco_core::runtime::Mesh;
@@ -56,7 +57,7 @@ pub fn choose_strategy(
     (batch, seq): (usize, usize),
     compute: DType,
     ask: StrategyAsk,
-) -> Result<(Strategy, String), String> {
+) -> CliResult<(Strategy, String)> {
     use redco_core::planning::planner::{human, Workload};
     use redco_core::planning::strategy::{pick, strategies};
     // ZeRO-3 gathers and recompute run per decoder layer: every decoder-only model has them
@@ -154,7 +155,8 @@ pub fn choose_strategy(
             None => format!("{} available on this host, shared by {ranks} ranks", human(avail.unwrap_or(0))),
         },
         hints.join(", or ")
-    ))
+    )
+    .into())
 }
 
 /// Refuses a generation that cannot fit before anything is allocated for it: beyond the
@@ -169,7 +171,7 @@ pub fn check_generation_fits(
     (rows, seq, new): (usize, usize, usize),
     compute: DType,
     threads: usize,
-) -> Result<(), String> {
+) -> CliResult<()> {
     let t5 = cfg.model_type == "t5";
     let total = seq.saturating_add(new);
     if let (false, Some(ctx)) = (t5, cfg.max_positions) {
@@ -177,7 +179,8 @@ pub fn check_generation_fits(
             return Err(format!(
                 "the longest prompt is {seq} tokens and --max-new-tokens asks for {new} more: {total} tokens, beyond \
                  the model's context of {ctx} (max_position_embeddings); shorten the prompt or lower --max-new-tokens"
-            ));
+            )
+            .into());
         }
     }
     let Some(avail) = available_memory() else { return Ok(()) };
@@ -207,7 +210,8 @@ pub fn check_generation_fits(
              the prompts, or lower --num-beams or --max-new-tokens",
             redco_core::planning::planner::human(need),
             redco_core::planning::planner::human(avail)
-        ));
+        )
+        .into());
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 
 use super::backends::{self, BackendKind, CliBackend, Devices, OnBackend};
 use super::{check, cores, fits, model_config};
+use crate::cmd::error::CliResult;
 use clap::Args;
 use redco_core::runtime::Comm;
 use redco_core::{Backend, Error, Result, Tensor};
@@ -100,7 +101,7 @@ const DEFAULT_NEW_TOKENS: usize = 32;
 fn run_rank<B: Backend>(b: &B, comm: Option<&Comm<B>>, a: &GenerateArgs, prompts: &[String]) -> Result<Vec<String>> {
     let cfg = HfConfig::from_dir(&a.model)?;
     let mesh = comm.map_or(redco_core::runtime::Mesh::single(), |c| c.mesh());
-    let plan = model_config::plan(&cfg, mesh).map_err(|e| Error::invalid("generate", e))?;
+    let plan = model_config::plan(&cfg, mesh)?;
     let dtype = check::dtype(&a.dtype).map_err(|e| Error::invalid("generate", e))?;
     let tok = Tokenizer::from_dir(&a.model)?;
     let speak = comm.is_none_or(|c| c.rank() == 0);
@@ -119,7 +120,7 @@ fn run_rank<B: Backend>(b: &B, comm: Option<&Comm<B>>, a: &GenerateArgs, prompts
     let max_new_tokens = new_tokens(&cfg, a.max_new_tokens, batch.seq, speak);
     let threads = a.threads.unwrap_or_else(cores::host_cores);
     fits::check_generation_fits(&cfg, (batch.batch * a.num_beams, batch.seq, max_new_tokens), dtype, threads)
-        .map_err(|e| Error::invalid("generate", e))?;
+        .map_err(|e| e.into_redco("generate"))?;
     let ids = Tensor::from_vec(b, batch.ids.clone(), [batch.batch, batch.seq])?;
     let mask = Tensor::from_vec(b, batch.mask.clone(), [batch.batch, batch.seq])?;
     let sampling = if a.temperature > 0.0 {
@@ -207,7 +208,7 @@ impl OnBackend for OnMesh<'_> {
 }
 
 /// Runs `redco generate`.
-pub fn run(a: GenerateArgs) -> std::result::Result<(), String> {
+pub fn run(a: GenerateArgs) -> CliResult<()> {
     let kind = backends::backend(&a.backend)?;
     let mesh = check::mesh(&a.mesh)?;
     if kind == BackendKind::Cpu {
@@ -219,7 +220,7 @@ pub fn run(a: GenerateArgs) -> std::result::Result<(), String> {
         let before = prompts.len();
         prompts.extend(text.lines().filter(|l| !l.trim().is_empty()).map(str::to_string));
         if prompts.len() == before {
-            return Err(format!("--prompts-file {}: the file holds no prompts (only empty lines)", f.display()));
+            return Err(format!("--prompts-file {}: the file holds no prompts (only empty lines)", f.display()).into());
         }
     }
     if prompts.is_empty() {
@@ -227,7 +228,7 @@ pub fn run(a: GenerateArgs) -> std::result::Result<(), String> {
     }
     let threads = cores::threads_per_rank(a.threads, mesh);
     let on = OnMesh { a: &a, prompts: &prompts, mesh, threads };
-    let outs = backends::dispatch(kind, mesh, on).map_err(|e| e.to_string())?;
+    let outs = backends::dispatch(kind, mesh, on)?;
     // one greedy/sampled prompt of a decoder-only model has been streamed already
     let streamed = prompts.len() == 1 && a.num_beams <= 1 && !model_config::is_t5(&a.model);
     if !streamed && super::launch::is_leader() {

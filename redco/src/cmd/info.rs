@@ -1,5 +1,6 @@
 //! `redco info`.
 
+use crate::cmd::error::CliResult;
 use clap::Args;
 
 /// Arguments of `redco info`.
@@ -39,7 +40,7 @@ pub fn version() -> String {
 }
 
 /// Prints the backends and transports compiled in, this process's world and the CPU threads.
-pub fn run(a: InfoArgs) -> Result<(), String> {
+pub fn run(a: InfoArgs) -> CliResult<()> {
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     if a.json {
         let w = super::launch::world();

@@ -2,6 +2,7 @@
 //! or one rank per process under an MPI launcher (`mpirun`, `srun --mpi=pmix`; the `mpi`
 //! feature). Chosen once, at start, from the environment.
 
+use crate::cmd::error::CliResult;
 use redco_core::runtime::world::detect_launcher_env;
 use redco_core::runtime::{CommFactory, Launcher, Mesh, Threads, World};
 use redco_core::Backend;
@@ -22,7 +23,7 @@ static CURRENT: Mutex<Option<Transport>> = Mutex::new(None);
 /// Reads the launcher from the environment and starts its transport (MPI under an MPI
 /// launcher when compiled in; a clear error when the launch needs a transport this build
 /// lacks).
-pub fn init() -> Result<(), String> {
+pub fn init() -> CliResult<()> {
     let t = match detect_launcher_env() {
         Launcher::None => Transport::Threads,
         Launcher::Mpi => mpi_transport()?,
@@ -33,7 +34,8 @@ pub fn init() -> Result<(), String> {
                     "started with torchrun-style variables (WORLD_SIZE={size}): those launch process ranks for the \
                      NCCL and PJRT transports, which this redco does not have; launch with mpirun (redco built \
                      with --features mpi), or run without a launcher for thread ranks"
-                ));
+                )
+                .into());
             }
             Transport::Threads
         }
@@ -43,18 +45,19 @@ pub fn init() -> Result<(), String> {
 }
 
 #[cfg(feature = "mpi")]
-fn mpi_transport() -> Result<Transport, String> {
-    redco_mpi::Mpi::init().map(Transport::Mpi).map_err(|e| e.to_string())
+fn mpi_transport() -> CliResult<Transport> {
+    Ok(redco_mpi::Mpi::init().map(Transport::Mpi)?)
 }
 
 #[cfg(not(feature = "mpi"))]
-fn mpi_transport() -> Result<Transport, String> {
+fn mpi_transport() -> CliResult<Transport> {
     match redco_core::runtime::world::mpi_env_size(|k| std::env::var(k).ok()) {
         Some(n) if n > 1 => Err(format!(
             "started by an MPI launcher with {n} processes, but this redco is built without MPI: rebuild with \
              `cargo build --release -p redco --features mpi` (needs Open MPI or MPICH and libclang), or run \
              without mpirun for thread ranks"
-        )),
+        )
+        .into()),
         _ => Ok(Transport::Threads),
     }
 }

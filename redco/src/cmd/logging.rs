@@ -4,6 +4,7 @@
 //! only, as it writes the run's other files). `RUST_LOG` (an `EnvFilter`: `info`, `debug`,
 //! `redco_core=debug,warn`, `off`, ...) sets both.
 
+use crate::cmd::error::CliResult;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::Path;
@@ -55,7 +56,7 @@ pub fn init() {
 
 /// Appends the logs from here on to `path` (e.g. `<workdir>/redco.log`), starting with
 /// the command line.
-pub fn log_to(path: &Path) -> Result<(), String> {
+pub fn log_to(path: &Path) -> CliResult<()> {
     let f = OpenOptions::new()
         .create(true)
         .append(true)

@@ -10,6 +10,7 @@ pub mod convert;
 pub mod cores;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod error;
 pub mod eval_dump;
 pub mod fits;
 pub mod generate;

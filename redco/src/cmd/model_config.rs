@@ -6,11 +6,11 @@ use redco_core::{planning::ShardPlan, runtime::Mesh};
 use redco_models::hf::config::HfConfig;
 
 /// The split of the model `cfg` describes over `mesh` (none for one device).
-pub fn plan(cfg: &HfConfig, mesh: Mesh) -> Result<Option<ShardPlan>, String> {
+pub fn plan(cfg: &HfConfig, mesh: Mesh) -> redco_core::Result<Option<ShardPlan>> {
     if mesh.size() == 1 {
         return Ok(None);
     }
-    let shapes = cfg.param_shapes().map_err(|e| e.to_string())?;
+    let shapes = cfg.param_shapes()?;
     Ok(Some(plan_by_names(&shapes, mesh)))
 }
 

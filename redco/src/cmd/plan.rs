@@ -1,6 +1,7 @@
 //! `redco plan`: the sharding plan, communication and memory of a model on a mesh.
 
 use super::check::{self, Recompute};
+use crate::cmd::error::CliResult;
 use clap::Args;
 use redco_core::planning::heuristics::plan_by_names;
 use redco_core::planning::planner::{human, smallest_mp, PlanReport, Workload};
@@ -86,21 +87,21 @@ fn seq_len(a: &PlanArgs, cfg: &HfConfig) -> (usize, Option<String>) {
 }
 
 /// Runs `redco plan`.
-pub fn run(mut a: PlanArgs) -> Result<(), String> {
-    let cfg = HfConfig::from_dir(&a.model).map_err(|e| e.to_string())?;
+pub fn run(mut a: PlanArgs) -> CliResult<()> {
+    let cfg = HfConfig::from_dir(&a.model)?;
     let (seq, seq_from) = seq_len(&a, &cfg);
     a.seq = Some(seq);
     let mesh: Mesh = a.mesh.parse().map_err(|e: redco_core::Error| e.to_string())?;
     let dtype_bytes = match a.dtype.as_str() {
         "f32" => 4,
         "bf16" | "f16" => 2,
-        d => return Err(format!("unknown dtype `{d}` (use f32, bf16 or f16)")),
+        d => return Err(format!("unknown dtype `{d}` (use f32, bf16 or f16)").into()),
     };
     if !a.batch.is_multiple_of(mesh.dp) {
-        return Err(format!("--batch-size {} does not split over dp={}", a.batch, mesh.dp));
+        return Err(format!("--batch-size {} does not split over dp={}", a.batch, mesh.dp).into());
     }
     if let Some(ctx) = cfg.max_positions.filter(|c| seq > *c) {
-        return Err(format!("--seq-len {seq} exceeds the model's context of {ctx} tokens"));
+        return Err(format!("--seq-len {seq} exceeds the model's context of {ctx} tokens").into());
     }
     if (a.batch as u128) * (seq as u128) > MAX_TOKENS {
         return Err(format!(
@@ -108,22 +109,23 @@ pub fn run(mut a: PlanArgs) -> Result<(), String> {
             a.batch,
             seq,
             a.batch as u128 * seq as u128
-        ));
+        )
+        .into());
     }
     if cfg.heads % mesh.mp != 0 || cfg.kv_heads % mesh.mp != 0 {
         let msg = format!("{} heads ({} key/value) do not split over mp={}", cfg.heads, cfg.kv_heads, mesh.mp);
         if a.strict {
-            return Err(msg);
+            return Err(msg.into());
         }
         crate::cmd::out::warn(format_args!("redco: warning: {msg}; attention stays replicated"));
     }
-    let shapes = cfg.param_shapes().map_err(|e| e.to_string())?;
+    let shapes = cfg.param_shapes()?;
     let plan = plan_by_names(&shapes, mesh);
     if a.strict {
         if let Some((n, p)) =
             plan.params.iter().find(|(_, p)| p.placement == Placement::Replicate && p.reason.contains("not divisible"))
         {
-            return Err(format!("{n}: {}", p.reason));
+            return Err(format!("{n}: {}", p.reason).into());
         }
     }
     let pinned = a.unit_layers.map_or(0, |k| k.min(cfg.layers.max(1) as u64) as usize);

@@ -1,9 +1,10 @@
 //! `redco serve`: an OpenAI-compatible HTTP server over a model directory, on the
 //! continuous-batching engine and paged KV cache of `redco-serve`.
 
+use crate::cmd::error::CliResult;
 use crate::cmd::{backends, check, cores, launch, model_config};
 use redco_core::runtime::Comm;
-use redco_core::{Backend, Error};
+use redco_core::Backend;
 use redco_models::auto::AutoModel;
 use redco_models::generate::GenerationConfig;
 use redco_models::hf::config::HfConfig;
@@ -81,23 +82,25 @@ pub struct ServeArgs {
 /// Runs the server until SIGTERM or Ctrl-C (then drains): on one rank, or on the ranks of
 /// a `1 x mp` mesh (threads, or MPI processes under a launcher), rank 0 serving HTTP and
 /// leading the others in lockstep.
-pub fn run(a: ServeArgs) -> Result<(), String> {
+pub fn run(a: ServeArgs) -> CliResult<()> {
     let mesh = check::mesh(&a.mesh)?;
     if mesh.dp != 1 {
         return Err(format!(
             "--mesh {}: redco serve splits the model over tensor-parallel ranks only (--mesh 1xN); \
              run one server per data-parallel replica",
             a.mesh
-        ));
+        )
+        .into());
     }
     let kind = backends::backend(&a.backend)?;
-    let cfg = HfConfig::from_dir(&a.model).map_err(|e| e.to_string())?;
+    let cfg = HfConfig::from_dir(&a.model)?;
     if !matches!(cfg.model_type.as_str(), "llama" | "mistral" | "gptj" | "opt") {
         return Err(format!(
             "redco serve runs the decoder-only models (LLaMA, GPT-J, OPT); {} is {} (use redco generate)",
             a.model.display(),
             cfg.model_type
-        ));
+        )
+        .into());
     }
     let dtype = check::dtype(&a.dtype)?;
     let kv_dtype = match &a.kv_dtype {
@@ -142,7 +145,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         threads,
         guides: &guides,
     };
-    backends::dispatch(kind, mesh, on).map_err(|e| e.to_string())
+    Ok(backends::dispatch(kind, mesh, on)?)
 }
 
 /// The server on every rank of the mesh.
@@ -186,7 +189,7 @@ impl backends::OnBackend for OnMesh<'_> {
                     follow(engine, s)
                 }
                 _ => lead_and_serve(self.a, self.cfg, engine, sync.as_ref(), (self.engine.blocks, self.guides))
-                    .map_err(|e| Error::invalid("serve", e)),
+                    .map_err(|e| e.into_redco("serve")),
             }
         };
         d.on_mesh(self.mesh, self.threads, rank)
@@ -201,8 +204,8 @@ fn lead_and_serve<B: Backend>(
     engine: Engine<B, AutoModel<B>>,
     sync: Option<&Lockstep<B>>,
     (blocks, guides): (usize, &Result<Arc<Guides>, String>),
-) -> Result<(), String> {
-    let tokenizer = Tokenizer::from_dir(&a.model).map_err(|e| e.to_string())?;
+) -> CliResult<()> {
+    let tokenizer = Tokenizer::from_dir(&a.model)?;
     let chat_template = ChatTemplate::from_dir(&a.model)?;
     let (handle, inbox) = EngineHandle::channel();
     let eos = end_tokens(cfg, &tokenizer);

@@ -72,7 +72,7 @@ fn byte_model(name: &str) -> std::path::PathBuf {
     let cfg = redco_models::hf::config::HfConfig::from_json(&raw.to_string()).unwrap();
     let b = redco_cpu::Cpu::new(1);
     let m = redco_models::llama::Llama::new(&b, &cfg, redco_core::DType::F32, 3).unwrap();
-    redco_models::hf::save::save_pretrained(&m, &cfg, &dir, 1 << 30).unwrap();
+    redco_models::hf::save::save_pretrained(&m, &cfg, &dir, 1 << 30, None).unwrap();
     let template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:";
     std::fs::write(dir.join("chat_template.jinja"), template).unwrap();
     dir

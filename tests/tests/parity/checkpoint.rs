@@ -42,7 +42,7 @@ fn a_split_model_saves_back_whole_and_in_shards() {
         let out = tmp(name);
         spmd_cpu(mesh, &SpmdOptions::default(), |rk| {
             let m = Llama::from_pretrained_split(&rk.backend, &fixture(), DType::F32, Some(&plan))?;
-            save_pretrained(&m, &m.cfg, &out, shard_bytes)
+            save_pretrained(&m, &m.cfg, &out, shard_bytes, Some(&rk.comm))
         })
         .unwrap();
         let index = out.join("model.safetensors.index.json");
@@ -129,7 +129,7 @@ fn checkpoints_convert_dtypes_on_load_both_ways() {
     for dt in [DType::BF16, DType::F16] {
         let m = Llama::from_pretrained(&b, &fixture(), dt).unwrap();
         let out = tmp(&format!("{dt:?}"));
-        save_pretrained(&m, &m.cfg, &out, usize::MAX).unwrap();
+        save_pretrained(&m, &m.cfg, &out, usize::MAX, None).unwrap();
         let stored: Vec<_> = Checkpoint::open(&out).unwrap().tensors().map(|(_, _, d)| d).collect();
         assert!(stored.iter().all(|d| *d == dt));
         let back = Llama::from_pretrained(&b, &out, DType::F32).unwrap();

@@ -91,13 +91,27 @@ fn every_architecture_saves_back_what_it_loaded() {
         let out = tmp(&format!("save-{name}"));
         let cfg = HfConfig::from_dir(&dir(name)).unwrap();
         match cfg.model_type.as_str() {
-            "t5" => {
-                save_pretrained(&T5::from_pretrained(&b, &dir(name), DType::F32, None).unwrap(), &cfg, &out, 50_000)
-            }
-            "opt" => {
-                save_pretrained(&Opt::from_pretrained(&b, &dir(name), DType::F32, None).unwrap(), &cfg, &out, 50_000)
-            }
-            _ => save_pretrained(&GptJ::from_pretrained(&b, &dir(name), DType::F32, None).unwrap(), &cfg, &out, 50_000),
+            "t5" => save_pretrained(
+                &T5::from_pretrained(&b, &dir(name), DType::F32, None).unwrap(),
+                &cfg,
+                &out,
+                50_000,
+                None,
+            ),
+            "opt" => save_pretrained(
+                &Opt::from_pretrained(&b, &dir(name), DType::F32, None).unwrap(),
+                &cfg,
+                &out,
+                50_000,
+                None,
+            ),
+            _ => save_pretrained(
+                &GptJ::from_pretrained(&b, &dir(name), DType::F32, None).unwrap(),
+                &cfg,
+                &out,
+                50_000,
+                None,
+            ),
         }
         .unwrap();
         assert!(out.join("model.safetensors.index.json").exists(), "{name}: sharded at 50 kB");

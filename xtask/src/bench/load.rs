@@ -225,7 +225,7 @@ pub fn run(argv: &[String]) -> std::result::Result<(), String> {
         } else {
             let b = Cpu::try_new(crate::machine::cores()).map_err(|e| e.to_string())?;
             let m = Llama::new(&b, &cfg, DType::F32, 1).map_err(|e| e.to_string())?;
-            save_pretrained(&m, &cfg, &dir, 2_000_000_000).map_err(|e| e.to_string())?;
+            save_pretrained(&m, &cfg, &dir, 2_000_000_000, None).map_err(|e| e.to_string())?;
         }
     }
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;

@@ -1,5 +1,5 @@
 //! The `MR x NR` micro-kernel itself: inline assembly written whole by
-//! `redco-core/tools/gen_sgemm_kernel.py avx2` (edit the script, not this file, then `cargo fmt`).
+//! `redco-cpu/tools/gen_sgemm_kernel.py avx2` (edit the script, not this file, then `cargo fmt`).
 
 use super::{store_tile, C_TAIL, MR, SRC_GAP};
 use crate::sgemm::microkernel::{Prefetch, TileDst};

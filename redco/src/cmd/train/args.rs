@@ -3,7 +3,7 @@
 //! already past its steps.
 
 use super::super::check::{self, Recompute, StrategyMode};
-use super::err;
+use crate::cmd::error::CliResult;
 use clap::Args;
 use redco_core::optim::{AdamWConfig, Decay, Schedule};
 use redco_core::DType;
@@ -221,9 +221,9 @@ impl TrainArgs {
 /// The sequence length when `--seq-len` is not given, and where it comes from (printed with
 /// the run): a preset's 64, or the model's context less one (the labels are the inputs
 /// shifted by one) up to [`MAX_DEFAULT_SEQ_LEN`], or 64 for a model without a fixed context.
-pub(super) fn default_seq_len(a: &TrainArgs) -> std::result::Result<(usize, String), String> {
+pub(super) fn default_seq_len(a: &TrainArgs) -> CliResult<(usize, String)> {
     let Some(dir) = &a.model else { return Ok((PRESET_SEQ_LEN, "the preset's default".into())) };
-    let cfg = HfConfig::from_dir(dir).map_err(err)?;
+    let cfg = HfConfig::from_dir(dir)?;
     Ok(match cfg.max_positions {
         Some(ctx) if ctx.saturating_sub(1) <= MAX_DEFAULT_SEQ_LEN => {
             (ctx.saturating_sub(1), format!("the model's context of {ctx} less one for the shifted labels"))
@@ -240,7 +240,7 @@ pub(super) fn train_config(
     identity: BTreeMap<String, String>,
     compute: DType,
     vocab: usize,
-) -> std::result::Result<TrainConfig, String> {
+) -> CliResult<TrainConfig> {
     let steps = match (a.steps, a.epochs) {
         (Some(s), _) => s,
         (None, Some(e)) => ((e * examples as f64) / a.batch_size as f64).ceil().max(1.0) as u64,
@@ -250,12 +250,12 @@ pub(super) fn train_config(
         "cosine" => Decay::Cosine,
         "linear" => Decay::Linear,
         "constant" => Decay::Constant,
-        s => return Err(format!("--schedule {s}: unknown schedule (use cosine, linear or constant)")),
+        s => return Err(format!("--schedule {s}: unknown schedule (use cosine, linear or constant)").into()),
     };
     let optimizer = match a.optimizer.as_str() {
         "adamw" => OptimizerConfig::AdamW(AdamWConfig { weight_decay: a.weight_decay, ..Default::default() }),
         "sgd" => OptimizerConfig::Sgd { momentum: 0.9, weight_decay: a.weight_decay },
-        o => return Err(format!("--optimizer {o}: unknown optimizer (use adamw or sgd)")),
+        o => return Err(format!("--optimizer {o}: unknown optimizer (use adamw or sgd)").into()),
     };
     Ok(TrainConfig {
         batch_size: a.batch_size,
@@ -282,7 +282,7 @@ pub(super) fn train_config(
 /// What makes this run this run, checked when it is resumed: the seed (it also generates
 /// the bundled corpus), the data and its digest, the model, the dtype and the sequence
 /// length (the vocabulary is added once the tokenizer is read).
-pub(super) fn run_identity(a: &TrainArgs) -> std::result::Result<BTreeMap<String, String>, String> {
+pub(super) fn run_identity(a: &TrainArgs) -> CliResult<BTreeMap<String, String>> {
     let model = match (&a.preset, &a.model) {
         (Some(p), _) => format!("preset {p}"),
         (None, Some(m)) => m.canonicalize().unwrap_or_else(|_| m.clone()).display().to_string(),
@@ -290,7 +290,7 @@ pub(super) fn run_identity(a: &TrainArgs) -> std::result::Result<BTreeMap<String
     };
     let data = match &a.data {
         Some(p) => {
-            let sum = super::data::data_sum(p).map_err(err)?;
+            let sum = super::data::data_sum(p)?;
             let split = a.data_split.as_ref().map(|s| format!(", split {s}")).unwrap_or_default();
             format!("{} ({} bytes, xxh3 {}{split})", p.display(), sum.bytes, sum.xxh3)
         }
@@ -310,9 +310,9 @@ pub(super) fn run_identity(a: &TrainArgs) -> std::result::Result<BTreeMap<String
 /// The step of the checkpoint a `--resume` run would continue from, when the workdir holds
 /// one (read-only: every process asks, so that all of them stop together when the run is
 /// already past `--steps`).
-pub(super) fn resume_step(a: &TrainArgs) -> std::result::Result<Option<u64>, String> {
+pub(super) fn resume_step(a: &TrainArgs) -> CliResult<Option<u64>> {
     let ckpt = Checkpointer::new(&a.workdir, 0);
-    Ok(workdir::resume_target(&ckpt, a.resume_from.as_deref()).map_err(err)?.map(|(step, _)| step))
+    Ok(workdir::resume_target(&ckpt, a.resume_from.as_deref())?.map(|(step, _)| step))
 }
 
 /// When the checkpoint a resumed run starts from is at or past its last step and the run's

@@ -20,7 +20,7 @@ pub(super) fn open_data(path: &Path, split: Option<&str>, fields: &[(&str, &str)
     for (field, flag) in fields {
         if let Err(e) = data.require_field(field) {
             let msg = match e {
-                Error::Invalid { msg, .. } => msg,
+                Error::Invalid { msg, .. } | Error::Data { msg, .. } => msg,
                 other => other.to_string(),
             };
             return Err(Error::invalid("data", format!("{msg} (see {flag})")));

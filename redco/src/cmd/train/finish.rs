@@ -2,7 +2,8 @@
 //! then on the leader the LoRA export, the workdir made a Hugging Face model directory
 //! (config.json, the tokenizer files), and the loss and held-out lines.
 
-use super::{err, RunSetup, TrainArgs};
+use super::{RunSetup, TrainArgs};
+use crate::cmd::error::CliResult;
 use redco_core::{Error, Result};
 use redco_pipeline::checkpoint::write_atomic;
 use redco_pipeline::FitReport;
@@ -61,15 +62,9 @@ fn print_profile(p: &redco_pipeline::StepProfile, flops_per_token: Option<f64>) 
 /// Ends a run: `--comm-stats` on every process; on the leader, the LoRA export, the model
 /// directory and the summary lines. Returns whether this process is the leader (the one
 /// that goes on to print samples).
-pub(super) fn finish(
-    a: &TrainArgs,
-    s: &RunSetup,
-    report: &FitReport,
-    steps: u64,
-    end: Ending<'_>,
-) -> std::result::Result<bool, String> {
+pub(super) fn finish(a: &TrainArgs, s: &RunSetup, report: &FitReport, steps: u64, end: Ending<'_>) -> CliResult<bool> {
     if let Some(path) = &a.comm_stats {
-        write_comm_stats(path, report).map_err(err)?;
+        write_comm_stats(path, report)?;
     }
     if !s.leader {
         return Ok(false);
@@ -86,7 +81,7 @@ pub(super) fn finish(
     }
     // the workdir is now a Hugging Face model directory
     let cfg_text = serde_json::to_string_pretty(&s.cfg.raw).map_err(|e| e.to_string())?;
-    write_atomic(&w.join("config.json"), cfg_text.as_bytes()).map_err(err)?;
+    write_atomic(&w.join("config.json"), cfg_text.as_bytes())?;
     if s.tok_dir != *w {
         for f in end.files {
             if s.tok_dir.join(f).exists() {

@@ -5,9 +5,10 @@
 use super::args::{already_past, train_config, TrainArgs};
 use super::corpus::{EncodedSynthetic, Synthetic, SEED_MIX};
 use super::finish::{finish, own_threads, Ending};
-use super::{err, RunSetup};
+use super::RunSetup;
 use crate::cmd::backends::{self, CliBackend, Devices, LmStep, OnBackend};
 use crate::cmd::check::StrategyMode;
+use crate::cmd::error::CliResult;
 use crate::cmd::fits;
 use redco_core::nn::lora::{add_lora, LoraConfig};
 use redco_core::nn::{KeepWhole, ParamPlacer};
@@ -127,14 +128,13 @@ type LmData = (Box<dyn Dataset<Vec<i64>> + Send>, Vec<Vec<i64>>);
 /// model's tokenizer, the bundled corpus (a preset: its own words are the tokens), or the
 /// bundled corpus's text encoded by the model's tokenizer; every id checked against `cfg`'s
 /// vocabulary before anything is allocated.
-fn lm_data(a: &TrainArgs, cfg: &HfConfig, tok: &Tokenizer, seq_len: usize) -> std::result::Result<LmData, String> {
+fn lm_data(a: &TrainArgs, cfg: &HfConfig, tok: &Tokenizer, seq_len: usize) -> CliResult<LmData> {
     Ok(match &a.data {
         Some(path) => {
-            let data = super::data::open_data(path, a.data_split.as_deref(), &[(&a.text_field, "--text-field")])
-                .map_err(err)?;
-            let mut seqs = super::data::pack_text(&*data, path, &a.text_field, tok, seq_len + 1).map_err(err)?;
+            let data = super::data::open_data(path, a.data_split.as_deref(), &[(&a.text_field, "--text-field")])?;
+            let mut seqs = super::data::pack_text(&*data, path, &a.text_field, tok, seq_len + 1)?;
             let source = format!("{} encoded by {}", path.display(), tok.source().display());
-            vocab::check_ids(&seqs.concat(), cfg.vocab, false, &source, Some(tok)).map_err(err)?;
+            vocab::check_ids(&seqs.concat(), cfg.vocab, false, &source, Some(tok))?;
             let n_eval = (seqs.len() / 20).clamp(1, 64);
             let eval = seqs.split_off(seqs.len() - n_eval);
             (Box::new(seqs), eval)
@@ -156,24 +156,25 @@ fn lm_data(a: &TrainArgs, cfg: &HfConfig, tok: &Tokenizer, seq_len: usize) -> st
                 vocab: cfg.vocab,
             };
             let eval = encoded(1 << 40, 64);
-            let held_out = (0..eval.count).map(|i| eval.get(i)).collect::<Result<_>>().map_err(err)?;
+            let held_out = (0..eval.count).map(|i| eval.get(i)).collect::<Result<_>>()?;
             // the first training sequence is checked now, before anything is allocated
             let train = encoded(0, 1 << 20);
-            train.get(0).map_err(err)?;
+            train.get(0)?;
             (Box::new(train), held_out)
         }
     })
 }
 
 /// Trains a decoder-only model.
-pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String> {
+pub(super) fn run(a: &TrainArgs, s: RunSetup) -> CliResult<()> {
     let cfg = &s.cfg;
     if a.source_field.is_some() || a.target_field.is_some() || a.target_len.is_some() {
         return Err(format!(
             "--source-field, --target-field and --target-len are for encoder-decoder models (T5); this model is {} \
              (decoder-only: it trains on --text-field)",
             cfg.model_type
-        ));
+        )
+        .into());
     }
     let seq_len = a.seq();
     if let Some(ctx) = cfg.max_positions {
@@ -182,7 +183,8 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
                 "--seq-len {seq_len} needs {} positions (the labels are the inputs shifted by one), beyond the \
                  model's context of {ctx}",
                 seq_len + 1
-            ));
+            )
+            .into());
         }
     }
     let (strategy, why) = fits::choose_strategy(
@@ -202,8 +204,8 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
             device: a.backend != "cpu",
         },
     )?;
-    let tok = Tokenizer::from_dir(&s.tok_dir).map_err(err)?;
-    if let Some(w) = vocab::check_tokenizer(&tok, cfg.vocab).map_err(err)? {
+    let tok = Tokenizer::from_dir(&s.tok_dir)?;
+    if let Some(w) = vocab::check_tokenizer(&tok, cfg.vocab)? {
         super::super::out::warn(format_args!("redco: warning: {w}"));
     }
     let mut identity = s.identity.clone();
@@ -299,7 +301,7 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
         mesh: s.mesh,
         recompute: strategy.recompute,
     };
-    let report = backends::dispatch(s.kind, s.mesh, &job).map_err(err)?;
+    let report = backends::dispatch(s.kind, s.mesh, &job)?;
     let note = (a.data.is_none() && a.preset.is_some()).then(|| {
         format!(
             "(the bundled corpus has an entropy of {:.4} nats per token: the best a model can do)",
@@ -314,7 +316,7 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> std::result::Result<(), String>
         return Ok(());
     }
     // the sample runs on this process alone
-    backends::dispatch(s.kind, s.mesh, Sample { a, tok: &tok, held_out: &held_out }).map_err(err)?;
+    backends::dispatch(s.kind, s.mesh, Sample { a, tok: &tok, held_out: &held_out })?;
     super::lora::print_outputs(&a.workdir, s.lora.is_some() && a.lora.peft())
 }
 

@@ -4,9 +4,10 @@
 //! `--lora-export peft`, written alone in PEFT's layout (`adapter_config.json` and
 //! `adapter_model.safetensors`, loaded with `PeftModel.from_pretrained(base, dir)`).
 
+use crate::cmd::error::CliResult;
 use clap::Args;
 use redco_core::nn::lora::{merge, LoraConfig, DEFAULT_TARGETS};
-use redco_core::{Error, Tensor};
+use redco_core::Tensor;
 use redco_cpu::Cpu;
 use redco_models::hf::safetensors::read_all;
 use redco_pipeline::checkpoint::{export_safetensors, write_atomic};
@@ -38,13 +39,13 @@ pub struct LoraArgs {
 
 impl LoraArgs {
     /// The adapters' configuration, when `--lora-rank` is given.
-    pub fn config(&self) -> Result<Option<LoraConfig>, String> {
+    pub fn config(&self) -> CliResult<Option<LoraConfig>> {
         let Some(rank) = self.lora_rank else { return Ok(None) };
         if !["merged", "peft"].contains(&self.lora_export.as_str()) {
-            return Err(format!("--lora-export {}: use merged or peft", self.lora_export));
+            return Err(format!("--lora-export {}: use merged or peft", self.lora_export).into());
         }
         if !(0.0..1.0).contains(&self.lora_dropout) {
-            return Err(format!("--lora-dropout {} is not in [0, 1)", self.lora_dropout));
+            return Err(format!("--lora-dropout {} is not in [0, 1)", self.lora_dropout).into());
         }
         Ok(Some(LoraConfig {
             rank,
@@ -65,20 +66,16 @@ pub fn identity(cfg: &LoraConfig) -> String {
     format!("rank {} alpha {} dropout {} targets {}", cfg.rank, cfg.alpha, cfg.dropout, cfg.targets)
 }
 
-fn err(e: Error) -> String {
-    e.to_string()
-}
-
 /// After training: the Trainer's export in `w` (frozen base and adapters) becomes the merged
 /// model (`model.safetensors`), and with `peft` the adapters are also written in PEFT's
 /// layout (`base` is the model directory they adapt; `task` PEFT's task type). Prints the
 /// trainable-parameter and optimizer-state counts against full fine-tuning.
-pub fn finish(w: &Path, cfg: &LoraConfig, peft: bool, base: &Path, task: &str) -> Result<(), String> {
+pub fn finish(w: &Path, cfg: &LoraConfig, peft: bool, base: &Path, task: &str) -> CliResult<()> {
     let path = w.join("model.safetensors");
     let b = Cpu::new(1);
     let mut all = BTreeMap::new();
-    for (name, t) in read_all(&path).map_err(err)? {
-        all.insert(name, Tensor::from_host(&b, &t.data, t.shape.clone()).map_err(err)?);
+    for (name, t) in read_all(&path)? {
+        all.insert(name, Tensor::from_host(&b, &t.data, t.shape.clone())?);
     }
     let adapters: BTreeMap<String, Tensor<Cpu>> =
         all.iter().filter(|(k, _)| k.contains(".lora_")).map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -94,12 +91,12 @@ pub fn finish(w: &Path, cfg: &LoraConfig, peft: bool, base: &Path, task: &str) -
         bytes(8 * trainable),
         bytes(8 * total)
     );
-    let merged = merge(&all, cfg.scale()).map_err(err)?;
-    export_safetensors(None, &merged, &path).map_err(err)?;
+    let merged = merge(&all, cfg.scale())?;
+    export_safetensors(None, &merged, &path)?;
     if peft {
         let named: BTreeMap<String, Tensor<Cpu>> =
             adapters.into_iter().map(|(k, v)| (format!("base_model.model.{k}"), v)).collect();
-        export_safetensors(None, &named, &w.join("adapter_model.safetensors")).map_err(err)?;
+        export_safetensors(None, &named, &w.join("adapter_model.safetensors"))?;
         let base = base.canonicalize().unwrap_or_else(|_| base.to_path_buf());
         let config = serde_json::json!({
             "peft_type": "LORA",
@@ -116,7 +113,7 @@ pub fn finish(w: &Path, cfg: &LoraConfig, peft: bool, base: &Path, task: &str) -
             "modules_to_save": null,
         });
         let text = serde_json::to_string_pretty(&config).map_err(|e| e.to_string())?;
-        write_atomic(&w.join("adapter_config.json"), text.as_bytes()).map_err(err)?;
+        write_atomic(&w.join("adapter_config.json"), text.as_bytes())?;
     }
     Ok(())
 }
@@ -131,7 +128,7 @@ fn bytes(n: usize) -> String {
 
 /// Lists the run's outputs in `w`; with a PEFT export, the merged weights the sample used
 /// are removed first (the directory then holds the adapters alone, beside the tokenizer).
-pub fn print_outputs(w: &Path, peft: bool) -> Result<(), String> {
+pub fn print_outputs(w: &Path, peft: bool) -> CliResult<()> {
     let mut files = vec![
         ("metrics.jsonl", "metrics, one JSON line per step"),
         ("loss.png", "loss and learning-rate plot"),

@@ -22,19 +22,16 @@ pub use args::TrainArgs;
 
 use super::backends::{self, BackendKind};
 use super::{check, cores};
+use crate::cmd::error::CliResult;
 use redco_core::nn::lora::LoraConfig;
 use redco_core::runtime::Mesh;
-use redco_core::{DType, Error};
+use redco_core::DType;
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::tokenizer::Tokenizer;
 use redco_models::presets::{self, SyntheticText};
 use redco_pipeline::{ClaimOptions, RunDir};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-
-fn err(e: Error) -> String {
-    e.to_string()
-}
 
 /// What every training run has settled before it reads its data: the backend, mesh and
 /// dtype, the claimed workdir, the run's identity, and where the model comes from.
@@ -64,14 +61,15 @@ pub(super) struct RunSetup {
 }
 
 /// Runs `redco train`.
-pub fn run(mut a: TrainArgs) -> Result<(), String> {
+pub fn run(mut a: TrainArgs) -> CliResult<()> {
     let kind = backends::backend(&a.backend)?;
     let mesh = check::mesh(&a.mesh)?;
     if !a.batch_size.is_multiple_of(mesh.dp) {
         return Err(format!(
             "--batch-size {} must be divisible by the mesh's data-parallel size {} (--mesh {mesh})",
             a.batch_size, mesh.dp
-        ));
+        )
+        .into());
     }
     if kind == BackendKind::Cpu {
         cores::check_devices(mesh, a.threads, a.oversubscribe)?;
@@ -83,7 +81,8 @@ pub fn run(mut a: TrainArgs) -> Result<(), String> {
                 "--zero 1 shards AdamW's moments; --optimizer {} has none to shard (--zero 2 shards its masters and \
                  gradients)",
                 a.optimizer
-            ))
+            )
+            .into())
         }
         _ => {}
     }
@@ -101,7 +100,9 @@ pub fn run(mut a: TrainArgs) -> Result<(), String> {
     };
     if a.seq() < 2 {
         return Err(match seq_from {
-            Some(why) => format!("the default --seq-len is {} ({why}): too short to train on; give --seq-len", a.seq()),
+            Some(why) => {
+                format!("the default --seq-len is {} ({why}): too short to train on; give --seq-len", a.seq()).into()
+            }
             None => "--seq-len must be at least 2".into(),
         });
     }
@@ -129,22 +130,22 @@ pub fn run(mut a: TrainArgs) -> Result<(), String> {
         identity: identity.clone(),
         pending: vec!["vocab".into()],
     };
-    let run = RunDir::claim(&w, leader, &claim).map_err(err)?;
+    let run = RunDir::claim(&w, leader, &claim)?;
 
     // the model's configuration and where its tokenizer is
     let (cfg, tok_dir) = match (&a.preset, &a.model) {
         (Some(p), _) => {
             // every process writes the same tokenizer (atomically) and reads it back
             if a.data.is_some() {
-                presets::write_byte_tokenizer(&w).map_err(err)?;
+                presets::write_byte_tokenizer(&w)?;
             } else {
-                SyntheticText::new(64, a.seq(), a.seed ^ corpus::SEED_MIX).write_tokenizer(&w).map_err(err)?;
+                SyntheticText::new(64, a.seq(), a.seed ^ corpus::SEED_MIX).write_tokenizer(&w)?;
             }
-            let vocab = Tokenizer::from_dir(&w).map_err(err)?.vocab_size();
-            let raw = presets::config(p, vocab).map_err(err)?;
-            (HfConfig::from_json(&raw.to_string()).map_err(err)?, w.clone())
+            let vocab = Tokenizer::from_dir(&w)?.vocab_size();
+            let raw = presets::config(p, vocab)?;
+            (HfConfig::from_json(&raw.to_string())?, w.clone())
         }
-        (None, Some(m)) => (HfConfig::from_dir(m).map_err(err)?, m.clone()),
+        (None, Some(m)) => (HfConfig::from_dir(m)?, m.clone()),
         (None, None) => return Err("give a model: --preset llama-tiny, or --model DIR".into()),
     };
     let t5 = cfg.model_type == "t5";

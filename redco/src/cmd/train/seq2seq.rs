@@ -9,8 +9,9 @@
 use super::args::{already_past, train_config, TrainArgs};
 use super::data::{open_data, string_field};
 use super::finish::{finish, own_threads, Ending};
-use super::{err, RunSetup};
+use super::RunSetup;
 use crate::cmd::backends::{self, CliBackend, Devices, OnBackend};
+use crate::cmd::error::CliResult;
 use redco_core::nn::lora::{add_lora, set_dropout_seed, LoraConfig};
 use redco_core::{Backend, DType, Error, Result};
 use redco_models::hf::tokenizer::Tokenizer;
@@ -146,7 +147,7 @@ fn report_outputs<B: Backend>(b: &B, w: &Path, tok: &Tokenizer, held_out: &[Pair
 }
 
 /// Runs the T5 part of `redco train`.
-pub(super) fn run(a: &TrainArgs, r: RunSetup) -> std::result::Result<(), String> {
+pub(super) fn run(a: &TrainArgs, r: RunSetup) -> CliResult<()> {
     let cfg = &r.cfg;
     let (Some(src_field), Some(tgt_field)) = (&a.source_field, &a.target_field) else {
         return Err(
@@ -158,18 +159,17 @@ pub(super) fn run(a: &TrainArgs, r: RunSetup) -> std::result::Result<(), String>
                     --source-field and --target-field"
             .into());
     };
-    let tok = Tokenizer::from_dir(&r.tok_dir).map_err(err)?;
-    if let Some(w) = redco_models::hf::vocab::check_tokenizer(&tok, cfg.vocab).map_err(err)? {
+    let tok = Tokenizer::from_dir(&r.tok_dir)?;
+    if let Some(w) = redco_models::hf::vocab::check_tokenizer(&tok, cfg.vocab)? {
         crate::cmd::out::warn(format_args!("redco: warning: {w}"));
     }
     let max_target = a.target_len.unwrap_or(a.seq());
-    let mut pairs =
-        read_pairs(data, a.data_split.as_deref(), (src_field, tgt_field), &tok, a.seq(), max_target).map_err(err)?;
+    let mut pairs = read_pairs(data, a.data_split.as_deref(), (src_field, tgt_field), &tok, a.seq(), max_target)?;
     for (i, p) in pairs.iter().enumerate() {
         for (ids, field) in [(&p.source, src_field), (&p.target, tgt_field)] {
             let source =
                 format!("{} pair {} (`{field}`, encoded by {})", data.display(), i + 1, tok.source().display());
-            redco_models::hf::vocab::check_ids(ids, cfg.vocab, false, &source, Some(&tok)).map_err(err)?;
+            redco_models::hf::vocab::check_ids(ids, cfg.vocab, false, &source, Some(&tok))?;
         }
     }
     let n_eval = (pairs.len() / 20).clamp(1, 64);
@@ -223,7 +223,7 @@ pub(super) fn run(a: &TrainArgs, r: RunSetup) -> std::result::Result<(), String>
         config,
         setup: &r,
     };
-    let report = backends::dispatch(r.kind, r.mesh, &job).map_err(err)?;
+    let report = backends::dispatch(r.kind, r.mesh, &job)?;
     let files = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"];
     if !finish(
         a,
@@ -235,7 +235,7 @@ pub(super) fn run(a: &TrainArgs, r: RunSetup) -> std::result::Result<(), String>
         return Ok(());
     }
     // the held-out outputs on this process alone
-    let b = redco_cpu::Cpu::try_new(own_threads(a)).map_err(err)?;
-    report_outputs(&b, &a.workdir, &tok, &held_out, max_target).map_err(err)?;
+    let b = redco_cpu::Cpu::try_new(own_threads(a))?;
+    report_outputs(&b, &a.workdir, &tok, &held_out, max_target)?;
     super::lora::print_outputs(&a.workdir, r.lora.is_some() && a.lora.peft())
 }

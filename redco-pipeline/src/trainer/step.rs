@@ -3,14 +3,14 @@
 //! sum, clipping and the update of the f32 masters), [`CompiledRun`] hands the batch to a
 //! [`CompiledStep`] that does all of it as one program. The eager step runs every
 //! configuration; what a compiled one can run is stated once, in
-//! [`compiled::ineligible`](super::compiled::ineligible). A non-finite loss meets the one
+//! [`compiled::ineligible`](crate::compiled::ineligible). A non-finite loss meets the one
 //! policy of [`non_finite`].
 
-use super::agree::dp_shard;
-use super::compiled::{pull_state, push_state, CompiledStep, StepInputs};
 use super::rank_run::RankRun;
-use super::train_config::{NanPolicy, TrainConfig};
-use super::{Batch, StepCtx};
+use crate::agree::dp_shard;
+use crate::compiled::{pull_state, push_state, CompiledStep, StepInputs};
+use crate::train_config::{NanPolicy, TrainConfig};
+use crate::{Batch, StepCtx};
 use redco_core::nn::{Module, ModuleExt};
 use redco_core::{Backend, Error, GradStore, Result, Tensor};
 use std::sync::Arc;
@@ -69,7 +69,7 @@ pub(crate) fn non_finite(cfg: &TrainConfig, rank: usize, at: NonFinite) -> Resul
 pub(crate) trait StepStrategy<M, E, B: Backend> {
     /// Runs step `step` with learning rate `lr`.
     fn step(&self, r: &mut RankRun<'_, M, E, B>, step: u64, lr: f64) -> Result<StepOutcome>;
-    /// Makes the rank's [`TrainState`](super::train_state::TrainState) and model current,
+    /// Makes the rank's [`TrainState`](crate::train_state::TrainState) and model current,
     /// before something reads them (an eval, a checkpoint).
     fn sync_state(&self, r: &mut RankRun<'_, M, E, B>) -> Result<()>;
     /// Prepares the strategy's own state from the rank's (after a resume).

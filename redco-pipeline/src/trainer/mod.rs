@@ -5,15 +5,17 @@
 //! atomic checkpoint every N steps. The data order and every random draw derive from the
 //! seed and the step, so a resumed run continues exactly where the last checkpoint was.
 
+mod rank_run;
+mod step;
+
 use super::compiled::{CompiledStep, StepCompiler};
 use super::data::Dataset;
 use super::observe::{Observers, TrainObserver};
 use super::placing::SharedByShape;
-use super::rank_run::RankRun;
 use super::run_dir::{ClaimOptions, RunDir};
-use super::step::{CompiledRun, EagerStep, StepStrategy};
 use super::train_config::{OptimizerConfig, TrainConfig, ZeroStage};
 use super::{Batch, Deployer, StepCtx};
+use rank_run::RankRun;
 use redco_core::backend::{MemoryStats, OpTime};
 use redco_core::nn::{KeepWhole, Module, ModuleExt, ParamPlacer};
 use redco_core::ops::random::mix64;
@@ -25,6 +27,7 @@ use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
+use step::{CompiledRun, EagerStep, StepStrategy};
 
 /// The result of [`Trainer::fit`].
 #[derive(Debug, Clone)]

@@ -2,19 +2,19 @@
 //! [`TrainState`], the step loop driven by a [`StepStrategy`] and a [`Cadence`], the eval,
 //! the metrics and observers (rank 0), checkpoints and the export.
 
-use super::agree::{check_same_as_leader, check_shared_workdir, dp_shard, from_leader};
-use super::cadence::Cadence;
-use super::checkpoint::{export_each, Checkpointer};
-use super::data::Dataset;
-use super::grad_sync::{GradSync, SyncStrategy};
-use super::metrics::{MetricsLog, StepMetrics};
-use super::placing::RankPlacer;
-use super::run_dir::RunDir;
 use super::step::{params_of, shard_batch, train_ctx, StepOutcome, StepStrategy, Trained};
-use super::train_config::ZeroStage;
-use super::train_state::TrainState;
-use super::trainer::{Eval, StepProfile, Trainer};
-use super::{Batch, Deployer, StepCtx};
+use super::{Eval, StepProfile, Trainer};
+use crate::agree::{check_same_as_leader, check_shared_workdir, dp_shard, from_leader};
+use crate::cadence::Cadence;
+use crate::checkpoint::{export_each, Checkpointer};
+use crate::data::Dataset;
+use crate::grad_sync::{GradSync, SyncStrategy};
+use crate::metrics::{MetricsLog, StepMetrics};
+use crate::placing::RankPlacer;
+use crate::run_dir::RunDir;
+use crate::train_config::ZeroStage;
+use crate::train_state::TrainState;
+use crate::{Batch, Deployer, StepCtx};
 use redco_core::backend::MemoryStats;
 use redco_core::nn::{Module, ModuleExt};
 use redco_core::runtime::DEFAULT_BUCKET_BYTES;
@@ -108,7 +108,7 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
             state.load(&ckpt, &rk.comm, (*step, dir), cfg)?;
             if rk.rank == 0 {
                 tracing::info!(step = state.start, dir = %dir.display(), "resumed from checkpoint");
-                super::workdir::truncate_metrics(&dep.workdir, state.start)?;
+                crate::workdir::truncate_metrics(&dep.workdir, state.start)?;
             }
         }
         state.refresh(&mut model, cfg.compute_dtype)?;
