@@ -30,7 +30,8 @@
 //! loss, one backward pass, then a few greedy tokens.
 //!
 //! ```
-//! use redco_core::{cpu::Cpu, nn::ModuleExt, DType, Tensor};
+//! use redco_core::{nn::ModuleExt, DType, Tensor};
+//! use redco_cpu::Cpu;
 //! use redco_models::generate::{generate, CausalLm, GenerationConfig};
 //! use redco_models::{hf::config::HfConfig, llama::Llama, presets};
 //!

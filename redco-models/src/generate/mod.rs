@@ -231,7 +231,8 @@ pub fn positions_from_mask(mask: &[i64], seq: usize) -> Vec<i64> {
 /// as they come.
 ///
 /// ```
-/// # use redco_core::{cpu::Cpu, DType, Tensor};
+/// # use redco_core::{DType, Tensor};
+/// # use redco_cpu::Cpu;
 /// # use redco_models::{generate::{generate, CausalLm}, hf::config::HfConfig, llama::Llama};
 /// # let b = Cpu::new(1);
 /// # let json = r#"{"model_type":"llama","hidden_size":16,"intermediate_size":32,"num_hidden_layers":1,
