@@ -198,6 +198,7 @@ fn ids_of(s: &CpuStorage, op: &'static str) -> Result<Vec<i64>> {
 
 impl Backend for Cpu {
     type Storage = CpuStorage;
+    redco_core::comm_slot!(Cpu);
 
     fn name(&self) -> String {
         "cpu".into()

@@ -9,6 +9,7 @@ use redco_core::{Backend, DType, HostData, Result, Shape};
 
 impl Backend for Cuda {
     type Storage = CudaStorage;
+    redco_core::comm_slot!(Cuda);
 
     fn memory_stats(&self) -> Option<redco_core::backend::MemoryStats> {
         let s = self.memory();

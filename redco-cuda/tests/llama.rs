@@ -56,13 +56,16 @@ fn llama_logits_and_one_adamw_step_on_cuda_equal_cpu() {
     for mesh in ["1x1", "1x2"] {
         let mesh: Mesh = mesh.parse().expect("mesh");
         let plan = plan(mesh);
-        let cpu = spmd(mesh, &opts, |_, t| Cpu::try_new(t), |rk| step(&rk.backend, &plan)).expect("cpu run");
-        let gpu = spmd(mesh, &opts, |_, _| Cuda::new(0), |rk| step(&rk.backend, &plan)).expect("cuda run");
+        let cpu =
+            spmd(mesh, &opts, |_, t| Cpu::try_new(t), |rk| step(&rk.backend, &plan, Some(&rk.comm))).expect("cpu run");
+        let gpu =
+            spmd(mesh, &opts, |_, _| Cuda::new(0), |rk| step(&rk.backend, &plan, Some(&rk.comm))).expect("cuda run");
         compare(mesh, "host-staged collectives", &gpu, &cpu);
         if mesh.size() > 1 && n >= mesh.size() {
             let nccl = NcclFactory::new(Arc::new(Threads::new()));
-            let gpu = spmd_with(&nccl, mesh, &opts, |rank, _| Cuda::new(rank), |rk| step(&rk.backend, &plan))
-                .expect("cuda run over NCCL");
+            let gpu =
+                spmd_with(&nccl, mesh, &opts, |rank, _| Cuda::new(rank), |rk| step(&rk.backend, &plan, Some(&rk.comm)))
+                    .expect("cuda run over NCCL");
             compare(mesh, "NCCL", &gpu, &cpu);
         }
     }

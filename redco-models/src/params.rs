@@ -4,7 +4,7 @@
 
 use crate::hf::checkpoint::Checkpoint;
 use redco_core::nn::{Init, ParamPlacer};
-use redco_core::{planning::ShardPlan, runtime::current_comm};
+use redco_core::planning::ShardPlan;
 use redco_core::{Backend, DType, Error, MeshAxis, Placement, Result, Shape, Tensor};
 use std::collections::BTreeSet;
 
@@ -128,9 +128,9 @@ impl<B: Backend> ParamSource<B> for CheckpointSource<'_, B> {
         }
         self.used.insert(name.to_string());
         let placements = self.plan.map(|p| p.placements(name)).unwrap_or_default();
-        let t = match (placements.get(MeshAxis::Mp), current_comm::<B>()) {
-            (Placement::Shard(d), Some(c)) if c.mesh().mp > 1 => {
-                let k = c.mesh().mp;
+        let t = match (placements.get(MeshAxis::Mp), self.plan) {
+            (Placement::Shard(d), Some(plan)) if plan.mesh.mp > 1 => {
+                let k = plan.mesh.mp;
                 let n = shape.dims()[d];
                 if !n.is_multiple_of(k) {
                     return Err(Error::Parameter {
@@ -138,7 +138,15 @@ impl<B: Backend> ParamSource<B> for CheckpointSource<'_, B> {
                         msg: format!("dim {d} of `{name}` {shape} does not split {k} ways"),
                     });
                 }
-                let i = c.index_along(MeshAxis::Mp);
+                let i = plan.index_along(MeshAxis::Mp).ok_or_else(|| {
+                    Error::config(
+                        "load",
+                        format!(
+                            "the plan for mesh {} is not bound to a rank (`ShardPlan::at_rank`), so which slice of `{name}` to read is unknown",
+                            plan.mesh
+                        ),
+                    )
+                })?;
                 let part = self.ckpt.read_slice_as(name, d, i * (n / k), n / k, self.dtype)?;
                 let s = self.b.upload_owned(part.data)?;
                 Tensor::from_local(self.b, s, shape, part.shape, placements, self.dtype)

@@ -76,7 +76,7 @@ impl<M: Module<B>, E: Clone + Send + Sync, O: Send, B: Backend> Predictor<M, E, 
         }
         let mut all = dep.run(|rk| {
             let mut model = (self.model_fn)(&rk.backend)?;
-            plan.apply(&mut model)?;
+            plan.apply(&mut model, Some(&rk.comm))?;
             let n = data.len();
             let mut out = Vec::with_capacity(n);
             let (dp, d) = (dep.mesh.dp, rk.comm.index_along(MeshAxis::Dp));

@@ -61,6 +61,7 @@ impl Pjrt {
 
 impl Backend for Pjrt {
     type Storage = PjrtStorage;
+    redco_core::comm_slot!(Pjrt);
 
     fn name(&self) -> String {
         "pjrt".into()

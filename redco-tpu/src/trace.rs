@@ -156,6 +156,7 @@ fn around(shape: &Shape, dim: usize) -> (usize, usize, usize) {
 
 impl Backend for Tracer {
     type Storage = TVal;
+    redco_core::comm_slot!(Tracer);
 
     fn name(&self) -> String {
         "pjrt".into()

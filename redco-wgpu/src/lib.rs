@@ -266,6 +266,7 @@ fn fused_float(x: &WgpuStorage, op: &'static str) -> Result<DType> {
 
 impl Backend for Wgpu {
     type Storage = WgpuStorage;
+    redco_core::comm_slot!(Wgpu);
 
     fn name(&self) -> String {
         "wgpu".into()

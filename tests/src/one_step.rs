@@ -4,7 +4,8 @@
 use redco_core::nn::ModuleExt;
 use redco_core::optim::{AdamW, AdamWConfig};
 use redco_core::planning::trace::plan_from_trace;
-use redco_core::{planning::ShardPlan, runtime::Mesh};
+use redco_core::planning::ShardPlan;
+use redco_core::runtime::{Comm, Mesh};
 use redco_core::{Backend, DType, Result, Tensor};
 use redco_cpu::Cpu;
 use redco_models::hf::config::HfConfig;
@@ -50,10 +51,11 @@ pub struct Step {
     pub params: BTreeMap<String, Vec<f64>>,
 }
 
-/// The logits, then one training step: loss, backward, AdamW update.
-pub fn step<B: Backend>(b: &B, plan: &ShardPlan) -> Result<Step> {
+/// The logits, then one training step: loss, backward, AdamW update, on the rank whose
+/// communicator is `comm`.
+pub fn step<B: Backend>(b: &B, plan: &ShardPlan, comm: Option<&Comm<B>>) -> Result<Step> {
     let mut m = Llama::new(b, &cfg(), DType::F32, 5)?;
-    plan.apply(&mut m)?;
+    plan.apply(&mut m, comm)?;
     let [ids, mask, labels] = batch(b)?;
     // the model's own loss: under tensor parallelism the vocabulary-parallel cross-entropy
     let logits = m.forward(&ids, Some(&mask), None)?.replicate()?.to_vec_f64()?;

@@ -19,9 +19,11 @@ fn llama_logits_and_one_adamw_step_on_wgpu_equal_cpu_at_1x1_and_1x2() {
         let mesh: Mesh = mesh.parse().expect("mesh");
         let plan = plan(mesh);
         let opts = SpmdOptions::default();
-        let cpu = spmd(mesh, &opts, |_, t| Cpu::try_new(t), |rk| step(&rk.backend, &plan)).expect("cpu run");
+        let cpu =
+            spmd(mesh, &opts, |_, t| Cpu::try_new(t), |rk| step(&rk.backend, &plan, Some(&rk.comm))).expect("cpu run");
         // one wgpu device per rank
-        let gpu = spmd(mesh, &opts, |_, _| Wgpu::new(), |rk| step(&rk.backend, &plan)).expect("wgpu run");
+        let gpu =
+            spmd(mesh, &opts, |_, _| Wgpu::new(), |rk| step(&rk.backend, &plan, Some(&rk.comm))).expect("wgpu run");
         let (c, g) = (&cpu[0], &gpu[0]);
         for (r, other) in gpu.iter().enumerate() {
             assert_eq!(other.loss, g.loss, "rank {r} disagrees with rank 0 at {mesh}");

@@ -2,7 +2,7 @@
 //! to a module (each rank keeps only its slice).
 
 use crate::nn::Module;
-use crate::runtime::mesh::Mesh;
+use crate::runtime::{Comm, Mesh};
 use crate::{Backend, Error, MeshAxis, Placement, Placements, Result, Shape};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -45,9 +45,26 @@ pub struct ShardPlan {
     pub mesh: Mesh,
     /// Parameter name -> plan.
     pub params: BTreeMap<String, ParamPlan>,
+    /// The rank this copy of the plan is for, when bound ([`ShardPlan::at_rank`]): a
+    /// sharded checkpoint load reads this rank's slices.
+    pub rank: Option<usize>,
 }
 
 impl ShardPlan {
+    /// The plan bound to `rank` of its mesh (what a sharded load needs to pick its slices);
+    /// an error when the mesh has no such rank.
+    pub fn at_rank(&self, rank: usize) -> Result<ShardPlan> {
+        if rank >= self.mesh.size() {
+            return Err(Error::config("shard plan", format!("rank {rank} is not in mesh {}", self.mesh)));
+        }
+        Ok(ShardPlan { rank: Some(rank), ..self.clone() })
+    }
+
+    /// This rank's position along `axis`, for a plan bound to a rank (`None` otherwise).
+    pub fn index_along(&self, axis: MeshAxis) -> Option<usize> {
+        self.rank.map(|r| self.mesh.index_along(r, axis))
+    }
+
     /// The placements of parameter `name` (replicated when the plan does not name it).
     pub fn placements(&self, name: &str) -> Placements {
         let p = self.params.get(name).map(|p| p.placement).unwrap_or(Placement::Replicate);
@@ -109,9 +126,10 @@ impl ShardPlan {
     }
 
     /// Lays out every parameter of `model` as planned: each rank keeps its slice (no
-    /// communication) as a fresh variable. Run inside an SPMD run whose mesh is the plan's.
-    pub fn apply<B: Backend, M: Module<B> + ?Sized>(&self, model: &mut M) -> Result<()> {
-        self.apply_except(model, &|_| false)
+    /// communication) as a fresh variable. `comm` is this rank's communicator (`None` on one
+    /// device); its mesh must be the plan's.
+    pub fn apply<B: Backend, M: Module<B> + ?Sized>(&self, model: &mut M, comm: Option<&Comm<B>>) -> Result<()> {
+        self.apply_except(model, comm, &|_| false)
     }
 
     /// [`ShardPlan::apply`] to every parameter but those `skip` names (already laid out
@@ -119,17 +137,19 @@ impl ShardPlan {
     pub fn apply_except<B: Backend, M: Module<B> + ?Sized>(
         &self,
         model: &mut M,
+        comm: Option<&Comm<B>>,
         skip: &dyn Fn(&str) -> bool,
     ) -> Result<()> {
-        if let Some(c) = crate::runtime::current_comm::<B>() {
-            if c.mesh() != self.mesh {
-                return Err(Error::invalid(
-                    "apply plan",
-                    format!("the plan is for mesh {} but this run has mesh {}", self.mesh, c.mesh()),
-                ));
-            }
-        } else if self.mesh.size() > 1 {
-            return Err(Error::invalid("apply plan", "a plan for several ranks must be applied inside an SPMD run"));
+        let mesh = comm.map(|c| c.mesh()).unwrap_or_else(Mesh::single);
+        if mesh != self.mesh {
+            return Err(Error::config(
+                "apply plan",
+                match comm {
+                    Some(_) => format!("the plan is for mesh {} but this run has mesh {mesh}", self.mesh),
+                    None => "a plan for several ranks must be applied inside an SPMD run, with the rank's communicator"
+                        .into(),
+                },
+            ));
         }
         let mut err = None;
         model.visit_mut("", &mut |name, t| {

@@ -6,11 +6,11 @@
 //! (`redco-tpu`) are others, each in its own crate. A `pipeline::Deployer`
 //! holds one, so the same trainer runs whatever the transport.
 
-use super::collective::Collective;
-use super::mesh::Mesh;
 use super::store::{MemStore, Store};
 use super::threads::{Hub, ThreadCollective};
 use super::world::World;
+use crate::backend::collective::Collective;
+use crate::backend::mesh::Mesh;
 use crate::{Backend, Result};
 use std::sync::Arc;
 use std::time::Duration;

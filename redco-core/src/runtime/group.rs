@@ -6,7 +6,7 @@
 //! index along the axis), as in `MPI_Comm_split`, `ncclCommSplit` and XLA's replica groups.
 //! Transports create their communicators once per group from these, at the start of a run.
 
-use super::mesh::Mesh;
+use crate::backend::mesh::Mesh;
 use crate::MeshAxis;
 use std::fmt;
 

@@ -2,7 +2,7 @@
 //! the host (threads, MPI): reductions *in axis order* (so every member, and every
 //! transport, gets bit-identical sums), flat concatenation and equal chunks.
 
-use super::ReduceKind;
+use crate::backend::collective::ReduceKind;
 use crate::dtype::{floats, Floats};
 use crate::HostData;
 use std::sync::Arc;

@@ -11,13 +11,13 @@
 //! and the members then share the summed pieces, so a gradient that lies within one slice
 //! is one buffer for the whole group (no concatenated copy, no copy of the sum).
 
-use super::collective::{all_reduce_flat, Pending};
-use super::collective::{Collective, CollectiveKind, ReduceKind};
 use super::group::{GroupAxis, ProcessGroup};
 use super::host::{
     assemble_bucket, chunk, concat_all, reduce_all, reduce_bucket_range, reduce_range, split_range, SPLIT_REDUCE_MIN,
 };
-use super::mesh::Mesh;
+use crate::backend::collective::{all_reduce_flat, Pending};
+use crate::backend::collective::{Collective, CollectiveKind, ReduceKind};
+use crate::backend::mesh::Mesh;
 use crate::{Backend, DType, Error, HostData, MeshAxis, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};

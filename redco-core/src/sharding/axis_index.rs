@@ -5,8 +5,8 @@
 //! SPMD step (the index comes from the device's replica id there), and eager backends
 //! compute the same values they computed from the host index before.
 
+use crate::backend::comm::Comm;
 use crate::backend::CmpOp;
-use crate::runtime::spmd::Comm;
 use crate::{Backend, DType, Error, MeshAxis, Result, Shape, Tensor};
 
 /// The dtype rank arithmetic runs in: f64 where the backend has it, else f32 (exact for

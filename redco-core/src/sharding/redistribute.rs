@@ -3,16 +3,23 @@
 //! all-gather <-> reduce-scatter or slice).
 
 use super::axis_index::{on_first_only, own_chunk};
+use crate::backend::comm::{current_comm, Comm};
 use crate::placement::{local_shape, without_partial};
-use crate::runtime::spmd::{current_comm, Comm};
 use crate::runtime::ReduceKind;
 use crate::{Backend, Error, MeshAxis, PartialOp, Placement, Placements, Result, Shape, Tensor};
 
 /// The communicator of this thread, or an error naming `op` (a sharded tensor is only
 /// meaningful inside an SPMD run).
 pub(crate) fn comm<B: Backend>(op: &'static str) -> Result<Comm<B>> {
-    current_comm::<B>().ok_or_else(|| {
-        Error::invalid(op, "a sharded tensor is used outside an SPMD run (no communicator on this thread)")
+    current_comm::<B>().ok_or_else(|| match B::comm_slot() {
+        Some(_) => Error::invalid(op, "a sharded tensor is used outside an SPMD run (no communicator on this thread)"),
+        None => Error::unsupported(
+            op,
+            format!(
+                "backend type `{}` declares no communicator slot (`redco_core::comm_slot!`), so it runs single-rank ops only",
+                std::any::type_name::<B>()
+            ),
+        ),
     })
 }
 

@@ -91,7 +91,7 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
         let placer = RankPlacer::new(plan, &rk.comm, units);
         let mut model = (trainer.model_fn)(&rk.backend, &placer)?;
         let placed = placer.into_pieces();
-        plan.apply_except(&mut model, &|name| placed.contains_key(name))?;
+        plan.apply_except(&mut model, Some(&rk.comm), &|name| placed.contains_key(name))?;
         let ckpt = Checkpointer::new(&dep.workdir, cfg.keep_last);
         // the best eval so far, as rank 0 reads it
         let best0 = ckpt.best().map_or(f64::NAN, |(_, v)| v);

@@ -94,9 +94,19 @@ fn to_redco(a: &ConvertArgs) -> Result<PathBuf> {
     let dirs = spmd_cpu(mesh, &opts, |rk| {
         let opt = OnDevice::<Cpu>(Box::new(Sgd::new(0.0, 0.0, 0.0)));
         if t5 {
-            ckpt.save(Some(&rk.comm), 0, &T5::from_pretrained(&rk.backend, &a.input, dtype, Some(&plan))?, &opt)
+            ckpt.save(
+                Some(&rk.comm),
+                0,
+                &T5::from_pretrained(&rk.backend, &a.input, dtype, Some(&plan.at_rank(rk.rank)?))?,
+                &opt,
+            )
         } else {
-            ckpt.save(Some(&rk.comm), 0, &AutoModel::from_pretrained(&rk.backend, &a.input, dtype, Some(&plan))?, &opt)
+            ckpt.save(
+                Some(&rk.comm),
+                0,
+                &AutoModel::from_pretrained(&rk.backend, &a.input, dtype, Some(&plan.at_rank(rk.rank)?))?,
+                &opt,
+            )
         }
     })?;
     Ok(dirs.into_iter().next().unwrap_or_default())

@@ -62,7 +62,7 @@ fn dump<B: Backend>(
 ) -> Result<Named> {
     let cfg = HfConfig::from_dir(&a.model)?;
     check_inputs(a, inputs, &cfg).map_err(|e| e.into_redco("eval-dump"))?;
-    let plan = model_config::plan(&cfg, comm.map_or(redco_core::runtime::Mesh::single(), |c| c.mesh()))?;
+    let plan = model_config::rank_plan(&cfg, comm)?;
     let get = |k: &str| -> Result<Option<Tensor<B>>> {
         inputs.get(k).map(|t| Tensor::from_host(b, &t.data, t.shape.clone())).transpose()
     };

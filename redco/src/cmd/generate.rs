@@ -100,8 +100,7 @@ const DEFAULT_NEW_TOKENS: usize = 32;
 
 fn run_rank<B: Backend>(b: &B, comm: Option<&Comm<B>>, a: &GenerateArgs, prompts: &[String]) -> Result<Vec<String>> {
     let cfg = HfConfig::from_dir(&a.model)?;
-    let mesh = comm.map_or(redco_core::runtime::Mesh::single(), |c| c.mesh());
-    let plan = model_config::plan(&cfg, mesh)?;
+    let plan = model_config::rank_plan(&cfg, comm)?;
     let dtype = check::dtype(&a.dtype).map_err(|e| Error::invalid("generate", e))?;
     let tok = Tokenizer::from_dir(&a.model)?;
     let speak = comm.is_none_or(|c| c.rank() == 0);

@@ -173,7 +173,8 @@ impl backends::OnBackend for OnMesh<'_> {
     type Out = ();
     fn run<B: backends::CliBackend>(self, d: backends::Devices<B>) -> redco_core::Result<()> {
         let rank = |b: &B, comm: Option<&Comm<B>>| -> redco_core::Result<()> {
-            let model = AutoModel::from_pretrained(b, &self.a.model, self.dtype, self.plan)?;
+            let plan = model_config::bind(self.plan, comm)?;
+            let model = AutoModel::from_pretrained(b, &self.a.model, self.dtype, plan.as_ref())?;
             let mut engine = Engine::split(b, model, self.engine, self.kv_dtype, self.mesh.mp)?;
             if let Ok(g) = self.guides {
                 engine = engine.with_guides(g.clone());

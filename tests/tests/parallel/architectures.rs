@@ -110,7 +110,7 @@ fn check<M: Arch>() {
         let p = plan::<M>(mesh, false);
         let (l, got) = spmd_cpu(mesh, &SpmdOptions::default(), |rk| {
             let mut m = M::build(&rk.backend)?;
-            p.apply(&mut m)?;
+            p.apply(&mut m, Some(&rk.comm))?;
             let loss = m.loss(&rk.backend)?;
             let g = loss.backward()?;
             let mut out = BTreeMap::new();

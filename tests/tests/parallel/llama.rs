@@ -53,7 +53,7 @@ fn step_with(b: &Cpu, plan: Option<&ShardPlan>, recompute: Recompute) -> Result<
     let mut m = Llama::new(b, &cfg(), DType::F32, 5)?;
     m.set_recompute(recompute);
     if let Some(p) = plan {
-        p.apply(&mut m)?;
+        p.apply(&mut m, redco_core::runtime::current_comm::<Cpu>().as_ref())?;
     }
     let [ids, mask, labels] = batch(b)?;
     if let Some(c) = current_comm::<Cpu>() {

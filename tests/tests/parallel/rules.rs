@@ -110,11 +110,11 @@ fn a_plan_for_another_mesh_is_rejected() {
     let plan = traced(LLAMA, Mesh::new(1, 2).unwrap(), false, true).unwrap();
     let err = spmd_cpu(Mesh::new(1, 4).unwrap(), &SpmdOptions::default(), |rk| {
         let mut m = Lm::new(&rk.backend, LLAMA, DType::F32, 3)?;
-        plan.apply(&mut m)
+        plan.apply(&mut m, Some(&rk.comm))
     })
     .unwrap_err();
     assert!(err.to_string().contains("plan is for mesh 1x2 but this run has mesh 1x4"), "{err}");
     let mut m = Lm::new(&Cpu::new(1), LLAMA, DType::F32, 3).unwrap();
-    let err = plan.apply(&mut m).unwrap_err();
+    let err = plan.apply(&mut m, None).unwrap_err();
     assert!(err.to_string().contains("inside an SPMD run"), "{err}");
 }

@@ -40,7 +40,7 @@ fn batch(b: &Cpu, vocab: usize) -> Result<(Tensor<Cpu>, Tensor<Cpu>, Tensor<Cpu>
 fn step(b: &Cpu, cfg: Config, plan: Option<&ShardPlan>) -> Result<Run> {
     let mut m = Lm::new(b, cfg, DType::F32, 11)?;
     if let Some(p) = plan {
-        p.apply(&mut m)?;
+        p.apply(&mut m, redco_core::runtime::current_comm::<Cpu>().as_ref())?;
     }
     let (ids, labels, mask) = batch(b, cfg.vocab)?;
     if let Some(c) = redco_core::runtime::current_comm::<Cpu>() {

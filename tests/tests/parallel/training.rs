@@ -57,7 +57,7 @@ fn train_steps(
 ) -> Result<Trained> {
     let mut m = Lm::new(b, cfg, DType::F32, 5)?;
     if let Some(p) = plan {
-        p.apply(&mut m)?;
+        p.apply(&mut m, redco_core::runtime::current_comm::<Cpu>().as_ref())?;
     }
     // eps 1e-6: the gradient of a key bias is zero in exact arithmetic (softmax ignores a
     // per-row constant), so with a tiny eps Adam would turn rounding noise into full steps
@@ -165,7 +165,7 @@ fn planner_predicts_the_measured_communication() {
     for zero1 in [false, true] {
         let measured = spmd_cpu(mesh, &SpmdOptions::default(), |rk| {
             let mut m = Lm::new(&rk.backend, LLAMA, DType::F32, 5)?;
-            plan.apply(&mut m)?;
+            plan.apply(&mut m, Some(&rk.comm))?;
             let [ids, labels, mask] = dp_data(&rk.backend, LLAMA.vocab, 0)?;
             let mut opt = AdamW::new(AdamWConfig { zero1, ..Default::default() }).with_comm(Some(rk.comm.clone()));
             rk.comm.reset_stats();
@@ -203,7 +203,7 @@ fn global_grad_norm_counts_every_shard_once() {
     let norm = |b: &Cpu, plan: Option<&ShardPlan>, dp: usize| -> Result<(f64, f64)> {
         let mut m = Lm::new(b, LLAMA, DType::F32, 5)?;
         if let Some(p) = plan {
-            p.apply(&mut m)?;
+            p.apply(&mut m, redco_core::runtime::current_comm::<Cpu>().as_ref())?;
         }
         let [mut ids, mut labels, mut mask] = data(b, LLAMA.vocab, 0)?;
         if dp > 1 {
@@ -250,7 +250,7 @@ fn overlapped_buckets_sum_the_same_bits_as_sync_grads() {
     let plan = crate::rules::traced(LLAMA, mesh, false, true).unwrap();
     spmd_cpu(mesh, &SpmdOptions::default(), |rk| {
         let mut m = Lm::new(&rk.backend, LLAMA, DType::F32, 5)?;
-        plan.apply(&mut m)?;
+        plan.apply(&mut m, Some(&rk.comm))?;
         let [ids, labels, mask] = dp_data(&rk.backend, LLAMA.vocab, 0)?;
         let params: Vec<Tensor<Cpu>> = m.named_parameters().into_iter().map(|(_, t)| t).collect();
         let loss = m.loss(&ids, Some(&mask), &labels)?;

@@ -41,7 +41,7 @@ fn a_split_model_saves_back_whole_and_in_shards() {
     for (name, shard_bytes) in [("whole", usize::MAX), ("sharded", 20_000)] {
         let out = tmp(name);
         spmd_cpu(mesh, &SpmdOptions::default(), |rk| {
-            let m = Llama::from_pretrained_split(&rk.backend, &fixture(), DType::F32, Some(&plan))?;
+            let m = Llama::from_pretrained_split(&rk.backend, &fixture(), DType::F32, Some(&plan.at_rank(rk.rank)?))?;
             save_pretrained(&m, &m.cfg, &out, shard_bytes, Some(&rk.comm))
         })
         .unwrap();

@@ -85,7 +85,9 @@ fn llama_matches_transformers_at_1x1_1x2_2x2() {
     for mesh in ["1x2", "2x2"] {
         let mesh: Mesh = mesh.parse().unwrap();
         let plan = traced_plan(mesh);
-        let out = spmd_cpu(mesh, &SpmdOptions::default(), |rk| run(&rk.backend, Some(&plan))).unwrap().swap_remove(0);
+        let out = spmd_cpu(mesh, &SpmdOptions::default(), |rk| run(&rk.backend, Some(&plan.at_rank(rk.rank)?)))
+            .unwrap()
+            .swap_remove(0);
         check(&out, &mesh.to_string());
     }
 }
@@ -94,7 +96,7 @@ fn llama_matches_transformers_at_1x1_1x2_2x2() {
 fn greedy(b: &Cpu, split: Option<&redco_core::planning::ShardPlan>) -> Result<Vec<i64>> {
     let mut m = Llama::from_pretrained(b, &dir(), DType::F32)?;
     if let Some(p) = split {
-        p.apply(&mut m)?;
+        p.apply(&mut m, redco_core::runtime::current_comm::<Cpu>().as_ref())?;
     }
     let inp = read_all(&dir().join("inputs.safetensors"))?;
     let t = |k: &str| Tensor::from_host(b, &inp[k].data, inp[k].shape.clone());

@@ -167,7 +167,8 @@ fn parity(name: &str) {
         for (n, p) in &plan.params {
             assert_eq!(p.placement, megatron(n), "{name}: {n} at {mesh}:\n{plan}");
         }
-        let outs = spmd_cpu(mesh, &SpmdOptions::default(), |rk| run(name, &rk.backend, Some(&plan))).unwrap();
+        let outs = spmd_cpu(mesh, &SpmdOptions::default(), |rk| run(name, &rk.backend, Some(&plan.at_rank(rk.rank)?)))
+            .unwrap();
         for o in &outs {
             check(name, o, &mesh.to_string());
         }

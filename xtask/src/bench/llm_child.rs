@@ -78,7 +78,7 @@ impl Job<'_> {
         let (b, steps, vocab) = (&rk.backend, self.steps, self.cfg.vocab);
         let mut model = Llama::new(b, self.cfg, DType::F32, 0)?;
         if let Some(p) = self.plan {
-            p.apply(&mut model)?;
+            p.apply(&mut model, Some(&rk.comm))?;
         }
         // f32 master weights (what AdamW updates) and the model's copies in the compute
         // dtype, refreshed after each step, as the Trainer's mixed precision
@@ -98,7 +98,7 @@ impl Job<'_> {
         }
         let whole = Tensor::from_vec(b, self.ids.to_vec(), [BATCH, SEQ])?;
         let ids = if self.mesh.dp > 1 { whole.shard_along(MeshAxis::Dp, 0)? } else { whole };
-        let comm = redco_core::runtime::current_comm::<B>();
+        let comm = Some(rk.comm.clone());
         let mut opt = AdamW::new(ADAMW).with_comm(comm.clone());
         let mut out = RankTimes { train: vec![], phases: vec![], fwd: vec![], decode: vec![], loss: f64::NAN };
         for i in (0..=steps).filter(|_| self.want("train")) {

@@ -141,6 +141,7 @@ fn child(dir: &Path, rank: usize, mp: usize) -> std::result::Result<(), String> 
     let plan = plan_by_names(&cfg.param_shapes().map_err(|e| e.to_string())?, mesh);
     let _guard = (mp > 1).then(|| CommGuard::install(Comm::<Cpu>::new(Arc::new(Detached { mesh, rank }))));
     let dtype = dtype_of(&cfg);
+    let plan = plan.at_rank(rank).map_err(|e| e.to_string())?;
     let m = Llama::from_pretrained_split(&b, dir, dtype, (mp > 1).then_some(&plan)).map_err(|e| e.to_string())?;
     let (peak, rss) = memory();
     let local: usize =
@@ -169,7 +170,7 @@ fn child_mpi(dir: &Path, mp: usize, decode: usize) -> std::result::Result<(), St
         |_, t| Cpu::try_new(t),
         |rk| {
             let dtype = dtype_of(&cfg);
-            let m = Llama::from_pretrained_split(&rk.backend, dir, dtype, Some(&plan))?;
+            let m = Llama::from_pretrained_split(&rk.backend, dir, dtype, Some(&plan.at_rank(rk.rank)?))?;
             let (peak, rss) = memory();
             let local: usize =
                 m.named_parameters().iter().map(|(_, p)| p.local_shape().elem_count() * dtype.size_in_bytes()).sum();

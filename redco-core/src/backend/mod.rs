@@ -8,6 +8,14 @@
 //! A new backend implements the primitives and inherits the fused ops from their composite
 //! defaults (written once with [`Tensor`](crate::Tensor) ops, in `ops/<family>.rs`); it gets
 //! faster by overriding them.
+//!
+//! Beside the trait live what a rank's device is handed to communicate: the
+//! [`Collective`](collective::Collective) trait, the [`Mesh`](mesh::Mesh), and the rank's
+//! [`Comm`](comm::Comm) with each backend's typed thread slot ([`Backend::comm_slot`]).
+
+pub mod collective;
+pub mod comm;
+pub mod mesh;
 
 use crate::ops;
 use crate::{DType, HostData, Result, Shape};
@@ -181,6 +189,13 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
 
     /// A short name such as `cpu` or `wgpu`.
     fn name(&self) -> String;
+    /// This backend type's per-thread communicator slot, where the sharded tensor ops find
+    /// the rank's [`Comm`](comm::Comm). A backend declares it with
+    /// `redco_core::comm_slot!(MyBackend);` in its `impl Backend` block; the default (none)
+    /// runs single-rank only, and a sharded op on it says so.
+    fn comm_slot() -> Option<&'static std::thread::LocalKey<comm::CommSlot<Self>>> {
+        None
+    }
     /// True when the backend can store and compute `dtype`.
     fn supports(&self, dtype: DType) -> bool;
     /// Copies host data into new storage.
