@@ -7,6 +7,7 @@ use super::completions::usage;
 use super::error::ApiError;
 use super::logprobs;
 use super::params::{kind, Params};
+use super::request::{self, ChatFields};
 use super::tools::{self, Parser, ToolChoice, Tools};
 use super::App;
 use crate::guide::GuideSpec;
@@ -134,8 +135,9 @@ pub async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
 
 async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
     let body = app.parse_body(&body)?;
-    super::fields::check(&body, &["messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"])?;
-    let msgs = messages(body.get("messages"))?;
+    super::fields::check(&body, request::fields_of::<ChatFields>())?;
+    let own: ChatFields = request::read(&body)?;
+    let msgs = messages(own.messages.as_ref())?;
     let tools = Tools::read(&body)?;
     let Some(template) = &app.chat_template else {
         return Err(ApiError::bad_request(format!(

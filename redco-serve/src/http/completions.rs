@@ -4,6 +4,7 @@ use super::choices::{stream, submit, Piece};
 use super::error::ApiError;
 use super::logprobs;
 use super::params::{kind, Params};
+use super::request::{self, CompletionFields};
 use super::App;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -68,10 +69,11 @@ pub async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
 
 async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
     let body = app.parse_body(&body)?;
-    super::fields::check(&body, &["prompt", "echo"])?;
+    super::fields::check(&body, request::fields_of::<CompletionFields>())?;
+    let own: CompletionFields = request::read(&body)?;
     let p = Params::read(&body, 16)?;
     app.check_guide(&p)?;
-    let prompts = prompts(&app, body.get("prompt"))?;
+    let prompts = prompts(&app, own.prompt.as_ref())?;
     let ids: Vec<Vec<i64>> = prompts.iter().map(|(i, _)| i.clone()).collect();
     let prompt_tokens: usize = ids.iter().map(Vec::len).sum();
     let choices = submit(&app, &ids, &p).await?;

@@ -3,35 +3,14 @@
 //! tools or a suffix gets an error, never an answer that silently is not
 //! what it asked for. `user` (an end-user id kept for abuse monitoring) is the one field
 //! accepted and ignored. Chat implements tools; completions refuse them.
+//!
+//! The fields implemented are the serde request types' (`request.rs`): [`Generation`]'s for
+//! both endpoints, and each endpoint's own struct's.
 
 use super::error::ApiError;
 use super::params::kind;
+use super::request::{fields_of, Generation};
 use serde_json::{Map, Value};
-
-/// The fields both endpoints read (their values are checked by `Params::read`).
-pub const COMMON: [&str; 21] = [
-    "model",
-    "max_tokens",
-    "max_completion_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "stop",
-    "stop_token_ids",
-    "n",
-    "stream",
-    "stream_options",
-    "logprobs",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "logit_bias",
-    "response_format",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-];
 
 /// Fields accepted and ignored: they change nothing a client gets back.
 pub const IGNORED: [&str; 1] = ["user"];
@@ -63,11 +42,12 @@ fn not_implemented(key: &str, v: &Value, n: usize) -> Option<&'static str> {
 }
 
 /// Refuses every field of `body` that the endpoint does not implement: its own fields are
-/// `own` besides [`COMMON`] and [`IGNORED`].
+/// `own` (its request struct's, [`fields_of`]) besides [`Generation`]'s and [`IGNORED`].
 pub fn check(body: &Map<String, Value>, own: &[&str]) -> Result<(), ApiError> {
     let n = body.get("n").and_then(Value::as_u64).unwrap_or(1) as usize;
+    let common = fields_of::<Generation>();
     for (key, v) in body {
-        if COMMON.contains(&key.as_str()) || IGNORED.contains(&key.as_str()) || own.contains(&key.as_str()) {
+        if common.contains(&key.as_str()) || IGNORED.contains(&key.as_str()) || own.contains(&key.as_str()) {
             continue;
         }
         if let Some(why) = not_implemented(key, v, n) {

@@ -12,6 +12,7 @@ pub mod fields;
 pub mod latency;
 pub mod logprobs;
 pub mod params;
+pub mod request;
 pub mod text;
 pub mod tools;
 

@@ -1,7 +1,9 @@
-//! The request fields shared by completions and chat completions, read from the JSON body
-//! with OpenAI's types and ranges (a wrong type or value is a 400 naming the field).
+//! The generation fields shared by completions and chat completions: the typed request
+//! ([`Generation`], serde-derived in `request.rs`) checked against OpenAI's ranges (a
+//! wrong type or value is a 400 naming the field).
 
 use super::error::ApiError;
+use super::request::{self, Generation, Logprobs, ResponseFormat, Stop};
 use crate::guide::GuideSpec;
 use redco_models::generate::Sampling;
 use serde_json::{json, Map, Value};
@@ -34,34 +36,18 @@ pub struct Params {
 }
 
 /// The output constraint of a request's `response_format` and vLLM's `guided_*` fields.
-fn guide(body: &Map<String, Value>) -> Result<Option<GuideSpec>, ApiError> {
+fn guide(g: &Generation) -> Result<Option<GuideSpec>, ApiError> {
     let mut found: Vec<(&str, GuideSpec)> = Vec::new();
-    match body.get("response_format") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(rf)) => match rf.get("type").and_then(Value::as_str) {
-            Some("text") => {}
-            Some("json_object") => found.push(("response_format", GuideSpec::JsonSchema(json!({"type": "object"})))),
-            Some("json_schema") => {
-                let schema = rf.get("json_schema").and_then(|j| j.get("schema")).cloned().ok_or_else(|| {
-                    ApiError::invalid("response_format", "`json_schema` response formats need `json_schema.schema`")
-                })?;
-                found.push(("response_format", GuideSpec::JsonSchema(schema)));
-            }
-            other => {
-                return Err(ApiError::invalid(
-                    "response_format",
-                    format!("`response_format.type` must be text, json_object or json_schema, got {other:?}"),
-                ))
-            }
-        },
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "response_format",
-                format!("`response_format` must be an object, got {}", kind(other)),
-            ))
+    match &g.response_format {
+        None | Some(ResponseFormat::Text) => {}
+        Some(ResponseFormat::JsonObject) => {
+            found.push(("response_format", GuideSpec::JsonSchema(json!({"type": "object"}))))
+        }
+        Some(ResponseFormat::JsonSchema { json_schema }) => {
+            found.push(("response_format", GuideSpec::JsonSchema(json_schema.schema.clone())))
         }
     }
-    match body.get("guided_json") {
+    match &g.guided_json {
         None | Some(Value::Null) => {}
         // a schema, or a schema's JSON text
         Some(Value::String(s)) => {
@@ -77,29 +63,15 @@ fn guide(body: &Map<String, Value>) -> Result<Option<GuideSpec>, ApiError> {
             ))
         }
     }
-    match body.get("guided_regex") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(r)) => found.push(("guided_regex", GuideSpec::Regex(r.clone()))),
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "guided_regex",
-                format!("`guided_regex` must be a string, got {}", kind(other)),
-            ))
-        }
+    if let Some(r) = &g.guided_regex {
+        found.push(("guided_regex", GuideSpec::Regex(r.clone())));
     }
-    match body.get("guided_choice") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(a)) if !a.is_empty() => {
-            let c = a
-                .iter()
-                .map(|v| v.as_str().map(str::to_string))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| ApiError::invalid("guided_choice", "`guided_choice` must be an array of strings"))?;
-            found.push(("guided_choice", GuideSpec::Choice(c)));
-        }
-        Some(_) => {
+    match &g.guided_choice {
+        None => {}
+        Some(c) if c.is_empty() => {
             return Err(ApiError::invalid("guided_choice", "`guided_choice` must be a non-empty array of strings"))
         }
+        Some(c) => found.push(("guided_choice", GuideSpec::Choice(c.clone()))),
     }
     if found.len() > 1 {
         let names: Vec<&str> = found.iter().map(|f| f.0).collect();
@@ -116,36 +88,6 @@ pub const MAX_N: usize = 16;
 /// At most this many stop strings.
 pub const MAX_STOP: usize = 4;
 
-fn number(body: &Map<String, Value>, key: &str) -> Result<Option<f64>, ApiError> {
-    match body.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => n
-            .as_f64()
-            .filter(|x| x.is_finite())
-            .map(Some)
-            .ok_or_else(|| ApiError::invalid(key, format!("`{key}` must be a finite number"))),
-        Some(other) => Err(ApiError::invalid(key, format!("`{key}` must be a number, got {}", kind(other)))),
-    }
-}
-
-fn integer(body: &Map<String, Value>, key: &str) -> Result<Option<i64>, ApiError> {
-    match body.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => {
-            n.as_i64().map(Some).ok_or_else(|| ApiError::invalid(key, format!("`{key}` must be an integer, got {n}")))
-        }
-        Some(other) => Err(ApiError::invalid(key, format!("`{key}` must be an integer, got {}", kind(other)))),
-    }
-}
-
-fn boolean(body: &Map<String, Value>, key: &str) -> Result<bool, ApiError> {
-    match body.get(key) {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(other) => Err(ApiError::invalid(key, format!("`{key}` must be a boolean, got {}", kind(other)))),
-    }
-}
-
 /// The JSON type of `v`, for messages.
 pub fn kind(v: &Value) -> &'static str {
     match v {
@@ -158,77 +100,66 @@ pub fn kind(v: &Value) -> &'static str {
     }
 }
 
+/// The fields `Params` reads that one endpoint only takes (each declared again in that
+/// endpoint's struct, `CompletionFields` or `ChatFields`, which decides whether it is taken).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+struct OneEndpoint {
+    echo: Option<bool>,
+    top_logprobs: Option<i64>,
+}
+
 impl Params {
     /// Reads the fields of `body`; `default_max` when `max_tokens` is absent.
     pub fn read(body: &Map<String, Value>, default_max: usize) -> Result<Self, ApiError> {
-        let max_tokens = match integer(body, "max_tokens")?.or(integer(body, "max_completion_tokens")?) {
+        let g: Generation = request::read(body)?;
+        let one: OneEndpoint = request::read(body)?;
+        let max_tokens = match g.max_tokens.or(g.max_completion_tokens) {
             None => default_max,
             Some(m) if m < 1 => {
                 return Err(ApiError::invalid("max_tokens", format!("`max_tokens` must be at least 1, got {m}")))
             }
             Some(m) => usize::try_from(m).unwrap_or(usize::MAX),
         };
-        let temperature = number(body, "temperature")?.unwrap_or(1.0);
+        let temperature = g.temperature.unwrap_or(1.0);
         if !(0.0..=2.0).contains(&temperature) {
             return Err(ApiError::invalid(
                 "temperature",
                 format!("`temperature` must be in [0, 2], got {temperature}"),
             ));
         }
-        let top_p = number(body, "top_p")?;
-        if let Some(p) = top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+        if let Some(p) = g.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
             return Err(ApiError::invalid("top_p", format!("`top_p` must be in (0, 1], got {p}")));
         }
-        let top_k = match integer(body, "top_k")? {
+        let top_k = match g.top_k {
             None | Some(-1) | Some(0) => None,
             Some(k) if k < 0 => return Err(ApiError::invalid("top_k", format!("`top_k` must be positive, got {k}"))),
             Some(k) => Some(k as usize),
         };
-        let seed = integer(body, "seed")?;
         let sampling = if temperature == 0.0 {
             Sampling::Greedy
         } else {
-            Sampling::Sample { temperature, top_k, top_p, seed: seed.map_or_else(rand_seed, |s| s as u64) }
+            Sampling::Sample { temperature, top_k, top_p: g.top_p, seed: g.seed.map_or_else(rand_seed, |s| s as u64) }
         };
-        let stop = match body.get("stop") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::String(s)) => vec![s.clone()],
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| v.as_str().map(str::to_string))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| ApiError::invalid("stop", "`stop` must be a string or an array of strings"))?,
-            Some(other) => {
-                return Err(ApiError::invalid(
-                    "stop",
-                    format!("`stop` must be a string or an array, got {}", kind(other)),
-                ))
-            }
+        let stop = match &g.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(a)) => a.clone(),
         };
         if stop.len() > MAX_STOP || stop.iter().any(String::is_empty) {
             return Err(ApiError::invalid("stop", format!("`stop` takes up to {MAX_STOP} non-empty strings")));
         }
-        let stop_ids =
-            match body.get("stop_token_ids") {
-                None | Some(Value::Null) => Vec::new(),
-                Some(Value::Array(a)) => a.iter().map(Value::as_i64).collect::<Option<Vec<_>>>().ok_or_else(|| {
-                    ApiError::invalid("stop_token_ids", "`stop_token_ids` must be an array of integers")
-                })?,
-                Some(other) => {
-                    return Err(ApiError::invalid(
-                        "stop_token_ids",
-                        format!("`stop_token_ids` must be an array, got {}", kind(other)),
-                    ))
-                }
-            };
-        let n = match integer(body, "n")? {
+        let stop_ids = g.stop_token_ids.clone().unwrap_or_default();
+        if let Some(bad) = stop_ids.iter().find(|&&t| t < 0) {
+            return Err(ApiError::invalid("stop_token_ids", format!("token ids are not negative, got {bad}")));
+        }
+        let n = match g.n {
             None => 1,
             Some(n) if n < 1 || n as usize > MAX_N => {
                 return Err(ApiError::invalid("n", format!("`n` must be in 1..={MAX_N}, got {n}")))
             }
             Some(n) => n as usize,
         };
-        let top = integer(body, "top_logprobs")?;
         let in_range = |key: &str, n: i64| {
             if (0..=MAX_TOP_LOGPROBS as i64).contains(&n) {
                 Ok(n as usize)
@@ -236,56 +167,28 @@ impl Params {
                 Err(ApiError::invalid(key, format!("`{key}` must be in 0..={MAX_TOP_LOGPROBS}, got {n}")))
             }
         };
-        let logprobs = match body.get("logprobs") {
-            None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+        let logprobs = match g.logprobs {
+            None | Some(Logprobs::Switch(false)) => None,
             // chat: a switch, the alternatives in `top_logprobs`
-            Some(Value::Bool(true)) => Some(top.map_or(Ok(0), |n| in_range("top_logprobs", n))?),
+            Some(Logprobs::Switch(true)) => Some(one.top_logprobs.map_or(Ok(0), |n| in_range("top_logprobs", n))?),
             // completions: the number of alternatives
-            Some(Value::Number(n)) => match n.as_i64() {
-                Some(n) => Some(in_range("logprobs", n)?),
-                None => return Err(ApiError::invalid("logprobs", format!("`logprobs` must be an integer, got {n}"))),
-            },
-            Some(other) => {
-                return Err(ApiError::invalid(
-                    "logprobs",
-                    format!("`logprobs` must be a boolean or an integer, got {}", kind(other)),
-                ))
-            }
+            Some(Logprobs::Count(n)) => Some(in_range("logprobs", n)?),
         };
-        if let Some(bad) = stop_ids.iter().find(|&&t| t < 0) {
-            return Err(ApiError::invalid("stop_token_ids", format!("token ids are not negative, got {bad}")));
+        if one.top_logprobs.is_some() && g.logprobs != Some(Logprobs::Switch(true)) {
+            return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`"));
         }
         // sampling adjustments this server does not make: refused rather than ignored
-        for (key, neutral) in [("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)] {
-            if let Some(v) = number(body, key)?.filter(|&v| v != neutral) {
+        for (key, v, neutral) in [
+            ("presence_penalty", g.presence_penalty, 0.0),
+            ("frequency_penalty", g.frequency_penalty, 0.0),
+            ("repetition_penalty", g.repetition_penalty, 1.0),
+        ] {
+            if let Some(v) = v.filter(|&v| v != neutral) {
                 return Err(ApiError::invalid(key, format!("`{key}` is not supported by this server (got {v})")));
             }
         }
-        match body.get("logit_bias") {
-            None | Some(Value::Null) => {}
-            Some(Value::Object(m)) if m.is_empty() => {}
-            Some(Value::Object(_)) => {
-                return Err(ApiError::invalid("logit_bias", "`logit_bias` is not supported by this server"))
-            }
-            Some(other) => {
-                return Err(ApiError::invalid(
-                    "logit_bias",
-                    format!("`logit_bias` must be an object, got {}", kind(other)),
-                ))
-            }
-        }
-        let include_usage = match body.get("stream_options") {
-            None | Some(Value::Null) => false,
-            Some(Value::Object(o)) => boolean(o, "include_usage")?,
-            Some(other) => {
-                return Err(ApiError::invalid(
-                    "stream_options",
-                    format!("`stream_options` must be an object, got {}", kind(other)),
-                ))
-            }
-        };
-        if top.is_some() && body.get("logprobs") != Some(&Value::Bool(true)) {
-            return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`"));
+        if g.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
+            return Err(ApiError::invalid("logit_bias", "`logit_bias` is not supported by this server"));
         }
         Ok(Params {
             max_tokens,
@@ -293,11 +196,11 @@ impl Params {
             stop,
             stop_ids,
             n,
-            stream: boolean(body, "stream")?,
-            echo: boolean(body, "echo")?,
+            stream: g.stream.unwrap_or(false),
+            echo: one.echo.unwrap_or(false),
             logprobs,
-            include_usage,
-            guide: guide(body)?,
+            include_usage: g.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
+            guide: guide(&g)?,
         })
     }
 }
