@@ -26,6 +26,8 @@ pub(crate) struct Inner {
     functions: Mutex<HashMap<String, Kernel>>,
     pub(crate) blas: Mutex<Option<Arc<cudarc::cublas::CudaBlas>>>,
     pub(crate) profiler: Profiler,
+    /// f32 GEMMs on TF32 tensor cores ([`Cuda::set_tf32`]).
+    pub(crate) tf32: std::sync::atomic::AtomicBool,
 }
 
 /// A compiled kernel and the op family its time is counted in
@@ -93,8 +95,20 @@ impl Cuda {
                 functions: Mutex::new(HashMap::new()),
                 blas: Mutex::new(None),
                 profiler: Profiler::default(),
+                tf32: std::sync::atomic::AtomicBool::new(false),
             }),
         })
+    }
+
+    /// Runs f32 matmuls on TF32 tensor cores (about 10 bits of mantissa in the products,
+    /// f32 accumulation: torch's `allow_tf32`) when `on`; off by default (exact f32).
+    pub fn set_tf32(&self, on: bool) {
+        self.inner.tf32.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether f32 matmuls run as TF32 ([`Cuda::set_tf32`]).
+    pub fn tf32(&self) -> bool {
+        self.inner.tf32.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The GPU's name and architecture.

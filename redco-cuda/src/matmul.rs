@@ -1,5 +1,5 @@
 //! Batched matmuls through cuBLAS (`cublasGemmStridedBatchedEx`): f32 (TF32 tensor cores
-//! when `REDCO_CUDA_TF32=1`), f64, and bf16 / f16 on tensor cores with f32 accumulation.
+//! when `Cuda::set_tf32(true)`: `--cuda-tf32`), f64, and bf16 / f16 on tensor cores with f32 accumulation.
 //!
 //! cuBLAS is column-major; a row-major `C = op(A) op(B)` is the column-major
 //! `C^T = op(B)^T op(A)^T`, so the operands go in swapped, each with its own transpose.
@@ -73,7 +73,7 @@ impl Cuda {
             return self.fill(c.len(), 0.0, dt);
         }
         let (data, compute) = match dt {
-            DType::F32 if std::env::var("REDCO_CUDA_TF32").is_ok_and(|v| v == "1") => {
+            DType::F32 if self.tf32() => {
                 (cudaDataType::CUDA_R_32F, cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32)
             }
             DType::F32 => (cudaDataType::CUDA_R_32F, cublasComputeType_t::CUBLAS_COMPUTE_32F),

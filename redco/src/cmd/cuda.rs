@@ -4,13 +4,24 @@
 
 use redco_core::runtime::CommFactory;
 use redco_cuda::{Cuda, NcclFactory};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+/// `--cuda-tf32`, recorded once at start-up.
+static TF32: AtomicBool = AtomicBool::new(false);
+
+/// Records `--cuda-tf32` for every GPU the command opens.
+pub fn set_tf32(on: bool) {
+    TF32.store(on, Ordering::Relaxed);
+}
 
 /// The GPU of `rank`.
 pub fn backend(rank: usize) -> redco_core::Result<Cuda> {
     let w = super::launch::world();
     let ordinal = if w.size > 1 { w.local_rank } else { rank };
-    Cuda::new(ordinal)
+    let gpu = Cuda::new(ordinal)?;
+    gpu.set_tf32(TF32.load(Ordering::Relaxed));
+    Ok(gpu)
 }
 
 /// The NCCL collectives over this process's placement of the ranks.
