@@ -72,19 +72,19 @@ impl<B: Backend> Lockstep<B> {
         let n = self.comm.broadcast(MeshAxis::Mp, &n, 0, 8)?;
         let len = match b.download(&n)? {
             HostData::I64(v) if v.len() == 1 && v[0] >= 0 => v[0] as usize,
-            other => return Err(Error::invalid("serve", format!("a command length of {other:?}"))),
+            other => return Err(Error::data("serve", format!("a command length of {other:?}"))),
         };
         if len == 0 {
             return Ok(Vec::new());
         }
         let data = bytes.unwrap_or_else(|| vec![0; len]);
         if data.len() != len {
-            return Err(Error::invalid("serve", format!("{} command bytes announced as {len}", data.len())));
+            return Err(Error::data("serve", format!("{} command bytes announced as {len}", data.len())));
         }
         let got = self.comm.broadcast(MeshAxis::Mp, &b.upload(&HostData::U8(data))?, 0, len)?;
         match b.download(&got)? {
             HostData::U8(v) if v.len() == len => Ok(v),
-            other => Err(Error::invalid("serve", format!("{} command bytes received, {len} sent", other.len()))),
+            other => Err(Error::data("serve", format!("{} command bytes received, {len} sent", other.len()))),
         }
     }
 }
@@ -149,7 +149,7 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Command>> {
                         top_p: r.opt()?.map(f64::from_bits),
                         seed: r.u64()?,
                     },
-                    t => return Err(Error::invalid("serve", format!("sampling tag {t} in a command"))),
+                    t => return Err(Error::data("serve", format!("sampling tag {t} in a command"))),
                 };
                 let stop_tokens = r.list()?;
                 let logprobs = r.opt()?.map(|n| n as usize);
@@ -161,7 +161,7 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Command>> {
                             .ok()
                             .and_then(|v| GuideSpec::from_json(&v))
                             .map(std::sync::Arc::new)
-                            .ok_or_else(|| Error::invalid("serve", "a command's grammar is not one encode wrote"))?,
+                            .ok_or_else(|| Error::data("serve", "a command's grammar is not one encode wrote"))?,
                     ),
                 };
                 Command::Add(Request {
@@ -177,11 +177,11 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Command>> {
             }
             1 => Command::Cancel(r.u64()?),
             2 => Command::Stop,
-            t => return Err(Error::invalid("serve", format!("command tag {t}"))),
+            t => return Err(Error::data("serve", format!("command tag {t}"))),
         });
     }
     if r.at != bytes.len() {
-        return Err(Error::invalid("serve", format!("{} bytes after the commands", bytes.len() - r.at)));
+        return Err(Error::data("serve", format!("{} bytes after the commands", bytes.len() - r.at)));
     }
     Ok(cmds)
 }
@@ -205,14 +205,13 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     fn byte(&mut self) -> Result<u8> {
-        let b = *self.bytes.get(self.at).ok_or_else(|| Error::invalid("serve", "the commands end early"))?;
+        let b = *self.bytes.get(self.at).ok_or_else(|| Error::data("serve", "the commands end early"))?;
         self.at += 1;
         Ok(b)
     }
 
     fn u64(&mut self) -> Result<u64> {
-        let s =
-            self.bytes.get(self.at..self.at + 8).ok_or_else(|| Error::invalid("serve", "the commands end early"))?;
+        let s = self.bytes.get(self.at..self.at + 8).ok_or_else(|| Error::data("serve", "the commands end early"))?;
         self.at += 8;
         Ok(u64::from_le_bytes(s.try_into().expect("eight bytes")))
     }
@@ -223,9 +222,10 @@ impl Reader<'_> {
 
     fn bytes(&mut self) -> Result<&[u8]> {
         let n = self.u64()? as usize;
-        let b = self.bytes.get(self.at..self.at.saturating_add(n)).ok_or_else(|| {
-            Error::invalid("serve", format!("{n} bytes asked for, {} left", self.bytes.len() - self.at))
-        })?;
+        let b = self
+            .bytes
+            .get(self.at..self.at.saturating_add(n))
+            .ok_or_else(|| Error::data("serve", format!("{n} bytes asked for, {} left", self.bytes.len() - self.at)))?;
         self.at += n;
         Ok(b)
     }
@@ -233,7 +233,7 @@ impl Reader<'_> {
     fn list(&mut self) -> Result<Vec<i64>> {
         let n = self.u64()? as usize;
         if n > (self.bytes.len() - self.at) / 8 {
-            return Err(Error::invalid("serve", format!("a list of {n} in {} bytes", self.bytes.len() - self.at)));
+            return Err(Error::data("serve", format!("a list of {n} in {} bytes", self.bytes.len() - self.at)));
         }
         (0..n).map(|_| self.u64().map(|v| v as i64)).collect()
     }

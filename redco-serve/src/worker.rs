@@ -4,7 +4,7 @@
 //! cancelled at the next step, its blocks released. Under tensor parallelism the leader's
 //! thread is rank 0's and the other ranks [`follow`] it in lockstep ([`Lockstep`]).
 
-use crate::engine::{Engine, EngineStats, Event, Finish, Logprob, Request};
+use crate::engine::{Engine, EngineStats, Event, Finish, Logprob, Refused, Request};
 use crate::lockstep::{Command, Lockstep};
 use redco_core::Backend;
 use redco_models::generate::CausalLm;
@@ -28,10 +28,10 @@ pub enum Output {
 }
 
 /// A request's output channel and the sender of its admission's answer.
-type Reply = (tmpsc::UnboundedSender<Output>, oneshot::Sender<Result<(), String>>);
+type Reply = (tmpsc::UnboundedSender<Output>, oneshot::Sender<Result<(), Refused>>);
 
 enum Msg {
-    Submit(Request, tmpsc::UnboundedSender<Output>, oneshot::Sender<Result<(), String>>),
+    Submit(Request, tmpsc::UnboundedSender<Output>, oneshot::Sender<Result<(), Refused>>),
     Cancel(u64),
     Stats(oneshot::Sender<EngineStats>),
 }
@@ -83,12 +83,12 @@ impl EngineHandle {
     }
 
     /// Queues `req`; its outputs arrive on the returned channel. Refused (the queue full,
-    /// the prompt too long) with the engine's message.
-    pub async fn submit(&self, req: Request) -> Result<tmpsc::UnboundedReceiver<Output>, String> {
+    /// the prompt too long, the engine stopped) with the kind and the engine's message.
+    pub async fn submit(&self, req: Request) -> Result<tmpsc::UnboundedReceiver<Output>, Refused> {
         let (out_tx, out_rx) = tmpsc::unbounded_channel();
         let (ok_tx, ok_rx) = oneshot::channel();
-        self.tx.send(Msg::Submit(req, out_tx, ok_tx)).map_err(|_| "the engine has stopped".to_string())?;
-        ok_rx.await.map_err(|_| "the engine has stopped".to_string())??;
+        self.tx.send(Msg::Submit(req, out_tx, ok_tx)).map_err(|_| Refused::Stopped)?;
+        ok_rx.await.map_err(|_| Refused::Stopped)??;
         Ok(out_rx)
     }
 
@@ -171,7 +171,7 @@ pub fn lead<B: Backend, M: CausalLm<B> + Sync>(
             match c {
                 Command::Add(req) => {
                     let id = req.id;
-                    let r = engine.add(req).map_err(|e| e.to_string());
+                    let r = engine.add(req);
                     if let Some((out, ok)) = waiting_reply.remove(&id) {
                         if r.is_ok() {
                             outs.insert(id, out);

@@ -15,6 +15,9 @@ use redco_models::generate::{CausalLm, Sampling};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+mod refused;
+pub use refused::Refused;
+
 /// How the engine batches and how much cache it has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineConfig {
@@ -203,7 +206,7 @@ impl<B: Backend, M: CausalLm<B> + Sync> Engine<B, M> {
     /// (the model's dtype, or a narrower float: see [`PagedKv`]).
     pub fn split(b: &B, model: M, cfg: EngineConfig, kv_dtype: DType, mp: usize) -> Result<Self> {
         if !kv_dtype.is_float() {
-            return Err(Error::invalid("engine", format!("a KV cache of {kv_dtype:?}: it holds floats")));
+            return Err(Error::config("engine", format!("a KV cache of {kv_dtype:?}: it holds floats")));
         }
         let dtype = kv_dtype;
         let c = model.config();
@@ -216,7 +219,7 @@ impl<B: Backend, M: CausalLm<B> + Sync> Engine<B, M> {
         }
         .split(mp);
         if cfg.max_batch_tokens == 0 || cfg.max_running == 0 || cfg.blocks == 0 {
-            return Err(Error::invalid("engine", format!("an engine needs tokens, sequences and blocks: {cfg:?}")));
+            return Err(Error::config("engine", format!("an engine needs tokens, sequences and blocks: {cfg:?}")));
         }
         let scale = 1.0 / (c.head_dim as f64).sqrt();
         let context = model.max_positions();
@@ -240,36 +243,31 @@ impl<B: Backend, M: CausalLm<B> + Sync> Engine<B, M> {
 
     /// Queues `req`; refused when the queue is full, the prompt empty or longer than the
     /// context, or the sampling parameters invalid (the caller answers 429 or 400).
-    pub fn add(&mut self, req: Request) -> Result<()> {
-        req.sampling.validate()?;
+    pub fn add(&mut self, req: Request) -> std::result::Result<(), Refused> {
+        let invalid = |m: String| Err(Refused::Invalid(m));
+        if let Err(e) = req.sampling.validate() {
+            return invalid(e.to_string());
+        }
         if req.prompt.is_empty() {
-            return Err(Error::invalid("engine", "the prompt is empty"));
+            return invalid("the prompt is empty".into());
         }
         if let Some(ctx) = self.context.filter(|&c| req.prompt.len() >= c) {
-            return Err(Error::invalid(
-                "engine",
-                format!(
-                    "the prompt has {} tokens, the model's context {ctx} leaves none to generate",
-                    req.prompt.len()
-                ),
+            return invalid(format!(
+                "the prompt has {} tokens, the model's context {ctx} leaves none to generate",
+                req.prompt.len()
             ));
         }
         let blocks = req.prompt.len().div_ceil(self.pool.block_size());
         if blocks > self.cfg.blocks {
-            return Err(Error::invalid(
-                "engine",
-                format!("the prompt needs {blocks} KV blocks, more than the cache's {}", self.cfg.blocks),
-            ));
+            return invalid(format!("the prompt needs {blocks} KV blocks, more than the cache's {}", self.cfg.blocks));
         }
         if self.waiting.len() >= self.cfg.max_waiting {
-            return Err(Error::invalid("engine", format!("the queue is full ({} waiting)", self.waiting.len())));
+            return Err(Refused::Busy(format!("the queue is full ({} waiting)", self.waiting.len())));
         }
         let constraint = match (&req.guide, &self.guides) {
             (None, _) => None,
-            (Some(spec), Some(g)) => Some(g.constraint(spec).map_err(|e| Error::invalid("engine", e))?),
-            (Some(_), None) => {
-                return Err(Error::invalid("engine", "this engine has no vocabulary for constrained decoding"))
-            }
+            (Some(spec), Some(g)) => Some(g.constraint(spec).map_err(Refused::Invalid)?),
+            (Some(_), None) => return invalid("this engine has no vocabulary for constrained decoding".into()),
         };
         let tokens = req.prompt.clone();
         self.waiting.push_back(Seq { req, tokens, generated: 0, table: None, computed: 0, reported: 1, constraint });

@@ -411,6 +411,9 @@ fn bad_requests_are_refused_and_a_full_queue_says_so() {
     assert!(engine.add(bad).is_err(), "temperature 0");
     engine.add(req(1, vec![1, 2])).unwrap();
     assert!(engine.add(req(2, vec![1, 2])).unwrap_err().to_string().contains("queue is full"));
+    // the kind says what the HTTP layer answers: 429 for a full queue, 400 for the rest
+    assert!(matches!(engine.add(req(3, vec![1, 2])), Err(Refused::Busy(_))));
+    assert!(matches!(engine.add(req(3, vec![])), Err(Refused::Invalid(_))));
     assert!(engine.cancel(1) && !engine.cancel(1));
     assert!(!engine.has_work());
 }

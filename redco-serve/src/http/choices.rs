@@ -5,7 +5,7 @@ use super::error::ApiError;
 use super::params::Params;
 use super::text::Detok;
 use super::App;
-use crate::engine::{Finish, Logprob, Request};
+use crate::engine::{Finish, Logprob, Refused, Request};
 use crate::worker::Output;
 use axum::body::Body;
 use axum::http::{header, StatusCode};
@@ -102,11 +102,14 @@ pub async fn submit(app: &App, prompts: &[Vec<i64>], p: &Params) -> Result<Vec<C
             };
             match app.engine.submit(req).await {
                 Ok(rx) => out.push(Choice { id, rx, detok: Detok::after(prompt), arrived, last: None }),
-                Err(msg) => {
+                Err(refused) => {
                     cancel(app, &out);
-                    let full = msg.contains("queue is full");
-                    let status = if full { StatusCode::TOO_MANY_REQUESTS } else { StatusCode::BAD_REQUEST };
-                    return Err(ApiError { status, message: msg, param: None, code: None });
+                    let status = match refused {
+                        Refused::Busy(_) => StatusCode::TOO_MANY_REQUESTS,
+                        Refused::Invalid(_) => StatusCode::BAD_REQUEST,
+                        Refused::Stopped => StatusCode::SERVICE_UNAVAILABLE,
+                    };
+                    return Err(ApiError { status, message: refused.to_string(), param: None, code: None });
                 }
             }
         }
