@@ -45,7 +45,7 @@ pub mod sharding;
 pub mod tensor;
 
 pub use autograd::{is_grad_enabled, no_grad, GradModeGuard, GradStore, OpMeta};
-pub use backend::{Backend, BinaryOp, CmpOp, MatmulSpec, ReduceOp, RotaryMode, UnaryOp};
+pub use backend::{Backend, BinaryOp, CmpOp, GroupedSpec, MatmulSpec, ReduceOp, RotaryMode, UnaryOp};
 pub use dtype::{DType, Element, HostData};
 pub use error::{Error, Result};
 pub use placement::{MeshAxis, PartialOp, Placement, Placements};

@@ -152,6 +152,21 @@ pub struct MatmulSpec {
     pub b_batched: bool,
 }
 
+/// A grouped matmul ([`Backend::grouped_matmul`]): `x [sum(counts), k]` with its rows in
+/// groups of `counts[e]`, times one matrix per group, `w [E, n, k]` (`trans_w`) or
+/// `w [E, k, n]`, into `[sum(counts), n]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupedSpec {
+    /// Rows per group (expert), in order; a group may be empty.
+    pub counts: Vec<usize>,
+    /// The contracted dimension.
+    pub k: usize,
+    /// Columns of the result.
+    pub n: usize,
+    /// `w` is stored `[E, n, k]` (each matrix transposed, the Linear layout).
+    pub trans_w: bool,
+}
+
 /// The two rotary-embedding conventions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RotaryMode {
@@ -277,6 +292,13 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     ) -> Result<Self::Storage>;
     /// Batched matmul, see [`MatmulSpec`].
     fn matmul(&self, a: &Self::Storage, b: &Self::Storage, spec: &MatmulSpec) -> Result<Self::Storage>;
+    /// The grouped matmul of a mixture of experts, see [`GroupedSpec`]: each group's rows
+    /// times its own matrix, in one call. The default runs one GEMM per non-empty group
+    /// ([`ops::grouped_matmul::composite_grouped_matmul`]); a backend overrides it with a
+    /// kernel that reads every group in place.
+    fn grouped_matmul(&self, x: &Self::Storage, w: &Self::Storage, spec: &GroupedSpec) -> Result<Self::Storage> {
+        ops::grouped_matmul::composite_grouped_matmul(self, x, w, spec)
+    }
     /// Reduction of `x` (shape `shape`) along `dim`, keeping it with size 1.
     fn reduce(&self, op: ReduceOp, x: &Self::Storage, shape: &Shape, dim: usize) -> Result<Self::Storage>;
     /// Converts to `dtype`.

@@ -7,6 +7,7 @@ pub mod attention_grad;
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod gather_unit;
+pub mod grouped_matmul;
 pub mod index;
 pub mod layout;
 pub mod matmul;

@@ -18,6 +18,7 @@ pub mod attention;
 pub mod autograd;
 pub mod cross_entropy;
 pub mod elementwise;
+pub mod grouped_matmul;
 pub mod index;
 pub mod layout;
 pub mod matmul;
@@ -259,6 +260,26 @@ macro_rules! suite {
             #[test]
             fn matmul_errors() {
                 $crate::suite::matmul::matmul_errors(&$make)
+            }
+        }
+        mod grouped_matmul {
+            #[allow(unused_imports)]
+            use super::*;
+            #[test]
+            fn grouped_matmul_values() {
+                $crate::suite::grouped_matmul::grouped_matmul_values(&$make)
+            }
+            #[test]
+            fn grouped_matmul_half() {
+                $crate::suite::grouped_matmul::grouped_matmul_half(&$make)
+            }
+            #[test]
+            fn grouped_matmul_grads() {
+                $crate::suite::grouped_matmul::grouped_matmul_grads(&$make)
+            }
+            #[test]
+            fn grouped_matmul_errors() {
+                $crate::suite::grouped_matmul::grouped_matmul_errors(&$make)
             }
         }
         mod nn {

@@ -63,3 +63,88 @@ fn selective_recompute_runs_no_matmul_twice_and_block_recompute_runs_each_layers
         }
     }
 }
+
+/// A sparse mixture-of-experts block against an f64 loop over tokens (each token's top-k
+/// experts, their renormalised weights, each expert's gated MLP), its gradients against
+/// finite differences, and transformers' load-balancing and z losses recomputed the way
+/// transformers writes them (one-hot masks over the concatenated logits).
+#[test]
+fn sparse_moe_equals_a_loop_over_each_tokens_experts_and_its_router_losses_transformers_formulas() {
+    use redco_core::nn::{load_balancing_loss, router_z_loss, Activation, Experts, Linear, SparseMoe};
+    use redco_core::{DType, Shape, Tensor};
+    use redco_tests::check::{assert_close, grad_check, tensor, values};
+    let b = redco_tests::cpu();
+    let (t, h, i, e, k) = (7, 6, 5, 4, 2);
+    let vx = values(t * h, 1, -1.0, 1.0);
+    let vr = values(e * h, 2, -1.0, 1.0);
+    let (vg, vu, vd) =
+        (values(e * i * h, 3, -0.5, 0.5), values(e * i * h, 4, -0.5, 0.5), values(e * h * i, 5, -0.5, 0.5));
+    let block = |ts: &[Tensor<redco_cpu::Cpu>], norm: bool| SparseMoe {
+        router: Linear::from_tensors(ts[1].clone(), None).unwrap(),
+        experts: Experts { gate: ts[2].clone(), up: ts[3].clone(), down: ts[4].clone() },
+        top_k: k,
+        norm_topk_prob: norm,
+        act: Activation::Silu,
+    };
+    let shapes = [vec![t, h], vec![e, h], vec![e, i, h], vec![e, i, h], vec![e, h, i]];
+    let vals = [&vx, &vr, &vg, &vu, &vd];
+    let ts: Vec<Tensor<_>> = vals.iter().zip(&shapes).map(|(v, s)| tensor(&b, v, s.clone(), DType::F64)).collect();
+    let silu = |z: f64| z / (1.0 + (-z).exp());
+    for norm in [true, false] {
+        let (out, stats) = block(&ts, norm).forward(&ts[0]).unwrap();
+        let mut want = Vec::new();
+        let (mut frac, mut psum, mut z) = (vec![0.0; e], vec![0.0; e], 0.0);
+        for r in 0..t {
+            let x = &vx[r * h..(r + 1) * h];
+            let logit: Vec<f64> = (0..e).map(|j| (0..h).map(|c| x[c] * vr[j * h + c]).sum()).collect();
+            let m = logit.iter().cloned().fold(f64::MIN, f64::max);
+            let s: f64 = logit.iter().map(|l| (l - m).exp()).sum();
+            let p: Vec<f64> = logit.iter().map(|l| (l - m).exp() / s).collect();
+            z += (m + s.ln()).powi(2);
+            let mut idx: Vec<usize> = (0..e).collect();
+            idx.sort_by(|&a, &c| p[c].total_cmp(&p[a]));
+            let top = &idx[..k];
+            let wsum: f64 = if norm { top.iter().map(|&j| p[j]).sum() } else { 1.0 };
+            for (j, pj) in p.iter().enumerate() {
+                psum[j] += pj;
+                frac[j] += top.iter().filter(|&&c| c == j).count() as f64;
+            }
+            let mut y = vec![0.0; h];
+            for &j in top {
+                let a: Vec<f64> = (0..i)
+                    .map(|q| {
+                        let g: f64 = (0..h).map(|c| x[c] * vg[(j * i + q) * h + c]).sum();
+                        let u: f64 = (0..h).map(|c| x[c] * vu[(j * i + q) * h + c]).sum();
+                        silu(g) * u
+                    })
+                    .collect();
+                for (c, yc) in y.iter_mut().enumerate() {
+                    *yc += p[j] / wsum * (0..i).map(|q| a[q] * vd[(j * h + c) * i + q]).sum::<f64>();
+                }
+            }
+            want.extend(y);
+        }
+        assert_close(&out.to_vec_f64().unwrap(), &want, 1e-9, &format!("moe output (norm {norm})"));
+        // transformers: E * sum_e mean_t(one-hot of the chosen e) * mean_t(p_e), the
+        // one-hot mean taken per choice rank j and summed over j
+        let aux: f64 = (0..e).map(|j| frac[j] / t as f64 * psum[j] / t as f64).sum::<f64>() * e as f64;
+        let got = load_balancing_loss(std::slice::from_ref(&stats), e).unwrap().to_scalar().unwrap();
+        assert!((got - aux).abs() < 1e-9, "load balancing: {got} vs {aux}");
+        let got = router_z_loss(std::slice::from_ref(&stats)).unwrap().to_scalar().unwrap();
+        assert!((got - z / t as f64).abs() < 1e-9, "z loss: {got} vs {}", z / t as f64);
+    }
+    let inputs: Vec<(Vec<f64>, Shape)> =
+        vals.iter().zip(&shapes).map(|(v, s)| (v.to_vec(), Shape::new(s.clone()))).collect();
+    grad_check(&b, &inputs, |v| Ok(block(v, true).forward(&v[0])?.0), 1e-6, "moe gradients (input, router, experts)");
+    // the router's gradient through the auxiliary loss
+    grad_check(
+        &b,
+        &inputs,
+        |v| {
+            let (_, s) = block(v, true).forward(&v[0])?;
+            load_balancing_loss(&[s], e)
+        },
+        1e-6,
+        "load-balancing loss gradient",
+    );
+}
