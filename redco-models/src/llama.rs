@@ -2,6 +2,11 @@
 //! from the rules). Parameter names, shapes and numerics follow transformers'
 //! `LlamaForCausalLM`: RMSNorm, rotary embedding (half-split, configurable theta), grouped-
 //! query attention, gated SiLU MLP, optional attention and MLP biases, tied or untied head.
+//!
+//! Mistral is the same model; Mixtral (`MixtralForCausalLM`) is Mistral with a sparse
+//! mixture of experts in place of each MLP ([`Ffn::Moe`], `block_sparse_moe` in its
+//! checkpoints), and its loss adds `router_aux_loss_coef` times transformers'
+//! load-balancing loss when `output_router_logits` is set.
 
 use crate::generate::{CausalLm, FixedKvCache, KvCache};
 use crate::hf::checkpoint::Checkpoint;
@@ -9,10 +14,12 @@ use crate::hf::config::HfConfig;
 use crate::params::{CheckpointSource, ParamSource, Placed, RandomInit};
 use crate::stack::{LayerAttend, Stack, StackLayer};
 use redco_core::nn::{
-    self, Activation, Embedding, GatedMlp, Init, KeepWhole, Linear, ParamPlacer, RmsNorm, RotaryEmbedding,
+    self, Activation, Embedding, Experts, GatedMlp, Init, KeepWhole, Linear, ParamPlacer, RmsNorm, RotaryEmbedding,
+    RouterStats, SparseMoe,
 };
 use redco_core::recompute::Recompute;
 use redco_core::{Backend, DType, Error, Result, RotaryMode, Shape, Tensor};
+use std::sync::{Arc, Mutex};
 
 /// A layer's attention given its index, queries, keys and values (with its cache).
 type Attend<'a, B> = dyn FnMut(usize, Tensor<B>, Tensor<B>, Tensor<B>) -> Result<Tensor<B>> + 'a;
@@ -26,7 +33,92 @@ pub struct LlamaLayer<B: Backend> {
     v_proj: Linear<B>,
     o_proj: Linear<B>,
     post_attention_layernorm: RmsNorm<B>,
-    mlp: GatedMlp<B>,
+    mlp: Ffn<B>,
+}
+
+/// A layer's feed-forward block: LLaMA's gated MLP, or Mixtral's sparse mixture of experts.
+#[derive(Clone)]
+pub enum Ffn<B: Backend> {
+    /// The gated MLP (`mlp`).
+    Dense(GatedMlp<B>),
+    /// A sparse mixture of experts, named `name` in checkpoints (Mixtral's
+    /// `block_sparse_moe`), whose router statistics go to `log`.
+    Moe {
+        /// The block.
+        moe: SparseMoe<B>,
+        /// Its name in place of `mlp`.
+        name: &'static str,
+        /// Where the model's loss finds the routers' statistics.
+        log: Arc<Mutex<RouterLog<B>>>,
+    },
+}
+
+/// What the mixture-of-experts layers routed during the forward pass a loss asked for.
+pub struct RouterLog<B: Backend> {
+    /// Recording (only inside the loss that reads it).
+    on: bool,
+    /// Which tokens count (the attention mask, flattened), if any.
+    keep: Option<Vec<bool>>,
+    /// One entry per layer run.
+    stats: Vec<RouterStats<B>>,
+}
+
+impl<B: Backend> Default for RouterLog<B> {
+    fn default() -> Self {
+        RouterLog { on: false, keep: None, stats: Vec::new() }
+    }
+}
+
+impl<B: Backend> Ffn<B> {
+    fn forward(&self, x: &Tensor<B>) -> Result<Tensor<B>> {
+        match self {
+            Ffn::Dense(m) => m.forward(x),
+            Ffn::Moe { moe, log, .. } => {
+                let keep = log.lock().map_err(|_| Error::invalid("moe", "the router log was poisoned"))?.keep.clone();
+                let on = log.lock().map(|l| l.on).unwrap_or(false);
+                let (y, stats) = moe.forward_counting(x, if on { keep.as_deref() } else { None })?;
+                if on {
+                    log.lock().map_err(|_| Error::invalid("moe", "the router log was poisoned"))?.stats.push(stats);
+                }
+                Ok(y)
+            }
+        }
+    }
+}
+
+impl<B: Backend> redco_core::nn::Module<B> for Ffn<B> {
+    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
+        match self {
+            Ffn::Dense(m) => m.visit(p, f),
+            Ffn::Moe { moe, name, .. } => moe.visit(&renamed(p, name), f),
+        }
+    }
+    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
+        match self {
+            Ffn::Dense(m) => m.visit_mut(p, f),
+            Ffn::Moe { moe, name, .. } => moe.visit_mut(&renamed(p, name), f),
+        }
+    }
+    fn visit_linears(&self, p: &str, f: &mut dyn FnMut(&str, &Linear<B>)) {
+        match self {
+            Ffn::Dense(m) => m.visit_linears(p, f),
+            Ffn::Moe { moe, name, .. } => moe.visit_linears(&renamed(p, name), f),
+        }
+    }
+    fn visit_linears_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Linear<B>)) {
+        match self {
+            Ffn::Dense(m) => m.visit_linears_mut(p, f),
+            Ffn::Moe { moe, name, .. } => moe.visit_linears_mut(&renamed(p, name), f),
+        }
+    }
+}
+
+/// `prefix` (ending in `mlp`) with its last part `name`.
+fn renamed(prefix: &str, name: &str) -> String {
+    match prefix.rsplit_once('.') {
+        Some((head, _)) => format!("{head}.{name}"),
+        None => name.to_string(),
+    }
 }
 
 /// A LLaMA layer's attention sizes.
@@ -97,6 +189,8 @@ pub struct Llama<B: Backend> {
     lm_head: Option<Linear<B>>,
     /// How the layers run: gathered under ZeRO-3, recomputed in training.
     stack: Stack<B>,
+    /// The mixture-of-experts layers' router statistics (Mixtral).
+    router_log: Arc<Mutex<RouterLog<B>>>,
 }
 
 redco_core::module!(Llama {
@@ -130,8 +224,16 @@ impl<B: Backend> Llama<B> {
 
     /// Checks that `cfg` describes a LLaMA this implementation runs.
     pub fn check_config(cfg: &HfConfig) -> Result<()> {
-        if !matches!(cfg.model_type.as_str(), "llama" | "mistral") {
-            return Err(Error::config("llama", format!("config has model_type `{}`, not llama", cfg.model_type)));
+        if !matches!(cfg.model_type.as_str(), "llama" | "mistral" | "mixtral") {
+            return Err(Error::config(
+                "llama",
+                format!("config has model_type `{}`, not llama, mistral or mixtral", cfg.model_type),
+            ));
+        }
+        if let Some((e, k)) = moe_shape(cfg)? {
+            if k == 0 || k > e {
+                return Err(Error::config("mixtral", format!("num_experts_per_tok {k} of num_local_experts {e}")));
+            }
         }
         if cfg.kv_heads == 0 || !cfg.heads.is_multiple_of(cfg.kv_heads) {
             return Err(Error::config(
@@ -153,26 +255,65 @@ impl<B: Backend> Llama<B> {
         Self::check_config(cfg)?;
         let (h, hd, i) = (cfg.hidden, cfg.head_dim, cfg.intermediate);
         let act = Activation::from_hf(&cfg.hidden_act)?;
-        let mut linear = |name: String, inp: usize, out: usize, bias: bool| -> Result<Linear<B>> {
+        let linear = |src: &mut dyn ParamSource<B>, name: String, inp: usize, out: usize, bias: bool| {
             let bound = Init::Uniform(1.0 / (inp.max(1) as f64).sqrt());
             let w = src.param(&format!("{name}.weight"), Shape::new([out, inp]), bound)?;
             let b = if bias { Some(src.param(&format!("{name}.bias"), Shape::new([out]), bound)?) } else { None };
             Linear::from_tensors(w, b)
         };
+        let log = Arc::new(Mutex::new(RouterLog::default()));
         let mut layers = Vec::with_capacity(cfg.layers);
         for l in 0..cfg.layers {
             let p = |s: &str| format!("model.layers.{l}.{s}");
             let ab = cfg.attention_bias;
-            let q_proj = linear(p("self_attn.q_proj"), h, cfg.heads * hd, ab)?;
-            let k_proj = linear(p("self_attn.k_proj"), h, cfg.kv_heads * hd, ab)?;
-            let v_proj = linear(p("self_attn.v_proj"), h, cfg.kv_heads * hd, ab)?;
-            let o_proj = linear(p("self_attn.o_proj"), cfg.heads * hd, h, ab)?;
-            let gate_proj = linear(p("mlp.gate_proj"), h, i, cfg.mlp_bias)?;
-            let up_proj = linear(p("mlp.up_proj"), h, i, cfg.mlp_bias)?;
-            let down_proj = linear(p("mlp.down_proj"), i, h, cfg.mlp_bias)?;
-            layers.push((q_proj, k_proj, v_proj, o_proj, GatedMlp { gate_proj, up_proj, down_proj, act }));
+            let q_proj = linear(src, p("self_attn.q_proj"), h, cfg.heads * hd, ab)?;
+            let k_proj = linear(src, p("self_attn.k_proj"), h, cfg.kv_heads * hd, ab)?;
+            let v_proj = linear(src, p("self_attn.v_proj"), h, cfg.kv_heads * hd, ab)?;
+            let o_proj = linear(src, p("self_attn.o_proj"), cfg.heads * hd, h, ab)?;
+            let mlp = match moe_shape(cfg)? {
+                None => {
+                    let gate_proj = linear(src, p("mlp.gate_proj"), h, i, cfg.mlp_bias)?;
+                    let up_proj = linear(src, p("mlp.up_proj"), h, i, cfg.mlp_bias)?;
+                    let down_proj = linear(src, p("mlp.down_proj"), i, h, cfg.mlp_bias)?;
+                    Ffn::Dense(GatedMlp { gate_proj, up_proj, down_proj, act })
+                }
+                Some((e, k)) => {
+                    let router = linear(src, p("block_sparse_moe.gate"), h, e, false)?;
+                    let stacked = |src: &mut dyn ParamSource<B>,
+                                   w: &str,
+                                   out: usize,
+                                   inp: usize|
+                     -> Result<Tensor<B>> {
+                        let bound = Init::Uniform(1.0 / (inp.max(1) as f64).sqrt());
+                        let parts = (0..e)
+                            .map(|j| {
+                                let name = p(&format!("block_sparse_moe.experts.{j}.{w}.weight"));
+                                let t = src.param(&name, Shape::new([out, inp]), bound)?;
+                                if t.is_sharded() {
+                                    return Err(Error::unsupported(
+                                        "mixtral",
+                                        format!("`{name}` is split over the mesh: experts under tensor parallelism, ZeRO-3 or expert parallelism are not supported yet"),
+                                    ));
+                                }
+                                t.detach().unsqueeze(0)
+                            })
+                            .collect::<Result<Vec<_>>>()?;
+                        Ok(Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0)?.into_var())
+                    };
+                    let experts = Experts {
+                        gate: stacked(src, "w1", i, h)?,
+                        up: stacked(src, "w3", i, h)?,
+                        down: stacked(src, "w2", h, i)?,
+                        names: ["*.w1.weight", "*.w3.weight", "*.w2.weight"],
+                    };
+                    let moe = SparseMoe { router, experts, top_k: k, norm_topk_prob: true, act };
+                    Ffn::Moe { moe, name: "block_sparse_moe", log: log.clone() }
+                }
+            };
+            layers.push((q_proj, k_proj, v_proj, o_proj, mlp));
         }
-        let lm_head = if cfg.tie_word_embeddings { None } else { Some(linear("lm_head".into(), h, cfg.vocab, false)?) };
+        let lm_head =
+            if cfg.tie_word_embeddings { None } else { Some(linear(src, "lm_head".into(), h, cfg.vocab, false)?) };
         let mut norm = |name: String| -> Result<RmsNorm<B>> {
             Ok(RmsNorm { weight: src.param(&name, Shape::new([h]), Init::Const(1.0))?, eps: cfg.norm_eps })
         };
@@ -200,6 +341,7 @@ impl<B: Backend> Llama<B> {
             norm,
             lm_head,
             stack: Stack::new("model.layers"),
+            router_log: log,
         })
     }
 
@@ -363,10 +505,60 @@ impl<B: Backend> Llama<B> {
         }
     }
 
-    /// transformers' causal-LM loss: logits at `t` predict `labels` at `t + 1` (-100 ignored).
+    /// transformers' causal-LM loss: logits at `t` predict `labels` at `t + 1` (-100 ignored);
+    /// for a mixture of experts whose config sets `output_router_logits`, plus
+    /// `router_aux_loss_coef` times the load-balancing loss over every layer's router (the
+    /// tokens `mask` keeps), as transformers adds it.
     pub fn loss(&self, ids: &Tensor<B>, mask: Option<&Tensor<B>>, labels: &Tensor<B>) -> Result<Tensor<B>> {
-        crate::generate::shifted_loss(&self.forward(ids, mask, None)?, labels)
+        let aux = moe_shape(&self.cfg)?.filter(|_| flag(&self.cfg, "output_router_logits"));
+        let Some((e, _)) = aux else {
+            return crate::generate::shifted_loss(&self.forward(ids, mask, None)?, labels);
+        };
+        let keep = match mask {
+            Some(m) => Some(m.to_vec_i64()?.iter().map(|&v| v != 0).collect()),
+            None => None,
+        };
+        *self.log()? = RouterLog { on: true, keep, stats: Vec::new() };
+        let logits = self.forward(ids, mask, None);
+        let stats = std::mem::take(&mut *self.log()?).stats;
+        let lm = crate::generate::shifted_loss(&logits?, labels)?;
+        let coef = self.cfg.raw.get("router_aux_loss_coef").and_then(|v| v.as_f64()).unwrap_or(0.001);
+        lm.add(&nn::load_balancing_loss(&stats, e)?.cast(lm.dtype())?.scale(coef)?)
     }
+
+    /// transformers' load-balancing loss of a mixture of experts over one forward pass of
+    /// `ids` (the tokens `mask` keeps), without the coefficient; an error for a dense model.
+    pub fn router_aux_loss(&self, ids: &Tensor<B>, mask: Option<&Tensor<B>>) -> Result<Tensor<B>> {
+        let (e, _) = moe_shape(&self.cfg)?.ok_or_else(|| Error::invalid("llama", "a dense model has no router"))?;
+        let keep = match mask {
+            Some(m) => Some(m.to_vec_i64()?.iter().map(|&v| v != 0).collect()),
+            None => None,
+        };
+        *self.log()? = RouterLog { on: true, keep, stats: Vec::new() };
+        let out = self.forward(ids, mask, None);
+        let stats = std::mem::take(&mut *self.log()?).stats;
+        out?;
+        nn::load_balancing_loss(&stats, e)
+    }
+
+    fn log(&self) -> Result<std::sync::MutexGuard<'_, RouterLog<B>>> {
+        self.router_log.lock().map_err(|_| Error::invalid("llama", "the router log was poisoned"))
+    }
+}
+
+/// `(num_local_experts, num_experts_per_tok)` of a mixture-of-experts config (Mixtral), or
+/// `None` for a dense one.
+fn moe_shape(cfg: &HfConfig) -> Result<Option<(usize, usize)>> {
+    match (cfg.model_type.as_str(), cfg.num("num_local_experts")) {
+        ("mixtral", Some(e)) => Ok(Some((e, cfg.num("num_experts_per_tok").unwrap_or(2)))),
+        ("mixtral", None) => Err(Error::config("mixtral", "config.json has no `num_local_experts`")),
+        _ => Ok(None),
+    }
+}
+
+/// A boolean field of the config (false when absent).
+fn flag(cfg: &HfConfig, key: &str) -> bool {
+    cfg.raw.get(key).and_then(|v| v.as_bool()).unwrap_or(false)
 }
 
 impl<B: Backend> CausalLm<B> for Llama<B> {

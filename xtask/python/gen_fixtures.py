@@ -5,7 +5,7 @@ For each model: <out>/<name>/config.json + model.safetensors (the checkpoint),
 inputs.safetensors (input_ids, attention_mask, labels, gen_input_ids, gen_attention_mask)
 and reference.safetensors (logits, loss, grad.<param>, generated_ids).
 
-Models: llama-tiny, gptj-tiny, opt-tiny, opt-350m-shape (OPT with post-layer-norm and
+Models: llama-tiny, mixtral-tiny, gptj-tiny, opt-tiny, opt-350m-shape (OPT with post-layer-norm and
 project_in/out, as facebook/opt-350m), t5-tiny (T5 v1.0) and t5-v1_1-tiny (T5 v1.1). All are
 float32, eager attention, eval mode (no dropout); every weight re-drawn larger than the default
 init so that every layer matters numerically: matrices (and embedding tables) normal std 0.2,
@@ -83,6 +83,90 @@ def llama(out):
     save_file({"input_ids": ids, "attention_mask": mask, "labels": labels, "gen_input_ids": gen_ids, "gen_attention_mask": gen_mask},
               os.path.join(d, "inputs.safetensors"))
     save_file(ref, os.path.join(d, "reference.safetensors"))
+    print("wrote", d)
+
+
+def mixtral(out):
+    """Mixtral (a sparse mixture of experts): 4 experts, 2 per token, a LLaMA attention with
+    grouped-query heads, untied head; output_router_logits on with router_aux_loss_coef 0.02, so
+    the reference loss is the language-model loss plus 0.02 x the load-balancing loss
+    (transformers' load_balancing_loss_func with the attention mask). The checkpoint is what
+    current transformers saves: block_sparse_moe.gate and block_sparse_moe.experts.N.w1/w2/w3
+    (its in-memory experts are fused as mlp.experts.gate_up_proj [E, 2i, h], gate first, and
+    mlp.experts.down_proj [E, h, i]); the reference's grad.<name> use the file's names (each
+    fused gradient cut into its experts). reference.safetensors also has aux_loss."""
+    from safetensors import safe_open
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MixtralConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+        rope_theta=1000000.0, rms_norm_eps=1e-5, max_position_embeddings=64, tie_word_embeddings=False,
+        output_router_logits=True, router_aux_loss_coef=0.02, attn_implementation="eager",
+    )
+    model = MixtralForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.2)
+            else:
+                p.uniform_(0.8, 1.2)
+    d = os.path.join(out, "mixtral-tiny")
+    os.makedirs(d, exist_ok=True)
+    model.save_pretrained(d, safe_serialization=True)
+    i = cfg.intermediate_size
+    sd = model.state_dict()
+    with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
+        saved = {k: f.get_tensor(k) for k in f.keys()}
+
+    def file_names(n, t):
+        """The file's names and tensors for in-memory parameter n holding t."""
+        if n.endswith("mlp.experts.gate_up_proj"):
+            p = n[: -len("mlp.experts.gate_up_proj")] + "block_sparse_moe.experts."
+            return [(f"{p}{e}.w1.weight", t[e, :i]) for e in range(t.shape[0])] + \
+                   [(f"{p}{e}.w3.weight", t[e, i:]) for e in range(t.shape[0])]
+        if n.endswith("mlp.experts.down_proj"):
+            p = n[: -len("mlp.experts.down_proj")] + "block_sparse_moe.experts."
+            return [(f"{p}{e}.w2.weight", t[e]) for e in range(t.shape[0])]
+        if n.endswith("mlp.gate.weight"):
+            return [(n.replace("mlp.gate.weight", "block_sparse_moe.gate.weight"), t)]
+        return [(n, t)]
+
+    # the conversion above is transformers' own: every weight it gives is the file's tensor
+    mapped = dict(x for n, p in sd.items() for x in file_names(n, p))
+    assert sorted(mapped) == sorted(saved), (sorted(set(mapped) ^ set(saved)))
+    for k, v in saved.items():
+        assert torch.equal(mapped[k], v), k
+    ids = torch.tensor([[5, 9, 13, 2, 40, 33, 7], [0, 0, 11, 3, 21, 60, 8]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1]])
+    labels = ids.clone()
+    labels[mask == 0] = -100
+    outp = model(input_ids=ids, attention_mask=mask, labels=labels)
+    outp.loss.backward()
+    ref = {"logits": outp.logits.detach().contiguous(), "loss": outp.loss.detach().reshape(1),
+           "aux_loss": outp.aux_loss.detach().reshape(1)}
+    for n, p in model.named_parameters():
+        for k, g in file_names(n, p.grad.detach()):
+            ref["grad." + k] = g.contiguous()
+    gen_ids = torch.tensor([[5, 9, 13, 2], [0, 0, 11, 3]])
+    gen_mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    # generation without the router logits (transformers 5.25's aux loss fails on a decode
+    # step's mask; generation does not use it)
+    model.config.output_router_logits = False
+    with torch.no_grad():
+        g = model.generate(input_ids=gen_ids, attention_mask=gen_mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    ref["generated_ids"] = g.contiguous()
+    save_file({"input_ids": ids, "attention_mask": mask, "labels": labels, "gen_input_ids": gen_ids,
+               "gen_attention_mask": gen_mask}, os.path.join(d, "inputs.safetensors"))
+    save_file(ref, os.path.join(d, "reference.safetensors"))
+    # llama-tiny's tokenizer (the same vocabulary of 64, bos 1, eos 2) so that generate and
+    # serve run on it
+    import shutil
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        src = os.path.join(out, "llama-tiny", f)
+        if os.path.exists(src):
+            shutil.copy(src, os.path.join(d, f))
     print("wrote", d)
 
 
@@ -531,7 +615,7 @@ def llama_1b(out):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", choices=["llama", "tokenizer", "gptj", "opt", "opt-350m", "t5",
+    ap.add_argument("--only", choices=["llama", "mixtral", "tokenizer", "gptj", "opt", "opt-350m", "t5",
                                        "gptj-tokenizer", "opt-tokenizer", "t5-tokenizer", "llama-1.1b"],
                     help="write one fixture only (opt: opt-tiny, opt-350m: opt-350m-shape, t5: t5-tiny and t5-v1_1-tiny)"
                     " or one tokenizer only (tokenizer: llama-tiny's, opt-tokenizer: opt-tiny's and"
@@ -540,6 +624,8 @@ if __name__ == "__main__":
     a = ap.parse_args()
     if a.only in (None, "llama"):
         llama(a.out)
+    if a.only in (None, "mixtral"):
+        mixtral(a.out)
     if a.only in (None, "tokenizer"):
         llama_tokenizer(a.out)
     if a.only in (None, "gptj"):

@@ -12,6 +12,11 @@ use crate::ops::grouped_matmul::group_by_expert;
 use crate::{Backend, DType, Error, Result, Tensor};
 
 /// The expert weights of a [`SparseMoe`], stacked over experts in the Linear layout.
+///
+/// Their parameter names are `names` (under the block's `experts`), with a `*` where a
+/// checkpoint names the expert: `*.w1.weight` is the stacked `[E, ..]` tensor that a
+/// Hugging Face file holds as `0.w1.weight`, `1.w1.weight`, … (the loaders stack them, and
+/// `save_pretrained` cuts them apart again).
 #[derive(Debug, Clone)]
 pub struct Experts<B: Backend> {
     /// Gate projections `[E, intermediate, hidden]` (Mixtral's `w1`).
@@ -20,9 +25,24 @@ pub struct Experts<B: Backend> {
     pub up: Tensor<B>,
     /// Down projections `[E, hidden, intermediate]` (Mixtral's `w2`).
     pub down: Tensor<B>,
+    /// The names of `gate`, `up` and `down` (e.g. `*.w1.weight`, `*.w3.weight`,
+    /// `*.w2.weight` for Mixtral).
+    pub names: [&'static str; 3],
 }
 
-crate::module!(Experts { gate: "gate", up: "up", down: "down" });
+impl<B: Backend> super::Module<B> for Experts<B> {
+    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Tensor<B>)) {
+        for (t, n) in [&self.gate, &self.up, &self.down].into_iter().zip(self.names) {
+            super::Module::visit(t, &super::join(p, n), f);
+        }
+    }
+    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>)) {
+        let names = self.names;
+        for (t, n) in [&mut self.gate, &mut self.up, &mut self.down].into_iter().zip(names) {
+            super::Module::visit_mut(t, &super::join(p, n), f);
+        }
+    }
+}
 
 /// A sparse mixture-of-experts block.
 #[derive(Debug, Clone)]
@@ -45,7 +65,7 @@ crate::module!(SparseMoe { router: "gate", experts: "experts" });
 /// What one block's router did, for the auxiliary losses.
 #[derive(Debug, Clone)]
 pub struct RouterStats<B: Backend> {
-    /// Tokens routed.
+    /// Tokens counted (all of them, or those the keep flags mark).
     pub tokens: usize,
     /// `chosen[j * E + e]`: how many tokens had expert `e` as their `j`-th choice.
     pub chosen: Vec<usize>,
@@ -64,8 +84,15 @@ impl<B: Backend> SparseMoe<B> {
     }
 
     /// The block over `x [.., hidden]`; returns its output (same shape) and the router's
-    /// statistics.
+    /// statistics over every token.
     pub fn forward(&self, x: &Tensor<B>) -> Result<(Tensor<B>, RouterStats<B>)> {
+        self.forward_counting(x, None)
+    }
+
+    /// [`SparseMoe::forward`] whose statistics count only the tokens `keep` marks (one flag
+    /// per token of `x`, in order: the attention mask, as transformers' load-balancing loss
+    /// leaves padding out). Every token is still routed and computed.
+    pub fn forward_counting(&self, x: &Tensor<B>, keep: Option<&[bool]>) -> Result<(Tensor<B>, RouterStats<B>)> {
         let dims = x.dims().to_vec();
         let h = *dims.last().ok_or_else(|| Error::invalid("moe", "the input has no hidden dimension"))?;
         let t = x.elem_count() / h.max(1);
@@ -73,6 +100,10 @@ impl<B: Backend> SparseMoe<B> {
         if k == 0 || k > e {
             return Err(Error::config("moe", format!("{k} experts per token of {e}")));
         }
+        if keep.is_some_and(|k| k.len() != t) {
+            return Err(Error::invalid("moe", format!("{} token flags for {t} tokens", keep.map_or(0, <[bool]>::len))));
+        }
+        let kept = |r: usize| keep.is_none_or(|k| k[r]);
         let x2 = x.reshape([t, h])?;
         // the router in f32 (as transformers computes it) or wider
         let logits = self.router.forward(&x2)?;
@@ -82,12 +113,14 @@ impl<B: Backend> SparseMoe<B> {
         let host = probs.to_vec_f64()?;
         let mut chosen_ids = Vec::with_capacity(t * k);
         let mut chosen = vec![0usize; k * e];
-        for row in host.chunks(e) {
+        for (r, row) in host.chunks(e).enumerate() {
             let mut idx: Vec<usize> = (0..e).collect();
             idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
             for (j, &i) in idx[..k].iter().enumerate() {
                 chosen_ids.push(i as i64);
-                chosen[j * e + i] += 1;
+                if kept(r) {
+                    chosen[j * e + i] += 1;
+                }
             }
         }
         let b = x.backend();
@@ -111,7 +144,15 @@ impl<B: Backend> SparseMoe<B> {
         let out = Tensor::zeros(b, [t, h], y.dtype())?.index_add(&tok, &y, 0)?;
         // log-sum-exp of each row: any logit minus its log-probability
         let lse = logits.sub(&logits.log_softmax(-1)?)?.narrow(1, 0, 1)?;
-        let stats = RouterStats { tokens: t, chosen, prob_sum: probs.sum(0, false)?, z_sum: lse.square()?.sum_all()? };
+        let (tokens, prob_sum, z_sum) = match keep {
+            None => (t, probs.sum(0, false)?, lse.square()?.sum_all()?),
+            Some(k) => {
+                let flags: Vec<f64> = k.iter().map(|&f| if f { 1.0 } else { 0.0 }).collect();
+                let m = Tensor::from_host(b, &crate::HostData::from_f64(&flags, probs.dtype()), [t, 1])?;
+                (k.iter().filter(|&&f| f).count(), probs.mul(&m)?.sum(0, false)?, lse.square()?.mul(&m)?.sum_all()?)
+            }
+        };
+        let stats = RouterStats { tokens, chosen, prob_sum, z_sum };
         Ok((out.reshape(dims)?, stats))
     }
 }

@@ -241,14 +241,44 @@ impl HfConfig {
     pub fn param_shapes(&self) -> Result<Vec<(String, Shape)>> {
         match self.model_type.as_str() {
             "llama" | "mistral" => Ok(self.llama_params()),
+            "mixtral" => self.mixtral_params(),
             "gptj" => Ok(self.gptj_params()),
             "opt" => Ok(self.opt_params()),
             "t5" => Ok(self.t5_params()),
             other => Err(Error::unsupported(
                 "config",
-                format!("model_type `{other}` is not supported yet (supported: llama, mistral, gptj, opt, t5)"),
+                format!(
+                    "model_type `{other}` is not supported yet (supported: llama, mistral, mixtral, gptj, opt, t5)"
+                ),
             )),
         }
+    }
+
+    /// Mixtral's checkpoint tensors: LLaMA's with each layer's MLP replaced by
+    /// `block_sparse_moe.gate` (the router, `[experts, hidden]`) and each expert's `w1`, `w3`
+    /// (`[intermediate, hidden]`) and `w2` (`[hidden, intermediate]`).
+    fn mixtral_params(&self) -> Result<Vec<(String, Shape)>> {
+        let e = self
+            .num("num_local_experts")
+            .ok_or_else(|| Error::config("config", "a mixtral config.json needs `num_local_experts`"))?;
+        let (h, i) = (self.hidden, self.intermediate);
+        let mut out = Vec::new();
+        for (name, shape) in self.llama_params() {
+            let Some((layer, leaf)) = name.split_once(".mlp.") else {
+                out.push((name, shape));
+                continue;
+            };
+            // one router and E experts in place of the three MLP projections
+            if leaf == "gate_proj.weight" {
+                out.push((format!("{layer}.block_sparse_moe.gate.weight"), Shape::new([e, h])));
+                for j in 0..e {
+                    for (w, s) in [("w1", [i, h]), ("w2", [h, i]), ("w3", [i, h])] {
+                        out.push((format!("{layer}.block_sparse_moe.experts.{j}.{w}.weight"), Shape::new(s)));
+                    }
+                }
+            }
+        }
+        Ok(out)
     }
 
     fn gptj_params(&self) -> Vec<(String, Shape)> {

@@ -7,7 +7,7 @@
 use super::config::HfConfig;
 use redco_core::nn::{Module, ModuleExt};
 use redco_core::runtime::Comm;
-use redco_core::{Backend, Error, Result};
+use redco_core::{Backend, Error, Result, Tensor};
 use redco_pipeline::checkpoint::{safetensors_bytes, write_atomic};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -31,7 +31,7 @@ pub fn save_pretrained<B: Backend, M: Module<B> + ?Sized>(
     if rank == 0 {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
-    let params = model.named_parameters();
+    let params = hf_tensors(model.named_parameters())?;
     // group the parameters, in order, into shards
     let mut shards: Vec<Vec<usize>> = Vec::new();
     let mut current = Vec::new();
@@ -81,6 +81,27 @@ pub fn save_pretrained<B: Backend, M: Module<B> + ?Sized>(
         write_json(&dir.join("config.json"), &cfg.raw)?;
     }
     Ok(())
+}
+
+/// Named tensors under the names a Hugging Face checkpoint uses: a tensor stacked over
+/// experts (a `*` in its name, e.g. Mixtral's `experts.*.w1.weight`, `[E, ..]`) becomes one
+/// tensor per expert, the `*` replaced by its index; every other passes through.
+pub fn hf_tensors<B: Backend>(named: Vec<(String, Tensor<B>)>) -> Result<Vec<(String, Tensor<B>)>> {
+    let mut out = Vec::with_capacity(named.len());
+    for (name, t) in named {
+        if !name.contains('*') {
+            out.push((name, t));
+            continue;
+        }
+        let dims = t.dims().to_vec();
+        let Some((&e, rest)) = dims.split_first() else {
+            return Err(Error::invalid("save", format!("`{name}` is stacked over experts but has no dimensions")));
+        };
+        for j in 0..e {
+            out.push((name.replacen('*', &j.to_string(), 1), t.narrow(0, j, 1)?.reshape(rest.to_vec())?));
+        }
+    }
+    Ok(out)
 }
 
 fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {

@@ -95,6 +95,29 @@ fn continuous_batches_give_each_request_what_generate_gives_it_alone() {
     assert_eq!(s.kv.used, 0, "every block released");
 }
 
+/// A mixture of experts (Mixtral: 4 experts, 2 per token) served in continuous batches: the
+/// router sees ragged batches of prefill chunks and decode tokens, and each request still
+/// gets what `generate` gives it alone.
+#[test]
+fn a_mixture_of_experts_serves_each_request_what_generate_gives_it_alone() {
+    let b = Cpu::new(1);
+    let cfg = HfConfig::from_json(
+        r#"{"model_type":"mixtral","hidden_size":32,"intermediate_size":24,"num_attention_heads":4,
+            "num_key_value_heads":2,"num_hidden_layers":2,"vocab_size":50,"max_position_embeddings":64,
+            "num_local_experts":4,"num_experts_per_tok":2}"#,
+    )
+    .unwrap();
+    let m = Llama::new(&b, &cfg, DType::F32, 11).unwrap();
+    let n = 7;
+    let want: Vec<Vec<i64>> = prompts().iter().map(|p| generated(&b, &m, p, n)).collect();
+    let ecfg = EngineConfig { max_batch_tokens: 8, max_running: 8, max_waiting: 16, block_size: 4, blocks: 64 };
+    let mut engine = Engine::new(&b, Llama::new(&b, &cfg, DType::F32, 11).unwrap(), ecfg, DType::F32).unwrap();
+    let got = serve(&mut engine, n);
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&got[&(i as u64)], w, "request {i}");
+    }
+}
+
 /// Prompt log-probabilities: every prompt token from the second is scored once, by the
 /// whole prompt's forward pass's logits at the position before it, whatever the
 /// chunking, with the same prompt already cached (it is computed again, not skipped),

@@ -81,7 +81,12 @@ fn sparse_moe_equals_a_loop_over_each_tokens_experts_and_its_router_losses_trans
         (values(e * i * h, 3, -0.5, 0.5), values(e * i * h, 4, -0.5, 0.5), values(e * h * i, 5, -0.5, 0.5));
     let block = |ts: &[Tensor<redco_cpu::Cpu>], norm: bool| SparseMoe {
         router: Linear::from_tensors(ts[1].clone(), None).unwrap(),
-        experts: Experts { gate: ts[2].clone(), up: ts[3].clone(), down: ts[4].clone() },
+        experts: Experts {
+            gate: ts[2].clone(),
+            up: ts[3].clone(),
+            down: ts[4].clone(),
+            names: ["*.w1", "*.w3", "*.w2"],
+        },
         top_k: k,
         norm_topk_prob: norm,
         act: Activation::Silu,
