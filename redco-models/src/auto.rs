@@ -23,7 +23,7 @@ pub enum AutoModel<B: Backend> {
 }
 
 /// The `model_type`s [`AutoModel`] loads.
-pub const SUPPORTED: [&str; 5] = ["llama", "mistral", "mixtral", "gptj", "opt"];
+pub const SUPPORTED: [&str; 7] = ["llama", "mistral", "mixtral", "qwen3", "qwen3_moe", "gptj", "opt"];
 
 impl<B: Backend> AutoModel<B> {
     /// Activation checkpointing per decoder layer, block or selective (see
@@ -40,7 +40,9 @@ impl<B: Backend> AutoModel<B> {
     pub fn from_pretrained(b: &B, dir: &Path, dtype: DType, plan: Option<&ShardPlan>) -> Result<Self> {
         let cfg = HfConfig::from_dir(dir)?;
         Ok(match cfg.model_type.as_str() {
-            "llama" | "mistral" | "mixtral" => AutoModel::Llama(Llama::from_pretrained_split(b, dir, dtype, plan)?),
+            "llama" | "mistral" | "mixtral" | "qwen3" | "qwen3_moe" => {
+                AutoModel::Llama(Llama::from_pretrained_split(b, dir, dtype, plan)?)
+            }
             "gptj" => AutoModel::GptJ(GptJ::from_pretrained(b, dir, dtype, plan)?),
             "opt" => AutoModel::Opt(Opt::from_pretrained(b, dir, dtype, plan)?),
             other => return Err(unsupported(other)),
@@ -52,7 +54,9 @@ impl<B: Backend> AutoModel<B> {
     /// tensor being made.
     pub fn new_placed(b: &B, cfg: &HfConfig, dtype: DType, seed: u64, placer: &dyn ParamPlacer<B>) -> Result<Self> {
         Ok(match cfg.model_type.as_str() {
-            "llama" | "mistral" | "mixtral" => AutoModel::Llama(Llama::new_placed(b, cfg, dtype, seed, placer)?),
+            "llama" | "mistral" | "mixtral" | "qwen3" | "qwen3_moe" => {
+                AutoModel::Llama(Llama::new_placed(b, cfg, dtype, seed, placer)?)
+            }
             "gptj" => AutoModel::GptJ(GptJ::new_placed(b, cfg, dtype, seed, placer)?),
             "opt" => AutoModel::Opt(Opt::new_placed(b, cfg, dtype, seed, placer)?),
             other => return Err(unsupported(other)),
@@ -62,7 +66,9 @@ impl<B: Backend> AutoModel<B> {
     /// [`AutoModel::from_pretrained`] with each tensor handed to `placer` as it is read.
     pub fn from_pretrained_placed(b: &B, dir: &Path, dtype: DType, placer: &dyn ParamPlacer<B>) -> Result<Self> {
         Ok(match HfConfig::from_dir(dir)?.model_type.as_str() {
-            "llama" | "mistral" | "mixtral" => AutoModel::Llama(Llama::from_pretrained_placed(b, dir, dtype, placer)?),
+            "llama" | "mistral" | "mixtral" | "qwen3" | "qwen3_moe" => {
+                AutoModel::Llama(Llama::from_pretrained_placed(b, dir, dtype, placer)?)
+            }
             "gptj" => AutoModel::GptJ(GptJ::from_pretrained_placed(b, dir, dtype, placer)?),
             "opt" => AutoModel::Opt(Opt::from_pretrained_placed(b, dir, dtype, placer)?),
             other => return Err(unsupported(other)),
@@ -72,7 +78,9 @@ impl<B: Backend> AutoModel<B> {
     /// A randomly initialised model for `cfg`.
     pub fn new(b: &B, cfg: &HfConfig, dtype: DType, seed: u64) -> Result<Self> {
         Ok(match cfg.model_type.as_str() {
-            "llama" | "mistral" | "mixtral" => AutoModel::Llama(Llama::new(b, cfg, dtype, seed)?),
+            "llama" | "mistral" | "mixtral" | "qwen3" | "qwen3_moe" => {
+                AutoModel::Llama(Llama::new(b, cfg, dtype, seed)?)
+            }
             "gptj" => AutoModel::GptJ(GptJ::new(b, cfg, dtype, seed)?),
             "opt" => AutoModel::Opt(Opt::new(b, cfg, dtype, seed)?),
             other => return Err(unsupported(other)),

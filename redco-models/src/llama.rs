@@ -32,6 +32,9 @@ pub struct LlamaLayer<B: Backend> {
     k_proj: Linear<B>,
     v_proj: Linear<B>,
     o_proj: Linear<B>,
+    /// Qwen3's QK-norm: an RMSNorm over each head's features of the queries and keys.
+    q_norm: Option<RmsNorm<B>>,
+    k_norm: Option<RmsNorm<B>>,
     post_attention_layernorm: RmsNorm<B>,
     mlp: Ffn<B>,
 }
@@ -145,10 +148,21 @@ impl<B: Backend> LlamaLayer<B> {
     ) -> Result<Tensor<B>> {
         let (bs, t) = (h.dims()[0], h.dims()[1]);
         let x = self.input_layernorm.forward(h)?;
-        let split = |y: Tensor<B>, n: usize| y.reshape([bs, t, n, d.head_dim])?.transpose(1, 2);
-        let q = split(self.q_proj.forward(&x)?, d.heads)?.rotary(cos, sin, RotaryMode::HalfSplit)?;
-        let k = split(self.k_proj.forward(&x)?, d.kv_heads)?.rotary(cos, sin, RotaryMode::HalfSplit)?;
-        let v = split(self.v_proj.forward(&x)?, d.kv_heads)?;
+        let split = |y: Tensor<B>, n: usize, norm: Option<&RmsNorm<B>>| {
+            let y = y.reshape([bs, t, n, d.head_dim])?;
+            match norm {
+                Some(norm) => norm.forward(&y)?.transpose(1, 2),
+                None => y.transpose(1, 2),
+            }
+        };
+        let q =
+            split(self.q_proj.forward(&x)?, d.heads, self.q_norm.as_ref())?.rotary(cos, sin, RotaryMode::HalfSplit)?;
+        let k = split(self.k_proj.forward(&x)?, d.kv_heads, self.k_norm.as_ref())?.rotary(
+            cos,
+            sin,
+            RotaryMode::HalfSplit,
+        )?;
+        let v = split(self.v_proj.forward(&x)?, d.kv_heads, None)?;
         let a = attend(q, k, v)?;
         let h = h.add(&self.o_proj.forward(&a.transpose(1, 2)?.reshape([bs, t, d.heads * d.head_dim])?)?)?;
         h.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)
@@ -175,6 +189,8 @@ redco_core::module!(LlamaLayer {
     k_proj: "self_attn.k_proj",
     v_proj: "self_attn.v_proj",
     o_proj: "self_attn.o_proj",
+    q_norm: "self_attn.q_norm",
+    k_norm: "self_attn.k_norm",
     post_attention_layernorm: "post_attention_layernorm",
     mlp: "mlp"
 });
@@ -224,16 +240,22 @@ impl<B: Backend> Llama<B> {
 
     /// Checks that `cfg` describes a LLaMA this implementation runs.
     pub fn check_config(cfg: &HfConfig) -> Result<()> {
-        if !matches!(cfg.model_type.as_str(), "llama" | "mistral" | "mixtral") {
+        if !matches!(cfg.model_type.as_str(), "llama" | "mistral" | "mixtral" | "qwen3" | "qwen3_moe") {
             return Err(Error::config(
                 "llama",
-                format!("config has model_type `{}`, not llama, mistral or mixtral", cfg.model_type),
+                format!("config has model_type `{}`, not llama, mistral, mixtral, qwen3 or qwen3_moe", cfg.model_type),
             ));
         }
-        if let Some((e, k)) = moe_shape(cfg)? {
-            if k == 0 || k > e {
-                return Err(Error::config("mixtral", format!("num_experts_per_tok {k} of num_local_experts {e}")));
+        if let Some(m) = MoeCfg::of(cfg)? {
+            if m.top_k == 0 || m.top_k > m.experts {
+                return Err(Error::config("moe", format!("num_experts_per_tok {} of {} experts", m.top_k, m.experts)));
             }
+        }
+        if flag(cfg, "use_sliding_window") {
+            return Err(Error::unsupported(
+                "llama",
+                "sliding-window attention (`use_sliding_window`) is not supported",
+            ));
         }
         if cfg.kv_heads == 0 || !cfg.heads.is_multiple_of(cfg.kv_heads) {
             return Err(Error::config(
@@ -270,15 +292,18 @@ impl<B: Backend> Llama<B> {
             let k_proj = linear(src, p("self_attn.k_proj"), h, cfg.kv_heads * hd, ab)?;
             let v_proj = linear(src, p("self_attn.v_proj"), h, cfg.kv_heads * hd, ab)?;
             let o_proj = linear(src, p("self_attn.o_proj"), cfg.heads * hd, h, ab)?;
-            let mlp = match moe_shape(cfg)? {
+            let moe_cfg = MoeCfg::of(cfg)?.filter(|m| m.sparse(l));
+            let mlp = match moe_cfg {
                 None => {
                     let gate_proj = linear(src, p("mlp.gate_proj"), h, i, cfg.mlp_bias)?;
                     let up_proj = linear(src, p("mlp.up_proj"), h, i, cfg.mlp_bias)?;
                     let down_proj = linear(src, p("mlp.down_proj"), i, h, cfg.mlp_bias)?;
                     Ffn::Dense(GatedMlp { gate_proj, up_proj, down_proj, act })
                 }
-                Some((e, k)) => {
-                    let router = linear(src, p("block_sparse_moe.gate"), h, e, false)?;
+                Some(m) => {
+                    let (e, i) = (m.experts, m.intermediate);
+                    let (block, names) = m.names;
+                    let router = linear(src, p(&format!("{block}.gate")), h, e, false)?;
                     let stacked = |src: &mut dyn ParamSource<B>,
                                    w: &str,
                                    out: usize,
@@ -287,11 +312,11 @@ impl<B: Backend> Llama<B> {
                         let bound = Init::Uniform(1.0 / (inp.max(1) as f64).sqrt());
                         let parts = (0..e)
                             .map(|j| {
-                                let name = p(&format!("block_sparse_moe.experts.{j}.{w}.weight"));
+                                let name = p(&format!("{block}.experts.{j}.{w}.weight"));
                                 let t = src.param(&name, Shape::new([out, inp]), bound)?;
                                 if t.is_sharded() {
                                     return Err(Error::unsupported(
-                                        "mixtral",
+                                        "moe",
                                         format!("`{name}` is split over the mesh: experts under tensor parallelism, ZeRO-3 or expert parallelism are not supported yet"),
                                     ));
                                 }
@@ -301,38 +326,51 @@ impl<B: Backend> Llama<B> {
                         Ok(Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0)?.into_var())
                     };
                     let experts = Experts {
-                        gate: stacked(src, "w1", i, h)?,
-                        up: stacked(src, "w3", i, h)?,
-                        down: stacked(src, "w2", h, i)?,
-                        names: ["*.w1.weight", "*.w3.weight", "*.w2.weight"],
+                        gate: stacked(src, names[0], i, h)?,
+                        up: stacked(src, names[1], i, h)?,
+                        down: stacked(src, names[2], h, i)?,
+                        names: names.map(|n| match n {
+                            "w1" => "*.w1.weight",
+                            "w3" => "*.w3.weight",
+                            "w2" => "*.w2.weight",
+                            "gate_proj" => "*.gate_proj.weight",
+                            "up_proj" => "*.up_proj.weight",
+                            _ => "*.down_proj.weight",
+                        }),
                     };
-                    let moe = SparseMoe { router, experts, top_k: k, norm_topk_prob: true, act };
-                    Ffn::Moe { moe, name: "block_sparse_moe", log: log.clone() }
+                    let moe = SparseMoe { router, experts, top_k: m.top_k, norm_topk_prob: m.norm_topk_prob, act };
+                    Ffn::Moe { moe, name: block, log: log.clone() }
                 }
             };
             layers.push((q_proj, k_proj, v_proj, o_proj, mlp));
         }
         let lm_head =
             if cfg.tie_word_embeddings { None } else { Some(linear(src, "lm_head".into(), h, cfg.vocab, false)?) };
-        let mut norm = |name: String| -> Result<RmsNorm<B>> {
-            Ok(RmsNorm { weight: src.param(&name, Shape::new([h]), Init::Const(1.0))?, eps: cfg.norm_eps })
+        let mut norm = |name: String, dim: usize| -> Result<RmsNorm<B>> {
+            Ok(RmsNorm { weight: src.param(&name, Shape::new([dim]), Init::Const(1.0))?, eps: cfg.norm_eps })
         };
+        let qk_norm = matches!(cfg.model_type.as_str(), "qwen3" | "qwen3_moe");
         let layers = layers
             .into_iter()
             .enumerate()
             .map(|(l, (q_proj, k_proj, v_proj, o_proj, mlp))| {
+                let qk = |n: &str, norm: &mut dyn FnMut(String, usize) -> Result<RmsNorm<B>>| {
+                    qk_norm.then(|| norm(format!("model.layers.{l}.self_attn.{n}.weight"), hd)).transpose()
+                };
                 Ok(LlamaLayer {
-                    input_layernorm: norm(format!("model.layers.{l}.input_layernorm.weight"))?,
+                    input_layernorm: norm(format!("model.layers.{l}.input_layernorm.weight"), h)?,
                     q_proj,
                     k_proj,
                     v_proj,
                     o_proj,
-                    post_attention_layernorm: norm(format!("model.layers.{l}.post_attention_layernorm.weight"))?,
+                    q_norm: qk("q_norm", &mut norm)?,
+                    k_norm: qk("k_norm", &mut norm)?,
+                    post_attention_layernorm: norm(format!("model.layers.{l}.post_attention_layernorm.weight"), h)?,
                     mlp,
                 })
             })
             .collect::<Result<_>>()?;
-        let norm = norm("model.norm.weight".into())?;
+        let norm = norm("model.norm.weight".into(), h)?;
         let embed = src.param("model.embed_tokens.weight", Shape::new([cfg.vocab, h]), Init::Normal(0.02))?;
         Ok(Llama {
             cfg: cfg.clone(),
@@ -510,8 +548,8 @@ impl<B: Backend> Llama<B> {
     /// `router_aux_loss_coef` times the load-balancing loss over every layer's router (the
     /// tokens `mask` keeps), as transformers adds it.
     pub fn loss(&self, ids: &Tensor<B>, mask: Option<&Tensor<B>>, labels: &Tensor<B>) -> Result<Tensor<B>> {
-        let aux = moe_shape(&self.cfg)?.filter(|_| flag(&self.cfg, "output_router_logits"));
-        let Some((e, _)) = aux else {
+        let aux = MoeCfg::of(&self.cfg)?.filter(|_| flag(&self.cfg, "output_router_logits"));
+        let Some(MoeCfg { experts: e, .. }) = aux else {
             return crate::generate::shifted_loss(&self.forward(ids, mask, None)?, labels);
         };
         let keep = match mask {
@@ -529,7 +567,7 @@ impl<B: Backend> Llama<B> {
     /// transformers' load-balancing loss of a mixture of experts over one forward pass of
     /// `ids` (the tokens `mask` keeps), without the coefficient; an error for a dense model.
     pub fn router_aux_loss(&self, ids: &Tensor<B>, mask: Option<&Tensor<B>>) -> Result<Tensor<B>> {
-        let (e, _) = moe_shape(&self.cfg)?.ok_or_else(|| Error::invalid("llama", "a dense model has no router"))?;
+        let e = MoeCfg::of(&self.cfg)?.ok_or_else(|| Error::invalid("llama", "a dense model has no router"))?.experts;
         let keep = match mask {
             Some(m) => Some(m.to_vec_i64()?.iter().map(|&v| v != 0).collect()),
             None => None,
@@ -546,13 +584,68 @@ impl<B: Backend> Llama<B> {
     }
 }
 
-/// `(num_local_experts, num_experts_per_tok)` of a mixture-of-experts config (Mixtral), or
-/// `None` for a dense one.
-fn moe_shape(cfg: &HfConfig) -> Result<Option<(usize, usize)>> {
-    match (cfg.model_type.as_str(), cfg.num("num_local_experts")) {
-        ("mixtral", Some(e)) => Ok(Some((e, cfg.num("num_experts_per_tok").unwrap_or(2)))),
-        ("mixtral", None) => Err(Error::config("mixtral", "config.json has no `num_local_experts`")),
-        _ => Ok(None),
+/// The mixture of experts a config describes (Mixtral, Qwen3-MoE), or `None` for a dense
+/// model.
+struct MoeCfg {
+    experts: usize,
+    top_k: usize,
+    /// The experts' intermediate size.
+    intermediate: usize,
+    norm_topk_prob: bool,
+    /// Layers with a dense MLP instead (Qwen3-MoE's `mlp_only_layers`).
+    mlp_only: Vec<usize>,
+    /// Every `step`-th layer is sparse (Qwen3-MoE's `decoder_sparse_step`).
+    step: usize,
+    /// The block's checkpoint name and its experts' gate, up and down projections' names.
+    names: (&'static str, [&'static str; 3]),
+}
+
+impl MoeCfg {
+    fn of(cfg: &HfConfig) -> Result<Option<MoeCfg>> {
+        let need = |key: &str| {
+            cfg.num(key).ok_or_else(|| Error::config("moe", format!("a {} config.json needs `{key}`", cfg.model_type)))
+        };
+        match cfg.model_type.as_str() {
+            "mixtral" => Ok(Some(MoeCfg {
+                experts: need("num_local_experts")?,
+                top_k: cfg.num("num_experts_per_tok").unwrap_or(2),
+                intermediate: cfg.intermediate,
+                norm_topk_prob: true,
+                mlp_only: Vec::new(),
+                step: 1,
+                names: ("block_sparse_moe", ["w1", "w3", "w2"]),
+            })),
+            "qwen3_moe" => {
+                let experts = match cfg.num("num_experts") {
+                    Some(e) => e,
+                    None => need("num_local_experts")?,
+                };
+                let mlp_only = match cfg.raw.get("mlp_only_layers") {
+                    None | Some(serde_json::Value::Null) => Vec::new(),
+                    Some(serde_json::Value::Array(a)) => a
+                        .iter()
+                        .map(|v| v.as_u64().map(|x| x as usize))
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or_else(|| Error::config("moe", "`mlp_only_layers` must be a list of layer indices"))?,
+                    Some(_) => return Err(Error::config("moe", "`mlp_only_layers` must be a list of layer indices")),
+                };
+                Ok(Some(MoeCfg {
+                    experts,
+                    top_k: need("num_experts_per_tok")?,
+                    intermediate: need("moe_intermediate_size")?,
+                    norm_topk_prob: flag(cfg, "norm_topk_prob"),
+                    mlp_only,
+                    step: cfg.num("decoder_sparse_step").unwrap_or(1).max(1),
+                    names: ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+                }))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Whether layer `l` is a mixture of experts (else a dense MLP), as transformers decides.
+    fn sparse(&self, l: usize) -> bool {
+        !self.mlp_only.contains(&l) && self.experts > 0 && (l + 1).is_multiple_of(self.step)
     }
 }
 

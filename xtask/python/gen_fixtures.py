@@ -5,7 +5,7 @@ For each model: <out>/<name>/config.json + model.safetensors (the checkpoint),
 inputs.safetensors (input_ids, attention_mask, labels, gen_input_ids, gen_attention_mask)
 and reference.safetensors (logits, loss, grad.<param>, generated_ids).
 
-Models: llama-tiny, mixtral-tiny, gptj-tiny, opt-tiny, opt-350m-shape (OPT with post-layer-norm and
+Models: llama-tiny, mixtral-tiny, qwen3-moe-tiny, gptj-tiny, opt-tiny, opt-350m-shape (OPT with post-layer-norm and
 project_in/out, as facebook/opt-350m), t5-tiny (T5 v1.0) and t5-v1_1-tiny (T5 v1.1). All are
 float32, eager attention, eval mode (no dropout); every weight re-drawn larger than the default
 init so that every layer matters numerically: matrices (and embedding tables) normal std 0.2,
@@ -162,6 +162,82 @@ def mixtral(out):
     save_file(ref, os.path.join(d, "reference.safetensors"))
     # llama-tiny's tokenizer (the same vocabulary of 64, bos 1, eos 2) so that generate and
     # serve run on it
+    import shutil
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        src = os.path.join(out, "llama-tiny", f)
+        if os.path.exists(src):
+            shutil.copy(src, os.path.join(d, f))
+    print("wrote", d)
+
+
+def qwen3_moe(out):
+    """Qwen3-MoE: QK-norm (an RMSNorm over each head's features of the queries and keys, before
+    the rotary embedding), explicit head_dim 16 (heads x head_dim = 64 > hidden 32), 4 experts, 2
+    per token WITHOUT renormalising their probabilities (norm_topk_prob false), a dense MLP in
+    layer 1 (mlp_only_layers [1]) of intermediate_size 40 beside the experts' moe_intermediate_size
+    24; output_router_logits on with router_aux_loss_coef 0.02, as mixtral(). The checkpoint is
+    what current transformers saves: mlp.gate and mlp.experts.N.gate_proj/up_proj/down_proj (its
+    in-memory experts are fused as mlp.experts.gate_up_proj, gate first, and mlp.experts.down_proj);
+    grad.<name> use the file's names. llama-tiny's tokenizer is copied in."""
+    from safetensors import safe_open
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3MoeConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=40, moe_intermediate_size=24, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2,
+        norm_topk_prob=False, mlp_only_layers=[1], decoder_sparse_step=1, rope_theta=1000000.0,
+        rms_norm_eps=1e-6, max_position_embeddings=64, tie_word_embeddings=False, bos_token_id=1,
+        eos_token_id=2, output_router_logits=True, router_aux_loss_coef=0.02, attn_implementation="eager",
+    )
+    model = Qwen3MoeForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.2)
+            else:
+                p.uniform_(0.8, 1.2)
+    d = os.path.join(out, "qwen3-moe-tiny")
+    os.makedirs(d, exist_ok=True)
+    model.save_pretrained(d, safe_serialization=True)
+    i = cfg.moe_intermediate_size
+    with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
+        saved = {k: f.get_tensor(k) for k in f.keys()}
+
+    def file_names(n, t):
+        if n.endswith("mlp.experts.gate_up_proj"):
+            p = n[: -len("gate_up_proj")]
+            return [(f"{p}{e}.gate_proj.weight", t[e, :i]) for e in range(t.shape[0])] + \
+                   [(f"{p}{e}.up_proj.weight", t[e, i:]) for e in range(t.shape[0])]
+        if n.endswith("mlp.experts.down_proj"):
+            p = n[: -len("down_proj")]
+            return [(f"{p}{e}.down_proj.weight", t[e]) for e in range(t.shape[0])]
+        return [(n, t)]
+
+    mapped = dict(x for n, p in model.state_dict().items() for x in file_names(n, p))
+    assert sorted(mapped) == sorted(saved), (sorted(set(mapped) ^ set(saved)))
+    for k, v in saved.items():
+        assert torch.equal(mapped[k], v), k
+    ids = torch.tensor([[5, 9, 13, 2, 40, 33, 7], [0, 0, 11, 3, 21, 60, 8]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1]])
+    labels = ids.clone()
+    labels[mask == 0] = -100
+    outp = model(input_ids=ids, attention_mask=mask, labels=labels)
+    outp.loss.backward()
+    ref = {"logits": outp.logits.detach().contiguous(), "loss": outp.loss.detach().reshape(1),
+           "aux_loss": outp.aux_loss.detach().reshape(1)}
+    for n, p in model.named_parameters():
+        for k, g in file_names(n, p.grad.detach()):
+            ref["grad." + k] = g.contiguous()
+    gen_ids = torch.tensor([[5, 9, 13, 2], [0, 0, 11, 3]])
+    gen_mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    model.config.output_router_logits = False
+    with torch.no_grad():
+        g = model.generate(input_ids=gen_ids, attention_mask=gen_mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    ref["generated_ids"] = g.contiguous()
+    save_file({"input_ids": ids, "attention_mask": mask, "labels": labels, "gen_input_ids": gen_ids,
+               "gen_attention_mask": gen_mask}, os.path.join(d, "inputs.safetensors"))
+    save_file(ref, os.path.join(d, "reference.safetensors"))
     import shutil
     for f in ("tokenizer.json", "tokenizer_config.json"):
         src = os.path.join(out, "llama-tiny", f)
@@ -615,7 +691,7 @@ def llama_1b(out):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", choices=["llama", "mixtral", "tokenizer", "gptj", "opt", "opt-350m", "t5",
+    ap.add_argument("--only", choices=["llama", "mixtral", "qwen3-moe", "tokenizer", "gptj", "opt", "opt-350m", "t5",
                                        "gptj-tokenizer", "opt-tokenizer", "t5-tokenizer", "llama-1.1b"],
                     help="write one fixture only (opt: opt-tiny, opt-350m: opt-350m-shape, t5: t5-tiny and t5-v1_1-tiny)"
                     " or one tokenizer only (tokenizer: llama-tiny's, opt-tokenizer: opt-tiny's and"
@@ -626,6 +702,8 @@ if __name__ == "__main__":
         llama(a.out)
     if a.only in (None, "mixtral"):
         mixtral(a.out)
+    if a.only in (None, "qwen3-moe"):
+        qwen3_moe(a.out)
     if a.only in (None, "tokenizer"):
         llama_tokenizer(a.out)
     if a.only in (None, "gptj"):

@@ -242,13 +242,14 @@ impl HfConfig {
         match self.model_type.as_str() {
             "llama" | "mistral" => Ok(self.llama_params()),
             "mixtral" => self.mixtral_params(),
+            "qwen3" | "qwen3_moe" => self.qwen3_params(),
             "gptj" => Ok(self.gptj_params()),
             "opt" => Ok(self.opt_params()),
             "t5" => Ok(self.t5_params()),
             other => Err(Error::unsupported(
                 "config",
                 format!(
-                    "model_type `{other}` is not supported yet (supported: llama, mistral, mixtral, gptj, opt, t5)"
+                    "model_type `{other}` is not supported yet (supported: llama, mistral, mixtral, qwen3, qwen3_moe, gptj, opt, t5)"
                 ),
             )),
         }
@@ -276,6 +277,61 @@ impl HfConfig {
                         out.push((format!("{layer}.block_sparse_moe.experts.{j}.{w}.weight"), Shape::new(s)));
                     }
                 }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Qwen3's checkpoint tensors: LLaMA's with each layer's `self_attn.q_norm` and
+    /// `self_attn.k_norm` (`[head_dim]`); for Qwen3-MoE, each sparse layer's MLP is `mlp.gate`
+    /// (`[experts, hidden]`) and each expert's `gate_proj`, `up_proj` (`[moe_intermediate,
+    /// hidden]`) and `down_proj`, where `mlp_only_layers` and `decoder_sparse_step` make it
+    /// sparse.
+    fn qwen3_params(&self) -> Result<Vec<(String, Shape)>> {
+        let (h, hd) = (self.hidden, self.head_dim);
+        let moe = if self.model_type == "qwen3_moe" {
+            let need = |k: &str| {
+                self.num(k).ok_or_else(|| Error::config("config", format!("a qwen3_moe config.json needs `{k}`")))
+            };
+            let e = match self.num("num_experts") {
+                Some(e) => e,
+                None => need("num_local_experts")?,
+            };
+            let only: Vec<usize> = self
+                .raw
+                .get("mlp_only_layers")
+                .and_then(|v| v.as_array())
+                .map(|a| a.iter().filter_map(|v| v.as_u64().map(|x| x as usize)).collect())
+                .unwrap_or_default();
+            let step = self.num("decoder_sparse_step").unwrap_or(1).max(1);
+            Some((e, need("moe_intermediate_size")?, only, step))
+        } else {
+            None
+        };
+        let mut out = Vec::new();
+        for (name, shape) in self.llama_params() {
+            let Some((layer, leaf)) = name.split_once(".mlp.") else {
+                let qk = name.strip_suffix(".self_attn.k_proj.weight").map(str::to_string);
+                out.push((name, shape));
+                if let Some(layer) = qk {
+                    out.push((format!("{layer}.self_attn.q_norm.weight"), Shape::new([hd])));
+                    out.push((format!("{layer}.self_attn.k_norm.weight"), Shape::new([hd])));
+                }
+                continue;
+            };
+            let l: usize = layer.rsplit('.').next().and_then(|x| x.parse().ok()).unwrap_or(0);
+            match &moe {
+                Some((e, mi, only, step)) if !only.contains(&l) && (l + 1).is_multiple_of(*step) => {
+                    if leaf == "gate_proj.weight" {
+                        out.push((format!("{layer}.mlp.gate.weight"), Shape::new([*e, h])));
+                        for j in 0..*e {
+                            for (w, s) in [("gate_proj", [*mi, h]), ("up_proj", [*mi, h]), ("down_proj", [h, *mi])] {
+                                out.push((format!("{layer}.mlp.experts.{j}.{w}.weight"), Shape::new(s)));
+                            }
+                        }
+                    }
+                }
+                _ => out.push((name, shape)),
             }
         }
         Ok(out)

@@ -94,7 +94,7 @@ pub fn run(a: ServeArgs) -> CliResult<()> {
     }
     let kind = backends::backend(&a.backend)?;
     let cfg = HfConfig::from_dir(&a.model)?;
-    if !matches!(cfg.model_type.as_str(), "llama" | "mistral" | "mixtral" | "gptj" | "opt") {
+    if !matches!(cfg.model_type.as_str(), "llama" | "mistral" | "mixtral" | "qwen3" | "qwen3_moe" | "gptj" | "opt") {
         return Err(format!(
             "redco serve runs the decoder-only models (LLaMA, Mistral, Mixtral, GPT-J, OPT); {} is {} (use redco generate)",
             a.model.display(),

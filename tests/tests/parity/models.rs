@@ -1,8 +1,9 @@
 //! GPT-J, OPT (both layer-norm placements, with project_in/out) and T5 (v1.0 and v1.1)
 //! against transformers: logits, loss, every gradient and greedy tokens (T5 also 4-beam
 //! tokens), on padded batches, at 1x1, 1x2 and 2x2 with the plan from the traced step; and
-//! the rules' placements equal Megatron's split with every parameter renamed. Mixtral (a
-//! sparse mixture of experts) at 1x1, its loss with the router's load-balancing term.
+//! the rules' placements equal Megatron's split with every parameter renamed. Mixtral and
+//! Qwen3-MoE (sparse mixtures of experts) at 1x1, their loss with the router's load-balancing
+//! term.
 
 use redco_core::nn::ModuleExt;
 use redco_core::planning::trace::plan_from_trace;
@@ -205,13 +206,11 @@ fn t5_v1_1_matches_transformers_at_1x1_1x2_2x2() {
     parity("t5-v1_1-tiny");
 }
 
-/// Mixtral against transformers at 1x1: logits, the loss with 0.02 x the load-balancing
-/// loss over the padded batch, every gradient (router and each expert), greedy tokens; its
-/// aux loss alone; and `save_pretrained` writes the checkpoint's own tensor names (one per
-/// expert), which load back to the same logits.
-#[test]
-fn mixtral_matches_transformers_at_1x1_and_saves_its_checkpoint_names() {
-    let name = "mixtral-tiny";
+/// A mixture of experts against transformers at 1x1: logits, the loss with 0.02 x the
+/// load-balancing loss over the padded batch, every gradient (router and each expert),
+/// greedy tokens; its aux loss alone; and `save_pretrained` writes the checkpoint's own
+/// tensor names (one per expert), which load back to the same logits.
+fn moe_parity(name: &str) {
     check(name, &run(name, &Cpu::new(2), None).unwrap(), "1x1");
     let b = Cpu::new(2);
     let i = inputs(name);
@@ -220,13 +219,26 @@ fn mixtral_matches_transformers_at_1x1_and_saves_its_checkpoint_names() {
     let aux = m.router_aux_loss(&ids, Some(&mask)).unwrap().to_scalar().unwrap();
     let r = read_all(&dir(name).join("reference.safetensors")).unwrap();
     let want = r["aux_loss"].data.to_f64_vec()[0];
-    assert!((aux - want).abs() <= 1e-5 * want.abs(), "aux loss {aux} vs {want}");
-    let out = std::env::temp_dir().join(format!("redco-mixtral-save-{}", std::process::id()));
+    assert!((aux - want).abs() <= 1e-5 * want.abs(), "{name}: aux loss {aux} vs {want}");
+    let out = std::env::temp_dir().join(format!("redco-{name}-save-{}", std::process::id()));
     save_pretrained(&m, &m.cfg, &out, usize::MAX, None).unwrap();
     let names = |d: &std::path::Path| read_all(&d.join("model.safetensors")).unwrap().into_keys().collect::<Vec<_>>();
-    assert_eq!(names(&out), names(&dir(name)), "the saved tensor names");
+    assert_eq!(names(&out), names(&dir(name)), "{name}: the saved tensor names");
     let back = redco_models::llama::Llama::from_pretrained(&b, &out, DType::F32).unwrap();
     let (l1, l2) = (m.forward(&ids, Some(&mask), None).unwrap(), back.forward(&ids, Some(&mask), None).unwrap());
-    assert_eq!(l1.to_vec_f64().unwrap(), l2.to_vec_f64().unwrap(), "logits after a save and load");
+    assert_eq!(l1.to_vec_f64().unwrap(), l2.to_vec_f64().unwrap(), "{name}: logits after a save and load");
     let _ = std::fs::remove_dir_all(&out);
+}
+
+/// Mixtral: 4 experts, 2 per token, renormalised.
+#[test]
+fn mixtral_matches_transformers_at_1x1_and_saves_its_checkpoint_names() {
+    moe_parity("mixtral-tiny");
+}
+
+/// Qwen3-MoE: QK-norm, an explicit head_dim, top-2 of 4 experts not renormalised, a dense
+/// MLP in layer 1 (`mlp_only_layers`) beside the sparse ones.
+#[test]
+fn qwen3_moe_matches_transformers_at_1x1_and_saves_its_checkpoint_names() {
+    moe_parity("qwen3-moe-tiny");
 }
