@@ -17,6 +17,7 @@ mod block_cache;
 mod core_tests;
 mod cross_entropy;
 mod elementwise;
+mod grouped;
 mod half_gemv;
 mod half_rows;
 mod index;
@@ -280,6 +281,12 @@ impl Backend for Cpu {
             }
         }
         st(self.run(|| matmul::matmul(&a.0, &b.0, spec, dt, self.threads))?)
+    }
+    fn grouped_matmul(&self, x: &CpuStorage, w: &CpuStorage, spec: &redco_core::GroupedSpec) -> Result<CpuStorage> {
+        match self.run(|| grouped::grouped_matmul(&x.0, &w.0, spec, self.threads)) {
+            Some(r) => st(r?),
+            None => redco_core::ops::grouped_matmul::composite_grouped_matmul(self, x, w, spec),
+        }
     }
     fn hint_constant_weights(&self) {
         #[cfg(target_arch = "x86_64")]

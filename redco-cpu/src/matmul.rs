@@ -157,7 +157,7 @@ fn check_operands(a_len: usize, b_len: usize, spec: &MatmulSpec) -> Result<()> {
 
 /// The result types of the generated GEMM: f32 (written by the kernels) and the 16-bit
 /// floats (narrowed by the GEMM's tasks as they finish rows, [`sgemm::gemm_narrow`]).
-trait FastOut: Sized + Copy + Send + Sync {
+pub(crate) trait FastOut: Sized + Copy + Send + Sync {
     /// `c = a * b` (row-major `m x n`), every element written; false where no generated
     /// GEMM runs for `E` here.
     fn gemm<E: sgemm::Source>(
