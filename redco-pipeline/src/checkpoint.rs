@@ -458,7 +458,8 @@ fn st_metadata(bytes: &[u8]) -> Result<std::collections::HashMap<String, String>
 }
 
 /// Writes every parameter of `model`, whole, to one safetensors file (Hugging Face layout,
-/// parameter names as given by the module). Every rank calls it with its communicator
+/// parameter names as given by the module; a tensor stacked over experts, a `*` in its name,
+/// as one tensor per expert). Every rank calls it with its communicator
 /// (none on one device): each tensor is gathered in turn and only rank 0 keeps it and
 /// writes, so the other ranks never hold more than one whole tensor.
 pub fn export_safetensors<B: Backend, M: Module<B> + ?Sized>(
@@ -484,11 +485,30 @@ pub(crate) fn export_each<B: Backend>(
 ) -> Result<()> {
     let rank = comm.map_or(0, |c| c.rank());
     let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
-    let mut w = if rank == 0 { Some(super::st_writer::StWriter::create(path, entries, &meta)?) } else { None };
-    for (name, _, _) in entries {
+    // a tensor stacked over experts (a `*` in its name, `[E, ..]`) is written as the
+    // checkpoint holds it: one tensor per expert, the `*` replaced by its index
+    let mut file_entries = Vec::with_capacity(entries.len());
+    for (name, dt, dims) in entries {
+        match (name.contains('*'), dims.split_first()) {
+            (true, Some((&e, rest))) => {
+                file_entries.extend((0..e).map(|j| (name.replacen('*', &j.to_string(), 1), *dt, rest.to_vec())))
+            }
+            _ => file_entries.push((name.clone(), *dt, dims.clone())),
+        }
+    }
+    let mut w = if rank == 0 { Some(super::st_writer::StWriter::create(path, &file_entries, &meta)?) } else { None };
+    for (name, _, dims) in entries {
         let whole = local(name)?.replicate()?;
         if let Some(w) = w.as_mut() {
-            w.put(name, &whole.to_host()?)?;
+            match (name.contains('*'), dims.split_first()) {
+                (true, Some((&e, rest))) => {
+                    for j in 0..e {
+                        let piece = whole.narrow(0, j, 1)?.reshape(rest.to_vec())?;
+                        w.put(&name.replacen('*', &j.to_string(), 1), &piece.to_host()?)?;
+                    }
+                }
+                _ => w.put(name, &whole.to_host()?)?,
+            }
         }
     }
     if let Some(w) = w {

@@ -196,6 +196,33 @@ fn a_hugging_face_model_without_data_trains_on_the_corpus_through_its_own_tokeni
     }
 }
 
+/// The two mixtures of experts train from their Hugging Face directories (the loss with the
+/// router's load-balancing term), and the workdir they leave is a model directory under the
+/// checkpoint's own names (one tensor per expert) that `generate` runs.
+#[test]
+fn mixtures_of_experts_train_and_leave_a_model_directory_with_one_tensor_per_expert() {
+    for (arch, expert) in [
+        ("mixtral-tiny", "model.layers.0.block_sparse_moe.experts.3.w2.weight"),
+        ("qwen3-moe-tiny", "model.layers.2.mlp.experts.3.down_proj.weight"),
+    ] {
+        let model = crate::common::fixture_named(arch);
+        let w = tmp(&format!("moe-{arch}"));
+        let args = ["train", "--model", s(&model), "--steps", "6", "--batch-size", "2", "--seq-len", "16"];
+        let (code, out, err) = redco(&[&args[..], &["--threads", "2", "--workdir", s(&w)]].concat());
+        assert_eq!(code, 0, "{arch}: {out}\n{err}");
+        let losses = losses(&w);
+        assert!(
+            losses.len() == 6 && losses.iter().all(|l| l.is_finite()) && losses[5] < losses[0],
+            "{arch}: {losses:?}"
+        );
+        let names = redco_models::hf::safetensors::read_all(&w.join("model.safetensors")).unwrap();
+        assert!(names.contains_key(expert) && !names.keys().any(|k| k.contains('*')), "{arch}: {:?}", names.keys());
+        let (code, out, err) = redco(&["generate", "--model", s(&w), "--prompt", "the", "--max-new-tokens", "4"]);
+        assert_eq!(code, 0, "{arch}: {out}\n{err}");
+        let _ = std::fs::remove_dir_all(&w);
+    }
+}
+
 /// Each step's loss of a run, from its metrics.
 
 #[test]
