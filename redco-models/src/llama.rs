@@ -552,6 +552,15 @@ impl<B: Backend> Llama<B> {
         let Some(MoeCfg { experts: e, .. }) = aux else {
             return crate::generate::shifted_loss(&self.forward(ids, mask, None)?, labels);
         };
+        if self.stack.recomputes() {
+            // the recomputed layers' first pass runs without gradients: the routers'
+            // statistics would carry the load-balancing loss's value but no gradient
+            return Err(Error::unsupported(
+                "moe",
+                "the routers' load-balancing loss (`output_router_logits`) under activation recompute: \
+                 train without recompute, or set `output_router_logits` false in config.json",
+            ));
+        }
         let keep = match mask {
             Some(m) => Some(m.to_vec_i64()?.iter().map(|&v| v != 0).collect()),
             None => None,

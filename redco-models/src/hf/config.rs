@@ -201,7 +201,21 @@ impl HfConfig {
         }
         let (h, l, v, f) = (self.hidden as u128, self.layers as u128, self.vocab as u128, self.intermediate as u128);
         let attn = 2 * h * (self.heads * self.head_dim) as u128 + 2 * h * (self.kv_heads * self.head_dim) as u128;
-        let params = l * (attn + 3 * h * f) + 2 * v * h;
+        // a mixture of experts: every expert's three projections (with its own intermediate
+        // size) and the router, besides the dense MLP the count above already holds
+        let experts = self.num("num_local_experts").or(self.num("num_experts")).unwrap_or(0);
+        if experts > 0 {
+            fields::within(
+                "experts",
+                if self.num("num_experts").is_some() { "num_experts" } else { "num_local_experts" },
+                experts,
+            )?;
+        }
+        if let Some(mi) = self.num("moe_intermediate_size") {
+            fields::within("experts' intermediate size", "moe_intermediate_size", mi)?;
+        }
+        let moe_f = self.num("moe_intermediate_size").map_or(f, |x| x as u128);
+        let params = l * (attn + 3 * h * f + experts as u128 * (3 * h * moe_f + h)) + 2 * v * h;
         if params > fields::MAX_PARAMS {
             return Err(Error::config(
                 "config",

@@ -66,6 +66,8 @@ pub(crate) const LIMITS: &[(&str, u64)] = &[
     ("vocabulary", 1 << 24),
     ("head dim", 1 << 13),
     ("max positions", 1 << 24),
+    ("experts", 1 << 14),
+    ("experts' intermediate size", 1 << 20),
 ];
 
 /// The most parameters a config may describe (100 trillion).

@@ -228,6 +228,19 @@ fn moe_parity(name: &str) {
     let (l1, l2) = (m.forward(&ids, Some(&mask), None).unwrap(), back.forward(&ids, Some(&mask), None).unwrap());
     assert_eq!(l1.to_vec_f64().unwrap(), l2.to_vec_f64().unwrap(), "{name}: logits after a save and load");
     let _ = std::fs::remove_dir_all(&out);
+    // the load-balancing loss's gradient would be lost under recompute: refused, not ignored
+    let mut m = m;
+    m.set_recompute(redco_core::Recompute::Block);
+    let labels = t(&b, &i, "labels");
+    let e = m.loss(&ids, Some(&mask), &labels).unwrap_err();
+    assert!(e.to_string().contains("recompute"), "{name}: {e}");
+    // a config with absurdly many experts is refused before anything is sized from it
+    let mut raw: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir(name).join("config.json")).unwrap()).unwrap();
+    raw["num_local_experts"] = serde_json::json!(1_000_000_000u64);
+    raw["num_experts"] = serde_json::json!(1_000_000_000u64);
+    let e = HfConfig::from_json(&raw.to_string()).unwrap_err();
+    assert!(e.to_string().contains("experts"), "{name}: {e}");
 }
 
 /// Mixtral: 4 experts, 2 per token, renormalised.
