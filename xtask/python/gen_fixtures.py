@@ -95,7 +95,6 @@ def mixtral(out):
     (its in-memory experts are fused as mlp.experts.gate_up_proj [E, 2i, h], gate first, and
     mlp.experts.down_proj [E, h, i]); the reference's grad.<name> use the file's names (each
     fused gradient cut into its experts). reference.safetensors also has aux_loss."""
-    from safetensors import safe_open
     from transformers import MixtralConfig, MixtralForCausalLM
 
     torch.manual_seed(0)
@@ -113,12 +112,7 @@ def mixtral(out):
             else:
                 p.uniform_(0.8, 1.2)
     d = os.path.join(out, "mixtral-tiny")
-    os.makedirs(d, exist_ok=True)
-    model.save_pretrained(d, safe_serialization=True)
     i = cfg.intermediate_size
-    sd = model.state_dict()
-    with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
-        saved = {k: f.get_tensor(k) for k in f.keys()}
 
     def file_names(n, t):
         """The file's names and tensors for in-memory parameter n holding t."""
@@ -133,8 +127,67 @@ def mixtral(out):
             return [(n.replace("mlp.gate.weight", "block_sparse_moe.gate.weight"), t)]
         return [(n, t)]
 
-    # the conversion above is transformers' own: every weight it gives is the file's tensor
-    mapped = dict(x for n, p in sd.items() for x in file_names(n, p))
+    _moe_fixture(model, d, out, file_names)
+
+
+def qwen3_moe(out):
+    """Qwen3-MoE: QK-norm (an RMSNorm over each head's features of the queries and keys, before
+    the rotary embedding), explicit head_dim 16 (heads x head_dim = 64 > hidden 32), 4 experts, 2
+    per token WITHOUT renormalising their probabilities (norm_topk_prob false), a dense MLP in
+    layer 1 (mlp_only_layers [1]) of intermediate_size 40 beside the experts' moe_intermediate_size
+    24; output_router_logits on with router_aux_loss_coef 0.02, as mixtral(). The checkpoint is
+    what current transformers saves: mlp.gate and mlp.experts.N.gate_proj/up_proj/down_proj (its
+    in-memory experts are fused as mlp.experts.gate_up_proj, gate first, and mlp.experts.down_proj);
+    grad.<name> use the file's names. llama-tiny's tokenizer is copied in."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3MoeConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=40, moe_intermediate_size=24, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2,
+        norm_topk_prob=False, mlp_only_layers=[1], decoder_sparse_step=1, rope_theta=1000000.0,
+        rms_norm_eps=1e-6, max_position_embeddings=64, tie_word_embeddings=False, bos_token_id=1,
+        eos_token_id=2, output_router_logits=True, router_aux_loss_coef=0.02, attn_implementation="eager",
+    )
+    model = Qwen3MoeForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.2)
+            else:
+                p.uniform_(0.8, 1.2)
+    d = os.path.join(out, "qwen3-moe-tiny")
+    i = cfg.moe_intermediate_size
+
+    def file_names(n, t):
+        """The file's names and tensors for in-memory parameter n holding t."""
+        if n.endswith("mlp.experts.gate_up_proj"):
+            p = n[: -len("gate_up_proj")]
+            return [(f"{p}{e}.gate_proj.weight", t[e, :i]) for e in range(t.shape[0])] + \
+                   [(f"{p}{e}.up_proj.weight", t[e, i:]) for e in range(t.shape[0])]
+        if n.endswith("mlp.experts.down_proj"):
+            p = n[: -len("down_proj")]
+            return [(f"{p}{e}.down_proj.weight", t[e]) for e in range(t.shape[0])]
+        return [(n, t)]
+
+    _moe_fixture(model, d, out, file_names)
+
+
+def _moe_fixture(model, d, out, file_names):
+    """The llama() recipe for a mixture of experts whose in-memory experts are fused (transformers
+    5) while its checkpoint holds one tensor per expert: `file_names(name, tensor)` gives the
+    file's names and tensors for an in-memory parameter. Checks that mapping against the saved
+    file, writes inputs and reference (with aux_loss; grad.<name> under the file's names), and
+    copies llama-tiny's tokenizer (the same vocabulary of 64, bos 1, eos 2) in."""
+    import shutil
+    from safetensors import safe_open
+
+    os.makedirs(d, exist_ok=True)
+    model.save_pretrained(d, safe_serialization=True)
+    with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
+        saved = {k: f.get_tensor(k) for k in f.keys()}
+    # the conversion is transformers' own: every weight it gives is the file's tensor
+    mapped = dict(x for n, p in model.state_dict().items() for x in file_names(n, p))
     assert sorted(mapped) == sorted(saved), (sorted(set(mapped) ^ set(saved)))
     for k, v in saved.items():
         assert torch.equal(mapped[k], v), k
@@ -160,85 +213,6 @@ def mixtral(out):
     save_file({"input_ids": ids, "attention_mask": mask, "labels": labels, "gen_input_ids": gen_ids,
                "gen_attention_mask": gen_mask}, os.path.join(d, "inputs.safetensors"))
     save_file(ref, os.path.join(d, "reference.safetensors"))
-    # llama-tiny's tokenizer (the same vocabulary of 64, bos 1, eos 2) so that generate and
-    # serve run on it
-    import shutil
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        src = os.path.join(out, "llama-tiny", f)
-        if os.path.exists(src):
-            shutil.copy(src, os.path.join(d, f))
-    print("wrote", d)
-
-
-def qwen3_moe(out):
-    """Qwen3-MoE: QK-norm (an RMSNorm over each head's features of the queries and keys, before
-    the rotary embedding), explicit head_dim 16 (heads x head_dim = 64 > hidden 32), 4 experts, 2
-    per token WITHOUT renormalising their probabilities (norm_topk_prob false), a dense MLP in
-    layer 1 (mlp_only_layers [1]) of intermediate_size 40 beside the experts' moe_intermediate_size
-    24; output_router_logits on with router_aux_loss_coef 0.02, as mixtral(). The checkpoint is
-    what current transformers saves: mlp.gate and mlp.experts.N.gate_proj/up_proj/down_proj (its
-    in-memory experts are fused as mlp.experts.gate_up_proj, gate first, and mlp.experts.down_proj);
-    grad.<name> use the file's names. llama-tiny's tokenizer is copied in."""
-    from safetensors import safe_open
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen3MoeConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=40, moe_intermediate_size=24, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2,
-        norm_topk_prob=False, mlp_only_layers=[1], decoder_sparse_step=1, rope_theta=1000000.0,
-        rms_norm_eps=1e-6, max_position_embeddings=64, tie_word_embeddings=False, bos_token_id=1,
-        eos_token_id=2, output_router_logits=True, router_aux_loss_coef=0.02, attn_implementation="eager",
-    )
-    model = Qwen3MoeForCausalLM(cfg).float().eval()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.2)
-            else:
-                p.uniform_(0.8, 1.2)
-    d = os.path.join(out, "qwen3-moe-tiny")
-    os.makedirs(d, exist_ok=True)
-    model.save_pretrained(d, safe_serialization=True)
-    i = cfg.moe_intermediate_size
-    with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
-        saved = {k: f.get_tensor(k) for k in f.keys()}
-
-    def file_names(n, t):
-        if n.endswith("mlp.experts.gate_up_proj"):
-            p = n[: -len("gate_up_proj")]
-            return [(f"{p}{e}.gate_proj.weight", t[e, :i]) for e in range(t.shape[0])] + \
-                   [(f"{p}{e}.up_proj.weight", t[e, i:]) for e in range(t.shape[0])]
-        if n.endswith("mlp.experts.down_proj"):
-            p = n[: -len("down_proj")]
-            return [(f"{p}{e}.down_proj.weight", t[e]) for e in range(t.shape[0])]
-        return [(n, t)]
-
-    mapped = dict(x for n, p in model.state_dict().items() for x in file_names(n, p))
-    assert sorted(mapped) == sorted(saved), (sorted(set(mapped) ^ set(saved)))
-    for k, v in saved.items():
-        assert torch.equal(mapped[k], v), k
-    ids = torch.tensor([[5, 9, 13, 2, 40, 33, 7], [0, 0, 11, 3, 21, 60, 8]])
-    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1]])
-    labels = ids.clone()
-    labels[mask == 0] = -100
-    outp = model(input_ids=ids, attention_mask=mask, labels=labels)
-    outp.loss.backward()
-    ref = {"logits": outp.logits.detach().contiguous(), "loss": outp.loss.detach().reshape(1),
-           "aux_loss": outp.aux_loss.detach().reshape(1)}
-    for n, p in model.named_parameters():
-        for k, g in file_names(n, p.grad.detach()):
-            ref["grad." + k] = g.contiguous()
-    gen_ids = torch.tensor([[5, 9, 13, 2], [0, 0, 11, 3]])
-    gen_mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
-    model.config.output_router_logits = False
-    with torch.no_grad():
-        g = model.generate(input_ids=gen_ids, attention_mask=gen_mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
-    ref["generated_ids"] = g.contiguous()
-    save_file({"input_ids": ids, "attention_mask": mask, "labels": labels, "gen_input_ids": gen_ids,
-               "gen_attention_mask": gen_mask}, os.path.join(d, "inputs.safetensors"))
-    save_file(ref, os.path.join(d, "reference.safetensors"))
-    import shutil
     for f in ("tokenizer.json", "tokenizer_config.json"):
         src = os.path.join(out, "llama-tiny", f)
         if os.path.exists(src):
