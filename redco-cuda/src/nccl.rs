@@ -356,6 +356,45 @@ impl Collective<Cuda> for Nccl {
         })?;
         Ok(y)
     }
+    fn all_to_all(&self, axis: MeshAxis, x: &CudaStorage, send: &[usize], recv: &[usize]) -> Result<CudaStorage> {
+        let n = self.mesh.axis_size(axis);
+        if send.len() != n || recv.len() != n || send.iter().sum::<usize>() != x.len() {
+            return Err(Error::invalid(
+                "all_to_all",
+                format!("{} elements with send counts {send:?} and receive counts {recv:?} over {n} ranks", x.len()),
+            ));
+        }
+        let y = self.cuda.alloc(recv.iter().sum(), x.dtype())?;
+        let (src, dst, t, es) = (x.ptr(), y.ptr(), nccl_type(x.dtype()), x.dtype().size_in_bytes() as u64);
+        let (send, recv) = (send.to_vec(), recv.to_vec());
+        // one group of paired sends and receives, as NCCL's documentation builds an
+        // all-to-all with uneven counts
+        // SAFETY: piece j of the input starts at the sum of the counts before it and holds
+        // send[j] elements; the output holds the sum of recv, piece j at its offset
+        self.call(Self::which(axis), format!("all_to_all along {axis:?}"), |c, s| unsafe {
+            let r = sys::ncclGroupStart();
+            if r != sys::ncclResult_t::ncclSuccess {
+                return r;
+            }
+            let (mut so, mut ro) = (0u64, 0u64);
+            for peer in 0..n {
+                let r = sys::ncclSend((src + so * es) as _, send[peer], t, peer as i32, c, s);
+                if r != sys::ncclResult_t::ncclSuccess {
+                    sys::ncclGroupEnd();
+                    return r;
+                }
+                let r = sys::ncclRecv((dst + ro * es) as _, recv[peer], t, peer as i32, c, s);
+                if r != sys::ncclResult_t::ncclSuccess {
+                    sys::ncclGroupEnd();
+                    return r;
+                }
+                so += send[peer] as u64;
+                ro += recv[peer] as u64;
+            }
+            sys::ncclGroupEnd()
+        })?;
+        Ok(y)
+    }
     fn barrier(&self) -> Result<()> {
         let x = self.cuda.fill(1, 0.0, DType::F32)?;
         let (p, t) = (x.ptr(), nccl_type(DType::F32));

@@ -562,7 +562,7 @@ impl<B: Backend> Llama<B> {
             ));
         }
         let keep = match mask {
-            Some(m) => Some(m.to_vec_i64()?.iter().map(|&v| v != 0).collect()),
+            Some(m) => Some(keep_flags(m)?),
             None => None,
         };
         *self.log()? = RouterLog { on: true, keep, stats: Vec::new() };
@@ -578,7 +578,7 @@ impl<B: Backend> Llama<B> {
     pub fn router_aux_loss(&self, ids: &Tensor<B>, mask: Option<&Tensor<B>>) -> Result<Tensor<B>> {
         let e = MoeCfg::of(&self.cfg)?.ok_or_else(|| Error::invalid("llama", "a dense model has no router"))?.experts;
         let keep = match mask {
-            Some(m) => Some(m.to_vec_i64()?.iter().map(|&v| v != 0).collect()),
+            Some(m) => Some(keep_flags(m)?),
             None => None,
         };
         *self.log()? = RouterLog { on: true, keep, stats: Vec::new() };
@@ -656,6 +656,13 @@ impl MoeCfg {
     fn sparse(&self, l: usize) -> bool {
         !self.mlp_only.contains(&l) && self.experts > 0 && (l + 1).is_multiple_of(self.step)
     }
+}
+
+/// The tokens an attention mask keeps, one flag per token: this rank's tokens where the
+/// mask is split over `dp` (the mixture of experts reads the flags of the tokens it holds).
+fn keep_flags<B: Backend>(mask: &Tensor<B>) -> Result<Vec<bool>> {
+    let local = mask.local_to_host()?.to_i64_vec()?;
+    Ok(local.iter().map(|&v| v != 0).collect())
 }
 
 /// A boolean field of the config (false when absent).

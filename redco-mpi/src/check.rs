@@ -62,7 +62,7 @@ fn expect_close(name: &str, got: &HostData, want: &[f64], dt: DType) -> Result<(
 
 /// Runs every collective of `comm` on `b`: all-reduce (sum and max; small, and `big`
 /// elements, above the split threshold), all-gather, reduce-scatter, broadcast from the
-/// last member, over `dp` and `mp`, in f32, f64, f16, bf16 and i64; then a barrier.
+/// last member, all-to-all with uneven counts, over `dp` and `mp`, in f32, f64, f16, bf16 and i64; then a barrier.
 /// Each result is checked against an f64 reference; returns the digests.
 pub fn battery<B: Backend>(comm: &Comm<B>, b: &B, big: usize) -> Result<Vec<Checked>> {
     let mesh = comm.mesh();
@@ -117,6 +117,25 @@ pub fn battery<B: Backend>(comm: &Comm<B>, b: &B, big: usize) -> Result<Vec<Chec
             let got = b.download(&comm.broadcast(axis, &mine, root, len * dt.size_in_bytes())?)?;
             let name = format!("broadcast/{axis:?}/{dt:?}/{len}");
             expect_close(&name, &got, &as_dt(input(members[root], len, 5)), dt)?;
+            record(name, &got);
+
+            // all-to-all with uneven counts, some of them zero: member i sends
+            // `count(i, j)` values to member j, its pieces in member order
+            let count = |i: usize, j: usize| if (i + 2 * j) % 3 == 0 { 0 } else { (i * 37 + j * 11) % 50 + 1 };
+            let sent = |i: usize| -> Vec<f64> { as_dt(input(members[i], (0..n).map(|j| count(i, j)).sum(), 6)) };
+            let send: Vec<usize> = (0..n).map(|j| count(me, j)).collect();
+            let recv: Vec<usize> = (0..n).map(|i| count(i, me)).collect();
+            let mine = b.upload(&host(&input(rank, send.iter().sum(), 6), dt))?;
+            let bytes = send.iter().sum::<usize>() * dt.size_in_bytes();
+            let got = b.download(&comm.all_to_all(axis, &mine, &send, &recv, bytes)?)?;
+            let want: Vec<f64> = (0..n)
+                .flat_map(|i| {
+                    let at: usize = (0..me).map(|j| count(i, j)).sum();
+                    sent(i)[at..at + count(i, me)].to_vec()
+                })
+                .collect();
+            let name = format!("all_to_all/{axis:?}/{dt:?}");
+            expect_close(&name, &got, &want, dt)?;
             record(name, &got);
         }
     }

@@ -66,6 +66,7 @@ fn kind_of(c: i64) -> &'static str {
         CollectiveKind::ReduceScatter,
         CollectiveKind::Broadcast,
         CollectiveKind::Barrier,
+        CollectiveKind::AllToAll,
     ]
     .get(c as usize)
     .map_or("an unknown collective", |&k| kind_name(k))
@@ -274,6 +275,65 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// MPI's `Alltoallv` over `axis`, as an all-to-all of equal blocks padded to the
+    /// largest piece: the members first gather every member's send and receive counts, so
+    /// that counts that do not match are an error on every member (not a hang).
+    fn all_to_all(&self, axis: MeshAxis, h: HostData, send: Vec<usize>, recv: Vec<usize>) -> Result<HostData> {
+        let g = self.group(axis);
+        let n = g.info.size();
+        let dt = h.dtype();
+        let rank = self.mpi.world().rank;
+        let bad = |msg: String| Error::Collective { op: "all_to_all", rank, msg };
+        if send.len() != n || recv.len() != n || send.iter().sum::<usize>() != h.len() {
+            return Err(bad(format!(
+                "{} elements with send counts {send:?} and receive counts {recv:?} in a group of {n}",
+                h.len()
+            )));
+        }
+        let header = HostData::from_bytes(dt, &[])?;
+        self.call(g, CollectiveKind::AllToAll, Some(&header), 0, |deadline, on_timeout| {
+            if n == 1 {
+                return Ok(h.clone());
+            }
+            let mine: Vec<u8> = send.iter().chain(&recv).flat_map(|&c| (c as u64).to_le_bytes()).collect();
+            let all = g.all_gather(&mine, deadline, on_timeout);
+            let count = |m: usize, k: usize| {
+                let at = (m * 2 * n + k) * 8;
+                u64::from_le_bytes(all[at..at + 8].try_into().expect("8 bytes")) as usize
+            };
+            // member i's send[j] must be member j's recv[i]
+            for i in 0..n {
+                for j in 0..n {
+                    if count(i, j) != count(j, n + i) {
+                        return Err(bad(format!(
+                            "member {i} sends {} elements to member {j}, which expects {}",
+                            count(i, j),
+                            count(j, n + i)
+                        )));
+                    }
+                }
+            }
+            let es = dt.size_in_bytes();
+            let block =
+                (0..n).flat_map(|i| (0..n).map(move |j| (i, j))).map(|(i, j)| count(i, j)).max().unwrap_or(0) * es;
+            let src = h.as_bytes();
+            let mut buf = vec![0u8; block * n];
+            let mut off = 0;
+            for (j, &c) in send.iter().enumerate() {
+                buf[j * block..j * block + c * es].copy_from_slice(&src[off..off + c * es]);
+                off += c * es;
+            }
+            let got = g.all_to_all(&buf, block, deadline, on_timeout);
+            let mut out = Vec::with_capacity(recv.iter().sum::<usize>() * es);
+            for (j, &c) in recv.iter().enumerate() {
+                out.extend_from_slice(&got[j * block..j * block + c * es]);
+            }
+            HostData::from_bytes(dt, &out)
+        })
+    }
+}
+
 /// The `n` equal parts of `bytes`, as `dt` values.
 fn parts(bytes: &[u8], n: usize, dt: DType) -> Result<Vec<Arc<HostData>>> {
     let each = bytes.len() / n;
@@ -333,6 +393,10 @@ impl<B: Backend> Collective<B> for MpiCollective<B> {
             HostData::from_bytes(h.dtype(), &buf)
         })?;
         self.backend.upload_owned(out)
+    }
+    fn all_to_all(&self, axis: MeshAxis, x: &B::Storage, send: &[usize], recv: &[usize]) -> Result<B::Storage> {
+        let h = self.backend.download(x)?;
+        self.backend.upload_owned(self.inner.all_to_all(axis, h, send.to_vec(), recv.to_vec())?)
     }
     fn barrier(&self) -> Result<()> {
         let g = &self.inner.groups[2];

@@ -71,7 +71,8 @@ fn the_compiled_step_equals_the_eager_and_cpu_steps() {
     let cfg = config();
     let mut model = Llama::new(&b, &cfg, DType::F32, 7).unwrap();
     let x = Tensor::from_vec(&b, ids(cfg.vocab), [2, 12]).unwrap();
-    let mut step = compile(&b, &ShardPlan { mesh: Mesh::single(), params: Default::default(), rank: None }, &model, &x);
+    let mut step =
+        compile(&b, &ShardPlan { mesh: Mesh::single(), params: Default::default(), rank: None, ep: 1 }, &model, &x);
     let before = b.stats();
     let mut losses = Vec::new();
     for _ in 0..STEPS {
@@ -101,7 +102,8 @@ fn a_batch_of_another_shape_is_refused() {
     let cfg = config();
     let model = Llama::new(&b, &cfg, DType::F32, 7).unwrap();
     let x = Tensor::from_vec(&b, ids(cfg.vocab), [2, 12]).unwrap();
-    let mut step = compile(&b, &ShardPlan { mesh: Mesh::single(), params: Default::default(), rank: None }, &model, &x);
+    let mut step =
+        compile(&b, &ShardPlan { mesh: Mesh::single(), params: Default::default(), rank: None, ep: 1 }, &model, &x);
     let y = Tensor::from_vec(&b, ids(cfg.vocab), [4, 6]).unwrap();
     let e = step.step(&[&y]).unwrap_err().to_string();
     assert!(e.contains("differs from the one the step was compiled for"), "{e}");
@@ -278,7 +280,8 @@ fn a_step_with_overflowing_gradients_changes_nothing_and_says_so() {
     let mut model = Llama::new(&b, &cfg, DType::F32, 7).unwrap();
     let x = Tensor::from_vec(&b, ids(cfg.vocab), [2, 12]).unwrap();
     let start = params(&model);
-    let mut step = compile(&b, &ShardPlan { mesh: Mesh::single(), params: Default::default(), rank: None }, &model, &x);
+    let mut step =
+        compile(&b, &ShardPlan { mesh: Mesh::single(), params: Default::default(), rank: None, ep: 1 }, &model, &x);
     // scaled, the embedding's gradient (about 1.2 x the scale) overflows f32
     let huge = StepInputs { lr: CFG.lr, loss_scale: 3e38, clip_norm: None };
     let r = step.step_with(&[&x], &huge).unwrap();

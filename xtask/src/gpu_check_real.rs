@@ -185,7 +185,7 @@ pub(crate) fn rows(
     };
     for (name, shape) in SHAPES {
         let (hidden, layers, heads, inter) = shape;
-        let dims = ModelDims { layers, hidden, heads, kv_heads: heads, vocab: VOCAB, intermediate: inter };
+        let dims = ModelDims { layers, hidden, heads, kv_heads: heads, vocab: VOCAB, intermediate: inter, moe: None };
         let flops = train_flops_per_token(&dims, seq);
         let dir = model_dir(name, shape)?;
         let (ok, out) = train(envs, name, &dir, (steps, batch, seq), &[])?;
@@ -272,7 +272,8 @@ mod tests {
     #[test]
     fn the_shapes_are_the_sizes_they_are_named_for() {
         for (name, (hidden, layers, heads, inter)) in SHAPES {
-            let dims = ModelDims { layers, hidden, heads, kv_heads: heads, vocab: VOCAB, intermediate: inter };
+            let dims =
+                ModelDims { layers, hidden, heads, kv_heads: heads, vocab: VOCAB, intermediate: inter, moe: None };
             let total = matmul_params(&dims) + (hidden * VOCAB) as u64;
             let want = if name == "llama-0.7b" { 0.806e9 } else { 1.345e9 };
             assert!((total as f64 / want - 1.0).abs() < 0.02, "{name}: {total}");

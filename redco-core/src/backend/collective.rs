@@ -36,6 +36,8 @@ pub enum CollectiveKind {
     Broadcast,
     /// barrier
     Barrier,
+    /// all_to_all (uneven counts)
+    AllToAll,
 }
 
 impl CollectiveKind {
@@ -47,6 +49,7 @@ impl CollectiveKind {
             CollectiveKind::ReduceScatter => "reduce_scatter",
             CollectiveKind::Broadcast => "broadcast",
             CollectiveKind::Barrier => "barrier",
+            CollectiveKind::AllToAll => "all_to_all",
         }
     }
 }
@@ -90,6 +93,16 @@ pub trait Collective<B: Backend>: Send + Sync {
     fn broadcast(&self, axis: MeshAxis, x: &B::Storage, root: usize) -> Result<B::Storage>;
     /// Waits until every rank of the mesh arrives.
     fn barrier(&self) -> Result<()>;
+    /// Each member sends a different piece to every member (MPI's `Alltoallv`): `x` holds
+    /// `send[j]` elements for member `j` of the group along `axis`, in member order; the
+    /// result holds the `recv[j]` elements member `j` sent to this one, in member order.
+    /// Counts may differ and be zero (the tokens of a mixture of experts going to the ranks
+    /// that hold their experts); `recv[j]` must equal member `j`'s `send[this member]`,
+    /// which a transport checks where it can. The default says the transport has none.
+    fn all_to_all(&self, axis: MeshAxis, x: &B::Storage, send: &[usize], recv: &[usize]) -> Result<B::Storage> {
+        let _ = (axis, x, send, recv);
+        Err(crate::Error::unsupported("all_to_all", "this transport has no all-to-all with uneven counts"))
+    }
     /// Starts [`Collective::all_reduce`] and returns at once where the transport can move
     /// the data while the caller computes (the data-parallel gradient buckets of a
     /// backward pass); the default runs it now. Calls on one axis complete in the order
@@ -174,8 +187,9 @@ pub fn all_reduce_flat<B: Backend, C: Collective<B> + ?Sized>(
 pub struct CommCount {
     /// Number of calls.
     pub calls: u64,
-    /// Bytes: the buffer each rank passes in for all-reduce, reduce-scatter and broadcast,
-    /// the gathered result for all-gather.
+    /// Bytes: the buffer each rank passes in for all-reduce, reduce-scatter, broadcast and
+    /// all-to-all (what it sends, its own piece included), the gathered result for
+    /// all-gather.
     pub bytes: u64,
 }
 

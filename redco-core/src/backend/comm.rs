@@ -116,6 +116,26 @@ impl<B: Backend> Comm<B> {
         self.count(CollectiveKind::Broadcast, axis, bytes);
         self.coll.broadcast(axis, x, root)
     }
+    /// Counted [`Collective::all_to_all`]; `bytes` is what this rank sends (its own piece
+    /// included).
+    pub fn all_to_all(
+        &self,
+        axis: MeshAxis,
+        x: &B::Storage,
+        send: &[usize],
+        recv: &[usize],
+        bytes: usize,
+    ) -> Result<B::Storage> {
+        let n = self.mesh().axis_size(axis);
+        if send.len() != n || recv.len() != n {
+            return Err(crate::Error::invalid(
+                "all_to_all",
+                format!("{} send and {} receive counts for a group of {n}", send.len(), recv.len()),
+            ));
+        }
+        self.count(CollectiveKind::AllToAll, axis, bytes);
+        self.coll.all_to_all(axis, x, send, recv)
+    }
     /// Counted [`Collective::barrier`].
     pub fn barrier(&self) -> Result<()> {
         self.count(CollectiveKind::Barrier, MeshAxis::Dp, 0);

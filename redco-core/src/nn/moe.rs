@@ -9,7 +9,7 @@
 
 use super::{Activation, Linear};
 use crate::ops::grouped_matmul::group_by_expert;
-use crate::{Backend, DType, Error, Result, Tensor};
+use crate::{Backend, DType, Error, MeshAxis, Placement, Placements, Result, Shape, Tensor};
 
 /// The expert weights of a [`SparseMoe`], stacked over experts in the Linear layout.
 ///
@@ -90,8 +90,15 @@ impl<B: Backend> SparseMoe<B> {
     }
 
     /// [`SparseMoe::forward`] whose statistics count only the tokens `keep` marks (one flag
-    /// per token of `x`, in order: the attention mask, as transformers' load-balancing loss
-    /// leaves padding out). Every token is still routed and computed.
+    /// per token of `x`, in order, or per token of this rank's piece of `x`: the attention
+    /// mask, as transformers' load-balancing loss leaves padding out). Every token is still
+    /// routed and computed.
+    ///
+    /// Under a mesh the block computes on each rank's tokens ([`Tensor::to_local`]): with
+    /// the experts split over `dp` (expert parallelism: the stacked weights split on their
+    /// expert dim) each rank sends every token slot to the rank holding its expert and gets
+    /// the outputs back, two [`Tensor::all_to_all_rows`] per block; the statistics are
+    /// summed over the ranks whose tokens differ.
     pub fn forward_counting(&self, x: &Tensor<B>, keep: Option<&[bool]>) -> Result<(Tensor<B>, RouterStats<B>)> {
         let dims = x.dims().to_vec();
         let h = *dims.last().ok_or_else(|| Error::invalid("moe", "the input has no hidden dimension"))?;
@@ -100,13 +107,94 @@ impl<B: Backend> SparseMoe<B> {
         if k == 0 || k > e {
             return Err(Error::config("moe", format!("{k} experts per token of {e}")));
         }
-        if keep.is_some_and(|k| k.len() != t) {
+        let local_t = x.local_shape().elem_count() / h.max(1);
+        if keep.is_some_and(|k| k.len() != t && k.len() != local_t) {
             return Err(Error::invalid("moe", format!("{} token flags for {t} tokens", keep.map_or(0, <[bool]>::len))));
         }
-        let kept = |r: usize| keep.is_none_or(|k| k[r]);
         let x2 = x.reshape([t, h])?;
+        let ws = [&self.experts.gate, &self.experts.up, &self.experts.down];
+        if !x2.is_sharded() && !self.router.weight.is_sharded() && ws.iter().all(|w| !w.is_sharded()) {
+            let (out, stats) = self.local(&x2, self.router.forward(&x2)?, ws, keep, None)?;
+            return Ok((out.reshape(dims)?, stats));
+        }
+        self.sharded(&x2, keep).and_then(|(out, stats)| Ok((out.reshape(dims)?, stats)))
+    }
+
+    /// The block on a mesh: each rank's tokens and weights as local tensors, the experts
+    /// possibly split over `dp`.
+    fn sharded(&self, x2: &Tensor<B>, keep: Option<&[bool]>) -> Result<(Tensor<B>, RouterStats<B>)> {
+        if self.router.bias.is_some() || self.router.lora.is_some() {
+            return Err(Error::unsupported("moe", "a router with a bias or an adapter under a mesh"));
+        }
+        // tokens split over mp are gathered: the block is replicated along mp
+        let x2 = match x2.placements().get(MeshAxis::Mp) {
+            Placement::Shard(_) => x2.redistribute(x2.placements().with(MeshAxis::Mp, Placement::Replicate))?,
+            _ => x2.clone(),
+        };
+        let split = matches!(x2.placements().get(MeshAxis::Dp), Placement::Shard(0));
+        if !split && matches!(x2.placements().get(MeshAxis::Dp), Placement::Shard(_)) {
+            return Err(Error::unsupported("moe", "tokens split over dp along the hidden dimension"));
+        }
+        let differs: &[MeshAxis] = if split { &[MeshAxis::Dp] } else { &[] };
+        let (pos, n) = crate::sharding::mesh_position::<B>(MeshAxis::Dp);
+        let e = self.num_experts();
+        let ep = match self.experts.gate.placements().get(MeshAxis::Dp) {
+            Placement::Shard(0) => Some((pos, n)),
+            Placement::Replicate => None,
+            other => return Err(Error::unsupported("moe", format!("experts placed {other:?} over dp"))),
+        };
+        if ep.is_some() && !e.is_multiple_of(n) {
+            return Err(Error::config("moe", format!("{e} experts do not split over {n} ranks")));
+        }
+        let local = |w: &Tensor<B>| -> Result<Tensor<B>> {
+            // the experts keep their split over dp; everything else is whole on each rank
+            let keep_dp = w.placements().get(MeshAxis::Dp);
+            let whole = Placements::REPLICATED.with(MeshAxis::Dp, keep_dp);
+            let w = if w.placements() == whole { w.clone() } else { w.redistribute(whole)? };
+            w.to_local(differs)
+        };
+        let xl = x2.to_local(differs)?;
+        let tl = xl.dims()[0];
+        let logits = xl.matmul_t(&local(&self.router.weight)?)?;
+        let ws = [&local(&self.experts.gate)?, &local(&self.experts.up)?, &local(&self.experts.down)?];
+        let keep_l = keep.map(|k| if split && k.len() != tl { &k[pos * tl..(pos + 1) * tl] } else { k });
+        let (out, stats) = self.local(&xl, logits, ws, keep_l, ep)?;
+        let out = Tensor::from_local_piece(&out, x2.shape().clone(), x2.placements())?;
+        if !split {
+            return Ok((out, stats));
+        }
+        // the statistics of every rank's tokens: counts summed on the host, the
+        // probabilities and log-sum-exps as partial sums over dp
+        let mut mine: Vec<i64> = stats.chosen.iter().map(|&c| c as i64).collect();
+        mine.push(stats.tokens as i64);
+        let all = crate::sharding::all_gather_counts(xl.backend(), MeshAxis::Dp, &mine)?;
+        let sum = |i: usize| all.iter().map(|v| v[i] as usize).sum::<usize>();
+        let partial = Placements::REPLICATED.with(MeshAxis::Dp, Placement::Partial(crate::PartialOp::Sum));
+        let stats = RouterStats {
+            tokens: sum(stats.chosen.len()),
+            chosen: (0..stats.chosen.len()).map(sum).collect(),
+            prob_sum: Tensor::from_local_piece(&stats.prob_sum, [e], partial)?,
+            z_sum: Tensor::from_local_piece(&stats.z_sum, Shape::new(Vec::<usize>::new()), partial)?,
+        };
+        Ok((out, stats))
+    }
+
+    /// The block over unplaced tokens `x2 [t, hidden]` with their router logits `[t, E]`
+    /// and unplaced expert weights `[gate, up, down]`; `ep`: this rank's position and the
+    /// group size when the expert weights are this rank's share of the experts (the slots
+    /// then travel over `dp`).
+    fn local(
+        &self,
+        x2: &Tensor<B>,
+        logits: Tensor<B>,
+        [gate, up, down]: [&Tensor<B>; 3],
+        keep: Option<&[bool]>,
+        ep: Option<(usize, usize)>,
+    ) -> Result<(Tensor<B>, RouterStats<B>)> {
+        let (t, h) = (x2.dims()[0], x2.dims()[1]);
+        let (e, k) = (logits.dims()[1], self.top_k);
+        let kept = |r: usize| keep.is_none_or(|k| k[r]);
         // the router in f32 (as transformers computes it) or wider
-        let logits = self.router.forward(&x2)?;
         let logits = if logits.dtype() == DType::F64 { logits } else { logits.cast(DType::F32)? };
         let probs = logits.softmax(-1)?;
         // the choice is the host's: the top k of each row (ties to the lower index)
@@ -123,7 +211,7 @@ impl<B: Backend> SparseMoe<B> {
                 }
             }
         }
-        let b = x.backend();
+        let b = x2.backend();
         let ids = Tensor::from_vec(b, chosen_ids.clone(), [t, k])?;
         let mut weights = probs.gather(&ids, -1)?;
         if self.norm_topk_prob {
@@ -136,9 +224,10 @@ impl<B: Backend> SparseMoe<B> {
         let slots: Vec<i64> = order.iter().map(|&s| s as i64).collect();
         let tok = Tensor::from_vec(b, tokens_of, [t * k])?;
         let xs = x2.index_select(&tok, 0)?;
-        let g = self.act.forward(&xs.grouped_matmul(&self.experts.gate, &counts, true)?)?;
-        let u = xs.grouped_matmul(&self.experts.up, &counts, true)?;
-        let y = g.mul(&u)?.grouped_matmul(&self.experts.down, &counts, true)?;
+        let y = match ep {
+            None => self.experts_on(&xs, &counts, gate, up, down)?,
+            Some((pos, n)) => self.experts_over_ranks(&xs, &counts, [gate, up, down], pos, n)?,
+        };
         let w = weights.reshape([t * k])?.index_select(&Tensor::from_vec(b, slots, [t * k])?, 0)?;
         let y = y.mul(&w.cast(y.dtype())?.reshape([t * k, 1])?)?;
         let out = Tensor::zeros(b, [t, h], y.dtype())?.index_add(&tok, &y, 0)?;
@@ -152,8 +241,67 @@ impl<B: Backend> SparseMoe<B> {
                 (k.iter().filter(|&&f| f).count(), probs.mul(&m)?.sum(0, false)?, lse.square()?.mul(&m)?.sum_all()?)
             }
         };
-        let stats = RouterStats { tokens, chosen, prob_sum, z_sum };
-        Ok((out.reshape(dims)?, stats))
+        Ok((out, RouterStats { tokens, chosen, prob_sum, z_sum }))
+    }
+
+    /// The gated experts over slots `xs` grouped by expert (`counts[e]` rows each).
+    fn experts_on(
+        &self,
+        xs: &Tensor<B>,
+        counts: &[usize],
+        gate: &Tensor<B>,
+        up: &Tensor<B>,
+        down: &Tensor<B>,
+    ) -> Result<Tensor<B>> {
+        let g = self.act.forward(&xs.grouped_matmul(gate, counts, true)?)?;
+        let u = xs.grouped_matmul(up, counts, true)?;
+        g.mul(&u)?.grouped_matmul(down, counts, true)
+    }
+
+    /// The experts held as shares over the `n` ranks of `dp` (this one at `pos`): every
+    /// slot goes to the rank holding its expert, is computed there beside the other ranks'
+    /// slots for that expert, and comes back, in the order it left.
+    fn experts_over_ranks(
+        &self,
+        xs: &Tensor<B>,
+        counts: &[usize],
+        [gate, up, down]: [&Tensor<B>; 3],
+        pos: usize,
+        n: usize,
+    ) -> Result<Tensor<B>> {
+        let (e, el) = (counts.len(), gate.dims()[0]);
+        if el * n != e {
+            return Err(Error::config("moe", format!("{el} experts on each of {n} ranks for {e} experts")));
+        }
+        // every rank's slots per expert (one small all-gather)
+        let mine: Vec<i64> = counts.iter().map(|&c| c as i64).collect();
+        let all = crate::sharding::all_gather_counts(xs.backend(), MeshAxis::Dp, &mine)?;
+        let of = |j: usize, x: usize| all[j][x] as usize;
+        let send: Vec<usize> = (0..n).map(|j| counts[j * el..(j + 1) * el].iter().sum()).collect();
+        let recv: Vec<usize> = (0..n).map(|j| (0..el).map(|l| of(j, pos * el + l)).sum()).collect();
+        let got = xs.all_to_all_rows(MeshAxis::Dp, &send, &recv)?;
+        // the received slots come source by source; the experts want them expert by expert
+        let mut perm = Vec::with_capacity(got.dims()[0]);
+        let mut local_counts = vec![0usize; el];
+        let starts: Vec<usize> = recv.iter().scan(0, |a, &r| Some(std::mem::replace(a, *a + r))).collect();
+        for (l, lc) in local_counts.iter_mut().enumerate() {
+            for j in 0..n {
+                let inner: usize = (0..l).map(|m| of(j, pos * el + m)).sum();
+                let c = of(j, pos * el + l);
+                perm.extend((0..c).map(|r| (starts[j] + inner + r) as i64));
+                *lc += c;
+            }
+        }
+        let mut inverse = vec![0i64; perm.len()];
+        for (i, &p) in perm.iter().enumerate() {
+            inverse[p as usize] = i as i64;
+        }
+        let b = xs.backend();
+        let rows = perm.len();
+        let by_expert = got.index_select(&Tensor::from_vec(b, perm, [rows])?, 0)?;
+        let y = self.experts_on(&by_expert, &local_counts, gate, up, down)?;
+        let y = y.index_select(&Tensor::from_vec(b, inverse, [rows])?, 0)?;
+        y.all_to_all_rows(MeshAxis::Dp, &recv, &send)
     }
 }
 

@@ -35,7 +35,15 @@ mod tests {
     #[test]
     fn the_07b_preset_costs_6n_plus_attention() {
         // llama-0.7b: hidden 1536, 25 layers, 16 heads, intermediate 4096, vocab 32000
-        let d = ModelDims { layers: 25, hidden: 1536, heads: 16, kv_heads: 16, vocab: 32000, intermediate: 4096 };
+        let d = ModelDims {
+            layers: 25,
+            hidden: 1536,
+            heads: 16,
+            kv_heads: 16,
+            vocab: 32000,
+            intermediate: 4096,
+            moe: None,
+        };
         let per_layer = 4 * 1536 * 1536 + 3 * 1536 * 4096 + 2 * 1536;
         assert_eq!(matmul_params(&d), 25 * per_layer + 1536 + 1536 * 32000);
         let f = train_flops_per_token(&d, 1024);
@@ -46,7 +54,15 @@ mod tests {
         let g = ModelDims { kv_heads: 4, ..d };
         assert_eq!(matmul_params(&d) - matmul_params(&g), 25 * 2 * 1536 * (1536 - 4 * 96));
         // the 7B shape: 6.7B parameters less its 131M-parameter embedding table
-        let b7 = ModelDims { layers: 32, hidden: 4096, heads: 32, kv_heads: 32, vocab: 32000, intermediate: 11008 };
+        let b7 = ModelDims {
+            layers: 32,
+            hidden: 4096,
+            heads: 32,
+            kv_heads: 32,
+            vocab: 32000,
+            intermediate: 11008,
+            moe: None,
+        };
         assert!((matmul_params(&b7) as f64 / 1e9 - 6.61).abs() < 0.01, "{}", matmul_params(&b7));
     }
 }

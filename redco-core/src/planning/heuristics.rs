@@ -71,5 +71,5 @@ pub fn plan_by_names(params: &[(String, Shape)], mesh: Mesh) -> ShardPlan {
         };
         out.insert(name.clone(), ParamPlan { role, shape: shape.clone(), placement, reason });
     }
-    ShardPlan { mesh, params: out, rank: None }
+    ShardPlan { mesh, params: out, rank: None, ep: 1 }
 }

@@ -14,4 +14,4 @@ pub mod planner;
 pub mod strategy;
 pub mod trace;
 
-pub use plan::{ParamPlan, Role, ShardPlan};
+pub use plan::{expert_index, is_expert_param, is_expert_stack, ParamPlan, Role, ShardPlan};

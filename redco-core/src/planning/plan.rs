@@ -48,6 +48,34 @@ pub struct ShardPlan {
     /// The rank this copy of the plan is for, when bound ([`ShardPlan::at_rank`]): a
     /// sharded checkpoint load reads this rank's slices.
     pub rank: Option<usize>,
+    /// Expert parallelism: the number of `dp` ranks the experts of a mixture of experts are
+    /// split over (1: every rank holds every expert). Set with [`ShardPlan::with_ep`].
+    pub ep: usize,
+}
+
+/// Whether `name` is a parameter stacked over the experts of a mixture of experts: its name
+/// has a `*` where a checkpoint names the expert (`mlp.experts.*.gate_proj.weight` is the
+/// `[E, ..]` stack of `mlp.experts.0.gate_proj.weight`, …).
+pub fn is_expert_stack(name: &str) -> bool {
+    name.split('.').any(|p| p == "*")
+}
+
+/// The expert a parameter of a mixture of experts belongs to, under a checkpoint's names
+/// (`…experts.3.w1.weight`: `Some(3)`); `None` for every other name.
+pub fn expert_index(name: &str) -> Option<usize> {
+    let mut parts = name.split('.');
+    while let Some(p) = parts.next() {
+        if p == "experts" {
+            return parts.next().and_then(|i| i.parse().ok());
+        }
+    }
+    None
+}
+
+/// Whether `name` is an expert's weight: a stack over experts ([`is_expert_stack`]) or one
+/// expert's own tensor under a checkpoint's names ([`expert_index`]).
+pub fn is_expert_param(name: &str) -> bool {
+    is_expert_stack(name) || expert_index(name).is_some()
 }
 
 impl ShardPlan {
@@ -65,10 +93,55 @@ impl ShardPlan {
         self.rank.map(|r| self.mesh.index_along(r, axis))
     }
 
-    /// The placements of parameter `name` (replicated when the plan does not name it).
+    /// The placements of parameter `name` (replicated when the plan does not name it); a
+    /// stack of experts ([`is_expert_stack`]) is split on its expert dim over `dp` under
+    /// expert parallelism.
     pub fn placements(&self, name: &str) -> Placements {
         let p = self.params.get(name).map(|p| p.placement).unwrap_or(Placement::Replicate);
-        Placements::REPLICATED.with(MeshAxis::Mp, p)
+        let placed = Placements::REPLICATED.with(MeshAxis::Mp, p);
+        if self.ep > 1 && is_expert_stack(name) {
+            placed.with(MeshAxis::Dp, Placement::Shard(0))
+        } else {
+            placed
+        }
+    }
+
+    /// The plan with the experts split over `ep` ranks of `dp` (expert parallelism). `ep`
+    /// must be the mesh's `dp` (a split over part of `dp` is not supported yet), and every
+    /// stack of experts must split evenly; `ep` = 1 keeps every expert on every rank.
+    pub fn with_ep(mut self, ep: usize) -> Result<Self> {
+        if ep == 0 {
+            return Err(Error::config("expert parallelism", "--ep 0: at least one rank holds the experts"));
+        }
+        if ep > 1 && ep != self.mesh.dp {
+            return Err(Error::unsupported(
+                "expert parallelism",
+                format!(
+                    "--ep {ep} on mesh {} splits the experts over part of dp, which is not supported yet: use --ep {} (all of dp) or 1",
+                    self.mesh, self.mesh.dp
+                ),
+            ));
+        }
+        if ep > 1 {
+            if !self.params.keys().any(|n| is_expert_param(n)) {
+                return Err(Error::config("expert parallelism", format!("--ep {ep}: the model has no experts")));
+            }
+            // stacks carry the expert count in their first dim; a checkpoint's names in
+            // their indices
+            let stack = self.params.iter().find(|(n, p)| is_expert_stack(n) && p.shape.dims().first().is_some());
+            let experts = match stack {
+                Some((_, p)) => p.shape.dims()[0],
+                None => self.params.keys().filter_map(|n| expert_index(n)).max().map_or(0, |m| m + 1),
+            };
+            if !experts.is_multiple_of(ep) {
+                return Err(Error::config(
+                    "expert parallelism",
+                    format!("{experts} experts do not split over --ep {ep} ranks"),
+                ));
+            }
+        }
+        self.ep = ep;
+        Ok(self)
     }
 
     /// The model-parallel placement of every parameter.
@@ -79,12 +152,17 @@ impl ShardPlan {
     /// Bytes of parameters held by one rank (for `dtype_bytes` per element).
     pub fn bytes_per_rank(&self, dtype_bytes: usize) -> usize {
         self.params
-            .values()
-            .map(|p| {
+            .iter()
+            .map(|(name, p)| {
                 let n = p.shape.elem_count();
-                match p.placement {
+                let n = match p.placement {
                     Placement::Shard(_) => n / self.mesh.mp,
                     _ => n,
+                };
+                if is_expert_param(name) {
+                    n / self.ep.max(1)
+                } else {
+                    n
                 }
             })
             .sum::<usize>()
@@ -169,6 +247,9 @@ impl ShardPlan {
 impl fmt::Display for ShardPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "sharding plan for mesh {} (dp x mp)", self.mesh)?;
+        if self.ep > 1 {
+            writeln!(f, "  experts split over {} ranks of dp (expert parallelism)", self.ep)?;
+        }
         for (name, p) in &self.params {
             let pl = match p.placement {
                 Placement::Shard(0) if p.shape.rank() == 2 => "split rows (dim 0)".to_string(),

@@ -26,6 +26,21 @@ pub struct ModelDims {
     pub vocab: usize,
     /// The MLP's intermediate size (its gate and up projections' outputs).
     pub intermediate: usize,
+    /// The mixture of experts in place of the MLP of some layers (`None`: a dense model).
+    pub moe: Option<MoeDims>,
+}
+
+/// The sizes of a mixture of experts that the estimates need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeDims {
+    /// Experts per layer.
+    pub experts: usize,
+    /// Experts each token goes to.
+    pub top_k: usize,
+    /// Layers whose MLP is a mixture of experts.
+    pub layers: usize,
+    /// Each expert's intermediate size.
+    pub intermediate: usize,
 }
 
 /// The workload the estimates are for.
@@ -164,6 +179,10 @@ pub(crate) fn local_elems(plan: &ShardPlan) -> (u64, u64) {
 /// `dp`; ZeRO-3 gathers a unit's parameters (one flat buffer per unit of
 /// [`Workload::unit_layers`] decoder layers) for its forward, and again for its
 /// recomputation, and reduce-scatters their gradients once. Gradient clipping's norm (one scalar all-reduce per axis) is not counted.
+/// A mixture of experts on `dp` > 1 gathers its router's counts per layer, and with the
+/// experts split over `dp` ([`ShardPlan::ep`]) sends each token's slots to their experts
+/// and back with four all-to-alls per layer (two in backward); those experts' gradients
+/// are not summed over `dp`. The load-balancing loss's one scalar all-reduce is not counted.
 pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> CommStats {
     let mesh = plan.mesh;
     let mut st = CommStats::default();
@@ -183,12 +202,41 @@ pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> Comm
             st.record(CollectiveKind::AllReduce, MeshAxis::Mp, tok);
         }
     }
+    if let Some(moe) = dims.moe.filter(|_| mesh.dp > 1) {
+        // each mixture-of-experts layer's forward (run again under recompute): the
+        // router's counts gathered over dp (every choice and the token count, i64), and
+        // with the experts split, each expert's slot count; then the slots sent to their
+        // experts and the outputs back, and in backward both again the other way. A rank
+        // sends all its slots in the dispatch and in the combine's backward; what it sends
+        // in the combine and the dispatch's backward is what it received, which routing
+        // decides: the prediction is the balanced share, and the sum over dp is exact.
+        let runs = if work.recompute.on() { 2 } else { 1 };
+        let slots = (local_batch * work.seq * moe.top_k * dims.hidden * work.dtype_bytes) as u64;
+        let gathered = |n: usize| (n * 8 * mesh.dp) as u64;
+        for _ in 0..moe.layers * runs {
+            st.record(CollectiveKind::AllGather, MeshAxis::Dp, gathered(moe.top_k * moe.experts + 1));
+            if plan.ep > 1 {
+                st.record(CollectiveKind::AllGather, MeshAxis::Dp, gathered(moe.experts));
+                st.record(CollectiveKind::AllToAll, MeshAxis::Dp, slots);
+                st.record(CollectiveKind::AllToAll, MeshAxis::Dp, slots);
+            }
+        }
+        if plan.ep > 1 {
+            for _ in 0..moe.layers {
+                st.record(CollectiveKind::AllToAll, MeshAxis::Dp, slots);
+                st.record(CollectiveKind::AllToAll, MeshAxis::Dp, slots);
+            }
+        }
+    }
     if mesh.dp > 1 {
         let k = work.unit_layers_at(work.zero, mesh.dp, dims.layers);
         st.record(CollectiveKind::AllReduce, MeshAxis::Dp, work.dtype_bytes as u64);
+        // experts split over dp (expert parallelism) have whole gradients on their rank:
+        // nothing to sum, nothing for ZeRO to slice
         let local: Vec<(u64, Option<(&str, usize)>)> = plan
             .params
             .iter()
+            .filter(|(name, _)| plan.ep <= 1 || !super::plan::is_expert_param(name))
             .map(|(name, p)| {
                 let n = p.shape.elem_count() as u64;
                 (if count(p.placement) { n / mesh.mp as u64 } else { n }, unit_group(name, k))
@@ -441,7 +489,15 @@ mod tests {
     #[test]
     fn recompute_keeps_one_hidden_state_per_layer_and_one_layer_of_activations() {
         // a 0.7B-class LLaMA at sequence 512
-        let dims = ModelDims { layers: 24, hidden: 1536, heads: 16, kv_heads: 16, vocab: 32000, intermediate: 4096 };
+        let dims = ModelDims {
+            layers: 24,
+            hidden: 1536,
+            heads: 16,
+            kv_heads: 16,
+            vocab: 32000,
+            intermediate: 4096,
+            moe: None,
+        };
         let shapes = vec![("model.embed_tokens.weight".to_string(), Shape::new([32000, 1536]))];
         let plan = plan_by_names(&shapes, Mesh { dp: 1, mp: 1 });
         let work = Workload { batch: 4, seq: 512, dtype_bytes: 4, zero: 0, recompute: Recompute::None, unit_layers: 1 };
@@ -460,7 +516,15 @@ mod tests {
 
     #[test]
     fn selective_recompute_keeps_the_matmul_outputs_of_every_layer() {
-        let dims = ModelDims { layers: 24, hidden: 1536, heads: 16, kv_heads: 16, vocab: 32000, intermediate: 4096 };
+        let dims = ModelDims {
+            layers: 24,
+            hidden: 1536,
+            heads: 16,
+            kv_heads: 16,
+            vocab: 32000,
+            intermediate: 4096,
+            moe: None,
+        };
         let shapes = vec![("model.embed_tokens.weight".to_string(), Shape::new([32000, 1536]))];
         let (s, b, h, i) = (512.0, 4.0, 1536.0, 4096.0);
         for mp in [1, 2] {

@@ -186,7 +186,7 @@ mod tests {
         shapes.push(("lm_head.weight".to_string(), Shape::new([v, h])));
         (
             plan_by_names(&shapes, mesh),
-            ModelDims { layers: l, hidden: h, heads: 16, kv_heads: 16, vocab: v, intermediate: i },
+            ModelDims { layers: l, hidden: h, heads: 16, kv_heads: 16, vocab: v, intermediate: i, moe: None },
         )
     }
 

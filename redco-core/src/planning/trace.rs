@@ -422,5 +422,5 @@ pub fn plan_from_trace<B: Backend>(
         }
         out.insert(pname.clone(), ParamPlan { role, shape: p.shape().clone(), placement, reason });
     }
-    Ok(ShardPlan { mesh, params: out, rank: None })
+    Ok(ShardPlan { mesh, params: out, rank: None, ep: 1 })
 }

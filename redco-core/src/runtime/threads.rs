@@ -348,6 +348,37 @@ impl<B: Backend> Collective<B> for ThreadCollective<B> {
         })?;
         self.backend.upload(p)
     }
+    fn all_to_all(&self, axis: MeshAxis, x: &B::Storage, send: &[usize], recv: &[usize]) -> Result<B::Storage> {
+        // each member deposits its buffer cut into one piece per member, and takes the
+        // pieces addressed to it, in member order
+        let (key, idx, n) = self.group(axis);
+        let h = self.backend.download_shared(x)?;
+        let err = |msg: String| Error::Collective { op: "all_to_all", rank: self.rank, msg };
+        if send.len() != n || recv.len() != n || send.iter().sum::<usize>() != h.len() {
+            return Err(err(format!(
+                "{} elements with send counts {send:?} and receive counts {recv:?} in a group of {n}",
+                h.len()
+            )));
+        }
+        let mut off = 0;
+        let pieces: Deposit = send
+            .iter()
+            .map(|&c| {
+                off += c;
+                Arc::new(h.range(off - c, c))
+            })
+            .collect();
+        drop(h);
+        let members = self.hub.exchange_as(self.rank, key, idx, n, (CollectiveKind::AllToAll, n, n), pieces)?;
+        let mine: Vec<Arc<HostData>> = members.iter().map(|m| m[idx].clone()).collect();
+        drop(members);
+        if let Some(j) = (0..n).find(|&j| mine[j].len() != recv[j]) {
+            let msg = format!("member {j} sent {} elements to this one, which expected {}", mine[j].len(), recv[j]);
+            self.hub.fail(format!("rank {}: {msg}", self.rank));
+            return Err(err(msg));
+        }
+        self.backend.upload_owned(concat_all(&mine))
+    }
     fn barrier(&self) -> Result<()> {
         let g = &self.groups[2];
         self.hub.exchange(

@@ -10,8 +10,10 @@ pub(crate) mod axis_index;
 pub(crate) mod cross_entropy;
 pub(crate) mod embed;
 pub mod flat_shard;
+pub mod local;
 pub mod redistribute;
 pub(crate) mod rules;
 
 pub use flat_shard::{FlatShard, ShardLayout};
+pub use local::{all_gather_counts, mesh_position};
 pub use redistribute::axis_sizes;

@@ -2,7 +2,7 @@
 //! and the parameter names and shapes that transformers uses for it.
 
 use super::fields;
-use redco_core::planning::planner::ModelDims;
+use redco_core::planning::planner::{ModelDims, MoeDims};
 use redco_core::{Error, Result, Shape};
 use serde_json::Value;
 use std::path::Path;
@@ -237,7 +237,32 @@ impl HfConfig {
             kv_heads: self.kv_heads,
             vocab: self.vocab,
             intermediate: self.intermediate,
+            moe: self.moe_dims(),
         }
+    }
+
+    /// The mixture of experts of a Mixtral or Qwen3-MoE config, read off its checkpoint
+    /// names ([`HfConfig::param_shapes`]): the experts, the layers that have them and an
+    /// expert's intermediate size; `None` for a dense model.
+    pub fn moe_dims(&self) -> Option<MoeDims> {
+        let shapes = self.param_shapes().ok()?;
+        let mut layers = std::collections::BTreeSet::new();
+        let (mut experts, mut inter) = (0, 0);
+        for (n, s) in &shapes {
+            if let Some(e) = redco_core::planning::expert_index(n) {
+                experts = experts.max(e + 1);
+                layers.insert(n.split(".experts.").next().unwrap_or("").to_string());
+                if e == 0 && s.rank() == 2 && s.dims()[1] == self.hidden {
+                    inter = s.dims()[0];
+                }
+            }
+        }
+        (experts > 0).then(|| MoeDims {
+            experts,
+            top_k: self.num("num_experts_per_tok").unwrap_or(2),
+            layers: layers.len(),
+            intermediate: inter,
+        })
     }
 
     /// An integer field of the raw config.

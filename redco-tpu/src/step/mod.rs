@@ -123,7 +123,7 @@ impl CompiledTrainStep {
         M: Module<Pjrt>,
         MT: Module<Tracer>,
     {
-        let plan = ShardPlan { mesh: Mesh::new(dp.max(1), 1)?, params: Default::default(), rank: None };
+        let plan = ShardPlan { mesh: Mesh::new(dp.max(1), 1)?, params: Default::default(), rank: None, ep: 1 };
         CompiledTrainStep::on_mesh(b, &plan, model, cfg, batch, build, loss)
     }
 

@@ -2,6 +2,7 @@
 
 mod architectures;
 mod collectives;
+mod experts;
 mod llama;
 mod rules;
 mod sharded_ops;

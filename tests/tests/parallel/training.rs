@@ -161,6 +161,7 @@ fn planner_predicts_the_measured_communication() {
         kv_heads: LLAMA.kv_heads,
         vocab: LLAMA.vocab,
         intermediate: LLAMA.inter,
+        moe: None,
     };
     for zero1 in [false, true] {
         let measured = spmd_cpu(mesh, &SpmdOptions::default(), |rk| {
