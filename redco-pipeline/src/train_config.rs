@@ -142,6 +142,11 @@ pub struct TrainConfig {
     /// each block on its own; `redco_core::planning::strategy::strategies` picks it for a
     /// run the planner configures. 0 is refused; inert below stage 3.
     pub unit_layers: usize,
+    /// Expert parallelism: a mixture of experts' experts split over this many ranks of the
+    /// data-parallel axis, each rank holding its share and the tokens sent to it
+    /// ([`ShardPlan::with_ep`](redco_core::planning::ShardPlan::with_ep)); 1 (the default)
+    /// keeps every expert on every rank. It must be 1 or `dp`, and runs with ZeRO off.
+    pub ep: usize,
     /// Write checkpoints and the final model export (the default). False: neither, for a
     /// benchmark or profiling run that keeps nothing (a 7B run's checkpoint is 80 GB of
     /// masters and moments); the run cannot be resumed.
@@ -221,6 +226,7 @@ impl Default for TrainConfig {
             nan: NanPolicy::Error,
             zero: ZeroStage::Off,
             unit_layers: 1,
+            ep: 1,
             save: true,
             profile: false,
             offload: false,

@@ -3,9 +3,26 @@
 use crate::runtime::{Comm, ReduceKind};
 use crate::{no_grad, Backend, DType, GradStore, HostData, MeshAxis, Placement, Result, Tensor};
 
+/// The axes a gradient is split over: its sum of squares is summed over them.
+fn split_axes<B: Backend>(g: &Tensor<B>) -> usize {
+    let split = |a: MeshAxis| matches!(g.placements().get(a), Placement::Shard(_));
+    usize::from(split(MeshAxis::Mp)) | (usize::from(split(MeshAxis::Dp)) << 1)
+}
+
+/// The axes of group `k` of [`split_axes`] that have more than one rank.
+fn axes_of<B: Backend>(c: &Comm<B>, k: usize) -> Vec<MeshAxis> {
+    let mesh = c.mesh();
+    [(1, MeshAxis::Mp, mesh.mp), (2, MeshAxis::Dp, mesh.dp)]
+        .into_iter()
+        .filter(|&(bit, _, n)| k & bit != 0 && n > 1)
+        .map(|(_, a, _)| a)
+        .collect()
+}
+
 /// The global L2 norm of the gradients of `params`, counting each element once across the
-/// mesh: model-parallel shards add up (one scalar all-reduce), replicated gradients count
-/// once. Gradients must already be summed over the data-parallel axis. The squares are
+/// mesh: model-parallel shards add up (one scalar all-reduce), and so do the shards of
+/// gradients split over `dp` (the experts under expert parallelism); replicated gradients
+/// count once. Gradients must already be summed over the data-parallel axis. The squares are
 /// summed in f64 on the device where the backend has f64, with one host read at the end
 /// (else each parameter's f32 sum is read and added in f64). `comm` is the rank's communicator
 /// (none outside a mesh).
@@ -15,23 +32,23 @@ pub fn global_grad_norm<B: Backend>(comm: Option<&Comm<B>>, params: &[Tensor<B>]
         return device_grad_norm(&b, comm, params, grads);
     }
     no_grad(|| {
-        let (mut split, mut whole) = (0.0f64, 0.0f64);
+        // by the axes they are split over: none, mp, dp, both
+        let mut sums = [0.0f64; 4];
         for p in params {
             let Some(g) = grads.get(p) else { continue };
             let local = Tensor::from_storage(g.backend(), g.storage().clone(), g.local_shape().clone(), g.dtype());
-            let sq = local.cast(DType::F32)?.square()?.sum_all()?.to_scalar()?;
-            if matches!(g.placements().get(MeshAxis::Mp), Placement::Shard(_)) {
-                split += sq;
-            } else {
-                whole += sq;
+            sums[split_axes(g)] += local.cast(DType::F32)?.square()?.sum_all()?.to_scalar()?;
+        }
+        if let Some(c) = comm {
+            for (k, sum) in sums.iter_mut().enumerate().skip(1) {
+                for a in axes_of(c, k) {
+                    let s = b.upload(&HostData::F32(vec![*sum as f32]))?;
+                    let r = c.all_reduce(a, &s, ReduceKind::Sum, 4)?;
+                    *sum = b.download(&r)?.to_f64_vec()[0];
+                }
             }
         }
-        if let Some(c) = comm.filter(|c| c.mesh().mp > 1) {
-            let s = b.upload(&HostData::F32(vec![split as f32]))?;
-            let r = c.all_reduce(MeshAxis::Mp, &s, ReduceKind::Sum, 4)?;
-            split = b.download(&r)?.to_f64_vec()[0];
-        }
-        Ok((split + whole).sqrt())
+        Ok((sums[1] + sums[0] + sums[2] + sums[3]).sqrt())
     })
 }
 
@@ -44,16 +61,11 @@ fn device_grad_norm<B: Backend>(
     grads: &GradStore<B>,
 ) -> Result<f64> {
     no_grad(|| {
-        // the gradients split over mp and the whole ones, each summed in one backend call
-        let (mut split_xs, mut whole_xs) = (Vec::new(), Vec::new());
+        // by the axes they are split over (none, mp, dp, both), each summed in one call
+        let mut groups: [Vec<(&B::Storage, &crate::Shape)>; 4] = Default::default();
         for p in params {
             let Some(g) = grads.get(p) else { continue };
-            let item = (g.storage(), g.local_shape());
-            if matches!(g.placements().get(MeshAxis::Mp), Placement::Shard(_)) {
-                split_xs.push(item);
-            } else {
-                whole_xs.push(item);
-            }
+            groups[split_axes(g)].push((g.storage(), g.local_shape()));
         }
         let sum = |xs: &[(&B::Storage, &crate::Shape)]| -> Result<Tensor<B>> {
             let s = b.sum_squares_many(xs)?;
@@ -65,12 +77,25 @@ fn device_grad_norm<B: Backend>(
                 t.cast(DType::F64)
             }
         };
-        let (mut split, whole) = (sum(&split_xs)?, sum(&whole_xs)?);
-        if let Some(c) = comm.filter(|c| c.mesh().mp > 1) {
-            let r = c.all_reduce(MeshAxis::Mp, split.storage(), ReduceKind::Sum, 8)?;
-            split = Tensor::from_storage(b, r, split.shape().clone(), DType::F64);
+        let mut total: Option<Tensor<B>> = None;
+        // the mp-split sum first, then the whole one: the order the norm always had
+        for k in [1, 0, 2, 3] {
+            if k >= 2 && groups[k].is_empty() {
+                continue;
+            }
+            let mut s = sum(&groups[k])?;
+            if let Some(c) = comm {
+                for a in axes_of(c, k) {
+                    let r = c.all_reduce(a, s.storage(), ReduceKind::Sum, 8)?;
+                    s = Tensor::from_storage(b, r, s.shape().clone(), DType::F64);
+                }
+            }
+            total = Some(match total {
+                None => s,
+                Some(t) => t.add(&s)?,
+            });
         }
-        split.add(&whole)?.sqrt()?.to_scalar()
+        total.map_or(Ok(0.0), |t| t.sqrt()?.to_scalar())
     })
 }
 

@@ -1,7 +1,8 @@
 //! Redco-style name heuristics: the fallback where no trace is available. Projections
 //! named like q/k/v/gate/up/fc_in/wi split their output dim (column), o/down/fc_out/wo
-//! their input dim (row); embeddings and heads split the vocabulary; the rest is
-//! replicated. Dims the mesh does not divide are replicated, and the plan says so.
+//! their input dim (row); embeddings and heads split the vocabulary; the experts of a
+//! mixture of experts stay whole over mp (expert parallelism splits them over dp); the rest
+//! is replicated. Dims the mesh does not divide are replicated, and the plan says so.
 
 use super::plan::{ParamPlan, Role, ShardPlan};
 use crate::runtime::mesh::Mesh;
@@ -47,20 +48,23 @@ pub fn plan_by_names(params: &[(String, Shape)], mesh: Mesh) -> ShardPlan {
         let leaf = parts.last().copied().unwrap_or("");
         let owner = if parts.len() >= 2 { parts[parts.len() - 2] } else { "" };
         let is_w = leaf == "weight";
-        let (want, role, why) =
-            if VOCAB.contains(&owner) && ((is_w && shape.rank() == 2) || (!is_w && shape.rank() == 1)) {
-                let role = if owner == "lm_head" { Role::VocabHead } else { Role::VocabTable };
-                let role = if is_w { role } else { Role::Column };
-                (Placement::Shard(0), role, "vocabulary split (name)")
-            } else if HEAD_TABLES.contains(&owner) && is_w && shape.rank() == 2 {
-                (Placement::Shard(1), Role::Column, "split by heads (name)")
-            } else if COLUMN.contains(&owner) && shape.rank() <= 2 {
-                (Placement::Shard(0), Role::Column, "column (name)")
-            } else if ROW.contains(&owner) && is_w && shape.rank() == 2 {
-                (Placement::Shard(1), Role::Row, "row (name)")
-            } else {
-                (Placement::Replicate, Role::Replicated, "replicated")
-            };
+        let (want, role, why) = if super::plan::is_expert_param(name) {
+            // an expert's projections run whole on each rank that holds the expert
+            // (expert parallelism splits the experts over dp; see ShardPlan::with_ep)
+            (Placement::Replicate, Role::Replicated, "replicated: an expert (split over dp by --ep)")
+        } else if VOCAB.contains(&owner) && ((is_w && shape.rank() == 2) || (!is_w && shape.rank() == 1)) {
+            let role = if owner == "lm_head" { Role::VocabHead } else { Role::VocabTable };
+            let role = if is_w { role } else { Role::Column };
+            (Placement::Shard(0), role, "vocabulary split (name)")
+        } else if HEAD_TABLES.contains(&owner) && is_w && shape.rank() == 2 {
+            (Placement::Shard(1), Role::Column, "split by heads (name)")
+        } else if COLUMN.contains(&owner) && shape.rank() <= 2 {
+            (Placement::Shard(0), Role::Column, "column (name)")
+        } else if ROW.contains(&owner) && is_w && shape.rank() == 2 {
+            (Placement::Shard(1), Role::Row, "row (name)")
+        } else {
+            (Placement::Replicate, Role::Replicated, "replicated")
+        };
         let (placement, role, reason) = match want {
             Placement::Shard(d) if !shape.dims()[d].is_multiple_of(mesh.mp) => (
                 Placement::Replicate,

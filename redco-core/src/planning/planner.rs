@@ -345,7 +345,14 @@ pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero: u
             sel * layers + k * (per_layer - sel).max(0.0)
         }
     };
-    Memory { params, grads, optimizer: moments + masters, activations: (kept + logits) as u64 }
+    // a mixture of experts keeps, per token and chosen expert, the slot's input and output
+    // and its gate, up and activated products (on top of the dense formula's MLP share,
+    // which this overestimates); under block recompute only one layer's are live
+    let experts = dims.moe.map_or(0.0, |m| {
+        let per = s * b * m.top_k as f64 * (2.0 * h + 3.0 * m.intermediate as f64) * work.dtype_bytes as f64;
+        per * if work.recompute == Recompute::Block { k.min(m.layers as f64) } else { m.layers as f64 }
+    });
+    Memory { params, grads, optimizer: moments + masters, activations: (kept + logits + experts) as u64 }
 }
 
 /// Elements per token one layer keeps under selective recompute on `mp` tensor-parallel
@@ -376,7 +383,8 @@ impl PlanReport {
     pub fn new(plan: ShardPlan, dims: ModelDims, work: Workload) -> Self {
         let comm = predict_comm(&plan, &dims, &work);
         let train = train_memory(&plan, &dims, &work, work.zero);
-        let stages: &[u8] = if plan.mesh.dp > 1 { &[0, 1, 2] } else { &[0] };
+        // expert parallelism runs without ZeRO (the experts are split over dp already)
+        let stages: &[u8] = if plan.mesh.dp > 1 && plan.ep <= 1 { &[0, 1, 2] } else { &[0] };
         let train_other =
             stages.iter().filter(|z| **z != work.zero).map(|&z| (z, train_memory(&plan, &dims, &work, z))).collect();
         let infer = infer_memory(&plan, &dims, &work);
@@ -404,6 +412,39 @@ pub fn smallest_mp(
     })
 }
 
+/// The smallest mesh (the fewest ranks, at most `max_ranks`) whose plan fits `device_bytes`
+/// for training (`train = true`) or inference, for a mixture of experts: `dp` ranks that
+/// split the experts between them (expert parallelism, `ep = dp`) times `mp` ranks
+/// dividing the heads; `make_plan(mesh)` gives the plan with the experts split (`None`
+/// where they do not split over that `dp`), and the global batch must split over `dp`.
+/// Among meshes of one size, the one needing the least memory per device. Returns the
+/// mesh and its bytes per device.
+pub fn smallest_mesh(
+    dims: &ModelDims,
+    work: &Workload,
+    max_ranks: usize,
+    device_bytes: u64,
+    train: bool,
+    make_plan: impl Fn(Mesh) -> Option<ShardPlan>,
+) -> Option<(Mesh, u64)> {
+    (1..=max_ranks).find_map(|n| {
+        (1..=n)
+            .filter(|dp| n.is_multiple_of(*dp) && work.batch.is_multiple_of(*dp))
+            .map(|dp| Mesh { dp, mp: n / dp })
+            .filter(|m| dims.heads.is_multiple_of(m.mp) && dims.kv_heads.is_multiple_of(m.mp))
+            .filter_map(|m| {
+                let plan = make_plan(m)?;
+                let need = if train {
+                    train_memory(&plan, dims, work, work.zero).total()
+                } else {
+                    infer_memory(&plan, dims, work)
+                };
+                (need <= device_bytes).then_some((m, need))
+            })
+            .min_by_key(|(_, need)| *need)
+    })
+}
+
 /// `bytes` in human units.
 pub fn human(bytes: u64) -> String {
     let b = bytes as f64;
@@ -422,7 +463,14 @@ impl fmt::Display for PlanReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mesh = self.plan.mesh;
         writeln!(f, "{:<52} {:<16} {:<14} {:>12}", "parameter", "shape", "placement", "per device")?;
+        // the experts of a layer's mixture, one row per projection: `*` for the expert
+        let mut experts: std::collections::BTreeMap<String, (usize, &super::ParamPlan)> = Default::default();
         for (name, p) in &self.plan.params {
+            if let Some(i) = super::plan::expert_index(name) {
+                let starred = name.replacen(&format!("experts.{i}."), "experts.*.", 1);
+                experts.entry(starred).or_insert((0, p)).0 += 1;
+                continue;
+            }
             let local = match p.placement {
                 Placement::Shard(_) => p.shape.elem_count() / mesh.mp,
                 _ => p.shape.elem_count(),
@@ -432,6 +480,15 @@ impl fmt::Display for PlanReport {
                 _ => "replicated".into(),
             };
             writeln!(f, "{name:<52} {:<16} {pl:<14} {:>12}   {}", p.shape.to_string(), human(local as u64), p.reason)?;
+        }
+        let ep = self.plan.ep.max(1);
+        for (name, (n, p)) in experts {
+            let local = (n / ep) * p.shape.elem_count() * self.work.dtype_bytes;
+            let pl = if ep > 1 { format!("{} per rank", n / ep) } else { "replicated".into() };
+            let shape = format!("{n} x {}", p.shape);
+            let why =
+                if ep > 1 { format!("{n} experts split over {ep} ranks of dp (--ep {ep})") } else { p.reason.clone() };
+            writeln!(f, "{name:<52} {shape:<16} {pl:<14} {:>12}   {why}", human(local as u64))?;
         }
         writeln!(f)?;
         writeln!(

@@ -2,8 +2,8 @@
 //!
 //! 1. *Pairs.* A weight whose matmul output reaches another weight's matmul, as the
 //!    contracted dim, only through ops that stay local along the split (elementwise ops,
-//!    reshapes that carry the split, permutes, per-head attention matmuls, softmax over
-//!    another dim, rotary embedding) forms a pair with it: the first is split on its
+//!    reshapes that carry the split, permutes, per-head attention matmuls, softmax or a
+//!    norm over another dim, rotary embedding) forms a pair with it: the first is split on its
 //!    output dim (column), the second on its input dim (row). Weights met on the way whose
 //!    outputs join the split path (gate and up, q and k and v) are columns of the same
 //!    pair, and biases added to a column output split with it.
@@ -213,6 +213,14 @@ fn walk<B: Backend>(g: &Graph<B>, start: TensorId, s0: usize, mp: usize) -> Walk
                     _ => fail(&mut w, format!("{op} along the split dim")),
                 }
             } else if matches!(op, "softmax" | "log_softmax") {
+                if s + 1 == rank {
+                    fail(&mut w, format!("{op} over the split dim"));
+                } else {
+                    stack.push((cid, s));
+                }
+            } else if matches!(op, "rms_norm" | "layer_norm") && idx == 0 {
+                // normalised over the last dim (Qwen3's QK-norm: each head over its own
+                // features): local along any other; its weight and bias stay whole
                 if s + 1 == rank {
                     fail(&mut w, format!("{op} over the split dim"));
                 } else {

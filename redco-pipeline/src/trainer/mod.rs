@@ -394,7 +394,7 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
         // frozen parameters are split too
         let mut plan = plan_from_trace(&model.named_parameters(), &[&loss], dep.mesh, false)?;
         redco_core::planning::lora::plan_adapters(&mut plan, &adapters);
-        Ok((plan, units))
+        Ok((plan.with_ep(self.config.ep)?, units))
     }
 
     /// The checks a run makes before anything else: data, batch size, compute dtype, and
@@ -408,6 +408,17 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
             return Err(Error::config(
                 "fit",
                 format!("batch size {} must be positive and divisible by dp={}", cfg.batch_size, dep.mesh.dp),
+            ));
+        }
+        if cfg.ep > 1 && dep.mesh.dp > 1 && cfg.zero_stage() != ZeroStage::Off {
+            return Err(Error::unsupported(
+                "fit",
+                format!(
+                    "expert parallelism (ep {}) with ZeRO-{}: the experts are already split over dp, and ZeRO's slices \
+                     of them are not supported yet; use ZeRO off with ep > 1",
+                    cfg.ep,
+                    cfg.zero_stage().number()
+                ),
             ));
         }
         if cfg.zero_stage() == ZeroStage::Optimizer && matches!(cfg.optimizer, OptimizerConfig::Sgd { .. }) {

@@ -43,6 +43,8 @@ pub struct StrategyAsk {
     pub offload: bool,
     /// The backend's device memory is not the host's (offload is offered).
     pub device: bool,
+    /// `--ep`: the experts split over this many ranks of dp (1: not split).
+    pub ep: usize,
 }
 
 /// The memory tools of a training run and why: what the flags pin, and for what they leave
@@ -63,8 +65,17 @@ pub fn choose_strategy(
     // ZeRO-3 gathers and recompute run per decoder layer: every decoder-only model has them
     let layered = matches!(cfg.model_type.as_str(), "llama" | "mistral" | "gptj" | "opt");
     let recompute = ask.recompute.or((!ask.auto).then_some(Recompute::None));
-    // ZeRO on one data-parallel rank changes nothing
-    let zero = if mesh.dp > 1 { ask.zero.or((!ask.auto).then_some(0)) } else { Some(0) };
+    // ZeRO on one data-parallel rank changes nothing; expert parallelism runs without it
+    let zero = if mesh.dp > 1 && ask.ep <= 1 { ask.zero.or((!ask.auto).then_some(0)) } else { Some(0) };
+    if ask.ep > 1 && mesh.dp > 1 && ask.zero.is_some_and(|z| z > 0) {
+        return Err(format!(
+            "--ep {} with --zero {}: the experts are already split over dp, and ZeRO's slices of them are not \
+             supported yet (drop --zero, or use --ep 1)",
+            ask.ep,
+            ask.zero.unwrap_or(0)
+        )
+        .into());
+    }
     if ask.offload && !ask.device {
         return Err("--offload moves the optimizer to host memory, and the cpu backend's memory is host memory \
                     already: use it with a device backend (--backend wgpu or cuda)"
@@ -91,7 +102,7 @@ pub fn choose_strategy(
         };
         return Ok((chosen, "no estimate for this model".into()));
     };
-    let plan = plan_by_names(&shapes, mesh);
+    let plan = plan_by_names(&shapes, mesh).with_ep(ask.ep)?;
     let dtype_bytes = if compute == DType::F32 { 4 } else { 2 };
     // ZeRO-3's unit: as given, else the planner's (auto) or one layer
     let unit_layers = ask.unit_layers.unwrap_or(if ask.auto { 0 } else { 1 });

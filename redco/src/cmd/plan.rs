@@ -4,7 +4,7 @@ use super::check::{self, Recompute};
 use crate::cmd::error::CliResult;
 use clap::Args;
 use redco_core::planning::heuristics::plan_by_names;
-use redco_core::planning::planner::{human, smallest_mp, PlanReport, Workload};
+use redco_core::planning::planner::{human, smallest_mesh, smallest_mp, PlanReport, Workload};
 use redco_core::planning::strategy::{pick, strategies, StrategyRow};
 use redco_core::runtime::Mesh;
 use redco_core::Placement;
@@ -44,7 +44,12 @@ pub struct PlanArgs {
     /// default: the planner's pick (listed with the memory tools).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub unit_layers: Option<u64>,
-    /// Device memory (e.g. 80GB, 24GiB): report the smallest MP that fits.
+    /// Expert parallelism for a mixture of experts, as `train --ep`: the experts split over
+    /// this many ranks of dp (1 or dp).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub ep: u64,
+    /// Device memory (e.g. 80GB, 24GiB): report the smallest MP that fits (for a mixture
+    /// of experts, the smallest mesh, with the experts split over its dp ranks).
     #[arg(long)]
     pub device_memory: Option<String>,
     /// Fit the device for inference instead of training.
@@ -120,7 +125,7 @@ pub fn run(mut a: PlanArgs) -> CliResult<()> {
         crate::cmd::out::warn(format_args!("redco: warning: {msg}; attention stays replicated"));
     }
     let shapes = cfg.param_shapes()?;
-    let plan = plan_by_names(&shapes, mesh);
+    let plan = plan_by_names(&shapes, mesh).with_ep(a.ep as usize)?;
     if a.strict {
         if let Some((n, p)) =
             plan.params.iter().find(|(_, p)| p.placement == Placement::Replicate && p.reason.contains("not divisible"))
@@ -131,7 +136,20 @@ pub fn run(mut a: PlanArgs) -> CliResult<()> {
     let pinned = a.unit_layers.map_or(0, |k| k.min(cfg.layers.max(1) as u64) as usize);
     let mut work =
         Workload { batch: a.batch, seq, dtype_bytes, zero: a.zero, recompute: a.recompute.mode(), unit_layers: pinned };
+    let moe = cfg.dims().moe;
+    let mesh_fit = match (&a.device_memory, moe) {
+        (Some(mem), Some(m)) => {
+            let bytes = check::bytes(mem)?;
+            let max_ranks = (m.experts * cfg.heads.max(1)).min(MAX_RANKS);
+            let found = smallest_mesh(&cfg.dims(), &work, max_ranks, bytes, !a.inference, |m| {
+                plan_by_names(&shapes, m).with_ep(if m.dp > 1 { m.dp } else { 1 }).ok()
+            });
+            Some((bytes, max_ranks, found))
+        }
+        _ => None,
+    };
     let fit = match &a.device_memory {
+        Some(_) if moe.is_some() => None,
         Some(mem) => {
             let bytes = check::bytes(mem)?;
             let max_mp = cfg.heads.max(1);
@@ -145,12 +163,17 @@ pub fn run(mut a: PlanArgs) -> CliResult<()> {
     // host's available memory shared by the mesh's ranks)
     let (budget, budget_from) = match (fit.as_ref(), super::fits::available_memory()) {
         (Some((bytes, _, _)), _) => (*bytes, "--device-memory".to_string()),
+        (None, _) if mesh_fit.is_some() => (mesh_fit.as_ref().map_or(0, |f| f.0), "--device-memory".to_string()),
         (None, Some(avail)) => {
             (avail / mesh.size() as u64, format!("this host's available memory / {} ranks", mesh.size()))
         }
         (None, None) => (u64::MAX, "unknown: every strategy fits".to_string()),
     };
-    let rows = strategies(&plan, &cfg.dims(), &work, budget, 0, a.offload);
+    let mut rows = strategies(&plan, &cfg.dims(), &work, budget, 0, a.offload);
+    if plan.ep > 1 {
+        // the experts are split over dp already: ZeRO's slices of them are not supported
+        rows.retain(|r| r.strategy.zero == 0);
+    }
     let picked = pick(&rows);
     if pinned == 0 {
         // the report's own estimate (at `--zero`, `--recompute`) with the planner's unit
@@ -193,8 +216,34 @@ pub fn run(mut a: PlanArgs) -> CliResult<()> {
         ),
         None => {}
     }
+    match mesh_fit {
+        Some((bytes, _, Some((m, need)))) if m.dp == 1 => crate::outln!(
+            "\nsmallest mesh that fits {} per device for {}: {m} (dp x mp; every expert on every rank, {} per device)",
+            human(bytes),
+            if a.inference { "inference" } else { "training" },
+            human(need)
+        ),
+        Some((bytes, _, Some((m, need)))) => crate::outln!(
+            "\nsmallest mesh that fits {} per device for {}: {m} (dp x mp), the experts split over its {} dp ranks \
+             (--mesh {m} --ep {}; {} per device)",
+            human(bytes),
+            if a.inference { "inference" } else { "training" },
+            m.dp,
+            m.dp,
+            human(need)
+        ),
+        Some((bytes, max_ranks, None)) => crate::outln!(
+            "\nno mesh of up to {max_ranks} ranks fits {} per device with the experts split over dp; try recompute, \
+             smaller batches or a shorter sequence",
+            human(bytes)
+        ),
+        None => {}
+    }
     Ok(())
 }
+
+/// The most ranks the smallest-mesh search of a mixture of experts tries.
+const MAX_RANKS: usize = 1024;
 
 /// The memory tools table: every strategy with its per-rank peak, bytes moved and
 /// recomputed per step, whether it fits, and the pick.

@@ -8,7 +8,8 @@
 //! replicated one; a mesh that does not fit the world is refused; the workdir, identity, integrity and
 //! input checks hold over processes as over threads; `redco serve` at 1x2 over two processes
 //! gives `generate`'s greedy text and drains on SIGTERM; ranks configured differently are
-//! refused.
+//! refused; expert parallelism over processes equals the thread run and every expert on
+//! every rank.
 
 #![cfg(feature = "mpi")]
 
@@ -130,6 +131,78 @@ fn training_at_2x2_over_processes_equals_the_thread_run() {
     assert_eq!(r.code, Some(0), "{}\n{}", r.stdout, r.stderr);
     assert_eq!(losses(&ow), lp, "losses with --overlap-grad-sync");
     assert!(bytes(&ow) == bytes(&tw), "the final weights differ with --overlap-grad-sync");
+}
+
+/// Expert parallelism: Mixtral's four experts split over the four dp ranks of a 4x1 mesh,
+/// over four processes and over four threads, against every expert on every rank (ep 1):
+/// every step's loss and the final weights within 1e-5; processes and threads make the
+/// same collective calls (the all-to-alls included) and the same bits.
+#[test]
+fn expert_parallelism_over_processes_equals_threads_and_ep1() {
+    let d = scratch("experts");
+    let model = fixture_named("mixtral-tiny");
+    let args = |w: &'static str, ep: &'static str, stats: &str| -> Vec<String> {
+        let mut v: Vec<String> = [
+            "train",
+            "--model",
+            model.to_str().unwrap(),
+            "--mesh",
+            "4x1",
+            "--ep",
+            ep,
+            "--steps",
+            "4",
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "16",
+            "--oversubscribe",
+            "--sample-tokens",
+            "2",
+            "--workdir",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        v.push(d.join(w).to_str().unwrap().to_string());
+        v.extend(["--comm-stats".to_string(), stats.to_string()]);
+        v
+    };
+    let run_threads = |w: &'static str, ep: &'static str| {
+        let stats = format!("{}/comm-{{rank}}.json", d.join(w).display());
+        let a = args(w, ep, &stats);
+        let (code, _, err) = redco_threads(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(code, 0, "{w}: {err}");
+    };
+    run_threads("ep1", "1");
+    run_threads("threads", "4");
+    let stats = format!("{}/comm-{{rank}}.json", d.join("procs").display());
+    let a = args("procs", "4", &stats);
+    let r =
+        mpirun(4).run(&exe(), &a.iter().map(String::as_str).collect::<Vec<_>>(), &d, Duration::from_secs(300)).unwrap();
+    assert_eq!(r.code, Some(0), "{}\n{}", r.stdout, r.stderr);
+    let (l1, lt, lp) = (losses(&d.join("ep1")), losses(&d.join("threads")), losses(&d.join("procs")));
+    assert_eq!(l1.len(), 4);
+    for (((s, a), (_, b)), (_, c)) in l1.iter().zip(&lt).zip(&lp) {
+        assert!((a - b).abs() <= 1e-5 * a.abs(), "step {s}: loss {a} at ep 1, {b} at ep 4 on threads");
+        assert!((b - c).abs() <= 1e-5 * b.abs(), "step {s}: loss {b} on threads, {c} over processes");
+    }
+    let weights = |w: &str| redco_models::hf::safetensors::read_all(&d.join(w).join("model.safetensors")).unwrap();
+    let (w1, wt, wp) = (weights("ep1"), weights("threads"), weights("procs"));
+    assert_eq!(w1.len(), wt.len());
+    for (n, t) in &w1 {
+        let (a, b, c) = (t.data.to_f64_vec(), wt[n].data.to_f64_vec(), wp[n].data.to_f64_vec());
+        let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f64, f64::max);
+        assert!(worst <= 1e-5, "{n}: the ep 4 weights differ from ep 1's by {worst}");
+        assert_eq!(b, c, "{n}: the weights over processes differ from the thread run's");
+    }
+    for rank in 0..4 {
+        let read = |w: &str| std::fs::read_to_string(d.join(w).join(format!("comm-{rank}.json"))).unwrap();
+        let (a, b) = (read("threads"), read("procs"));
+        assert!(a.contains("AllToAll"), "rank {rank}: {a}");
+        assert_eq!(a, b, "rank {rank}'s collective calls");
+        assert!(!read("ep1").contains("AllToAll"), "ep 1 sends no tokens");
+    }
 }
 
 /// ZeRO-2, and ZeRO-3 without recompute, with block and with selective recompute (the

@@ -227,3 +227,56 @@ fn plan_lists_the_memory_tools_and_picks_the_cheapest_that_fits() {
     assert!(out.contains("ZeRO-0, recompute none") && out.contains("<- pick"), "{out}");
     assert!(out.contains("ZeRO-3 (4 layers a unit), recompute block"), "{out}");
 }
+
+/// The real configs of Mixtral-8x7B and Qwen3-30B-A3B (config files only): the experts
+/// listed once per projection, split over dp with `--ep`; the all-to-all of expert
+/// parallelism counted; the smallest mesh that fits a device, for training and inference.
+#[test]
+fn plan_knows_experts_on_the_real_mixtral_and_qwen3_moe_configs() {
+    let cfg = |n: &str| format!("{}/../tests/fixtures/configs/{n}", env!("CARGO_MANIFEST_DIR"));
+    let (mixtral, qwen) = (cfg("mixtral-8x7b"), cfg("qwen3-30b-a3b"));
+    let work = ["--batch-size", "8", "--seq-len", "4096"];
+    let (code, out, err) = redco(
+        &[&["plan", "--model", &mixtral, "--mesh", "8x1", "--ep", "8", "--recompute", "block"], &work[..]].concat(),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("experts.*.w1.weight") && out.contains("1 per rank"), "{out}");
+    assert!(out.contains("8 experts split over 8 ranks of dp (--ep 8)"), "{out}");
+    // 32 layers: two all-to-alls forward, again under recompute, two backward
+    assert!(out.contains("AllToAll over Dp: 192 calls"), "{out}");
+    assert!(!out.contains("ZeRO-1"), "ZeRO is not offered with the experts split: {out}");
+    // one expert of 8 and the shared layers: the parameters a rank holds, in bf16
+    let params: f64 = 32.0 * 3.0 * 14336.0 * 4096.0 + 32.0 * (2.0 * 4096.0 * 4096.0 + 2.0 * 1024.0 * 4096.0);
+    let shared = 2.0 * 32000.0 * 4096.0 + 32.0 * (8.0 * 4096.0 + 2.0 * 4096.0) + 4096.0;
+    let gb = format!("params {:.2} GB", (params + shared) * 2.0 / 1e9);
+    assert!(out.contains(&gb), "{gb}: {out}");
+    for (model, flags, want) in [
+        (
+            &mixtral,
+            &["--recompute", "block", "--device-memory", "141GB"][..],
+            "for training: 8x1 (dp x mp), the experts split over its 8 dp ranks",
+        ),
+        (
+            &mixtral,
+            &["--inference", "--device-memory", "80GB"][..],
+            "for inference: 2x1 (dp x mp), the experts split over its 2 dp ranks",
+        ),
+        (
+            &qwen,
+            &["--recompute", "block", "--device-memory", "80GB"][..],
+            "for training: 8x2 (dp x mp), the experts split over its 8 dp ranks",
+        ),
+        (
+            &qwen,
+            &["--inference", "--device-memory", "80GB"][..],
+            "for inference: 1x1 (dp x mp; every expert on every rank",
+        ),
+    ] {
+        let (code, out, err) = redco(&[&["plan", "--model", model.as_str()], &work[..], flags].concat());
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains(want), "{model} {flags:?}: {out}");
+    }
+    let (code, _, err) = redco(&[&["plan", "--model", &mixtral, "--mesh", "4x1", "--ep", "2"], &work[..]].concat());
+    assert_ne!(code, 0);
+    assert!(err.contains("part of dp"), "{err}");
+}

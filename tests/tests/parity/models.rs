@@ -149,8 +149,13 @@ fn opaque_plan(name: &str, mesh: Mesh) -> ShardPlan {
 fn megatron(name: &str) -> Placement {
     let mut it = name.rsplit('.');
     let (leaf, owner) = (it.next().unwrap_or(""), it.next().unwrap_or(""));
-    let col = ["q_proj", "k_proj", "v_proj", "fc_in", "fc1", "q", "k", "v", "wi", "wi_0", "wi_1"];
-    let row = ["out_proj", "fc_out", "fc2", "o", "wo"];
+    let col =
+        ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "fc_in", "fc1", "q", "k", "v", "wi", "wi_0", "wi_1"];
+    let row = ["o_proj", "down_proj", "out_proj", "fc_out", "fc2", "o", "wo"];
+    if name.contains(".*.") {
+        // the experts of a mixture run whole on each rank
+        return Placement::Replicate;
+    }
     let vocab = ["wte", "embed_tokens", "embed_positions", "shared", "lm_head"];
     if owner == "relative_attention_bias" {
         Placement::Shard(1)
@@ -206,12 +211,13 @@ fn t5_v1_1_matches_transformers_at_1x1_1x2_2x2() {
     parity("t5-v1_1-tiny");
 }
 
-/// A mixture of experts against transformers at 1x1: logits, the loss with 0.02 x the
+/// A mixture of experts against transformers at 1x1, 1x2 and 2x2 (the rules split the
+/// attention; each rank runs its experts whole): logits, the loss with 0.02 x the
 /// load-balancing loss over the padded batch, every gradient (router and each expert),
 /// greedy tokens; its aux loss alone; and `save_pretrained` writes the checkpoint's own
 /// tensor names (one per expert), which load back to the same logits.
 fn moe_parity(name: &str) {
-    check(name, &run(name, &Cpu::new(2), None).unwrap(), "1x1");
+    parity(name);
     let b = Cpu::new(2);
     let i = inputs(name);
     let (ids, mask) = (t(&b, &i, "input_ids"), t(&b, &i, "attention_mask"));
@@ -245,13 +251,13 @@ fn moe_parity(name: &str) {
 
 /// Mixtral: 4 experts, 2 per token, renormalised.
 #[test]
-fn mixtral_matches_transformers_at_1x1_and_saves_its_checkpoint_names() {
+fn mixtral_matches_transformers_at_1x1_1x2_2x2_and_saves_its_checkpoint_names() {
     moe_parity("mixtral-tiny");
 }
 
 /// Qwen3-MoE: QK-norm, an explicit head_dim, top-2 of 4 experts not renormalised, a dense
 /// MLP in layer 1 (`mlp_only_layers`) beside the sparse ones.
 #[test]
-fn qwen3_moe_matches_transformers_at_1x1_and_saves_its_checkpoint_names() {
+fn qwen3_moe_matches_transformers_at_1x1_1x2_2x2_and_saves_its_checkpoint_names() {
     moe_parity("qwen3-moe-tiny");
 }

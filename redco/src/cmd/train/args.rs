@@ -91,6 +91,12 @@ pub struct TrainArgs {
     /// 25 MB collective, fewer where that would not fit), else 1 (each layer on its own).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub unit_layers: Option<u64>,
+    /// Expert parallelism for a mixture of experts (Mixtral, Qwen3-MoE): its experts split
+    /// over this many ranks of dp, each rank holding its share; every token's slots go to
+    /// the ranks holding their experts and back (all-to-all). 1 (the default) keeps every
+    /// expert on every rank; otherwise it must equal dp (`--mesh DPxMP`), with ZeRO off.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub ep: u64,
     /// Offload the optimizer to host memory (device backends: wgpu, cuda): AdamW's state
     /// and the f32 masters on the host, the update on its CPU cores, the updated
     /// parameters uploaded in the compute dtype; with ZeRO-0, 2 or 3 (at 2 and 3 each
@@ -272,6 +278,7 @@ pub(super) fn train_config(
         identity,
         overwrite: a.overwrite,
         zero: ZeroStage::from_number(a.zero.unwrap_or(0)).unwrap_or_default(),
+        ep: a.ep as usize,
         offload: a.offload,
         profile: a.profile,
         save: !a.no_save,

@@ -202,6 +202,7 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> CliResult<()> {
             adamw: a.optimizer == "adamw",
             offload: a.offload,
             device: a.backend != "cpu",
+            ep: a.ep as usize,
         },
     )?;
     let tok = Tokenizer::from_dir(&s.tok_dir)?;
