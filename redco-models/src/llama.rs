@@ -18,7 +18,7 @@ use redco_core::nn::{
     RouterStats, SparseMoe,
 };
 use redco_core::recompute::Recompute;
-use redco_core::{Backend, DType, Error, Result, RotaryMode, Shape, Tensor};
+use redco_core::{Backend, DType, Error, MeshAxis, Placement, Placements, Result, RotaryMode, Shape, Tensor};
 use std::sync::{Arc, Mutex};
 
 /// A layer's attention given its index, queries, keys and values (with its cache).
@@ -312,18 +312,10 @@ impl<B: Backend> Llama<B> {
                         let bound = Init::Uniform(1.0 / (inp.max(1) as f64).sqrt());
                         let parts = (0..e)
                             .map(|j| {
-                                let name = p(&format!("{block}.experts.{j}.{w}.weight"));
-                                let t = src.param(&name, Shape::new([out, inp]), bound)?;
-                                if t.is_sharded() {
-                                    return Err(Error::unsupported(
-                                        "moe",
-                                        format!("`{name}` is split over the mesh: experts under tensor parallelism, ZeRO-3 or expert parallelism are not supported yet"),
-                                    ));
-                                }
-                                t.detach().unsqueeze(0)
+                                src.param(&p(&format!("{block}.experts.{j}.{w}.weight")), Shape::new([out, inp]), bound)
                             })
                             .collect::<Result<Vec<_>>>()?;
-                        Ok(Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0)?.into_var())
+                        stack_experts(&parts, &p(&format!("{block}.experts.*.{w}.weight")))
                     };
                     let experts = Experts {
                         gate: stacked(src, names[0], i, h)?,
@@ -656,6 +648,41 @@ impl MoeCfg {
     fn sparse(&self, l: usize) -> bool {
         !self.mlp_only.contains(&l) && self.experts > 0 && (l + 1).is_multiple_of(self.step)
     }
+}
+
+/// Each expert's tensor `[out, in]` stacked into `[E, out, in]` (named `name`): whole, or
+/// as this rank's pieces where a plan split each expert over `mp` (the stack is then split
+/// one dim further in).
+fn stack_experts<B: Backend>(parts: &[Tensor<B>], name: &str) -> Result<Tensor<B>> {
+    let first = parts.first().ok_or_else(|| Error::config("moe", format!("`{name}`: no experts")))?;
+    let placed = first.placements();
+    if parts.iter().any(|t| t.placements() != placed) {
+        return Err(Error::invalid("moe", format!("`{name}`: the experts are split differently")));
+    }
+    if !first.is_sharded() {
+        let rows = parts.iter().map(|t| t.detach().unsqueeze(0)).collect::<Result<Vec<_>>>()?;
+        return Ok(Tensor::cat(&rows.iter().collect::<Vec<_>>(), 0)?.into_var());
+    }
+    let d = match (placed.get(MeshAxis::Dp), placed.get(MeshAxis::Mp)) {
+        (Placement::Replicate, Placement::Shard(d)) => d,
+        _ => {
+            return Err(Error::unsupported(
+                "moe",
+                format!("`{name}`: experts split over dp while they load (ZeRO-3 pieces) are not supported yet"),
+            ))
+        }
+    };
+    let b = first.backend();
+    let local = parts
+        .iter()
+        .map(|t| Tensor::from_storage(b, t.storage().clone(), t.local_shape().clone(), t.dtype()).unsqueeze(0))
+        .collect::<Result<Vec<_>>>()?;
+    let cat = Tensor::cat(&local.iter().collect::<Vec<_>>(), 0)?;
+    let mut whole = vec![parts.len()];
+    whole.extend_from_slice(first.dims());
+    let placed = Placements::REPLICATED.with(MeshAxis::Mp, Placement::Shard(d + 1));
+    Ok(Tensor::from_local(b, cat.storage().clone(), Shape::new(whole), cat.shape().clone(), placed, first.dtype())
+        .into_var())
 }
 
 /// The tokens an attention mask keeps, one flag per token: this rank's tokens where the

@@ -193,11 +193,22 @@ pub struct CommCount {
     pub bytes: u64,
 }
 
-/// Per-rank counts of collective calls by kind and mesh axis.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Per-rank counts of collective calls by kind and mesh axis, and the wall time of the
+/// synchronous ones (two counts are equal when their calls and bytes are: times differ
+/// from run to run).
+#[derive(Debug, Clone, Default)]
 pub struct CommStats {
     counts: BTreeMap<(CollectiveKind, u8), CommCount>,
+    seconds: BTreeMap<(CollectiveKind, u8), f64>,
 }
+
+impl PartialEq for CommStats {
+    fn eq(&self, other: &Self) -> bool {
+        self.counts == other.counts
+    }
+}
+
+impl Eq for CommStats {}
 
 impl CommStats {
     /// Records one call.
@@ -205,6 +216,16 @@ impl CommStats {
         let c = self.counts.entry((kind, axis as u8)).or_default();
         c.calls += 1;
         c.bytes += bytes;
+    }
+    /// Adds `seconds` of wall time spent in a synchronous call of `kind` over `axis` (the
+    /// wait for the other ranks included).
+    pub fn record_time(&mut self, kind: CollectiveKind, axis: MeshAxis, seconds: f64) {
+        *self.seconds.entry((kind, axis as u8)).or_default() += seconds;
+    }
+    /// The wall time spent in synchronous calls of one (kind, axis) (started collectives,
+    /// which the transport moves while the rank computes, are not timed).
+    pub fn seconds(&self, kind: CollectiveKind, axis: MeshAxis) -> f64 {
+        self.seconds.get(&(kind, axis as u8)).copied().unwrap_or(0.0)
     }
     /// The count of one (kind, axis).
     pub fn get(&self, kind: CollectiveKind, axis: MeshAxis) -> CommCount {
@@ -224,6 +245,9 @@ impl CommStats {
             let c = self.counts.entry(*k).or_default();
             c.calls += v.calls;
             c.bytes += v.bytes;
+        }
+        for (k, v) in &other.seconds {
+            *self.seconds.entry(*k).or_default() += v;
         }
     }
     /// `(kind, axis, count)` for every non-zero entry.

@@ -61,10 +61,17 @@ impl<B: Backend> Comm<B> {
     fn count(&self, kind: CollectiveKind, axis: MeshAxis, bytes: usize) {
         self.stats.lock().unwrap_or_else(|p| p.into_inner()).record(kind, axis, bytes as u64);
     }
+    /// Runs the synchronous call `f`, adding its wall time to the counts.
+    fn timed<T>(&self, kind: CollectiveKind, axis: MeshAxis, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let t0 = std::time::Instant::now();
+        let out = f();
+        self.stats.lock().unwrap_or_else(|p| p.into_inner()).record_time(kind, axis, t0.elapsed().as_secs_f64());
+        out
+    }
     /// Counted [`Collective::all_reduce`]; `bytes` is the buffer size.
     pub fn all_reduce(&self, axis: MeshAxis, x: &B::Storage, op: ReduceKind, bytes: usize) -> Result<B::Storage> {
         self.count(CollectiveKind::AllReduce, axis, bytes);
-        self.coll.all_reduce(axis, x, op)
+        self.timed(CollectiveKind::AllReduce, axis, || self.coll.all_reduce(axis, x, op))
     }
     /// Counted [`Collective::all_reduce_async`]; `bytes` is the buffer size.
     pub fn all_reduce_async(
@@ -93,7 +100,7 @@ impl<B: Backend> Comm<B> {
     /// Counted [`Collective::all_gather`]; `bytes` is the gathered size.
     pub fn all_gather(&self, axis: MeshAxis, x: &B::Storage, bytes: usize) -> Result<B::Storage> {
         self.count(CollectiveKind::AllGather, axis, bytes);
-        self.coll.all_gather(axis, x)
+        self.timed(CollectiveKind::AllGather, axis, || self.coll.all_gather(axis, x))
     }
     /// Counted [`Collective::all_gather_async`] (counted when started); `bytes` is the
     /// gathered size.
@@ -109,12 +116,12 @@ impl<B: Backend> Comm<B> {
     /// Counted [`Collective::reduce_scatter`]; `bytes` is the input size.
     pub fn reduce_scatter(&self, axis: MeshAxis, x: &B::Storage, bytes: usize) -> Result<B::Storage> {
         self.count(CollectiveKind::ReduceScatter, axis, bytes);
-        self.coll.reduce_scatter(axis, x)
+        self.timed(CollectiveKind::ReduceScatter, axis, || self.coll.reduce_scatter(axis, x))
     }
     /// Counted [`Collective::broadcast`].
     pub fn broadcast(&self, axis: MeshAxis, x: &B::Storage, root: usize, bytes: usize) -> Result<B::Storage> {
         self.count(CollectiveKind::Broadcast, axis, bytes);
-        self.coll.broadcast(axis, x, root)
+        self.timed(CollectiveKind::Broadcast, axis, || self.coll.broadcast(axis, x, root))
     }
     /// Counted [`Collective::all_to_all`]; `bytes` is what this rank sends (its own piece
     /// included).
@@ -134,7 +141,7 @@ impl<B: Backend> Comm<B> {
             ));
         }
         self.count(CollectiveKind::AllToAll, axis, bytes);
-        self.coll.all_to_all(axis, x, send, recv)
+        self.timed(CollectiveKind::AllToAll, axis, || self.coll.all_to_all(axis, x, send, recv))
     }
     /// Counted [`Collective::barrier`].
     pub fn barrier(&self) -> Result<()> {

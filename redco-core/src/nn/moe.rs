@@ -114,7 +114,7 @@ impl<B: Backend> SparseMoe<B> {
         let x2 = x.reshape([t, h])?;
         let ws = [&self.experts.gate, &self.experts.up, &self.experts.down];
         if !x2.is_sharded() && !self.router.weight.is_sharded() && ws.iter().all(|w| !w.is_sharded()) {
-            let (out, stats) = self.local(&x2, self.router.forward(&x2)?, ws, keep, None)?;
+            let (out, stats) = self.local((&x2, None), self.router.forward(&x2)?, ws, keep, None)?;
             return Ok((out.reshape(dims)?, stats));
         }
         self.sharded(&x2, keep).and_then(|(out, stats)| Ok((out.reshape(dims)?, stats)))
@@ -146,20 +146,37 @@ impl<B: Backend> SparseMoe<B> {
         if ep.is_some() && !e.is_multiple_of(n) {
             return Err(Error::config("moe", format!("{e} experts do not split over {n} ranks")));
         }
-        let local = |w: &Tensor<B>| -> Result<Tensor<B>> {
-            // the experts keep their split over dp; everything else is whole on each rank
-            let keep_dp = w.placements().get(MeshAxis::Dp);
-            let whole = Placements::REPLICATED.with(MeshAxis::Dp, keep_dp);
+        // the two rules inside each expert: gate and up split on their output dim over mp,
+        // down on its input dim (the plan's), each rank computing its share of every slot
+        let ex = &self.experts;
+        let mp_of = |w: &Tensor<B>| w.placements().get(MeshAxis::Mp);
+        let tp = (mp_of(&ex.gate), mp_of(&ex.up), mp_of(&ex.down))
+            == (Placement::Shard(1), Placement::Shard(1), Placement::Shard(2));
+        let local = |w: &Tensor<B>, keep_mp: bool, differs: &[MeshAxis]| -> Result<Tensor<B>> {
+            // the experts keep their split over dp (and over mp where the rules split
+            // them); everything else is whole on each rank
+            let mp = if keep_mp { w.placements().get(MeshAxis::Mp) } else { Placement::Replicate };
+            let whole =
+                Placements::REPLICATED.with(MeshAxis::Dp, w.placements().get(MeshAxis::Dp)).with(MeshAxis::Mp, mp);
             let w = if w.placements() == whole { w.clone() } else { w.redistribute(whole)? };
             w.to_local(differs)
         };
         let xl = x2.to_local(differs)?;
         let tl = xl.dims()[0];
-        let logits = xl.matmul_t(&local(&self.router.weight)?)?;
-        let ws = [&local(&self.experts.gate)?, &local(&self.experts.up)?, &local(&self.experts.down)?];
+        let logits = xl.matmul_t(&local(&self.router.weight, false, differs)?)?;
+        let ws = [&local(&ex.gate, tp, differs)?, &local(&ex.up, tp, differs)?, &local(&ex.down, tp, differs)?];
+        // with the experts split over mp, each rank's share of a slot's gradient is a
+        // partial sum there: the experts read the tokens through an entry of their own
+        let with_mp: Vec<MeshAxis> = differs.iter().copied().chain([MeshAxis::Mp]).collect();
+        let xe = if tp { Some(x2.to_local(&with_mp)?) } else { None };
         let keep_l = keep.map(|k| if split && k.len() != tl { &k[pos * tl..(pos + 1) * tl] } else { k });
-        let (out, stats) = self.local(&xl, logits, ws, keep_l, ep)?;
-        let out = Tensor::from_local_piece(&out, x2.shape().clone(), x2.placements())?;
+        let (out, stats) = self.local((&xl, xe.as_ref()), logits, ws, keep_l, ep)?;
+        let placed = if tp {
+            x2.placements().with(MeshAxis::Mp, Placement::Partial(crate::PartialOp::Sum))
+        } else {
+            x2.placements()
+        };
+        let out = Tensor::from_local_piece(&out, x2.shape().clone(), placed)?;
         if !split {
             return Ok((out, stats));
         }
@@ -182,10 +199,12 @@ impl<B: Backend> SparseMoe<B> {
     /// The block over unplaced tokens `x2 [t, hidden]` with their router logits `[t, E]`
     /// and unplaced expert weights `[gate, up, down]`; `ep`: this rank's position and the
     /// group size when the expert weights are this rank's share of the experts (the slots
-    /// then travel over `dp`).
+    /// then travel over `dp`). `x_experts`: the same tokens as the experts read them when
+    /// the experts are split over `mp` (their output is then this rank's partial sum, and
+    /// the routing weights' gradient is summed over `mp`).
     fn local(
         &self,
-        x2: &Tensor<B>,
+        (x2, x_experts): (&Tensor<B>, Option<&Tensor<B>>),
         logits: Tensor<B>,
         [gate, up, down]: [&Tensor<B>; 3],
         keep: Option<&[bool]>,
@@ -223,7 +242,10 @@ impl<B: Backend> SparseMoe<B> {
         let tokens_of: Vec<i64> = order.iter().map(|&s| (s / k) as i64).collect();
         let slots: Vec<i64> = order.iter().map(|&s| s as i64).collect();
         let tok = Tensor::from_vec(b, tokens_of, [t * k])?;
-        let xs = x2.index_select(&tok, 0)?;
+        let xs = x_experts.unwrap_or(x2).index_select(&tok, 0)?;
+        if x_experts.is_some() {
+            weights = weights.grad_summed_over(MeshAxis::Mp)?;
+        }
         let y = match ep {
             None => self.experts_on(&xs, &counts, gate, up, down)?,
             Some((pos, n)) => self.experts_over_ranks(&xs, &counts, [gate, up, down], pos, n)?,

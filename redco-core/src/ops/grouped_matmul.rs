@@ -108,7 +108,8 @@ impl<B: Backend> Tensor<B> {
             }
             let gw = Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0)?;
             Ok(vec![Some(gx), Some(gw)])
-        }))
+        })
+        .with_meta(crate::OpMeta::Matmul { trans_a: false, trans_b: trans_w }))
     }
 }
 

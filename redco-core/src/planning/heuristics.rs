@@ -1,8 +1,8 @@
 //! Redco-style name heuristics: the fallback where no trace is available. Projections
 //! named like q/k/v/gate/up/fc_in/wi split their output dim (column), o/down/fc_out/wo
-//! their input dim (row); embeddings and heads split the vocabulary; the experts of a
-//! mixture of experts stay whole over mp (expert parallelism splits them over dp); the rest
-//! is replicated. Dims the mesh does not divide are replicated, and the plan says so.
+//! their input dim (row); embeddings and heads split the vocabulary; each expert of a
+//! mixture of experts splits the same way (`w1`/`w3` columns, `w2` a row; expert
+//! parallelism splits the experts themselves over dp); the rest is replicated. Dims the mesh does not divide are replicated, and the plan says so.
 
 use super::plan::{ParamPlan, Role, ShardPlan};
 use crate::runtime::mesh::Mesh;
@@ -37,6 +37,9 @@ const VOCAB: &[&str] = &[
     "position_embeddings",
     "lm_head",
 ];
+/// An expert's first projections (Qwen3-MoE's, Mixtral's `w1` and `w3`) and its last.
+const EXPERT_COLUMN: &[&str] = &["gate_proj", "up_proj", "w1", "w3"];
+const EXPERT_ROW: &[&str] = &["down_proj", "w2"];
 /// Tables whose columns are attention heads (T5's relative-position bias).
 const HEAD_TABLES: &[&str] = &["relative_attention_bias"];
 
@@ -49,9 +52,16 @@ pub fn plan_by_names(params: &[(String, Shape)], mesh: Mesh) -> ShardPlan {
         let owner = if parts.len() >= 2 { parts[parts.len() - 2] } else { "" };
         let is_w = leaf == "weight";
         let (want, role, why) = if super::plan::is_expert_param(name) {
-            // an expert's projections run whole on each rank that holds the expert
-            // (expert parallelism splits the experts over dp; see ShardPlan::with_ep)
-            (Placement::Replicate, Role::Replicated, "replicated: an expert (split over dp by --ep)")
+            // each expert split by the two rules (a stack `[E, ..]` one dim further in);
+            // expert parallelism splits the experts themselves over dp (ShardPlan::with_ep)
+            let off = usize::from(super::plan::is_expert_stack(name) && shape.rank() == 3);
+            if EXPERT_COLUMN.contains(&owner) && shape.rank() == 2 + off {
+                (Placement::Shard(off), Role::Column, "column of an expert (name)")
+            } else if EXPERT_ROW.contains(&owner) && shape.rank() == 2 + off {
+                (Placement::Shard(1 + off), Role::Row, "row of an expert (name)")
+            } else {
+                (Placement::Replicate, Role::Replicated, "replicated")
+            }
         } else if VOCAB.contains(&owner) && ((is_w && shape.rank() == 2) || (!is_w && shape.rank() == 1)) {
             let role = if owner == "lm_head" { Role::VocabHead } else { Role::VocabTable };
             let role = if is_w { role } else { Role::Column };

@@ -182,7 +182,9 @@ pub(crate) fn local_elems(plan: &ShardPlan) -> (u64, u64) {
 /// A mixture of experts on `dp` > 1 gathers its router's counts per layer, and with the
 /// experts split over `dp` ([`ShardPlan::ep`]) sends each token's slots to their experts
 /// and back with four all-to-alls per layer (two in backward); those experts' gradients
-/// are not summed over `dp`. The load-balancing loss's one scalar all-reduce is not counted.
+/// are not summed over `dp`; with its experts split over `mp` by the rules, a layer is one
+/// pair, and its routing weights' gradient (an f32 per token and chosen expert) is summed
+/// over `mp` in backward. The load-balancing loss's one scalar all-reduce is not counted.
 pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> CommStats {
     let mesh = plan.mesh;
     let mut st = CommStats::default();
@@ -190,8 +192,28 @@ pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> Comm
     let act = (local_batch * work.seq * dims.hidden * work.dtype_bytes) as u64;
     let tok = (local_batch * work.seq * work.dtype_bytes) as u64;
     if mesh.mp > 1 {
-        let n = |r: Role| plan.params.values().filter(|p| p.role == r && count(p.placement)).count() as u64;
-        let (rows, tables, heads) = (n(Role::Row), n(Role::VocabTable), n(Role::VocabHead));
+        let n = |r: Role| {
+            plan.params
+                .iter()
+                .filter(|(name, p)| p.role == r && count(p.placement) && !super::plan::is_expert_param(name))
+                .count() as u64
+        };
+        // a mixture whose experts the rules split: one pair per layer (the experts' partial
+        // outputs summed once, after the combine), and in backward the routing weights'
+        // gradient summed (one f32 per token and chosen expert)
+        let split_experts =
+            plan.params.iter().any(|(name, p)| super::plan::is_expert_param(name) && count(p.placement));
+        let moe_pairs = match dims.moe {
+            Some(m) if split_experts => m.layers as u64,
+            _ => 0,
+        };
+        let (rows, tables, heads) = (n(Role::Row) + moe_pairs, n(Role::VocabTable), n(Role::VocabHead));
+        if let Some(m) = dims.moe.filter(|_| split_experts) {
+            let weights = (local_batch * work.seq * m.top_k * 4) as u64;
+            for _ in 0..m.layers {
+                st.record(CollectiveKind::AllReduce, MeshAxis::Mp, weights);
+            }
+        }
         // a layer recomputed whole runs its forward twice: once more each row-parallel
         // all-reduce (selective recompute keeps their results)
         let again = if work.recompute == Recompute::Block { rows } else { 0 };
@@ -483,8 +505,22 @@ impl fmt::Display for PlanReport {
         }
         let ep = self.plan.ep.max(1);
         for (name, (n, p)) in experts {
-            let local = (n / ep) * p.shape.elem_count() * self.work.dtype_bytes;
-            let pl = if ep > 1 { format!("{} per rank", n / ep) } else { "replicated".into() };
+            let each = match p.placement {
+                Placement::Shard(_) => p.shape.elem_count() / mesh.mp,
+                _ => p.shape.elem_count(),
+            };
+            let local = (n / ep) * each * self.work.dtype_bytes;
+            let split = match p.placement {
+                Placement::Shard(d) => format!(", dim {d} split"),
+                _ => String::new(),
+            };
+            let pl = if ep > 1 {
+                format!("{} per rank{split}", n / ep)
+            } else if split.is_empty() {
+                "replicated".into()
+            } else {
+                format!("all{split}")
+            };
             let shape = format!("{n} x {}", p.shape);
             let why =
                 if ep > 1 { format!("{n} experts split over {ep} ranks of dp (--ep {ep})") } else { p.reason.clone() };

@@ -1,7 +1,8 @@
 //! The two rules, read off one traced forward pass.
 //!
 //! 1. *Pairs.* A weight whose matmul output reaches another weight's matmul, as the
-//!    contracted dim, only through ops that stay local along the split (elementwise ops,
+//!    contracted dim (or an expert stack's grouped matmul reaches another's), only through
+//!    ops that stay local along the split (elementwise ops,
 //!    reshapes that carry the split, permutes, per-head attention matmuls, softmax or a
 //!    norm over another dim, rotary embedding) forms a pair with it: the first is split on its
 //!    output dim (column), the second on its input dim (row). Weights met on the way whose
@@ -95,6 +96,10 @@ impl<B: Backend> Graph<B> {
             let t = &self.nodes[&id];
             let op = t.op_name()?;
             let ins = t.op_inputs();
+            if op == "grouped_matmul" {
+                // an expert stack's product: the stack is the weight
+                return ins.get(1).map(|w| w.id()).filter(|w| self.params.contains_key(w));
+            }
             if op == "matmul" {
                 // a weight matmul ends the search; a product of activations (attention
                 // scores) is split like its left operand
@@ -249,6 +254,22 @@ fn walk<B: Backend>(g: &Graph<B>, start: TensorId, s0: usize, mp: usize) -> Walk
                 }
             } else if op == "cross_entropy" && s + 1 == rank {
                 w.vocab_end = true;
+            } else if op == "grouped_matmul" {
+                // the experts' product `x [T, k]` by a stack `w [E, n, k]` (or `[E, k, n]`):
+                // a split of x's last dim is contracted against the stack (a row of the
+                // pair), a split of its rows passes to the output's rows
+                let OpMeta::Matmul { trans_b, .. } = meta else {
+                    fail(&mut w, "grouped_matmul without its flags".into());
+                    continue;
+                };
+                let other = &c.op_inputs()[1];
+                if idx == 0 && s + 1 == rank && g.params.contains_key(&other.id()) {
+                    w.rows.push((other.id(), if trans_b { 2 } else { 1 }));
+                } else if idx == 0 && s + 1 < rank {
+                    stack.push((cid, s));
+                } else {
+                    fail(&mut w, "the split reaches an expert stack".into());
+                }
             } else if op == "matmul" {
                 let OpMeta::Matmul { trans_a, trans_b } = meta else {
                     fail(&mut w, "matmul without its flags".into());
@@ -306,15 +327,17 @@ pub fn plan_from_trace<B: Backend>(
     let mut failed: HashMap<TensorId, String> = HashMap::new();
     let name = |id: &TensorId| g.params.get(id).cloned().unwrap_or_default();
     for (pname, p) in params {
-        if p.rank() != 2 {
+        if p.rank() != 2 && p.rank() != 3 {
             continue;
         }
         for (cid, idx) in g.consumers.get(&p.id()).cloned().unwrap_or_default() {
             let op = g.op(cid);
             let meta = g.nodes[&cid].op_meta().cloned().unwrap_or_default();
-            let (out_dim, table) = match (op, meta, idx) {
-                ("matmul", OpMeta::Matmul { trans_b, .. }, 1) => (if trans_b { 0 } else { 1 }, false),
-                ("index_select", OpMeta::Dim(0), 0) => (1, true),
+            let (out_dim, table) = match (op, meta, idx, p.rank()) {
+                ("matmul", OpMeta::Matmul { trans_b, .. }, 1, 2) => (if trans_b { 0 } else { 1 }, false),
+                // a stack of experts `[E, n, k]` (or `[E, k, n]`): each expert's output dim
+                ("grouped_matmul", OpMeta::Matmul { trans_b, .. }, 1, 3) => (if trans_b { 1 } else { 2 }, false),
+                ("index_select", OpMeta::Dim(0), 0, 2) => (1, true),
                 _ => continue,
             };
             let c = &g.nodes[&cid];
@@ -340,9 +363,18 @@ pub fn plan_from_trace<B: Backend>(
                     vec![(p.id(), Placement::Shard(out_dim), Role::Column, format!("column of pair with {pair}"))];
                 for c in &w.columns {
                     let lookup = g.consumers.get(c).is_some_and(|v| v.iter().any(|(x, _)| g.op(*x) == "index_select"));
+                    // an expert stack splits each expert's output dim
+                    let stacked = g.consumers.get(c).and_then(|v| {
+                        v.iter().find(|(x, i)| g.op(*x) == "grouped_matmul" && *i == 1).map(|(x, _)| {
+                            match g.nodes[x].op_meta() {
+                                Some(OpMeta::Matmul { trans_b: false, .. }) => 2,
+                                _ => 1,
+                            }
+                        })
+                    });
                     members.push((
                         *c,
-                        Placement::Shard(if lookup { 1 } else { 0 }),
+                        Placement::Shard(stacked.unwrap_or(if lookup { 1 } else { 0 })),
                         Role::Column,
                         format!("column of pair with {pair}"),
                     ));

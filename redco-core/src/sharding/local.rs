@@ -109,6 +109,33 @@ impl<B: Backend> Tensor<B> {
     }
 }
 
+impl<B: Backend> Tensor<B> {
+    /// The same local tensor, whose gradient is summed over the group along `axis` (one
+    /// counted all-reduce in the backward pass: Megatron's `f`). What a value computed
+    /// alike on every rank of `axis` needs where its gradient comes back as a partial sum
+    /// there (the routing weights of experts split over `mp`).
+    pub fn grad_summed_over(&self, axis: MeshAxis) -> Result<Tensor<B>> {
+        if self.is_sharded() {
+            return Err(Error::invalid("grad_summed_over", "a local tensor is expected"));
+        }
+        let b = self.backend().clone();
+        Ok(Tensor::from_op(
+            &b,
+            self.storage().clone(),
+            self.shape().clone(),
+            self.dtype(),
+            "grad_summed_over",
+            &[self],
+            move |g| {
+                let c = comm::<B>("grad_summed_over")?;
+                let bytes = g.elem_count() * g.dtype().size_in_bytes();
+                let s = c.all_reduce(axis, g.storage(), crate::runtime::ReduceKind::Sum, bytes)?;
+                Ok(vec![Some(Tensor::from_storage(g.backend(), s, g.shape().clone(), g.dtype()))])
+            },
+        ))
+    }
+}
+
 /// This rank's position along `axis` and the axis's size (`(0, 1)` outside an SPMD run).
 pub fn mesh_position<B: Backend>(axis: MeshAxis) -> (usize, usize) {
     crate::backend::comm::current_comm::<B>().map(|c| (c.index_along(axis), c.mesh().axis_size(axis))).unwrap_or((0, 1))

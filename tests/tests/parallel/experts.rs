@@ -1,7 +1,8 @@
-//! Mixtures of experts on a mesh: data parallelism with every expert on every rank, and
-//! expert parallelism (the experts split over `dp`, tokens sent to them with all-to-all),
-//! against one device: the loss (with the load-balancing loss) and every gradient; the
-//! all-to-all bytes against the count the planner predicts.
+//! Mixtures of experts on a mesh: data parallelism with every expert on every rank, expert
+//! parallelism (the experts split over `dp`, tokens sent to them with all-to-all), and each
+//! expert split over `mp` by the two rules, against one device: the loss (with the
+//! load-balancing loss) and every gradient; the all-to-all bytes and the all-reduces over
+//! `mp` against the counts the planner predicts.
 
 use redco_core::nn::ModuleExt;
 use redco_core::planning::heuristics::plan_by_names;
@@ -121,6 +122,14 @@ fn experts_split_over_dp_equal_one_device_with_the_planned_all_to_all_bytes() {
         let gathers = dp_group[0].stats.get(CollectiveKind::AllGather, MeshAxis::Dp);
         let want = predict_comm(&p, &c.dims(), &work).get(CollectiveKind::AllGather, MeshAxis::Dp);
         assert_eq!(gathers, want, "all-gathers over dp at {what}");
+        // over mp the experts are pairs of the rules: Megatron's all-reduces, plus the
+        // routing weights' gradient, as the planner predicts
+        if mesh.mp > 1 {
+            assert!(p.params.iter().any(|(n, q)| n.contains(".*.") && q.placement != Placement::Replicate), "{p}");
+            let got = runs[0].stats.get(CollectiveKind::AllReduce, MeshAxis::Mp);
+            let want = predict_comm(&p, &c.dims(), &work).get(CollectiveKind::AllReduce, MeshAxis::Mp);
+            assert_eq!(got, want, "all-reduces over mp at {what}");
+        }
     }
 }
 

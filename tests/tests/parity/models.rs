@@ -82,7 +82,11 @@ fn run(name: &str, b: &Cpu, plan: Option<&ShardPlan>) -> Result<Out> {
         let beams = Some(m.generate_beam(&gids, Some(&gmask), &bc)?.concat());
         return Ok(Out { logits, loss: loss.replicate()?.to_scalar()?, grads, generated, beams });
     }
-    let m = AutoModel::from_pretrained(b, &dir(name), DType::F32, plan)?;
+    let mut m = AutoModel::from_pretrained(b, &dir(name), DType::F32, plan)?;
+    if let Some(p) = plan {
+        // what the loader left whole (a mixture's stacked experts) is cut as planned
+        p.apply(&mut m, redco_core::runtime::current_comm::<Cpu>().as_ref())?;
+    }
     let logits = m.forward(&ids, Some(&mask))?.replicate()?.to_vec_f64()?;
     let loss = m.loss(&ids, Some(&mask), &labels)?;
     let grads = grads_of(&m, &loss)?;
@@ -153,8 +157,12 @@ fn megatron(name: &str) -> Placement {
         ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "fc_in", "fc1", "q", "k", "v", "wi", "wi_0", "wi_1"];
     let row = ["o_proj", "down_proj", "out_proj", "fc_out", "fc2", "o", "wo"];
     if name.contains(".*.") {
-        // the experts of a mixture run whole on each rank
-        return Placement::Replicate;
+        // a stack of experts `[E, out, in]`: each expert split like a pair
+        return match owner {
+            "w1" | "w3" | "gate_proj" | "up_proj" => Placement::Shard(1),
+            "w2" | "down_proj" => Placement::Shard(2),
+            _ => Placement::Replicate,
+        };
     }
     let vocab = ["wte", "embed_tokens", "embed_positions", "shared", "lm_head"];
     if owner == "relative_attention_bias" {

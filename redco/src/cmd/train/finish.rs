@@ -114,6 +114,20 @@ fn print_summary(report: &FitReport, steps: u64, end: Ending<'_>) {
     if let Some(p) = report.profile.get(&report.rank) {
         print_profile(p, end.flops_per_token);
     }
+    if let Some(st) = report.comm.get(&report.rank) {
+        use redco_core::runtime::CollectiveKind;
+        let a2a = st.get(CollectiveKind::AllToAll, redco_core::MeshAxis::Dp);
+        if a2a.calls > 0 {
+            crate::outln!(
+                "expert parallelism: {} all-to-alls over dp sent {} from rank {} in {:.2} s (their wall time, the \
+                 wait for the other ranks included)",
+                a2a.calls,
+                redco_core::planning::planner::human(a2a.bytes),
+                report.rank,
+                st.seconds(CollectiveKind::AllToAll, redco_core::MeshAxis::Dp)
+            );
+        }
+    }
     let heap = crate::ALLOC.peak_live_bytes();
     if heap > 0 {
         crate::outln!(
@@ -132,7 +146,8 @@ pub(super) fn own_threads(a: &TrainArgs) -> usize {
 }
 
 /// Writes each local rank's collective counts as JSON, `{rank, stats: [{kind, axis, calls,
-/// bytes}]}`, one file per rank (`{rank}` in `path` replaced by it).
+/// bytes}], seconds: [{kind, axis, seconds}]}` (the wall time of the synchronous calls),
+/// one file per rank (`{rank}` in `path` replaced by it).
 fn write_comm_stats(path: &Path, report: &redco_pipeline::FitReport) -> Result<()> {
     for (rank, stats) in &report.comm {
         let file = PathBuf::from(path.to_string_lossy().replace("{rank}", &rank.to_string()));
@@ -143,7 +158,14 @@ fn write_comm_stats(path: &Path, report: &redco_pipeline::FitReport) -> Result<(
                 serde_json::json!({"kind": format!("{k:?}"), "axis": format!("{axis:?}"), "calls": c.calls, "bytes": c.bytes})
             })
             .collect();
-        let text = serde_json::to_string_pretty(&serde_json::json!({"rank": rank, "stats": rows}))
+        let seconds: Vec<serde_json::Value> = stats
+            .entries()
+            .into_iter()
+            .map(|(k, axis, _)| {
+                serde_json::json!({"kind": format!("{k:?}"), "axis": format!("{axis:?}"), "seconds": stats.seconds(k, axis)})
+            })
+            .collect();
+        let text = serde_json::to_string_pretty(&serde_json::json!({"rank": rank, "stats": rows, "seconds": seconds}))
             .map_err(|e| Error::invalid("comm-stats", e.to_string()))?;
         redco_pipeline::checkpoint::write_atomic(&file, text.as_bytes())?;
     }
