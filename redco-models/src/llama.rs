@@ -304,19 +304,41 @@ impl<B: Backend> Llama<B> {
                     let (e, i) = (m.experts, m.intermediate);
                     let (block, names) = m.names;
                     let router = linear(src, p(&format!("{block}.gate")), h, e, false)?;
-                    let stacked = |src: &mut dyn ParamSource<B>,
-                                   w: &str,
-                                   out: usize,
-                                   inp: usize|
-                     -> Result<Tensor<B>> {
-                        let bound = Init::Uniform(1.0 / (inp.max(1) as f64).sqrt());
-                        let parts = (0..e)
-                            .map(|j| {
-                                src.param(&p(&format!("{block}.experts.{j}.{w}.weight")), Shape::new([out, inp]), bound)
-                            })
-                            .collect::<Result<Vec<_>>>()?;
-                        stack_experts(&parts, &p(&format!("{block}.experts.*.{w}.weight")))
-                    };
+                    let stacked =
+                        |src: &mut dyn ParamSource<B>, w: &str, out: usize, inp: usize| -> Result<Tensor<B>> {
+                            let bound = Init::Uniform(1.0 / (inp.max(1) as f64).sqrt());
+                            // only this rank's experts are made (its share under expert
+                            // parallelism); the others are skipped, never read or drawn
+                            let stack = p(&format!("{block}.experts.*.{w}.weight"));
+                            let (lo, hi) = src.expert_range(&stack, e);
+                            let mut parts = Vec::with_capacity(hi - lo);
+                            for j in 0..e {
+                                let name = p(&format!("{block}.experts.{j}.{w}.weight"));
+                                if (lo..hi).contains(&j) {
+                                    parts.push(src.param(&name, Shape::new([out, inp]), bound)?);
+                                } else {
+                                    src.skip(&name);
+                                }
+                            }
+                            let mine = stack_experts(&parts, &stack)?;
+                            if (lo, hi) == (0, e) {
+                                return Ok(mine);
+                            }
+                            // this rank's share of the stack, split over dp on the expert dim
+                            let mut whole = mine.dims().to_vec();
+                            whole[0] = e;
+                            let placed = mine.placements().with(MeshAxis::Dp, Placement::Shard(0));
+                            let (b, local) = (mine.backend(), mine.local_shape().clone());
+                            Ok(Tensor::from_local(
+                                b,
+                                mine.storage().clone(),
+                                Shape::new(whole),
+                                local,
+                                placed,
+                                mine.dtype(),
+                            )
+                            .into_var())
+                        };
                     let experts = Experts {
                         gate: stacked(src, names[0], i, h)?,
                         up: stacked(src, names[1], i, h)?,

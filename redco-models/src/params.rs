@@ -12,6 +12,19 @@ use std::collections::BTreeSet;
 pub trait ParamSource<B: Backend> {
     /// The parameter `name` of global `shape`; `init` is how a fresh model would fill it.
     fn param(&mut self, name: &str, shape: Shape, init: Init) -> Result<Tensor<B>>;
+    /// The experts `lo..hi` of the `count` stacked as `stack` (a name with a `*`) this
+    /// rank keeps: its share under expert parallelism (the model asks only for those, and
+    /// [`ParamSource::skip`]s the others), every expert by default.
+    fn expert_range(&self, stack: &str, count: usize) -> (usize, usize) {
+        let _ = stack;
+        (0, count)
+    }
+    /// Parameter `name` is not made on this rank (another rank's expert): a seeded source
+    /// still counts it, so that every later parameter is drawn as on one device; a
+    /// checkpoint counts it as read.
+    fn skip(&mut self, name: &str) {
+        let _ = name;
+    }
 }
 
 /// Another source's parameters handed to a [`ParamPlacer`] as they are made (the trainer's
@@ -32,6 +45,12 @@ impl<B: Backend> ParamSource<B> for Placed<'_, B> {
     fn param(&mut self, name: &str, shape: Shape, init: Init) -> Result<Tensor<B>> {
         let inner = &mut *self.inner;
         self.placer.place(name, &shape, &mut || inner.param(name, shape.clone(), init))
+    }
+    fn expert_range(&self, stack: &str, count: usize) -> (usize, usize) {
+        self.placer.expert_range(stack, count)
+    }
+    fn skip(&mut self, name: &str) {
+        self.inner.skip(name)
     }
 }
 
@@ -55,6 +74,9 @@ impl<B: Backend> ParamSource<B> for RandomInit<'_, B> {
     fn param(&mut self, _name: &str, shape: Shape, init: Init) -> Result<Tensor<B>> {
         self.count += 1;
         init.var(self.b, shape, self.dtype, self.seed.wrapping_mul(1_000_003).wrapping_add(self.count))
+    }
+    fn skip(&mut self, _name: &str) {
+        self.count += 1;
     }
 }
 
@@ -109,6 +131,22 @@ impl<'a, B: Backend> CheckpointSource<'a, B> {
 }
 
 impl<B: Backend> ParamSource<B> for CheckpointSource<'_, B> {
+    fn expert_range(&self, stack: &str, count: usize) -> (usize, usize) {
+        match (self.plan, self.plan.and_then(|p| p.index_along(MeshAxis::Dp))) {
+            (Some(plan), Some(at)) if plan.placements(stack).get(MeshAxis::Dp) == Placement::Shard(0) => {
+                let each = count / plan.mesh.dp.max(1);
+                if each * plan.mesh.dp == count {
+                    (at * each, (at + 1) * each)
+                } else {
+                    (0, count)
+                }
+            }
+            _ => (0, count),
+        }
+    }
+    fn skip(&mut self, name: &str) {
+        self.used.insert(name.to_string());
+    }
     fn param(&mut self, name: &str, shape: Shape, _init: Init) -> Result<Tensor<B>> {
         let stored = self.ckpt.shape(name).ok_or_else(|| Error::Parameter {
             name: name.into(),

@@ -77,15 +77,22 @@ def _pretrained(path, dtype):
 
 
 def _llama(cfg, dtype="f32"):
-    """A randomly initialised LlamaForCausalLM for the config dict, built once per config;
+    """A randomly initialised LlamaForCausalLM (Qwen3MoeForCausalLM where the config's
+    `model_type` is `qwen3_moe`) for the config dict, built once per config;
     `dtype` "bf16" gives a bf16 copy of the same weights (for forward and decode)."""
     key = json.dumps(cfg, sort_keys=True)
     if key not in _models:
         import transformers
 
         torch.manual_seed(0)
-        c = transformers.LlamaConfig(**cfg, attn_implementation="eager")
-        _models[key] = transformers.LlamaForCausalLM(c).float().to(DEVICE).eval()
+        kw = {k: v for k, v in cfg.items() if k != "model_type"}
+        if cfg.get("model_type") == "qwen3_moe":
+            # a mixture of experts (the MoE rows of `bench decode --moe`)
+            c = transformers.Qwen3MoeConfig(**kw, attn_implementation="eager")
+            _models[key] = transformers.Qwen3MoeForCausalLM(c).float().to(DEVICE).eval()
+        else:
+            c = transformers.LlamaConfig(**kw, attn_implementation="eager")
+            _models[key] = transformers.LlamaForCausalLM(c).float().to(DEVICE).eval()
     if dtype == "f32":
         return _models[key]
     bkey = key + "|" + dtype

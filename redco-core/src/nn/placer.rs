@@ -14,6 +14,13 @@ pub trait ParamPlacer<B: Backend>: Send + Sync {
     /// of global `shape`, as this rank keeps it. `make` builds it whole; a placer calls it
     /// at most once and may keep a tensor of another local shape (a shard or a piece).
     fn place(&self, name: &str, shape: &Shape, make: &mut dyn FnMut() -> Result<Tensor<B>>) -> Result<Tensor<B>>;
+    /// The experts `lo..hi` of the `count` stacked as `stack` (a name with a `*`) that this
+    /// rank keeps: under expert parallelism its share, so that the others are never made;
+    /// every expert by default.
+    fn expert_range(&self, stack: &str, count: usize) -> (usize, usize) {
+        let _ = stack;
+        (0, count)
+    }
 }
 
 /// Keeps every parameter whole, as made.

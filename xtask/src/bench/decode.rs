@@ -7,6 +7,10 @@
 //! a 1-token generate is the prefill plus the first head projection. `--layers N` (default 6)
 //! changes the depth, to separate the per-layer cost from the head's.
 //!
+//! `--moe` measures a Qwen3-MoE of 32 experts (4 per token) whose active parameters per
+//! token are the dense model's, against transformers' `Qwen3MoeForCausalLM` and, in the
+//! same run, redco's dense model of the same active parameters (`redco dense`).
+//!
 //! `--model DIR --dtype f32|bf16|f16` measures a saved LLaMA instead (both systems load the
 //! directory; e.g. a 1.1B one written in bf16 by transformers), and adds each system's load
 //! time from the page cache (the files are read once before; redco: `Llama::from_pretrained`;
@@ -39,6 +43,22 @@ fn model_config(layers: usize, context: usize) -> serde_json::Value {
         "rope_theta": 10000.0,
         "tie_word_embeddings": false,
     })
+}
+
+/// The MoE bench model (`--moe`): the dense model's attention, and in place of its MLP 32
+/// experts of intermediate 352, 4 per token (Qwen3-MoE's layer): per token the same active
+/// parameters as the dense model's MLP (4 x 352 = 1408), eight times its MLP weights.
+fn moe_config(layers: usize, context: usize) -> serde_json::Value {
+    let mut c = model_config(layers, context);
+    c["model_type"] = "qwen3_moe".into();
+    c["num_experts"] = 32.into();
+    c["num_experts_per_tok"] = 4.into();
+    c["moe_intermediate_size"] = 352.into();
+    c["norm_topk_prob"] = true.into();
+    c["decoder_sparse_step"] = 1.into();
+    c["mlp_only_layers"] = serde_json::json!([]);
+    c["head_dim"] = 64.into();
+    c
 }
 
 /// Seconds for one `generate` of exactly `new` tokens.
@@ -102,8 +122,12 @@ impl Timings {
 
 /// Runs the benchmark.
 pub fn run(argv: &[String]) -> Result<(), String> {
-    let args = Args::parse(argv, &[])?;
-    args.only(&["threads", "reps", "torch", "json", "prompt", "new", "layers", "model", "dtype"])?;
+    let args = Args::parse(argv, &["moe"])?;
+    args.only(&["threads", "reps", "torch", "json", "prompt", "new", "layers", "model", "dtype", "moe"])?;
+    let moe = args.has("moe");
+    if moe && args.get("model").is_some() {
+        return Err("--moe builds its own mixture of experts: give --moe or --model, not both".into());
+    }
     let threads = args.num("threads", machine::cores())?;
     let reps = args.num("reps", 5)?.max(1);
     let prompt = args.num("prompt", 16)?.max(1);
@@ -138,9 +162,11 @@ pub fn run(argv: &[String]) -> Result<(), String> {
             (cfg, json, model, Some(load))
         }
         None => {
-            let cfg_json = model_config(layers, context);
+            let cfg_json = if moe { moe_config(layers, context) } else { model_config(layers, context) };
             let mut hf = cfg_json.clone();
-            hf["model_type"] = "llama".into();
+            if !moe {
+                hf["model_type"] = "llama".into();
+            }
             let cfg = HfConfig::from_json(&hf.to_string()).map_err(|e| e.to_string())?;
             let model = Llama::new(&dev, &cfg, dtype, 0).map_err(|e| e.to_string())?;
             (cfg, cfg_json, model, None)
@@ -168,18 +194,34 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         }
         _ => None,
     };
+    // with --moe, the dense model of the same active parameters runs beside it
+    let dense = if moe {
+        let mut hf = model_config(layers, context);
+        hf["model_type"] = "llama".into();
+        let cfg = HfConfig::from_json(&hf.to_string()).map_err(|e| e.to_string())?;
+        Some(Llama::new(&dev, &cfg, dtype, 0).map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
     // warm-up: both systems, both lengths (torch also builds its model here)
     redco_once(&model, &ids, new)?;
     redco_once(&model, &ids, 1)?;
+    if let Some(d) = &dense {
+        redco_once(d, &ids, new)?;
+    }
     if let Some(p) = torch.as_mut() {
         torch_once(p, &cfg_json, &prompt_ids, new, "f32")?;
         torch_once(p, &cfg_json, &prompt_ids, 1, "f32")?;
     }
-    let (mut ours, mut theirs) = (Timings::default(), Timings::default());
+    let (mut ours, mut theirs, mut same_active) = (Timings::default(), Timings::default(), Timings::default());
     // Interleave: every repetition runs redco then torch, the full generate then the 1-token one.
     for rep in 0..reps {
         ours.full.push(redco_once(&model, &ids, new)?);
         ours.first.push(redco_once(&model, &ids, 1)?);
+        if let Some(d) = &dense {
+            same_active.full.push(redco_once(d, &ids, new)?);
+            same_active.first.push(redco_once(d, &ids, 1)?);
+        }
         if let Some(p) = torch.as_mut() {
             theirs.full.push(torch_once(p, &cfg_json, &prompt_ids, new, "f32")?);
             theirs.first.push(torch_once(p, &cfg_json, &prompt_ids, 1, "f32")?);
@@ -195,12 +237,23 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         let info = p.ask(&serde_json::json!({"op": "info"}))?;
         rss.push(info["peak_rss_kib"].as_f64().unwrap_or(f64::NAN) * 1024.0);
     }
+    // the dense row last: the ratio against torch stays the first two rows'
+    if dense.is_some() {
+        results.push(("redco dense", same_active.summary(new)));
+        loads.push(None);
+        rss.push(f64::NAN);
+    }
     println!();
     match args.get("model") {
         Some(dir) => println!(
             "LLaMA decode of {dir}, {dtype:?}, batch 1: {}; redco loaded it in {:.2} s",
             super::llm::sizes(&cfg),
             load_s.unwrap_or(f64::NAN)
+        ),
+        None if moe => println!(
+            "Qwen3-MoE decode, {dtype:?}, batch 1: hidden 512, {layers} layers, 8 heads (8 kv), 32 experts of \
+             intermediate 352, 4 per token, vocab 8000; `redco dense`: the LLaMA of the same active parameters \
+             (intermediate 1408)"
         ),
         None => println!(
             "LLaMA decode, {dtype:?}, batch 1: hidden 512, {layers} layers, 8 heads (8 kv), intermediate 1408, vocab 8000"
@@ -247,7 +300,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
             "peak_rss_bytes": rss[i],
         }));
     }
-    let ratio = (results.len() == 2).then(|| {
+    let ratio = (torch.is_some() && results.len() >= 2).then(|| {
         let (a, b) = (results[0].1, results[1].1);
         let step = a.3.zip(b.3).map(|(x, y)| y / x);
         (a.0 / b.0, step)
