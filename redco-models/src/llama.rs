@@ -18,7 +18,7 @@ use redco_core::nn::{
     RouterStats, SparseMoe,
 };
 use redco_core::recompute::Recompute;
-use redco_core::{Backend, DType, Error, MeshAxis, Placement, Placements, Result, RotaryMode, Shape, Tensor};
+use redco_core::{Backend, DType, Error, Result, RotaryMode, Shape, Tensor};
 use std::sync::{Arc, Mutex};
 
 /// A layer's attention given its index, queries, keys and values (with its cache).
@@ -304,41 +304,12 @@ impl<B: Backend> Llama<B> {
                     let (e, i) = (m.experts, m.intermediate);
                     let (block, names) = m.names;
                     let router = linear(src, p(&format!("{block}.gate")), h, e, false)?;
-                    let stacked =
-                        |src: &mut dyn ParamSource<B>, w: &str, out: usize, inp: usize| -> Result<Tensor<B>> {
-                            let bound = Init::Uniform(1.0 / (inp.max(1) as f64).sqrt());
-                            // only this rank's experts are made (its share under expert
-                            // parallelism); the others are skipped, never read or drawn
-                            let stack = p(&format!("{block}.experts.*.{w}.weight"));
-                            let (lo, hi) = src.expert_range(&stack, e);
-                            let mut parts = Vec::with_capacity(hi - lo);
-                            for j in 0..e {
-                                let name = p(&format!("{block}.experts.{j}.{w}.weight"));
-                                if (lo..hi).contains(&j) {
-                                    parts.push(src.param(&name, Shape::new([out, inp]), bound)?);
-                                } else {
-                                    src.skip(&name);
-                                }
-                            }
-                            let mine = stack_experts(&parts, &stack)?;
-                            if (lo, hi) == (0, e) {
-                                return Ok(mine);
-                            }
-                            // this rank's share of the stack, split over dp on the expert dim
-                            let mut whole = mine.dims().to_vec();
-                            whole[0] = e;
-                            let placed = mine.placements().with(MeshAxis::Dp, Placement::Shard(0));
-                            let (b, local) = (mine.backend(), mine.local_shape().clone());
-                            Ok(Tensor::from_local(
-                                b,
-                                mine.storage().clone(),
-                                Shape::new(whole),
-                                local,
-                                placed,
-                                mine.dtype(),
-                            )
-                            .into_var())
-                        };
+                    let stacked = |src: &mut dyn ParamSource<B>, w: &str, out: usize, inp: usize| {
+                        let bound = Init::Uniform(1.0 / (inp.max(1) as f64).sqrt());
+                        let parts: Vec<String> =
+                            (0..e).map(|j| p(&format!("{block}.experts.{j}.{w}.weight"))).collect();
+                        src.stack(&p(&format!("{block}.experts.*.{w}.weight")), &parts, Shape::new([out, inp]), bound)
+                    };
                     let experts = Experts {
                         gate: stacked(src, names[0], i, h)?,
                         up: stacked(src, names[1], i, h)?,
@@ -670,41 +641,6 @@ impl MoeCfg {
     fn sparse(&self, l: usize) -> bool {
         !self.mlp_only.contains(&l) && self.experts > 0 && (l + 1).is_multiple_of(self.step)
     }
-}
-
-/// Each expert's tensor `[out, in]` stacked into `[E, out, in]` (named `name`): whole, or
-/// as this rank's pieces where a plan split each expert over `mp` (the stack is then split
-/// one dim further in).
-fn stack_experts<B: Backend>(parts: &[Tensor<B>], name: &str) -> Result<Tensor<B>> {
-    let first = parts.first().ok_or_else(|| Error::config("moe", format!("`{name}`: no experts")))?;
-    let placed = first.placements();
-    if parts.iter().any(|t| t.placements() != placed) {
-        return Err(Error::invalid("moe", format!("`{name}`: the experts are split differently")));
-    }
-    if !first.is_sharded() {
-        let rows = parts.iter().map(|t| t.detach().unsqueeze(0)).collect::<Result<Vec<_>>>()?;
-        return Ok(Tensor::cat(&rows.iter().collect::<Vec<_>>(), 0)?.into_var());
-    }
-    let d = match (placed.get(MeshAxis::Dp), placed.get(MeshAxis::Mp)) {
-        (Placement::Replicate, Placement::Shard(d)) => d,
-        _ => {
-            return Err(Error::unsupported(
-                "moe",
-                format!("`{name}`: experts split over dp while they load (ZeRO-3 pieces) are not supported yet"),
-            ))
-        }
-    };
-    let b = first.backend();
-    let local = parts
-        .iter()
-        .map(|t| Tensor::from_storage(b, t.storage().clone(), t.local_shape().clone(), t.dtype()).unsqueeze(0))
-        .collect::<Result<Vec<_>>>()?;
-    let cat = Tensor::cat(&local.iter().collect::<Vec<_>>(), 0)?;
-    let mut whole = vec![parts.len()];
-    whole.extend_from_slice(first.dims());
-    let placed = Placements::REPLICATED.with(MeshAxis::Mp, Placement::Shard(d + 1));
-    Ok(Tensor::from_local(b, cat.storage().clone(), Shape::new(whole), cat.shape().clone(), placed, first.dtype())
-        .into_var())
 }
 
 /// The tokens an attention mask keeps, one flag per token: this rank's tokens where the

@@ -5,7 +5,7 @@
 use crate::hf::checkpoint::Checkpoint;
 use redco_core::nn::{Init, ParamPlacer};
 use redco_core::planning::ShardPlan;
-use redco_core::{Backend, DType, Error, MeshAxis, Placement, Result, Shape, Tensor};
+use redco_core::{Backend, DType, Error, MeshAxis, Placement, Placements, Result, Shape, Tensor};
 use std::collections::BTreeSet;
 
 /// Gives a model its parameters by name while it is built.
@@ -25,6 +25,79 @@ pub trait ParamSource<B: Backend> {
     fn skip(&mut self, name: &str) {
         let _ = name;
     }
+    /// The experts' tensors `parts` (each of `part_shape`) stacked as `stack` (a name with
+    /// a `*`), `[E, ..]`: this rank's share only ([`ParamSource::expert_range`]), each
+    /// expert read or drawn as [`ParamSource::param`] gives it ([`stack_experts_of`]).
+    fn stack(&mut self, stack: &str, parts: &[String], part_shape: Shape, init: Init) -> Result<Tensor<B>> {
+        stack_experts_of(self, stack, parts, part_shape, init)
+    }
+}
+
+/// [`ParamSource::stack`] through `src`'s own `param`, `skip` and `expert_range`: the
+/// experts outside this rank's share are skipped, and the stack of its share is split over
+/// dp on the expert dim when it is not all of them.
+pub fn stack_experts_of<B: Backend, S: ParamSource<B> + ?Sized>(
+    src: &mut S,
+    stack: &str,
+    parts: &[String],
+    part_shape: Shape,
+    init: Init,
+) -> Result<Tensor<B>> {
+    let e = parts.len();
+    let (lo, hi) = src.expert_range(stack, e);
+    let mut mine = Vec::with_capacity(hi.saturating_sub(lo));
+    for (j, name) in parts.iter().enumerate() {
+        if (lo..hi).contains(&j) {
+            mine.push(src.param(name, part_shape.clone(), init)?);
+        } else {
+            src.skip(name);
+        }
+    }
+    let mine = stack_experts(&mine, stack)?;
+    if (lo, hi) == (0, e) {
+        return Ok(mine);
+    }
+    // this rank's share of the stack, split over dp on the expert dim
+    let mut whole = mine.dims().to_vec();
+    whole[0] = e;
+    let placed = mine.placements().with(MeshAxis::Dp, Placement::Shard(0));
+    let (b, local) = (mine.backend(), mine.local_shape().clone());
+    Ok(Tensor::from_local(b, mine.storage().clone(), Shape::new(whole), local, placed, mine.dtype()).into_var())
+}
+
+/// Each expert's tensor `[out, in]` stacked into `[E, out, in]` (named `name`): whole, or
+/// as this rank's pieces where a plan split each expert over `mp` (the stack is then split
+/// one dim further in).
+fn stack_experts<B: Backend>(parts: &[Tensor<B>], name: &str) -> Result<Tensor<B>> {
+    let first = parts.first().ok_or_else(|| Error::config("moe", format!("`{name}`: no experts")))?;
+    let placed = first.placements();
+    if parts.iter().any(|t| t.placements() != placed) {
+        return Err(Error::invalid("moe", format!("`{name}`: the experts are split differently")));
+    }
+    if !first.is_sharded() {
+        let rows = parts.iter().map(|t| t.detach().unsqueeze(0)).collect::<Result<Vec<_>>>()?;
+        return Ok(Tensor::cat(&rows.iter().collect::<Vec<_>>(), 0)?.into_var());
+    }
+    let d = match (placed.get(MeshAxis::Dp), placed.get(MeshAxis::Mp)) {
+        (Placement::Replicate, Placement::Shard(d)) => d,
+        _ => {
+            return Err(Error::unsupported(
+                "moe",
+                format!("`{name}`: experts split over dp while they load (ZeRO-3 pieces) are not supported yet"),
+            ))
+        }
+    };
+    let b = first.backend();
+    let local = parts
+        .iter()
+        .map(|t| Tensor::from_storage(b, t.storage().clone(), t.local_shape().clone(), t.dtype()).unsqueeze(0))
+        .collect::<Result<Vec<_>>>()?;
+    let cat = Tensor::cat(&local.iter().collect::<Vec<_>>(), 0)?;
+    let mut whole = vec![parts.len()];
+    whole.extend_from_slice(first.dims());
+    let placed = Placements::REPLICATED.with(MeshAxis::Mp, Placement::Shard(d + 1));
+    Ok(Tensor::from_local(b, cat.storage().clone(), Shape::new(whole), cat.shape().clone(), placed, first.dtype())
+        .into_var())
 }
 
 /// Another source's parameters handed to a [`ParamPlacer`] as they are made (the trainer's
@@ -51,6 +124,17 @@ impl<B: Backend> ParamSource<B> for Placed<'_, B> {
     }
     fn skip(&mut self, name: &str) {
         self.inner.skip(name)
+    }
+    fn stack(&mut self, stack: &str, parts: &[String], part_shape: Shape, init: Init) -> Result<Tensor<B>> {
+        if !self.placer.shares_by_shape() {
+            return stack_experts_of(self, stack, parts, part_shape, init);
+        }
+        // a placer that shares buffers by shape (the planning trace) gets the whole stack
+        // as one parameter: one buffer per stack shape, not one stack per layer
+        let mut whole = vec![parts.len()];
+        whole.extend_from_slice(part_shape.dims());
+        let inner = &mut *self.inner;
+        self.placer.place(stack, &Shape::new(whole), &mut || inner.stack(stack, parts, part_shape.clone(), init))
     }
 }
 

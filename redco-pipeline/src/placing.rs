@@ -95,6 +95,10 @@ impl<B: Backend> SharedByShape<B> {
 }
 
 impl<B: Backend> ParamPlacer<B> for SharedByShape<B> {
+    fn shares_by_shape(&self) -> bool {
+        true
+    }
+
     fn place(&self, _name: &str, shape: &Shape, make: &mut dyn FnMut() -> Result<Tensor<B>>) -> Result<Tensor<B>> {
         let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(t) = made.iter().find(|t| t.shape() == shape) {

@@ -21,6 +21,12 @@ pub trait ParamPlacer<B: Backend>: Send + Sync {
         let _ = stack;
         (0, count)
     }
+    /// Whether the placer shares one buffer among parameters of one shape (a trace that
+    /// reads the dataflow, not the values): a stack of experts is then handed to
+    /// [`ParamPlacer::place`] whole, so that stacks share a buffer too.
+    fn shares_by_shape(&self) -> bool {
+        false
+    }
 }
 
 /// Keeps every parameter whole, as made.

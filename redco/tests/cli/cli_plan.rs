@@ -250,29 +250,20 @@ fn plan_knows_experts_on_the_real_mixtral_and_qwen3_moe_configs() {
     let shared = 2.0 * 32000.0 * 4096.0 + 32.0 * (8.0 * 4096.0 + 2.0 * 4096.0) + 4096.0;
     let gb = format!("params {:.2} GB", (params + shared) * 2.0 / 1e9);
     assert!(out.contains(&gb), "{gb}: {out}");
+    let train = |mem: &'static str| vec!["--recompute", "block", "--device-memory", mem];
+    let infer = |mem: &'static str| vec!["--inference", "--device-memory", mem];
     for (model, flags, want) in [
         (
             &mixtral,
-            &["--recompute", "block", "--device-memory", "141GB"][..],
-            "for training: 8x1 (dp x mp), the experts split over its 8 dp ranks",
+            train("80GB"),
+            "for training: 4x4 (dp x mp), the experts split over its 4 dp ranks (--mesh 4x4 --ep 4; 57.50 GB",
         ),
-        (
-            &mixtral,
-            &["--inference", "--device-memory", "80GB"][..],
-            "for inference: 2x1 (dp x mp), the experts split over its 2 dp ranks",
-        ),
-        (
-            &qwen,
-            &["--recompute", "block", "--device-memory", "80GB"][..],
-            "for training: 8x2 (dp x mp), the experts split over its 8 dp ranks",
-        ),
-        (
-            &qwen,
-            &["--inference", "--device-memory", "80GB"][..],
-            "for inference: 1x1 (dp x mp; every expert on every rank",
-        ),
+        (&mixtral, train("141GB"), "for training: 2x4 (dp x mp), the experts split over its 2 dp ranks"),
+        (&mixtral, infer("80GB"), "for inference: 1x2 (dp x mp; every expert on every rank"),
+        (&qwen, train("80GB"), "for training: 2x4 (dp x mp), the experts split over its 2 dp ranks"),
+        (&qwen, infer("80GB"), "for inference: 1x1 (dp x mp; every expert on every rank"),
     ] {
-        let (code, out, err) = redco(&[&["plan", "--model", model.as_str()], &work[..], flags].concat());
+        let (code, out, err) = redco(&[&["plan", "--model", model.as_str()], &work[..], &flags[..]].concat());
         assert_eq!(code, 0, "{err}");
         assert!(out.contains(want), "{model} {flags:?}: {out}");
     }
