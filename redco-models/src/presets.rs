@@ -62,13 +62,14 @@ pub fn config(name: &str, vocab: usize) -> Result<Value> {
 }
 
 /// The Qwen3-MoE presets: `qwen3-moe-tiny` (8 experts, 2 per token: trains in seconds) and
-/// `qwen3-moe-1b`, the expert-parallel proving size: 64 experts of intermediate 384, 4 per
-/// token, over 12 layers of hidden 1024 (0.94B parameters, 0.09B active per token; its
-/// experts are 96% of it, so split over four ranks each holds about a quarter).
+/// `qwen3-moe-1b`, the expert-parallel proving size: 64 experts of intermediate 352, 4 per
+/// token, over 12 layers of hidden 1024 (0.86B parameters, 0.08B active per token; its
+/// experts are 96% of it, so split over four ranks each holds about a quarter, and four
+/// f32 AdamW processes stay under 20 GB together).
 fn moe_config(name: &str, vocab: usize) -> Option<Value> {
     let (hidden, layers, heads, kv, experts, top_k, inter) = match name {
         "qwen3-moe-tiny" => (64, 2, 4, 2, 8, 2, 48),
-        "qwen3-moe-1b" => (1024, 12, 16, 4, 64, 4, 384),
+        "qwen3-moe-1b" => (1024, 12, 16, 4, 64, 4, 352),
         _ => return None,
     };
     Some(json!({
