@@ -121,7 +121,7 @@ pub fn battery<B: Backend>(comm: &Comm<B>, b: &B, big: usize) -> Result<Vec<Chec
 
             // all-to-all with uneven counts, some of them zero: member i sends
             // `count(i, j)` values to member j, its pieces in member order
-            let count = |i: usize, j: usize| if (i + 2 * j) % 3 == 0 { 0 } else { (i * 37 + j * 11) % 50 + 1 };
+            let count = |i: usize, j: usize| if (i + 2 * j).is_multiple_of(3) { 0 } else { (i * 37 + j * 11) % 50 + 1 };
             let sent = |i: usize| -> Vec<f64> { as_dt(input(members[i], (0..n).map(|j| count(i, j)).sum(), 6)) };
             let send: Vec<usize> = (0..n).map(|j| count(me, j)).collect();
             let recv: Vec<usize> = (0..n).map(|i| count(i, me)).collect();

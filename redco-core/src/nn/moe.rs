@@ -307,10 +307,10 @@ impl<B: Backend> SparseMoe<B> {
         let mut local_counts = vec![0usize; el];
         let starts: Vec<usize> = recv.iter().scan(0, |a, &r| Some(std::mem::replace(a, *a + r))).collect();
         for (l, lc) in local_counts.iter_mut().enumerate() {
-            for j in 0..n {
+            for (j, &start) in starts.iter().enumerate() {
                 let inner: usize = (0..l).map(|m| of(j, pos * el + m)).sum();
                 let c = of(j, pos * el + l);
-                perm.extend((0..c).map(|r| (starts[j] + inner + r) as i64));
+                perm.extend((0..c).map(|r| (start + inner + r) as i64));
                 *lc += c;
             }
         }

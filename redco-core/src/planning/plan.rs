@@ -128,7 +128,7 @@ impl ShardPlan {
             }
             // stacks carry the expert count in their first dim; a checkpoint's names in
             // their indices
-            let stack = self.params.iter().find(|(n, p)| is_expert_stack(n) && p.shape.dims().first().is_some());
+            let stack = self.params.iter().find(|(n, p)| is_expert_stack(n) && !p.shape.dims().is_empty());
             let experts = match stack {
                 Some((_, p)) => p.shape.dims()[0],
                 None => self.params.keys().filter_map(|n| expert_index(n)).max().map_or(0, |m| m + 1),
