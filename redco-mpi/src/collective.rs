@@ -95,6 +95,23 @@ impl<B: Backend> MpiCollective<B> {
         }))
     }
 
+    /// Runs the synchronous collective `f` after every collective started before it: on
+    /// the worker thread once it has started (the members of a group must call its
+    /// collectives in one order, and a started all-reduce of gradient buckets may still be
+    /// queued there while backward runs a blocking one, e.g. a mixture of experts'
+    /// all-to-all), here otherwise.
+    fn in_order(&self, f: impl FnOnce() -> Result<HostData> + Send + 'static) -> Result<HostData> {
+        let started = self.worker.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+        if !started {
+            return f();
+        }
+        let (tx, rx) = mpsc::channel();
+        self.on_worker(Box::new(move || {
+            let _ = tx.send(f());
+        }))?;
+        rx.recv().map_err(|_| Error::invalid("mpi", "the collective worker thread stopped"))?
+    }
+
     /// Runs `job` on the rank's worker thread (started on first use).
     fn on_worker(&self, job: Job) -> Result<()> {
         let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
@@ -350,7 +367,8 @@ impl<B: Backend> Collective<B> for MpiCollective<B> {
     }
     fn all_reduce(&self, axis: MeshAxis, x: &B::Storage, op: ReduceKind) -> Result<B::Storage> {
         let h = self.backend.download(x)?;
-        self.backend.upload_owned(self.inner.all_reduce(axis, h, op)?)
+        let inner = self.inner.clone();
+        self.backend.upload_owned(self.in_order(move || inner.all_reduce(axis, h, op))?)
     }
     fn all_reduce_async(&self, axis: MeshAxis, x: &B::Storage, op: ReduceKind) -> Result<Pending<B::Storage>> {
         let h = self.backend.download(x)?;
@@ -359,7 +377,8 @@ impl<B: Backend> Collective<B> for MpiCollective<B> {
     }
     fn all_gather(&self, axis: MeshAxis, x: &B::Storage) -> Result<B::Storage> {
         let h = self.backend.download(x)?;
-        self.backend.upload_owned(self.inner.all_gather(axis, h)?)
+        let inner = self.inner.clone();
+        self.backend.upload_owned(self.in_order(move || inner.all_gather(axis, h))?)
     }
     fn all_gather_async(&self, axis: MeshAxis, x: &B::Storage) -> Result<Pending<B::Storage>> {
         let h = self.backend.download(x)?;
@@ -368,7 +387,8 @@ impl<B: Backend> Collective<B> for MpiCollective<B> {
     }
     fn reduce_scatter(&self, axis: MeshAxis, x: &B::Storage) -> Result<B::Storage> {
         let h = self.backend.download(x)?;
-        self.backend.upload_owned(self.inner.reduce_scatter(axis, h)?)
+        let inner = self.inner.clone();
+        self.backend.upload_owned(self.in_order(move || inner.reduce_scatter(axis, h))?)
     }
     fn reduce_scatter_async(&self, axis: MeshAxis, x: &B::Storage) -> Result<Pending<B::Storage>> {
         let h = self.backend.download(x)?;
@@ -396,7 +416,8 @@ impl<B: Backend> Collective<B> for MpiCollective<B> {
     }
     fn all_to_all(&self, axis: MeshAxis, x: &B::Storage, send: &[usize], recv: &[usize]) -> Result<B::Storage> {
         let h = self.backend.download(x)?;
-        self.backend.upload_owned(self.inner.all_to_all(axis, h, send.to_vec(), recv.to_vec())?)
+        let (inner, send, recv) = (self.inner.clone(), send.to_vec(), recv.to_vec());
+        self.backend.upload_owned(self.in_order(move || inner.all_to_all(axis, h, send, recv))?)
     }
     fn barrier(&self) -> Result<()> {
         let g = &self.inner.groups[2];

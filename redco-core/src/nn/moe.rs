@@ -146,6 +146,15 @@ impl<B: Backend> SparseMoe<B> {
         if ep.is_some() && !e.is_multiple_of(n) {
             return Err(Error::config("moe", format!("{e} experts do not split over {n} ranks")));
         }
+        if ep.is_some() && !split && n > 1 && crate::is_grad_enabled() && x2.requires_grad() {
+            // every rank would send the same slots to an expert's rank: its gradient would
+            // count them n times
+            return Err(Error::unsupported(
+                "moe",
+                "training experts split over dp on tokens replicated over dp: split the batch over dp \
+                 (the trainer does), or run the experts whole (ep 1)",
+            ));
+        }
         // the two rules inside each expert: gate and up split on their output dim over mp,
         // down on its input dim (the plan's), each rank computing its share of every slot
         let ex = &self.experts;

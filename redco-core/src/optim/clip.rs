@@ -34,13 +34,17 @@ pub fn global_grad_norm<B: Backend>(comm: Option<&Comm<B>>, params: &[Tensor<B>]
     no_grad(|| {
         // by the axes they are split over: none, mp, dp, both
         let mut sums = [0.0f64; 4];
+        let mut present = [false; 4];
         for p in params {
             let Some(g) = grads.get(p) else { continue };
             let local = Tensor::from_storage(g.backend(), g.storage().clone(), g.local_shape().clone(), g.dtype());
             sums[split_axes(g)] += local.cast(DType::F32)?.square()?.sum_all()?.to_scalar()?;
+            present[split_axes(g)] = true;
         }
         if let Some(c) = comm {
-            for (k, sum) in sums.iter_mut().enumerate().skip(1) {
+            // the mp-split sum is summed always (as it always was); the dp-split ones where
+            // there are any
+            for (k, sum) in sums.iter_mut().enumerate().skip(1).filter(|(k, _)| *k == 1 || present[*k]) {
                 for a in axes_of(c, k) {
                     let s = b.upload(&HostData::F32(vec![*sum as f32]))?;
                     let r = c.all_reduce(a, &s, ReduceKind::Sum, 4)?;

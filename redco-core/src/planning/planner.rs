@@ -209,7 +209,8 @@ pub fn predict_comm(plan: &ShardPlan, dims: &ModelDims, work: &Workload) -> Comm
         };
         let (rows, tables, heads) = (n(Role::Row) + moe_pairs, n(Role::VocabTable), n(Role::VocabHead));
         if let Some(m) = dims.moe.filter(|_| split_experts) {
-            let weights = (local_batch * work.seq * m.top_k * 4) as u64;
+            // the routing weights are f32 (f64 in an f64 model)
+            let weights = (local_batch * work.seq * m.top_k * work.dtype_bytes.max(4)) as u64;
             for _ in 0..m.layers {
                 st.record(CollectiveKind::AllReduce, MeshAxis::Mp, weights);
             }
