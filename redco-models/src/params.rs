@@ -217,14 +217,7 @@ impl<'a, B: Backend> CheckpointSource<'a, B> {
 impl<B: Backend> ParamSource<B> for CheckpointSource<'_, B> {
     fn expert_range(&self, stack: &str, count: usize) -> (usize, usize) {
         match (self.plan, self.plan.and_then(|p| p.index_along(MeshAxis::Dp))) {
-            (Some(plan), Some(at)) if plan.placements(stack).get(MeshAxis::Dp) == Placement::Shard(0) => {
-                let each = count / plan.mesh.dp.max(1);
-                if each * plan.mesh.dp == count {
-                    (at * each, (at + 1) * each)
-                } else {
-                    (0, count)
-                }
-            }
+            (Some(plan), Some(at)) => plan.expert_share(stack, count, at),
             _ => (0, count),
         }
     }

@@ -8,7 +8,7 @@ use redco_core::nn::ParamPlacer;
 use redco_core::planning::ShardPlan;
 use redco_core::runtime::Comm;
 use redco_core::sharding::{FlatShard, ShardLayout};
-use redco_core::{no_grad, Backend, DType, Error, MeshAxis, Placement, Result, Shape, Tensor};
+use redco_core::{no_grad, Backend, DType, Error, MeshAxis, Result, Shape, Tensor};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -64,19 +64,7 @@ impl<B: Backend> ParamPlacer<B> for RankPlacer<'_, B> {
     }
 
     fn expert_range(&self, stack: &str, count: usize) -> (usize, usize) {
-        expert_share(self.plan, stack, count, self.comm.index_along(MeshAxis::Dp))
-    }
-}
-
-/// The experts of `stack` (`count` of them) that dp position `at` keeps under `plan`: its
-/// share where the plan splits the stack over dp (expert parallelism), else all.
-pub(crate) fn expert_share(plan: &ShardPlan, stack: &str, count: usize, at: usize) -> (usize, usize) {
-    match plan.placements(stack).get(MeshAxis::Dp) {
-        Placement::Shard(0) if plan.mesh.dp > 1 && count.is_multiple_of(plan.mesh.dp) => {
-            let each = count / plan.mesh.dp;
-            (at * each, (at + 1) * each)
-        }
-        _ => (0, count),
+        self.plan.expert_share(stack, count, self.comm.index_along(MeshAxis::Dp))
     }
 }
 

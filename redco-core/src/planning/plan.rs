@@ -106,6 +106,18 @@ impl ShardPlan {
         }
     }
 
+    /// The experts `lo..hi` of the `count` stacked as `stack` that dp position `at` keeps:
+    /// its share where the plan splits the stack over dp (expert parallelism), else all.
+    pub fn expert_share(&self, stack: &str, count: usize, at: usize) -> (usize, usize) {
+        match self.placements(stack).get(MeshAxis::Dp) {
+            Placement::Shard(0) if self.mesh.dp > 1 && count.is_multiple_of(self.mesh.dp) => {
+                let each = count / self.mesh.dp;
+                (at * each, (at + 1) * each)
+            }
+            _ => (0, count),
+        }
+    }
+
     /// The plan with the experts split over `ep` ranks of `dp` (expert parallelism). `ep`
     /// must be the mesh's `dp` (a split over part of `dp` is not supported yet), and every
     /// stack of experts must split evenly; `ep` = 1 keeps every expert on every rank.

@@ -73,14 +73,18 @@ fn step(b: &Cpu, plan: Option<&ShardPlan>) -> Result<Run> {
     Ok(Run { loss: loss.replicate()?.to_scalar()?, grads, stats })
 }
 
-fn plan(mesh: Mesh, ep: usize) -> ShardPlan {
-    let shapes: Vec<_> = Llama::new(&Cpu::new(1), &cfg(), DType::F32, 11)
+/// The model's parameter names and shapes.
+fn shapes() -> Vec<(String, redco_core::Shape)> {
+    Llama::new(&Cpu::new(1), &cfg(), DType::F32, 11)
         .unwrap()
         .named_parameters()
         .into_iter()
         .map(|(n, p)| (n, p.shape().clone()))
-        .collect();
-    plan_by_names(&shapes, mesh).with_ep(ep).unwrap()
+        .collect()
+}
+
+fn plan(mesh: Mesh, ep: usize) -> ShardPlan {
+    plan_by_names(&shapes(), mesh).with_ep(ep).unwrap()
 }
 
 #[test]
@@ -136,12 +140,7 @@ fn experts_split_over_dp_equal_one_device_with_the_planned_all_to_all_bytes() {
 #[test]
 fn expert_parallelism_refuses_what_it_cannot_split() {
     let mesh: Mesh = "4x1".parse().unwrap();
-    let shapes: Vec<_> = Llama::new(&Cpu::new(1), &cfg(), DType::F32, 11)
-        .unwrap()
-        .named_parameters()
-        .into_iter()
-        .map(|(n, p)| (n, p.shape().clone()))
-        .collect();
+    let shapes = shapes();
     let e = plan_by_names(&shapes, mesh).with_ep(2).unwrap_err().to_string();
     assert!(e.contains("part of dp"), "{e}");
     let e = plan_by_names(&shapes, "3x1".parse().unwrap()).with_ep(3).unwrap_err().to_string();
