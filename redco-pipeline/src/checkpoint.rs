@@ -109,6 +109,11 @@ pub struct Manifest {
     pub mesh: String,
     /// Parameter name -> (global shape, model-parallel placement).
     pub params: BTreeMap<String, (Vec<usize>, String)>,
+    /// Parameter name -> data-parallel placement, for the parameters split over `dp` (a
+    /// mixture's experts under expert parallelism: each dp rank's file holds its part,
+    /// never sliced by ZeRO); absent for the others.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub dp_split: BTreeMap<String, String>,
     /// Other run state to restore (e.g. the f16 loss scale).
     #[serde(default)]
     pub extra: BTreeMap<String, String>,
@@ -217,8 +222,14 @@ impl Checkpointer {
         let (rank, mesh) = comm.map_or((0, Mesh::single()), |c| (c.rank(), c.mesh()));
         let tmp = self.dir.join(format!("step-{step:08}.tmp"));
         fs::create_dir_all(&tmp).map_err(|e| Error::io("checkpoint", "cannot create", &tmp, e))?;
-        let mut manifest =
-            Manifest { step, mesh: mesh.to_string(), params: BTreeMap::new(), extra, files: BTreeMap::new() };
+        let mut manifest = Manifest {
+            step,
+            mesh: mesh.to_string(),
+            params: BTreeMap::new(),
+            dp_split: BTreeMap::new(),
+            extra,
+            files: BTreeMap::new(),
+        };
         // the file is written one tensor at a time: no second copy of the state in memory
         // (and from where it is: an offloaded optimizer's masters and state from host memory)
         let mut items: Vec<(String, StateTensor<B>)> = Vec::new();
@@ -229,6 +240,9 @@ impl Checkpointer {
                 None => (p.dims().to_vec(), p.placements()),
             };
             manifest.params.insert(name.clone(), (dims, placement_str(placed.get(redco_core::MeshAxis::Mp))));
+            if let dp @ Placement::Shard(_) = placed.get(redco_core::MeshAxis::Dp) {
+                manifest.dp_split.insert(name.clone(), placement_str(dp));
+            }
             let master = match host_masters.and_then(|h| h.get(&name)) {
                 Some(h) => StateTensor::Host(h.clone()),
                 None => StateTensor::Device(p),

@@ -5,8 +5,10 @@
 //! trace reads the dataflow, not the values).
 
 use redco_core::nn::ParamPlacer;
+use redco_core::planning::plan::expert_index;
 use redco_core::planning::ShardPlan;
 use redco_core::runtime::Comm;
+use redco_core::sharding::flat_shard::split_over_dp;
 use redco_core::sharding::{FlatShard, ShardLayout};
 use redco_core::{no_grad, Backend, DType, Error, MeshAxis, Result, Shape, Tensor};
 use std::collections::BTreeMap;
@@ -53,7 +55,10 @@ impl<B: Backend> ParamPlacer<B> for RankPlacer<'_, B> {
         let named = |e: Error| Error::Parameter { name: name.into(), msg: e.to_string() };
         let shard = whole.redistribute(self.plan.placements(name)).map_err(named)?.detach().into_var();
         drop(whole);
-        if !in_unit(self.units, name) {
+        // an expert's tensor is stacked with the others of its layer once made: the stack
+        // becomes a ZeRO-3 piece afterwards (the training state cuts it), unless it is split
+        // over dp (expert parallelism), where it is this rank's alone and never gathered
+        if !in_unit(self.units, name) || split_over_dp(&shard) || expert_index(name).is_some() {
             return Ok(shard);
         }
         let flat = FlatShard::of(&shard, self.comm);

@@ -113,7 +113,7 @@ fn narrow(x: &[f32], dims: &[usize], dim: usize, i: usize, k: usize) -> Vec<f32>
     (0..outer).flat_map(|o| x[o * whole + i * part..o * whole + (i + 1) * part].iter().copied()).collect()
 }
 
-/// The model-parallel split dimension of a placement, if split.
+/// The split dimension of a placement, if split.
 fn split_dim(p: Placement) -> Option<usize> {
     match p {
         Placement::Shard(d) => Some(d),
@@ -121,12 +121,20 @@ fn split_dim(p: Placement) -> Option<usize> {
     }
 }
 
-/// The saved checkpoint's files, each opened once, and its parameters' whole layouts
-/// (global dims, model-parallel split dimension) as the manifest records them.
+/// A saved parameter's whole layout, as the manifest records it: its global dims, and the
+/// dimensions split over `mp` and over `dp` (a mixture's experts under expert parallelism).
+struct SavedParam {
+    dims: Vec<usize>,
+    mp: Option<usize>,
+    dp: Option<usize>,
+}
+
+/// The saved checkpoint's files, each opened once, and its parameters' whole layouts as
+/// the manifest records them.
 pub(crate) struct SavedFiles {
     saved: Saved,
     files: Vec<LazyFile>,
-    params: BTreeMap<String, (Vec<usize>, Option<usize>)>,
+    params: BTreeMap<String, SavedParam>,
 }
 
 impl SavedFiles {
@@ -140,7 +148,17 @@ impl SavedFiles {
             files.push(LazyFile::open(&dir.join(name))?);
         }
         let split = |p: &str| p.strip_prefix("Shard(").and_then(|r| r.strip_suffix(')')).and_then(|d| d.parse().ok());
-        let params = manifest.params.iter().map(|(n, (dims, p))| (n.clone(), (dims.clone(), split(p)))).collect();
+        let mut params = BTreeMap::new();
+        for (n, (dims, p)) in &manifest.params {
+            let (mp, dp) = (split(p), manifest.dp_split.get(n).and_then(|d| split(d)));
+            if mp.is_some() && mp == dp {
+                return Err(Error::Parameter {
+                    name: n.clone(),
+                    msg: format!("split over mp and dp along the same dimension {mp:?}: not a layout redco saves"),
+                });
+            }
+            params.insert(n.clone(), SavedParam { dims: dims.clone(), mp, dp });
+        }
         Ok(SavedFiles { saved, files, params })
     }
 
@@ -163,60 +181,79 @@ impl SavedFiles {
     }
 
     /// The whole (global) f32 tensor saved under `key` for parameter `name`, as the
-    /// manifest lays it out; `sliced`: saved as dp-slices.
+    /// manifest lays it out; `sliced`: saved as dp-slices (a parameter split over dp never
+    /// is: each dp rank's file holds its part whole).
     fn global(&self, key: &str, name: &str, sliced: bool) -> Result<Vec<f32>> {
         let mesh = self.saved.mesh;
-        let (dims, dim) = self
+        let p = self
             .params
             .get(name)
             .ok_or_else(|| Error::Parameter { name: name.into(), msg: "not in the checkpoint's manifest".into() })?;
-        let (dims, dim) = (dims.as_slice(), *dim);
-        let mp_local: Vec<usize> = match dim {
-            Some(d) => {
-                let mut l = dims.to_vec();
-                l[d] /= mesh.mp;
-                l
-            }
-            None => dims.to_vec(),
-        };
-        let n: usize = mp_local.iter().product();
-        let mut parts = Vec::new();
-        for j in 0..if dim.is_some() { mesh.mp } else { 1 } {
-            let part = if sliced {
-                let mut flat = Vec::with_capacity(n.div_ceil(mesh.dp) * mesh.dp);
-                for d in 0..mesh.dp {
-                    flat.extend(self.files[mesh.rank_of(d, j)].f32(key)?.0);
-                }
-                flat.truncate(n);
-                flat
-            } else {
-                self.files[mesh.rank_of(0, j)].f32(key)?.0
-            };
-            if part.len() != n {
-                return Err(Error::Parameter {
-                    name: key.into(),
-                    msg: format!("{} elements saved for a shard of {n}", part.len()),
-                });
-            }
-            parts.push(part);
+        let sliced = sliced && p.dp.is_none();
+        // the dims of one rank's part, and of the dp row its mp parts make
+        let mut row = p.dims.clone();
+        if let Some(d) = p.dp {
+            row[d] /= mesh.dp;
         }
-        Ok(match dim {
-            Some(d) => concat(&parts, &mp_local, d),
-            None => parts.swap_remove(0),
+        let mut part_dims = row.clone();
+        if let Some(d) = p.mp {
+            part_dims[d] /= mesh.mp;
+        }
+        let n: usize = part_dims.iter().product();
+        let mut rows = Vec::new();
+        for i in 0..if p.dp.is_some() { mesh.dp } else { 1 } {
+            let mut parts = Vec::new();
+            for j in 0..if p.mp.is_some() { mesh.mp } else { 1 } {
+                let part = if sliced {
+                    let mut flat = Vec::with_capacity(n.div_ceil(mesh.dp) * mesh.dp);
+                    for d in 0..mesh.dp {
+                        flat.extend(self.files[mesh.rank_of(d, j)].f32(key)?.0);
+                    }
+                    flat.truncate(n);
+                    flat
+                } else {
+                    self.files[mesh.rank_of(i, j)].f32(key)?.0
+                };
+                if part.len() != n {
+                    return Err(Error::Parameter {
+                        name: key.into(),
+                        msg: format!("{} elements saved for a shard of {n}", part.len()),
+                    });
+                }
+                parts.push(part);
+            }
+            rows.push(match p.mp {
+                Some(d) => concat(&parts, &part_dims, d),
+                None => parts.swap_remove(0),
+            });
+        }
+        Ok(match p.dp {
+            Some(d) => concat(&rows, &row, d),
+            None => rows.swap_remove(0),
         })
     }
 }
 
-/// This rank's part of the global tensor `x` of a parameter laid out as `whole`: its
-/// model-parallel shard, and with `sliced` its flat dp-slice (zero-padded).
+/// This rank's part of the global tensor `x` of a parameter laid out as `whole`: its shard
+/// over dp (when split there) and over mp, and with `sliced` its flat dp-slice
+/// (zero-padded; never for a parameter split over dp).
 fn cut<B: Backend>(comm: &Comm<B>, x: &[f32], whole: &ShardLayout, sliced: bool) -> Vec<f32> {
     let mesh = comm.mesh();
-    let dims = whole.shape.dims();
-    let local = match split_dim(whole.placements.get(MeshAxis::Mp)) {
-        Some(d) => narrow(x, dims, d, comm.index_along(MeshAxis::Mp), mesh.mp),
+    let mut dims = whole.shape.dims().to_vec();
+    let over_dp = split_dim(whole.placements.get(MeshAxis::Dp));
+    let mine = match over_dp {
+        Some(d) => {
+            let part = narrow(x, &dims, d, comm.index_along(MeshAxis::Dp), mesh.dp);
+            dims[d] /= mesh.dp;
+            part
+        }
         None => x.to_vec(),
     };
-    if !sliced {
+    let local = match split_dim(whole.placements.get(MeshAxis::Mp)) {
+        Some(d) => narrow(&mine, &dims, d, comm.index_along(MeshAxis::Mp), mesh.mp),
+        None => mine,
+    };
+    if !sliced || over_dp.is_some() {
         return local;
     }
     let per = local.len().div_ceil(mesh.dp);
@@ -249,11 +286,11 @@ pub(crate) fn restore<B: Backend>(
             .ok_or_else(|| Error::Parameter { name: name.clone(), msg: "no layout for this parameter".into() })?;
         let b = m.backend().clone();
         match files.params.get(name) {
-            Some((dims, _)) if dims.as_slice() == whole.shape.dims() => {}
+            Some(p) if p.dims.as_slice() == whole.shape.dims() => {}
             found => {
                 return Err(Error::Parameter {
                     name: name.clone(),
-                    msg: format!("the checkpoint has {:?}, the model {}", found.map(|f| &f.0), whole.shape),
+                    msg: format!("the checkpoint has {:?}, the model {}", found.map(|f| &f.dims), whole.shape),
                 })
             }
         }

@@ -145,7 +145,8 @@ pub struct TrainConfig {
     /// Expert parallelism: a mixture of experts' experts split over this many ranks of the
     /// data-parallel axis, each rank holding its share and the tokens sent to it
     /// ([`ShardPlan::with_ep`](redco_core::planning::ShardPlan::with_ep)); 1 (the default)
-    /// keeps every expert on every rank. It must be 1 or `dp`, and runs with ZeRO off.
+    /// keeps every expert on every rank. It must be 1 or `dp`. Under ZeRO the experts are not
+    /// sliced again: each rank's experts, their masters and optimizer state are its own.
     pub ep: usize,
     /// Write checkpoints and the final model export (the default). False: neither, for a
     /// benchmark or profiling run that keeps nothing (a 7B run's checkpoint is 80 GB of

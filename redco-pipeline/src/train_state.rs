@@ -11,6 +11,7 @@ use super::zero::UnitPieces;
 use crate::optimizer::TrainOptimizer;
 use redco_core::nn::Module;
 use redco_core::runtime::Comm;
+use redco_core::sharding::flat_shard::split_over_dp;
 use redco_core::sharding::{FlatShard, ShardLayout};
 use redco_core::{Backend, DType, Result, Tensor};
 use std::collections::BTreeMap;
@@ -181,7 +182,7 @@ impl<B: Backend> TrainState<B> {
                 Some(c) => {
                     let shard = FlatShard::of(p, c);
                     match redco_core::no_grad(|| shard.own(c, &p.cast(DType::F32)?)) {
-                        Ok(slice) if in_unit(name) => {
+                        Ok(slice) if in_unit(name) && !split_over_dp(p) => {
                             layouts.insert(name.to_string(), (shard, ShardLayout::of(p)));
                             let piece = shard.piece(&slice).into_var();
                             // the model holds the piece from now on (as the refresh would put it)

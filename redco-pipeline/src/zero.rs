@@ -10,7 +10,7 @@ use redco_core::nn::ParamGather;
 use redco_core::ops::gather_unit::{finish_gather_unit, gather_unit, start_gather_unit, UnitPiece};
 use redco_core::runtime::{Comm, Pending, ReduceKind};
 use redco_core::sharding::{FlatShard, ShardLayout};
-use redco_core::{no_grad, Backend, DType, GradStore, MeshAxis, Placement, Result, Tensor, TensorId};
+use redco_core::{no_grad, Backend, DType, GradStore, MeshAxis, Result, Tensor, TensorId};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 
@@ -142,8 +142,9 @@ impl<B: Backend> SliceOnReady<B> {
     /// `p`'s gradient in `grads` is complete: replaced by this rank's f32 slice of its sum
     /// over `dp`.
     pub fn ready(&mut self, p: &Tensor<B>, grads: &mut GradStore<B>) -> Result<()> {
-        // ZeRO-3's pieces get their slices from their gather's backward
-        if !self.wanted.contains(&p.id()) || matches!(p.placements().get(MeshAxis::Dp), Placement::Shard(_)) {
+        // (ZeRO-3's pieces, which get their slices from their gather's backward, are not
+        // wanted; a gradient split over dp, an expert's, becomes the rank's whole shard)
+        if !self.wanted.contains(&p.id()) {
             return Ok(());
         }
         let Some(g) = grads.remove(p) else { return Ok(()) };

@@ -152,11 +152,15 @@ pub fn unit_group(name: &str, k: usize) -> Option<(&str, usize)> {
     layer_of(name).map(|(prefix, i, _)| (prefix, i / k.max(1)))
 }
 
-/// Elements of `plan`'s local shards per rank: (in decoder layers, elsewhere).
+/// Elements of `plan`'s local shards per rank: (in decoder layers, elsewhere), the experts
+/// split over dp (expert parallelism, [`own_expert_elems`]) in neither.
 pub(crate) fn local_elems(plan: &ShardPlan) -> (u64, u64) {
     let (mut unit, mut other) = (0u64, 0u64);
     for (name, p) in &plan.params {
         let n = p.shape.elem_count() as u64 / if count(p.placement) { plan.mesh.mp as u64 } else { 1 };
+        if plan.ep > 1 && super::plan::is_expert_param(name) {
+            continue;
+        }
         if is_unit_param(name) {
             unit += n;
         } else {
@@ -164,6 +168,17 @@ pub(crate) fn local_elems(plan: &ShardPlan) -> (u64, u64) {
         }
     }
     (unit, other)
+}
+
+/// Elements of the experts a rank holds as its own under expert parallelism (split over
+/// dp: ZeRO neither slices nor gathers them); 0 without it.
+pub(crate) fn own_expert_elems(plan: &ShardPlan) -> u64 {
+    if plan.ep <= 1 {
+        return 0;
+    }
+    let mp = |p: &super::ParamPlan| if count(p.placement) { plan.mesh.mp as u64 } else { 1 };
+    let experts = plan.params.iter().filter(|(name, _)| super::plan::is_expert_param(name));
+    experts.map(|(_, p)| p.shape.elem_count() as u64 / mp(p) / plan.ep as u64).sum()
 }
 
 /// Predicts one training step's collectives for `plan`.
@@ -324,18 +339,22 @@ pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero: u
     let params = plan.bytes_per_rank(work.dtype_bytes) as u64;
     let n_local = params / work.dtype_bytes as u64;
     let dp = if zero > 0 { mesh.dp as u64 } else { 1 };
-    let moments = 2 * 4 * n_local / dp;
+    // ZeRO's slices over dp: of everything but the experts a rank holds as its own
+    let own = own_expert_elems(plan);
+    let sliced = (n_local - own) / dp + own;
+    let moments = 2 * 4 * sliced;
     // f32 masters: the parameters themselves in an f32 run below stage 2
     let masters = match (zero, work.dtype_bytes) {
-        (2 | 3, _) => 4 * n_local / dp,
+        (2 | 3, _) => 4 * sliced,
         (_, 4) => 0,
         _ => 4 * n_local,
     };
     let layer = params / dims.layers.max(1) as u64;
     // ZeRO-3's unit: `k` consecutive layers gathered (and recomputed) together
     let k = work.unit_layers_at(zero, mesh.dp, dims.layers) as u64;
-    let mut grads = if zero >= 2 && mesh.dp > 1 { 4 * n_local / dp + k * layer } else { params };
+    let mut grads = if zero >= 2 && mesh.dp > 1 { 4 * sliced + k * layer } else { params };
     let (params, masters) = if zero == 3 && mesh.dp > 1 {
+        // (the own experts are neither: f32 masters and compute copies, as at stage 2)
         let (unit, other) = local_elems(plan);
         let db = work.dtype_bytes as u64;
         // with recompute, three units whole at a time: the one running, the one being
@@ -349,7 +368,7 @@ pub fn train_memory(plan: &ShardPlan, dims: &ModelDims, work: &Workload, zero: u
         let flat = k * unit / layers;
         grads += 4 * flat;
         // pieces (the units' masters), the others' compute copies, the units gathered
-        (4 * unit / dp + other * db + (whole + flat) * db, 4 * other / dp)
+        (4 * unit / dp + (other + own) * db + (whole + flat) * db, 4 * (other / dp + own))
     } else {
         (params, masters)
     };
@@ -406,8 +425,7 @@ impl PlanReport {
     pub fn new(plan: ShardPlan, dims: ModelDims, work: Workload) -> Self {
         let comm = predict_comm(&plan, &dims, &work);
         let train = train_memory(&plan, &dims, &work, work.zero);
-        // expert parallelism runs without ZeRO (the experts are split over dp already)
-        let stages: &[u8] = if plan.mesh.dp > 1 && plan.ep <= 1 { &[0, 1, 2] } else { &[0] };
+        let stages: &[u8] = if plan.mesh.dp > 1 { &[0, 1, 2] } else { &[0] };
         let train_other =
             stages.iter().filter(|z| **z != work.zero).map(|&z| (z, train_memory(&plan, &dims, &work, z))).collect();
         let infer = infer_memory(&plan, &dims, &work);

@@ -4,10 +4,21 @@
 //! ZeRO-1 keeps the optimizer's moments this way, ZeRO-2 also the f32 masters and the
 //! gradients. The padding is zeros in every slice and stays zero under any elementwise
 //! optimizer (its gradient is zero).
+//!
+//! A local shard already split over `dp` (a mixture's stacked experts under expert
+//! parallelism: each rank holds other experts) is not cut again: its rank holds it whole,
+//! as a slicing over one member ([`FlatShard::of`]), and none of the methods communicates
+//! for it.
 
 use crate::runtime::Comm;
 use crate::sharding::axis_index::own_chunk;
 use crate::{Backend, MeshAxis, PartialOp, Placement, Placements, Result, Shape, Tensor};
+
+/// Whether `t` is split over the data-parallel axis (each dp rank holds another part of
+/// it: a mixture's experts under expert parallelism, a ZeRO-3 piece).
+pub fn split_over_dp<B: Backend>(t: &Tensor<B>) -> bool {
+    matches!(t.placements().get(MeshAxis::Dp), Placement::Shard(_))
+}
 
 /// Where a rank's local shard sits in its global tensor.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,9 +56,11 @@ impl FlatShard {
         FlatShard { n, per: n.div_ceil(dp), dp }
     }
 
-    /// The slicing of `t`'s local shard over `comm`'s data-parallel axis.
+    /// The slicing of `t`'s local shard over `comm`'s data-parallel axis; over one member
+    /// (the rank keeps its local shard whole) when `t` is already split over `dp`.
     pub fn of<B: Backend>(t: &Tensor<B>, comm: &Comm<B>) -> Self {
-        FlatShard::new(t.local_shape().elem_count(), comm.mesh().dp)
+        let dp = if split_over_dp(t) { 1 } else { comm.mesh().dp };
+        FlatShard::new(t.local_shape().elem_count(), dp)
     }
 
     /// Elements of the padded flat buffer (`dp * per`).
@@ -68,6 +81,9 @@ impl FlatShard {
     /// device from the rank's index along `dp`.
     pub fn own<B: Backend>(&self, comm: &Comm<B>, t: &Tensor<B>) -> Result<Tensor<B>> {
         let b = t.backend();
+        if self.dp == 1 {
+            return Ok(Tensor::from_storage(b, t.storage().clone(), [self.n], t.dtype()));
+        }
         let s = own_chunk(comm, b, self.flat(t)?.storage(), &Shape::new([self.padded()]), 0, MeshAxis::Dp)?;
         Ok(Tensor::from_storage(b, s, [self.per], t.dtype()))
     }
@@ -96,6 +112,18 @@ impl FlatShard {
     /// all-gather of `slice` (its local storage).
     pub fn gather<B: Backend>(&self, comm: &Comm<B>, slice: &Tensor<B>, like: &ShardLayout) -> Result<Tensor<B>> {
         let b = slice.backend();
+        if self.dp == 1 {
+            // held whole by this rank: laid out as `like`, its placements kept
+            let s = slice.storage().clone();
+            return Ok(Tensor::from_local(
+                b,
+                s,
+                like.shape.clone(),
+                like.local.clone(),
+                like.placements,
+                slice.dtype(),
+            ));
+        }
         let bytes = self.padded() * slice.dtype().size_in_bytes();
         let full = comm.all_gather(MeshAxis::Dp, slice.storage(), bytes)?;
         let local =

@@ -410,17 +410,6 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
                 format!("batch size {} must be positive and divisible by dp={}", cfg.batch_size, dep.mesh.dp),
             ));
         }
-        if cfg.ep > 1 && dep.mesh.dp > 1 && cfg.zero_stage() != ZeroStage::Off {
-            return Err(Error::unsupported(
-                "fit",
-                format!(
-                    "expert parallelism (ep {}) with ZeRO-{}: the experts are already split over dp, and ZeRO's slices \
-                     of them are not supported yet; use ZeRO off with ep > 1",
-                    cfg.ep,
-                    cfg.zero_stage().number()
-                ),
-            ));
-        }
         if cfg.zero_stage() == ZeroStage::Optimizer && matches!(cfg.optimizer, OptimizerConfig::Sgd { .. }) {
             return Err(Error::config(
                 "fit",

@@ -2,7 +2,7 @@
 //! [`TrainState`], the step loop driven by a [`StepStrategy`] and a [`Cadence`], the eval,
 //! the metrics and observers (rank 0), checkpoints and the export.
 
-use super::step::{params_of, shard_batch, train_ctx, StepOutcome, StepStrategy, Trained};
+use super::step::{shard_batch, train_ctx, StepOutcome, StepStrategy, Trained};
 use super::{Eval, StepProfile, Trainer};
 use crate::agree::{check_same_as_leader, check_shared_workdir, dp_shard, from_leader};
 use crate::cadence::Cadence;
@@ -263,6 +263,9 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
         let overlap =
             cfg.overlap_grad_sync && micro + 1 == cfg.accumulate && cfg.compute_dtype == DType::F32 && scale == 1.0;
         let (loss_fn, model, sync) = (&t.loss_fn, &self.model, &self.sync);
+        // ZeRO-3's pieces get their slices from their gather's backward, not from the sync
+        let pieces = self.state.pieces.as_deref();
+        let piece = |n: &str| pieces.is_some_and(|u| u.layout(n).is_some());
         let value = redco_core::runtime::on_backend(&self.rk.backend, || -> Result<f64> {
             let loss = loss_fn(&ctx, model, &batch)?;
             let replicated = loss.replicate()?;
@@ -270,7 +273,10 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
             // on the read); a non-finite loss discards the gradients
             let scaled = loss.scale(scale / cfg.accumulate as f64)?;
             let last = micro + 1 == cfg.accumulate;
-            match if last { sync.during_backward(&params_of(model), overlap) } else { None } {
+            let synced = || -> Vec<redco_core::Tensor<B>> {
+                model.trainable_parameters().into_iter().filter(|(n, _)| !piece(n)).map(|(_, p)| p).collect()
+            };
+            match if last { sync.during_backward(&synced(), overlap) } else { None } {
                 Some(mut during) => {
                     scaled.backward_into_with(grads, &mut |p, g| during.ready(p, g))?;
                     during.finish(grads)?;

@@ -11,8 +11,8 @@ use crate::agree::dp_shard;
 use crate::compiled::{pull_state, push_state, CompiledStep, StepInputs};
 use crate::train_config::{NanPolicy, TrainConfig};
 use crate::{Batch, StepCtx};
-use redco_core::nn::{Module, ModuleExt};
-use redco_core::{Backend, Error, GradStore, Result, Tensor};
+use redco_core::nn::Module;
+use redco_core::{Backend, Error, GradStore, Result};
 use std::sync::Arc;
 
 /// A step that trained: its mean loss, the tokens of the whole batch and the global
@@ -167,9 +167,4 @@ pub(crate) fn shard_batch<B: Backend>(local: Batch<B>, dp: usize) -> Result<Batc
 /// The step context of micro-batch `micro` of step `step` on rank `r`.
 pub(crate) fn train_ctx<'b, M, E, B: Backend>(r: &'b RankRun<'_, M, E, B>, step: u64, micro: usize) -> StepCtx<'b, B> {
     StepCtx { backend: &r.rk.backend, rank: r.rk.rank, mesh: r.dep.mesh, step, micro, train: true, seed: r.dep.seed }
-}
-
-/// The trainable parameters of `model`, in its order (for the overlapped gradient sync).
-pub(crate) fn params_of<B: Backend>(model: &impl Module<B>) -> Vec<Tensor<B>> {
-    model.trainable_parameters().into_iter().map(|(_, p)| p).collect()
 }

@@ -63,19 +63,10 @@ pub fn choose_strategy(
     use redco_core::planning::planner::{human, Workload};
     use redco_core::planning::strategy::{pick, strategies};
     // ZeRO-3 gathers and recompute run per decoder layer: every decoder-only model has them
-    let layered = matches!(cfg.model_type.as_str(), "llama" | "mistral" | "gptj" | "opt");
+    let layered = redco_models::auto::SUPPORTED.contains(&cfg.model_type.as_str());
     let recompute = ask.recompute.or((!ask.auto).then_some(Recompute::None));
-    // ZeRO on one data-parallel rank changes nothing; expert parallelism runs without it
-    let zero = if mesh.dp > 1 && ask.ep <= 1 { ask.zero.or((!ask.auto).then_some(0)) } else { Some(0) };
-    if ask.ep > 1 && mesh.dp > 1 && ask.zero.is_some_and(|z| z > 0) {
-        return Err(format!(
-            "--ep {} with --zero {}: the experts are already split over dp, and ZeRO's slices of them are not \
-             supported yet (drop --zero, or use --ep 1)",
-            ask.ep,
-            ask.zero.unwrap_or(0)
-        )
-        .into());
-    }
+    // ZeRO on one data-parallel rank changes nothing
+    let zero = if mesh.dp > 1 { ask.zero.or((!ask.auto).then_some(0)) } else { Some(0) };
     if ask.offload && !ask.device {
         return Err("--offload moves the optimizer to host memory, and the cpu backend's memory is host memory \
                     already: use it with a device backend (--backend wgpu or cuda)"

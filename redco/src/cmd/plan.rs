@@ -169,11 +169,7 @@ pub fn run(mut a: PlanArgs) -> CliResult<()> {
         }
         (None, None) => (u64::MAX, "unknown: every strategy fits".to_string()),
     };
-    let mut rows = strategies(&plan, &cfg.dims(), &work, budget, 0, a.offload);
-    if plan.ep > 1 {
-        // the experts are split over dp already: ZeRO's slices of them are not supported
-        rows.retain(|r| r.strategy.zero == 0);
-    }
+    let rows = strategies(&plan, &cfg.dims(), &work, budget, 0, a.offload);
     let picked = pick(&rows);
     if pinned == 0 {
         // the report's own estimate (at `--zero`, `--recompute`) with the planner's unit

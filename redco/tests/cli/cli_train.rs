@@ -225,26 +225,31 @@ fn mixtures_of_experts_train_and_leave_a_model_directory_with_one_tensor_per_exp
 
 /// Expert parallelism from the CLI on thread ranks: the Qwen3-MoE preset (experts drawn
 /// from the seed, each rank drawing only its own) at 2x1 with `--ep 2` trains as with every
-/// expert on every rank; what it cannot split is refused before anything runs.
+/// expert on every rank, with ZeRO-2 too; what it cannot split is refused before anything
+/// runs.
 #[test]
 fn ep_splits_the_experts_and_trains_as_ep1_and_refuses_what_it_cannot_split() {
-    let run = |ep: &str| {
-        let w = tmp(&format!("ep-{ep}"));
-        let args = ["train", "--preset", "qwen3-moe-tiny", "--mesh", "2x1", "--ep", ep, "--steps", "4"];
-        let (code, out, err) = redco(&[&args[..], &["--threads", "2", "--workdir", s(&w)]].concat());
-        assert_eq!(code, 0, "--ep {ep}: {out}\n{err}");
+    let run = |flags: &[&str]| {
+        let w = tmp(&format!("ep-{}", flags.join("")));
+        let args = ["train", "--preset", "qwen3-moe-tiny", "--mesh", "2x1", "--steps", "4"];
+        let (code, out, err) = redco(&[&args[..], flags, &["--threads", "2", "--workdir", s(&w)]].concat());
+        assert_eq!(code, 0, "{flags:?}: {out}\n{err}");
         let l = losses(&w);
         let _ = std::fs::remove_dir_all(&w);
         (l, out)
     };
-    let ((one, _), (two, out)) = (run("1"), run("2"));
+    let ((one, _), (two, out), (two_z2, _)) =
+        (run(&["--ep", "1"]), run(&["--ep", "2"]), run(&["--ep", "2", "--zero", "2"]));
     assert_eq!(one.len(), 4);
     for (a, b) in one.iter().zip(&two) {
         assert!((a - b).abs() <= 1e-5 * a.abs(), "ep 1 {one:?}, ep 2 {two:?}");
     }
+    for (a, b) in one.iter().zip(&two_z2) {
+        assert!((a - b).abs() <= 1e-5 * a.abs(), "ep 1 {one:?}, ep 2 with ZeRO-2 {two_z2:?}");
+    }
     assert!(out.contains("expert parallelism:") && out.contains("all-to-alls over dp"), "{out}");
     let w = tmp("ep-bad");
-    for (flags, want) in [(&["--ep", "3"][..], "part of dp"), (&["--ep", "2", "--zero", "1"][..], "--zero")] {
+    for (flags, want) in [(&["--ep", "3"][..], "part of dp")] {
         let args = ["train", "--preset", "qwen3-moe-tiny", "--mesh", "2x1", "--steps", "1", "--workdir", s(&w)];
         let (code, out, err) = redco(&[&args[..], flags].concat());
         assert_ne!(code, 0, "{flags:?}: {out}");

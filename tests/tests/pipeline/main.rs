@@ -12,6 +12,7 @@ use redco_tests::models::{Config, Lm};
 use std::path::{Path, PathBuf};
 
 mod decoders;
+mod experts;
 mod lora;
 mod observe;
 mod offload;
