@@ -24,6 +24,7 @@ pub mod optimizer;
 mod placing;
 mod predictor;
 mod reshard;
+pub use reshard::for_each_whole_param;
 pub mod run_dir;
 mod st_writer;
 pub mod synthetic;

@@ -74,21 +74,37 @@ impl LazyFile {
         Ok(LazyFile { path: path.to_path_buf(), file, index, meta })
     }
 
-    /// The f32 tensor `key` and its shape.
+    /// The tensor `key` as f32 (saved as f32, or as a 16-bit float widened exactly) and its
+    /// shape.
     fn f32(&self, key: &str) -> Result<(Vec<f32>, Vec<usize>)> {
         let (dtype, shape, a, b) = self.index.get(key).ok_or_else(|| Error::Parameter {
             name: key.into(),
             msg: format!("missing from {}", self.path.display()),
         })?;
-        if dtype != "F32" || (b - a) as usize != shape.iter().product::<usize>() * 4 {
+        let size = match dtype.as_str() {
+            "F32" => 4,
+            "BF16" | "F16" => 2,
+            _ => 0,
+        };
+        if size == 0 || (b - a) as usize != shape.iter().product::<usize>() * size {
             return Err(Error::Parameter {
                 name: key.into(),
-                msg: format!("{}: resharding reads f32 state, found {dtype} of {} bytes", self.path.display(), b - a),
+                msg: format!(
+                    "{}: resharding reads f32, bf16 or f16 state, found {dtype} of {} bytes",
+                    self.path.display(),
+                    b - a
+                ),
             });
         }
         let mut bytes = vec![0u8; (b - a) as usize];
         self.file.read_exact_at(&mut bytes, *a).map_err(|e| Error::io("checkpoint", "cannot read", &self.path, e))?;
-        Ok((bytemuck::pod_collect_to_vec(&bytes), shape.clone()))
+        let halves = || bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
+        let x = match dtype.as_str() {
+            "BF16" => halves().map(|h| half::bf16::from_bits(h).to_f32()).collect(),
+            "F16" => halves().map(|h| half::f16::from_bits(h).to_f32()).collect(),
+            _ => bytemuck::pod_collect_to_vec(&bytes),
+        };
+        Ok((x, shape.clone()))
     }
 }
 
@@ -232,6 +248,22 @@ impl SavedFiles {
             None => rows.swap_remove(0),
         })
     }
+}
+
+/// Every parameter of the checkpoint in `dir` whole, as f32 in its global shape, handed to
+/// `f` one at a time (name, dims, values) in name order: reassembled from the ranks' files
+/// whatever the mesh, ZeRO stage and expert split it was written at (what `redco convert`
+/// exports). Each file is verified against the manifest first.
+pub fn for_each_whole_param(dir: &Path, mut f: impl FnMut(&str, &[usize], Vec<f32>) -> Result<()>) -> Result<()> {
+    let manifest = Manifest::read(dir)?;
+    let stage = manifest.extra.get("zero_stage").and_then(|z| z.parse::<u8>().ok()).unwrap_or(0);
+    let saved = Saved::of(&manifest, stage)?;
+    let files = SavedFiles::open(dir, &manifest, saved)?;
+    for (name, p) in &files.params {
+        let x = files.global(&format!("param/{name}"), name, saved.masters_sliced)?;
+        f(name, &p.dims, x)?;
+    }
+    Ok(())
 }
 
 /// This rank's part of the global tensor `x` of a parameter laid out as `whole`: its shard

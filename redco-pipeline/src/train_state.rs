@@ -13,7 +13,7 @@ use redco_core::nn::Module;
 use redco_core::runtime::Comm;
 use redco_core::sharding::flat_shard::split_over_dp;
 use redco_core::sharding::{FlatShard, ShardLayout};
-use redco_core::{Backend, DType, Result, Tensor};
+use redco_core::{Backend, DType, MeshAxis, Placement, Result, Tensor};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -246,7 +246,15 @@ impl<B: Backend> TrainState<B> {
         let ours = self.zero.number();
         let manifest = Manifest::read(dir)?;
         let mesh = comm.mesh();
-        self.start = if manifest.mesh == mesh.to_string() && saved_stage == ours && ours < 2 {
+        // the parameters split over dp (experts under expert parallelism), here and there
+        let split_here: Vec<&String> = self
+            .layouts
+            .iter()
+            .filter(|(_, l)| l.placements.get(MeshAxis::Dp) != Placement::Replicate)
+            .map(|(n, _)| n)
+            .collect();
+        let same_split = split_here.iter().copied().eq(manifest.dp_split.keys());
+        self.start = if manifest.mesh == mesh.to_string() && saved_stage == ours && ours < 2 && same_split {
             ckpt.load(Some(comm), dir, &mut self.masters, self.opt.as_mut())
                 .map_err(|e| workdir::with_older_hint(e, ckpt, step))?
         } else {
@@ -258,7 +266,7 @@ impl<B: Backend> TrainState<B> {
             let state = reshard::restore(&files, comm, &self.layouts, &mut self.masters, self.opt.as_mut(), sliced)
                 .map_err(|e| workdir::with_older_hint(e, ckpt, step))?;
             self.opt.load_state(files.opt_steps().unwrap_or(manifest.step), state)?;
-            if comm.rank() == 0 && (manifest.mesh != mesh.to_string() || saved_stage != ours) {
+            if comm.rank() == 0 && (manifest.mesh != mesh.to_string() || saved_stage != ours || !same_split) {
                 tracing::info!(
                     from = %format!("mesh {} ZeRO-{saved_stage}", manifest.mesh),
                     to = %format!("mesh {mesh} ZeRO-{ours}"),

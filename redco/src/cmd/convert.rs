@@ -19,15 +19,14 @@ use redco_core::nn::ModuleExt;
 use redco_core::optim::Sgd;
 use redco_core::planning::trace::plan_from_trace;
 use redco_core::runtime::{Mesh, SpmdOptions};
-use redco_core::{DType, Error, Result, Shape, Tensor};
+use redco_core::{DType, Error, HostData, Result, Shape, Tensor};
 use redco_cpu::spmd_cpu;
 use redco_cpu::Cpu;
 use redco_models::auto::AutoModel;
-use redco_models::hf::checkpoint::Checkpoint;
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::save::{save_pretrained, DEFAULT_SHARD_BYTES};
 use redco_models::t5::T5;
-use redco_pipeline::checkpoint::{Checkpointer, Manifest};
+use redco_pipeline::checkpoint::Checkpointer;
 use redco_pipeline::optimizer::OnDevice;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -128,48 +127,21 @@ fn step_dir(input: &Path) -> Result<PathBuf> {
 fn to_hf(a: &ConvertArgs) -> Result<PathBuf> {
     let dtype = check::dtype(&a.dtype).map_err(|e| Error::invalid("convert", e))?;
     let dir = step_dir(&a.input)?;
-    let manifest = Manifest::read(&dir)?;
-    let mesh: Mesh = manifest.mesh.parse()?;
     // the configuration lives in the workdir (two levels up from step-*) or beside the input
     let cfg_dir = [a.input.clone(), dir.join("../.."), dir.clone()]
         .into_iter()
         .find(|d| d.join("config.json").exists())
         .ok_or_else(|| Error::invalid("convert", format!("no config.json next to {}", dir.display())))?;
     let cfg = HfConfig::from_dir(&cfg_dir)?;
-    // model-parallel slices live in the files of the ranks with data-parallel index 0
-    let files: Vec<Checkpoint> = (0..mesh.mp)
-        .map(|i| {
-            let name = format!("rank-{}.safetensors", mesh.rank_of(0, i));
-            manifest.verify_file(&dir, &name)?;
-            Checkpoint::open(&dir.join(name))
-        })
-        .collect::<Result<_>>()?;
+    // each parameter reassembled from the ranks' files (model-parallel shards, ZeRO slices,
+    // experts split over dp), whatever mesh and stage wrote them
     let b = Cpu::try_new(1)?;
     let mut params = BTreeMap::new();
-    for (name, (shape, placement)) in &manifest.params {
-        let key = format!("param/{name}");
-        let part = |f: &Checkpoint| -> Result<Tensor<Cpu>> {
-            let h = f.read(&key)?;
-            Tensor::from_host(&b, &h.data.cast(dtype), h.shape)
-        };
-        let whole = match placement.strip_prefix("Shard(").and_then(|s| s.strip_suffix(')')) {
-            Some(d) => {
-                let d: isize =
-                    d.parse().map_err(|_| Error::invalid("convert", format!("bad placement {placement}")))?;
-                let parts: Vec<Tensor<Cpu>> = files.iter().map(part).collect::<Result<_>>()?;
-                Tensor::cat(&parts.iter().collect::<Vec<_>>(), d)?
-            }
-            None if placement == "Replicate" => part(&files[0])?,
-            None => return Err(Error::invalid("convert", format!("`{name}` has placement {placement}"))),
-        };
-        if whole.shape() != &Shape::new(shape.clone()) {
-            return Err(Error::invalid(
-                "convert",
-                format!("`{name}` reassembles to {}, manifest says {shape:?}", whole.shape()),
-            ));
-        }
-        params.insert(name.clone(), whole);
-    }
+    redco_pipeline::for_each_whole_param(&dir, |name, dims, x| {
+        let whole = Tensor::from_host(&b, &HostData::F32(x).cast(dtype), Shape::new(dims.to_vec()))?;
+        params.insert(name.to_string(), whole);
+        Ok(())
+    })?;
     save_pretrained(&params, &cfg, &a.out, a.max_shard_bytes, None)?;
     Ok(a.out.clone())
 }

@@ -225,17 +225,25 @@ fn mixtures_of_experts_train_and_leave_a_model_directory_with_one_tensor_per_exp
 
 /// Expert parallelism from the CLI on thread ranks: the Qwen3-MoE preset (experts drawn
 /// from the seed, each rank drawing only its own) at 2x1 with `--ep 2` trains as with every
-/// expert on every rank, with ZeRO-2 too; what it cannot split is refused before anything
-/// runs.
+/// expert on every rank, with ZeRO-2 too, and each run's checkpoint converts to the model
+/// it exported; what it cannot split is refused before anything runs.
 #[test]
 fn ep_splits_the_experts_and_trains_as_ep1_and_refuses_what_it_cannot_split() {
+    use redco_models::hf::safetensors::read_all;
     let run = |flags: &[&str]| {
         let w = tmp(&format!("ep-{}", flags.join("")));
         let args = ["train", "--preset", "qwen3-moe-tiny", "--mesh", "2x1", "--steps", "4"];
         let (code, out, err) = redco(&[&args[..], flags, &["--threads", "2", "--workdir", s(&w)]].concat());
         assert_eq!(code, 0, "{flags:?}: {out}\n{err}");
         let l = losses(&w);
-        let _ = std::fs::remove_dir_all(&w);
+        // the checkpoint (each rank's experts in its own file, ZeRO's slices) converts to
+        // the Hugging Face model the run exported
+        let hf = tmp(&format!("ep-hf-{}", flags.join("")));
+        let (code, _, err) = redco(&["convert", "--to", "hf", "--input", s(&w), "--out", s(&hf)]);
+        assert_eq!(code, 0, "{flags:?}: convert: {err}");
+        let (a, b) = (read_all(&hf).unwrap(), read_all(&w).unwrap());
+        assert!(a == b && !a.is_empty(), "{flags:?}: the converted checkpoint differs from the export");
+        let _ = (std::fs::remove_dir_all(&w), std::fs::remove_dir_all(&hf));
         (l, out)
     };
     let ((one, _), (two, out), (two_z2, _)) =

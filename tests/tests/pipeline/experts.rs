@@ -173,7 +173,8 @@ fn zero3_gathers(mesh: &str) -> u64 {
 /// A ZeRO-2 run at ep 2 checkpoints its split experts (each dp rank's own, recorded as
 /// split in the manifest) and resumes exactly; the same checkpoint resumes at ZeRO-0 with
 /// every expert on every rank (reassembled from both ranks' files) and at ZeRO-3 at 4x1
-/// with ep 4, each continuing the uninterrupted run's losses within 1e-5.
+/// with ep 4, each continuing the uninterrupted run's losses within 1e-5; a ZeRO-0
+/// checkpoint at ep 2 resumes at the same mesh and stage with every expert on every rank.
 #[test]
 fn split_experts_checkpoint_and_resume_at_another_stage_and_ep() {
     let data = corpus().sequences(0, 256);
@@ -181,13 +182,15 @@ fn split_experts_checkpoint_and_resume_at_another_stage_and_ep() {
     let all = trainer(config(ZeroStage::Gradients, 2, 8, Some(4)), Recompute::None).fit(&whole, &data, false).unwrap();
     let manifest = std::fs::read_to_string(whole.workdir.join("checkpoints/step-00000004/manifest.json")).unwrap();
     assert!(manifest.contains("dp_split") && manifest.contains("block_sparse_moe.experts.*.w1.weight"), "{manifest}");
-    for (name, mesh, zero, ep) in [
-        ("moe-ckpt-same", "2x1", ZeroStage::Gradients, 2),
-        ("moe-ckpt-z0", "2x1", ZeroStage::Off, 1),
-        ("moe-ckpt-z3", "4x1", ZeroStage::Parameters, 4),
+    for (name, saved, mesh, zero, ep) in [
+        ("moe-ckpt-same", ZeroStage::Gradients, "2x1", ZeroStage::Gradients, 2),
+        ("moe-ckpt-z0", ZeroStage::Gradients, "2x1", ZeroStage::Off, 1),
+        ("moe-ckpt-z3", ZeroStage::Gradients, "4x1", ZeroStage::Parameters, 4),
+        // the same mesh and stage, another split of the experts
+        ("moe-ckpt-ep", ZeroStage::Off, "2x1", ZeroStage::Off, 1),
     ] {
         let first = Deployer::new("2x1".parse().unwrap(), 5, &workdir(name)).unwrap();
-        trainer(config(ZeroStage::Gradients, 2, 4, Some(4)), Recompute::None).fit(&first, &data, false).unwrap();
+        trainer(config(saved, 2, 4, Some(4)), Recompute::None).fit(&first, &data, false).unwrap();
         let dep = Deployer::new(mesh.parse().unwrap(), 5, &first.workdir).unwrap();
         let resumed = trainer(config(zero, ep, 8, Some(4)), Recompute::None).fit(&dep, &data, true).unwrap();
         assert_eq!(resumed.start_step, 4, "{name}");

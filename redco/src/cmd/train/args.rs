@@ -305,20 +305,15 @@ pub(super) fn run_identity(a: &TrainArgs) -> CliResult<BTreeMap<String, String>>
         }
         None => "the bundled synthetic corpus".into(),
     };
-    // the mesh and the ZeRO stage are not part of it: a checkpoint is resharded for the
-    // mesh and stage a resumed run uses; but each rank's checkpoint of experts split over
-    // dp holds only its own, which resharding does not reassemble yet: such a run resumes
-    // at its mesh and --ep
-    let mut id = BTreeMap::from([
+    // the mesh, the ZeRO stage and --ep are not part of it: a checkpoint is resharded for
+    // the mesh, stage and expert split a resumed run uses
+    let id = BTreeMap::from([
         ("seed".to_string(), a.seed.to_string()),
         ("model".to_string(), model),
         ("data".to_string(), data),
         ("dtype".to_string(), a.dtype.clone()),
         ("seq_len".to_string(), a.seq().to_string()),
     ]);
-    if a.ep > 1 {
-        id.insert("expert_parallel".to_string(), format!("--ep {} on mesh {}", a.ep, a.mesh));
-    }
     Ok(id)
 }
 
