@@ -19,7 +19,10 @@ use crate::autograd::{is_grad_enabled, is_recompute_enabled, no_grad, GradModeGu
 use crate::{Backend, Error, Result, Tensor};
 use std::any::Any;
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+/// A recorded node's backward, boxed.
+type BackwardFn<B> = dyn Fn(&Tensor<B>) -> Result<Vec<Option<Tensor<B>>>> + Send + Sync;
 
 /// Which activations a training step recomputes in its backward pass instead of keeping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -169,22 +172,64 @@ impl<B: Backend> Tensor<B> {
         Self::rematerialised(inputs, params, f, true)
     }
 
+    /// [`Tensor::recompute`] (or, with `mode` [`Recompute::Selective`],
+    /// [`Tensor::recompute_selective`]) of a block with several outputs: `f` returns them
+    /// all, the same number each time it runs, and the gradients arriving at any of them
+    /// reach `inputs` and `params` through one recomputation (the block again, then one
+    /// backward pass seeded at every output). A mixture of experts' router statistics leave
+    /// a recomputed decoder layer this way, beside its hidden state. `mode`
+    /// [`Recompute::None`] runs `f` recorded.
+    pub fn recompute_many<F>(
+        mode: Recompute,
+        inputs: &[&Tensor<B>],
+        params: &[&Tensor<B>],
+        f: F,
+    ) -> Result<Vec<Tensor<B>>>
+    where
+        F: Fn(&[Tensor<B>]) -> Result<Vec<Tensor<B>>> + Send + Sync + 'static,
+    {
+        if !mode.on() {
+            let owned: Vec<Tensor<B>> = inputs.iter().map(|t| (*t).clone()).collect();
+            return f(&owned);
+        }
+        Self::rematerialised_many(inputs, params, f, mode == Recompute::Selective)
+    }
+
     /// `f(inputs)` recomputed in the backward pass, keeping what selective recompute keeps
     /// when `selective`.
     fn rematerialised<F>(inputs: &[&Tensor<B>], params: &[&Tensor<B>], f: F, selective: bool) -> Result<Tensor<B>>
     where
         F: Fn(&[Tensor<B>]) -> Result<Tensor<B>> + Send + Sync + 'static,
     {
+        let mut outs = Self::rematerialised_many(inputs, params, move |xs| Ok(vec![f(xs)?]), selective)?;
+        match (outs.pop(), outs.is_empty()) {
+            (Some(y), true) => Ok(y),
+            _ => Err(Error::invalid("recompute", "a one-output block returned another count")),
+        }
+    }
+
+    /// The outputs of `f(inputs)`, recomputed in the backward pass (keeping what selective
+    /// recompute keeps when `selective`). One output is one recorded node; several are one
+    /// node each, fed by a shared node that recomputes once all their gradients are in.
+    fn rematerialised_many<F>(
+        inputs: &[&Tensor<B>],
+        params: &[&Tensor<B>],
+        f: F,
+        selective: bool,
+    ) -> Result<Vec<Tensor<B>>>
+    where
+        F: Fn(&[Tensor<B>]) -> Result<Vec<Tensor<B>>> + Send + Sync + 'static,
+    {
         let owned: Vec<Tensor<B>> = inputs.iter().map(|t| (*t).clone()).collect();
         let needed = inputs.iter().chain(params).any(|t| t.requires_grad());
         if !is_grad_enabled() || !is_recompute_enabled() || !needed {
             return f(&owned);
         }
-        let (out, tape) = if selective {
+        let (outs, tape) = if selective {
             let guard = TapeGuard::set(Some(Tape::Record(Vec::new())));
-            let out = no_grad(|| f(&owned))?;
+            let outs = no_grad(|| f(&owned))?;
             match guard.finish() {
-                Some(Tape::Record(items)) => (out, Some(Arc::new(items))),
+                Some(Tape::Record(items)) => (outs, Some(Arc::new(items))),
                 _ => unreachable!("the block's tape is put back as it was recorded"),
             }
         } else {
@@ -192,10 +237,13 @@ impl<B: Backend> Tensor<B> {
             let _none = TapeGuard::set(None);
             (no_grad(|| f(&owned))?, None)
         };
+        let count = outs.len();
         let f = Arc::new(f);
         let kept: Vec<Tensor<B>> = params.iter().map(|t| (*t).clone()).collect();
         let all: Vec<&Tensor<B>> = inputs.iter().chain(params).copied().collect();
-        let backward = move |g: &Tensor<B>| -> Result<Vec<Option<Tensor<B>>>> {
+        // the gradients of the inputs and params from those of the outputs (`seeds`, one
+        // per output, `None` where none arrived)
+        let backward = move |seeds: Vec<Option<Tensor<B>>>| -> Result<Vec<Option<Tensor<B>>>> {
             if is_grad_enabled() {
                 return Err(Error::unsupported(
                     "recompute",
@@ -208,12 +256,12 @@ impl<B: Backend> Tensor<B> {
             let _on = GradModeGuard::set(true);
             let xs: Vec<Tensor<B>> =
                 owned.iter().map(|x| if x.requires_grad() { x.detach().into_var() } else { x.detach() }).collect();
-            let y = match &tape {
+            let ys = match &tape {
                 Some(items) => {
                     let guard = TapeGuard::set(Some(Tape::Replay(items.clone(), 0)));
-                    let y = f(&xs)?;
+                    let ys = f(&xs)?;
                     match guard.finish() {
-                        Some(Tape::Replay(items, at)) if at == items.len() => y,
+                        Some(Tape::Replay(items, at)) if at == items.len() => ys,
                         _ => {
                             return Err(Error::invalid(
                                 "recompute",
@@ -227,12 +275,47 @@ impl<B: Backend> Tensor<B> {
                     f(&xs)?
                 }
             };
-            let wrt: Vec<&Tensor<B>> = xs.iter().chain(&kept).collect();
-            if !y.requires_grad() {
-                return Ok(vec![None; wrt.len()]);
+            if ys.len() != seeds.len() {
+                return Err(Error::invalid(
+                    "recompute",
+                    format!("the recomputed block returned {} outputs, its forward {}", ys.len(), seeds.len()),
+                ));
             }
-            drop(_on);
-            let mut grads = y.grads_seeded(g.clone(), &wrt)?;
+            let wrt: Vec<&Tensor<B>> = xs.iter().chain(&kept).collect();
+            let live: Vec<(Tensor<B>, Tensor<B>)> = ys
+                .into_iter()
+                .zip(seeds)
+                .filter_map(|(y, g)| g.filter(|_| y.requires_grad()).map(|g| (y, g)))
+                .collect();
+            let mut grads = match live.len() {
+                0 => return Ok(vec![None; wrt.len()]),
+                1 => {
+                    let (y, g) = &live[0];
+                    drop(_on);
+                    y.grads_seeded(g.clone(), &wrt)?
+                }
+                _ => {
+                    // one root over every output: its backward hands each output its seed
+                    let b = live[0].0.backend().clone();
+                    let roots: Vec<&Tensor<B>> = live.iter().map(|(y, _)| y).collect();
+                    let seeds: Vec<Tensor<B>> = live.iter().map(|(_, g)| g.clone()).collect();
+                    let zero = no_grad(|| Tensor::zeros(&b, [], crate::DType::F32))?;
+                    let scalar = crate::Shape::new(Vec::<usize>::new());
+                    let join = Tensor::from_op_placed(
+                        &b,
+                        zero.storage().clone(),
+                        scalar.clone(),
+                        scalar,
+                        crate::Placements::default(),
+                        crate::DType::F32,
+                        "recompute_outputs",
+                        &roots,
+                        move |_| Ok(seeds.iter().cloned().map(Some).collect()),
+                    );
+                    drop(_on);
+                    join.grads_seeded(zero, &wrt)?
+                }
+            };
             // an input that needed no gradient gets none
             for (i, x) in owned.iter().enumerate() {
                 if !x.requires_grad() {
@@ -241,16 +324,55 @@ impl<B: Backend> Tensor<B> {
             }
             Ok(grads)
         };
-        Ok(Tensor::from_op_placed(
-            out.backend(),
-            out.storage().clone(),
-            out.shape().clone(),
-            out.local_shape().clone(),
-            out.placements(),
-            out.dtype(),
-            if selective { "recompute_selective" } else { "recompute" },
-            &all,
-            backward,
-        ))
+        let op = if selective { "recompute_selective" } else { "recompute" };
+        let placed = |t: &Tensor<B>, op: &'static str, ins: &[&Tensor<B>], bw| {
+            Tensor::from_op_placed(
+                t.backend(),
+                t.storage().clone(),
+                t.shape().clone(),
+                t.local_shape().clone(),
+                t.placements(),
+                t.dtype(),
+                op,
+                ins,
+                bw,
+            )
+        };
+        if count == 1 {
+            let bw = move |g: &Tensor<B>| backward(vec![Some(g.clone())]);
+            return Ok(vec![placed(&outs[0], op, &all, Box::new(bw) as Box<BackwardFn<B>>)]);
+        }
+        // several outputs: each hands its gradient to the shared slots; the block's node,
+        // reached after all of them (they read its token), recomputes once
+        let slots: Arc<Mutex<Vec<Option<Tensor<B>>>>> = Arc::new(Mutex::new(vec![None; count]));
+        let b = outs
+            .first()
+            .map(|t| t.backend().clone())
+            .ok_or_else(|| Error::invalid("recompute", "a block with no outputs"))?;
+        let token = {
+            let slots = slots.clone();
+            let zero = no_grad(|| Tensor::zeros(&b, [], crate::DType::F32))?;
+            let bw = move |_: &Tensor<B>| {
+                let seeds = std::mem::take(&mut *slots.lock().unwrap_or_else(|p| p.into_inner()));
+                backward(seeds)
+            };
+            placed(&zero, op, &all, Box::new(bw) as Box<BackwardFn<B>>)
+        };
+        Ok(outs
+            .iter()
+            .enumerate()
+            .map(|(i, y)| {
+                let (slots, b) = (slots.clone(), b.clone());
+                let bw = move |g: &Tensor<B>| -> Result<Vec<Option<Tensor<B>>>> {
+                    let mut s = slots.lock().unwrap_or_else(|p| p.into_inner());
+                    s[i] = Some(match s[i].take() {
+                        Some(prev) => prev.add(g)?,
+                        None => g.clone(),
+                    });
+                    Ok(vec![Some(Tensor::zeros(&b, [], crate::DType::F32)?)])
+                };
+                placed(y, "recompute_output", &[&token], Box::new(bw) as Box<BackwardFn<B>>)
+            })
+            .collect())
     }
 }

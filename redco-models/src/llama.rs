@@ -77,6 +77,12 @@ impl<B: Backend> Ffn<B> {
         match self {
             Ffn::Dense(m) => m.forward(x),
             Ffn::Moe { moe, log, .. } => {
+                if let Some(keep) = crate::stack::router_collecting() {
+                    // inside a recomputed block: the statistics leave it as its outputs
+                    let (y, stats) = moe.forward_counting(x, keep.as_deref())?;
+                    crate::stack::push_router(stats);
+                    return Ok(y);
+                }
                 let keep = log.lock().map_err(|_| Error::invalid("moe", "the router log was poisoned"))?.keep.clone();
                 let on = log.lock().map(|l| l.on).unwrap_or(false);
                 let (y, stats) = moe.forward_counting(x, if on { keep.as_deref() } else { None })?;
@@ -458,7 +464,17 @@ impl<B: Backend> Llama<B> {
         };
         if cache.is_none() && self.stack.recomputes() {
             let (h, side, dims) = self.embedded(ids, pos)?;
-            return self.norm.forward(&self.stack.run_recomputed(&self.layers, dims, h, &side, mask)?);
+            // the routers' statistics, when a loss records them, leave the recomputed blocks
+            // as their outputs (with the gradient path a recomputation gives them)
+            let router = {
+                let log = self.log()?;
+                log.on.then(|| log.keep.clone())
+            };
+            let (h, stats) = self.stack.run_recomputed_collecting(&self.layers, dims, h, &side, mask, router)?;
+            if !stats.is_empty() {
+                self.log()?.stats.extend(stats);
+            }
+            return self.norm.forward(&h);
         }
         self.layers_at(ids, pos, &mut |i, q, k, v| {
             let (k, v) = match cache.as_deref_mut() {
@@ -537,15 +553,6 @@ impl<B: Backend> Llama<B> {
         let Some(MoeCfg { experts: e, .. }) = aux else {
             return crate::generate::shifted_loss(&self.forward(ids, mask, None)?, labels);
         };
-        if self.stack.recomputes() {
-            // the recomputed layers' first pass runs without gradients: the routers'
-            // statistics would carry the load-balancing loss's value but no gradient
-            return Err(Error::unsupported(
-                "moe",
-                "the routers' load-balancing loss (`output_router_logits`) under activation recompute: \
-                 train without recompute, or set `output_router_logits` false in config.json",
-            ));
-        }
         let keep = match mask {
             Some(m) => Some(keep_flags(m)?),
             None => None,

@@ -6,11 +6,13 @@
 //! its layers and the math of one layer ([`StackLayer`]); the [`Stack`] holds the policy the
 //! trainer hands it (the gatherer) and the recompute mode, and runs the loop.
 
-use redco_core::nn::{gathered, prefetch_units, Module, ParamGather};
+use redco_core::nn::{gathered, prefetch_units, Module, ParamGather, RouterStats};
 use redco_core::recompute::Recompute;
-use redco_core::{Backend, Result, Tensor};
+use redco_core::{Backend, Error, Result, Tensor};
+use std::any::Any;
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A layer's attention over its queries, keys and values (with its cache, if any).
 pub type LayerAttend<'a, B> = dyn FnMut(Tensor<B>, Tensor<B>, Tensor<B>) -> Result<Tensor<B>> + 'a;
@@ -121,20 +123,38 @@ impl<B: Backend> Stack<B> {
         Ok(h)
     }
 
+    /// [`Stack::run_recomputed_collecting`] collecting nothing: the hidden states only.
+    pub fn run_recomputed<L: StackLayer<B>>(
+        &self,
+        layers: &[L],
+        ctx: L::Ctx,
+        h: Tensor<B>,
+        side: &[Tensor<B>],
+        mask: Option<&Tensor<B>>,
+    ) -> Result<Tensor<B>> {
+        Ok(self.run_recomputed_collecting(layers, ctx, h, side, mask, None)?.0)
+    }
+
     /// [`Stack::run`] for training without a cache, each unit of layers (one layer without
     /// a gatherer) a [`Tensor::recompute`] block (or a [`Tensor::recompute_selective`] one)
     /// whose attention is causal under `mask` (`[batch, seq]`, 0 = padding). Under ZeRO-3 a
     /// unit is gathered for its forward and again for its recomputation; the gather started
     /// ahead is the next unit's in the forward and the previous unit's (recomputed next) in
-    /// the backward.
-    pub fn run_recomputed<L: StackLayer<B>>(
+    /// the backward. With `router` (`Some(keep)`: the token flags the statistics count), the
+    /// mixture-of-experts layers' router statistics ([`collect_router`]) leave each block as
+    /// more outputs of its recomputation, so the load-balancing loss over them differentiates
+    /// into the recomputed routers; they are returned in layer order beside the hidden
+    /// states.
+    pub fn run_recomputed_collecting<L: StackLayer<B>>(
         &self,
         layers: &[L],
         ctx: L::Ctx,
         mut h: Tensor<B>,
         side: &[Tensor<B>],
         mask: Option<&Tensor<B>>,
-    ) -> Result<Tensor<B>> {
+        router: Option<Option<Vec<bool>>>,
+    ) -> Result<(Tensor<B>, Vec<RouterStats<B>>)> {
+        let mut stats = Vec::new();
         let n_side = side.len();
         let (n, k) = (layers.len(), self.group());
         for start in (0..n).step_by(k) {
@@ -153,7 +173,10 @@ impl<B: Backend> Stack<B> {
             let next = owned(end..(end + k).min(n));
             let prev = owned(start.saturating_sub(k)..start);
             let ran = AtomicBool::new(false);
-            let block = move |xs: &[Tensor<B>]| {
+            // what the first run counted of each router (host counts), for the statistics
+            let counted: Arc<Mutex<Vec<(usize, Vec<usize>)>>> = Arc::default();
+            let (router, counted_in) = (router.clone(), counted.clone());
+            let block = move |xs: &[Tensor<B>]| -> Result<Vec<Tensor<B>>> {
                 let mask = xs.get(1 + n_side);
                 let wholes = match &gather {
                     Some(g) => {
@@ -164,22 +187,81 @@ impl<B: Backend> Stack<B> {
                     }
                     None => unit.iter().map(|(l, _)| l.clone()).collect(),
                 };
-                let mut h = xs[0].clone();
-                for l in &wholes {
-                    h = l.forward(ctx, &h, &xs[1..1 + n_side], &mut |q, k, v| {
-                        redco_core::nn::scaled_dot_product_attention(&q, &k, &v, mask, true, None)
-                    })?;
+                let run = || -> Result<Tensor<B>> {
+                    let mut h = xs[0].clone();
+                    for l in &wholes {
+                        h = l.forward(ctx, &h, &xs[1..1 + n_side], &mut |q, k, v| {
+                            redco_core::nn::scaled_dot_product_attention(&q, &k, &v, mask, true, None)
+                        })?;
+                    }
+                    Ok(h)
+                };
+                let Some(keep) = &router else { return Ok(vec![run()?]) };
+                let (h, got) = collect_router(keep.clone(), run)?;
+                let mut counted = counted_in.lock().unwrap_or_else(|p| p.into_inner());
+                if counted.is_empty() {
+                    *counted = got.iter().map(|s| (s.tokens, s.chosen.clone())).collect();
                 }
-                Ok(h)
+                let mut outs = vec![h];
+                outs.extend(got.into_iter().flat_map(|s| [s.prob_sum, s.z_sum]));
+                Ok(outs)
             };
             let (inputs, params) = (inputs.iter().collect::<Vec<_>>(), params.iter().collect::<Vec<_>>());
-            h = match self.recompute {
-                Recompute::Selective => Tensor::recompute_selective(&inputs, &params, block)?,
-                _ => Tensor::recompute(&inputs, &params, block)?,
-            };
+            let mut outs = Tensor::recompute_many(self.recompute, &inputs, &params, block)?.into_iter();
+            h = outs.next().ok_or_else(|| Error::invalid("recompute", "a block without its hidden states"))?;
+            let counted = std::mem::take(&mut *counted.lock().unwrap_or_else(|p| p.into_inner()));
+            for (tokens, chosen) in counted {
+                let (Some(prob_sum), Some(z_sum)) = (outs.next(), outs.next()) else {
+                    return Err(Error::invalid(
+                        "recompute",
+                        "a block returned fewer router statistics than it counted",
+                    ));
+                };
+                stats.push(RouterStats { tokens, chosen, prob_sum, z_sum });
+            }
         }
-        Ok(h)
+        Ok((h, stats))
     }
+}
+
+thread_local! {
+    /// The router statistics collector of the block running on this thread: the token
+    /// flags to count, and the statistics of each mixture-of-experts layer run so far.
+    static ROUTER: RefCell<Option<(Option<Vec<bool>>, Vec<Box<dyn Any>>)>> = const { RefCell::new(None) };
+}
+
+/// `f()` with the router statistics of every mixture-of-experts layer it runs collected
+/// (counting the tokens `keep` flags) and returned in order: a layer asks
+/// [`router_collecting`] whether to count, and hands its statistics to [`push_router`].
+pub fn collect_router<B: Backend, T>(
+    keep: Option<Vec<bool>>,
+    f: impl FnOnce() -> Result<T>,
+) -> Result<(T, Vec<RouterStats<B>>)> {
+    let prev = ROUTER.with(|r| r.replace(Some((keep, Vec::new()))));
+    let out = f();
+    let got = ROUTER.with(|r| r.replace(prev)).map(|(_, got)| got).unwrap_or_default();
+    let out = out?;
+    let stats = got
+        .into_iter()
+        .map(|s| s.downcast::<RouterStats<B>>().map(|s| *s))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|_| Error::invalid("moe", "router statistics of another backend were collected"))?;
+    Ok((out, stats))
+}
+
+/// The token flags to count when a [`collect_router`] is collecting on this thread
+/// (`Some(None)`: every token), `None` otherwise.
+pub fn router_collecting() -> Option<Option<Vec<bool>>> {
+    ROUTER.with(|r| r.borrow().as_ref().map(|(keep, _)| keep.clone()))
+}
+
+/// Hands a mixture-of-experts layer's statistics to the collector on this thread.
+pub fn push_router<B: Backend>(stats: RouterStats<B>) {
+    ROUTER.with(|r| {
+        if let Some((_, got)) = r.borrow_mut().as_mut() {
+            got.push(Box::new(stats));
+        }
+    });
 }
 
 /// Borrowed units with their names, as [`gathered`] takes them.

@@ -1,8 +1,10 @@
 //! A mixture of experts through the Trainer under expert parallelism with every ZeRO
-//! stage: the experts split over `dp` are each rank's own (never sliced or gathered by
-//! ZeRO), everything else is sliced as usual; every run trains as the run with every
-//! expert on every rank and ZeRO off (losses and exported weights within 1e-5), and a
-//! checkpoint of split experts resumes at another stage and `ep`.
+//! stage and activation recompute: the experts split over `dp` are each rank's own (never
+//! sliced or gathered by ZeRO), everything else is sliced as usual, and the routers'
+//! statistics leave each recomputed block as its outputs (the load-balancing loss
+//! differentiates into the recomputed routers); every run trains as the run with every
+//! expert on every rank, ZeRO off and every activation kept (losses and exported weights
+//! within 1e-5), and a checkpoint of split experts resumes at another stage and `ep`.
 
 use super::{corpus, read_model, workdir};
 use redco_core::nn::{ModuleExt, ParamPlacer};
@@ -95,7 +97,9 @@ fn same(a: &(FitReport, Vec<(String, Vec<u8>)>), b: &(FitReport, Vec<(String, Ve
 }
 
 /// Expert parallelism at ep = dp under ZeRO-1, 2 and 3 (at 2x1, 4x1 and 2x2, tensor
-/// parallelism inside the experts) trains as every expert on every rank with ZeRO off:
+/// parallelism inside the experts), with and without block and selective recompute (the
+/// load-balancing loss on), trains as every expert on every rank with ZeRO off and every
+/// activation kept:
 /// every step's loss and every exported weight within 1e-5. Under ZeRO-2 and 3 the bytes
 /// reduce-scattered and all-gathered over dp are the planner's to the byte (no expert
 /// stack sliced or gathered), and under ZeRO-3 fewer than with every expert sliced.
@@ -103,27 +107,32 @@ fn same(a: &(FitReport, Vec<(String, Vec<u8>)>), b: &(FitReport, Vec<(String, Ve
 fn expert_parallelism_composes_with_every_zero_stage() {
     let (mut reference, mut sliced_experts) = (std::collections::HashMap::new(), std::collections::HashMap::new());
     let cases = [
-        ("2x1", ZeroStage::Optimizer, 2),
-        ("2x1", ZeroStage::Gradients, 2),
-        ("2x1", ZeroStage::Parameters, 2),
-        ("4x1", ZeroStage::Gradients, 4),
-        ("4x1", ZeroStage::Parameters, 4),
-        ("2x2", ZeroStage::Parameters, 2),
+        ("1x1", ZeroStage::Off, 1, Recompute::Block),
+        ("1x1", ZeroStage::Off, 1, Recompute::Selective),
+        ("2x1", ZeroStage::Optimizer, 2, Recompute::None),
+        ("2x1", ZeroStage::Gradients, 2, Recompute::None),
+        ("2x1", ZeroStage::Parameters, 2, Recompute::None),
+        ("2x1", ZeroStage::Off, 2, Recompute::Block),
+        ("4x1", ZeroStage::Gradients, 4, Recompute::Selective),
+        ("4x1", ZeroStage::Parameters, 4, Recompute::None),
+        ("4x1", ZeroStage::Parameters, 4, Recompute::Block),
+        ("2x2", ZeroStage::Parameters, 2, Recompute::Selective),
     ];
-    for (mesh, zero, ep) in cases {
+    for (mesh, zero, ep, recompute) in cases {
         let base = reference.entry(mesh).or_insert_with(|| run(mesh, ZeroStage::Off, 1, Recompute::None)).clone();
         assert!(base.0.losses[STEPS as usize - 1] < base.0.losses[0], "it learns: {:?}", base.0.losses);
-        let this = run(mesh, zero, ep, Recompute::None);
-        let tag = format!("{mesh} ZeRO-{} ep {ep}", zero.number());
+        let this = run(mesh, zero, ep, recompute);
+        let tag = format!("{mesh} ZeRO-{} ep {ep} recompute {}", zero.number(), recompute.name());
         same(&base, &this, &tag);
         let whole_zero3 = match zero {
             ZeroStage::Parameters => *sliced_experts.entry(mesh).or_insert_with(|| zero3_gathers(mesh)),
             _ => 0,
         };
         // (ZeRO-1 with clipping sums the gradients for the norm first: its moves are DDP's)
-        let predicted = if zero == ZeroStage::Optimizer { Vec::new() } else { predicted_dp(mesh, zero, ep) };
+        let predicted = if zero == ZeroStage::Optimizer { Vec::new() } else { predicted_dp(mesh, zero, ep, recompute) };
         for (rank, st) in &this.0.comm {
-            assert!(st.get(CollectiveKind::AllToAll, MeshAxis::Dp).calls > 0, "{tag}: rank {rank}: all-to-alls");
+            let all_to_alls = st.get(CollectiveKind::AllToAll, MeshAxis::Dp).calls;
+            assert_eq!(all_to_alls > 0, ep > 1, "{tag}: rank {rank}: all-to-alls");
             for (kind, want) in &predicted {
                 assert_eq!(st.get(*kind, MeshAxis::Dp).bytes, STEPS * want, "{tag}: rank {rank}: {kind:?} bytes");
             }
@@ -138,8 +147,8 @@ fn expert_parallelism_composes_with_every_zero_stage() {
 
 /// The planner's bytes per step over dp of ZeRO's collectives (reduce-scatters and
 /// all-gathers: the experts split over dp neither; the routers' count gathers), for the
-/// run at `mesh`, `zero`, `ep`.
-fn predicted_dp(mesh: &str, zero: ZeroStage, ep: usize) -> Vec<(CollectiveKind, u64)> {
+/// run at `mesh`, `zero`, `ep`, `recompute`.
+fn predicted_dp(mesh: &str, zero: ZeroStage, ep: usize, recompute: Recompute) -> Vec<(CollectiveKind, u64)> {
     let cfg = model_cfg();
     let shapes: Vec<_> = AutoModel::<Cpu>::new(&Cpu::new(1), &cfg, DType::F32, 9)
         .unwrap()
@@ -153,7 +162,7 @@ fn predicted_dp(mesh: &str, zero: ZeroStage, ep: usize) -> Vec<(CollectiveKind, 
         seq: SEQ,
         dtype_bytes: 4,
         zero: zero.number(),
-        recompute: Recompute::None,
+        recompute,
         unit_layers: 1,
     };
     let st = predict_comm(&plan, &cfg.dims(), &work);
