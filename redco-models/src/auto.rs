@@ -36,6 +36,25 @@ impl<B: Backend> AutoModel<B> {
         }
     }
 
+    /// Sets a mixture of experts' capacity factor ([`Llama::set_capacity_factor`]); an error
+    /// for a model without experts.
+    pub fn set_capacity_factor(&mut self, factor: Option<f64>) -> Result<()> {
+        match self {
+            AutoModel::Llama(m) => m.set_capacity_factor(factor),
+            _ if factor.is_none() => Ok(()),
+            _ => Err(Error::config("moe", "a capacity factor for a model without experts")),
+        }
+    }
+
+    /// The token slots a mixture of experts' capacity factor dropped and the slots routed
+    /// since the last call ([`Llama::take_dropped`]); `(0, 0)` for other models.
+    pub fn take_dropped(&self) -> Result<(u64, u64)> {
+        match self {
+            AutoModel::Llama(m) => m.take_dropped(),
+            _ => Ok((0, 0)),
+        }
+    }
+
     /// Loads `dir` (under a plan, each rank reads only its slices).
     pub fn from_pretrained(b: &B, dir: &Path, dtype: DType, plan: Option<&ShardPlan>) -> Result<Self> {
         let cfg = HfConfig::from_dir(dir)?;

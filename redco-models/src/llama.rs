@@ -64,11 +64,33 @@ pub struct RouterLog<B: Backend> {
     keep: Option<Vec<bool>>,
     /// One entry per layer run.
     stats: Vec<RouterStats<B>>,
+    /// Token slots the capacity factor dropped, and slots routed, over the losses since
+    /// [`Llama::take_dropped`] last read them.
+    dropped: (u64, u64),
 }
 
 impl<B: Backend> Default for RouterLog<B> {
     fn default() -> Self {
-        RouterLog { on: false, keep: None, stats: Vec::new() }
+        RouterLog { on: false, keep: None, stats: Vec::new(), dropped: (0, 0) }
+    }
+}
+
+impl<B: Backend> RouterLog<B> {
+    /// Starts recording the routers' statistics of the tokens `keep` flags.
+    fn start(&mut self, keep: Option<Vec<bool>>) {
+        (self.on, self.keep, self.stats) = (true, keep, Vec::new());
+    }
+
+    /// Stops recording: the statistics recorded, their dropped and routed slots counted
+    /// (`top_k` slots a token).
+    fn finish(&mut self, top_k: usize) -> Vec<RouterStats<B>> {
+        (self.on, self.keep) = (false, None);
+        let stats = std::mem::take(&mut self.stats);
+        for s in &stats {
+            self.dropped.0 += s.dropped as u64;
+            self.dropped.1 += (s.tokens * top_k) as u64;
+        }
+        stats
     }
 }
 
@@ -329,7 +351,14 @@ impl<B: Backend> Llama<B> {
                             _ => "*.down_proj.weight",
                         }),
                     };
-                    let moe = SparseMoe { router, experts, top_k: m.top_k, norm_topk_prob: m.norm_topk_prob, act };
+                    let moe = SparseMoe {
+                        router,
+                        experts,
+                        top_k: m.top_k,
+                        norm_topk_prob: m.norm_topk_prob,
+                        act,
+                        capacity_factor: None,
+                    };
                     Ffn::Moe { moe, name: block, log: log.clone() }
                 }
             };
@@ -548,34 +577,73 @@ impl<B: Backend> Llama<B> {
     /// for a mixture of experts whose config sets `output_router_logits`, plus
     /// `router_aux_loss_coef` times the load-balancing loss over every layer's router (the
     /// tokens `mask` keeps), as transformers adds it.
+    /// With a capacity factor ([`Llama::set_capacity_factor`]) the routers' dropped slots
+    /// are counted ([`Llama::take_dropped`]).
     pub fn loss(&self, ids: &Tensor<B>, mask: Option<&Tensor<B>>, labels: &Tensor<B>) -> Result<Tensor<B>> {
-        let aux = MoeCfg::of(&self.cfg)?.filter(|_| flag(&self.cfg, "output_router_logits"));
-        let Some(MoeCfg { experts: e, .. }) = aux else {
+        let aux = flag(&self.cfg, "output_router_logits");
+        let moe = MoeCfg::of(&self.cfg)?.filter(|_| aux || self.capacity_factor().is_some());
+        let Some(MoeCfg { experts: e, top_k, .. }) = moe else {
             return crate::generate::shifted_loss(&self.forward(ids, mask, None)?, labels);
         };
         let keep = match mask {
             Some(m) => Some(keep_flags(m)?),
             None => None,
         };
-        *self.log()? = RouterLog { on: true, keep, stats: Vec::new() };
+        self.log()?.start(keep);
         let logits = self.forward(ids, mask, None);
-        let stats = std::mem::take(&mut *self.log()?).stats;
+        let stats = self.log()?.finish(top_k);
         let lm = crate::generate::shifted_loss(&logits?, labels)?;
+        if !aux {
+            return Ok(lm);
+        }
         let coef = self.cfg.raw.get("router_aux_loss_coef").and_then(|v| v.as_f64()).unwrap_or(0.001);
         lm.add(&nn::load_balancing_loss(&stats, e)?.cast(lm.dtype())?.scale(coef)?)
+    }
+
+    /// Sets the capacity factor of every mixture-of-experts layer ([`SparseMoe::capacity_factor`];
+    /// `None`: dropless, as loaded). An error for a factor that is not positive and finite,
+    /// and for a dense model.
+    pub fn set_capacity_factor(&mut self, factor: Option<f64>) -> Result<()> {
+        if factor.is_some_and(|f| !(f.is_finite() && f > 0.0)) {
+            return Err(Error::config("moe", format!("capacity factor {factor:?}: it must be positive and finite")));
+        }
+        if MoeCfg::of(&self.cfg)?.is_none() {
+            return Err(Error::config("moe", format!("a capacity factor for a dense {} model", self.cfg.model_type)));
+        }
+        for l in &mut self.layers {
+            if let Ffn::Moe { moe, .. } = &mut l.mlp {
+                moe.capacity_factor = factor;
+            }
+        }
+        Ok(())
+    }
+
+    /// The capacity factor of the mixture-of-experts layers (`None`: dropless, or dense).
+    pub fn capacity_factor(&self) -> Option<f64> {
+        self.layers.iter().find_map(|l| match &l.mlp {
+            Ffn::Moe { moe, .. } => moe.capacity_factor,
+            Ffn::Dense(_) => None,
+        })
+    }
+
+    /// The token slots the capacity factor dropped and the slots routed (every layer,
+    /// every rank's tokens) over the losses since the last call, which resets both.
+    pub fn take_dropped(&self) -> Result<(u64, u64)> {
+        Ok(std::mem::take(&mut self.log()?.dropped))
     }
 
     /// transformers' load-balancing loss of a mixture of experts over one forward pass of
     /// `ids` (the tokens `mask` keeps), without the coefficient; an error for a dense model.
     pub fn router_aux_loss(&self, ids: &Tensor<B>, mask: Option<&Tensor<B>>) -> Result<Tensor<B>> {
-        let e = MoeCfg::of(&self.cfg)?.ok_or_else(|| Error::invalid("llama", "a dense model has no router"))?.experts;
+        let m = MoeCfg::of(&self.cfg)?.ok_or_else(|| Error::invalid("llama", "a dense model has no router"))?;
+        let (e, top_k) = (m.experts, m.top_k);
         let keep = match mask {
             Some(m) => Some(keep_flags(m)?),
             None => None,
         };
-        *self.log()? = RouterLog { on: true, keep, stats: Vec::new() };
+        self.log()?.start(keep);
         let out = self.forward(ids, mask, None);
-        let stats = std::mem::take(&mut *self.log()?).stats;
+        let stats = self.log()?.finish(top_k);
         out?;
         nn::load_balancing_loss(&stats, e)
     }

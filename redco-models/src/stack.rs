@@ -174,7 +174,7 @@ impl<B: Backend> Stack<B> {
             let prev = owned(start.saturating_sub(k)..start);
             let ran = AtomicBool::new(false);
             // what the first run counted of each router (host counts), for the statistics
-            let counted: Arc<Mutex<Vec<(usize, Vec<usize>)>>> = Arc::default();
+            let counted: Arc<Mutex<Vec<(usize, Vec<usize>, usize)>>> = Arc::default();
             let (router, counted_in) = (router.clone(), counted.clone());
             let block = move |xs: &[Tensor<B>]| -> Result<Vec<Tensor<B>>> {
                 let mask = xs.get(1 + n_side);
@@ -200,7 +200,7 @@ impl<B: Backend> Stack<B> {
                 let (h, got) = collect_router(keep.clone(), run)?;
                 let mut counted = counted_in.lock().unwrap_or_else(|p| p.into_inner());
                 if counted.is_empty() {
-                    *counted = got.iter().map(|s| (s.tokens, s.chosen.clone())).collect();
+                    *counted = got.iter().map(|s| (s.tokens, s.chosen.clone(), s.dropped)).collect();
                 }
                 let mut outs = vec![h];
                 outs.extend(got.into_iter().flat_map(|s| [s.prob_sum, s.z_sum]));
@@ -210,14 +210,14 @@ impl<B: Backend> Stack<B> {
             let mut outs = Tensor::recompute_many(self.recompute, &inputs, &params, block)?.into_iter();
             h = outs.next().ok_or_else(|| Error::invalid("recompute", "a block without its hidden states"))?;
             let counted = std::mem::take(&mut *counted.lock().unwrap_or_else(|p| p.into_inner()));
-            for (tokens, chosen) in counted {
+            for (tokens, chosen, dropped) in counted {
                 let (Some(prob_sum), Some(z_sum)) = (outs.next(), outs.next()) else {
                     return Err(Error::invalid(
                         "recompute",
                         "a block returned fewer router statistics than it counted",
                     ));
                 };
-                stats.push(RouterStats { tokens, chosen, prob_sum, z_sum });
+                stats.push(RouterStats { tokens, chosen, prob_sum, z_sum, dropped });
             }
         }
         Ok((h, stats))

@@ -25,6 +25,10 @@ pub struct StepMetrics {
     /// The eval metric, on steps where it was computed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval: Option<f64>,
+    /// A mixture of experts with a capacity factor: the share of its token slots (every
+    /// layer, every rank) the capacity dropped in this step's forward passes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_dropped: Option<f64>,
 }
 
 /// Appends metrics to `metrics.jsonl` and, when asked, prints a plain progress line every
@@ -77,9 +81,10 @@ impl MetricsLog {
             let eta = if done > 0 { self.start.elapsed().as_secs_f64() / done as f64 * left as f64 } else { 0.0 };
             // progress is for a human watching: a closed or failing stderr is not the run's
             // failure, so its write errors are ignored
+            let dropped = m.moe_dropped.map(|d| format!(" dropped {:.2}%", 100.0 * d)).unwrap_or_default();
             let _ = writeln!(
                 std::io::stderr(),
-                "step {}/{} loss {:.4} lr {:.3e} grad_norm {:.3} {:.0} tok/s eta {:.0}s",
+                "step {}/{} loss {:.4} lr {:.3e} grad_norm {:.3}{dropped} {:.0} tok/s eta {:.0}s",
                 m.step,
                 self.total,
                 m.loss,

@@ -58,6 +58,13 @@ pub struct SparseMoe<B: Backend> {
     pub norm_topk_prob: bool,
     /// The experts' gate activation.
     pub act: Activation,
+    /// The capacity factor (`None`: dropless, the default, and what generation and
+    /// serving use). Each expert then takes at most `ceil(factor * t * top_k / E)` of a
+    /// rank's `t` tokens' slots in a forward (GShard's and DeepSpeed-MoE's per-group
+    /// capacity): first choices before second ones, each in token order; a dropped slot
+    /// contributes nothing (its token keeps the residual and its other experts, their
+    /// weights unchanged), and is counted in [`RouterStats::dropped`].
+    pub capacity_factor: Option<f64>,
 }
 
 crate::module!(SparseMoe { router: "gate", experts: "experts" });
@@ -75,6 +82,9 @@ pub struct RouterStats<B: Backend> {
     /// The squared log-sum-exp of the router logits summed over tokens (a scalar, f32): the
     /// router z-loss's numerator.
     pub z_sum: Tensor<B>,
+    /// Slots of the counted tokens dropped by the capacity factor (0 when dropless; of
+    /// `tokens * top_k`).
+    pub dropped: usize,
 }
 
 impl<B: Backend> SparseMoe<B> {
@@ -193,11 +203,15 @@ impl<B: Backend> SparseMoe<B> {
         // probabilities and log-sum-exps as partial sums over dp
         let mut mine: Vec<i64> = stats.chosen.iter().map(|&c| c as i64).collect();
         mine.push(stats.tokens as i64);
+        if self.capacity_factor.is_some() {
+            mine.push(stats.dropped as i64);
+        }
         let all = crate::sharding::all_gather_counts(xl.backend(), MeshAxis::Dp, &mine)?;
-        let sum = |i: usize| all.iter().map(|v| v[i] as usize).sum::<usize>();
+        let sum = |i: usize| all.iter().map(|v| v.get(i).copied().unwrap_or(0) as usize).sum::<usize>();
         let partial = Placements::REPLICATED.with(MeshAxis::Dp, Placement::Partial(crate::PartialOp::Sum));
         let stats = RouterStats {
             tokens: sum(stats.chosen.len()),
+            dropped: sum(stats.chosen.len() + 1),
             chosen: (0..stats.chosen.len()).map(sum).collect(),
             prob_sum: Tensor::from_local_piece(&stats.prob_sum, [e], partial)?,
             z_sum: Tensor::from_local_piece(&stats.z_sum, Shape::new(Vec::<usize>::new()), partial)?,
@@ -245,12 +259,16 @@ impl<B: Backend> SparseMoe<B> {
         if self.norm_topk_prob {
             weights = weights.div(&weights.sum(-1, true)?)?;
         }
-        // slot s = token * k + j; grouped by expert
-        let experts: Vec<usize> = chosen_ids.iter().map(|&i| i as usize).collect();
+        // slot s = token * k + j; those within capacity (all of them when dropless),
+        // grouped by expert
+        let (live, dropped) = self.within_capacity(&chosen_ids, t, e, &kept);
+        let experts: Vec<usize> = live.iter().map(|&s| chosen_ids[s] as usize).collect();
         let (counts, order) = group_by_expert(&experts, e)?;
+        let order: Vec<usize> = order.into_iter().map(|i| live[i]).collect();
+        let rows = order.len();
         let tokens_of: Vec<i64> = order.iter().map(|&s| (s / k) as i64).collect();
         let slots: Vec<i64> = order.iter().map(|&s| s as i64).collect();
-        let tok = Tensor::from_vec(b, tokens_of, [t * k])?;
+        let tok = Tensor::from_vec(b, tokens_of, [rows])?;
         let xs = x_experts.unwrap_or(x2).index_select(&tok, 0)?;
         if x_experts.is_some() {
             weights = weights.grad_summed_over(MeshAxis::Mp)?;
@@ -259,8 +277,8 @@ impl<B: Backend> SparseMoe<B> {
             None => self.experts_on(&xs, &counts, gate, up, down)?,
             Some((pos, n)) => self.experts_over_ranks(&xs, &counts, [gate, up, down], pos, n)?,
         };
-        let w = weights.reshape([t * k])?.index_select(&Tensor::from_vec(b, slots, [t * k])?, 0)?;
-        let y = y.mul(&w.cast(y.dtype())?.reshape([t * k, 1])?)?;
+        let w = weights.reshape([t * k])?.index_select(&Tensor::from_vec(b, slots, [rows])?, 0)?;
+        let y = y.mul(&w.cast(y.dtype())?.reshape([rows, 1])?)?;
         let out = Tensor::zeros(b, [t, h], y.dtype())?.index_add(&tok, &y, 0)?;
         // log-sum-exp of each row: any logit minus its log-probability
         let lse = logits.sub(&logits.log_softmax(-1)?)?.narrow(1, 0, 1)?;
@@ -272,7 +290,32 @@ impl<B: Backend> SparseMoe<B> {
                 (k.iter().filter(|&&f| f).count(), probs.mul(&m)?.sum(0, false)?, lse.square()?.mul(&m)?.sum_all()?)
             }
         };
-        Ok((out, RouterStats { tokens, chosen, prob_sum, z_sum }))
+        Ok((out, RouterStats { tokens, chosen, prob_sum, z_sum, dropped }))
+    }
+
+    /// The slots (`token * k + j`, ascending) the experts take of `chosen` (`[t * k]`
+    /// expert ids of `e`), and how many slots of tokens `kept` flags were dropped: all of
+    /// them when dropless; else each expert takes at most its capacity, first choices
+    /// first, each choice in token order.
+    fn within_capacity(&self, chosen: &[i64], t: usize, e: usize, kept: &dyn Fn(usize) -> bool) -> (Vec<usize>, usize) {
+        let k = self.top_k;
+        let Some(factor) = self.capacity_factor else {
+            return ((0..t * k).collect(), 0);
+        };
+        let cap = ((factor * (t * k) as f64 / e.max(1) as f64).ceil() as usize).max(1);
+        let (mut taken, mut live, mut dropped) = (vec![0usize; e], vec![false; t * k], 0);
+        for j in 0..k {
+            for r in 0..t {
+                let x = chosen[r * k + j] as usize;
+                if taken[x] < cap {
+                    taken[x] += 1;
+                    live[r * k + j] = true;
+                } else if kept(r) {
+                    dropped += 1;
+                }
+            }
+        }
+        ((0..t * k).filter(|&s| live[s]).collect(), dropped)
     }
 
     /// The gated experts over slots `xs` grouped by expert (`counts[e]` rows each).

@@ -140,9 +140,15 @@ pub struct Trainer<M, E, B: Backend = Cpu> {
     pub(super) eval: Option<Eval<M, E, B>>,
     compiler: Option<Arc<dyn StepCompiler<M, B>>>,
     pub(super) observers: Observers,
+    /// Reads (and resets) the model's dropped and routed token slots after each step.
+    pub(super) dropped: Option<DroppedFn<M>>,
     /// Options.
     pub config: TrainConfig,
 }
+
+/// What [`Trainer::count_dropped`] is handed: the model's token slots dropped by a
+/// capacity factor and slots routed since the last call (which resets them).
+type DroppedFn<M> = Box<dyn Fn(&M) -> Result<(u64, u64)> + Send + Sync>;
 
 /// The shuffled order of epoch `epoch` over `n` examples.
 fn epoch_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
@@ -197,6 +203,7 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
             collate_fn: Box::new(collate_fn),
             loss_fn: Box::new(loss_fn),
             eval: None,
+            dropped: None,
             compiler: None,
             observers: Observers::default(),
             config,
@@ -233,6 +240,15 @@ impl<M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> Trainer<M, 
     /// they were added.
     pub fn observe(mut self, observer: impl TrainObserver + 'static) -> Self {
         self.observers.push(Box::new(observer));
+        self
+    }
+
+    /// Counts a mixture of experts' dropped token slots: after each optimizer step `f`
+    /// reads the model's slots dropped by its capacity factor and the slots routed since
+    /// the last call (and resets them), and the step's metrics carry the dropped share
+    /// ([`StepMetrics::moe_dropped`](crate::metrics::StepMetrics::moe_dropped)).
+    pub fn count_dropped(mut self, f: impl Fn(&M) -> Result<(u64, u64)> + Send + Sync + 'static) -> Self {
+        self.dropped = Some(Box::new(f));
         self
     }
 

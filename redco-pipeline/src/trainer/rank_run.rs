@@ -151,6 +151,11 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
             self.state.opt.set_lr(lr);
             let StepOutcome::Trained(trained) = stepper.step(&mut self, step, lr)? else { continue };
             out.losses.push(trained.loss);
+            // the step's dropped token slots, read before an evaluation runs the model again
+            let dropped = match &t.dropped {
+                Some(f) => Some(f(&self.model)?).filter(|(_, routed)| *routed > 0).map(|(d, r)| d as f64 / r as f64),
+                None => None,
+            };
             let dt = t0.elapsed().as_secs_f64();
             match profiling.as_mut() {
                 Some(p) => {
@@ -186,7 +191,7 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
                 out.evals.push((done, v));
             }
             if let Some(l) = log.as_mut() {
-                let m = metrics(done, lr, &trained, dt, eval);
+                let m = StepMetrics { moe_dropped: dropped, ..metrics(done, lr, &trained, dt, eval) };
                 l.log(&m, self.state.start)?;
                 t.observers.each("on_step", &mut out.observer_errors, |o| o.on_step(&m));
             }
@@ -478,5 +483,6 @@ fn metrics(done: u64, lr: f64, t: &Trained, dt: f64, eval: Option<f64>) -> StepM
         tokens_per_s: t.tokens as f64 / dt,
         step_time_s: dt,
         eval,
+        moe_dropped: None,
     }
 }

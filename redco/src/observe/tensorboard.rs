@@ -119,7 +119,7 @@ impl EventWriter {
 
 /// The [`TrainObserver`] that logs every step's scalars for TensorBoard in
 /// `<workdir>/tensorboard/` (`tensorboard --logdir <workdir>/tensorboard`): `loss`,
-/// `learning_rate`, `grad_norm`, `tokens_per_s`, and `eval` on the steps that have it,
+/// `learning_rate`, `grad_norm`, `tokens_per_s`, and `eval` (and `moe_dropped`) on the steps that have it,
 /// each with its step and wall time. Non-finite values (e.g. a gradient norm that was not
 /// measured) are left out.
 ///
@@ -177,6 +177,7 @@ impl TrainObserver for TensorBoard {
             ("tokens_per_s", m.tokens_per_s),
         ];
         values.extend(m.eval.map(|e| ("eval", e)));
+        values.extend(m.moe_dropped.map(|d| ("moe_dropped", d)));
         values.retain(|(_, v)| v.is_finite());
         w.scalars(m.step, &values)
     }

@@ -151,6 +151,7 @@ fn m(step: u64) -> StepMetrics {
         tokens_per_s: 1000.0 + s,
         step_time_s: 0.1,
         eval: step.is_multiple_of(2).then_some(2.0 / s),
+        moe_dropped: None,
     }
 }
 

@@ -46,7 +46,7 @@ fn dark(p: [u8; 3]) -> bool {
 }
 
 fn m(step: u64, loss: f64, lr: f64, eval: Option<f64>) -> StepMetrics {
-    StepMetrics { step, loss, lr, grad_norm: 1.0, tokens_per_s: 1000.0, step_time_s: 0.1, eval }
+    StepMetrics { step, loss, lr, grad_norm: 1.0, tokens_per_s: 1000.0, step_time_s: 0.1, eval, moe_dropped: None }
 }
 
 /// A deterministic noise in [-1, 1).

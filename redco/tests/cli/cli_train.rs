@@ -266,6 +266,51 @@ fn ep_splits_the_experts_and_trains_as_ep1_and_refuses_what_it_cannot_split() {
     let _ = std::fs::remove_dir_all(&w);
 }
 
+/// `--capacity-factor` on the Qwen3-MoE preset: each expert takes at most its capacity of
+/// a rank's token slots, the share dropped is logged every step (between 0 and 1, and
+/// the same whether the experts are split over dp or not: each rank drops among its own
+/// tokens), the losses equal at ep 1 and 2 and differ from the dropless run's; a factor
+/// that is not positive, or one for a dense model, is refused.
+#[test]
+fn capacity_factor_drops_slots_and_logs_the_share() {
+    let run = |flags: &[&str]| {
+        let w = tmp(&format!("cap-{}", flags.join("")));
+        let args = ["train", "--preset", "qwen3-moe-tiny", "--mesh", "2x1", "--steps", "3", "--no-save"];
+        let (code, out, err) = redco(&[&args[..], flags, &["--threads", "2", "--workdir", s(&w)]].concat());
+        assert_eq!(code, 0, "{flags:?}: {out}\n{err}");
+        let text = std::fs::read_to_string(w.join("metrics.jsonl")).unwrap();
+        let rows: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let _ = std::fs::remove_dir_all(&w);
+        let loss: Vec<f64> = rows.iter().map(|r| r["loss"].as_f64().unwrap()).collect();
+        let dropped: Vec<Option<f64>> = rows.iter().map(|r| r["moe_dropped"].as_f64()).collect();
+        (loss, dropped)
+    };
+    let (free, none) = run(&[]);
+    assert!(none.iter().all(Option::is_none), "dropless runs log no drops: {none:?}");
+    let (one, d1) = run(&["--capacity-factor", "1.0", "--ep", "1"]);
+    let (two, d2) = run(&["--capacity-factor", "1.0", "--ep", "2"]);
+    assert_eq!(d1.len(), 3);
+    for (a, b) in d1.iter().zip(&d2) {
+        let (a, b) = (a.expect("a share every step"), b.expect("a share every step"));
+        assert!(a > 0.0 && a < 1.0, "dropped share {a}");
+        assert!((a - b).abs() < 1e-12, "ep 1 drops {a}, ep 2 {b}");
+    }
+    for (a, b) in one.iter().zip(&two) {
+        assert!((a - b).abs() <= 1e-5 * a.abs(), "ep 1 {one:?}, ep 2 {two:?}");
+    }
+    assert!((one[0] - free[0]).abs() > 1e-6, "dropping changes the loss: {one:?} {free:?}");
+    let w = tmp("cap-bad");
+    for (flags, want) in [
+        (&["--preset", "qwen3-moe-tiny", "--capacity-factor", "0"][..], "positive"),
+        (&["--preset", "llama-tiny", "--capacity-factor", "1.25"][..], "dense"),
+    ] {
+        let (code, out, err) = redco(&[&["train", "--steps", "1", "--workdir", s(&w)][..], flags].concat());
+        assert_ne!(code, 0, "{flags:?}: {out}");
+        assert!(err.contains(want), "{flags:?}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&w);
+}
+
 /// Each step's loss of a run, from its metrics.
 
 #[test]

@@ -80,6 +80,7 @@ fn sparse_moe_equals_a_loop_over_each_tokens_experts_and_its_router_losses_trans
     let (vg, vu, vd) =
         (values(e * i * h, 3, -0.5, 0.5), values(e * i * h, 4, -0.5, 0.5), values(e * h * i, 5, -0.5, 0.5));
     let block = |ts: &[Tensor<redco_cpu::Cpu>], norm: bool| SparseMoe {
+        capacity_factor: None,
         router: Linear::from_tensors(ts[1].clone(), None).unwrap(),
         experts: Experts {
             gate: ts[2].clone(),
@@ -95,8 +96,36 @@ fn sparse_moe_equals_a_loop_over_each_tokens_experts_and_its_router_losses_trans
     let vals = [&vx, &vr, &vg, &vu, &vd];
     let ts: Vec<Tensor<_>> = vals.iter().zip(&shapes).map(|(v, s)| tensor(&b, v, s.clone(), DType::F64)).collect();
     let silu = |z: f64| z / (1.0 + (-z).exp());
-    for norm in [true, false] {
-        let (out, stats) = block(&ts, norm).forward(&ts[0]).unwrap();
+    // dropless, and with a capacity of ceil(0.75 * 7 * 2 / 4) = 3 slots per expert (first
+    // choices first, each in token order)
+    for (norm, capacity) in [(true, None), (false, None), (true, Some(0.75)), (false, Some(0.75))] {
+        let moe = SparseMoe { capacity_factor: capacity, ..block(&ts, norm) };
+        let (out, stats) = moe.forward(&ts[0]).unwrap();
+        let mut tops = Vec::new();
+        for r in 0..t {
+            let x = &vx[r * h..(r + 1) * h];
+            let logit: Vec<f64> = (0..e).map(|j| (0..h).map(|c| x[c] * vr[j * h + c]).sum()).collect();
+            let mut idx: Vec<usize> = (0..e).collect();
+            idx.sort_by(|&a, &c| logit[c].total_cmp(&logit[a]));
+            tops.push(idx[..k].to_vec());
+        }
+        let mut live = vec![vec![true; k]; t];
+        let mut dropped = 0;
+        if let Some(f) = capacity {
+            let cap = (f * (t * k) as f64 / e as f64).ceil() as usize;
+            assert_eq!(cap, 3);
+            let mut taken = vec![0; e];
+            for j in 0..k {
+                for r in 0..t {
+                    let x = tops[r][j];
+                    live[r][j] = taken[x] < cap;
+                    taken[x] += usize::from(live[r][j]);
+                    dropped += usize::from(!live[r][j]);
+                }
+            }
+            assert!(dropped > 0, "the capacity drops some of the 14 slots");
+        }
+        assert_eq!(stats.dropped, dropped, "dropped slots (capacity {capacity:?})");
         let mut want = Vec::new();
         let (mut frac, mut psum, mut z) = (vec![0.0; e], vec![0.0; e], 0.0);
         for r in 0..t {
@@ -115,7 +144,7 @@ fn sparse_moe_equals_a_loop_over_each_tokens_experts_and_its_router_losses_trans
                 frac[j] += top.iter().filter(|&&c| c == j).count() as f64;
             }
             let mut y = vec![0.0; h];
-            for &j in top {
+            for (&j, _) in top.iter().zip(&live[r]).filter(|(_, &l)| l) {
                 let a: Vec<f64> = (0..i)
                     .map(|q| {
                         let g: f64 = (0..h).map(|c| x[c] * vg[(j * i + q) * h + c]).sum();
@@ -129,7 +158,7 @@ fn sparse_moe_equals_a_loop_over_each_tokens_experts_and_its_router_losses_trans
             }
             want.extend(y);
         }
-        assert_close(&out.to_vec_f64().unwrap(), &want, 1e-9, &format!("moe output (norm {norm})"));
+        assert_close(&out.to_vec_f64().unwrap(), &want, 1e-9, &format!("moe output (norm {norm}, {capacity:?})"));
         // transformers: E * sum_e mean_t(one-hot of the chosen e) * mean_t(p_e), the
         // one-hot mean taken per choice rank j and summed over j
         let aux: f64 = (0..e).map(|j| frac[j] / t as f64 * psum[j] / t as f64).sum::<f64>() * e as f64;
@@ -141,6 +170,8 @@ fn sparse_moe_equals_a_loop_over_each_tokens_experts_and_its_router_losses_trans
     let inputs: Vec<(Vec<f64>, Shape)> =
         vals.iter().zip(&shapes).map(|(v, s)| (v.to_vec(), Shape::new(s.clone()))).collect();
     grad_check(&b, &inputs, |v| Ok(block(v, true).forward(&v[0])?.0), 1e-6, "moe gradients (input, router, experts)");
+    let capped = |v: &[Tensor<redco_cpu::Cpu>]| SparseMoe { capacity_factor: Some(0.75), ..block(v, true) };
+    grad_check(&b, &inputs, |v| Ok(capped(v).forward(&v[0])?.0), 1e-6, "moe gradients with a capacity");
     // the router's gradient through the auxiliary loss
     grad_check(
         &b,

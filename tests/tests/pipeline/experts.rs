@@ -157,14 +157,7 @@ fn predicted_dp(mesh: &str, zero: ZeroStage, ep: usize, recompute: Recompute) ->
         .map(|(n, p)| (n, p.shape().clone()))
         .collect();
     let plan = plan_by_names(&shapes, mesh.parse().unwrap()).with_ep(ep).unwrap();
-    let work = Workload {
-        batch: 8,
-        seq: SEQ,
-        dtype_bytes: 4,
-        zero: zero.number(),
-        recompute,
-        unit_layers: 1,
-    };
+    let work = Workload { batch: 8, seq: SEQ, dtype_bytes: 4, zero: zero.number(), recompute, unit_layers: 1 };
     let st = predict_comm(&plan, &cfg.dims(), &work);
     [CollectiveKind::ReduceScatter, CollectiveKind::AllGather]
         .into_iter()

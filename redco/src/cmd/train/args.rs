@@ -96,9 +96,15 @@ pub struct TrainArgs {
     /// Expert parallelism for a mixture of experts (Mixtral, Qwen3-MoE): its experts split
     /// over this many ranks of dp, each rank holding its share; every token's slots go to
     /// the ranks holding their experts and back (all-to-all). 1 (the default) keeps every
-    /// expert on every rank; otherwise it must equal dp (`--mesh DPxMP`), with ZeRO off.
+    /// expert on every rank; otherwise it must equal dp (`--mesh DPxMP`).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub ep: u64,
+    /// A mixture of experts' capacity factor: each expert takes at most
+    /// ceil(F x tokens x top_k / experts) of a rank's token slots per forward, first choices
+    /// first, and drops the rest (their tokens keep the residual); the share dropped is
+    /// logged each step (`moe_dropped` in metrics.jsonl). Without it routing is dropless.
+    #[arg(long, value_name = "F")]
+    pub capacity_factor: Option<f64>,
     /// Offload the optimizer to host memory (device backends: wgpu, cuda): AdamW's state
     /// and the f32 masters on the host, the update on its CPU cores, the updated
     /// parameters uploaded in the compute dtype; with ZeRO-0, 2 or 3 (at 2 and 3 each

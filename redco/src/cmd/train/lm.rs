@@ -75,7 +75,7 @@ impl Job<'_> {
     /// keeps each rank's slice), with the backend's compiled step where it has one.
     fn trainer<B: CliBackend>(&self) -> Trainer<AutoModel<B>, Vec<i64>, B> {
         let (cfg, seed, from, lora) = (self.cfg.clone(), self.a.seed, self.from.clone(), self.lora.clone());
-        let recompute = self.recompute;
+        let (recompute, capacity) = (self.recompute, self.a.capacity_factor);
         // each parameter is cut to this rank's part as it is made, so no rank holds the
         // whole model; LoRA freezes its base after the build, so that model is built whole
         let model_fn = move |b: &B, placer: &dyn ParamPlacer<B>| {
@@ -88,11 +88,15 @@ impl Job<'_> {
                 add_lora(&mut m, l, seed)?;
             }
             m.set_recompute(recompute);
+            m.set_capacity_factor(capacity)?;
             Ok(m)
         };
-        let trainer = Trainer::for_backend_placed(model_fn, collate_fn::<B>, loss_fn::<B>, self.config.clone())
+        let mut trainer = Trainer::for_backend_placed(model_fn, collate_fn::<B>, loss_fn::<B>, self.config.clone())
             .with_eval(self.held_out.clone(), eval_fn::<B>, self.a.checkpoint_every.max(1), true)
             .observe_all(redco::observe::standard());
+        if capacity.is_some() {
+            trainer = trainer.count_dropped(|m: &AutoModel<B>| m.take_dropped());
+        }
         B::with_lm_step(trainer, &self.step)
     }
 }
