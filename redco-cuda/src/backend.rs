@@ -2,7 +2,7 @@
 
 use crate::context::Cuda;
 use crate::storage::CudaStorage;
-use redco_core::backend::{BinaryOp, CmpOp, MatmulSpec, ReduceOp, RotaryMode, UnaryOp};
+use redco_core::backend::{BinaryOp, CmpOp, GroupedSpec, MatmulSpec, ReduceOp, RotaryMode, UnaryOp};
 use redco_core::ops::adamw::AdamStep;
 use redco_core::ops::attention::AttentionSpec;
 use redco_core::{Backend, DType, HostData, Result, Shape};
@@ -81,6 +81,9 @@ impl Backend for Cuda {
     }
     fn matmul(&self, a: &CudaStorage, b: &CudaStorage, spec: &MatmulSpec) -> Result<CudaStorage> {
         self.matmul_op(a, b, spec)
+    }
+    fn grouped_matmul(&self, x: &CudaStorage, w: &CudaStorage, spec: &GroupedSpec) -> Result<CudaStorage> {
+        self.grouped_matmul_op(x, w, spec)
     }
     fn reduce(&self, op: ReduceOp, x: &CudaStorage, shape: &Shape, dim: usize) -> Result<CudaStorage> {
         self.reduce_op(op, x, shape, dim)

@@ -12,8 +12,8 @@ use std::path::Path;
 pub const SPECIALS: [&str; 3] = ["<unk>", "<s>", "</s>"];
 
 /// The preset names.
-pub const PRESETS: [&str; 6] =
-    ["llama-tiny", "llama-small", "llama-134m", "llama-0.7b", "qwen3-moe-tiny", "qwen3-moe-1b"];
+pub const PRESETS: [&str; 7] =
+    ["llama-tiny", "llama-small", "llama-134m", "llama-0.7b", "qwen3-moe-tiny", "qwen3-moe-small", "qwen3-moe-1b"];
 
 /// The `config.json` of preset `name` for a vocabulary of `vocab` tokens.
 pub fn config(name: &str, vocab: usize) -> Result<Value> {
@@ -61,14 +61,18 @@ pub fn config(name: &str, vocab: usize) -> Result<Value> {
     }))
 }
 
-/// The Qwen3-MoE presets: `qwen3-moe-tiny` (8 experts, 2 per token: trains in seconds) and
-/// `qwen3-moe-1b`, the expert-parallel proving size: 64 experts of intermediate 352, 4 per
+/// The Qwen3-MoE presets: `qwen3-moe-tiny` (8 experts, 2 per token: trains in seconds),
+/// `qwen3-moe-small` (`llama-small`'s attention and, in place of its MLP, 32 experts of 352,
+/// 4 per token: the same active parameters per token, eight times the MLP weights; the
+/// benchmarks' mixture beside the dense model) and `qwen3-moe-1b`, the expert-parallel
+/// proving size: 64 experts of intermediate 352, 4 per
 /// token, over 12 layers of hidden 1024 (0.86B parameters, 0.08B active per token; its
 /// experts are 96% of it, so split over four ranks each holds about a quarter, and four
 /// f32 AdamW processes stay under 20 GB together).
 fn moe_config(name: &str, vocab: usize) -> Option<Value> {
     let (hidden, layers, heads, kv, experts, top_k, inter) = match name {
         "qwen3-moe-tiny" => (64, 2, 4, 2, 8, 2, 48),
+        "qwen3-moe-small" => (512, 6, 8, 8, 32, 4, 352),
         "qwen3-moe-1b" => (1024, 12, 16, 4, 64, 4, 352),
         _ => return None,
     };

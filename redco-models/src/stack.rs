@@ -174,7 +174,7 @@ impl<B: Backend> Stack<B> {
             let prev = owned(start.saturating_sub(k)..start);
             let ran = AtomicBool::new(false);
             // what the first run counted of each router (host counts), for the statistics
-            let counted: Arc<Mutex<Vec<(usize, Vec<usize>, usize)>>> = Arc::default();
+            let counted: Arc<Mutex<Vec<Counted>>> = Arc::default();
             let (router, counted_in) = (router.clone(), counted.clone());
             let block = move |xs: &[Tensor<B>]| -> Result<Vec<Tensor<B>>> {
                 let mask = xs.get(1 + n_side);
@@ -224,10 +224,17 @@ impl<B: Backend> Stack<B> {
     }
 }
 
+/// What the first run of a recomputed block counted of one router: tokens, choices per
+/// expert and slots dropped ([`RouterStats`]'s host part).
+type Counted = (usize, Vec<usize>, usize);
+
+/// A router statistics collector: the token flags to count, and what was collected.
+type Collector = (Option<Vec<bool>>, Vec<Box<dyn Any>>);
+
 thread_local! {
     /// The router statistics collector of the block running on this thread: the token
     /// flags to count, and the statistics of each mixture-of-experts layer run so far.
-    static ROUTER: RefCell<Option<(Option<Vec<bool>>, Vec<Box<dyn Any>>)>> = const { RefCell::new(None) };
+    static ROUTER: RefCell<Option<Collector>> = const { RefCell::new(None) };
 }
 
 /// `f()` with the router statistics of every mixture-of-experts layer it runs collected

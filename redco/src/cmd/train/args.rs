@@ -21,7 +21,9 @@ pub struct TrainArgs {
     /// Built-in model: llama-tiny (4 layers, hidden 128; minutes on two cores), llama-small
     /// (6 layers, hidden 512), llama-134m (12 layers, hidden 768), llama-0.7b (25 layers,
     /// hidden 1536: 0.71B parameters, 11.3 GB of f32 training state), or a Qwen3 mixture of
-    /// experts: qwen3-moe-tiny (8 experts, 2 per token) or qwen3-moe-1b (64 experts of 352,
+    /// experts: qwen3-moe-tiny (8 experts, 2 per token), qwen3-moe-small (llama-small with
+    /// 32 experts of 352, 4 per token, for its MLP: the same active parameters) or
+    /// qwen3-moe-1b (64 experts of 352,
     /// 4 per token, 12 layers of hidden 1024: 0.86B parameters; see --ep). Starts from
     /// random weights.
     #[arg(long, conflicts_with = "model")]
