@@ -490,11 +490,12 @@ impl Writer {
         }
     }
 
-    /// Adds tensor `name` of `dims` (fastest first) and type `ty`, with its little-endian
-    /// bytes; a length that does not match is an error.
+    /// Adds tensor `name` of `dims` (fastest first) and type `ty` (a plain type, or a block
+    /// type [`super::quant`] reads, in llama.cpp's block layout), with its little-endian
+    /// bytes; a length that does not match, or another type, is an error.
     pub fn tensor(&mut self, name: &str, dims: Vec<u64>, ty: GgmlType, bytes: Vec<u8>) -> Result<()> {
         let info = TensorInfo { name: name.to_string(), dims, ty, offset: 0 };
-        let want = ty.elem_bytes().map(|b| b * info.elems());
+        let want = info.byte_len();
         if want != Some(bytes.len() as u64) {
             return Err(Error::invalid(
                 "gguf",

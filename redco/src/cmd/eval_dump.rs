@@ -22,7 +22,8 @@ use std::path::PathBuf;
 #[derive(Args)]
 #[command(allow_negative_numbers = true)]
 pub struct EvalDumpArgs {
-    /// Hugging Face model directory (config.json + safetensors).
+    /// Hugging Face model directory (config.json + safetensors), or a LLaMA-family GGUF
+    /// file (as `generate --model`).
     #[arg(long)]
     pub model: PathBuf,
     /// Inputs: `input_ids` [batch, seq] and optionally `attention_mask`, `labels` (-100 is
@@ -216,9 +217,10 @@ impl OnBackend for OnMesh<'_> {
 }
 
 /// Runs `redco eval-dump`.
-pub fn run(a: EvalDumpArgs) -> CliResult<()> {
+pub fn run(mut a: EvalDumpArgs) -> CliResult<()> {
     let mesh = check::mesh(&a.mesh)?;
     let dtype = check::dtype(&a.dtype)?;
+    a.model = super::gguf_model::resolve(&a.model, dtype)?;
     let inputs = read_all(&a.inputs)?;
     let kind = backends::backend(&a.backend)?;
     let threads = cores::threads_per_rank(a.threads, mesh);

@@ -23,7 +23,9 @@ use std::path::PathBuf;
 pub struct GenerateArgs {
     /// Hugging Face model directory (LLaMA, GPT-J or OPT: config.json, safetensors,
     /// tokenizer.json), e.g. a
-    /// `redco train` workdir.
+    /// `redco train` workdir; or a LLaMA-family GGUF file (llama.cpp's: F32, F16, BF16,
+    /// Q8_0, Q4_0, Q4_K and Q6_K tensors, dequantized to --dtype once and kept in the
+    /// temporary directory).
     #[arg(long)]
     pub model: PathBuf,
     /// A prompt (repeat for a batch).
@@ -207,7 +209,8 @@ impl OnBackend for OnMesh<'_> {
 }
 
 /// Runs `redco generate`.
-pub fn run(a: GenerateArgs) -> CliResult<()> {
+pub fn run(mut a: GenerateArgs) -> CliResult<()> {
+    a.model = super::gguf_model::resolve(&a.model, check::dtype(&a.dtype)?)?;
     let kind = backends::backend(&a.backend)?;
     let mesh = check::mesh(&a.mesh)?;
     if kind == BackendKind::Cpu {

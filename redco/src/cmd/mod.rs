@@ -14,6 +14,7 @@ pub mod error;
 pub mod eval_dump;
 pub mod fits;
 pub mod generate;
+pub mod gguf_model;
 pub mod info;
 pub mod launch;
 pub mod logging;

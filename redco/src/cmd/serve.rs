@@ -22,7 +22,8 @@ use std::sync::Arc;
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
     /// Hugging Face model directory of a LLaMA, GPT-J or OPT (config.json, safetensors,
-    /// tokenizer.json).
+    /// tokenizer.json), or a LLaMA-family GGUF file (as `generate --model`; served under
+    /// the file's name).
     #[arg(long)]
     pub model: PathBuf,
     /// Address to listen on (loopback by default).
@@ -82,7 +83,13 @@ pub struct ServeArgs {
 /// Runs the server until SIGTERM or Ctrl-C (then drains): on one rank, or on the ranks of
 /// a `1 x mp` mesh (threads, or MPI processes under a launcher), rank 0 serving HTTP and
 /// leading the others in lockstep.
-pub fn run(a: ServeArgs) -> CliResult<()> {
+pub fn run(mut a: ServeArgs) -> CliResult<()> {
+    if super::gguf_model::is_gguf(&a.model) {
+        // served under the file's name, from the directory it is read into
+        let name = a.model.file_name().map(|n| n.to_string_lossy().into_owned());
+        a.served_model_name = a.served_model_name.take().or(name);
+        a.model = super::gguf_model::resolve(&a.model, check::dtype(&a.dtype)?)?;
+    }
     let mesh = check::mesh(&a.mesh)?;
     if mesh.dp != 1 {
         return Err(format!(

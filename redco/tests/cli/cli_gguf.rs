@@ -11,6 +11,20 @@ use redco_models::gguf::vocab;
 use redco_models::hf::checkpoint::Checkpoint;
 use redco_models::hf::tokenizer::Tokenizer;
 
+/// llama.cpp's Q8_0 blocks of `x` (whole blocks of 32): an f16 scale (the largest
+/// magnitude over 127) and the 32 values over it, rounded to signed bytes.
+fn q8_0(x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(x.len() / 32 * 34);
+    for b in x.chunks_exact(32) {
+        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        let inv = if d == 0.0 { 0.0 } else { 1.0 / d };
+        out.extend(b.iter().map(|v| (v * inv).round().clamp(-127.0, 127.0) as i8 as u8));
+    }
+    out
+}
+
 fn f32s(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
 }
@@ -105,6 +119,50 @@ fn the_llama_fixture_converts_to_a_gguf_llama_cpp_reads() {
         out
     };
     assert_eq!(gen(&back_dir), gen(&src), "the same greedy text");
+    // `--model FILE.gguf`: the file itself generates the same text (read into a directory
+    // once; the second run reuses it)
+    let gguf_gen = |m: &std::path::Path| {
+        let (code, out, err) = redco(&["generate", "--model", s(m), "--prompt", "the cat", "--max-new-tokens", "8"]);
+        assert_eq!(code, 0, "{err}");
+        (out, err)
+    };
+    let (first, said) = gguf_gen(&out);
+    assert_eq!(first, gen(&src), "generate --model FILE.gguf");
+    assert!(said.contains("reading") || said.is_empty(), "{said}");
+    let (again, said) = gguf_gen(&out);
+    assert_eq!(again, first);
+    assert!(!said.contains("reading"), "the second run reuses the directory: {said}");
+    // Q8_0 blocks (the matrices whose rows are whole blocks of 32; llama.cpp's layout:
+    // an f16 scale and 32 signed bytes), dequantized at load: it generates, its text a
+    // continuation of the prompt
+    let q8 = d.join("tiny-q8_0.gguf");
+    let mut w = redco_models::gguf::format::Writer::new();
+    for (k, v) in &g.metadata {
+        w.set(k, v.clone());
+    }
+    let mut quantized = 0;
+    for t in &g.tensors {
+        let bytes = g.tensor_bytes(&map, t).unwrap();
+        let matrix = t.dims.len() == 2 && t.dims[0] % 32 == 0 && t.name.starts_with("blk.");
+        if matrix && t.ty == GgmlType::F32 {
+            w.tensor(&t.name, t.dims.clone(), GgmlType::Other(8), q8_0(&f32s(bytes))).unwrap();
+            quantized += 1;
+        } else {
+            w.tensor(&t.name, t.dims.clone(), t.ty, bytes.to_vec()).unwrap();
+        }
+    }
+    assert!(quantized >= 2 * 6, "the attention and gate/up matrices of both layers: {quantized}");
+    w.write(&q8).unwrap();
+    let (text, _) = gguf_gen(&q8);
+    assert!(text.starts_with("the cat") && text.split_whitespace().count() >= 4, "{text}");
+    // a file that is not a LLaMA is refused by name
+    let bad = d.join("bad.gguf");
+    let mut w = redco_models::gguf::format::Writer::new();
+    w.set("general.architecture", Value::Str("rwkv".into()));
+    w.write(&bad).unwrap();
+    let (code, _, err) = redco(&["generate", "--model", s(&bad), "--prompt", "x", "--max-new-tokens", "1"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("rwkv") && err.contains("bad.gguf"), "{err}");
 
     // bf16: the matrices rounded, the norms kept in f32
     let out16 = d.join("tiny-bf16.gguf");
