@@ -602,13 +602,18 @@ impl<B: Backend> Llama<B> {
 
     /// Sets the capacity factor of every mixture-of-experts layer ([`SparseMoe::capacity_factor`];
     /// `None`: dropless, as loaded). An error for a factor that is not positive and finite,
-    /// and for a dense model.
+    /// and for a factor on a dense model.
     pub fn set_capacity_factor(&mut self, factor: Option<f64>) -> Result<()> {
         if factor.is_some_and(|f| !(f.is_finite() && f > 0.0)) {
             return Err(Error::config("moe", format!("capacity factor {factor:?}: it must be positive and finite")));
         }
         if MoeCfg::of(&self.cfg)?.is_none() {
-            return Err(Error::config("moe", format!("a capacity factor for a dense {} model", self.cfg.model_type)));
+            return match factor {
+                None => Ok(()),
+                Some(_) => {
+                    Err(Error::config("moe", format!("a capacity factor for a dense {} model", self.cfg.model_type)))
+                }
+            };
         }
         for l in &mut self.layers {
             if let Ffn::Moe { moe, .. } = &mut l.mlp {

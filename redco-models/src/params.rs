@@ -127,7 +127,8 @@ impl<B: Backend> ParamSource<B> for Placed<'_, B> {
     }
     fn stack(&mut self, stack: &str, parts: &[String], part_shape: Shape, init: Init) -> Result<Tensor<B>> {
         if !self.placer.shares_by_shape() {
-            return stack_experts_of(self, stack, parts, part_shape, init);
+            let made = stack_experts_of(self, stack, parts, part_shape, init)?;
+            return self.placer.place_stack(stack, made);
         }
         // a placer that shares buffers by shape (the planning trace) gets the whole stack
         // as one parameter: one buffer per stack shape, not one stack per layer

@@ -244,8 +244,18 @@ pub fn collect_router<B: Backend, T>(
     keep: Option<Vec<bool>>,
     f: impl FnOnce() -> Result<T>,
 ) -> Result<(T, Vec<RouterStats<B>>)> {
-    let prev = ROUTER.with(|r| r.replace(Some((keep, Vec::new()))));
+    /// Puts the previous collector back when dropped (on unwinding too).
+    struct Restore(Option<Option<Collector>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(prev) = self.0.take() {
+                ROUTER.with(|r| *r.borrow_mut() = prev);
+            }
+        }
+    }
+    let mut restore = Restore(Some(ROUTER.with(|r| r.replace(Some((keep, Vec::new()))))));
     let out = f();
+    let prev = restore.0.take().unwrap_or_default();
     let got = ROUTER.with(|r| r.replace(prev)).map(|(_, got)| got).unwrap_or_default();
     let out = out?;
     let stats = got

@@ -52,24 +52,44 @@ impl<B: Backend> ParamPlacer<B> for RankPlacer<'_, B> {
         if !whole.is_var() {
             return Ok(whole);
         }
-        let named = |e: Error| Error::Parameter { name: name.into(), msg: e.to_string() };
-        let shard = whole.redistribute(self.plan.placements(name)).map_err(named)?.detach().into_var();
-        drop(whole);
         // an expert's tensor is stacked with the others of its layer once made: the stack
-        // becomes a ZeRO-3 piece afterwards (the training state cuts it), unless it is split
-        // over dp (expert parallelism), where it is this rank's alone and never gathered
-        if !in_unit(self.units, name) || split_over_dp(&shard) || expert_index(name).is_some() {
+        // becomes the piece ([`ParamPlacer::place_stack`])
+        self.keep(name, whole, expert_index(name).is_none())
+    }
+
+    fn expert_range(&self, stack: &str, count: usize) -> (usize, usize) {
+        self.plan.expert_share(stack, count, self.comm.index_along(MeshAxis::Dp))
+    }
+
+    fn place_stack(&self, stack: &str, made: Tensor<B>) -> Result<Tensor<B>> {
+        if !made.is_var() {
+            return Ok(made);
+        }
+        self.keep(stack, made, true)
+    }
+}
+
+impl<B: Backend> RankPlacer<'_, B> {
+    /// What this rank keeps of trainable parameter `name`, made whole (or, for a stack of
+    /// experts split over dp, as this rank's experts): the plan's shard, and with `piece`
+    /// in a ZeRO-3 unit its f32 piece (recorded). A parameter split over dp (experts under
+    /// expert parallelism) is this rank's alone: ZeRO-3 gathers nothing of it.
+    fn keep(&self, name: &str, whole: Tensor<B>, piece: bool) -> Result<Tensor<B>> {
+        let named = |e: Error| Error::Parameter { name: name.into(), msg: e.to_string() };
+        let placed = self.plan.placements(name);
+        let shard = match whole.placements() == placed {
+            true => whole,
+            false => whole.redistribute(placed).map_err(named)?.detach().into_var(),
+        };
+        if !piece || !in_unit(self.units, name) || split_over_dp(&shard) {
             return Ok(shard);
         }
         let flat = FlatShard::of(&shard, self.comm);
         let slice = no_grad(|| flat.own(self.comm, &shard.cast(DType::F32)?))?;
         let layout = ShardLayout::of(&shard);
+        drop(shard);
         self.pieces.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), (flat, layout));
         Ok(flat.piece(&slice).into_var())
-    }
-
-    fn expert_range(&self, stack: &str, count: usize) -> (usize, usize) {
-        self.plan.expert_share(stack, count, self.comm.index_along(MeshAxis::Dp))
     }
 }
 

@@ -27,6 +27,14 @@ pub trait ParamPlacer<B: Backend>: Send + Sync {
     fn shares_by_shape(&self) -> bool {
         false
     }
+    /// A stack of experts `stack` (a name with a `*`), made from its experts as
+    /// [`ParamPlacer::place`] kept them, as this rank keeps it (the trainer's placer cuts a
+    /// ZeRO-3 unit's stack into its piece here, one layer's experts whole at a time); as
+    /// made by default.
+    fn place_stack(&self, stack: &str, made: Tensor<B>) -> Result<Tensor<B>> {
+        let _ = stack;
+        Ok(made)
+    }
 }
 
 /// Keeps every parameter whole, as made.

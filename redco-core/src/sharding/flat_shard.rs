@@ -91,7 +91,15 @@ impl FlatShard {
     /// This member's slice of the sum over `dp` of `g` (one reduce-scatter when `g` is a
     /// partial sum over `dp`; the own slice when it is already summed).
     pub fn reduce_scatter<B: Backend>(&self, comm: &Comm<B>, g: &Tensor<B>) -> Result<Tensor<B>> {
-        if g.placements().get(MeshAxis::Dp) != Placement::Partial(PartialOp::Sum) {
+        if self.dp == 1 && comm.mesh().dp > 1 && g.placements().get(MeshAxis::Dp) == Placement::Partial(PartialOp::Sum)
+        {
+            return Err(crate::Error::invalid(
+                "FlatShard::reduce_scatter",
+                "a gradient summed over dp for a tensor held whole by one member (split over dp): its rank's \
+                 gradient must arrive whole",
+            ));
+        }
+        if self.dp == 1 || g.placements().get(MeshAxis::Dp) != Placement::Partial(PartialOp::Sum) {
             return self.own(comm, g);
         }
         let bytes = self.padded() * g.dtype().size_in_bytes();

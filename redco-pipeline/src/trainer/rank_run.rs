@@ -149,6 +149,11 @@ impl<'a, M: Module<B> + Send + Sync, E: Clone + Send + Sync, B: Backend> RankRun
             let t0 = Instant::now();
             let lr = cfg.schedule.lr(step);
             self.state.opt.set_lr(lr);
+            // the drop counters count this step's training forwards only (not an earlier
+            // evaluation's, nor a skipped step's)
+            if let Some(f) = &t.dropped {
+                f(&self.model)?;
+            }
             let StepOutcome::Trained(trained) = stepper.step(&mut self, step, lr)? else { continue };
             out.losses.push(trained.loss);
             // the step's dropped token slots, read before an evaluation runs the model again

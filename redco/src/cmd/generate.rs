@@ -24,8 +24,8 @@ pub struct GenerateArgs {
     /// Hugging Face model directory (LLaMA, GPT-J or OPT: config.json, safetensors,
     /// tokenizer.json), e.g. a
     /// `redco train` workdir; or a LLaMA-family GGUF file (llama.cpp's: F32, F16, BF16,
-    /// Q8_0, Q4_0, Q4_K and Q6_K tensors, dequantized to --dtype once and kept in the
-    /// temporary directory).
+    /// Q8_0, Q4_0, Q4_K and Q6_K tensors, dequantized to --dtype once and kept in
+    /// ~/.cache/redco/gguf).
     #[arg(long)]
     pub model: PathBuf,
     /// A prompt (repeat for a batch).

@@ -3,10 +3,11 @@
 //! directory once, its quantized blocks (`Q8_0`, `Q4_0`, `Q4_K`, `Q6_K`) dequantized to the
 //! run's dtype, its vocabulary and chat template as `tokenizer.json` and
 //! `chat_template.jinja` ([`redco_models::gguf::llama::import`]), and the command runs on
-//! that directory. The directory is kept in the system's temporary directory under a name
-//! made from the file (its path, length and modification time) and the dtype, so the next
-//! run on the same file starts at once; a type or layout the reader does not know is
-//! refused by name before anything else runs.
+//! that directory. The directory is kept in the user's cache (`~/.cache/redco/gguf`, or
+//! under `$XDG_CACHE_HOME`) under a name made from the file (its path, length and
+//! modification time), the dtype and redco's version, so the next run on the same file
+//! starts at once (delete the directory to reclaim its space); a type or layout the reader
+//! does not know is refused by name before anything else runs.
 
 use crate::cmd::error::CliResult;
 use redco_core::DType;
@@ -27,9 +28,10 @@ pub fn resolve(model: &Path, dtype: DType) -> CliResult<PathBuf> {
     let meta = std::fs::metadata(model).map_err(|e| format!("cannot read {}: {e}", model.display()))?;
     let canon = model.canonicalize().unwrap_or_else(|_| model.to_path_buf());
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (canon.as_path(), meta.len(), meta.modified().ok(), format!("{dtype:?}")).hash(&mut h);
+    let version = env!("CARGO_PKG_VERSION");
+    (canon.as_path(), meta.len(), meta.modified().ok(), format!("{dtype:?}"), version).hash(&mut h);
     let stem = model.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
-    let root = std::env::temp_dir().join("redco-gguf");
+    let root = cache_root()?;
     let dir = root.join(format!("{stem}-{}-{:016x}", format!("{dtype:?}").to_lowercase(), h.finish()));
     if dir.join(DONE).exists() {
         return Ok(dir);
@@ -60,6 +62,23 @@ pub fn resolve(model: &Path, dtype: DType) -> CliResult<PathBuf> {
         }
     }
     Ok(dir)
+}
+
+/// The user's own directory for models read from GGUF files: `$XDG_CACHE_HOME/redco/gguf`
+/// or `~/.cache/redco/gguf`, created readable by the user alone (a directory in a shared
+/// temporary directory could be planted by another user).
+fn cache_root() -> CliResult<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").filter(|v| !v.is_empty()).map(|h| PathBuf::from(h).join(".cache")))
+        .ok_or("--model FILE.gguf: neither XDG_CACHE_HOME nor HOME is set, so there is no cache to read it into")?;
+    let root = base.join("redco").join("gguf");
+    let mut b = std::fs::DirBuilder::new();
+    b.recursive(true);
+    std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+    b.create(&root).map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+    Ok(root)
 }
 
 /// The marker of a directory read completely.

@@ -286,6 +286,8 @@ pub(super) fn run(a: &TrainArgs, s: RunSetup) -> CliResult<()> {
         Some("recomputed layers run op by op".into())
     } else if s.lora.is_some() {
         Some("LoRA freezes the base model; a compiled step trains every parameter".into())
+    } else if a.capacity_factor.is_some() {
+        Some("--capacity-factor: the experts' drops are the host's routing decision, op by op".into())
     } else if super::super::launch::is_multi_process() {
         Some("ranks in several processes: a compiled step needs one client over every device".into())
     } else {
