@@ -38,6 +38,7 @@ pub mod ops;
 pub mod optim;
 pub mod placement;
 pub mod planning;
+pub mod quant;
 pub mod recompute;
 pub mod runtime;
 pub mod shape;

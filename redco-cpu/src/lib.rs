@@ -26,6 +26,7 @@ pub mod malloc;
 mod matmul;
 mod norm;
 mod paged_attention;
+mod quant;
 pub mod real;
 mod reduce;
 mod rotary;
@@ -287,6 +288,14 @@ impl Backend for Cpu {
             Some(r) => st(r?),
             None => redco_core::ops::grouped_matmul::composite_grouped_matmul(self, x, w, spec),
         }
+    }
+    fn quant_matmul(
+        &self,
+        x: &CpuStorage,
+        w: &CpuStorage,
+        spec: &redco_core::ops::quant_matmul::QuantMatmulSpec,
+    ) -> Result<CpuStorage> {
+        st(self.run(|| quant::quant_matmul(&x.0, &w.0, spec, self.threads))?)
     }
     fn hint_constant_weights(&self) {
         #[cfg(target_arch = "x86_64")]
@@ -551,6 +560,7 @@ pub fn kernel_families() -> String {
         None => "widened to f32",
     };
     format!("f32 GEMM {gemm}, bf16 GEMM {bf16}, element loops {}, 16-bit GEMV {}", simd::family(), half_gemv::family())
+        + &format!(", quantized dots {}", quant::family())
 }
 
 /// True when bf16 matrix products run on AMX tiles (`TDPBF16PS`, f32 accumulation): the CPU

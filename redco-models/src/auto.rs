@@ -106,6 +106,13 @@ impl<B: Backend> AutoModel<B> {
         })
     }
 
+    /// Quantizes the linear layers (not a mixture's routers) to blocks of `format`, each
+    /// rank its part of a layer split over `mp` (`--quantize`); returns the layers
+    /// quantized and those left in floats (rows not whole blocks).
+    pub fn quantize(&mut self, format: redco_core::quant::QuantFormat) -> Result<(Vec<String>, Vec<String>)> {
+        redco_core::nn::quantize_linears(self, format, &|name| !name.ends_with(".gate"))
+    }
+
     /// The configuration.
     pub fn cfg(&self) -> &HfConfig {
         match self {

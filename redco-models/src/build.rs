@@ -19,9 +19,13 @@ pub fn linear<B: Backend>(
     bias: bool,
 ) -> Result<Linear<B>> {
     let bound = Init::Uniform(1.0 / (inp.max(1) as f64).sqrt());
-    let w = src.param(&format!("{name}.weight"), Shape::new([out, inp]), bound)?;
+    let weight = format!("{name}.weight");
+    let blocks = src.blocks(&weight, &Shape::new([out, inp]))?;
     let b = if bias { Some(src.param(&format!("{name}.bias"), Shape::new([out]), bound)?) } else { None };
-    Linear::from_tensors(w, b)
+    match blocks {
+        Some((w, format)) => Linear::from_blocks(w, format, b),
+        None => Linear::from_tensors(src.param(&weight, Shape::new([out, inp]), bound)?, b),
+    }
 }
 
 /// A LayerNorm over `dim` with weight and bias.
@@ -75,6 +79,7 @@ pub fn load<B: Backend, M>(
         ));
     }
     let ckpt = Checkpoint::open(dir)?;
-    CheckpointSource::<B>::check(&ckpt, &cfg.param_shapes()?, ignore)?;
-    build(&cfg, &mut CheckpointSource::new(b, &ckpt, plan, dtype))
+    let blocks = cfg.block_formats()?;
+    CheckpointSource::<B>::check(&ckpt, &crate::params::stored_shapes(cfg.param_shapes()?, &blocks)?, ignore)?;
+    build(&cfg, &mut CheckpointSource::new(b, &ckpt, plan, dtype).with_blocks(blocks))
 }

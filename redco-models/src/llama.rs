@@ -197,10 +197,7 @@ impl<B: Backend> Llama<B> {
         let (h, hd, i) = (cfg.hidden, cfg.head_dim, cfg.intermediate);
         let act = Activation::from_hf(&cfg.hidden_act)?;
         let linear = |src: &mut dyn ParamSource<B>, name: String, inp: usize, out: usize, bias: bool| {
-            let bound = Init::Uniform(1.0 / (inp.max(1) as f64).sqrt());
-            let w = src.param(&format!("{name}.weight"), Shape::new([out, inp]), bound)?;
-            let b = if bias { Some(src.param(&format!("{name}.bias"), Shape::new([out]), bound)?) } else { None };
-            Linear::from_tensors(w, b)
+            crate::build::linear(src, &name, inp, out, bias)
         };
         let log = Arc::new(Mutex::new(RouterLog::default()));
         let mut layers = Vec::with_capacity(cfg.layers);
@@ -333,8 +330,11 @@ impl<B: Backend> Llama<B> {
         let cfg = HfConfig::from_dir(dir)?;
         Self::check_config(&cfg)?;
         let ckpt = Checkpoint::open(dir)?;
-        CheckpointSource::<B>::check(&ckpt, &cfg.param_shapes()?, &|n| n.ends_with("rotary_emb.inv_freq"))?;
-        Self::build(&cfg, &mut Placed::new(&mut CheckpointSource::new(b, &ckpt, plan, dtype), placer))
+        let blocks = cfg.block_formats()?;
+        let stored = crate::params::stored_shapes(cfg.param_shapes()?, &blocks)?;
+        CheckpointSource::<B>::check(&ckpt, &stored, &|n| n.ends_with("rotary_emb.inv_freq"))?;
+        let mut src = CheckpointSource::new(b, &ckpt, plan, dtype).with_blocks(blocks);
+        Self::build(&cfg, &mut Placed::new(&mut src, placer))
     }
 
     /// Logits `[batch, seq, vocab]` for `ids` `[batch, seq]`, with an optional `[batch, seq]`

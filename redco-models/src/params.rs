@@ -5,13 +5,22 @@
 use crate::hf::checkpoint::Checkpoint;
 use redco_core::nn::{Init, ParamPlacer};
 use redco_core::planning::ShardPlan;
+use redco_core::quant::QuantFormat;
 use redco_core::{Backend, DType, Error, MeshAxis, Placement, Placements, Result, Shape, Tensor};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Gives a model its parameters by name while it is built.
 pub trait ParamSource<B: Backend> {
     /// The parameter `name` of global `shape`; `init` is how a fresh model would fill it.
     fn param(&mut self, name: &str, shape: Shape, init: Init) -> Result<Tensor<B>>;
+    /// The linear weight `name` of float shape `shape` (`[out, in]`) as the blocks it is
+    /// stored in (`U8 [out, row_bytes]` and their format, under a plan this rank's part),
+    /// when the source keeps it block-quantized; `None` (the default) when the layer is to
+    /// ask [`ParamSource::param`] for floats.
+    fn blocks(&mut self, name: &str, shape: &Shape) -> Result<Option<(Tensor<B>, QuantFormat)>> {
+        let _ = (name, shape);
+        Ok(None)
+    }
     /// The experts `lo..hi` of the `count` stacked as `stack` (a name with a `*`) this
     /// rank keeps: its share under expert parallelism (the model asks only for those, and
     /// [`ParamSource::skip`]s the others), every expert by default.
@@ -119,6 +128,10 @@ impl<B: Backend> ParamSource<B> for Placed<'_, B> {
         let inner = &mut *self.inner;
         self.placer.place(name, &shape, &mut || inner.param(name, shape.clone(), init))
     }
+    fn blocks(&mut self, name: &str, shape: &Shape) -> Result<Option<(Tensor<B>, QuantFormat)>> {
+        // blocks are only read to serve: they are placed by the plan the source reads with
+        self.inner.blocks(name, shape)
+    }
     fn expert_range(&self, stack: &str, count: usize) -> (usize, usize) {
         self.placer.expert_range(stack, count)
     }
@@ -173,12 +186,20 @@ pub struct CheckpointSource<'a, B: Backend> {
     plan: Option<&'a ShardPlan>,
     dtype: DType,
     used: BTreeSet<String>,
+    blocks: BTreeMap<String, QuantFormat>,
 }
 
 impl<'a, B: Backend> CheckpointSource<'a, B> {
     /// Reads from `ckpt` on `b`, laid out by `plan` when given.
     pub fn new(b: &'a B, ckpt: &'a Checkpoint, plan: Option<&'a ShardPlan>, dtype: DType) -> Self {
-        CheckpointSource { b, ckpt, plan, dtype, used: BTreeSet::new() }
+        CheckpointSource { b, ckpt, plan, dtype, used: BTreeSet::new(), blocks: BTreeMap::new() }
+    }
+
+    /// The linear weights stored as blocks (name to format, from the config's
+    /// `quantization_config`): read as they are ([`ParamSource::blocks`]).
+    pub fn with_blocks(mut self, blocks: BTreeMap<String, QuantFormat>) -> Self {
+        self.blocks = blocks;
+        self
     }
 
     /// Checks the checkpoint against the model's expected parameters before anything is read:
@@ -216,6 +237,50 @@ impl<'a, B: Backend> CheckpointSource<'a, B> {
 }
 
 impl<B: Backend> ParamSource<B> for CheckpointSource<'_, B> {
+    fn blocks(&mut self, name: &str, shape: &Shape) -> Result<Option<(Tensor<B>, QuantFormat)>> {
+        let Some(&format) = self.blocks.get(name) else { return Ok(None) };
+        let bad = |msg: String| Error::Parameter { name: name.into(), msg };
+        let (out, inp) = match shape.dims() {
+            &[o, i] => (o, i),
+            _ => return Err(bad(format!("`{name}` is stored as {format} blocks but the model needs {shape}"))),
+        };
+        let row = format.row_bytes(inp).map_err(|e| bad(format!("`{name}`: {e}")))?;
+        let stored = Shape::new([out, row]);
+        if self.ckpt.shape(name) != Some(&stored) || self.ckpt.dtype(name) != Some(DType::U8) {
+            return Err(bad(format!(
+                "`{name}` should hold {format} blocks U8 {stored}, but the checkpoint has {:?} {:?}",
+                self.ckpt.dtype(name),
+                self.ckpt.shape(name)
+            )));
+        }
+        self.used.insert(name.to_string());
+        let placements = self.plan.map(|p| p.placements(name)).unwrap_or_default();
+        let t = match (placements.get(MeshAxis::Mp), self.plan) {
+            (Placement::Shard(d), Some(plan)) if plan.mesh.mp > 1 => {
+                // the rules' dimension; along `in` the split must fall between blocks
+                let k = plan.mesh.mp;
+                let units = if d == 0 { out } else { inp / format.block_values() };
+                if d > 1 || !units.is_multiple_of(k) {
+                    let what = if d == 0 { format!("{out} rows") } else { format!("{units} {format} blocks a row") };
+                    return Err(bad(format!("`{name}` ({what}) does not split {k} ways along dim {d}")));
+                }
+                let i = plan.index_along(MeshAxis::Mp).ok_or_else(|| {
+                    Error::config("load", format!("the plan for mesh {} is not bound to a rank", plan.mesh))
+                })?;
+                let n = stored.dims()[d];
+                let part = self.ckpt.read_slice_as(name, d, i * (n / k), n / k, DType::U8)?;
+                Tensor::from_local(self.b, self.b.upload_owned(part.data)?, stored, part.shape, placements, DType::U8)
+            }
+            (Placement::Partial(_), _) => {
+                return Err(Error::invalid("load", format!("parameter `{name}` cannot be planned as a partial sum")))
+            }
+            _ => {
+                let all = self.ckpt.read_as(name, DType::U8)?;
+                Tensor::from_storage(self.b, self.b.upload_owned(all.data)?, stored, DType::U8)
+            }
+        };
+        Ok(Some((t, format)))
+    }
     fn expert_range(&self, stack: &str, count: usize) -> (usize, usize) {
         match (self.plan, self.plan.and_then(|p| p.index_along(MeshAxis::Dp))) {
             (Some(plan), Some(at)) => plan.expert_share(stack, count, at),
@@ -234,6 +299,12 @@ impl<B: Backend> ParamSource<B> for CheckpointSource<'_, B> {
             return Err(Error::Parameter {
                 name: name.into(),
                 msg: format!("`{name}` has shape {stored} in the checkpoint but the model needs {shape}"),
+            });
+        }
+        if let Some(f) = self.blocks.get(name) {
+            return Err(Error::Parameter {
+                name: name.into(),
+                msg: format!("`{name}` is stored as {f} blocks, which only a linear layer's weight reads"),
             });
         }
         if let Some(d) = self.ckpt.dtype(name).filter(|d| self.dtype.is_float() && !d.is_float()) {
@@ -278,4 +349,31 @@ impl<B: Backend> ParamSource<B> for CheckpointSource<'_, B> {
         };
         Ok(t.into_var())
     }
+}
+
+/// The shapes the checkpoint stores: those of `expected` (the config's float parameters),
+/// with each weight `[out, in]` that `blocks` names as `U8 [out, row_bytes]`.
+pub fn stored_shapes(
+    expected: Vec<(String, Shape)>,
+    blocks: &BTreeMap<String, QuantFormat>,
+) -> Result<Vec<(String, Shape)>> {
+    let names: BTreeSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+    if let Some(n) = blocks.keys().find(|n| !names.contains(n.as_str())) {
+        return Err(Error::Parameter {
+            name: n.clone(),
+            msg: format!("`quantization_config` names `{n}`, which the model does not have"),
+        });
+    }
+    expected
+        .into_iter()
+        .map(|(n, s)| match (blocks.get(&n), s.dims()) {
+            (None, _) => Ok((n, s)),
+            (Some(f), &[o, i]) => {
+                let row =
+                    f.row_bytes(i).map_err(|e| Error::Parameter { name: n.clone(), msg: format!("`{n}`: {e}") })?;
+                Ok((n, Shape::new([o, row])))
+            }
+            (Some(f), _) => Err(Error::Parameter { name: n.clone(), msg: format!("`{n}` {s} cannot be {f} blocks") }),
+        })
+        .collect()
 }

@@ -299,6 +299,19 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
     fn grouped_matmul(&self, x: &Self::Storage, w: &Self::Storage, spec: &GroupedSpec) -> Result<Self::Storage> {
         ops::grouped_matmul::composite_grouped_matmul(self, x, w, spec)
     }
+    /// `x [m, k]` times the transpose of a block-quantized matrix `w` (`U8 [n, row_bytes]`,
+    /// see [`ops::quant_matmul::QuantMatmulSpec`]), into `[m, n]` of `x`'s dtype. The
+    /// default dequantizes the blocks and runs one GEMM
+    /// ([`ops::quant_matmul::composite_quant_matmul`]); a backend overrides it with a
+    /// kernel that reads the blocks in place.
+    fn quant_matmul(
+        &self,
+        x: &Self::Storage,
+        w: &Self::Storage,
+        spec: &ops::quant_matmul::QuantMatmulSpec,
+    ) -> Result<Self::Storage> {
+        ops::quant_matmul::composite_quant_matmul(self, x, w, spec)
+    }
     /// Reduction of `x` (shape `shape`) along `dim`, keeping it with size 1.
     fn reduce(&self, op: ReduceOp, x: &Self::Storage, shape: &Shape, dim: usize) -> Result<Self::Storage>;
     /// Converts to `dtype`.

@@ -25,7 +25,7 @@ pub use dropout::Dropout;
 pub use embedding::Embedding;
 pub use gather::{gathered, prefetch_units, NamedUnits, ParamGather};
 pub use init::Init;
-pub use linear::Linear;
+pub use linear::{quantize_linears, Linear};
 pub use loss::{cross_entropy, IGNORE_INDEX};
 pub use mlp::{GatedMlp, Mlp};
 pub use moe::{load_balancing_loss, router_z_loss, Experts, RouterStats, SparseMoe};

@@ -13,6 +13,7 @@ pub mod layout;
 pub mod matmul;
 pub mod norm;
 pub mod paged_attention;
+pub mod quant_matmul;
 pub mod random;
 pub mod reduce;
 pub mod rotary;

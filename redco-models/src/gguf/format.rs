@@ -149,6 +149,11 @@ impl GgmlType {
         }
     }
 
+    /// The block-quantized format of this type, when redco reads it.
+    pub fn quant(self) -> Option<redco_core::quant::QuantFormat> {
+        redco_core::quant::QuantFormat::from_ggml_type(self.code())
+    }
+
     /// The type of code `c`.
     pub fn from_code(c: u32) -> GgmlType {
         match c {
@@ -238,13 +243,15 @@ impl TensorInfo {
         self.dims.iter().product()
     }
 
-    /// Bytes of its data, for the plain types and the block types [`super::quant`] reads
+    /// Bytes of its data, for the plain types and the block types of
+    /// [`redco_core::quant::QuantFormat`]
     /// (None for others, or a shape that is not whole blocks).
     pub fn byte_len(&self) -> Option<u64> {
         if let Some(b) = self.ty.elem_bytes() {
             return self.elems().checked_mul(b);
         }
-        let (per, size) = super::quant::block(self.ty)?;
+        let q = self.ty.quant()?;
+        let (per, size) = (q.block_values(), q.block_bytes());
         let n = self.elems();
         n.is_multiple_of(per as u64).then(|| n / per as u64 * size as u64)
     }

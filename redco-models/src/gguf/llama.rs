@@ -95,9 +95,12 @@ fn hf_name(g: &str) -> Result<String> {
 /// `config.json`, `model.safetensors` (float tensors in their stored type, quantized ones
 /// dequantized to `dequant`: f32, bf16 or f16), `tokenizer.json` and
 /// `tokenizer_config.json` from its SentencePiece vocabulary, and `chat_template.jinja`
-/// when it has one. Another architecture, a block type [`super::quant`] does not read, a
-/// rotary scaling or a tokenizer other than SentencePiece is refused by name.
-pub fn import(file: &Path, out: &Path, dequant: DType) -> Result<()> {
+/// when it has one. With `keep_blocks`, the linear layers' quantized weights stay the
+/// file's blocks (`U8 [out, row_bytes]`, named in `config.json`'s `quantization_config`,
+/// read in place by [`redco_core::Tensor::matmul_quant`]); the rest is dequantized.
+/// Another architecture, a block type `redco_core::quant` does not read, a rotary scaling
+/// or a tokenizer other than SentencePiece is refused by name.
+pub fn import(file: &Path, out: &Path, dequant: DType, keep_blocks: bool) -> Result<()> {
     use super::format::Gguf;
     use redco_core::HostData;
     let (g, map) = Gguf::open(file)?;
@@ -150,13 +153,41 @@ pub fn import(file: &Path, out: &Path, dequant: DType) -> Result<()> {
         config[k] = id.map_or(serde_json::Value::Null, |i| serde_json::json!(i));
     }
     let mut tensors = Vec::new();
+    let mut formats = serde_json::Map::new();
     for t in &g.tensors {
         let name = hf_name(&t.name)?;
-        let dims: Vec<usize> = t.dims.iter().rev().map(|&d| d as usize).collect();
+        let mut dims: Vec<usize> = t.dims.iter().rev().map(|&d| d as usize).collect();
         let raw = g.tensor_bytes(&map, t)?;
         let quantized = t.ty.elem_bytes().is_none();
+        let linear = name.ends_with("proj.weight") || name == "lm_head.weight";
+        if let (true, true, Some(q), 2) = (keep_blocks, linear, t.ty.quant(), dims.len()) {
+            let mut bytes = raw.to_vec();
+            let row = bytes.len() / dims[0].max(1);
+            if t.name.ends_with("attn_q.weight") || t.name.ends_with("attn_k.weight") {
+                let h = if t.name.ends_with("attn_q.weight") { heads } else { kv_heads };
+                if dims[0] != h * head_dim {
+                    return Err(err(format!(
+                        "tensor `{}` has shape {dims:?}, not [{}, {hidden}]",
+                        t.name,
+                        h * head_dim
+                    )));
+                }
+                bytes = permute_rows(&bytes, h, head_dim, 1, row, false);
+            }
+            formats.insert(name.clone(), serde_json::json!(q.name()));
+            dims[1] = row;
+            tensors.push((name, HostData::U8(bytes), dims));
+            continue;
+        }
         let mut bytes = if quantized {
-            let v = super::quant::dequantize(t.ty, raw, t.elems() as usize)
+            let q = t.ty.quant().ok_or_else(|| {
+                err(format!(
+                    "tensor `{}` is {}: blocks of that type are not read (Q8_0, Q4_0, Q4_K and Q6_K are)",
+                    t.name,
+                    t.ty.name()
+                ))
+            })?;
+            let v = redco_core::quant::blocks::dequantize(q, raw, t.elems() as usize)
                 .map_err(|e| err(format!("tensor `{}`: {e}", t.name)))?;
             v.iter().flat_map(|x| x.to_le_bytes()).collect()
         } else {
@@ -179,6 +210,9 @@ pub fn import(file: &Path, out: &Path, dequant: DType) -> Result<()> {
             _ => HostData::from_bytes(DType::BF16, &bytes)?,
         };
         tensors.push((name, data, dims));
+    }
+    if !formats.is_empty() {
+        config["quantization_config"] = serde_json::json!({"quant_method": "redco_blocks", "formats": formats});
     }
     std::fs::create_dir_all(out).map_err(|e| err(format!("{}: {e}", out.display())))?;
     let write = |f: &str, bytes: &[u8]| redco_pipeline::checkpoint::write_atomic(&out.join(f), bytes);

@@ -275,6 +275,37 @@ impl HfConfig {
         self.raw.get(key).and_then(Value::as_bool).unwrap_or(default)
     }
 
+    /// The linear weights stored as blocks, by name, from `quantization_config` (redco's
+    /// own `{"quant_method": "redco_blocks", "formats": {name: "Q4_K", ..}}`, as
+    /// `--model FILE.gguf` and `redco convert --quantize` write it); empty without one.
+    /// Other methods (AWQ, GPTQ, bitsandbytes, ...) are refused by name.
+    pub fn block_formats(&self) -> Result<std::collections::BTreeMap<String, redco_core::quant::QuantFormat>> {
+        let Some(q) = self.raw.get("quantization_config").filter(|q| !q.is_null()) else {
+            return Ok(Default::default());
+        };
+        let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("(no quant_method)");
+        if method != "redco_blocks" {
+            return Err(Error::unsupported(
+                "config",
+                format!(
+                    "`quantization_config` with quant_method `{method}`: checkpoints quantized that way are not \
+                     read yet (redco reads GGUF files, and quantizes at load with --quantize q8_0|q4_0|q4_k|q6_k)"
+                ),
+            ));
+        }
+        let formats = q.get("formats").and_then(Value::as_object).ok_or_else(|| {
+            Error::config("config", "`quantization_config` of `redco_blocks` needs an object `formats`")
+        })?;
+        formats
+            .iter()
+            .map(|(n, f)| {
+                let f =
+                    f.as_str().ok_or_else(|| Error::config("config", format!("format of `{n}` is not a string")))?;
+                Ok((n.clone(), redco_core::quant::QuantFormat::parse(f)?))
+            })
+            .collect()
+    }
+
     /// Parameter names and shapes as transformers stores them (tied weights once).
     /// Supported: `llama`, `mistral`, `gptj`, `opt`.
     pub fn param_shapes(&self) -> Result<Vec<(String, Shape)>> {

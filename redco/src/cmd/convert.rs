@@ -159,7 +159,7 @@ pub fn run(a: ConvertArgs) -> CliResult<()> {
         }
         "hf" if a.input.extension().is_some_and(|e| e == "gguf") => {
             let dtype = check::dtype(&a.dtype)?;
-            redco_models::gguf::llama::import(&a.input, &a.out, dtype)?;
+            redco_models::gguf::llama::import(&a.input, &a.out, dtype, false)?;
             crate::outln!("wrote the Hugging Face model {}", a.out.display());
         }
         "hf" => {

@@ -44,6 +44,11 @@ pub struct EvalDumpArgs {
     /// Greedy new tokens for `generated_ids`.
     #[arg(long, default_value_t = 8)]
     pub max_new_tokens: usize,
+    /// Quantize the linear layers to llama.cpp's blocks as the model loads (q8_0, q4_0,
+    /// q4_k or q6_k; rows must be whole blocks: 32 values, 256 for the K formats) and
+    /// multiply from the blocks in place.
+    #[arg(long)]
+    pub quantize: Option<String>,
     /// Parameter dtype: f32, bf16 or f16.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
@@ -72,6 +77,11 @@ fn dump<B: Backend>(
         return dump_t5(&model, a, &get, &cfg);
     }
     let model = AutoModel::from_pretrained(b, &a.model, dtype, plan.as_ref())?;
+    let model = super::quantize::apply(
+        model,
+        super::quantize::format(a.quantize.as_deref())?,
+        comm.is_none_or(|c| c.rank() == 0),
+    )?;
     let ids = get("input_ids")?
         .ok_or_else(|| redco_core::Error::invalid("eval-dump", format!("{} has no `input_ids`", a.inputs.display())))?;
     let mask = get("attention_mask")?;
@@ -220,9 +230,10 @@ impl OnBackend for OnMesh<'_> {
 pub fn run(mut a: EvalDumpArgs) -> CliResult<()> {
     let mesh = check::mesh(&a.mesh)?;
     let dtype = check::dtype(&a.dtype)?;
-    a.model = super::gguf_model::resolve(&a.model, dtype)?;
-    let inputs = read_all(&a.inputs)?;
+    super::quantize::format(a.quantize.as_deref())?;
     let kind = backends::backend(&a.backend)?;
+    a.model = super::gguf_model::resolve(&a.model, dtype, kind == backends::BackendKind::Cpu)?;
+    let inputs = read_all(&a.inputs)?;
     let threads = cores::threads_per_rank(a.threads, mesh);
     let on = OnMesh { a: &a, inputs: &inputs, dtype, mesh, threads };
     let tensors = backends::dispatch(kind, mesh, on)?;

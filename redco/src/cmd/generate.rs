@@ -64,6 +64,11 @@ pub struct GenerateArgs {
     /// Compute backend: cpu, wgpu (the `wgpu` feature), pjrt (the `tpu` feature) or cuda (the `cuda` feature); one device per rank.
     #[arg(long, default_value = "cpu")]
     pub backend: String,
+    /// Quantize the linear layers to llama.cpp's blocks as the model loads (q8_0, q4_0,
+    /// q4_k or q6_k; rows must be whole blocks: 32 values, 256 for the K formats) and
+    /// multiply from the blocks in place.
+    #[arg(long)]
+    pub quantize: Option<String>,
     /// Parameter dtype: f32, bf16 or f16.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
@@ -161,6 +166,7 @@ fn run_rank<B: Backend>(b: &B, comm: Option<&Comm<B>>, a: &GenerateArgs, prompts
         return decode(rows, 1);
     }
     let model = AutoModel::from_pretrained(b, &a.model, dtype, plan.as_ref())?;
+    let model = super::quantize::apply(model, super::quantize::format(a.quantize.as_deref())?, speak)?;
     if a.num_beams > 1 {
         return decode(generate_beam(&model, &ids, Some(&mask), &beams)?, batch.seq);
     }
@@ -210,8 +216,9 @@ impl OnBackend for OnMesh<'_> {
 
 /// Runs `redco generate`.
 pub fn run(mut a: GenerateArgs) -> CliResult<()> {
-    a.model = super::gguf_model::resolve(&a.model, check::dtype(&a.dtype)?)?;
+    super::quantize::format(a.quantize.as_deref())?;
     let kind = backends::backend(&a.backend)?;
+    a.model = super::gguf_model::resolve(&a.model, check::dtype(&a.dtype)?, kind == BackendKind::Cpu)?;
     let mesh = check::mesh(&a.mesh)?;
     if kind == BackendKind::Cpu {
         cores::check_devices(mesh, a.threads, a.oversubscribe)?;

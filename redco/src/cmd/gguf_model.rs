@@ -1,7 +1,8 @@
 //! `--model FILE.gguf` for `generate`, `serve` and `eval-dump`: a LLaMA-family GGUF file
 //! (as llama.cpp and its converters write them) is read into a Hugging Face model
-//! directory once, its quantized blocks (`Q8_0`, `Q4_0`, `Q4_K`, `Q6_K`) dequantized to the
-//! run's dtype, its vocabulary and chat template as `tokenizer.json` and
+//! directory once, the linear layers' quantized blocks (`Q8_0`, `Q4_0`, `Q4_K`, `Q6_K`)
+//! kept as they are on the CPU backend (multiplied in place, `Tensor::matmul_quant`) and
+//! dequantized to the run's dtype on the others and for the rest, its vocabulary and chat template as `tokenizer.json` and
 //! `chat_template.jinja` ([`redco_models::gguf::llama::import`]), and the command runs on
 //! that directory. The directory is kept in the user's cache (`~/.cache/redco/gguf`, or
 //! under `$XDG_CACHE_HOME`) under a name made from the file (its path, length and
@@ -20,8 +21,9 @@ pub fn is_gguf(model: &Path) -> bool {
 }
 
 /// The model directory the command runs on: `model` itself, or for a GGUF file the
-/// directory it was read into, dequantized to `dtype` (read now when not read before).
-pub fn resolve(model: &Path, dtype: DType) -> CliResult<PathBuf> {
+/// directory it was read into, dequantized to `dtype` apart from the linear layers' blocks
+/// when `keep_blocks` (read now when not read before).
+pub fn resolve(model: &Path, dtype: DType, keep_blocks: bool) -> CliResult<PathBuf> {
     if !is_gguf(model) {
         return Ok(model.to_path_buf());
     }
@@ -29,24 +31,30 @@ pub fn resolve(model: &Path, dtype: DType) -> CliResult<PathBuf> {
     let canon = model.canonicalize().unwrap_or_else(|_| model.to_path_buf());
     let mut h = std::collections::hash_map::DefaultHasher::new();
     let version = env!("CARGO_PKG_VERSION");
-    (canon.as_path(), meta.len(), meta.modified().ok(), format!("{dtype:?}"), version).hash(&mut h);
+    (canon.as_path(), meta.len(), meta.modified().ok(), format!("{dtype:?}"), version, keep_blocks).hash(&mut h);
     let stem = model.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
     let root = cache_root()?;
-    let dir = root.join(format!("{stem}-{}-{:016x}", format!("{dtype:?}").to_lowercase(), h.finish()));
+    let kind = if keep_blocks { "blocks-" } else { "" };
+    let dir = root.join(format!("{stem}-{kind}{}-{:016x}", format!("{dtype:?}").to_lowercase(), h.finish()));
     if dir.join(DONE).exists() {
         return Ok(dir);
     }
     crate::cmd::out::warn(format_args!(
-        "redco: reading {} into {} (quantized blocks dequantized to {dtype:?})",
+        "redco: reading {} into {} ({})",
         model.display(),
-        dir.display()
+        dir.display(),
+        if keep_blocks {
+            format!("the linear layers' blocks kept, the rest dequantized to {dtype:?}")
+        } else {
+            format!("quantized blocks dequantized to {dtype:?}")
+        }
     ));
     // each process reads into its own directory and publishes it by a rename: several
     // ranks starting at once each read, and the first rename wins
     let tmp = root.join(format!(".{stem}-{}.tmp", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
-    let read = redco_models::gguf::llama::import(model, &tmp, dtype).and_then(|()| {
+    let read = redco_models::gguf::llama::import(model, &tmp, dtype, keep_blocks).and_then(|()| {
         std::fs::write(tmp.join(DONE), b"")
             .map_err(|e| redco_core::Error::io("gguf", "cannot write", tmp.join(DONE), e))
     });

@@ -23,5 +23,6 @@ pub mod out;
 #[cfg(feature = "tpu")]
 pub mod pjrt;
 pub mod plan;
+pub mod quantize;
 pub mod serve;
 pub mod train;

@@ -49,6 +49,11 @@ pub struct ServeArgs {
     /// pjrt it runs the composite (each sequence's rows gathered, then attention).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
+    /// Quantize the linear layers to llama.cpp's blocks as the model loads (q8_0, q4_0,
+    /// q4_k or q6_k; rows must be whole blocks: 32 values, 256 for the K formats) and
+    /// multiply from the blocks in place.
+    #[arg(long)]
+    pub quantize: Option<String>,
     /// Parameter dtype: f32, bf16 or f16 (also the KV cache's unless --kv-dtype says).
     #[arg(long, default_value = "f32")]
     pub dtype: String,
@@ -84,11 +89,13 @@ pub struct ServeArgs {
 /// a `1 x mp` mesh (threads, or MPI processes under a launcher), rank 0 serving HTTP and
 /// leading the others in lockstep.
 pub fn run(mut a: ServeArgs) -> CliResult<()> {
+    super::quantize::format(a.quantize.as_deref())?;
     if super::gguf_model::is_gguf(&a.model) {
         // served under the file's name, from the directory it is read into
         let name = a.model.file_name().map(|n| n.to_string_lossy().into_owned());
         a.served_model_name = a.served_model_name.take().or(name);
-        a.model = super::gguf_model::resolve(&a.model, check::dtype(&a.dtype)?)?;
+        let cpu = backends::backend(&a.backend)? == backends::BackendKind::Cpu;
+        a.model = super::gguf_model::resolve(&a.model, check::dtype(&a.dtype)?, cpu)?;
     }
     let mesh = check::mesh(&a.mesh)?;
     if mesh.dp != 1 {
@@ -182,6 +189,11 @@ impl backends::OnBackend for OnMesh<'_> {
         let rank = |b: &B, comm: Option<&Comm<B>>| -> redco_core::Result<()> {
             let plan = model_config::bind(self.plan, comm)?;
             let model = AutoModel::from_pretrained(b, &self.a.model, self.dtype, plan.as_ref())?;
+            let model = super::quantize::apply(
+                model,
+                super::quantize::format(self.a.quantize.as_deref())?,
+                comm.is_none_or(|c| c.rank() == 0),
+            )?;
             let mut engine = Engine::split(b, model, self.engine, self.kv_dtype, self.mesh.mp)?;
             if let Ok(g) = self.guides {
                 engine = engine.with_guides(g.clone());

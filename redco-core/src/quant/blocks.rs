@@ -1,30 +1,19 @@
 //! llama.cpp's quantized blocks turned back into f32, as its own `dequantize_row_*` does:
 //! `Q8_0` and `Q4_0` (32 values a block, one f16 scale), `Q4_K` (256 values a super-block,
 //! eight sub-blocks with 6-bit scales and minimums) and `Q6_K` (256 values, sixteen 8-bit
-//! scales). Used where a GGUF file is read into a float model (`redco convert --to hf`);
-//! kernels that read the blocks in place are separate work.
+//! scales). The reference every kernel that reads blocks in place is checked against, and
+//! what reads a GGUF file into a float model (`redco convert --to hf`).
 
-use super::format::GgmlType;
+use super::QuantFormat;
+use crate::{Error, Result};
 use half::f16;
-use redco_core::{Error, Result};
-
-/// Values per block and bytes per block of a quantized type this module reads.
-pub fn block(ty: GgmlType) -> Option<(usize, usize)> {
-    match ty.code() {
-        2 => Some((32, 18)),    // Q4_0
-        8 => Some((32, 34)),    // Q8_0
-        12 => Some((256, 144)), // Q4_K
-        14 => Some((256, 210)), // Q6_K
-        _ => None,
-    }
-}
 
 fn half_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
 /// `Q4_K`'s scale and minimum of sub-block `j` (0..8) from its 12 packed bytes.
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
@@ -83,28 +72,39 @@ fn q6_k(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// The `elems` values of `bytes`, blocks of type `ty`; a type this module does not read, or
-/// a length that is not whole blocks, is an error naming it.
-pub fn dequantize(ty: GgmlType, bytes: &[u8], elems: usize) -> Result<Vec<f32>> {
-    let (per, size) = block(ty).ok_or_else(|| {
-        Error::invalid("gguf", format!("{} blocks are not read (Q8_0, Q4_0, Q4_K and Q6_K are)", ty.name()))
-    })?;
-    if !elems.is_multiple_of(per) || bytes.len() != elems / per * size {
+/// Dequantizes whole blocks of `fmt` from `bytes` into `out` (`out.len()` values, whole
+/// blocks; `bytes` exactly their length).
+pub fn dequantize_into(fmt: QuantFormat, bytes: &[u8], out: &mut [f32]) -> Result<()> {
+    let (per, size) = (fmt.block_values(), fmt.block_bytes());
+    if !out.len().is_multiple_of(per) || bytes.len() != out.len() / per * size {
         return Err(Error::invalid(
-            "gguf",
-            format!("{} values of {} take {} bytes, not {}", elems, ty.name(), elems / per * size, bytes.len()),
+            "dequantize",
+            format!(
+                "{} values of {} take {} bytes, not {}",
+                out.len(),
+                fmt.name(),
+                out.len() / per * size,
+                bytes.len()
+            ),
         ));
     }
-    let f: fn(&[u8], &mut [f32]) = match ty.code() {
-        2 => q4_0,
-        8 => q8_0,
-        12 => q4_k,
-        _ => q6_k,
+    let f: fn(&[u8], &mut [f32]) = match fmt {
+        QuantFormat::Q4_0 => q4_0,
+        QuantFormat::Q8_0 => q8_0,
+        QuantFormat::Q4K => q4_k,
+        QuantFormat::Q6K => q6_k,
     };
-    let mut out = vec![0f32; elems];
     for (b, y) in bytes.chunks_exact(size).zip(out.chunks_exact_mut(per)) {
         f(b, y);
     }
+    Ok(())
+}
+
+/// The `elems` values of `bytes`, blocks of `fmt`; a length that is not whole blocks is
+/// an error naming the format.
+pub fn dequantize(fmt: QuantFormat, bytes: &[u8], elems: usize) -> Result<Vec<f32>> {
+    let mut out = vec![0f32; elems];
+    dequantize_into(fmt, bytes, &mut out)?;
     Ok(out)
 }
 
@@ -120,12 +120,12 @@ mod tests {
     fn q8_0_and_q4_0_blocks_are_scale_times_code() {
         let mut b = h(0.5).to_vec();
         b.extend((0..32).map(|i| (i as i8 - 16) as u8));
-        let y = dequantize(GgmlType::Other(8), &b, 32).unwrap();
+        let y = dequantize(QuantFormat::Q8_0, &b, 32).unwrap();
         assert_eq!(y, (0..32).map(|i| (i as f32 - 16.0) * 0.5).collect::<Vec<_>>());
         // Q4_0: byte l holds value l (low nibble) and value l + 16 (high nibble), minus 8
         let mut b = h(0.25).to_vec();
         b.extend((0..16u8).map(|l| l | ((15 - l) << 4)));
-        let y = dequantize(GgmlType::Other(2), &b, 32).unwrap();
+        let y = dequantize(QuantFormat::Q4_0, &b, 32).unwrap();
         for l in 0..16 {
             assert_eq!((y[l], y[l + 16]), ((l as f32 - 8.0) * 0.25, ((15 - l) as f32 - 8.0) * 0.25));
         }
@@ -153,7 +153,7 @@ mod tests {
         let mut b = [h(d), h(dmin)].concat();
         b.extend(pack_k4(sc, m));
         b.extend((0..128).map(|i| ((i % 16) as u8) | (((i * 7 % 16) as u8) << 4)));
-        let y = dequantize(GgmlType::Other(12), &b, 256).unwrap();
+        let y = dequantize(QuantFormat::Q4K, &b, 256).unwrap();
         for (v, &got) in y.iter().enumerate() {
             // value v: chunk v / 64; the low nibbles of the chunk's 32 bytes, then the high
             let (chunk, r) = (v / 64, v % 64);
@@ -172,7 +172,7 @@ mod tests {
         let d = 0.01f32;
         let mut b = [ql.clone(), qh.clone(), sc.iter().map(|&s| s as u8).collect()].concat();
         b.extend(h(d));
-        let y = dequantize(GgmlType::Other(14), &b, 256).unwrap();
+        let y = dequantize(QuantFormat::Q6K, &b, 256).unwrap();
         let d = f16::from_f32(d).to_f32();
         for (v, &got) in y.iter().enumerate() {
             // value v: half v / 128; within it, group g = r / 32 of four, position l = r % 32
@@ -188,8 +188,7 @@ mod tests {
     }
 
     #[test]
-    fn other_types_and_short_data_are_refused_by_name() {
-        assert!(dequantize(GgmlType::Other(10), &[0; 84], 256).unwrap_err().to_string().contains("Q2_K"));
-        assert!(dequantize(GgmlType::Other(8), &[0; 33], 32).unwrap_err().to_string().contains("34"));
+    fn short_data_is_refused_by_name() {
+        assert!(dequantize(QuantFormat::Q8_0, &[0; 33], 32).unwrap_err().to_string().contains("34"));
     }
 }

@@ -1,0 +1,148 @@
+//! The integer dot products with AVX2: 32 byte products a block summed by `vpmaddubsw` and
+//! `vpmaddwd` into eight i32 lanes, scaled in f32 with one fused multiply-add. Signed
+//! codes go through `vpsignb` (the first operand of `vpmaddubsw` is unsigned); `Q4_K`'s
+//! nibbles are unsigned already, and its minimums meet the activations' code sums.
+
+use super::portable::scale_min_k4;
+use super::QRows;
+use redco_core::quant::QuantFormat;
+use std::arch::x86_64::*;
+
+fn half(b: &[u8], at: usize) -> f32 {
+    half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// Sum of products of signed bytes `a` and `b`, as eight f32 lanes (lane `i` sums bytes
+/// `4i..4i + 4`).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn dot_i8(a: __m256i, b: __m256i) -> __m256 {
+    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+}
+
+/// [`dot_i8`] with `u` unsigned (at most 127).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn dot_u8(u: __m256i, b: __m256i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, b), _mm256_set1_epi16(1)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn load(b: &[u8]) -> __m256i {
+    assert!(b.len() >= 32);
+    // SAFETY: 32 bytes are in bounds (checked above); unaligned loads are allowed
+    unsafe { _mm256_loadu_si256(b.as_ptr() as *const __m256i) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn load_i8(b: &[i8]) -> __m256i {
+    assert!(b.len() >= 32);
+    // SAFETY: as `load`
+    unsafe { _mm256_loadu_si256(b.as_ptr() as *const __m256i) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn load16(b: &[u8]) -> __m128i {
+    assert!(b.len() >= 16);
+    // SAFETY: as `load`, 16 bytes
+    unsafe { _mm_loadu_si128(b.as_ptr() as *const __m128i) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn dot(format: QuantFormat, w: &[u8], q: &[i8], d: &[f32], s: &[f32]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let low4 = _mm256_set1_epi8(0xF);
+    let xb = |b: usize| load_i8(&q[32 * b..32 * b + 32]);
+    match format {
+        QuantFormat::Q8_0 => {
+            for (b, blk) in w.chunks_exact(34).enumerate() {
+                let scale = _mm256_set1_ps(half(blk, 0) * d[b]);
+                acc = _mm256_fmadd_ps(dot_i8(load(&blk[2..34]), xb(b)), scale, acc);
+            }
+            hsum(acc)
+        }
+        QuantFormat::Q4_0 => {
+            for (b, blk) in w.chunks_exact(18).enumerate() {
+                let v = load16(&blk[2..18]);
+                let v = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
+                let codes = _mm256_sub_epi8(_mm256_and_si256(v, low4), _mm256_set1_epi8(8));
+                let scale = _mm256_set1_ps(half(blk, 0) * d[b]);
+                acc = _mm256_fmadd_ps(dot_i8(codes, xb(b)), scale, acc);
+            }
+            hsum(acc)
+        }
+        QuantFormat::Q4K => {
+            let mut mins = 0f32;
+            for (sb, blk) in w.chunks_exact(144).enumerate() {
+                let (dd, dmin) = (half(blk, 0), half(blk, 2));
+                for c in 0..4 {
+                    let v = load(&blk[16 + 32 * c..16 + 32 * c + 32]);
+                    let (lo, hi) = (_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+                    let b = 8 * sb + 2 * c;
+                    let (s0, m0) = scale_min_k4(2 * c, &blk[4..16]);
+                    let (s1, m1) = scale_min_k4(2 * c + 1, &blk[4..16]);
+                    acc = _mm256_fmadd_ps(dot_u8(lo, xb(b)), _mm256_set1_ps(dd * s0 as f32 * d[b]), acc);
+                    acc = _mm256_fmadd_ps(dot_u8(hi, xb(b + 1)), _mm256_set1_ps(dd * s1 as f32 * d[b + 1]), acc);
+                    mins += dmin * (m0 as f32 * s[b] + m1 as f32 * s[b + 1]);
+                }
+            }
+            hsum(acc) - mins
+        }
+        QuantFormat::Q6K => {
+            let three = _mm256_set1_epi8(3);
+            let off = _mm256_set1_epi8(32);
+            for (sb, blk) in w.chunks_exact(210).enumerate() {
+                let dd = half(blk, 208);
+                for h in 0..2 {
+                    let (ql0, ql1) = (load(&blk[64 * h..64 * h + 32]), load(&blk[64 * h + 32..64 * h + 64]));
+                    let qh = load(&blk[128 + 32 * h..128 + 32 * h + 32]);
+                    let high = |shift: i32| -> __m256i {
+                        let v = match shift {
+                            0 => qh,
+                            2 => _mm256_srli_epi16(qh, 2),
+                            4 => _mm256_srli_epi16(qh, 4),
+                            _ => _mm256_srli_epi16(qh, 6),
+                        };
+                        _mm256_slli_epi16(_mm256_and_si256(v, three), 4)
+                    };
+                    let codes = [
+                        _mm256_or_si256(_mm256_and_si256(ql0, low4), high(0)),
+                        _mm256_or_si256(_mm256_and_si256(ql1, low4), high(2)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), high(4)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4), high(6)),
+                    ];
+                    for (j, c) in codes.into_iter().enumerate() {
+                        let b = 8 * sb + 4 * h + j;
+                        let sc = &blk[192 + 8 * h + 2 * j..];
+                        let (a0, a1) = (dd * sc[0] as i8 as f32 * d[b], dd * sc[1] as i8 as f32 * d[b]);
+                        let scale = _mm256_setr_ps(a0, a0, a0, a0, a1, a1, a1, a1);
+                        acc = _mm256_fmadd_ps(dot_i8(_mm256_sub_epi8(c, off), xb(b)), scale, acc);
+                    }
+                }
+            }
+            hsum(acc)
+        }
+    }
+}
+
+/// One weight row `w` against every activation row, into `out`.
+pub(super) fn row_dots(format: QuantFormat, w: &[u8], qx: &QRows, out: &mut [f32]) {
+    let (k, nb) = (qx.k, qx.k / 32);
+    for (i, o) in out.iter_mut().enumerate().take(qx.m) {
+        let (q, d, s) = (&qx.q[i * k..(i + 1) * k], &qx.d[i * nb..(i + 1) * nb], &qx.s[i * nb..(i + 1) * nb]);
+        // SAFETY: this module is chosen only where AVX2 and FMA were detected
+        *o = unsafe { dot(format, w, q, d, s) };
+    }
+}

@@ -1,0 +1,119 @@
+//! Products with block-quantized weights read in place (`Backend::quant_matmul`): the
+//! activations are quantized to signed bytes in blocks of 32 (one f32 scale each, and the
+//! scale times the block's code sum for the formats with minimums), and every weight block
+//! meets its activation block in integer dot products, scaled in f32.
+//!
+//! With AVX2 the bytes multiply 32 at a time (`vpmaddubsw`/`vpmaddwd`, the weights' nibbles
+//! and 6-bit codes unpacked in registers); elsewhere the same sums run as portable loops.
+//! Weight rows are split over the threads; each row is read once per call and met by every
+//! activation row while it is in cache. Decoding (one row) is a stream over the blocks, so
+//! its time follows the format's bytes.
+
+mod act;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod portable;
+
+pub(crate) use act::QRows;
+
+use rayon::prelude::*;
+use redco_core::ops::quant_matmul::QuantMatmulSpec;
+use redco_core::quant::QuantFormat;
+use redco_core::{Error, HostData, Result};
+
+/// One weight row (`k` values of blocks `w`) against every activation row of `x`, into
+/// `out[i]` for row `i`.
+type RowDots = fn(QuantFormat, &[u8], &QRows, &mut [f32]);
+
+/// The dot-product kernels this machine runs (`avx2` or `portable`).
+pub(crate) fn family() -> &'static str {
+    if use_avx2() {
+        "avx2"
+    } else {
+        "portable"
+    }
+}
+
+fn use_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        redco_core::host_simd::avx2_fma()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+fn kernel(avx2: bool) -> RowDots {
+    #[cfg(target_arch = "x86_64")]
+    if avx2 {
+        return avx2::row_dots;
+    }
+    let _ = avx2;
+    portable::row_dots
+}
+
+/// `x [m, k] @ W^T` for `W [n, k]` in the blocks `w`, as `x`'s dtype, on the current pool.
+pub(crate) fn quant_matmul(x: &HostData, w: &HostData, spec: &QuantMatmulSpec, threads: usize) -> Result<HostData> {
+    quant_matmul_with(x, w, spec, threads, use_avx2())
+}
+
+/// [`quant_matmul`] with the kernel family chosen (tests run both).
+pub(crate) fn quant_matmul_with(
+    x: &HostData,
+    w: &HostData,
+    spec: &QuantMatmulSpec,
+    threads: usize,
+    avx2: bool,
+) -> Result<HostData> {
+    let QuantMatmulSpec { m, n, k, format } = *spec;
+    let HostData::U8(w) = w else {
+        return Err(Error::invalid("quant_matmul", format!("blocks must be U8, got {:?}", w.dtype())));
+    };
+    let row = format.row_bytes(k)?;
+    if w.len() != n * row || x.len() != m * k {
+        return Err(Error::invalid(
+            "quant_matmul",
+            format!("{} bytes and {} values for [{m}, {k}] @ [{n}, {k}] of {format}", w.len(), x.len()),
+        ));
+    }
+    if !x.dtype().is_float() {
+        return Err(Error::UnsupportedDType { op: "quant_matmul", dtype: x.dtype() });
+    }
+    if m == 0 || n == 0 {
+        return Ok(HostData::from_f32(vec![0f32; m * n], x.dtype()));
+    }
+    let xf = x.to_f32_vec();
+    let qx = QRows::quantize(&xf, m, k);
+    let dots = kernel(avx2);
+    let per = (n / (threads.max(1) * 8)).clamp(1, 64);
+    let y = if m == 1 {
+        let mut y = vec![0f32; n];
+        y.par_chunks_mut(per).enumerate().for_each(|(c, ys)| {
+            for (j, yj) in ys.iter_mut().enumerate() {
+                let r = c * per + j;
+                dots(format, &w[r * row..(r + 1) * row], &qx, std::slice::from_mut(yj));
+            }
+        });
+        y
+    } else {
+        // rows of W^T x^T first (each weight row meets every activation row), then turned
+        let mut yt = vec![0f32; n * m];
+        yt.par_chunks_mut(per * m).enumerate().for_each(|(c, ys)| {
+            for (j, yr) in ys.chunks_mut(m).enumerate() {
+                let r = c * per + j;
+                dots(format, &w[r * row..(r + 1) * row], &qx, yr);
+            }
+        });
+        let mut y = vec![0f32; m * n];
+        for (j, col) in yt.chunks_exact(m).enumerate() {
+            for (i, &v) in col.iter().enumerate() {
+                y[i * n + j] = v;
+            }
+        }
+        y
+    };
+    Ok(HostData::from_f32(y, x.dtype()))
+}
+
+#[cfg(test)]
+mod tests;
