@@ -96,7 +96,7 @@ fn fit_offset(x: &[f32], top: f32) -> (f32, f32) {
         // the offset may not go below zero: the block's minimum is at most 0
         let nm = ((ns * sq - sx) / n).max(0.0);
         let ns = if nm == 0.0 && sqq > 0.0 { (sqx / sqq).max(0.0) } else { ns };
-        if !(ns > 0.0) {
+        if ns.is_nan() || ns <= 0.0 {
             break;
         }
         let e = err(ns, nm);

@@ -4,6 +4,9 @@
 
 use rayon::prelude::*;
 
+/// One row's values, codes, block scales and scaled sums.
+type Row<'a> = (((&'a [f32], &'a mut [i8]), &'a mut [f32]), &'a mut [f32]);
+
 /// `m` rows of `k` values (`k` a multiple of 32) as byte codes and block scales.
 pub(crate) struct QRows {
     /// Values per row.
@@ -23,7 +26,7 @@ impl QRows {
     pub(crate) fn quantize(x: &[f32], m: usize, k: usize) -> QRows {
         let nb = k / 32;
         let (mut q, mut d, mut s) = (vec![0i8; m * k], vec![0f32; m * nb], vec![0f32; m * nb]);
-        let one = |(((xr, qr), dr), sr): (((&[f32], &mut [i8]), &mut [f32]), &mut [f32])| {
+        let one = |(((xr, qr), dr), sr): Row<'_>| {
             for (b, (xb, qb)) in xr.chunks_exact(32).zip(qr.chunks_exact_mut(32)).enumerate() {
                 let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
                 let db = amax / 127.0;

@@ -153,8 +153,25 @@ fn the_llama_fixture_converts_to_a_gguf_llama_cpp_reads() {
     }
     assert!(quantized >= 2 * 6, "the attention and gate/up matrices of both layers: {quantized}");
     w.write(&q8).unwrap();
-    let (text, _) = gguf_gen(&q8);
+    let (text, said) = gguf_gen(&q8);
     assert!(text.starts_with("the cat") && text.split_whitespace().count() >= 4, "{text}");
+    assert!(said.contains("blocks kept"), "the CPU reads the blocks in place: {said}");
+    // in place, the blocks give the logits of the same file dequantized up to the rounding
+    // of the activations to bytes (the integer dot products)
+    let deq = d.join("q8-dequantized");
+    let (code, _, err) = redco(&["convert", "--to", "hf", "--input", s(&q8), "--out", s(&deq)]);
+    assert_eq!(code, 0, "{err}");
+    let inputs = src.join("inputs.safetensors");
+    let dump = |m: &std::path::Path, out: &std::path::Path| {
+        let (code, _, err) = redco(&["eval-dump", "--model", s(m), "--inputs", s(&inputs), "--out", s(out)]);
+        assert_eq!(code, 0, "{err}");
+        redco_models::hf::safetensors::read_all(out).unwrap()["logits"].data.to_f64_vec()
+    };
+    let (a, b) = (dump(&q8, &d.join("in-place.safetensors")), dump(&deq, &d.join("deq.safetensors")));
+    let num: f64 = a.iter().zip(&b).map(|(x, y)| (x - y).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    assert!((num / den).sqrt() < 0.05, "relative L2 {}", (num / den).sqrt());
+    assert_ne!(a, b, "the blocks were read in place, not dequantized");
     // a file that is not a LLaMA is refused by name
     let bad = d.join("bad.gguf");
     let mut w = redco_models::gguf::format::Writer::new();

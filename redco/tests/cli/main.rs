@@ -13,6 +13,7 @@ mod cli_lora;
 mod cli_mpi;
 mod cli_pjrt;
 mod cli_plan;
+mod cli_quant;
 mod cli_seq2seq;
 mod cli_serve;
 mod cli_serve_cache;

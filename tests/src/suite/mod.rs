@@ -25,6 +25,7 @@ pub mod matmul;
 pub mod nn;
 pub mod norm;
 pub mod optim;
+pub mod quant_matmul;
 pub mod random;
 pub mod reduce;
 pub mod rotary;
@@ -280,6 +281,22 @@ macro_rules! suite {
             #[test]
             fn grouped_matmul_errors() {
                 $crate::suite::grouped_matmul::grouped_matmul_errors(&$make)
+            }
+        }
+        mod quant_matmul {
+            #[allow(unused_imports)]
+            use super::*;
+            #[test]
+            fn quant_matmul_values() {
+                $crate::suite::quant_matmul::quant_matmul_values(&$make)
+            }
+            #[test]
+            fn quant_matmul_grads() {
+                $crate::suite::quant_matmul::quant_matmul_grads(&$make)
+            }
+            #[test]
+            fn quant_matmul_errors() {
+                $crate::suite::quant_matmul::quant_matmul_errors(&$make)
             }
         }
         mod nn {

@@ -11,6 +11,10 @@
 //! token are the dense model's, against transformers' `Qwen3MoeForCausalLM` and, in the
 //! same run, redco's dense model of the same active parameters (`redco dense`).
 //!
+//! `--quantize q8_0|q4_0|q4_k|q6_k`: the same model with its linear layers quantized to
+//! llama.cpp's blocks at load (`redco q8_0` etc., multiplied from the blocks in place) runs
+//! beside the float one, interleaved: the row shows what bytes per weight buy at batch 1.
+//!
 //! `--model DIR --dtype f32|bf16|f16` measures a saved LLaMA instead (both systems load the
 //! directory; e.g. a 1.1B one written in bf16 by transformers), and adds each system's load
 //! time from the page cache (the files are read once before; redco: `Llama::from_pretrained`;
@@ -123,8 +127,13 @@ impl Timings {
 /// Runs the benchmark.
 pub fn run(argv: &[String]) -> Result<(), String> {
     let args = Args::parse(argv, &["moe"])?;
-    args.only(&["threads", "reps", "torch", "json", "prompt", "new", "layers", "model", "dtype", "moe"])?;
+    args.only(&["threads", "reps", "torch", "json", "prompt", "new", "layers", "model", "dtype", "moe", "quantize"])?;
     let moe = args.has("moe");
+    let quant =
+        args.get("quantize").map(redco_core::quant::QuantFormat::parse).transpose().map_err(|e| e.to_string())?;
+    if moe && quant.is_some() {
+        return Err("--quantize runs beside the float model: give --moe or --quantize, not both".into());
+    }
     if moe && args.get("model").is_some() {
         return Err("--moe builds its own mixture of experts: give --moe or --model, not both".into());
     }
@@ -200,9 +209,21 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         hf["model_type"] = "llama".into();
         let cfg = HfConfig::from_json(&hf.to_string()).map_err(|e| e.to_string())?;
         Some(Llama::new(&dev, &cfg, dtype, 0).map_err(|e| e.to_string())?)
+    } else if let Some(f) = quant {
+        // with --quantize, the same weights as blocks take the dense model's place
+        let mut m = match args.get("model") {
+            Some(dir) => Llama::from_pretrained(&dev, std::path::Path::new(dir), dtype),
+            None => Llama::new(&dev, &cfg, dtype, 0),
+        }
+        .map_err(|e| e.to_string())?;
+        let (done, left) =
+            redco_core::nn::quantize_linears(&mut m, f, &|n| !n.ends_with(".gate")).map_err(|e| e.to_string())?;
+        eprintln!("redco {f}: {} linear layers quantized, {} left in floats", done.len(), left.len());
+        Some(m)
     } else {
         None
     };
+    let other = quant.map_or("redco dense".to_string(), |f| format!("redco {}", f.name().to_lowercase()));
     // warm-up: both systems, both lengths (torch also builds its model here)
     redco_once(&model, &ids, new)?;
     redco_once(&model, &ids, 1)?;
@@ -239,7 +260,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     }
     // the dense row last: the ratio against torch stays the first two rows'
     if dense.is_some() {
-        results.push(("redco dense", same_active.summary(new)));
+        results.push((other.as_str(), same_active.summary(new)));
         loads.push(None);
         rss.push(f64::NAN);
     }

@@ -42,6 +42,12 @@
 //! levels (and transformers' with `--peer`) llama.cpp serves the same model, converted by
 //! `redco convert --to gguf` at `--dtype`, with the same requests; printed as for `--peer`.
 //! See `serve_llama.rs`.
+//!
+//! `--quantize TYPE` (`q8_0`, `q4_0`, `q4_k_m`, `q4_k_s`, ...: llama.cpp's quantization
+//! types): with `--peer-llama-cpp BIN`, the f32 GGUF is quantized by the `llama-quantize`
+//! beside BIN and both servers serve that one file (redco reads its blocks in place);
+//! without a peer, redco quantizes at load (`redco serve --quantize`, the types redco
+//! writes: q8_0, q4_0, q4_k, q6_k).
 
 use super::memory::redco_beside;
 use super::serve_load::{
@@ -223,6 +229,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         "guided",
         "dtype",
         "kv-dtype",
+        "quantize",
     ])?;
     if a.get("guided").is_some() && super::serve_llama::vocab_file(&a)?.is_none() {
         return Err("--guided needs a vocabulary that spells JSON: add --llama-vocab FILE (a SentencePiece GGUF, \
@@ -299,9 +306,20 @@ fn bench(
     } else {
         vocabulary_words(&tok_text)?
     };
-    let mut child = Command::new(redco)
-        .args(["serve", "--model"])
-        .arg(dir)
+    // with --quantize and llama.cpp as the peer, both serve one file llama.cpp quantized
+    let quant_gguf = match (a.get("quantize"), a.get("peer-llama-cpp")) {
+        (Some(q), Some(bin)) => {
+            let f32_file = super::serve_llama::convert(redco, dir, "f32")?;
+            Some(super::serve_llama::quantize(Path::new(bin), &f32_file, q)?)
+        }
+        _ => None,
+    };
+    let mut cmd = Command::new(redco);
+    cmd.args(["serve", "--model"]).arg(quant_gguf.as_deref().unwrap_or(dir));
+    if let (Some(q), None) = (a.get("quantize"), &quant_gguf) {
+        cmd.args(["--quantize", q]);
+    }
+    let mut child = cmd
         .args(["--port", "0", "--kv-memory", a.get("kv-memory").unwrap_or("2GB"), "--mesh", mesh])
         .args(["--dtype", dtype(a)?])
         .args(["--kv-dtype", kv_dtype(a)?])
@@ -317,8 +335,9 @@ fn bench(
         line.split("http://").nth(1).and_then(|r| r.split_whitespace().next()).ok_or(format!("no address: {line}"))?;
     println!("{}", line.trim());
     println!(
-        "redco serve --model {preset} (random weights, {}), greedy, streamed; prompts 16-128 words, outputs 16-64 tokens",
-        dtype(a)?
+        "redco serve --model {preset} (random weights, {}{}), greedy, streamed; prompts 16-128 words, outputs 16-64 tokens",
+        dtype(a)?,
+        a.get("quantize").map(|q| format!(", linear layers {q}")).unwrap_or_default()
     );
     let probe_text = probe_prompt(&words);
     let probe = complete(addr, &probe_text, 16)?;
@@ -381,7 +400,10 @@ fn bench(
         let bin = Path::new(bin);
         let version = super::serve_llama::version(bin);
         eprintln!("xtask: the peer: llama-server ({version}); converting the model to GGUF");
-        let gguf = super::serve_llama::convert(redco, dir, dtype(a)?)?;
+        let gguf = match &quant_gguf {
+            Some(g) => g.clone(),
+            None => super::serve_llama::convert(redco, dir, dtype(a)?)?,
+        };
         let slots = levels_.iter().copied().max().unwrap_or(1);
         let (peer, paddr) = super::serve_llama::start(bin, &gguf, dir, slots, kv_dtype(a)?)?;
         let peer_probe = complete(&paddr, &probe_text, 16)?;
@@ -389,7 +411,7 @@ fn bench(
         drop(peer);
         let name = format!(
             "llama-server ({version}; GGUF {}, KV cache {}, {slots} slots, {} threads)",
-            dtype(a)?,
+            a.get("quantize").unwrap_or(dtype(a)?),
             kv_dtype(a)?,
             crate::machine::cores()
         );

@@ -91,6 +91,23 @@ pub(super) fn convert(redco: &Path, dir: &Path, dtype: &str) -> Result<PathBuf, 
     Ok(out)
 }
 
+/// `llama-quantize` (beside `server`, a `llama-server`) of `f32_file` to llama.cpp's type
+/// `ty` (`q8_0`, `q4_k_m`, ...): the file written beside it.
+pub(super) fn quantize(server: &Path, f32_file: &Path, ty: &str) -> Result<PathBuf, String> {
+    let tool = server.with_file_name("llama-quantize");
+    let out = f32_file.with_file_name(format!("model-{}.gguf", ty.to_lowercase()));
+    let o = Command::new(&tool)
+        .arg(f32_file)
+        .arg(&out)
+        .arg(ty.to_uppercase())
+        .output()
+        .map_err(|e| format!("{} (llama-quantize is looked for beside the llama-server): {e}", tool.display()))?;
+    if !o.status.success() {
+        return Err(format!("llama-quantize {ty} failed: {}", String::from_utf8_lossy(&o.stderr).trim()));
+    }
+    Ok(out)
+}
+
 /// llama.cpp's version line (`BIN --version`).
 pub(super) fn version(bin: &Path) -> String {
     Command::new(bin)
