@@ -68,6 +68,41 @@ impl<B: Backend> AutoModel<B> {
         })
     }
 
+    /// [`AutoModel::from_pretrained`] with the linear layers (not a mixture's routers)
+    /// quantized to blocks of `format`: as each is read for the LLaMA family (the float
+    /// model is never whole, [`crate::params::Quantizing`]), after loading for the others.
+    /// The layers left in floats (rows not whole blocks) are [`AutoModel::float_linears`].
+    pub fn from_pretrained_quantized(
+        b: &B,
+        dir: &Path,
+        dtype: DType,
+        plan: Option<&ShardPlan>,
+        format: redco_core::quant::QuantFormat,
+    ) -> Result<Self> {
+        let cfg = HfConfig::from_dir(dir)?;
+        Ok(match cfg.model_type.as_str() {
+            "llama" | "mistral" | "mixtral" | "qwen3" | "qwen3_moe" => {
+                AutoModel::Llama(Llama::from_pretrained_quantized(b, dir, dtype, plan, format)?)
+            }
+            _ => {
+                let mut m = Self::from_pretrained(b, dir, dtype, plan)?;
+                m.quantize(format)?;
+                m
+            }
+        })
+    }
+
+    /// The linear layers (not a mixture's routers) whose weights are floats, by name.
+    pub fn float_linears(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        self.visit_linears("", &mut |name, l| {
+            if l.quant.is_none() && !name.ends_with(".gate") {
+                out.push(name.to_string());
+            }
+        });
+        out
+    }
+
     /// [`AutoModel::new`] with each parameter handed to `placer` as it is made (see
     /// [`Llama::new_placed`]): no rank holds more than its part of the model beyond the
     /// tensor being made.

@@ -306,7 +306,20 @@ impl<B: Backend> Llama<B> {
         dtype: DType,
         plan: Option<&redco_core::planning::ShardPlan>,
     ) -> Result<Self> {
-        Self::load(b, dir, dtype, plan, &KeepWhole)
+        Self::load(b, dir, dtype, plan, &KeepWhole, None)
+    }
+
+    /// [`Llama::from_pretrained_split`] with the linear layers (not a mixture's routers)
+    /// quantized to blocks of `format` as each is read (this rank's part of it), so that
+    /// the float model is never whole: see [`crate::params::Quantizing`].
+    pub fn from_pretrained_quantized(
+        b: &B,
+        dir: &std::path::Path,
+        dtype: DType,
+        plan: Option<&redco_core::planning::ShardPlan>,
+        format: redco_core::quant::QuantFormat,
+    ) -> Result<Self> {
+        Self::load(b, dir, dtype, plan, &KeepWhole, Some(format))
     }
 
     /// [`Llama::from_pretrained`] with each tensor handed to `placer` as it is read (see
@@ -317,7 +330,7 @@ impl<B: Backend> Llama<B> {
         dtype: DType,
         placer: &dyn ParamPlacer<B>,
     ) -> Result<Self> {
-        Self::load(b, dir, dtype, None, placer)
+        Self::load(b, dir, dtype, None, placer, None)
     }
 
     fn load(
@@ -326,6 +339,7 @@ impl<B: Backend> Llama<B> {
         dtype: DType,
         plan: Option<&redco_core::planning::ShardPlan>,
         placer: &dyn ParamPlacer<B>,
+        quantize: Option<redco_core::quant::QuantFormat>,
     ) -> Result<Self> {
         let cfg = HfConfig::from_dir(dir)?;
         Self::check_config(&cfg)?;
@@ -334,7 +348,13 @@ impl<B: Backend> Llama<B> {
         let stored = crate::params::stored_shapes(cfg.param_shapes()?, &blocks)?;
         CheckpointSource::<B>::check(&ckpt, &stored, &|n| n.ends_with("rotary_emb.inv_freq"))?;
         let mut src = CheckpointSource::new(b, &ckpt, plan, dtype).with_blocks(blocks);
-        Self::build(&cfg, &mut Placed::new(&mut src, placer))
+        match quantize {
+            Some(f) => {
+                let mut q = crate::params::Quantizing::new(&mut src, f);
+                Self::build(&cfg, &mut Placed::new(&mut q, placer))
+            }
+            None => Self::build(&cfg, &mut Placed::new(&mut src, placer)),
+        }
     }
 
     /// Logits `[batch, seq, vocab]` for `ids` `[batch, seq]`, with an optional `[batch, seq]`

@@ -152,6 +152,68 @@ impl<B: Backend> ParamSource<B> for Placed<'_, B> {
     }
 }
 
+/// Another source whose linear weights (`*proj.weight`, `lm_head.weight`, ...: every
+/// weight a layer asks for as [`ParamSource::blocks`], apart from a mixture's routers) are
+/// quantized to blocks of `format` as they are made, each rank's part where it lies
+/// (`--quantize`); a weight whose rows (this rank's part of them) are not whole blocks
+/// stays in floats and is listed in [`Quantizing::left`]. The float model is never whole:
+/// one layer's float weight at a time.
+pub struct Quantizing<'a, B: Backend> {
+    inner: &'a mut dyn ParamSource<B>,
+    format: QuantFormat,
+    left: Vec<String>,
+    pending: Option<(String, Tensor<B>)>,
+}
+
+impl<'a, B: Backend> Quantizing<'a, B> {
+    /// `inner`'s parameters with the linear weights as blocks of `format`.
+    pub fn new(inner: &'a mut dyn ParamSource<B>, format: QuantFormat) -> Self {
+        Quantizing { inner, format, left: Vec::new(), pending: None }
+    }
+    /// The weights left in floats so far (rows not whole blocks).
+    pub fn left(&self) -> &[String] {
+        &self.left
+    }
+}
+
+impl<B: Backend> ParamSource<B> for Quantizing<'_, B> {
+    fn param(&mut self, name: &str, shape: Shape, init: Init) -> Result<Tensor<B>> {
+        match self.pending.take() {
+            Some((n, t)) if n == name => Ok(t),
+            _ => self.inner.param(name, shape, init),
+        }
+    }
+    fn blocks(&mut self, name: &str, shape: &Shape) -> Result<Option<(Tensor<B>, QuantFormat)>> {
+        if let Some(stored) = self.inner.blocks(name, shape)? {
+            return Ok(Some(stored));
+        }
+        if name.ends_with(".gate.weight") || shape.rank() != 2 {
+            return Ok(None);
+        }
+        let inp = shape.dims()[1];
+        let bound = Init::Uniform(1.0 / (inp.max(1) as f64).sqrt());
+        let w = self.inner.param(name, shape.clone(), bound)?;
+        let mut l = redco_core::nn::Linear::from_tensors(w, None)?;
+        if !l.weight.local_shape().dims()[1].is_multiple_of(self.format.block_values()) {
+            // left in floats: the layer asks `param` for it next, and gets this one
+            self.left.push(name.to_string());
+            self.pending = Some((name.to_string(), l.weight));
+            return Ok(None);
+        }
+        l.quantize(self.format)?;
+        Ok(Some((l.weight, self.format)))
+    }
+    fn expert_range(&self, stack: &str, count: usize) -> (usize, usize) {
+        self.inner.expert_range(stack, count)
+    }
+    fn skip(&mut self, name: &str) {
+        self.inner.skip(name)
+    }
+    fn stack(&mut self, stack: &str, parts: &[String], part_shape: Shape, init: Init) -> Result<Tensor<B>> {
+        self.inner.stack(stack, parts, part_shape, init)
+    }
+}
+
 /// Fresh parameters from a seed (each parameter's stream is derived from the seed and the
 /// order in which it is asked for).
 pub struct RandomInit<'a, B: Backend> {

@@ -8,6 +8,11 @@
 //! Weight rows are split over the threads; each row is read once per call and met by every
 //! activation row while it is in cache. Decoding (one row) is a stream over the blocks, so
 //! its time follows the format's bytes.
+//!
+//! Products with many rows (prefill, large batches: [`PANEL_ROWS`] or more) do not
+//! quantize the activations: a panel of weight rows at a time is dequantized to f32 (the
+//! panel stays in cache) and multiplied by the f32 GEMM, whose throughput the integer dots
+//! without VNNI do not reach; the blocks are still read once a call.
 
 mod act;
 #[cfg(target_arch = "x86_64")]
@@ -52,6 +57,41 @@ fn kernel(avx2: bool) -> RowDots {
     portable::row_dots
 }
 
+/// Rows of `x` from which a product dequantizes panels for the f32 GEMM.
+pub(crate) const PANEL_ROWS: usize = 16;
+
+/// Weight rows dequantized per panel: about 1 MiB of f32.
+fn panel_rows(k: usize) -> usize {
+    ((1 << 18) / k.max(1)).clamp(16, 512)
+}
+
+/// `x [m, k] @ W^T` through f32 panels of `W` (see the module docs): false where this CPU
+/// has no f32 GEMM kernel.
+fn by_panels(x: &[f32], w: &[u8], spec: &QuantMatmulSpec, threads: usize, y: &mut [f32]) -> Result<bool> {
+    let QuantMatmulSpec { m, n, k, format } = *spec;
+    if !crate::sgemm::is_supported() {
+        return Ok(false);
+    }
+    let row = format.row_bytes(k)?;
+    let nb = panel_rows(k);
+    let mut panel = vec![0f32; nb * k];
+    for j0 in (0..n).step_by(nb) {
+        let rows = nb.min(n - j0);
+        let p = &mut panel[..rows * k];
+        p.par_chunks_mut(k).enumerate().try_for_each(|(r, out)| {
+            let at = (j0 + r) * row;
+            redco_core::quant::blocks::dequantize_into(format, &w[at..at + row], out)
+        })?;
+        // C[:, j0..] = x (m x k) * panel^T: element (p, j) of B at panel[j * k + p]
+        let a = crate::sgemm::MatRef { data: x, rs: k, cs: 1 };
+        let b = crate::sgemm::MatRef { data: p, rs: 1, cs: k };
+        if !crate::sgemm::sgemm(m, rows, k, a, b, &mut y[j0..], n, false, threads) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// `x [m, k] @ W^T` for `W [n, k]` in the blocks `w`, as `x`'s dtype, on the current pool.
 pub(crate) fn quant_matmul(x: &HostData, w: &HostData, spec: &QuantMatmulSpec, threads: usize) -> Result<HostData> {
     quant_matmul_with(x, w, spec, threads, use_avx2())
@@ -83,6 +123,12 @@ pub(crate) fn quant_matmul_with(
         return Ok(HostData::from_f32(vec![0f32; m * n], x.dtype()));
     }
     let xf = x.to_f32_vec();
+    if m >= PANEL_ROWS {
+        let mut y = vec![0f32; m * n];
+        if by_panels(&xf, w, spec, threads, &mut y)? {
+            return Ok(HostData::from_f32(y, x.dtype()));
+        }
+    }
     let qx = QRows::quantize(&xf, m, k);
     let dots = kernel(avx2);
     let per = (n / (threads.max(1) * 8)).clamp(1, 64);

@@ -70,6 +70,27 @@ fn the_product_is_the_float_product_within_the_activation_rounding() {
 }
 
 #[test]
+fn many_rows_go_through_f32_panels_exactly() {
+    // at PANEL_ROWS rows and more the activations are not rounded: the product is the
+    // dequantized weight's, to f32 accuracy, across several panels
+    let (m, k) = (PANEL_ROWS + 3, 256);
+    let n = panel_rows(k) * 2 + 5;
+    let x = values(m * k, 4);
+    for fmt in [QuantFormat::Q8_0, QuantFormat::Q4K, QuantFormat::Q6K] {
+        let w = quantize(fmt, &values(n * k, 8)).unwrap();
+        let wd = blocks::dequantize(fmt, &w, n * k).unwrap();
+        let spec = QuantMatmulSpec { m, n, k, format: fmt };
+        let got = quant_matmul(&HostData::F32(x.clone()), &HostData::U8(w), &spec, 2).unwrap().to_f64_vec();
+        for i in 0..m {
+            for j in 0..n {
+                let exact: f64 = (0..k).map(|p| wd[j * k + p] as f64 * x[i * k + p] as f64).sum();
+                assert!((got[i * n + j] - exact).abs() < 1e-4 * (1.0 + exact.abs()), "{fmt} [{i}, {j}]");
+            }
+        }
+    }
+}
+
+#[test]
 fn bad_operands_are_refused() {
     let spec = QuantMatmulSpec { m: 1, n: 2, k: 32, format: QuantFormat::Q8_0 };
     let x = HostData::F32(vec![0.0; 32]);

@@ -9,7 +9,6 @@ use clap::Args;
 use redco_core::nn::ModuleExt;
 use redco_core::runtime::Comm;
 use redco_core::{Backend, DType, HostData, Result, Tensor};
-use redco_models::auto::AutoModel;
 use redco_models::generate::{generate, BeamConfig, CausalLm, GenerationConfig};
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::safetensors::{read_all, HostTensor};
@@ -76,25 +75,30 @@ fn dump<B: Backend>(
         let model = T5::from_pretrained(b, &a.model, dtype, plan.as_ref())?;
         return dump_t5(&model, a, &get, &cfg);
     }
-    let model = AutoModel::from_pretrained(b, &a.model, dtype, plan.as_ref())?;
-    let model = super::quantize::apply(
-        model,
-        super::quantize::format(a.quantize.as_deref())?,
-        comm.is_none_or(|c| c.rank() == 0),
-    )?;
+    let quant = super::quantize::format(a.quantize.as_deref())?;
+    let model = super::quantize::load(b, &a.model, dtype, plan.as_ref(), quant, comm.is_none_or(|c| c.rank() == 0))?;
     let ids = get("input_ids")?
         .ok_or_else(|| redco_core::Error::invalid("eval-dump", format!("{} has no `input_ids`", a.inputs.display())))?;
     let mask = get("attention_mask")?;
     let mut out: Named = Vec::new();
     let logits = model.forward(&ids, mask.as_ref())?;
     out.push(host("logits", &logits)?);
+    // a model with quantized layers dumps its loss, not gradients (blocks are constants)
+    let mut quantized = false;
+    redco_core::nn::Module::visit_linears(&model, "", &mut |_, l| quantized |= l.quant.is_some());
     if let Some(labels) = get("labels")? {
-        let loss = model.loss(&ids, mask.as_ref(), &labels)?;
-        let grads = loss.backward()?;
+        let loss = if quantized {
+            redco_core::no_grad(|| model.loss(&ids, mask.as_ref(), &labels))?
+        } else {
+            model.loss(&ids, mask.as_ref(), &labels)?
+        };
         out.push(host("loss", &loss.reshape([1])?)?);
-        for (name, p) in model.named_parameters() {
-            if let Some(g) = grads.get(&p) {
-                out.push(host(&format!("grad.{name}"), g)?);
+        if !quantized {
+            let grads = loss.backward()?;
+            for (name, p) in model.named_parameters() {
+                if let Some(g) = grads.get(&p) {
+                    out.push(host(&format!("grad.{name}"), g)?);
+                }
             }
         }
     }

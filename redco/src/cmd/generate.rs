@@ -8,7 +8,6 @@ use crate::cmd::error::CliResult;
 use clap::Args;
 use redco_core::runtime::Comm;
 use redco_core::{Backend, Error, Result, Tensor};
-use redco_models::auto::AutoModel;
 use redco_models::generate::{generate_beam, generate_with, BeamConfig, GenerationConfig, Sampling};
 use redco_models::hf::config::HfConfig;
 use redco_models::hf::tokenizer::Tokenizer;
@@ -165,8 +164,8 @@ fn run_rank<B: Backend>(b: &B, comm: Option<&Comm<B>>, a: &GenerateArgs, prompts
         };
         return decode(rows, 1);
     }
-    let model = AutoModel::from_pretrained(b, &a.model, dtype, plan.as_ref())?;
-    let model = super::quantize::apply(model, super::quantize::format(a.quantize.as_deref())?, speak)?;
+    let quant = super::quantize::format(a.quantize.as_deref())?;
+    let model = super::quantize::load(b, &a.model, dtype, plan.as_ref(), quant, speak)?;
     if a.num_beams > 1 {
         return decode(generate_beam(&model, &ids, Some(&mask), &beams)?, batch.seq);
     }

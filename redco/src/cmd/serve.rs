@@ -188,12 +188,9 @@ impl backends::OnBackend for OnMesh<'_> {
     fn run<B: backends::CliBackend>(self, d: backends::Devices<B>) -> redco_core::Result<()> {
         let rank = |b: &B, comm: Option<&Comm<B>>| -> redco_core::Result<()> {
             let plan = model_config::bind(self.plan, comm)?;
-            let model = AutoModel::from_pretrained(b, &self.a.model, self.dtype, plan.as_ref())?;
-            let model = super::quantize::apply(
-                model,
-                super::quantize::format(self.a.quantize.as_deref())?,
-                comm.is_none_or(|c| c.rank() == 0),
-            )?;
+            let quant = super::quantize::format(self.a.quantize.as_deref())?;
+            let speak = comm.is_none_or(|c| c.rank() == 0);
+            let model = super::quantize::load(b, &self.a.model, self.dtype, plan.as_ref(), quant, speak)?;
             let mut engine = Engine::split(b, model, self.engine, self.kv_dtype, self.mesh.mp)?;
             if let Ok(g) = self.guides {
                 engine = engine.with_guides(g.clone());

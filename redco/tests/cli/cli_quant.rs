@@ -75,3 +75,61 @@ fn checkpoints_quantized_by_other_methods_are_refused_by_name() {
     assert!(err.contains("awq") && err.contains("not"), "{err}");
     std::fs::remove_dir_all(&d).ok();
 }
+
+#[test]
+fn quantized_layers_split_over_mp_by_whole_blocks_give_the_one_rank_logits() {
+    // the llama-tiny preset: hidden 128 (row-parallel layers split into 64 values, two
+    // blocks of 32, a rank) and intermediate 344 (not whole blocks: floats at both meshes)
+    let d = scratch_dir("quant", "mp");
+    let w = d.join("model");
+    let (code, _, err) = redco(&[
+        "train",
+        "--preset",
+        "llama-tiny",
+        "--steps",
+        "1",
+        "--batch-size",
+        "1",
+        "--seq-len",
+        "8",
+        "--sample-tokens",
+        "0",
+        "--workdir",
+        s(&w),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    // one row of 8 tokens (the integer dots) and three (24 rows: the f32 panels)
+    for rows in [1usize, 3] {
+        let ids: Vec<i64> = (0..rows as i64 * 8).map(|i| (i * 7 + 3) % 40).collect();
+        let inputs = d.join(format!("inputs-{rows}.safetensors"));
+        let t = vec![("input_ids".to_string(), redco_core::HostData::I64(ids), vec![rows, 8])];
+        std::fs::write(&inputs, redco_pipeline::checkpoint::safetensors_bytes(&t, Default::default()).unwrap())
+            .unwrap();
+        for q in ["q8_0", "q4_0"] {
+            let dump = |mesh: &str| {
+                let out = d.join(format!("{q}-{rows}-{mesh}.safetensors"));
+                let (code, _, err) = redco(&[
+                    "eval-dump",
+                    "--model",
+                    s(&w),
+                    "--inputs",
+                    s(&inputs),
+                    "--out",
+                    s(&out),
+                    "--quantize",
+                    q,
+                    "--mesh",
+                    mesh,
+                ]);
+                assert_eq!(code, 0, "{err}");
+                assert!(err.contains("down_proj") && !err.contains("o_proj"), "{mesh}: {err}");
+                read_all(&out).unwrap()["logits"].data.to_f64_vec()
+            };
+            let (one, two) = (dump("1x1"), dump("1x2"));
+            for (i, (a, b)) in one.iter().zip(&two).enumerate() {
+                assert!((a - b).abs() <= 1e-4 * (1.0 + a.abs()), "{q}, {rows} rows: logit {i}: {a} at 1x1, {b} at 1x2");
+            }
+        }
+    }
+    std::fs::remove_dir_all(&d).ok();
+}

@@ -15,7 +15,8 @@ fn blocks_of<B: Backend>(b: &B, fmt: QuantFormat, n: usize, k: usize, seed: u64)
     (Tensor::from_host(b, &HostData::U8(bytes), [n, fmt.row_bytes(k).unwrap()]).unwrap(), deq)
 }
 
-/// Every format at decode (one row), a few rows and rows past a block of threads, with
+/// Every format at decode (one row), a few rows, rows past a block of threads and a
+/// prefill's many rows, with
 /// `x` in the check dtype and in f32.
 pub fn quant_matmul_values<B: Backend>(b: &B) {
     if !b.supports(DType::U8) {
@@ -23,7 +24,7 @@ pub fn quant_matmul_values<B: Backend>(b: &B) {
     }
     for dt in [check_dtype(b), DType::F32] {
         for fmt in QuantFormat::ALL {
-            for (i, (m, n, k)) in [(1, 5, 256), (4, 3, 512), (9, 70, 768)].into_iter().enumerate() {
+            for (i, (m, n, k)) in [(1, 5, 256), (4, 3, 512), (9, 70, 768), (20, 9, 256)].into_iter().enumerate() {
                 let what = format!("matmul_quant {fmt} [{m}, {k}] x [{n}, {k}] {dt:?}");
                 let (wt, w) = blocks_of(b, fmt, n, k, 7 + i as u64);
                 let xt = tensor(b, &values(m * k, 3 + i as u64, -1.0, 1.0), [m, k], dt);
