@@ -83,7 +83,7 @@ pub fn plan_by_names(params: &[(String, Shape)], mesh: Mesh) -> ShardPlan {
             ),
             p => (if mesh.mp == 1 { Placement::Replicate } else { p }, role, why.to_string()),
         };
-        out.insert(name.clone(), ParamPlan { role, shape: shape.clone(), placement, reason });
+        out.insert(name.clone(), ParamPlan { role, shape: shape.clone(), placement, reason, quant: None });
     }
     ShardPlan { mesh, params: out, rank: None, ep: 1 }
 }

@@ -27,6 +27,7 @@ pub fn plan_adapters<B: Backend>(plan: &mut ShardPlan, adapters: &[(String, Lora
                     shape: t.shape().clone(),
                     placement,
                     reason: format!("LoRA adapter, laid out like {base}"),
+                    quant: None,
                 },
             );
         }

@@ -36,6 +36,8 @@ pub struct ParamPlan {
     pub placement: Placement,
     /// The rule that decided it (e.g. `column of pair with layers.0.mlp.down_proj.weight`).
     pub reason: String,
+    /// The block format it is held in, when quantized ([`ShardPlan::with_quant`]).
+    pub quant: Option<crate::quant::QuantFormat>,
 }
 
 /// Placements for every parameter of a model on a mesh.
@@ -161,7 +163,8 @@ impl ShardPlan {
         self.params.iter().map(|(k, v)| (k.clone(), v.placement)).collect()
     }
 
-    /// Bytes of parameters held by one rank (for `dtype_bytes` per element).
+    /// Bytes of parameters held by one rank (for `dtype_bytes` per element; a quantized
+    /// parameter its blocks' bytes).
     pub fn bytes_per_rank(&self, dtype_bytes: usize) -> usize {
         self.params
             .iter()
@@ -171,14 +174,44 @@ impl ShardPlan {
                     Placement::Shard(_) => n / self.mesh.mp,
                     _ => n,
                 };
-                if is_expert_param(name) {
-                    n / self.ep.max(1)
-                } else {
-                    n
+                let n = if is_expert_param(name) { n / self.ep.max(1) } else { n };
+                match p.quant {
+                    Some(f) => n / f.block_values() * f.block_bytes(),
+                    None => n * dtype_bytes,
                 }
             })
             .sum::<usize>()
-            * dtype_bytes
+    }
+
+    /// The plan with the linear weights (rank 2, not embeddings, norms or a mixture's
+    /// routers) held as blocks of `format` where each rank's part of a row is whole blocks
+    /// (as `--quantize` leaves the others in floats), and the parameters `stored` names in
+    /// the formats a checkpoint holds them in (a GGUF file's blocks).
+    pub fn with_quant(
+        mut self,
+        format: Option<crate::quant::QuantFormat>,
+        stored: &BTreeMap<String, crate::quant::QuantFormat>,
+    ) -> Self {
+        let mp = self.mesh.mp;
+        for (name, p) in self.params.iter_mut() {
+            if let Some(&f) = stored.get(name) {
+                p.quant = Some(f);
+                continue;
+            }
+            let Some(f) = format else { continue };
+            let linear = p.shape.rank() == 2
+                && name.ends_with(".weight")
+                && !name.contains("embed")
+                && !name.ends_with(".gate.weight")
+                && !name.contains("norm")
+                && !is_expert_param(name);
+            let k =
+                p.shape.dims().get(1).copied().unwrap_or(0) / if p.placement == Placement::Shard(1) { mp } else { 1 };
+            if linear && k > 0 && k.is_multiple_of(f.block_values()) {
+                p.quant = Some(f);
+            }
+        }
+        self
     }
 
     /// Applies user overrides, Redco-style: each `(regex, placement)` sets the model-parallel

@@ -460,7 +460,7 @@ pub fn plan_from_trace<B: Backend>(
         if mp == 1 {
             placement = Placement::Replicate;
         }
-        out.insert(pname.clone(), ParamPlan { role, shape: p.shape().clone(), placement, reason });
+        out.insert(pname.clone(), ParamPlan { role, shape: p.shape().clone(), placement, reason, quant: None });
     }
     Ok(ShardPlan { mesh, params: out, rank: None, ep: 1 })
 }

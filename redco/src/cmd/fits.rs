@@ -173,6 +173,7 @@ pub fn check_generation_fits(
     (rows, seq, new): (usize, usize, usize),
     compute: DType,
     threads: usize,
+    quant: Option<redco_core::quant::QuantFormat>,
 ) -> CliResult<()> {
     let t5 = cfg.model_type == "t5";
     let total = seq.saturating_add(new);
@@ -188,12 +189,19 @@ pub fn check_generation_fits(
     let Some(avail) = available_memory() else { return Ok(()) };
     let b = |x: usize| x as u128;
     let dtype_bytes: u128 = if compute == DType::F32 { 4 } else { 2 };
-    let params: u128 = match cfg.param_shapes() {
-        Ok(shapes) => shapes.iter().map(|(_, s)| b(s.elem_count())).sum(),
+    let weights: u128 = match cfg.param_shapes() {
+        // the planner's count: the linear layers' blocks (--quantize, or a GGUF's) at
+        // their own bytes
+        Ok(shapes) => {
+            let stored = cfg.block_formats().unwrap_or_default();
+            let plan = redco_core::planning::heuristics::plan_by_names(&shapes, redco_core::runtime::Mesh::single())
+                .with_quant(quant, &stored);
+            plan.bytes_per_rank(dtype_bytes as usize) as u128
+        }
         // encoder-decoder: two stacks of attention and feed-forward blocks, and the embedding
         Err(_) => {
             let (h, f) = (b(cfg.hidden), b(cfg.intermediate));
-            2 * b(cfg.layers) * (4 * h * h + 2 * h * f) + b(cfg.vocab) * h
+            (2 * b(cfg.layers) * (4 * h * h + 2 * h * f) + b(cfg.vocab) * h) * dtype_bytes
         }
     };
     let kv = 2 * b(cfg.layers) * b(rows) * b(total) * b(cfg.kv_heads) * b(cfg.head_dim) * dtype_bytes;
@@ -204,7 +212,7 @@ pub fn check_generation_fits(
         let group = b(cfg.heads / cfg.kv_heads.max(1));
         b(threads.max(1)) * group * b(seq) * b(seq) * 4 + b(rows) * b(seq) * b(seq)
     };
-    let need = (params * dtype_bytes + kv + logits + scores).min(u128::from(u64::MAX)) as u64;
+    let need = (weights + kv + logits + scores).min(u128::from(u64::MAX)) as u64;
     if need > avail {
         return Err(format!(
             "generating {rows} sequence(s) (prompts x beams) of {seq} prompt tokens and {new} new ones needs about {} \

@@ -124,7 +124,8 @@ fn run_rank<B: Backend>(b: &B, comm: Option<&Comm<B>>, a: &GenerateArgs, prompts
     vocab::check_ids(&batch.ids, cfg.vocab, false, &source, Some(&tok))?;
     let max_new_tokens = new_tokens(&cfg, a.max_new_tokens, batch.seq, speak);
     let threads = a.threads.unwrap_or_else(cores::host_cores);
-    fits::check_generation_fits(&cfg, (batch.batch * a.num_beams, batch.seq, max_new_tokens), dtype, threads)
+    let quant = super::quantize::format(a.quantize.as_deref())?;
+    fits::check_generation_fits(&cfg, (batch.batch * a.num_beams, batch.seq, max_new_tokens), dtype, threads, quant)
         .map_err(|e| e.into_redco("generate"))?;
     let ids = Tensor::from_vec(b, batch.ids.clone(), [batch.batch, batch.seq])?;
     let mask = Tensor::from_vec(b, batch.mask.clone(), [batch.batch, batch.seq])?;
@@ -164,7 +165,6 @@ fn run_rank<B: Backend>(b: &B, comm: Option<&Comm<B>>, a: &GenerateArgs, prompts
         };
         return decode(rows, 1);
     }
-    let quant = super::quantize::format(a.quantize.as_deref())?;
     let model = super::quantize::load(b, &a.model, dtype, plan.as_ref(), quant, speak)?;
     if a.num_beams > 1 {
         return decode(generate_beam(&model, &ids, Some(&mask), &beams)?, batch.seq);

@@ -52,6 +52,10 @@ pub struct PlanArgs {
     /// of experts, the smallest mesh, with the experts split over its dp ranks).
     #[arg(long)]
     pub device_memory: Option<String>,
+    /// Plan the linear layers held as llama.cpp's blocks (q8_0, q4_0, q4_k, q6_k), as
+    /// `generate`/`serve --quantize` hold them: inference only (with --inference).
+    #[arg(long)]
+    pub quantize: Option<String>,
     /// Fit the device for inference instead of training.
     #[arg(long)]
     pub inference: bool,
@@ -125,7 +129,12 @@ pub fn run(mut a: PlanArgs) -> CliResult<()> {
         crate::cmd::out::warn(format_args!("redco: warning: {msg}; attention stays replicated"));
     }
     let shapes = cfg.param_shapes()?;
-    let plan = plan_by_names(&shapes, mesh).with_ep(a.ep as usize)?;
+    let quant = super::quantize::format(a.quantize.as_deref())?;
+    let stored = cfg.block_formats()?;
+    if (quant.is_some() || !stored.is_empty()) && !a.inference {
+        return Err("a quantized model is planned for inference only: add --inference (training runs on floats)".into());
+    }
+    let plan = plan_by_names(&shapes, mesh).with_ep(a.ep as usize)?.with_quant(quant, &stored);
     if a.strict {
         if let Some((n, p)) =
             plan.params.iter().find(|(_, p)| p.placement == Placement::Replicate && p.reason.contains("not divisible"))
@@ -142,7 +151,10 @@ pub fn run(mut a: PlanArgs) -> CliResult<()> {
             let bytes = check::bytes(mem)?;
             let max_ranks = (m.experts * cfg.heads.max(1)).min(MAX_RANKS);
             let found = smallest_mesh(&cfg.dims(), &work, max_ranks, bytes, !a.inference, |m| {
-                plan_by_names(&shapes, m).with_ep(if m.dp > 1 { m.dp } else { 1 }).ok()
+                plan_by_names(&shapes, m)
+                    .with_ep(if m.dp > 1 { m.dp } else { 1 })
+                    .ok()
+                    .map(|p| p.with_quant(quant, &stored))
             });
             Some((bytes, max_ranks, found))
         }
@@ -153,8 +165,9 @@ pub fn run(mut a: PlanArgs) -> CliResult<()> {
         Some(mem) => {
             let bytes = check::bytes(mem)?;
             let max_mp = cfg.heads.max(1);
-            let found =
-                smallest_mp(&cfg.dims(), &work, mesh.dp, max_mp, bytes, !a.inference, |m| plan_by_names(&shapes, m));
+            let found = smallest_mp(&cfg.dims(), &work, mesh.dp, max_mp, bytes, !a.inference, |m| {
+                plan_by_names(&shapes, m).with_quant(quant, &stored)
+            });
             Some((bytes, max_mp, found))
         }
         None => None,
@@ -196,7 +209,12 @@ pub fn run(mut a: PlanArgs) -> CliResult<()> {
         cfg.vocab
     );
     let from = seq_from.map_or(String::new(), |why| format!(" (--seq-len default: {why})"));
-    crate::outln!("workload: batch {} x sequence {seq}{from}, {}\n", a.batch, a.dtype);
+    let held = match (quant, stored.is_empty()) {
+        (Some(f), _) => format!(", linear layers as {f} blocks"),
+        (None, false) => ", linear layers as the checkpoint's blocks".to_string(),
+        (None, true) => String::new(),
+    };
+    crate::outln!("workload: batch {} x sequence {seq}{from}, {}{held}\n", a.batch, a.dtype);
     crate::out!("{report}");
     print_strategies(&rows, picked, budget, &budget_from);
     match fit {

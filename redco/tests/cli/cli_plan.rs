@@ -280,3 +280,40 @@ fn plan_knows_experts_on_the_real_mixtral_and_qwen3_moe_configs() {
     assert_ne!(code, 0);
     assert!(err.contains("part of dp"), "{err}");
 }
+
+#[test]
+fn plan_counts_quantized_linear_layers_at_their_blocks_bytes() {
+    // LLaMA-2-7B's shape: every linear layer's rows are whole blocks of 32 and of 256
+    let d = std::env::temp_dir().join(format!("redco-cli-plan-7b-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(
+        d.join("config.json"),
+        r#"{"model_type":"llama","hidden_size":4096,"intermediate_size":11008,"num_attention_heads":32,"num_hidden_layers":32,"num_key_value_heads":32,"vocab_size":32000,"tie_word_embeddings":false}"#,
+    )
+    .unwrap();
+    let infer = |extra: &[&str]| -> u64 {
+        let mut args = vec!["plan", "--model", d.to_str().unwrap(), "--inference", "--json", "--batch", "1"];
+        args.extend_from_slice(&["--seq-len", "64"]);
+        args.extend_from_slice(extra);
+        let (code, out, err) = redco(&args);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["memory_per_device"]["inference"].as_u64().unwrap()
+    };
+    let (h, i, layers, vocab) = (4096u64, 11008u64, 32u64, 32000u64);
+    let linear = layers * (4 * h * h + 3 * h * i) + vocab * h;
+    let bf16 = infer(&[]);
+    // 2 bytes a value in bf16; Q8_0 34 bytes a block of 32, Q4_K 144 a block of 256
+    assert_eq!(infer(&["--quantize", "q8_0"]), bf16 - 2 * linear + linear / 32 * 34);
+    assert_eq!(infer(&["--quantize", "q4_k"]), bf16 - 2 * linear + linear / 256 * 144);
+    // at mp 2, the down projections' halves (5504 values) are not whole Q4_K blocks: floats
+    let q4_mp2 = infer(&["--quantize", "q4_k", "--mesh", "1x2"]);
+    let down = layers * h * i / 2;
+    let bf16_mp2 = infer(&["--mesh", "1x2"]);
+    assert_eq!(q4_mp2, bf16_mp2 - 2 * (linear / 2 - down) + (linear / 2 - down) / 256 * 144);
+    // training is planned on floats
+    let (code, _, err) = redco(&["plan", "--model", d.to_str().unwrap(), "--quantize", "q8_0"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--inference"), "{err}");
+    std::fs::remove_dir_all(&d).ok();
+}
