@@ -60,31 +60,40 @@ fn load16(b: &[u8]) -> __m128i {
     unsafe { _mm_loadu_si128(b.as_ptr() as *const __m128i) }
 }
 
+/// One activation row as the kernels read it: codes, block scales, scaled code sums.
+type XRow<'a> = (&'a [i8], &'a [f32], &'a [f32]);
+
+/// One weight row against `R` activation rows at once: each weight block is loaded and
+/// unpacked once for all of them.
 #[target_feature(enable = "avx2,fma")]
-fn dot(format: QuantFormat, w: &[u8], q: &[i8], d: &[f32], s: &[f32]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
+#[allow(clippy::needless_range_loop)] // `r` indexes the rows, their accumulators and outputs in step
+fn dots<const R: usize>(format: QuantFormat, w: &[u8], x: [XRow<'_>; R]) -> [f32; R] {
+    let mut acc = [_mm256_setzero_ps(); R];
     let low4 = _mm256_set1_epi8(0xF);
-    let xb = |b: usize| load_i8(&q[32 * b..32 * b + 32]);
+    let xb = |r: usize, b: usize| load_i8(&x[r].0[32 * b..32 * b + 32]);
+    let d = |r: usize, b: usize| x[r].1[b];
+    let mut out = [0f32; R];
     match format {
         QuantFormat::Q8_0 => {
             for (b, blk) in w.chunks_exact(34).enumerate() {
-                let scale = _mm256_set1_ps(half(blk, 0) * d[b]);
-                acc = _mm256_fmadd_ps(dot_i8(load(&blk[2..34]), xb(b)), scale, acc);
+                let (wv, dw) = (load(&blk[2..34]), half(blk, 0));
+                for r in 0..R {
+                    acc[r] = _mm256_fmadd_ps(dot_i8(wv, xb(r, b)), _mm256_set1_ps(dw * d(r, b)), acc[r]);
+                }
             }
-            hsum(acc)
         }
         QuantFormat::Q4_0 => {
             for (b, blk) in w.chunks_exact(18).enumerate() {
                 let v = load16(&blk[2..18]);
                 let v = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
                 let codes = _mm256_sub_epi8(_mm256_and_si256(v, low4), _mm256_set1_epi8(8));
-                let scale = _mm256_set1_ps(half(blk, 0) * d[b]);
-                acc = _mm256_fmadd_ps(dot_i8(codes, xb(b)), scale, acc);
+                let dw = half(blk, 0);
+                for r in 0..R {
+                    acc[r] = _mm256_fmadd_ps(dot_i8(codes, xb(r, b)), _mm256_set1_ps(dw * d(r, b)), acc[r]);
+                }
             }
-            hsum(acc)
         }
         QuantFormat::Q4K => {
-            let mut mins = 0f32;
             for (sb, blk) in w.chunks_exact(144).enumerate() {
                 let (dd, dmin) = (half(blk, 0), half(blk, 2));
                 for c in 0..4 {
@@ -93,12 +102,15 @@ fn dot(format: QuantFormat, w: &[u8], q: &[i8], d: &[f32], s: &[f32]) -> f32 {
                     let b = 8 * sb + 2 * c;
                     let (s0, m0) = scale_min_k4(2 * c, &blk[4..16]);
                     let (s1, m1) = scale_min_k4(2 * c + 1, &blk[4..16]);
-                    acc = _mm256_fmadd_ps(dot_u8(lo, xb(b)), _mm256_set1_ps(dd * s0 as f32 * d[b]), acc);
-                    acc = _mm256_fmadd_ps(dot_u8(hi, xb(b + 1)), _mm256_set1_ps(dd * s1 as f32 * d[b + 1]), acc);
-                    mins += dmin * (m0 as f32 * s[b] + m1 as f32 * s[b + 1]);
+                    let (a0, a1) = (dd * s0 as f32, dd * s1 as f32);
+                    let (n0, n1) = (dmin * m0 as f32, dmin * m1 as f32);
+                    for r in 0..R {
+                        acc[r] = _mm256_fmadd_ps(dot_u8(lo, xb(r, b)), _mm256_set1_ps(a0 * d(r, b)), acc[r]);
+                        acc[r] = _mm256_fmadd_ps(dot_u8(hi, xb(r, b + 1)), _mm256_set1_ps(a1 * d(r, b + 1)), acc[r]);
+                        out[r] -= n0 * x[r].2[b] + n1 * x[r].2[b + 1];
+                    }
                 }
             }
-            hsum(acc) - mins
         }
         QuantFormat::Q6K => {
             let three = _mm256_set1_epi8(3);
@@ -108,41 +120,57 @@ fn dot(format: QuantFormat, w: &[u8], q: &[i8], d: &[f32], s: &[f32]) -> f32 {
                 for h in 0..2 {
                     let (ql0, ql1) = (load(&blk[64 * h..64 * h + 32]), load(&blk[64 * h + 32..64 * h + 64]));
                     let qh = load(&blk[128 + 32 * h..128 + 32 * h + 32]);
-                    let high = |shift: i32| -> __m256i {
-                        let v = match shift {
-                            0 => qh,
-                            2 => _mm256_srli_epi16(qh, 2),
-                            4 => _mm256_srli_epi16(qh, 4),
-                            _ => _mm256_srli_epi16(qh, 6),
-                        };
-                        _mm256_slli_epi16(_mm256_and_si256(v, three), 4)
-                    };
+                    let high = |v: __m256i| _mm256_slli_epi16(_mm256_and_si256(v, three), 4);
                     let codes = [
-                        _mm256_or_si256(_mm256_and_si256(ql0, low4), high(0)),
-                        _mm256_or_si256(_mm256_and_si256(ql1, low4), high(2)),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), high(4)),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4), high(6)),
+                        _mm256_or_si256(_mm256_and_si256(ql0, low4), high(qh)),
+                        _mm256_or_si256(_mm256_and_si256(ql1, low4), high(_mm256_srli_epi16(qh, 2))),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                            high(_mm256_srli_epi16(qh, 4)),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                            high(_mm256_srli_epi16(qh, 6)),
+                        ),
                     ];
                     for (j, c) in codes.into_iter().enumerate() {
                         let b = 8 * sb + 4 * h + j;
                         let sc = &blk[192 + 8 * h + 2 * j..];
-                        let (a0, a1) = (dd * sc[0] as i8 as f32 * d[b], dd * sc[1] as i8 as f32 * d[b]);
-                        let scale = _mm256_setr_ps(a0, a0, a0, a0, a1, a1, a1, a1);
-                        acc = _mm256_fmadd_ps(dot_i8(_mm256_sub_epi8(c, off), xb(b)), scale, acc);
+                        let (a0, a1) = (dd * sc[0] as i8 as f32, dd * sc[1] as i8 as f32);
+                        let c = _mm256_sub_epi8(c, off);
+                        for r in 0..R {
+                            let (e0, e1) = (a0 * d(r, b), a1 * d(r, b));
+                            let scale = _mm256_setr_ps(e0, e0, e0, e0, e1, e1, e1, e1);
+                            acc[r] = _mm256_fmadd_ps(dot_i8(c, xb(r, b)), scale, acc[r]);
+                        }
                     }
                 }
             }
-            hsum(acc)
         }
     }
+    for r in 0..R {
+        out[r] += hsum(acc[r]);
+    }
+    out
 }
 
-/// One weight row `w` against every activation row, into `out`.
+/// One weight row `w` against every activation row, into `out`: four rows at a time.
 pub(super) fn row_dots(format: QuantFormat, w: &[u8], qx: &QRows, out: &mut [f32]) {
     let (k, nb) = (qx.k, qx.k / 32);
-    for (i, o) in out.iter_mut().enumerate().take(qx.m) {
-        let (q, d, s) = (&qx.q[i * k..(i + 1) * k], &qx.d[i * nb..(i + 1) * nb], &qx.s[i * nb..(i + 1) * nb]);
+    let row = |i: usize| -> XRow<'_> {
+        (&qx.q[i * k..(i + 1) * k], &qx.d[i * nb..(i + 1) * nb], &qx.s[i * nb..(i + 1) * nb])
+    };
+    let m = qx.m.min(out.len());
+    let mut i = 0;
+    while i + 4 <= m {
         // SAFETY: this module is chosen only where AVX2 and FMA were detected
-        *o = unsafe { dot(format, w, q, d, s) };
+        let v = unsafe { dots::<4>(format, w, [row(i), row(i + 1), row(i + 2), row(i + 3)]) };
+        out[i..i + 4].copy_from_slice(&v);
+        i += 4;
+    }
+    while i < m {
+        // SAFETY: as above
+        out[i] = unsafe { dots::<1>(format, w, [row(i)]) }[0];
+        i += 1;
     }
 }

@@ -6,7 +6,8 @@
 //! With AVX2 the bytes multiply 32 at a time (`vpmaddubsw`/`vpmaddwd`, the weights' nibbles
 //! and 6-bit codes unpacked in registers); elsewhere the same sums run as portable loops.
 //! Weight rows are split over the threads; each row is read once per call and met by every
-//! activation row while it is in cache. Decoding (one row) is a stream over the blocks, so
+//! activation row while it is in cache, four rows at a time (each block unpacked once for
+//! the four). Decoding (one row) is a stream over the blocks, so
 //! its time follows the format's bytes.
 //!
 //! Products with many rows (prefill, large batches: [`PANEL_ROWS`] or more) do not
@@ -58,7 +59,7 @@ fn kernel(avx2: bool) -> RowDots {
 }
 
 /// Rows of `x` from which a product dequantizes panels for the f32 GEMM.
-pub(crate) const PANEL_ROWS: usize = 16;
+pub(crate) const PANEL_ROWS: usize = 24;
 
 /// Weight rows dequantized per panel: about 1 MiB of f32.
 fn panel_rows(k: usize) -> usize {
