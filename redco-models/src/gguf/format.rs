@@ -437,7 +437,7 @@ impl Gguf {
         }
     }
 
-    /// The bytes of tensor `t` (a plain type or a block type [`super::quant`] reads), from
+    /// The bytes of tensor `t` (a plain type or a block type [`redco_core::quant`] reads), from
     /// the file's bytes `file`.
     pub fn tensor_bytes<'a>(&self, file: &'a [u8], t: &TensorInfo) -> Result<&'a [u8]> {
         let len = t.byte_len().ok_or_else(|| {
@@ -498,7 +498,7 @@ impl Writer {
     }
 
     /// Adds tensor `name` of `dims` (fastest first) and type `ty` (a plain type, or a block
-    /// type [`super::quant`] reads, in llama.cpp's block layout), with its little-endian
+    /// type [`redco_core::quant`] reads, in llama.cpp's block layout), with its little-endian
     /// bytes; a length that does not match, or another type, is an error.
     pub fn tensor(&mut self, name: &str, dims: Vec<u64>, ty: GgmlType, bytes: Vec<u8>) -> Result<()> {
         let info = TensorInfo { name: name.to_string(), dims, ty, offset: 0 };

@@ -15,6 +15,9 @@
 //! llama.cpp's blocks at load (`redco q8_0` etc., multiplied from the blocks in place) runs
 //! beside the float one, interleaved: the row shows what bytes per weight buy at batch 1.
 //!
+//! `--model FILE.gguf` reads a LLaMA GGUF (llama.cpp's own file) with its linear layers'
+//! blocks kept, as `redco generate --model FILE.gguf` does, the rest in `--dtype`.
+//!
 //! `--model DIR --dtype f32|bf16|f16` measures a saved LLaMA instead (both systems load the
 //! directory; e.g. a 1.1B one written in bf16 by transformers), and adds each system's load
 //! time from the page cache (the files are read once before; redco: `Llama::from_pretrained`;
@@ -150,7 +153,20 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         d => return Err(format!("--dtype {d}: use f32, bf16 or f16")),
     };
     let dev = Cpu::try_new(threads).map_err(|e| e.to_string())?;
-    let (cfg, cfg_json, model, load_s) = match args.get("model") {
+    // a GGUF file is read into a directory first, its linear layers' blocks kept
+    let gguf_dir = match args.get("model") {
+        Some(f) if f.ends_with(".gguf") => {
+            let dir = std::env::temp_dir().join(format!("redco-bench-decode-gguf-{}", std::process::id()));
+            redco_models::gguf::llama::import(std::path::Path::new(f), &dir, dtype, true).map_err(|e| e.to_string())?;
+            if args.get("torch").is_some() {
+                return Err("--torch reads a Hugging Face directory, not a GGUF file".into());
+            }
+            Some(dir)
+        }
+        _ => None,
+    };
+    let model_arg = gguf_dir.as_ref().map(|d| d.to_string_lossy().into_owned()).or(args.get("model").map(str::to_string));
+    let (cfg, cfg_json, model, load_s) = match model_arg.as_deref() {
         Some(dir) => {
             let dir = std::path::Path::new(dir);
             let cfg = HfConfig::from_dir(dir).map_err(|e| e.to_string())?;
@@ -211,7 +227,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         Some(Llama::new(&dev, &cfg, dtype, 0).map_err(|e| e.to_string())?)
     } else if let Some(f) = quant {
         // with --quantize, the same weights as blocks take the dense model's place
-        let mut m = match args.get("model") {
+        let mut m = match model_arg.as_deref() {
             Some(dir) => Llama::from_pretrained(&dev, std::path::Path::new(dir), dtype),
             None => Llama::new(&dev, &cfg, dtype, 0),
         }
@@ -348,6 +364,9 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         std::fs::write(path, serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?)
             .map_err(|e| format!("cannot write {path}: {e}"))?;
         eprintln!("wrote {path}");
+    }
+    if let Some(d) = &gguf_dir {
+        let _ = std::fs::remove_dir_all(d);
     }
     Ok(())
 }
