@@ -1,4 +1,4 @@
-//! The integer dot products with AVX2: 32 byte products a block summed by `vpmaddubsw` and
+//! The integer dot products with AVX2 (and F16C for the blocks' scales): 32 byte products a block summed by `vpmaddubsw` and
 //! `vpmaddwd` into eight i32 lanes, scaled in f32 with one fused multiply-add. Signed
 //! codes go through `vpsignb` (the first operand of `vpmaddubsw` is unsigned); `Q4_K`'s
 //! nibbles are unsigned already, and its minimums meet the activations' code sums.
@@ -8,14 +8,18 @@ use super::QRows;
 use redco_core::quant::QuantFormat;
 use std::arch::x86_64::*;
 
+/// The f16 at `b[at..at + 2]` as f32, by F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn half(b: &[u8], at: usize) -> f32 {
-    half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+    let bits = u16::from_le_bytes([b[at], b[at + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
 /// Sum of products of signed bytes `a` and `b`, as eight f32 lanes (lane `i` sums bytes
 /// `4i..4i + 4`).
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn dot_i8(a: __m256i, b: __m256i) -> __m256 {
     let p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
     _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)))
@@ -23,13 +27,13 @@ fn dot_i8(a: __m256i, b: __m256i) -> __m256 {
 
 /// [`dot_i8`] with `u` unsigned (at most 127).
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn dot_u8(u: __m256i, b: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, b), _mm256_set1_epi16(1)))
 }
 
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -37,7 +41,7 @@ fn hsum(v: __m256) -> f32 {
 }
 
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn load(b: &[u8]) -> __m256i {
     assert!(b.len() >= 32);
     // SAFETY: 32 bytes are in bounds (checked above); unaligned loads are allowed
@@ -45,7 +49,7 @@ fn load(b: &[u8]) -> __m256i {
 }
 
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn load_i8(b: &[i8]) -> __m256i {
     assert!(b.len() >= 32);
     // SAFETY: as `load`
@@ -53,7 +57,7 @@ fn load_i8(b: &[i8]) -> __m256i {
 }
 
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn load16(b: &[u8]) -> __m128i {
     assert!(b.len() >= 16);
     // SAFETY: as `load`, 16 bytes
@@ -65,32 +69,56 @@ type XRow<'a> = (&'a [i8], &'a [f32], &'a [f32]);
 
 /// One weight row against `R` activation rows at once: each weight block is loaded and
 /// unpacked once for all of them.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)] // `r` indexes the rows, their accumulators and outputs in step
 fn dots<const R: usize>(format: QuantFormat, w: &[u8], x: [XRow<'_>; R]) -> [f32; R] {
-    let mut acc = [_mm256_setzero_ps(); R];
+    // two accumulators a row (even and odd blocks, or a sub-block pair's two halves), so
+    // that consecutive fused multiply-adds do not wait on each other
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
     let low4 = _mm256_set1_epi8(0xF);
     let xb = |r: usize, b: usize| load_i8(&x[r].0[32 * b..32 * b + 32]);
     let d = |r: usize, b: usize| x[r].1[b];
     let mut out = [0f32; R];
     match format {
         QuantFormat::Q8_0 => {
-            for (b, blk) in w.chunks_exact(34).enumerate() {
+            let q8 = |blk: &[u8], b: usize, acc: &mut [[__m256; 2]; R], h: usize| {
                 let (wv, dw) = (load(&blk[2..34]), half(blk, 0));
                 for r in 0..R {
-                    acc[r] = _mm256_fmadd_ps(dot_i8(wv, xb(r, b)), _mm256_set1_ps(dw * d(r, b)), acc[r]);
+                    acc[r][h] = _mm256_fmadd_ps(dot_i8(wv, xb(r, b)), _mm256_set1_ps(dw * d(r, b)), acc[r][h]);
                 }
+            };
+            let pairs = w.chunks_exact(68);
+            let tail = pairs.remainder();
+            let mut b = 0;
+            for pair in pairs {
+                q8(&pair[..34], b, &mut acc, 0);
+                q8(&pair[34..], b + 1, &mut acc, 1);
+                b += 2;
+            }
+            if !tail.is_empty() {
+                q8(tail, b, &mut acc, 0);
             }
         }
         QuantFormat::Q4_0 => {
-            for (b, blk) in w.chunks_exact(18).enumerate() {
+            let q4 = |blk: &[u8], b: usize, acc: &mut [[__m256; 2]; R], h: usize| {
                 let v = load16(&blk[2..18]);
                 let v = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
                 let codes = _mm256_sub_epi8(_mm256_and_si256(v, low4), _mm256_set1_epi8(8));
                 let dw = half(blk, 0);
                 for r in 0..R {
-                    acc[r] = _mm256_fmadd_ps(dot_i8(codes, xb(r, b)), _mm256_set1_ps(dw * d(r, b)), acc[r]);
+                    acc[r][h] = _mm256_fmadd_ps(dot_i8(codes, xb(r, b)), _mm256_set1_ps(dw * d(r, b)), acc[r][h]);
                 }
+            };
+            let pairs = w.chunks_exact(36);
+            let tail = pairs.remainder();
+            let mut b = 0;
+            for pair in pairs {
+                q4(&pair[..18], b, &mut acc, 0);
+                q4(&pair[18..], b + 1, &mut acc, 1);
+                b += 2;
+            }
+            if !tail.is_empty() {
+                q4(tail, b, &mut acc, 0);
             }
         }
         QuantFormat::Q4K => {
@@ -105,8 +133,9 @@ fn dots<const R: usize>(format: QuantFormat, w: &[u8], x: [XRow<'_>; R]) -> [f32
                     let (a0, a1) = (dd * s0 as f32, dd * s1 as f32);
                     let (n0, n1) = (dmin * m0 as f32, dmin * m1 as f32);
                     for r in 0..R {
-                        acc[r] = _mm256_fmadd_ps(dot_u8(lo, xb(r, b)), _mm256_set1_ps(a0 * d(r, b)), acc[r]);
-                        acc[r] = _mm256_fmadd_ps(dot_u8(hi, xb(r, b + 1)), _mm256_set1_ps(a1 * d(r, b + 1)), acc[r]);
+                        acc[r][0] = _mm256_fmadd_ps(dot_u8(lo, xb(r, b)), _mm256_set1_ps(a0 * d(r, b)), acc[r][0]);
+                        acc[r][1] =
+                            _mm256_fmadd_ps(dot_u8(hi, xb(r, b + 1)), _mm256_set1_ps(a1 * d(r, b + 1)), acc[r][1]);
                         out[r] -= n0 * x[r].2[b] + n1 * x[r].2[b + 1];
                     }
                 }
@@ -141,7 +170,7 @@ fn dots<const R: usize>(format: QuantFormat, w: &[u8], x: [XRow<'_>; R]) -> [f32
                         for r in 0..R {
                             let (e0, e1) = (a0 * d(r, b), a1 * d(r, b));
                             let scale = _mm256_setr_ps(e0, e0, e0, e0, e1, e1, e1, e1);
-                            acc[r] = _mm256_fmadd_ps(dot_i8(c, xb(r, b)), scale, acc[r]);
+                            acc[r][j & 1] = _mm256_fmadd_ps(dot_i8(c, xb(r, b)), scale, acc[r][j & 1]);
                         }
                     }
                 }
@@ -149,7 +178,7 @@ fn dots<const R: usize>(format: QuantFormat, w: &[u8], x: [XRow<'_>; R]) -> [f32
         }
     }
     for r in 0..R {
-        out[r] += hsum(acc[r]);
+        out[r] += hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
     }
     out
 }
@@ -163,7 +192,7 @@ pub(super) fn row_dots(format: QuantFormat, w: &[u8], qx: &QRows, out: &mut [f32
     let m = qx.m.min(out.len());
     let mut i = 0;
     while i + 4 <= m {
-        // SAFETY: this module is chosen only where AVX2 and FMA were detected
+        // SAFETY: this module is chosen only where AVX2, FMA and F16C were detected
         let v = unsafe { dots::<4>(format, w, [row(i), row(i + 1), row(i + 2), row(i + 3)]) };
         out[i..i + 4].copy_from_slice(&v);
         i += 4;

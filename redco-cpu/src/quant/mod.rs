@@ -43,7 +43,7 @@ pub(crate) fn family() -> &'static str {
 fn use_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        redco_core::host_simd::avx2_fma()
+        redco_core::host_simd::avx2_fma() && std::arch::is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     false

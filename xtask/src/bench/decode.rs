@@ -165,7 +165,8 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         }
         _ => None,
     };
-    let model_arg = gguf_dir.as_ref().map(|d| d.to_string_lossy().into_owned()).or(args.get("model").map(str::to_string));
+    let model_arg =
+        gguf_dir.as_ref().map(|d| d.to_string_lossy().into_owned()).or(args.get("model").map(str::to_string));
     let (cfg, cfg_json, model, load_s) = match model_arg.as_deref() {
         Some(dir) => {
             let dir = std::path::Path::new(dir);

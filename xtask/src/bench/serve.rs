@@ -47,7 +47,9 @@
 //! types): with `--peer-llama-cpp BIN`, the f32 GGUF is quantized by the `llama-quantize`
 //! beside BIN and both servers serve that one file (redco reads its blocks in place);
 //! without a peer, redco quantizes at load (`redco serve --quantize`, the types redco
-//! writes: q8_0, q4_0, q4_k, q6_k).
+//! writes: q8_0, q4_0, q4_k, q6_k). `--keep DIR` writes the model (and the GGUF files)
+//! into DIR and leaves them there (for `bench decode --model DIR/model-q8_0.gguf` or
+//! llama.cpp's `llama-bench`).
 
 use super::memory::redco_beside;
 use super::serve_load::{
@@ -230,6 +232,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         "dtype",
         "kv-dtype",
         "quantize",
+        "keep",
     ])?;
     if a.get("guided").is_some() && super::serve_llama::vocab_file(&a)?.is_none() {
         return Err("--guided needs a vocabulary that spells JSON: add --llama-vocab FILE (a SentencePiece GGUF, \
@@ -247,7 +250,10 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     let per_client = a.num("requests", 2)?;
     let max_s = a.num("max-seconds", 300)? as f64;
     let redco = redco_beside("cargo build --release -p redco", "bench serve")?;
-    let dir = std::env::temp_dir().join(format!("redco-bench-serve-{}", std::process::id()));
+    // --keep DIR: the model (and its GGUF files) written there and left for other tools
+    let keep = a.get("keep").map(std::path::PathBuf::from);
+    let dir =
+        keep.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("redco-bench-serve-{}", std::process::id())));
     println!("machine: {}", crate::machine::describe());
     if let Some(vocab) = super::serve_llama::vocab_file(&a)? {
         eprintln!("xtask: writing the {preset} model (random weights) with the vocabulary of {}", vocab.display());
@@ -266,7 +272,9 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         }
     }
     let result = bench(&a, &redco, &dir, &mesh, &preset, &levels_, per_client, max_s);
-    let _ = std::fs::remove_dir_all(&dir);
+    if keep.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     result
 }
 
