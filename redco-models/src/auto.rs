@@ -118,8 +118,19 @@ impl<B: Backend> AutoModel<B> {
     }
 
     /// [`AutoModel::from_pretrained`] with each tensor handed to `placer` as it is read.
+    /// A directory holding quantized blocks is refused: training updates float weights.
     pub fn from_pretrained_placed(b: &B, dir: &Path, dtype: DType, placer: &dyn ParamPlacer<B>) -> Result<Self> {
-        Ok(match HfConfig::from_dir(dir)?.model_type.as_str() {
+        let cfg = HfConfig::from_dir(dir)?;
+        if !cfg.block_formats()?.is_empty() {
+            return Err(redco_core::Error::unsupported(
+                "load",
+                format!(
+                    "training from {}: its linear layers are quantized blocks (training updates floats)",
+                    dir.display()
+                ),
+            ));
+        }
+        Ok(match cfg.model_type.as_str() {
             "llama" | "mistral" | "mixtral" | "qwen3" | "qwen3_moe" => {
                 AutoModel::Llama(Llama::from_pretrained_placed(b, dir, dtype, placer)?)
             }

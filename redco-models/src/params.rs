@@ -6,7 +6,7 @@ use crate::hf::checkpoint::Checkpoint;
 use redco_core::nn::{Init, ParamPlacer};
 use redco_core::planning::ShardPlan;
 use redco_core::quant::QuantFormat;
-use redco_core::{Backend, DType, Error, MeshAxis, Placement, Placements, Result, Shape, Tensor};
+use redco_core::{Backend, DType, Error, HostData, MeshAxis, Placement, Placements, Result, Shape, Tensor};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Gives a model its parameters by name while it is built.
@@ -296,6 +296,39 @@ impl<'a, B: Backend> CheckpointSource<'a, B> {
     pub fn used(&self) -> &BTreeSet<String> {
         &self.used
     }
+
+    /// Stored blocks `name` asked for as floats of `shape` (`[out, in]`: a weight whose
+    /// split over `mp` does not fall between blocks): dequantized whole, converted to the
+    /// dtype, and this rank's part kept.
+    fn dequantized(&mut self, name: &str, shape: Shape, f: QuantFormat) -> Result<Tensor<B>> {
+        let bad = |msg: String| Error::Parameter { name: name.into(), msg };
+        let HostData::U8(bytes) = self.ckpt.read_as(name, DType::U8)?.data else {
+            return Err(bad(format!("`{name}` should hold {f} blocks as bytes")));
+        };
+        if shape.rank() != 2 || bytes.len() != shape.dims()[0] * f.row_bytes(shape.dims()[1])? {
+            return Err(bad(format!("`{name}`: {} bytes are not {f} blocks of {shape}", bytes.len())));
+        }
+        self.used.insert(name.to_string());
+        let values = redco_core::quant::blocks::dequantize(f, &bytes, shape.elem_count())?;
+        let whole = Tensor::from_host(self.b, &HostData::F32(values).into_dtype(self.dtype), shape.clone())?;
+        let placements = self.plan.map(|p| p.placements(name)).unwrap_or_default();
+        let t = match (placements.get(MeshAxis::Mp), self.plan) {
+            (Placement::Shard(d), Some(plan)) if plan.mesh.mp > 1 => {
+                let (k, n) = (plan.mesh.mp, shape.dims()[d]);
+                let i = plan.index_along(MeshAxis::Mp).ok_or_else(|| {
+                    Error::config("load", format!("the plan for mesh {} is not bound to a rank", plan.mesh))
+                })?;
+                if !n.is_multiple_of(k) {
+                    return Err(bad(format!("dim {d} of `{name}` {shape} does not split {k} ways")));
+                }
+                let part = whole.narrow(d as isize, i * (n / k), n / k)?;
+                let local = part.shape().clone();
+                Tensor::from_local(self.b, part.storage().clone(), shape, local, placements, self.dtype)
+            }
+            _ => whole,
+        };
+        Ok(t.into_var())
+    }
 }
 
 impl<B: Backend> ParamSource<B> for CheckpointSource<'_, B> {
@@ -322,9 +355,14 @@ impl<B: Backend> ParamSource<B> for CheckpointSource<'_, B> {
                 // the rules' dimension; along `in` the split must fall between blocks
                 let k = plan.mesh.mp;
                 let units = if d == 0 { out } else { inp / format.block_values() };
-                if d > 1 || !units.is_multiple_of(k) {
-                    let what = if d == 0 { format!("{out} rows") } else { format!("{units} {format} blocks a row") };
-                    return Err(bad(format!("`{name}` ({what}) does not split {k} ways along dim {d}")));
+                if d > 1 {
+                    return Err(bad(format!("`{name}` cannot be split along dim {d}")));
+                }
+                if !units.is_multiple_of(k) {
+                    // the split does not fall between blocks: the layer asks `param` for
+                    // floats next, and gets this weight dequantized
+                    self.used.remove(name);
+                    return Ok(None);
                 }
                 let i = plan.index_along(MeshAxis::Mp).ok_or_else(|| {
                     Error::config("load", format!("the plan for mesh {} is not bound to a rank", plan.mesh))
@@ -353,6 +391,9 @@ impl<B: Backend> ParamSource<B> for CheckpointSource<'_, B> {
         self.used.insert(name.to_string());
     }
     fn param(&mut self, name: &str, shape: Shape, _init: Init) -> Result<Tensor<B>> {
+        if let Some(&f) = self.blocks.get(name) {
+            return self.dequantized(name, shape, f);
+        }
         let stored = self.ckpt.shape(name).ok_or_else(|| Error::Parameter {
             name: name.into(),
             msg: format!("`{name}` is missing from the checkpoint"),
@@ -361,12 +402,6 @@ impl<B: Backend> ParamSource<B> for CheckpointSource<'_, B> {
             return Err(Error::Parameter {
                 name: name.into(),
                 msg: format!("`{name}` has shape {stored} in the checkpoint but the model needs {shape}"),
-            });
-        }
-        if let Some(f) = self.blocks.get(name) {
-            return Err(Error::Parameter {
-                name: name.into(),
-                msg: format!("`{name}` is stored as {f} blocks, which only a linear layer's weight reads"),
             });
         }
         if let Some(d) = self.ckpt.dtype(name).filter(|d| self.dtype.is_float() && !d.is_float()) {

@@ -164,6 +164,9 @@ fn attach<B: Backend>(
     if layer.weight.is_sharded() {
         return Err(Error::invalid("lora", "attach adapters before the model is split (in the model constructor)"));
     }
+    if let Some(f) = layer.quant {
+        return Err(Error::unsupported("lora", format!("an adapter on a layer quantized to {f} blocks (QLoRA)")));
+    }
     let (out, inp) = (layer.weight.dims()[0], layer.weight.dims()[1]);
     let (b, dtype) = (layer.weight.backend().clone(), layer.weight.dtype());
     let a = Init::Uniform(1.0 / (inp.max(1) as f64).sqrt()).var(&b, [cfg.rank, inp], dtype, seed)?;

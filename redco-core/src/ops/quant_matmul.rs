@@ -105,19 +105,18 @@ impl<B: Backend> Tensor<B> {
             return Err(Error::unsupported(OP, "blocks split over dp"));
         }
         // the rules' split of the weight over mp decides how x must lie along k
+        let x_now = self.placements().get(MeshAxis::Mp);
+        let rows_split = matches!(x_now, Placement::Shard(d) if d < last);
         let (x_mp, out_mp) = match w.placements().get(MeshAxis::Mp) {
+            // a whole weight: x's rows may stay split over mp, and the result's with them
+            Placement::Replicate if rows_split => (x_now, x_now),
             Placement::Replicate => (Placement::Replicate, Placement::Replicate),
             Placement::Shard(0) => (Placement::Replicate, Placement::Shard(last)),
             Placement::Shard(1) => (Placement::Shard(last), Placement::Partial(PartialOp::Sum)),
             other => return Err(Error::unsupported(OP, format!("blocks placed {other:?} over mp"))),
         };
-        let x_now = self.placements().get(MeshAxis::Mp);
-        let keeps_rows = |p: Placement| matches!(p, Placement::Shard(d) if d < last);
-        let x = if x_now == x_mp || (x_mp == Placement::Replicate && keeps_rows(x_now)) {
-            self.clone()
-        } else {
-            self.redistribute(self.placements().with(MeshAxis::Mp, x_mp))?
-        };
+        let x =
+            if x_now == x_mp { self.clone() } else { self.redistribute(self.placements().with(MeshAxis::Mp, x_mp))? };
         if matches!(x.placements().get(MeshAxis::Dp), Placement::Shard(d) if d == last)
             || matches!(x.placements().get(MeshAxis::Dp), Placement::Partial(_))
             || matches!(x.placements().get(MeshAxis::Mp), Placement::Partial(_))

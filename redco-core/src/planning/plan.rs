@@ -194,8 +194,13 @@ impl ShardPlan {
     ) -> Self {
         let mp = self.mesh.mp;
         for (name, p) in self.params.iter_mut() {
+            // a rank's part of each row must be whole blocks (else the weight is floats:
+            // `--quantize` leaves it, a stored one is dequantized as it is read)
+            let k =
+                p.shape.dims().get(1).copied().unwrap_or(0) / if p.placement == Placement::Shard(1) { mp } else { 1 };
+            let whole = |f: crate::quant::QuantFormat| k > 0 && k.is_multiple_of(f.block_values());
             if let Some(&f) = stored.get(name) {
-                p.quant = Some(f);
+                p.quant = whole(f).then_some(f);
                 continue;
             }
             let Some(f) = format else { continue };
@@ -205,9 +210,7 @@ impl ShardPlan {
                 && !name.ends_with(".gate.weight")
                 && !name.contains("norm")
                 && !is_expert_param(name);
-            let k =
-                p.shape.dims().get(1).copied().unwrap_or(0) / if p.placement == Placement::Shard(1) { mp } else { 1 };
-            if linear && k > 0 && k.is_multiple_of(f.block_values()) {
+            if linear && whole(f) {
                 p.quant = Some(f);
             }
         }

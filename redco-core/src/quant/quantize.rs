@@ -1,5 +1,5 @@
-//! Float rows to blocks (`redco convert --quantize`, `--quantize` on `generate` and
-//! `serve`). The layouts are llama.cpp's, so the bytes are a GGUF file's; the choice of
+//! Float rows to blocks (`--quantize` on `generate`, `serve` and `eval-dump`). The
+//! layouts are llama.cpp's, so the bytes are a GGUF file's; the choice of
 //! scales is redco's own: `Q8_0` and `Q6_K` scale each (sub-)block by its largest
 //! magnitude, `Q4_0` by its value of largest magnitude (which then lands exactly on code
 //! -8), and `Q4_K` fits each sub-block's scale and offset by alternating least squares

@@ -29,8 +29,11 @@ impl QRows {
         let one = |(((xr, qr), dr), sr): Row<'_>| {
             for (b, (xb, qb)) in xr.chunks_exact(32).zip(qr.chunks_exact_mut(32)).enumerate() {
                 let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-                let db = amax / 127.0;
-                let id = if db > 0.0 { 1.0 / db } else { 0.0 };
+                // a NaN or infinity makes the block's scale NaN: it reaches the product,
+                // as it would through a float one
+                let finite = amax.is_finite() && xb.iter().all(|v| !v.is_nan());
+                let db = if finite { amax / 127.0 } else { f32::NAN };
+                let id = if finite && db > 0.0 { 1.0 / db } else { 0.0 };
                 let mut sum = 0i32;
                 for (o, &v) in qb.iter_mut().zip(xb) {
                     let c = (v * id).round() as i32;
@@ -38,7 +41,7 @@ impl QRows {
                     sum += c;
                 }
                 dr[b] = db;
-                sr[b] = db * sum as f32;
+                sr[b] = if finite { db * sum as f32 } else { f32::NAN };
             }
         };
         let rows = x.chunks_exact(k).zip(q.chunks_exact_mut(k)).zip(d.chunks_exact_mut(nb)).zip(s.chunks_exact_mut(nb));

@@ -120,7 +120,7 @@ pub(crate) fn quant_matmul_with(
     if !x.dtype().is_float() {
         return Err(Error::UnsupportedDType { op: "quant_matmul", dtype: x.dtype() });
     }
-    if m == 0 || n == 0 {
+    if m == 0 || n == 0 || k == 0 {
         return Ok(HostData::from_f32(vec![0f32; m * n], x.dtype()));
     }
     let xf = x.to_f32_vec();

@@ -101,6 +101,25 @@ fn bad_operands_are_refused() {
 }
 
 #[test]
+fn a_nan_or_infinite_activation_reaches_the_product() {
+    let (n, k) = (3, 64);
+    let w = quantize(QuantFormat::Q8_0, &values(n * k, 1)).unwrap();
+    for bad in [f32::NAN, f32::INFINITY] {
+        let mut x = values(k, 2);
+        x[40] = bad;
+        let spec = QuantMatmulSpec { m: 1, n, k, format: QuantFormat::Q8_0 };
+        for avx2 in [false, use_avx2()] {
+            let y = quant_matmul_with(&HostData::F32(x.clone()), &HostData::U8(w.clone()), &spec, 1, avx2).unwrap();
+            assert!(y.to_f64_vec().iter().all(|v| v.is_nan()), "{bad}: {:?}", y.to_f64_vec());
+        }
+    }
+    // a zero-width product is zeros
+    let spec = QuantMatmulSpec { m: 2, n: 3, k: 0, format: QuantFormat::Q8_0 };
+    let y = quant_matmul(&HostData::F32(vec![]), &HostData::U8(vec![]), &spec, 1).unwrap();
+    assert_eq!(y.to_f64_vec(), vec![0.0; 6]);
+}
+
+#[test]
 fn empty_products_are_empty() {
     let spec = QuantMatmulSpec { m: 0, n: 3, k: 32, format: QuantFormat::Q4_0 };
     let y = quant_matmul(&HostData::BF16(vec![]), &HostData::U8(vec![0; 54]), &spec, 1).unwrap();

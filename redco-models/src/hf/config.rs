@@ -277,7 +277,7 @@ impl HfConfig {
 
     /// The linear weights stored as blocks, by name, from `quantization_config` (redco's
     /// own `{"quant_method": "redco_blocks", "formats": {name: "Q4_K", ..}}`, as
-    /// `--model FILE.gguf` and `redco convert --quantize` write it); empty without one.
+    /// `--model FILE.gguf` writes it); empty without one.
     /// Other methods (AWQ, GPTQ, bitsandbytes, ...) are refused by name.
     pub fn block_formats(&self) -> Result<std::collections::BTreeMap<String, redco_core::quant::QuantFormat>> {
         let Some(q) = self.raw.get("quantization_config").filter(|q| !q.is_null()) else {

@@ -72,6 +72,9 @@ fn dump<B: Backend>(
         inputs.get(k).map(|t| Tensor::from_host(b, &t.data, t.shape.clone())).transpose()
     };
     if cfg.model_type == "t5" {
+        if a.quantize.is_some() {
+            return Err(redco_core::Error::unsupported("eval-dump", "--quantize on T5 (decoder-only models quantize)"));
+        }
         let model = T5::from_pretrained(b, &a.model, dtype, plan.as_ref())?;
         return dump_t5(&model, a, &get, &cfg);
     }
@@ -83,9 +86,18 @@ fn dump<B: Backend>(
     let mut out: Named = Vec::new();
     let logits = model.forward(&ids, mask.as_ref())?;
     out.push(host("logits", &logits)?);
-    // a model with quantized layers dumps its loss, not gradients (blocks are constants)
+    // a model with quantized layers split over a mesh dumps its loss, not gradients (the
+    // gradient through blocks under a mesh is not implemented; on one rank the float
+    // parameters' gradients are dumped, the blocks being constants)
     let mut quantized = false;
-    redco_core::nn::Module::visit_linears(&model, "", &mut |_, l| quantized |= l.quant.is_some());
+    redco_core::nn::Module::visit_linears(&model, "", &mut |_, l| {
+        quantized |= l.quant.is_some() && l.weight.is_sharded()
+    });
+    if quantized && get("labels")?.is_some() && comm.is_none_or(|c| c.rank() == 0) {
+        crate::cmd::out::warn(format_args!(
+            "redco: eval-dump: quantized layers split over the mesh: the loss is dumped, not gradients"
+        ));
+    }
     if let Some(labels) = get("labels")? {
         let loss = if quantized {
             redco_core::no_grad(|| model.loss(&ids, mask.as_ref(), &labels))?

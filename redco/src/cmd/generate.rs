@@ -157,6 +157,9 @@ fn run_rank<B: Backend>(b: &B, comm: Option<&Comm<B>>, a: &GenerateArgs, prompts
     };
     if cfg.model_type == "t5" {
         // encoder-decoder: the answer is the decoder's output after its start token
+        if a.quantize.is_some() {
+            return Err(Error::unsupported("generate", "--quantize on T5 (decoder-only models quantize)"));
+        }
         let model = T5::from_pretrained(b, &a.model, dtype, plan.as_ref())?;
         let rows = if a.num_beams > 1 {
             model.generate_beam(&ids, Some(&mask), &beams)?

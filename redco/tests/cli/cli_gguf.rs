@@ -172,6 +172,41 @@ fn the_llama_fixture_converts_to_a_gguf_llama_cpp_reads() {
     let den: f64 = b.iter().map(|y| y * y).sum();
     assert!((num / den).sqrt() < 0.05, "relative L2 {}", (num / den).sqrt());
     assert_ne!(a, b, "the blocks were read in place, not dequantized");
+    // over a 1x2 mesh the output projections split along rows of 32 values: 16 a rank is
+    // not whole blocks, so they are dequantized as they are read; the rest stay blocks
+    let (code, text2, err) =
+        redco(&["generate", "--model", s(&q8), "--prompt", "the cat", "--max-new-tokens", "8", "--mesh", "1x2"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(text2.starts_with("the cat") && text2.split_whitespace().count() >= 4, "{text2}");
+    // training refuses a directory of blocks (the file read into a cache of the test's own)
+    let cache = d.join("cache");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_redco"))
+        .args(["generate", "--model", s(&q8), "--prompt", "the cat", "--max-new-tokens", "1"])
+        .env("XDG_CACHE_HOME", &cache)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let blocks_dir = std::fs::read_dir(cache.join("redco").join("gguf"))
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.to_string_lossy().contains("-blocks-"))
+        .expect("the directory of blocks");
+    let w = d.join("train-blocks");
+    let (code, _, err) = redco(&[
+        "train",
+        "--model",
+        s(&blocks_dir),
+        "--steps",
+        "1",
+        "--batch-size",
+        "1",
+        "--seq-len",
+        "8",
+        "--workdir",
+        s(&w),
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("quantized blocks"), "{err}");
     // a file that is not a LLaMA is refused by name
     let bad = d.join("bad.gguf");
     let mut w = redco_models::gguf::format::Writer::new();
