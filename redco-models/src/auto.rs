@@ -121,11 +121,11 @@ impl<B: Backend> AutoModel<B> {
     /// A directory holding quantized blocks is refused: training updates float weights.
     pub fn from_pretrained_placed(b: &B, dir: &Path, dtype: DType, placer: &dyn ParamPlacer<B>) -> Result<Self> {
         let cfg = HfConfig::from_dir(dir)?;
-        if !cfg.block_formats()?.is_empty() {
+        if !cfg.block_formats()?.is_empty() || cfg.int4()?.is_some() {
             return Err(redco_core::Error::unsupported(
                 "load",
                 format!(
-                    "training from {}: its linear layers are quantized blocks (training updates floats)",
+                    "training from {}: its linear layers are quantized blocks or int4 (training updates floats)",
                     dir.display()
                 ),
             ));

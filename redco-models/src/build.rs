@@ -80,6 +80,11 @@ pub fn load<B: Backend, M>(
     }
     let ckpt = Checkpoint::open(dir)?;
     let blocks = cfg.block_formats()?;
-    CheckpointSource::<B>::check(&ckpt, &crate::params::stored_shapes(cfg.param_shapes()?, &blocks)?, ignore)?;
-    build(&cfg, &mut CheckpointSource::new(b, &ckpt, plan, dtype).with_blocks(blocks))
+    let int4 = cfg.int4()?;
+    CheckpointSource::<B>::check(
+        &ckpt,
+        &crate::params::stored_shapes(cfg.param_shapes()?, &blocks, int4.as_ref())?,
+        ignore,
+    )?;
+    build(&cfg, &mut CheckpointSource::new(b, &ckpt, plan, dtype).with_blocks(blocks).with_int4(int4))
 }

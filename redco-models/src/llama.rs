@@ -345,9 +345,10 @@ impl<B: Backend> Llama<B> {
         Self::check_config(&cfg)?;
         let ckpt = Checkpoint::open(dir)?;
         let blocks = cfg.block_formats()?;
-        let stored = crate::params::stored_shapes(cfg.param_shapes()?, &blocks)?;
+        let int4 = cfg.int4()?;
+        let stored = crate::params::stored_shapes(cfg.param_shapes()?, &blocks, int4.as_ref())?;
         CheckpointSource::<B>::check(&ckpt, &stored, &|n| n.ends_with("rotary_emb.inv_freq"))?;
-        let mut src = CheckpointSource::new(b, &ckpt, plan, dtype).with_blocks(blocks);
+        let mut src = CheckpointSource::new(b, &ckpt, plan, dtype).with_blocks(blocks).with_int4(int4);
         match quantize {
             Some(f) => {
                 let mut q = crate::params::Quantizing::new(&mut src, f);

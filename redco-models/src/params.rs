@@ -3,6 +3,7 @@
 //! [`ShardPlan`] places it. Models ask for `(name, shape, init)` and never see placements.
 
 use crate::hf::checkpoint::Checkpoint;
+use crate::hf::int4::Int4Layout;
 use redco_core::nn::{Init, ParamPlacer};
 use redco_core::planning::ShardPlan;
 use redco_core::quant::QuantFormat;
@@ -249,12 +250,13 @@ pub struct CheckpointSource<'a, B: Backend> {
     dtype: DType,
     used: BTreeSet<String>,
     blocks: BTreeMap<String, QuantFormat>,
+    int4: Option<Int4Layout>,
 }
 
 impl<'a, B: Backend> CheckpointSource<'a, B> {
     /// Reads from `ckpt` on `b`, laid out by `plan` when given.
     pub fn new(b: &'a B, ckpt: &'a Checkpoint, plan: Option<&'a ShardPlan>, dtype: DType) -> Self {
-        CheckpointSource { b, ckpt, plan, dtype, used: BTreeSet::new(), blocks: BTreeMap::new() }
+        CheckpointSource { b, ckpt, plan, dtype, used: BTreeSet::new(), blocks: BTreeMap::new(), int4: None }
     }
 
     /// The linear weights stored as blocks (name to format, from the config's
@@ -262,6 +264,82 @@ impl<'a, B: Backend> CheckpointSource<'a, B> {
     pub fn with_blocks(mut self, blocks: BTreeMap<String, QuantFormat>) -> Self {
         self.blocks = blocks;
         self
+    }
+
+    /// The checkpoint is AWQ or GPTQ int4 (`layout`, from the config's
+    /// `quantization_config`): the layers it quantizes are read from their packed codes, as
+    /// `Q4_1` blocks where [`CheckpointSource::with_blocks`] lists them, else as floats.
+    pub fn with_int4(mut self, layout: Option<Int4Layout>) -> Self {
+        self.int4 = layout;
+        self
+    }
+
+    fn int4_of(&self, name: &str) -> Option<Int4Layout> {
+        self.int4.as_ref().filter(|l| l.quantizes(name)).cloned()
+    }
+
+    /// The int4 weight `name` `[out, in]` unpacked, its tensors marked as read.
+    fn read_int4(&mut self, layout: &Int4Layout, name: &str, shape: &Shape) -> Result<crate::hf::int4::Int4Weight> {
+        let &[out, inp] = shape.dims() else {
+            return Err(Error::Parameter { name: name.into(), msg: format!("`{name}` {shape} is not a matrix") });
+        };
+        let w = layout.read(self.ckpt, name, out, inp)?;
+        for (n, _) in layout.stored(name, out, inp)? {
+            self.used.insert(n);
+        }
+        Ok(w)
+    }
+
+    /// An int4 layer as `Q4_1` blocks, this rank's part under a plan; `None` when its
+    /// groups do not fall on blocks, or its split over mp falls inside a block (the layer
+    /// then asks for floats).
+    fn int4_blocks(
+        &mut self,
+        layout: &Int4Layout,
+        name: &str,
+        shape: &Shape,
+    ) -> Result<Option<(Tensor<B>, QuantFormat)>> {
+        let Some(&format) = self.blocks.get(name) else { return Ok(None) };
+        let w = self.read_int4(layout, name, shape)?;
+        let Some(bytes) = w.to_q4_1() else { return Ok(None) };
+        let (out, inp) = (shape.dims()[0], shape.dims()[1]);
+        let row = format.row_bytes(inp)?;
+        let stored = Shape::new([out, row]);
+        let placements = self.plan.map(|p| p.placements(name)).unwrap_or_default();
+        let t = match (placements.get(MeshAxis::Mp), self.plan) {
+            (Placement::Shard(d), Some(plan)) if plan.mesh.mp > 1 && d < 2 => {
+                let k = plan.mesh.mp;
+                let units = if d == 0 { out } else { inp / format.block_values() };
+                if !units.is_multiple_of(k) {
+                    return Ok(None);
+                }
+                let i = plan.index_along(MeshAxis::Mp).ok_or_else(|| {
+                    Error::config("load", format!("the plan for mesh {} is not bound to a rank", plan.mesh))
+                })?;
+                let (part, local) = if d == 0 {
+                    let rows = out / k;
+                    (bytes[i * rows * row..(i + 1) * rows * row].to_vec(), Shape::new([rows, row]))
+                } else {
+                    let cols = row / k;
+                    let part =
+                        bytes.chunks_exact(row).flat_map(|r| r[i * cols..(i + 1) * cols].iter().copied()).collect();
+                    (part, Shape::new([out, cols]))
+                };
+                Tensor::from_local(
+                    self.b,
+                    self.b.upload_owned(HostData::U8(part))?,
+                    stored,
+                    local,
+                    placements,
+                    DType::U8,
+                )
+            }
+            (Placement::Replicate, _) => {
+                Tensor::from_storage(self.b, self.b.upload_owned(HostData::U8(bytes))?, stored, DType::U8)
+            }
+            _ => return Err(Error::invalid("load", format!("parameter `{name}` cannot be placed as {placements:?}"))),
+        };
+        Ok(Some((t, format)))
     }
 
     /// Checks the checkpoint against the model's expected parameters before anything is read:
@@ -310,6 +388,13 @@ impl<'a, B: Backend> CheckpointSource<'a, B> {
         }
         self.used.insert(name.to_string());
         let values = redco_core::quant::blocks::dequantize(f, &bytes, shape.elem_count())?;
+        self.place_whole(name, shape, values)
+    }
+
+    /// The whole float weight `values` of `shape`, converted to the dtype, this rank's part
+    /// kept under a plan.
+    fn place_whole(&mut self, name: &str, shape: Shape, values: Vec<f32>) -> Result<Tensor<B>> {
+        let bad = |msg: String| Error::Parameter { name: name.into(), msg };
         let whole = Tensor::from_host(self.b, &HostData::F32(values).into_dtype(self.dtype), shape.clone())?;
         let placements = self.plan.map(|p| p.placements(name)).unwrap_or_default();
         let t = match (placements.get(MeshAxis::Mp), self.plan) {
@@ -333,6 +418,9 @@ impl<'a, B: Backend> CheckpointSource<'a, B> {
 
 impl<B: Backend> ParamSource<B> for CheckpointSource<'_, B> {
     fn blocks(&mut self, name: &str, shape: &Shape) -> Result<Option<(Tensor<B>, QuantFormat)>> {
+        if let Some(layout) = self.int4_of(name) {
+            return self.int4_blocks(&layout, name, shape);
+        }
         let Some(&format) = self.blocks.get(name) else { return Ok(None) };
         let bad = |msg: String| Error::Parameter { name: name.into(), msg };
         let (out, inp) = match shape.dims() {
@@ -391,6 +479,10 @@ impl<B: Backend> ParamSource<B> for CheckpointSource<'_, B> {
         self.used.insert(name.to_string());
     }
     fn param(&mut self, name: &str, shape: Shape, _init: Init) -> Result<Tensor<B>> {
+        if let Some(layout) = self.int4_of(name) {
+            let values = self.read_int4(&layout, name, &shape)?.dequantize();
+            return self.place_whole(name, shape, values);
+        }
         if let Some(&f) = self.blocks.get(name) {
             return self.dequantized(name, shape, f);
         }
@@ -449,11 +541,23 @@ impl<B: Backend> ParamSource<B> for CheckpointSource<'_, B> {
 }
 
 /// The shapes the checkpoint stores: those of `expected` (the config's float parameters),
-/// with each weight `[out, in]` that `blocks` names as `U8 [out, row_bytes]`.
+/// with each weight `[out, in]` that `blocks` names as `U8 [out, row_bytes]`, and each
+/// that an int4 `layout` quantizes as its packed tensors.
 pub fn stored_shapes(
     expected: Vec<(String, Shape)>,
     blocks: &BTreeMap<String, QuantFormat>,
+    int4: Option<&Int4Layout>,
 ) -> Result<Vec<(String, Shape)>> {
+    if let Some(layout) = int4 {
+        let mut v = Vec::with_capacity(expected.len());
+        for (n, s) in expected {
+            match s.dims() {
+                &[o, i] if layout.quantizes(&n) => v.extend(layout.stored(&n, o, i)?),
+                _ => v.push((n, s)),
+            }
+        }
+        return Ok(v);
+    }
     let names: BTreeSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
     if let Some(n) = blocks.keys().find(|n| !names.contains(n.as_str())) {
         return Err(Error::Parameter {

@@ -1,5 +1,6 @@
 //! llama.cpp's quantized blocks turned back into f32, as its own `dequantize_row_*` does:
-//! `Q8_0` and `Q4_0` (32 values a block, one f16 scale), `Q4_K` (256 values a super-block,
+//! `Q8_0` and `Q4_0` (32 values a block, one f16 scale), `Q4_1` (32 values, an f16 scale and
+//! offset), `Q4_K` (256 values a super-block,
 //! eight sub-blocks with 6-bit scales and minimums) and `Q6_K` (256 values, sixteen 8-bit
 //! scales). The reference every kernel that reads blocks in place is checked against, and
 //! what reads a GGUF file into a float model (`redco convert --to hf`).
@@ -34,6 +35,15 @@ fn q4_0(b: &[u8], y: &mut [f32]) {
         let q = b[2 + l];
         y[l] = ((q & 0xF) as i32 - 8) as f32 * d;
         y[l + 16] = ((q >> 4) as i32 - 8) as f32 * d;
+    }
+}
+
+fn q4_1(b: &[u8], y: &mut [f32]) {
+    let (d, m) = (half_at(b, 0), half_at(b, 2));
+    for l in 0..16 {
+        let q = b[4 + l];
+        y[l] = (q & 0xF) as f32 * d + m;
+        y[l + 16] = (q >> 4) as f32 * d + m;
     }
 }
 
@@ -90,6 +100,7 @@ pub fn dequantize_into(fmt: QuantFormat, bytes: &[u8], out: &mut [f32]) -> Resul
     }
     let f: fn(&[u8], &mut [f32]) = match fmt {
         QuantFormat::Q4_0 => q4_0,
+        QuantFormat::Q4_1 => q4_1,
         QuantFormat::Q8_0 => q8_0,
         QuantFormat::Q4K => q4_k,
         QuantFormat::Q6K => q6_k,
@@ -128,6 +139,16 @@ mod tests {
         let y = dequantize(QuantFormat::Q4_0, &b, 32).unwrap();
         for l in 0..16 {
             assert_eq!((y[l], y[l + 16]), ((l as f32 - 8.0) * 0.25, ((15 - l) as f32 - 8.0) * 0.25));
+        }
+    }
+
+    #[test]
+    fn q4_1_blocks_are_scale_times_code_plus_offset() {
+        let mut b = [h(0.5), h(-1.25)].concat();
+        b.extend((0..16u8).map(|l| l | ((15 - l) << 4)));
+        let y = dequantize(QuantFormat::Q4_1, &b, 32).unwrap();
+        for l in 0..16 {
+            assert_eq!((y[l], y[l + 16]), (l as f32 * 0.5 - 1.25, (15 - l) as f32 * 0.5 - 1.25));
         }
     }
 

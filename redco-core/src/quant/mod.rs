@@ -1,5 +1,6 @@
-//! Block-quantized weights: llama.cpp's formats (`Q8_0`, `Q4_0`, `Q4_K`, `Q6_K`), read
-//! and written byte for byte as GGUF files hold them.
+//! Block-quantized weights: llama.cpp's formats (`Q8_0`, `Q4_0`, `Q4_1`, `Q4_K`, `Q6_K`),
+//! read and written byte for byte as GGUF files hold them. `Q4_1` (a scale and an offset a
+//! block of 32) is also what AWQ and GPTQ int4 checkpoints load as.
 //!
 //! A quantized matrix `[n, k]` (a linear layer's `[out, in]`) is stored as a `U8` tensor
 //! `[n, row_bytes]`: each row is `k / block_values` blocks, each block a scale (and for
@@ -22,6 +23,9 @@ pub enum QuantFormat {
     Q8_0,
     /// 32 values a block: an f16 scale and 32 nibbles minus 8 (4.5 bits a value).
     Q4_0,
+    /// 32 values a block: an f16 scale `d` and offset `m`, 32 nibbles `q`, each value
+    /// `d * q + m` (5 bits a value).
+    Q4_1,
     /// 256 values a super-block: f16 scale and minimum, eight 6-bit sub-block scales and
     /// minimums, 256 nibbles (4.5 bits a value).
     Q4K,
@@ -32,12 +36,13 @@ pub enum QuantFormat {
 
 impl QuantFormat {
     /// Every format, in GGML's type order.
-    pub const ALL: [QuantFormat; 4] = [QuantFormat::Q4_0, QuantFormat::Q8_0, QuantFormat::Q4K, QuantFormat::Q6K];
+    pub const ALL: [QuantFormat; 5] =
+        [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0, QuantFormat::Q4K, QuantFormat::Q6K];
 
     /// Values in one block.
     pub fn block_values(self) -> usize {
         match self {
-            QuantFormat::Q8_0 | QuantFormat::Q4_0 => 32,
+            QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q4_1 => 32,
             QuantFormat::Q4K | QuantFormat::Q6K => 256,
         }
     }
@@ -46,6 +51,7 @@ impl QuantFormat {
         match self {
             QuantFormat::Q8_0 => 34,
             QuantFormat::Q4_0 => 18,
+            QuantFormat::Q4_1 => 20,
             QuantFormat::Q4K => 144,
             QuantFormat::Q6K => 210,
         }
@@ -54,6 +60,7 @@ impl QuantFormat {
     pub fn ggml_type(self) -> u32 {
         match self {
             QuantFormat::Q4_0 => 2,
+            QuantFormat::Q4_1 => 3,
             QuantFormat::Q8_0 => 8,
             QuantFormat::Q4K => 12,
             QuantFormat::Q6K => 14,
@@ -68,6 +75,7 @@ impl QuantFormat {
         match self {
             QuantFormat::Q8_0 => "Q8_0",
             QuantFormat::Q4_0 => "Q4_0",
+            QuantFormat::Q4_1 => "Q4_1",
             QuantFormat::Q4K => "Q4_K",
             QuantFormat::Q6K => "Q6_K",
         }
@@ -77,7 +85,7 @@ impl QuantFormat {
         QuantFormat::ALL.into_iter().find(|f| f.name().eq_ignore_ascii_case(s.trim())).ok_or_else(|| {
             Error::config(
                 "quantize",
-                format!("`{s}` is not a quantized format this build reads (q8_0, q4_0, q4_k, q6_k are)"),
+                format!("`{s}` is not a quantized format this build reads (q8_0, q4_0, q4_1, q4_k, q6_k are)"),
             )
         })
     }

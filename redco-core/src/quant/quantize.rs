@@ -2,7 +2,7 @@
 //! layouts are llama.cpp's, so the bytes are a GGUF file's; the choice of
 //! scales is redco's own: `Q8_0` and `Q6_K` scale each (sub-)block by its largest
 //! magnitude, `Q4_0` by its value of largest magnitude (which then lands exactly on code
-//! -8), and `Q4_K` fits each sub-block's scale and offset by alternating least squares
+//! -8), `Q4_1` spans the block's range in 15 steps from its minimum, and `Q4_K` fits each sub-block's scale and offset by alternating least squares
 //! (codes from the fit, then the fit from the codes) before the super-block quantizes them
 //! to 6 bits and the codes are chosen once more against the stored scales.
 
@@ -26,6 +26,7 @@ pub fn quantize(fmt: QuantFormat, x: &[f32]) -> Result<Vec<u8>> {
     let f: fn(&[f32], &mut [u8]) = match fmt {
         QuantFormat::Q8_0 => q8_0,
         QuantFormat::Q4_0 => q4_0,
+        QuantFormat::Q4_1 => q4_1,
         QuantFormat::Q4K => q4_k,
         QuantFormat::Q6K => q6_k,
     };
@@ -61,6 +62,19 @@ fn q4_0(x: &[f32], b: &mut [u8]) {
     let code = |v: f32| ((v * id).round() + 8.0).clamp(0.0, 15.0) as u8;
     for l in 0..16 {
         b[2 + l] = code(x[l]) | (code(x[l + 16]) << 4);
+    }
+}
+
+fn q4_1(x: &[f32], b: &mut [u8]) {
+    // the block's range in 15 steps from its minimum (llama.cpp's own choice)
+    let lo = x.iter().fold(f32::MAX, |a, &v| a.min(v));
+    let hi = x.iter().fold(f32::MIN, |a, &v| a.max(v));
+    let d = put_half(b, 0, (hi - lo) / 15.0);
+    let m = put_half(b, 2, lo);
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let code = |v: f32| ((v - m) * id).round().clamp(0.0, 15.0) as u8;
+    for l in 0..16 {
+        b[4 + l] = code(x[l]) | (code(x[l + 16]) << 4);
     }
 }
 
@@ -197,9 +211,13 @@ mod tests {
     fn each_format_keeps_the_error_its_bits_allow() {
         let x = sample(4096, 7);
         // 8 bits: about 2^-8 of the range; 6 bits a quarter as fine as that
-        for (fmt, bound) in
-            [(QuantFormat::Q8_0, 0.01), (QuantFormat::Q6K, 0.04), (QuantFormat::Q4K, 0.12), (QuantFormat::Q4_0, 0.16)]
-        {
+        for (fmt, bound) in [
+            (QuantFormat::Q8_0, 0.01),
+            (QuantFormat::Q6K, 0.04),
+            (QuantFormat::Q4K, 0.12),
+            (QuantFormat::Q4_1, 0.16),
+            (QuantFormat::Q4_0, 0.16),
+        ] {
             let e = rel_rms(fmt, &x);
             assert!(e < bound, "{fmt}: relative rms error {e}");
         }
@@ -215,6 +233,9 @@ mod tests {
         // values already on a Q4_0 grid come back exactly
         let x: Vec<f32> = (0..32).map(|i| ((i % 16) as f32 - 8.0) * 0.25).collect();
         assert_eq!(dequantize(QuantFormat::Q4_0, &quantize(QuantFormat::Q4_0, &x).unwrap(), 32).unwrap(), x);
+        // values on a Q4_1 grid (offset -1, step 0.5) come back exactly
+        let x: Vec<f32> = (0..32).map(|i| (i % 16) as f32 * 0.5 - 1.0).collect();
+        assert_eq!(dequantize(QuantFormat::Q4_1, &quantize(QuantFormat::Q4_1, &x).unwrap(), 32).unwrap(), x);
         // a constant sub-block and zeros stay exact in every format
         for fmt in QuantFormat::ALL {
             let z = vec![0f32; 256];

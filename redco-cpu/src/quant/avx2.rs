@@ -1,7 +1,7 @@
 //! The integer dot products with AVX2 (and F16C for the blocks' scales): 32 byte products a block summed by `vpmaddubsw` and
 //! `vpmaddwd` into eight i32 lanes, scaled in f32 with one fused multiply-add. Signed
-//! codes go through `vpsignb` (the first operand of `vpmaddubsw` is unsigned); `Q4_K`'s
-//! nibbles are unsigned already, and its minimums meet the activations' code sums.
+//! codes go through `vpsignb` (the first operand of `vpmaddubsw` is unsigned); `Q4_1`'s and
+//! `Q4_K`'s nibbles are unsigned already, and their offsets meet the activations' code sums.
 
 use super::portable::scale_min_k4;
 use super::QRows;
@@ -119,6 +119,29 @@ fn dots<const R: usize>(format: QuantFormat, w: &[u8], x: [XRow<'_>; R]) -> [f32
             }
             if !tail.is_empty() {
                 q4(tail, b, &mut acc, 0);
+            }
+        }
+        QuantFormat::Q4_1 => {
+            // unsigned nibbles; the offset meets the activations' scaled code sums
+            let q41 = |blk: &[u8], b: usize, acc: &mut [[__m256; 2]; R], out: &mut [f32; R], h: usize| {
+                let v = load16(&blk[4..20]);
+                let codes = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), low4);
+                let (dw, mw) = (half(blk, 0), half(blk, 2));
+                for r in 0..R {
+                    acc[r][h] = _mm256_fmadd_ps(dot_u8(codes, xb(r, b)), _mm256_set1_ps(dw * d(r, b)), acc[r][h]);
+                    out[r] += mw * x[r].2[b];
+                }
+            };
+            let pairs = w.chunks_exact(40);
+            let tail = pairs.remainder();
+            let mut b = 0;
+            for pair in pairs {
+                q41(&pair[..20], b, &mut acc, &mut out, 0);
+                q41(&pair[20..], b + 1, &mut acc, &mut out, 1);
+                b += 2;
+            }
+            if !tail.is_empty() {
+                q41(tail, b, &mut acc, &mut out, 0);
             }
         }
         QuantFormat::Q4K => {

@@ -43,6 +43,15 @@ fn dot(format: QuantFormat, w: &[u8], qx: &QRows, i: usize) -> f32 {
                 acc += half(blk, 0) * d[b] * isum(codes, xb(b)) as f32;
             }
         }
+        QuantFormat::Q4_1 => {
+            for (b, blk) in w.chunks_exact(20).enumerate() {
+                let codes = (0..32).map(|l| {
+                    let byte = blk[4 + l % 16];
+                    (if l < 16 { byte & 0xF } else { byte >> 4 }) as i32
+                });
+                acc += half(blk, 0) * d[b] * isum(codes, xb(b)) as f32 + half(blk, 2) * s[b];
+            }
+        }
         QuantFormat::Q4K => {
             for (sb, blk) in w.chunks_exact(144).enumerate() {
                 let (dd, dmin) = (half(blk, 0), half(blk, 2));

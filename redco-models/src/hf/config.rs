@@ -277,19 +277,29 @@ impl HfConfig {
 
     /// The linear weights stored as blocks, by name, from `quantization_config` (redco's
     /// own `{"quant_method": "redco_blocks", "formats": {name: "Q4_K", ..}}`, as
-    /// `--model FILE.gguf` writes it); empty without one.
-    /// Other methods (AWQ, GPTQ, bitsandbytes, ...) are refused by name.
+    /// `--model FILE.gguf` writes it); empty without one. The layers of an AWQ or GPTQ
+    /// checkpoint that load as `Q4_1` blocks are listed as such ([`HfConfig::int4`]);
+    /// other methods (bitsandbytes, ...) are refused by name.
     pub fn block_formats(&self) -> Result<std::collections::BTreeMap<String, redco_core::quant::QuantFormat>> {
         let Some(q) = self.raw.get("quantization_config").filter(|q| !q.is_null()) else {
             return Ok(Default::default());
         };
+        if let Some(layout) = self.int4()? {
+            return Ok(self
+                .param_shapes()?
+                .into_iter()
+                .filter(|(n, s)| s.rank() == 2 && layout.quantizes(n) && layout.as_blocks(s.dims()[1]))
+                .map(|(n, _)| (n, redco_core::quant::QuantFormat::Q4_1))
+                .collect());
+        }
         let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("(no quant_method)");
         if method != "redco_blocks" {
             return Err(Error::unsupported(
                 "config",
                 format!(
                     "`quantization_config` with quant_method `{method}`: checkpoints quantized that way are not \
-                     read yet (redco reads GGUF files, and quantizes at load with --quantize q8_0|q4_0|q4_k|q6_k)"
+                     read (redco reads AWQ and GPTQ int4 checkpoints and GGUF files, and quantizes at load with \
+                     --quantize q8_0|q4_0|q4_1|q4_k|q6_k)"
                 ),
             ));
         }
@@ -304,6 +314,26 @@ impl HfConfig {
                 Ok((n.clone(), redco_core::quant::QuantFormat::parse(f)?))
             })
             .collect()
+    }
+
+    /// The AWQ or GPTQ layout of an int4 checkpoint (`quantization_config.quant_method`
+    /// `awq` or `gptq`), `None` for any other; read for the dense LLaMA family only.
+    pub fn int4(&self) -> Result<Option<super::int4::Int4Layout>> {
+        let Some(q) = self.raw.get("quantization_config").filter(|q| !q.is_null()) else {
+            return Ok(None);
+        };
+        let Some(layout) = super::int4::Int4Layout::from_config(q)? else { return Ok(None) };
+        if !matches!(self.model_type.as_str(), "llama" | "mistral" | "qwen3") {
+            return Err(Error::unsupported(
+                "config",
+                format!(
+                    "{} int4 checkpoints are read for llama, mistral and qwen3, not `{}`",
+                    layout.name().to_uppercase(),
+                    self.model_type
+                ),
+            ));
+        }
+        Ok(Some(layout))
     }
 
     /// Parameter names and shapes as transformers stores them (tied weights once).

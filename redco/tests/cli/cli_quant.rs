@@ -2,7 +2,7 @@
 //! blocks at load and multiplied from them in place give logits near transformers' f32
 //! ones (Q8_0 within a few percent, Q4_0 further, in that order); the layers whose rows
 //! are not whole blocks are named and left in floats; an unknown type, and checkpoints
-//! quantized by methods redco does not read (AWQ), are refused by name.
+//! quantized by methods redco does not read (bitsandbytes), are refused by name.
 
 use crate::common::{eval_dump_args, fixture_named, redco, s, scratch_dir};
 use redco_models::hf::safetensors::read_all;
@@ -68,11 +68,11 @@ fn checkpoints_quantized_by_other_methods_are_refused_by_name() {
     }
     let mut cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(f.join("config.json")).unwrap()).unwrap();
-    cfg["quantization_config"] = serde_json::json!({"quant_method": "awq", "bits": 4, "group_size": 128});
+    cfg["quantization_config"] = serde_json::json!({"quant_method": "bitsandbytes", "load_in_4bit": true});
     std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
     let (code, _, err) = redco(&["generate", "--model", s(&d), "--prompt", "the cat", "--max-new-tokens", "2"]);
     assert_ne!(code, 0);
-    assert!(err.contains("awq") && err.contains("not"), "{err}");
+    assert!(err.contains("bitsandbytes") && err.contains("not"), "{err}");
     std::fs::remove_dir_all(&d).ok();
 }
 

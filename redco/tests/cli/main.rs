@@ -8,6 +8,7 @@ mod cli_bad_inputs;
 mod cli_datasets;
 mod cli_eval_dump;
 mod cli_gguf;
+mod cli_int4;
 mod cli_kill;
 mod cli_lora;
 mod cli_mpi;
