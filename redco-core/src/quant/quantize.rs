@@ -9,6 +9,7 @@
 use super::QuantFormat;
 use crate::{Error, Result};
 use half::f16;
+use rayon::prelude::*;
 
 /// `x` (whole rows of whole blocks) as blocks of `fmt`, row after row.
 pub fn quantize(fmt: QuantFormat, x: &[f32]) -> Result<Vec<u8>> {
@@ -30,9 +31,14 @@ pub fn quantize(fmt: QuantFormat, x: &[f32]) -> Result<Vec<u8>> {
         QuantFormat::Q4K => q4_k,
         QuantFormat::Q6K => q6_k,
     };
-    for (xb, ob) in x.chunks_exact(per).zip(out.chunks_exact_mut(fmt.block_bytes())) {
-        f(xb, ob);
-    }
+    // blocks are independent: chunks of them over the rayon pool
+    const CHUNK: usize = 256;
+    let size = fmt.block_bytes();
+    out.par_chunks_mut(size * CHUNK).zip(x.par_chunks(per * CHUNK)).for_each(|(o, xs)| {
+        for (xb, ob) in xs.chunks_exact(per).zip(o.chunks_exact_mut(size)) {
+            f(xb, ob);
+        }
+    });
     Ok(out)
 }
 

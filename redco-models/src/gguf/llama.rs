@@ -1,9 +1,10 @@
 //! A Hugging Face LLaMA directory written as a GGUF file that llama.cpp runs
-//! (`general.architecture = "llama"`), in f32, f16 or bf16: llama.cpp's tensor names, its
+//! (`general.architecture = "llama"`), in f32, f16 or bf16, its linear layers optionally
+//! quantized to one of llama.cpp's block types: llama.cpp's tensor names, its
 //! hyperparameter keys, the SentencePiece vocabulary of `tokenizer.json` and the chat
 //! template ([`export`]); and such a file read back into a Hugging Face directory
-//! ([`import`]: the float types as stored; `Q8_0`, `Q4_0`, `Q4_K` and `Q6_K` blocks
-//! dequantized; other block types refused naming their type).
+//! ([`import`]: the float types as stored; `Q8_0`, `Q4_0`, `Q4_1`, `Q4_K` and `Q6_K` blocks
+//! dequantized, or kept; other block types refused naming their type).
 //!
 //! transformers stores each head's query and key rows as two halves (the rotary pairs are
 //! `(i, i + d/2)`); llama.cpp's LLaMA rotates adjacent pairs `(2i, 2i + 1)`. The query and
@@ -14,6 +15,7 @@ use super::format::{GgmlType, Value, Writer};
 use super::vocab::spm_from_hf_json;
 use crate::hf::checkpoint::Checkpoint;
 use crate::hf::config::HfConfig;
+use redco_core::quant::QuantFormat;
 use redco_core::{DType, Error, Result};
 use std::path::Path;
 
@@ -111,7 +113,7 @@ pub fn import(file: &Path, out: &Path, dequant: DType, keep_blocks: bool) -> Res
     ggml_type(dequant)?;
     if let Some(t) = g.tensors.iter().find(|t| t.byte_len().is_none()) {
         return Err(err(format!(
-            "tensor `{}` is {}; GGUF import reads f32, f16, bf16, Q8_0, Q4_0, Q4_K and Q6_K tensors",
+            "tensor `{}` is {}; GGUF import reads f32, f16, bf16, Q8_0, Q4_0, Q4_1, Q4_K and Q6_K tensors",
             t.name,
             t.ty.name()
         )));
@@ -182,7 +184,7 @@ pub fn import(file: &Path, out: &Path, dequant: DType, keep_blocks: bool) -> Res
         let mut bytes = if quantized {
             let q = t.ty.quant().ok_or_else(|| {
                 err(format!(
-                    "tensor `{}` is {}: blocks of that type are not read (Q8_0, Q4_0, Q4_K and Q6_K are)",
+                    "tensor `{}` is {}: blocks of that type are not read (Q8_0, Q4_0, Q4_1, Q4_K and Q6_K are)",
                     t.name,
                     t.ty.name()
                 ))
@@ -263,11 +265,30 @@ fn chat_template(dir: &Path, tok_cfg: &serde_json::Value) -> Option<String> {
     }
 }
 
+/// llama.cpp's `general.file_type` of a model whose linear layers are `f` (its
+/// `LLAMA_FTYPE_MOSTLY_*`; `Q4_K` as `Q4_K_S`, the layers all `Q4_K`).
+fn file_type_of(f: QuantFormat) -> u32 {
+    match f {
+        QuantFormat::Q4_0 => 2,
+        QuantFormat::Q4_1 => 3,
+        QuantFormat::Q8_0 => 7,
+        QuantFormat::Q4K => 14,
+        QuantFormat::Q6K => 18,
+    }
+}
+
 /// Writes the LLaMA model of Hugging Face directory `dir` to `out` as GGUF, its matrices in
-/// `dtype` (norms stay f32, as llama.cpp keeps them). Refused with the reason: another
-/// architecture, biases, rotary scaling, a tokenizer that is not SentencePiece-style.
-pub fn export(dir: &Path, out: &Path, dtype: DType) -> Result<()> {
+/// `dtype` (norms stay f32, as llama.cpp keeps them). With `quantize`, the linear layers
+/// (the projections and the output layer) whose rows are whole blocks are written as
+/// blocks of that type, quantized as `--quantize` does at load (the token embedding stays
+/// `dtype`: a lookup reads one row a token); the names of those left in `dtype` are
+/// returned. Refused with the reason: another architecture, biases, rotary scaling, a
+/// tokenizer that is not SentencePiece-style, a checkpoint already quantized.
+pub fn export(dir: &Path, out: &Path, dtype: DType, quantize: Option<QuantFormat>) -> Result<Vec<String>> {
     let cfg = HfConfig::from_dir(dir)?;
+    if cfg.int4()?.is_some() || !cfg.block_formats()?.is_empty() {
+        return Err(err("GGUF export reads float checkpoints; this one's linear layers are already quantized"));
+    }
     if cfg.model_type != "llama" {
         return Err(err(format!("GGUF export supports LLaMA models; this one is `{}`", cfg.model_type)));
     }
@@ -277,7 +298,10 @@ pub fn export(dir: &Path, out: &Path, dtype: DType) -> Result<()> {
     if !cfg.raw["rope_scaling"].is_null() {
         return Err(err(format!("GGUF export does not write rope_scaling {}", cfg.raw["rope_scaling"])));
     }
-    let (ty, file_type) = ggml_type(dtype)?;
+    let (ty, mut file_type) = ggml_type(dtype)?;
+    if let Some(f) = quantize {
+        file_type = file_type_of(f);
+    }
     let read = |f: &str| -> Result<serde_json::Value> {
         let p = dir.join(f);
         let text = std::fs::read_to_string(&p).map_err(|e| err(format!("{}: {e}", p.display())))?;
@@ -338,9 +362,23 @@ pub fn export(dir: &Path, out: &Path, dtype: DType) -> Result<()> {
     }
     let ck = Checkpoint::open(dir)?;
     let names: Vec<(String, Vec<usize>)> = ck.tensors().map(|(n, s, _)| (n.to_string(), s.dims().to_vec())).collect();
+    let (mut left, mut quantized) = (Vec::new(), 0usize);
     for (hf, dims) in names {
         let Some(gname) = gguf_name(&hf)? else { continue };
-        let (t, d) = if dims.len() == 1 { (GgmlType::F32, DType::F32) } else { (ty, dtype) };
+        let block = quantize.filter(|f| {
+            dims.len() == 2 && gname != "token_embd.weight" && {
+                let whole = dims[1].is_multiple_of(f.block_values());
+                if !whole {
+                    left.push(hf.clone());
+                }
+                whole
+            }
+        });
+        let (t, d) = match block {
+            Some(_) => (GgmlType::F32, DType::F32),
+            None if dims.len() == 1 => (GgmlType::F32, DType::F32),
+            None => (ty, dtype),
+        };
         let data = ck.read_as(&hf, d)?.data;
         let mut bytes = data.as_bytes().to_vec();
         let elem = t.elem_bytes().unwrap_or(4) as usize;
@@ -349,9 +387,24 @@ pub fn export(dir: &Path, out: &Path, dtype: DType) -> Result<()> {
         } else if hf.ends_with("k_proj.weight") {
             bytes = permute_rows(&bytes, cfg.kv_heads, cfg.head_dim, dims[1], elem, true);
         }
+        let (t, bytes) = match block {
+            Some(f) => {
+                quantized += 1;
+                let values: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+                (GgmlType::Other(f.ggml_type()), redco_core::quant::quantize(f, &values)?)
+            }
+            None => (t, bytes),
+        };
         w.tensor(&gname, dims.iter().rev().map(|&x| x as u64).collect(), t, bytes)?;
     }
-    w.write(out)
+    if let Some(f) = quantize.filter(|_| quantized == 0) {
+        return Err(err(format!(
+            "no linear layer of this model has rows of whole {f} blocks ({} values)",
+            f.block_values()
+        )));
+    }
+    w.write(out)?;
+    Ok(left)
 }
 
 #[cfg(test)]

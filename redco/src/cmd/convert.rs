@@ -7,10 +7,11 @@
 //! - `--to hf`: reassembles a redco checkpoint (a `step-*` directory, or a workdir's newest)
 //!   into `config.json` + safetensors that transformers loads; from a `.gguf` file (a LLaMA),
 //!   writes its Hugging Face directory with the file's vocabulary: float tensors as stored,
-//!   `Q8_0`/`Q4_0`/`Q4_K`/`Q6_K` ones dequantized to `--dtype`.
+//!   `Q8_0`/`Q4_0`/`Q4_1`/`Q4_K`/`Q6_K` ones dequantized to `--dtype`.
 //! - `--to gguf`: writes a Hugging Face LLaMA directory as one GGUF file (`--out x.gguf`) that
 //!   llama.cpp runs, in `--dtype` (f32, f16 or bf16), with its SentencePiece vocabulary and
-//!   chat template.
+//!   chat template; `--quantize q8_0|q4_0|q4_1|q4_k|q6_k` writes the linear layers as
+//!   llama.cpp's blocks (quantized as `--quantize` does at load).
 
 use super::check;
 use crate::cmd::error::CliResult;
@@ -52,6 +53,10 @@ pub struct ConvertArgs {
     /// Parameter dtype written: f32, bf16 or f16.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
+    /// Quantize the linear layers to llama.cpp's blocks (for --to gguf: q8_0, q4_0, q4_1,
+    /// q4_k or q6_k; layers whose rows are not whole blocks stay --dtype, and are named).
+    #[arg(long)]
+    pub quantize: Option<String>,
     /// Largest Hugging Face shard file in bytes (for --to hf).
     #[arg(long, value_parser = check::count, default_value_t = DEFAULT_SHARD_BYTES)]
     pub max_shard_bytes: usize,
@@ -151,6 +156,12 @@ pub fn run(a: ConvertArgs) -> CliResult<()> {
     if super::launch::is_multi_process() {
         return Err("convert runs in one process (its ranks are threads); start it without mpirun".into());
     }
+    if a.quantize.is_some() && a.to != "gguf" {
+        return Err(
+            "--quantize writes GGUF files (--to gguf); to quantize at load, pass it to generate, serve or eval-dump"
+                .into(),
+        );
+    }
     match a.to.as_str() {
         "redco" => {
             let d = to_redco(&a)?;
@@ -176,8 +187,18 @@ pub fn run(a: ConvertArgs) -> CliResult<()> {
         }
         "gguf" => {
             let dtype = check::dtype(&a.dtype)?;
-            redco_models::gguf::llama::export(&a.input, &a.out, dtype)?;
-            crate::outln!("wrote the GGUF file {} ({})", a.out.display(), a.dtype);
+            let quantize = super::quantize::format(a.quantize.as_deref())?;
+            let left = redco_models::gguf::llama::export(&a.input, &a.out, dtype, quantize)?;
+            if !left.is_empty() {
+                crate::cmd::out::warn(format_args!(
+                    "redco: --quantize: {} linear layers left in {} (rows not whole blocks): {}",
+                    left.len(),
+                    a.dtype,
+                    left.join(", ")
+                ));
+            }
+            let what = quantize.map_or(a.dtype.clone(), |f| format!("linear layers {f}, the rest {}", a.dtype));
+            crate::outln!("wrote the GGUF file {} ({what})", a.out.display());
         }
         other => return Err(format!("--to must be `redco`, `hf` or `gguf`, not `{other}`").into()),
     }

@@ -44,7 +44,7 @@ pub struct EvalDumpArgs {
     #[arg(long, default_value_t = 8)]
     pub max_new_tokens: usize,
     /// Quantize the linear layers to llama.cpp's blocks as the model loads (q8_0, q4_0,
-    /// q4_k or q6_k; rows must be whole blocks: 32 values, 256 for the K formats) and
+    /// q4_1, q4_k or q6_k; rows must be whole blocks: 32 values, 256 for the K formats) and
     /// multiply from the blocks in place.
     #[arg(long)]
     pub quantize: Option<String>,

@@ -23,7 +23,7 @@ pub struct GenerateArgs {
     /// Hugging Face model directory (LLaMA, GPT-J or OPT: config.json, safetensors,
     /// tokenizer.json), e.g. a
     /// `redco train` workdir; or a LLaMA-family GGUF file (llama.cpp's: F32, F16, BF16,
-    /// Q8_0, Q4_0, Q4_K and Q6_K tensors, dequantized to --dtype once and kept in
+    /// Q8_0, Q4_0, Q4_1, Q4_K and Q6_K tensors, dequantized to --dtype once and kept in
     /// ~/.cache/redco/gguf).
     #[arg(long)]
     pub model: PathBuf,
@@ -64,7 +64,7 @@ pub struct GenerateArgs {
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// Quantize the linear layers to llama.cpp's blocks as the model loads (q8_0, q4_0,
-    /// q4_k or q6_k; rows must be whole blocks: 32 values, 256 for the K formats) and
+    /// q4_1, q4_k or q6_k; rows must be whole blocks: 32 values, 256 for the K formats) and
     /// multiply from the blocks in place.
     #[arg(long)]
     pub quantize: Option<String>,

@@ -52,7 +52,7 @@ pub struct PlanArgs {
     /// of experts, the smallest mesh, with the experts split over its dp ranks).
     #[arg(long)]
     pub device_memory: Option<String>,
-    /// Plan the linear layers held as llama.cpp's blocks (q8_0, q4_0, q4_k, q6_k), as
+    /// Plan the linear layers held as llama.cpp's blocks (q8_0, q4_0, q4_1, q4_k, q6_k), as
     /// `generate`/`serve --quantize` hold them: inference only (with --inference).
     #[arg(long)]
     pub quantize: Option<String>,

@@ -2,7 +2,8 @@
 //! back with llama.cpp's keys and names, its query and key rows in llama.cpp's rotary
 //! order, its other tensors bit for bit, its vocabulary tokenizing as the fixture's
 //! `tokenizer.json` does, and `convert --to hf` of it gives the fixture back (tensors bit
-//! for bit, the same greedy text); another architecture is refused by name.
+//! for bit, the same greedy text); `--quantize` writes the blocks load-time quantizing makes (the
+//! same logits); another architecture is refused by name.
 
 use super::common::{fixture_named, redco, s, scratch_dir};
 use redco_core::DType;
@@ -240,5 +241,50 @@ fn another_architecture_is_refused_by_name() {
     assert_ne!(code, 0);
     assert!(err.contains("supports LLaMA") && err.contains("gptj"), "{err}");
     assert!(!out.exists(), "no file is left behind");
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
+fn convert_quantize_writes_the_blocks_load_time_quantizing_makes() {
+    // the GGUF's linear layers are the blocks `--quantize` makes at load: the same logits
+    let src = fixture_named("llama-tiny");
+    let d = scratch_dir("gguf", "quantize");
+    std::fs::create_dir_all(&d).unwrap();
+    let inputs = src.join("inputs.safetensors");
+    for q in ["q8_0", "q4_1"] {
+        let out = d.join(format!("tiny-{q}.gguf"));
+        let (code, _, err) = redco(&["convert", "--to", "gguf", "--input", s(&src), "--out", s(&out), "--quantize", q]);
+        assert_eq!(code, 0, "{err}");
+        // intermediate 48 is not whole blocks of 32: the down projections stay f32
+        assert!(err.contains("2 linear layers left in f32") && err.contains("layers.1.mlp.down_proj"), "{err}");
+        let (g, _map) = Gguf::open(&out).unwrap();
+        let ty = |name: &str| g.tensors.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}")).ty;
+        let fmt = redco_core::quant::QuantFormat::parse(q).unwrap();
+        assert_eq!(ty("blk.0.attn_q.weight").quant(), Some(fmt));
+        assert_eq!(ty("output.weight").quant(), Some(fmt));
+        assert_eq!((ty("blk.0.ffn_down.weight"), ty("token_embd.weight")), (GgmlType::F32, GgmlType::F32));
+        let dump = |model: &std::path::Path, extra: &[&str], name: &str| {
+            let o = d.join(name);
+            let mut args = vec!["eval-dump", "--model", s(model), "--inputs", s(&inputs), "--out", s(&o)];
+            args.extend_from_slice(extra);
+            let (code, _, err) = redco(&args);
+            assert_eq!(code, 0, "{err}");
+            redco_models::hf::safetensors::read_all(&o).unwrap()["logits"].data.to_f64_vec()
+        };
+        let from_file = dump(&out, &[], &format!("{q}-file.safetensors"));
+        let at_load = dump(&src, &["--quantize", q], &format!("{q}-load.safetensors"));
+        assert_eq!(from_file, at_load, "{q}");
+    }
+    // rows of 256 are needed for the K formats: none here
+    let out = d.join("tiny-q4_k.gguf");
+    let (code, _, err) =
+        redco(&["convert", "--to", "gguf", "--input", s(&src), "--out", s(&out), "--quantize", "q4_k"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("Q4_K") && err.contains("256"), "{err}");
+    // --quantize writes GGUF only
+    let (code, _, err) =
+        redco(&["convert", "--to", "redco", "--input", s(&src), "--out", s(&d.join("r")), "--quantize", "q8_0"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--to gguf"), "{err}");
     std::fs::remove_dir_all(&d).ok();
 }

@@ -11,7 +11,7 @@
 //! token are the dense model's, against transformers' `Qwen3MoeForCausalLM` and, in the
 //! same run, redco's dense model of the same active parameters (`redco dense`).
 //!
-//! `--quantize q8_0|q4_0|q4_k|q6_k`: the same model with its linear layers quantized to
+//! `--quantize q8_0|q4_0|q4_1|q4_k|q6_k`: the same model with its linear layers quantized to
 //! llama.cpp's blocks at load (`redco q8_0` etc., multiplied from the blocks in place) runs
 //! beside the float one, interleaved: the row shows what bytes per weight buy at batch 1.
 //!

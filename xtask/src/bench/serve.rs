@@ -47,7 +47,7 @@
 //! types): with `--peer-llama-cpp BIN`, the f32 GGUF is quantized by the `llama-quantize`
 //! beside BIN and both servers serve that one file (redco reads its blocks in place);
 //! without a peer, redco quantizes at load (`redco serve --quantize`, the types redco
-//! writes: q8_0, q4_0, q4_k, q6_k). `--keep DIR` writes the model (and the GGUF files)
+//! writes: q8_0, q4_0, q4_1, q4_k, q6_k). `--keep DIR` writes the model (and the GGUF files)
 //! into DIR and leaves them there (for `bench decode --model DIR/model-q8_0.gguf` or
 //! llama.cpp's `llama-bench`).
 
