@@ -1,4 +1,4 @@
-// Runs the attention kernels (forward, dq, dk/dv), paged attention, the multi-tensor AdamW (and its
+// Runs the block-quantized products, the attention kernels (forward, dq, dk/dv), paged attention, the multi-tensor AdamW (and its
 // mixed-precision form over f32 masters), the split-row reductions, the multi-tensor sum of squares, LayerNorm and
 // RMSNorm forward and backward, softmax, and the fused cross-entropy forward and backward
 // of `kernels/` on the emulated thread model
@@ -15,6 +15,7 @@ SUM_SQUARES(bf16, bf16)  // FOR_FLOATS is f32 and f64 here
 #include "norm.cu"
 #include "softmax.cu"
 #include "cross_entropy.cu"
+#include "quant.cu"
 #include <algorithm>
 #include <random>
 #include <string>
@@ -486,7 +487,11 @@ void sum_squares_check(const char* what, K kernel) {
     printf("%s sum_squares_many %s: %.6f vs %.6f, worst %.2e\n", ok ? "ok  " : "FAIL", what, y[0], want, worst);
 }
 
+#include "quant_check.h"
+
 int main() {
+    quant_check<float>("f32", quant_gemv_f32, quant_dequant_f32);
+    quant_check<double>("f64", quant_gemv_f64, quant_dequant_f64);
     unsigned pseed = 40;
     for (auto [hq, hk, d] : {std::tuple{4, 2, 40}, {2, 2, 128}, {3, 1, 256}, {2, 1, 8}}) {
         paged_check<float>(hq, hk, d, pseed);

@@ -12,6 +12,11 @@ template <typename T> T from_acc(float v);
 template <> inline float from_acc<float>(float v) { return v; }
 template <typename T> T from_acc(double v);
 template <> inline double from_acc<double>(double v) { return v; }
+inline float __uint_as_float(unsigned u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
 inline i64 min(i64 a, i64 b) { return a < b ? a : b; }
 inline i64 max(i64 a, i64 b) { return a > b ? a : b; }
 #define FOR_EACH(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)

@@ -85,6 +85,14 @@ impl Backend for Cuda {
     fn grouped_matmul(&self, x: &CudaStorage, w: &CudaStorage, spec: &GroupedSpec) -> Result<CudaStorage> {
         self.grouped_matmul_op(x, w, spec)
     }
+    fn quant_matmul(
+        &self,
+        x: &CudaStorage,
+        w: &CudaStorage,
+        spec: &redco_core::ops::quant_matmul::QuantMatmulSpec,
+    ) -> Result<CudaStorage> {
+        self.quant_matmul_op(x, w, spec)
+    }
     fn reduce(&self, op: ReduceOp, x: &CudaStorage, shape: &Shape, dim: usize) -> Result<CudaStorage> {
         self.reduce_op(op, x, shape, dim)
     }

@@ -21,6 +21,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("adamw", include_str!("../kernels/adamw.cu")),
     ("cross_entropy", include_str!("../kernels/cross_entropy.cu")),
     ("attention", include_str!("../kernels/attention.cu")),
+    ("quant", include_str!("../kernels/quant.cu")),
 ];
 
 /// The complete source of `family`, as NVRTC compiles it.

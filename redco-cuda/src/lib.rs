@@ -31,6 +31,7 @@ mod nccl;
 mod nccl_run;
 mod paged_attention;
 mod profile;
+mod quant;
 mod reduce;
 mod storage;
 

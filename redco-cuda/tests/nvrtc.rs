@@ -68,6 +68,7 @@ fn the_kernels_the_host_launches_exist() {
         ("rotary", vec!["rotary"]),
         ("adamw", vec!["adamw", "adamw_many"]),
         ("attention", vec!["attn_fwd", "attn_bwd_q", "attn_bwd_kv", "paged_attn"]),
+        ("quant", vec!["quant_gemv", "quant_dequant"]),
         ("reduce", vec!["reduce_rows", "reduce_strided", "argmax"]),
     ] {
         let ks = names(family);

@@ -662,15 +662,72 @@ def llama_1b(out):
     print(f"wrote {d}")
 
 
+def llama_7b(out):
+    """Not a fixture (13.5 GB, never committed): a random LLaMA-2-7B shape (hidden 4096, 32
+    layers, 32 heads, intermediate 11008, vocab 32000) in bf16, written tensor by tensor (never
+    whole in memory: made on the meta device, the matrices normal std 0.02 from one pool of draws, norms 1) into
+    shards of at most 4 GB, with llama-tiny's tokenizer (its 64 tokens; the other rows are never
+    reached), for the 7B rows of docs/benchmarks.md (`redco convert --to gguf --quantize q4_k`,
+    then `mpirun -np 2 redco generate --mesh 1x2`)."""
+    import shutil
+
+    import transformers
+
+    d = os.path.join(out, "llama-7b")
+    os.makedirs(d, exist_ok=True)
+    cfg = transformers.LlamaConfig(
+        hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg)
+    cfg.torch_dtype = torch.bfloat16
+    cfg.save_pretrained(d)
+    # drawing 6.7e9 normals takes most of an hour on two cores: each matrix is read from
+    # one pool of 2^26 draws at its own offset (cyclically), which is all a benchmark of
+    # memory and speed needs
+    gen = torch.Generator().manual_seed(0)
+    pool = (torch.randn(1 << 26, generator=gen) * 0.02).to(torch.bfloat16)
+    shard, size, index, n = {}, 0, {}, 0
+
+    def draw(shape, at):
+        k = int(torch.tensor(shape).prod())
+        reps = (at % pool.numel() + k) // pool.numel() + 1
+        return pool.repeat(reps)[at % pool.numel():at % pool.numel() + k].reshape(shape).clone()
+
+    def flush():
+        nonlocal shard, size, n
+        if shard:
+            n += 1
+            name = f"model-{n:05d}.safetensors"
+            save_file(shard, os.path.join(d, name), metadata={"format": "pt"})
+            index.update({k: name for k in shard})
+            shard, size = {}, 0
+
+    for i, (name, p) in enumerate(model.named_parameters()):
+        t = torch.ones(p.shape, dtype=torch.bfloat16) if p.dim() == 1 else draw(p.shape, 7919 * 1009 * i)
+        if size + t.numel() * 2 > 4 << 30:
+            flush()
+        shard[name] = t
+        size += t.numel() * 2
+    flush()
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": sum(p.numel() * 2 for p in model.parameters())}, "weight_map": index}, f)
+    tok = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../tests/fixtures/llama-tiny")
+    for name in ["tokenizer.json", "tokenizer_config.json"]:
+        shutil.copy(os.path.join(tok, name), os.path.join(d, name))
+    print(f"wrote {d}")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", choices=["llama", "mixtral", "qwen3-moe", "tokenizer", "gptj", "opt", "opt-350m", "t5",
-                                       "gptj-tokenizer", "opt-tokenizer", "t5-tokenizer", "llama-1.1b"],
+                                       "gptj-tokenizer", "opt-tokenizer", "t5-tokenizer", "llama-1.1b", "llama-7b"],
                     help="write one fixture only (opt: opt-tiny, opt-350m: opt-350m-shape, t5: t5-tiny and t5-v1_1-tiny)"
                     " or one tokenizer only (tokenizer: llama-tiny's, opt-tokenizer: opt-tiny's and"
                     " opt-350m-shape's, t5-tokenizer: t5-tiny's and t5-v1_1-tiny's); llama-1.1b writes"
-                    " the benchmark model of `xtask bench real-size` (never part of the default set)")
+                    " the benchmark model of `xtask bench real-size`, llama-7b a random 7B shape (neither part of the default set)")
     a = ap.parse_args()
     if a.only in (None, "llama"):
         llama(a.out)
@@ -696,3 +753,5 @@ if __name__ == "__main__":
         t5_tokenizer(a.out)
     if a.only == "llama-1.1b":
         llama_1b(a.out)
+    if a.only == "llama-7b":
+        llama_7b(a.out)
