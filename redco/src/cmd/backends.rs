@@ -32,6 +32,21 @@ pub enum BackendKind {
     Cuda,
 }
 
+impl BackendKind {
+    /// Whether the backend multiplies by block-quantized weights in place (its own
+    /// `quant_matmul` kernels: the CPU's integer dot products, CUDA's `kernels/quant.cu`),
+    /// so that a GGUF file's blocks are kept as they are rather than dequantized.
+    pub fn reads_blocks(self) -> bool {
+        match self {
+            BackendKind::Cpu => true,
+            #[cfg(feature = "cuda")]
+            BackendKind::Cuda => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+}
+
 /// The backends compiled into this program, for messages.
 const AVAILABLE: &str = {
     // every combination spelt out: const code cannot join strings

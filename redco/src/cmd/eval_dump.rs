@@ -248,7 +248,7 @@ pub fn run(mut a: EvalDumpArgs) -> CliResult<()> {
     let dtype = check::dtype(&a.dtype)?;
     super::quantize::format(a.quantize.as_deref())?;
     let kind = backends::backend(&a.backend)?;
-    a.model = super::gguf_model::resolve(&a.model, dtype, kind == backends::BackendKind::Cpu)?;
+    a.model = super::gguf_model::resolve(&a.model, dtype, kind.reads_blocks())?;
     let inputs = read_all(&a.inputs)?;
     let threads = cores::threads_per_rank(a.threads, mesh);
     let on = OnMesh { a: &a, inputs: &inputs, dtype, mesh, threads };

@@ -220,7 +220,7 @@ impl OnBackend for OnMesh<'_> {
 pub fn run(mut a: GenerateArgs) -> CliResult<()> {
     super::quantize::format(a.quantize.as_deref())?;
     let kind = backends::backend(&a.backend)?;
-    a.model = super::gguf_model::resolve(&a.model, check::dtype(&a.dtype)?, kind == BackendKind::Cpu)?;
+    a.model = super::gguf_model::resolve(&a.model, check::dtype(&a.dtype)?, kind.reads_blocks())?;
     let mesh = check::mesh(&a.mesh)?;
     if kind == BackendKind::Cpu {
         cores::check_devices(mesh, a.threads, a.oversubscribe)?;

@@ -1,8 +1,8 @@
 //! `--model FILE.gguf` for `generate`, `serve` and `eval-dump`: a LLaMA-family GGUF file
 //! (as llama.cpp and its converters write them) is read into a Hugging Face model
 //! directory once, the linear layers' quantized blocks (`Q8_0`, `Q4_0`, `Q4_1`, `Q4_K`, `Q6_K`)
-//! kept as they are on the CPU backend (multiplied in place, `Tensor::matmul_quant`) and
-//! dequantized to the run's dtype on the others and for the rest, its vocabulary and chat template as `tokenizer.json` and
+//! kept as they are on the backends that read them in place (CPU and CUDA,
+//! `Tensor::matmul_quant`) and dequantized to the run's dtype on the others and for the rest, its vocabulary and chat template as `tokenizer.json` and
 //! `chat_template.jinja` ([`redco_models::gguf::llama::import`]), and the command runs on
 //! that directory. The directory is kept in the user's cache (`~/.cache/redco/gguf`, or
 //! under `$XDG_CACHE_HOME`) under a name made from the file (its path, length and

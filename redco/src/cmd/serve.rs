@@ -94,8 +94,8 @@ pub fn run(mut a: ServeArgs) -> CliResult<()> {
         // served under the file's name, from the directory it is read into
         let name = a.model.file_name().map(|n| n.to_string_lossy().into_owned());
         a.served_model_name = a.served_model_name.take().or(name);
-        let cpu = backends::backend(&a.backend)? == backends::BackendKind::Cpu;
-        a.model = super::gguf_model::resolve(&a.model, check::dtype(&a.dtype)?, cpu)?;
+        let blocks = backends::backend(&a.backend)?.reads_blocks();
+        a.model = super::gguf_model::resolve(&a.model, check::dtype(&a.dtype)?, blocks)?;
     }
     let mesh = check::mesh(&a.mesh)?;
     if mesh.dp != 1 {
