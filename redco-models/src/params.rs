@@ -195,14 +195,14 @@ impl<B: Backend> ParamSource<B> for Quantizing<'_, B> {
         let bound = Init::Uniform(1.0 / (inp.max(1) as f64).sqrt());
         let w = self.inner.param(name, shape.clone(), bound)?;
         let mut l = redco_core::nn::Linear::from_tensors(w, None)?;
-        if !l.weight.local_shape().dims()[1].is_multiple_of(self.format.block_values()) {
+        let Some(held) = self.format.held_as(l.weight.dims()[1], l.weight.local_shape().dims()[1]) else {
             // left in floats: the layer asks `param` for it next, and gets this one
             self.left.push(name.to_string());
             self.pending = Some((name.to_string(), l.weight));
             return Ok(None);
-        }
-        l.quantize(self.format)?;
-        Ok(Some((l.weight, self.format)))
+        };
+        l.quantize(held)?;
+        Ok(Some((l.weight, held)))
     }
     fn expert_range(&self, stack: &str, count: usize) -> (usize, usize) {
         self.inner.expert_range(stack, count)
@@ -391,6 +391,38 @@ impl<'a, B: Backend> CheckpointSource<'a, B> {
         self.place_whole(name, shape, values)
     }
 
+    /// Stored blocks `name` (`[out, in]` of `f`) split along `in` over mp inside `f`'s
+    /// blocks: dequantized whole, this rank's columns taken and quantized to `Q8_0`.
+    fn requantized(&mut self, name: &str, shape: &Shape, f: QuantFormat) -> Result<(Tensor<B>, QuantFormat)> {
+        let (out, inp) = (shape.dims()[0], shape.dims()[1]);
+        let HostData::U8(bytes) = self.ckpt.read_as(name, DType::U8)?.data else {
+            return Err(Error::Parameter {
+                name: name.into(),
+                msg: format!("`{name}` should hold {f} blocks as bytes"),
+            });
+        };
+        let values = redco_core::quant::blocks::dequantize(f, &bytes, out * inp)?;
+        let plan = self.plan.ok_or_else(|| Error::config("load", "a split weight needs a plan"))?;
+        let (k, i) = (plan.mesh.mp, plan.index_along(MeshAxis::Mp).unwrap_or(0));
+        let cols = inp / k;
+        let part: Vec<f32> =
+            values.chunks_exact(inp).flat_map(|r| r[i * cols..(i + 1) * cols].iter().copied()).collect();
+        let q8 = QuantFormat::Q8_0;
+        let blocks = redco_core::quant::quantize(q8, &part)?;
+        self.used.insert(name.to_string());
+        let placements = plan.placements(name);
+        let (global, local) = (Shape::new([out, q8.row_bytes(inp)?]), Shape::new([out, q8.row_bytes(cols)?]));
+        let t = Tensor::from_local(
+            self.b,
+            self.b.upload_owned(HostData::U8(blocks))?,
+            global,
+            local,
+            placements,
+            DType::U8,
+        );
+        Ok((t, q8))
+    }
+
     /// The whole float weight `values` of `shape`, converted to the dtype, this rank's part
     /// kept under a plan.
     fn place_whole(&mut self, name: &str, shape: Shape, values: Vec<f32>) -> Result<Tensor<B>> {
@@ -447,8 +479,12 @@ impl<B: Backend> ParamSource<B> for CheckpointSource<'_, B> {
                     return Err(bad(format!("`{name}` cannot be split along dim {d}")));
                 }
                 if !units.is_multiple_of(k) {
-                    // the split does not fall between blocks: the layer asks `param` for
-                    // floats next, and gets this weight dequantized
+                    // the split does not fall between blocks: this rank's part as Q8_0
+                    // where it is whole blocks of 32 (`QuantFormat::held_as`), else the
+                    // layer asks `param` for floats next, and gets this weight dequantized
+                    if d == 1 && format.held_as(inp, inp / k) == Some(QuantFormat::Q8_0) {
+                        return self.requantized(name, shape, format).map(Some);
+                    }
                     self.used.remove(name);
                     return Ok(None);
                 }

@@ -156,11 +156,17 @@ pub fn quantize_linears<B: Backend, M: Module<B> + ?Sized>(
             if !keep(name) || l.quant.is_some() {
                 return;
             }
-            if l.weight.rank() == 2 && !l.weight.local_shape().dims()[1].is_multiple_of(format.block_values()) {
+            // a rank's part of a row that is not whole blocks: Q8_0 for a K format where
+            // it is whole blocks of 32 (`QuantFormat::held_as`), else left in floats
+            let held = match l.weight.rank() {
+                2 => format.held_as(l.weight.dims()[1], l.weight.local_shape().dims()[1]),
+                _ => Some(format),
+            };
+            let Some(held) = held else {
                 left.push(name.to_string());
                 return;
-            }
-            match l.quantize(format) {
+            };
+            match l.quantize(held) {
                 Ok(()) => done.push(name.to_string()),
                 Err(e) => res = Err(Error::invalid("quantize", format!("`{name}`: {e}"))),
             }

@@ -185,8 +185,9 @@ impl ShardPlan {
 
     /// The plan with the linear weights (rank 2, not embeddings, norms or a mixture's
     /// routers) held as blocks of `format` where each rank's part of a row is whole blocks
-    /// (as `--quantize` leaves the others in floats), and the parameters `stored` names in
-    /// the formats a checkpoint holds them in (a GGUF file's blocks).
+    /// (`Q8_0` where a K format's split falls between blocks of 32 only, floats where not
+    /// even those: [`crate::quant::QuantFormat::held_as`]), and the parameters `stored`
+    /// names in the formats a checkpoint holds them in (a GGUF file's blocks), the same way.
     pub fn with_quant(
         mut self,
         format: Option<crate::quant::QuantFormat>,
@@ -194,13 +195,12 @@ impl ShardPlan {
     ) -> Self {
         let mp = self.mesh.mp;
         for (name, p) in self.params.iter_mut() {
-            // a rank's part of each row must be whole blocks (else the weight is floats:
+            // a rank's part of each row must be whole blocks (else `Q8_0`, or floats:
             // `--quantize` leaves it, a stored one is dequantized as it is read)
-            let k =
-                p.shape.dims().get(1).copied().unwrap_or(0) / if p.placement == Placement::Shard(1) { mp } else { 1 };
-            let whole = |f: crate::quant::QuantFormat| k > 0 && k.is_multiple_of(f.block_values());
+            let k = p.shape.dims().get(1).copied().unwrap_or(0);
+            let local = k / if p.placement == Placement::Shard(1) { mp } else { 1 };
             if let Some(&f) = stored.get(name) {
-                p.quant = whole(f).then_some(f);
+                p.quant = f.held_as(k, local);
                 continue;
             }
             let Some(f) = format else { continue };
@@ -210,8 +210,8 @@ impl ShardPlan {
                 && !name.ends_with(".gate.weight")
                 && !name.contains("norm")
                 && !is_expert_param(name);
-            if linear && whole(f) {
-                p.quant = Some(f);
+            if linear {
+                p.quant = f.held_as(k, local);
             }
         }
         self

@@ -99,6 +99,24 @@ impl QuantFormat {
         }
         Ok(k / self.block_values() * self.block_bytes())
     }
+    /// The format a rank's part of a weight in this format is held in, when its rows have
+    /// `k` values and the rank's part of each `local` of them: this one where both are
+    /// whole blocks; `Q8_0` for a K format whose rows are whole blocks but whose split over
+    /// ranks falls inside them, between blocks of 32 (a 7B's `down_proj`, 11008 inputs, at
+    /// mp = 2: 5504 a rank), near-lossless for values already on a 4- or 6-bit grid;
+    /// `None` otherwise (held in floats).
+    pub fn held_as(self, k: usize, local: usize) -> Option<QuantFormat> {
+        let whole = |n: usize, b: usize| n > 0 && n.is_multiple_of(b);
+        if !whole(k, self.block_values()) {
+            None
+        } else if whole(local, self.block_values()) {
+            Some(self)
+        } else if self.block_values() == 256 && whole(local, 32) {
+            Some(QuantFormat::Q8_0)
+        } else {
+            None
+        }
+    }
     /// Values in a row of `bytes` bytes; `bytes` must be whole blocks.
     pub fn row_values(self, bytes: usize) -> Result<usize> {
         if !bytes.is_multiple_of(self.block_bytes()) {
@@ -114,5 +132,25 @@ impl QuantFormat {
 impl std::fmt::Display for QuantFormat {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::QuantFormat::*;
+
+    #[test]
+    fn a_split_inside_k_blocks_is_held_as_q8_0_and_nothing_else_changes_format() {
+        // whole blocks everywhere: the format itself
+        assert_eq!(Q4K.held_as(4096, 2048), Some(Q4K));
+        assert_eq!(Q8_0.held_as(11008, 5504), Some(Q8_0));
+        // a 7B's down projection at mp 2: 5504 is 21.5 blocks of 256, 172 of 32
+        assert_eq!(Q4K.held_as(11008, 5504), Some(Q8_0));
+        assert_eq!(Q6K.held_as(11008, 5504), Some(Q8_0));
+        // rows that are not whole blocks at all stay floats, split or not
+        assert_eq!(Q4K.held_as(4096 + 32, 4096 + 32), None);
+        assert_eq!(Q4_0.held_as(64, 16), None);
+        assert_eq!(Q4K.held_as(256 * 3, 128 + 16), None);
+        assert_eq!(Q8_0.held_as(0, 0), None);
     }
 }

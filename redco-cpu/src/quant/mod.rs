@@ -130,7 +130,7 @@ pub(crate) fn quant_matmul_with(
             return Ok(HostData::from_f32(y, x.dtype()));
         }
     }
-    let qx = QRows::quantize(&xf, m, k);
+    let qx = QRows::quantize(&xf, m, k, format);
     let dots = kernel(avx2);
     let per = (n / (threads.max(1) * 8)).clamp(1, 64);
     let y = if m == 1 {

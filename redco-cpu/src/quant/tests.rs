@@ -19,12 +19,22 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 /// see them (codes times block scale).
 fn reference(fmt: QuantFormat, w: &[u8], x: &[f32], m: usize, n: usize, k: usize) -> Vec<f64> {
     let wd = blocks::dequantize(fmt, w, n * k).unwrap();
-    let qx = QRows::quantize(x, m, k);
+    let qx = QRows::quantize(x, m, k, fmt);
     let mut y = vec![0f64; m * n];
     for i in 0..m {
         for j in 0..n {
             y[i * n + j] =
                 (0..k).map(|p| wd[j * k + p] as f64 * qx.q[i * k + p] as f64 * qx.d[i * k / 32 + p / 32] as f64).sum();
+            if fmt == QuantFormat::Q4_1 {
+                // the offsets meet the activations' scaled sums, rounded to f16 as Q8_1's
+                for b in 0..k / 32 {
+                    let blk = &w[(j * k / 32 + b) * 20..];
+                    let off = half::f16::from_le_bytes([blk[2], blk[3]]).to_f64();
+                    let sum: i32 = qx.q[i * k + 32 * b..i * k + 32 * b + 32].iter().map(|&c| c as i32).sum();
+                    let at = i * k / 32 + b;
+                    y[i * n + j] += off * (qx.s[at] as f64 - qx.d[at] as f64 * sum as f64);
+                }
+            }
         }
     }
     y
@@ -63,7 +73,8 @@ fn the_product_is_the_float_product_within_the_activation_rounding() {
             for j in 0..n {
                 let exact: f64 = (0..k).map(|p| wd[j * k + p] as f64 * x[i * k + p] as f64).sum();
                 // bytes for the activations: about 0.4% of each term's size, summed at random
-                assert!((got[i * n + j] - exact).abs() < 0.02, "{fmt}: {} vs {exact}", got[i * n + j]);
+                // (a standard deviation near 0.008 here)
+                assert!((got[i * n + j] - exact).abs() < 0.04, "{fmt}: {} vs {exact}", got[i * n + j]);
             }
         }
     }

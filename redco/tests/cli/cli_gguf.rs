@@ -155,7 +155,7 @@ fn the_llama_fixture_converts_to_a_gguf_llama_cpp_reads() {
     assert!(quantized >= 2 * 6, "the attention and gate/up matrices of both layers: {quantized}");
     w.write(&q8).unwrap();
     let (text, said) = gguf_gen(&q8);
-    assert!(text.starts_with("the cat") && text.split_whitespace().count() >= 4, "{text}");
+    assert!(text.starts_with("the cat") && text.trim_end().len() > "the cat".len() + 3, "{text}");
     assert!(said.contains("blocks kept"), "the CPU reads the blocks in place: {said}");
     // in place, the blocks give the logits of the same file dequantized up to the rounding
     // of the activations to bytes (the integer dot products)

@@ -33,10 +33,14 @@ pub fn quant_matmul_values<B: Backend>(b: &B) {
                 let (x, got) = (xt.to_vec_f64().unwrap(), out.to_vec_f64().unwrap());
                 for r in 0..m {
                     let xr = &x[r * k..(r + 1) * k];
+                    // a backend may round the activations to bytes as llama.cpp does: in
+                    // blocks of 32 for the 32-value formats, of 256 for the K formats (half
+                    // a step, and a scale rounded to f16: 2^-11 of the largest)
+                    let group = if fmt.block_values() == 256 { 256 } else { 32 };
                     let half_step: Vec<f64> = xr
-                        .chunks(32)
+                        .chunks(group)
                         .flat_map(|c| {
-                            let a = c.iter().fold(0f64, |m, v| m.max(v.abs())) / 254.0;
+                            let a = c.iter().fold(0f64, |m, v| m.max(v.abs())) * (1.0 / 254.0 + 1.0 / 2048.0);
                             std::iter::repeat_n(a, c.len())
                         })
                         .collect();
