@@ -300,19 +300,24 @@ impl<'a, B: Backend> CheckpointSource<'a, B> {
         shape: &Shape,
     ) -> Result<Option<(Tensor<B>, QuantFormat)>> {
         let Some(&format) = self.blocks.get(name) else { return Ok(None) };
+        let &[out, inp] = shape.dims() else {
+            return Err(Error::Parameter { name: name.into(), msg: format!("`{name}` {shape} is not a matrix") });
+        };
+        let placements = self.plan.map(|p| p.placements(name)).unwrap_or_default();
+        if let (Placement::Shard(d), Some(plan)) = (placements.get(MeshAxis::Mp), self.plan) {
+            let units = if d == 0 { out } else { inp / format.block_values() };
+            if plan.mesh.mp > 1 && d < 2 && !units.is_multiple_of(plan.mesh.mp) {
+                // the split falls inside a block: the layer asks `param` for floats next
+                return Ok(None);
+            }
+        }
         let w = self.read_int4(layout, name, shape)?;
         let Some(bytes) = w.to_q4_1() else { return Ok(None) };
-        let (out, inp) = (shape.dims()[0], shape.dims()[1]);
         let row = format.row_bytes(inp)?;
         let stored = Shape::new([out, row]);
-        let placements = self.plan.map(|p| p.placements(name)).unwrap_or_default();
         let t = match (placements.get(MeshAxis::Mp), self.plan) {
             (Placement::Shard(d), Some(plan)) if plan.mesh.mp > 1 && d < 2 => {
                 let k = plan.mesh.mp;
-                let units = if d == 0 { out } else { inp / format.block_values() };
-                if !units.is_multiple_of(k) {
-                    return Ok(None);
-                }
                 let i = plan.index_along(MeshAxis::Mp).ok_or_else(|| {
                     Error::config("load", format!("the plan for mesh {} is not bound to a rank", plan.mesh))
                 })?;
@@ -334,10 +339,10 @@ impl<'a, B: Backend> CheckpointSource<'a, B> {
                     DType::U8,
                 )
             }
-            (Placement::Replicate, _) => {
-                Tensor::from_storage(self.b, self.b.upload_owned(HostData::U8(bytes))?, stored, DType::U8)
+            (Placement::Partial(_), _) => {
+                return Err(Error::invalid("load", format!("parameter `{name}` cannot be planned as a partial sum")))
             }
-            _ => return Err(Error::invalid("load", format!("parameter `{name}` cannot be placed as {placements:?}"))),
+            _ => Tensor::from_storage(self.b, self.b.upload_owned(HostData::U8(bytes))?, stored, DType::U8),
         };
         Ok(Some((t, format)))
     }
@@ -403,7 +408,10 @@ impl<'a, B: Backend> CheckpointSource<'a, B> {
         };
         let values = redco_core::quant::blocks::dequantize(f, &bytes, out * inp)?;
         let plan = self.plan.ok_or_else(|| Error::config("load", "a split weight needs a plan"))?;
-        let (k, i) = (plan.mesh.mp, plan.index_along(MeshAxis::Mp).unwrap_or(0));
+        let k = plan.mesh.mp;
+        let i = plan
+            .index_along(MeshAxis::Mp)
+            .ok_or_else(|| Error::config("load", format!("the plan for mesh {} is not bound to a rank", plan.mesh)))?;
         let cols = inp / k;
         let part: Vec<f32> =
             values.chunks_exact(inp).flat_map(|r| r[i * cols..(i + 1) * cols].iter().copied()).collect();

@@ -241,6 +241,14 @@ impl Int4Layout {
                     if gi < 0 || gi as usize >= groups {
                         return Err(bad(format!("`{module}.g_idx[{i}]` is {gi}, not a group of the {groups}")));
                     }
+                    if !self.act_order && gi as usize != i / g {
+                        // the config promised the inputs' order (and the planner counted
+                        // blocks): a file that disagrees is named, not read another way
+                        return Err(bad(format!(
+                            "`{module}.g_idx[{i}]` is {gi}, but `desc_act` is false: input {i} belongs to group {}",
+                            i / g
+                        )));
+                    }
                     v.push(gi as usize);
                 }
                 v

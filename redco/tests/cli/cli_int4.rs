@@ -162,6 +162,24 @@ fn int4_variants_not_read_and_damaged_files_are_refused_by_name() {
     );
     let err = run(&gidx);
     assert!(err.contains("g_idx[5]") && err.contains("9"), "{err}");
+    // a group index out of the inputs' order though `desc_act` is false
+    let order = d.join("order");
+    altered(
+        "llama-gptq-tiny",
+        &order,
+        |_| {},
+        |t| {
+            for (n, data, _) in t.iter_mut() {
+                if n == "model.layers.1.mlp.gate_proj.g_idx" {
+                    if let redco_core::HostData::I32(v) = data {
+                        v[3] = 1;
+                    }
+                }
+            }
+        },
+    );
+    let err = run(&order);
+    assert!(err.contains("g_idx[3]") && err.contains("desc_act"), "{err}");
     // training updates floats
     let w = d.join("work");
     let (code, _, err) = redco(&[
