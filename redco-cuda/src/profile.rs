@@ -33,6 +33,8 @@ pub fn op_family(module: &str, kernel: &str) -> &'static str {
         "elementwise" => "elementwise (SwiGLU, residuals, scaling)",
         "layout" => "layout copies",
         "index" => "embedding and indexing",
+        "quant" if kernel.starts_with("quant_dequant") => "quantized weights dequantized",
+        "quant" => "quantized matmul (blocks in place)",
         _ => "other kernels",
     }
 }
@@ -154,6 +156,8 @@ mod tests {
         assert_eq!(op_family("elementwise", "cast_bf16_f32"), "casts");
         assert_eq!(op_family("elementwise", "binary_bf16"), "elementwise (SwiGLU, residuals, scaling)");
         assert_eq!(op_family("adamw", "adamw_master_bf16_bf16"), "AdamW");
+        assert_eq!(op_family("quant", "quant_gemv_bf16"), "quantized matmul (blocks in place)");
+        assert_eq!(op_family("quant", "quant_dequant_f32"), "quantized weights dequantized");
         assert_eq!(op_family("somewhere", "new"), "other kernels");
         // every family of kernels/ has a row of its own
         for (module, _) in crate::kernels::FAMILIES {
