@@ -125,6 +125,17 @@ fn altered(
     .unwrap();
 }
 
+/// An edit for [`altered`]: element `at` of the i32 tensor `name` set to `value`.
+fn set_i32(name: &'static str, at: usize, value: i32) -> impl Fn(&mut Vec<(String, redco_core::HostData, Vec<usize>)>) {
+    move |t| {
+        for (n, data, _) in t.iter_mut() {
+            if let (true, redco_core::HostData::I32(v)) = (n == name, data) {
+                v[at] = value;
+            }
+        }
+    }
+}
+
 #[test]
 fn int4_variants_not_read_and_damaged_files_are_refused_by_name() {
     let d = scratch_dir("int4", "bad");
@@ -146,38 +157,12 @@ fn int4_variants_not_read_and_damaged_files_are_refused_by_name() {
     assert!(err.contains("model.layers.1.mlp.up_proj.qweight") && err.contains("missing"), "{err}");
     // a group index past the groups
     let gidx = d.join("gidx");
-    altered(
-        "llama-gptq-tiny",
-        &gidx,
-        |_| {},
-        |t| {
-            for (n, data, _) in t.iter_mut() {
-                if n == "model.layers.0.self_attn.k_proj.g_idx" {
-                    if let redco_core::HostData::I32(v) = data {
-                        v[5] = 9;
-                    }
-                }
-            }
-        },
-    );
+    altered("llama-gptq-tiny", &gidx, |_| {}, set_i32("model.layers.0.self_attn.k_proj.g_idx", 5, 9));
     let err = run(&gidx);
     assert!(err.contains("g_idx[5]") && err.contains("9"), "{err}");
     // a group index out of the inputs' order though `desc_act` is false
     let order = d.join("order");
-    altered(
-        "llama-gptq-tiny",
-        &order,
-        |_| {},
-        |t| {
-            for (n, data, _) in t.iter_mut() {
-                if n == "model.layers.1.mlp.gate_proj.g_idx" {
-                    if let redco_core::HostData::I32(v) = data {
-                        v[3] = 1;
-                    }
-                }
-            }
-        },
-    );
+    altered("llama-gptq-tiny", &order, |_| {}, set_i32("model.layers.1.mlp.gate_proj.g_idx", 3, 1));
     let err = run(&order);
     assert!(err.contains("g_idx[3]") && err.contains("desc_act"), "{err}");
     // training updates floats
