@@ -41,7 +41,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-fn st_dtype(d: DType) -> safetensors::Dtype {
+/// The safetensors dtype of `d`.
+pub fn st_dtype(d: DType) -> safetensors::Dtype {
     match d {
         DType::F32 => safetensors::Dtype::F32,
         DType::F64 => safetensors::Dtype::F64,

@@ -53,6 +53,9 @@ enum Command {
     /// loss, every parameter's gradient and greedy generations: the standard way to check a
     /// port against transformers (whose script writes the same keys).
     EvalDump(cmd::eval_dump::EvalDumpArgs),
+    /// A causal model's perplexity on a text file, counted as llama.cpp's `llama-perplexity`
+    /// counts it (chunks of --seq-len tokens, the second half of each scored).
+    Perplexity(cmd::perplexity::PerplexityArgs),
     /// Show the backends compiled in, the devices found and the threads used.
     Info(cmd::info::InfoArgs),
     /// Print a shell completion script: `redco completions bash > /etc/bash_completion.d/redco`
@@ -92,6 +95,7 @@ fn main() -> ExitCode {
         Command::Plan(a) => cmd::plan::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::EvalDump(a) => cmd::eval_dump::run(a),
+        Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Info(a) => cmd::info::run(a),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut command(), "redco", &mut std::io::stdout());

@@ -9,8 +9,9 @@
 //!   [--json FILE]`: f32 (or bf16) GEMM throughput against the machine's measured f32 FMA
 //!   peak and, optionally, `torch.matmul` measured in the same run;
 //! - `cargo xtask bench decode [--prompt N] [--new N] [--reps N] [--threads N] [--torch PYTHON]
-//!   [--json FILE]`: batch-1 LLaMA decode tokens/s with the KV cache and, optionally,
-//!   transformers' `generate` measured in the same run;
+//!   [--json FILE] [--model DIR|FILE.gguf] [--peer-llama-cpp BIN [--prefill N]]`: batch-1 LLaMA
+//!   decode tokens/s with the KV cache and, optionally, transformers' `generate` or (on a
+//!   GGUF file) llama.cpp's `llama-bench` measured in the same run;
 //! - `cargo xtask fixtures [--python PY] [--datasets]`: the transformers reference fixtures
 //!   (with `--datasets`: only the Hugging Face `datasets` fixtures).
 //! - `cargo xtask fuzz [--cases N] [--only NAME]`: the hostile-input properties with 100,000

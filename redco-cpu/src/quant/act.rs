@@ -35,13 +35,26 @@ fn f16_round(v: f32) -> f32 {
     half::f16::from_f32(v).to_f32()
 }
 
+/// `x` to the nearest integer, ties to even: for the codes' magnitudes (below 2^22) by
+/// adding and taking away 1.5 * 2^23, which the FPU rounds to even in its default mode (a
+/// baseline x86-64 build has no `roundss` and would call `rintf` for every value).
+#[inline]
+fn round_even(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    if x.abs() < 4_194_304.0 {
+        (x + MAGIC) - MAGIC
+    } else {
+        x.round_ties_even()
+    }
+}
+
 /// One block of 32 (`Q8_0`, or `Q8_1` with `sum16`): codes into `q`, `(scale, scaled sum)`.
 fn block32(x: &[f32], q: &mut [i8], sum16: bool) -> (f32, f32) {
     let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
     let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
     let mut sum = 0i32;
     for (o, &v) in q.iter_mut().zip(x) {
-        let c = (v * id).round_ties_even() as i32;
+        let c = round_even(v * id) as i32;
         *o = c as i8;
         sum += c;
     }
@@ -65,7 +78,7 @@ fn block256(x: &[f32], q: &mut [i8]) -> f32 {
     }
     let iscale = -127.0 / max;
     for (o, &v) in q.iter_mut().zip(x) {
-        *o = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+        *o = (round_even(iscale * v) as i32).min(127) as i8;
     }
     1.0 / iscale
 }
@@ -112,6 +125,18 @@ impl QRows {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn round_even_is_rounding_to_nearest_ties_to_even() {
+        for i in -300_000..300_000 {
+            let x = i as f32 / 1000.0;
+            assert_eq!(round_even(x), x.round_ties_even(), "{x}");
+        }
+        for x in [0.5f32, 1.5, 2.5, -0.5, -2.5, 127.5, -127.5, 1e9, -1e9, f32::INFINITY] {
+            assert_eq!(round_even(x), x.round_ties_even(), "{x}");
+        }
+        assert!(round_even(f32::NAN).is_nan());
+    }
 
     #[test]
     fn activations_are_coded_as_llama_cpp_codes_them() {

@@ -3,7 +3,6 @@
 //! codes go through `vpsignb` (the first operand of `vpmaddubsw` is unsigned); `Q4_1`'s and
 //! `Q4_K`'s nibbles are unsigned already, and their offsets meet the activations' code sums.
 
-use super::portable::scale_min_k4;
 use super::QRows;
 use redco_core::quant::QuantFormat;
 use std::arch::x86_64::*;
@@ -62,6 +61,36 @@ fn load16(b: &[u8]) -> __m128i {
     assert!(b.len() >= 16);
     // SAFETY: as `load`, 16 bytes
     unsafe { _mm_loadu_si128(b.as_ptr() as *const __m128i) }
+}
+
+/// Eight bytes, widened by the caller.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn load8(b: &[u8; 8]) -> __m128i {
+    _mm_cvtsi64_si128(i64::from_le_bytes(*b))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn load_f32x8(v: &[f32]) -> __m256 {
+    assert!(v.len() >= 8);
+    // SAFETY: 8 values are in bounds (checked above)
+    unsafe { _mm256_loadu_ps(v.as_ptr()) }
+}
+
+/// `Q4_K`'s eight 6-bit scales and eight 6-bit minimums from their 12 packed bytes, four at
+/// a time in 32-bit words (the layout of `portable::scale_min_k4`: scales and minimums 0-3 are the
+/// low six bits of bytes 0-3 and 4-7; 4-7 take their low four bits from bytes 8-11 and their
+/// high two from the top bits of bytes 0-3 and 4-7).
+#[inline]
+fn scales_mins_k4(q: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let w = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
+    let (a, b, c) = (w(0), w(1), w(2));
+    let (six, four, two) = (0x3f3f_3f3f_u32, 0x0f0f_0f0f_u32, 0x0303_0303_u32);
+    let sc = [(a & six).to_le_bytes(), ((c & four) | (((a >> 6) & two) << 4)).to_le_bytes()];
+    let mn = [(b & six).to_le_bytes(), (((c >> 4) & four) | (((b >> 6) & two) << 4)).to_le_bytes()];
+    let join = |h: [[u8; 4]; 2]| [h[0][0], h[0][1], h[0][2], h[0][3], h[1][0], h[1][1], h[1][2], h[1][3]];
+    (join(sc), join(mn))
 }
 
 /// One activation row as the kernels read it: codes, block scales, scaled code sums.
@@ -145,30 +174,51 @@ fn dots<const R: usize>(format: QuantFormat, w: &[u8], x: [XRow<'_>; R]) -> [f32
             }
         }
         QuantFormat::Q4K => {
+            // the activations' scale is one per 256 values (`Q8_K`): a super-block's eight
+            // sub-block sums, each times its 6-bit scale, add up as integers, then meet
+            // `d * d_x` once; the minimums meet the activations' scaled code sums, eight lanes
+            // at once
+            let mut mins_acc = [_mm256_setzero_ps(); R];
             for (sb, blk) in w.chunks_exact(144).enumerate() {
                 let (dd, dmin) = (half(blk, 0), half(blk, 2));
+                let (sc, mn) = scales_mins_k4(&blk[4..16]);
+                // the eight scales as 16-bit lanes, in both halves; sub-block j's broadcast
+                // by a byte shuffle
+                let sc16 = _mm_cvtepu8_epi16(load8(&sc));
+                let scales = _mm256_set_m128i(sc16, sc16);
+                let pick =
+                    |j: usize| _mm256_shuffle_epi8(scales, _mm256_set1_epi16((((2 * j + 1) << 8) | (2 * j)) as i16));
+                let mut sumi = [_mm256_setzero_si256(); R];
                 for c in 0..4 {
                     let v = load(&blk[16 + 32 * c..16 + 32 * c + 32]);
                     let (lo, hi) = (_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+                    let (s0, s1) = (pick(2 * c), pick(2 * c + 1));
                     let b = 8 * sb + 2 * c;
-                    let (s0, m0) = scale_min_k4(2 * c, &blk[4..16]);
-                    let (s1, m1) = scale_min_k4(2 * c + 1, &blk[4..16]);
-                    let (a0, a1) = (dd * s0 as f32, dd * s1 as f32);
-                    let (n0, n1) = (dmin * m0 as f32, dmin * m1 as f32);
                     for r in 0..R {
-                        acc[r][0] = _mm256_fmadd_ps(dot_u8(lo, xb(r, b)), _mm256_set1_ps(a0 * d(r, b)), acc[r][0]);
-                        acc[r][1] =
-                            _mm256_fmadd_ps(dot_u8(hi, xb(r, b + 1)), _mm256_set1_ps(a1 * d(r, b + 1)), acc[r][1]);
-                        out[r] -= n0 * x[r].2[b] + n1 * x[r].2[b + 1];
+                        let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xb(r, b)), s0);
+                        let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xb(r, b + 1)), s1);
+                        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p0, p1));
                     }
                 }
+                let mins = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(load8(&mn))), _mm256_set1_ps(dmin));
+                for r in 0..R {
+                    let scale = _mm256_set1_ps(dd * d(r, 8 * sb));
+                    acc[r][sb & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), scale, acc[r][sb & 1]);
+                    mins_acc[r] = _mm256_fmadd_ps(mins, load_f32x8(&x[r].2[8 * sb..8 * sb + 8]), mins_acc[r]);
+                }
+            }
+            for r in 0..R {
+                acc[r][0] = _mm256_sub_ps(acc[r][0], mins_acc[r]);
             }
         }
         QuantFormat::Q6K => {
+            // as `Q4_K`: the 16-value groups' signed scales multiply the pair sums as
+            // integers, one conversion a super-block
             let three = _mm256_set1_epi8(3);
             let off = _mm256_set1_epi8(32);
             for (sb, blk) in w.chunks_exact(210).enumerate() {
                 let dd = half(blk, 208);
+                let mut sumi = [_mm256_setzero_si256(); R];
                 for h in 0..2 {
                     let (ql0, ql1) = (load(&blk[64 * h..64 * h + 32]), load(&blk[64 * h + 32..64 * h + 64]));
                     let qh = load(&blk[128 + 32 * h..128 + 32 * h + 32]);
@@ -188,14 +238,19 @@ fn dots<const R: usize>(format: QuantFormat, w: &[u8], x: [XRow<'_>; R]) -> [f32
                     for (j, c) in codes.into_iter().enumerate() {
                         let b = 8 * sb + 4 * h + j;
                         let sc = &blk[192 + 8 * h + 2 * j..];
-                        let (a0, a1) = (dd * sc[0] as i8 as f32, dd * sc[1] as i8 as f32);
+                        // bytes 0..16 meet the first scale, 16..32 the second
+                        let scales =
+                            _mm256_set_m128i(_mm_set1_epi16(sc[1] as i8 as i16), _mm_set1_epi16(sc[0] as i8 as i16));
                         let c = _mm256_sub_epi8(c, off);
                         for r in 0..R {
-                            let (e0, e1) = (a0 * d(r, b), a1 * d(r, b));
-                            let scale = _mm256_setr_ps(e0, e0, e0, e0, e1, e1, e1, e1);
-                            acc[r][j & 1] = _mm256_fmadd_ps(dot_i8(c, xb(r, b)), scale, acc[r][j & 1]);
+                            let p = _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(xb(r, b), c));
+                            sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p, scales));
                         }
                     }
+                }
+                for r in 0..R {
+                    let scale = _mm256_set1_ps(dd * d(r, 8 * sb));
+                    acc[r][sb & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), scale, acc[r][sb & 1]);
                 }
             }
         }
@@ -224,5 +279,30 @@ pub(super) fn row_dots(format: QuantFormat, w: &[u8], qx: &QRows, out: &mut [f32
         // SAFETY: as above
         out[i] = unsafe { dots::<1>(format, w, [row(i)]) }[0];
         i += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::portable::scale_min_k4;
+    use super::*;
+
+    #[test]
+    fn the_word_decode_of_q4_k_scales_is_the_byte_decode() {
+        // every bit of the 12 bytes set in turn, and a few mixed patterns
+        let mut cases: Vec<[u8; 12]> = (0..96)
+            .map(|b| {
+                let mut q = [0u8; 12];
+                q[b / 8] = 1 << (b % 8);
+                q
+            })
+            .collect();
+        cases.extend((0..16u32).map(|s| std::array::from_fn(|i| (s.wrapping_mul(97) as usize + i * 37) as u8)));
+        for q in cases {
+            let (sc, mn) = scales_mins_k4(&q);
+            for j in 0..8 {
+                assert_eq!((sc[j], mn[j]), scale_min_k4(j, &q), "{q:?} j {j}");
+            }
+        }
     }
 }

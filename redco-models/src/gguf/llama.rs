@@ -104,7 +104,6 @@ fn hf_name(g: &str) -> Result<String> {
 /// or a tokenizer other than SentencePiece is refused by name.
 pub fn import(file: &Path, out: &Path, dequant: DType, keep_blocks: bool) -> Result<()> {
     use super::format::Gguf;
-    use redco_core::HostData;
     let (g, map) = Gguf::open(file)?;
     let arch = g.get("general.architecture").and_then(Value::as_str).unwrap_or("none");
     if arch != "llama" {
@@ -154,72 +153,70 @@ pub fn import(file: &Path, out: &Path, dequant: DType, keep_blocks: bool) -> Res
     for (k, id) in [("bos_token_id", vocab.bos), ("eos_token_id", vocab.eos)] {
         config[k] = id.map_or(serde_json::Value::Null, |i| serde_json::json!(i));
     }
-    let mut tensors = Vec::new();
+    // what each tensor becomes, checked before anything is written; the bytes are made one
+    // tensor at a time as the file is written, so a file several times the memory's size
+    // reads into its directory holding one tensor at a time
+    let mut planned = Vec::new();
     let mut formats = serde_json::Map::new();
     for t in &g.tensors {
         let name = hf_name(&t.name)?;
         let mut dims: Vec<usize> = t.dims.iter().rev().map(|&d| d as usize).collect();
-        let raw = g.tensor_bytes(&map, t)?;
+        let raw_len = g.tensor_bytes(&map, t)?.len();
         let quantized = t.ty.elem_bytes().is_none();
         let linear = name.ends_with("proj.weight") || name == "lm_head.weight";
+        let permute = if t.name.ends_with("attn_q.weight") || t.name.ends_with("attn_k.weight") {
+            let h = if t.name.ends_with("attn_q.weight") { heads } else { kv_heads };
+            if dims.len() != 2 || dims[0] != h * head_dim {
+                return Err(err(format!("tensor `{}` has shape {dims:?}, not [{}, {hidden}]", t.name, h * head_dim)));
+            }
+            Some(h)
+        } else {
+            None
+        };
         if let (true, true, Some(q), 2) = (keep_blocks, linear, t.ty.quant(), dims.len()) {
-            let mut bytes = raw.to_vec();
-            let row = bytes.len() / dims[0].max(1);
-            if t.name.ends_with("attn_q.weight") || t.name.ends_with("attn_k.weight") {
-                let h = if t.name.ends_with("attn_q.weight") { heads } else { kv_heads };
-                if dims[0] != h * head_dim {
-                    return Err(err(format!(
-                        "tensor `{}` has shape {dims:?}, not [{}, {hidden}]",
-                        t.name,
-                        h * head_dim
-                    )));
-                }
-                bytes = permute_rows(&bytes, h, head_dim, 1, row, false);
+            // every row whole blocks (the file's length is only checked in all)
+            if !dims[1].is_multiple_of(q.block_values()) || !raw_len.is_multiple_of(dims[0].max(1)) {
+                return Err(err(format!(
+                    "tensor `{}` of {}: rows of {} values are not whole blocks of {}",
+                    t.name,
+                    t.ty.name(),
+                    dims[1],
+                    q.block_values()
+                )));
             }
             formats.insert(name.clone(), serde_json::json!(q.name()));
-            dims[1] = row;
-            tensors.push((name, HostData::U8(bytes), dims));
+            dims[1] = raw_len / dims[0].max(1);
+            planned.push(Planned { name, t, dims, dtype: DType::U8, len: raw_len, blocks: true, permute });
             continue;
         }
-        let mut bytes = if quantized {
-            let q = t.ty.quant().ok_or_else(|| {
-                err(format!(
-                    "tensor `{}` is {}: blocks of that type are not read (Q8_0, Q4_0, Q4_1, Q4_K and Q6_K are)",
-                    t.name,
-                    t.ty.name()
-                ))
-            })?;
-            let v = redco_core::quant::blocks::dequantize(q, raw, t.elems() as usize)
-                .map_err(|e| err(format!("tensor `{}`: {e}", t.name)))?;
-            v.iter().flat_map(|x| x.to_le_bytes()).collect()
-        } else {
-            raw.to_vec()
-        };
-        let elem = t.ty.elem_bytes().unwrap_or(4) as usize;
-        let cols = dims.last().copied().unwrap_or(1);
-        let rows_of = |h: usize| h * head_dim;
-        if t.name.ends_with("attn_q.weight") || t.name.ends_with("attn_k.weight") {
-            let h = if t.name.ends_with("attn_q.weight") { heads } else { kv_heads };
-            if dims.len() != 2 || dims[0] != rows_of(h) {
-                return Err(err(format!("tensor `{}` has shape {dims:?}, not [{}, {hidden}]", t.name, rows_of(h))));
+        let dtype = match t.ty {
+            _ if quantized => {
+                if t.ty.quant().is_none() {
+                    return Err(err(format!(
+                        "tensor `{}` is {}: blocks of that type are not read (Q8_0, Q4_0, Q4_1, Q4_K and Q6_K are)",
+                        t.name,
+                        t.ty.name()
+                    )));
+                }
+                dequant
             }
-            bytes = permute_rows(&bytes, h, head_dim, cols, elem, false);
-        }
-        let data = match t.ty {
-            _ if quantized => HostData::from_bytes(DType::F32, &bytes)?.into_dtype(dequant),
-            GgmlType::F32 => HostData::from_bytes(DType::F32, &bytes)?,
-            GgmlType::F16 => HostData::from_bytes(DType::F16, &bytes)?,
-            _ => HostData::from_bytes(DType::BF16, &bytes)?,
+            GgmlType::F32 => DType::F32,
+            GgmlType::F16 => DType::F16,
+            _ => DType::BF16,
         };
-        tensors.push((name, data, dims));
+        let len = t.elems() as usize * dtype.size_in_bytes();
+        if dims.iter().product::<usize>() != t.elems() as usize {
+            return Err(err(format!("tensor `{}`: shape {dims:?} does not hold its {} values", t.name, t.elems())));
+        }
+        planned.push(Planned { name, t, dims, dtype, len, blocks: false, permute });
     }
     if !formats.is_empty() {
         config["quantization_config"] = serde_json::json!({"quant_method": "redco_blocks", "formats": formats});
     }
     std::fs::create_dir_all(out).map_err(|e| err(format!("{}: {e}", out.display())))?;
     let write = |f: &str, bytes: &[u8]| redco_pipeline::checkpoint::write_atomic(&out.join(f), bytes);
-    let st = redco_pipeline::checkpoint::safetensors_bytes(&tensors, Default::default())?;
-    write("model.safetensors", &st)?;
+    let source = Source { g: &g, file: &map, head_dim, failed: std::cell::RefCell::new(None) };
+    write_tensors(&out.join("model.safetensors"), &source, &planned)?;
     write("config.json", serde_json::to_string_pretty(&config).unwrap_or_default().as_bytes())?;
     let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
     write("tokenizer.json", pretty(&super::vocab::hf_json_from_spm(&vocab)?).as_bytes())?;
@@ -228,6 +225,116 @@ pub fn import(file: &Path, out: &Path, dequant: DType, keep_blocks: bool) -> Res
         write("chat_template.jinja", t.as_bytes())?;
     }
     Ok(())
+}
+
+/// One tensor of the directory [`import`] writes: its GGUF tensor and what it becomes.
+struct Planned<'a> {
+    name: String,
+    t: &'a super::format::TensorInfo,
+    dims: Vec<usize>,
+    dtype: DType,
+    len: usize,
+    /// Kept as the file's blocks (`[rows, bytes a row]`), else values of `dtype`.
+    blocks: bool,
+    /// The heads of a query or key projection, whose rows go back to transformers' order.
+    permute: Option<usize>,
+}
+
+/// The file the tensors come from, and the first error met making one.
+struct Source<'a> {
+    g: &'a super::format::Gguf,
+    file: &'a [u8],
+    head_dim: usize,
+    failed: std::cell::RefCell<Option<Error>>,
+}
+
+impl Source<'_> {
+    /// The bytes `p` holds in the directory.
+    fn bytes(&self, p: &Planned<'_>) -> Result<Vec<u8>> {
+        use redco_core::HostData;
+        let (t, raw) = (p.t, self.g.tensor_bytes(self.file, p.t)?);
+        if p.blocks {
+            let row = raw.len() / p.dims[0].max(1);
+            return Ok(match p.permute {
+                Some(h) => permute_rows(raw, h, self.head_dim, 1, row, false),
+                None => raw.to_vec(),
+            });
+        }
+        let (mut bytes, elem) = match t.ty.quant() {
+            Some(q) if t.ty.elem_bytes().is_none() => {
+                let v = redco_core::quant::blocks::dequantize(q, raw, t.elems() as usize)
+                    .map_err(|e| err(format!("tensor `{}`: {e}", t.name)))?;
+                (bytemuck::cast_slice::<f32, u8>(&v).to_vec(), 4)
+            }
+            _ => (raw.to_vec(), t.ty.elem_bytes().unwrap_or(4) as usize),
+        };
+        if let Some(h) = p.permute {
+            bytes = permute_rows(&bytes, h, self.head_dim, p.dims.last().copied().unwrap_or(1), elem, false);
+        }
+        if t.ty.elem_bytes().is_none() {
+            bytes = HostData::from_bytes(DType::F32, &bytes)?.into_dtype(p.dtype).as_bytes().to_vec();
+        }
+        Ok(bytes)
+    }
+}
+
+/// A tensor as the safetensors writer takes it: its bytes made when they are written.
+struct Lazy<'a>(&'a Source<'a>, &'a Planned<'a>);
+
+impl safetensors::View for Lazy<'_> {
+    fn dtype(&self) -> safetensors::Dtype {
+        redco_pipeline::checkpoint::st_dtype(self.1.dtype)
+    }
+    fn shape(&self) -> &[usize] {
+        &self.1.dims
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        // the writer takes no error: the first one is kept, the file finished with zeros and
+        // then removed
+        if self.0.failed.borrow().is_some() {
+            return std::borrow::Cow::Owned(vec![0; self.1.len]);
+        }
+        let made = self.0.bytes(self.1).and_then(|b| {
+            if b.len() == self.1.len {
+                Ok(b)
+            } else {
+                Err(err(format!("tensor `{}`: {} bytes made, {} planned", self.1.t.name, b.len(), self.1.len)))
+            }
+        });
+        match made {
+            Ok(b) => std::borrow::Cow::Owned(b),
+            Err(e) => {
+                self.0.failed.borrow_mut().get_or_insert(e);
+                std::borrow::Cow::Owned(vec![0; self.1.len])
+            }
+        }
+    }
+    fn data_len(&self) -> usize {
+        self.1.len
+    }
+}
+
+/// Flushes the file or directory `p` to the disk.
+fn sync(p: &Path) -> Result<()> {
+    std::fs::File::open(p).and_then(|f| f.sync_all()).map_err(|e| Error::io("gguf", "cannot sync", p, e))
+}
+
+/// Writes `planned` to the safetensors file `path` tensor by tensor (a temporary name,
+/// renamed when complete).
+fn write_tensors(path: &Path, source: &Source<'_>, planned: &[Planned<'_>]) -> Result<()> {
+    let tmp = path.with_extension("safetensors.part");
+    let views = planned.iter().map(|p| (p.name.clone(), Lazy(source, p)));
+    let written = safetensors::serialize_to_file(views, &None, &tmp)
+        .map_err(|e| err(format!("cannot write {}: {e}", tmp.display())))
+        .and_then(|()| source.failed.borrow_mut().take().map_or(Ok(()), Err))
+        // on the disk before it is published (the directory is reused by later runs)
+        .and_then(|()| sync(&tmp))
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| Error::io("gguf", "cannot rename", tmp.clone(), e)))
+        .and_then(|()| sync(path.parent().unwrap_or(Path::new("."))));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// Rows of a `[heads * d, cols]` query or key matrix moved between transformers' order and

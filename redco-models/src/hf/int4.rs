@@ -137,10 +137,12 @@ impl Int4Layout {
     }
 
     /// Whether layers of `in` inputs load as `Q4_1` blocks (every block of 32 inputs in one
-    /// group), rather than as floats.
+    /// group), rather than as floats. Under GPTQ's activation order the groups follow
+    /// `g_idx`, so blocks of 32 inputs may mix groups, unless there is one group a row
+    /// (`group_size` -1: every input's group is 0, whatever the order).
     pub fn as_blocks(&self, inp: usize) -> bool {
         let g = self.group.unwrap_or(inp);
-        !self.act_order && g.is_multiple_of(32) && inp.is_multiple_of(32) && inp > 0
+        (!self.act_order || self.group.is_none()) && g.is_multiple_of(32) && inp.is_multiple_of(32) && inp > 0
     }
 
     /// The tensors (name, shape) that stand for the float weight `name` `[out, in]`.
@@ -333,9 +335,11 @@ mod tests {
         assert_eq!((awq.method, awq.group), (Int4Method::Awq, Some(128)));
         let gptq = ok(json!({"quant_method": "gptq", "bits": 4, "group_size": -1, "desc_act": true}));
         assert_eq!((gptq.method, gptq.group, gptq.act_order), (Int4Method::Gptq { v2: false }, None, true));
-        assert!(
-            !gptq.as_blocks(4096) && ok(json!({"quant_method": "gptq", "bits": 4, "group_size": 128})).as_blocks(4096)
-        );
+        // one group a row: blocks whatever the order; groups of 128 under activation order:
+        // floats; groups of 128 in the inputs' order: blocks
+        assert!(gptq.as_blocks(4096));
+        assert!(!ok(json!({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": true})).as_blocks(4096));
+        assert!(ok(json!({"quant_method": "gptq", "bits": 4, "group_size": 128})).as_blocks(4096));
         assert!(Int4Layout::from_config(&json!({"quant_method": "bitsandbytes"})).unwrap().is_none());
         for (cfg, field) in [
             (json!({"quant_method": "gptq", "bits": 8, "group_size": 128}), "`bits` 8"),

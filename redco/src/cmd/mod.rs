@@ -20,6 +20,7 @@ pub mod launch;
 pub mod logging;
 pub mod model_config;
 pub mod out;
+pub mod perplexity;
 #[cfg(feature = "tpu")]
 pub mod pjrt;
 pub mod plan;

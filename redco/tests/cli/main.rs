@@ -12,6 +12,7 @@ mod cli_int4;
 mod cli_kill;
 mod cli_lora;
 mod cli_mpi;
+mod cli_perplexity;
 mod cli_pjrt;
 mod cli_plan;
 mod cli_quant;

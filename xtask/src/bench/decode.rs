@@ -18,6 +18,12 @@
 //! `--model FILE.gguf` reads a LLaMA GGUF (llama.cpp's own file) with its linear layers'
 //! blocks kept, as `redco generate --model FILE.gguf` does, the rest in `--dtype`.
 //!
+//! `--peer-llama-cpp BIN` (with `--model FILE.gguf`): llama.cpp's own `llama-bench` (the
+//! binary, or the `build/bin` directory holding it) on the same file and threads, one run
+//! between each of redco's repetitions: decode as `tg NEW` at a depth of the prompt's
+//! length, prompt processing as `pp P` against redco's 1-token generate from a `P`-token
+//! prompt (`--prefill P`, default 512 or the model's context less one).
+//!
 //! `--model DIR --dtype f32|bf16|f16` measures a saved LLaMA instead (both systems load the
 //! directory; e.g. a 1.1B one written in bf16 by transformers), and adds each system's load
 //! time from the page cache (the files are read once before; redco: `Llama::from_pretrained`;
@@ -130,7 +136,28 @@ impl Timings {
 /// Runs the benchmark.
 pub fn run(argv: &[String]) -> Result<(), String> {
     let args = Args::parse(argv, &["moe"])?;
-    args.only(&["threads", "reps", "torch", "json", "prompt", "new", "layers", "model", "dtype", "moe", "quantize"])?;
+    args.only(&[
+        "threads",
+        "reps",
+        "torch",
+        "json",
+        "prompt",
+        "new",
+        "layers",
+        "model",
+        "dtype",
+        "moe",
+        "quantize",
+        "peer-llama-cpp",
+        "prefill",
+    ])?;
+    if let Some(bin) = args.get("peer-llama-cpp") {
+        if !args.get("model").is_some_and(|m| m.ends_with(".gguf")) {
+            return Err("--peer-llama-cpp runs llama.cpp on the same GGUF file: give --model FILE.gguf".into());
+        }
+        // before the file is read into a directory
+        super::decode_llama::LlamaBench::binary(bin)?;
+    }
     let moe = args.has("moe");
     let quant =
         args.get("quantize").map(redco_core::quant::QuantFormat::parse).transpose().map_err(|e| e.to_string())?;
@@ -240,10 +267,28 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     } else {
         None
     };
+    // llama.cpp on the same file, and redco's prefill of as many tokens
+    let llama = match (args.get("peer-llama-cpp"), args.get("model")) {
+        (Some(bin), Some(file)) => {
+            let l = super::decode_llama::LlamaBench::new(bin, file, threads)?;
+            eprintln!("peer: {}", l.info);
+            Some(l)
+        }
+        _ => None,
+    };
+    let prefill =
+        args.num("prefill", 512)?.clamp(1, cfg.max_positions.map_or(usize::MAX, |m| m.saturating_sub(1).max(1)));
+    let prefill_ids =
+        Tensor::from_vec(&dev, (0..prefill as i64).map(|i| (i * 37 + 11) % cfg.vocab as i64).collect(), [1, prefill])
+            .map_err(|e| e.to_string())?;
+    let (mut llama_decode, mut llama_pp, mut our_prefill) = (Vec::new(), Vec::new(), Vec::new());
     let other = quant.map_or("redco dense".to_string(), |f| format!("redco {}", f.name().to_lowercase()));
     // warm-up: both systems, both lengths (torch also builds its model here)
     redco_once(&model, &ids, new)?;
     redco_once(&model, &ids, 1)?;
+    if llama.is_some() {
+        redco_once(&model, &prefill_ids, 1)?;
+    }
     if let Some(d) = &dense {
         redco_once(d, &ids, new)?;
     }
@@ -263,6 +308,11 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         if let Some(p) = torch.as_mut() {
             theirs.full.push(torch_once(p, &cfg_json, &prompt_ids, new, "f32")?);
             theirs.first.push(torch_once(p, &cfg_json, &prompt_ids, 1, "f32")?);
+        }
+        if let Some(l) = &llama {
+            our_prefill.push(redco_once(&model, &prefill_ids, 1)?);
+            llama_decode.push(l.decode_s(new, prompt)?);
+            llama_pp.push(l.prefill_tok_s(prefill)?);
         }
         eprintln!("rep {}/{reps} done", rep + 1);
     }
@@ -349,8 +399,34 @@ pub fn run(argv: &[String]) -> Result<(), String> {
             step.map_or(String::new(), |s| format!(", {s:.2}x per decode step"))
         );
     }
+    let vs_llama = llama.as_ref().map(|l| {
+        let ours_step = results[0].1 .3.unwrap_or(f64::NAN);
+        let (their_step, their_pp) = (median(&llama_decode), median(&llama_pp));
+        let our_pp = prefill as f64 / median(&our_prefill);
+        println!(
+            "{}: decode {:.1} tok/s (tg{new} @ d{prompt}), prompt processing {:.1} tok/s (pp{prefill})",
+            l.info,
+            1.0 / their_step,
+            their_pp
+        );
+        println!(
+            "redco: decode {:.1} tok/s, prompt processing {our_pp:.1} tok/s ({prefill}-token prompt)",
+            1.0 / ours_step
+        );
+        println!("redco/llama.cpp: decode {:.2}x, prompt processing {:.2}x", their_step / ours_step, our_pp / their_pp);
+        serde_json::json!({
+            "peer": l.info,
+            "llama_cpp_decode_tok_s": 1.0 / their_step,
+            "llama_cpp_prefill_tok_s": their_pp,
+            "redco_prefill_tok_s": our_pp,
+            "prefill_tokens": prefill,
+            "decode_ratio": their_step / ours_step,
+            "prefill_ratio": our_pp / their_pp,
+        })
+    });
     if let Some(path) = args.get("json") {
         let out = serde_json::json!({
+            "vs_llama_cpp": vs_llama,
             "machine": machine::describe(),
             "threads": threads,
             "model": cfg_json,

@@ -3,6 +3,7 @@
 
 mod backends;
 mod decode;
+mod decode_llama;
 mod gemm;
 pub(crate) mod gemm_cuda;
 mod llm;

@@ -6,14 +6,25 @@
 use redco_models::hf::safetensors::read_all;
 use std::path::{Path, PathBuf};
 
-/// Runs the `redco` binary: exit code (-1 if killed), stdout, stderr.
+/// Runs the `redco` binary: exit code (-1 if killed), stdout, stderr. GGUF files are read
+/// into a cache under the build's temporary directory ([`cache_home`]), not the user's.
 pub fn redco(args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_redco")).args(args).output().expect("run redco");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_redco"))
+        .args(args)
+        .env("XDG_CACHE_HOME", cache_home())
+        .output()
+        .expect("run redco");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into(),
         String::from_utf8_lossy(&out.stderr).into(),
     )
+}
+
+/// The `XDG_CACHE_HOME` of the tests' runs: one directory under the build's own temporary
+/// directory, shared by the tests (a GGUF file read once is read from there after).
+pub fn cache_home() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("redco-cli-cache")
 }
 
 /// An empty scratch directory path for test file `file`'s case `name` (removed if it
