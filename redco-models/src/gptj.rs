@@ -253,6 +253,9 @@ impl<B: Backend> CausalLm<B> for GptJ<B> {
     fn config(&self) -> &HfConfig {
         &self.cfg
     }
+    fn runs_ragged(&self) -> bool {
+        true
+    }
     fn next_logits(
         &self,
         ids: &Tensor<B>,

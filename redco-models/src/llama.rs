@@ -574,6 +574,9 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
     fn config(&self) -> &HfConfig {
         &self.cfg
     }
+    fn runs_ragged(&self) -> bool {
+        true
+    }
 
     fn next_logits(
         &self,

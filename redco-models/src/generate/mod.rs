@@ -1,5 +1,7 @@
 //! Text generation for decoder-only models: a KV cache, batched prompts with left padding
-//! (positions from the attention mask, as transformers computes them), greedy or sampled
+//! (positions from the attention mask, as transformers computes them; a model with
+//! [`CausalLm::runs_ragged`] runs each row's real tokens as a ragged batch over a cache
+//! written in place, with the same tokens), greedy or sampled
 //! decoding, stop tokens, a maximum of new tokens and a per-token streaming callback. Under
 //! tensor parallelism every rank runs the same loop on its shard of the model (the cache
 //! holds its heads) and draws the same tokens from the gathered logits.
@@ -12,6 +14,7 @@
 mod beam;
 mod cache;
 mod fixed_cache;
+mod ragged;
 mod sampling;
 
 pub use beam::{beam_search, BeamConfig};
@@ -50,6 +53,12 @@ pub trait CausalLm<B: Backend> {
         positions: &Tensor<B>,
         cache: &mut KvCache<B>,
     ) -> Result<Tensor<B>>;
+    /// Whether [`CausalLm::ragged_logits`] is implemented: [`generate`] then runs each row's
+    /// real tokens as a ragged batch over a cache written in place (see the `ragged`
+    /// module), instead of [`CausalLm::next_logits`] over a padded batch.
+    fn runs_ragged(&self) -> bool {
+        false
+    }
     /// Logits `[rows.len(), vocab]` of a ragged batch (a serving engine's step): `ids`
     /// `[1, T]` are the new tokens of several sequences one after another, `positions`
     /// `[1, T]` their positions, `rows` the tokens whose logits are wanted, and each layer's
@@ -297,6 +306,15 @@ pub fn generate_with<B: Backend, M: CausalLm<B> + Sync + ?Sized>(
         Some(m) => m.to_vec_i64()?,
         None => vec![1; bs * t],
     };
+    // each row's real tokens as one segment of a ragged batch, over pools written in place
+    let real: Vec<Vec<i64>> = rows
+        .iter()
+        .zip(mask_host.chunks(t))
+        .map(|(r, m)| r.iter().zip(m).filter(|(_, m)| **m != 0).map(|(t, _)| *t).collect())
+        .collect();
+    if model.runs_ragged() && budget > 0 && real.iter().all(|r| !r.is_empty()) {
+        return ragged::generate_ragged(model, &b, (rows, real), (budget, hit_context), cfg, &mut on_token);
+    }
     let mut len = t;
     let mut next_pos: Vec<i64> = mask_host.chunks(t).map(|r| r.iter().filter(|m| **m != 0).count() as i64).collect();
     let mut done = vec![false; bs];
