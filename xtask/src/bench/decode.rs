@@ -15,6 +15,10 @@
 //! llama.cpp's blocks at load (`redco q8_0` etc., multiplied from the blocks in place) runs
 //! beside the float one, interleaved: the row shows what bytes per weight buy at batch 1.
 //!
+//! `--grown-cache`: a row `grown kv` of the same model through the cache grown by
+//! concatenation (`CausalLm::next_logits`, beam search's path) beside `generate`'s, which
+//! writes its cache in place: what a cache copied once a token and layer costs.
+//!
 //! `--model FILE.gguf` reads a LLaMA GGUF (llama.cpp's own file) with its linear layers'
 //! blocks kept, as `redco generate --model FILE.gguf` does, the rest in `--dtype`.
 //!
@@ -37,10 +41,29 @@ use crate::args::Args;
 use crate::machine;
 use redco_core::{Backend, DType, Tensor};
 use redco_cpu::Cpu;
-use redco_models::generate::{generate, GenerationConfig};
+use redco_models::generate::{generate, CausalLm, GenerationConfig, KvCache};
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;
 use std::time::Instant;
+
+/// A model run over the cache grown by concatenation ([`CausalLm::next_logits`], beam
+/// search's path), for `--grown-cache`: `generate` otherwise writes its cache in place.
+struct Grown<'a, B: Backend>(&'a Llama<B>);
+
+impl<B: Backend> CausalLm<B> for Grown<'_, B> {
+    fn config(&self) -> &HfConfig {
+        self.0.config()
+    }
+    fn next_logits(
+        &self,
+        ids: &Tensor<B>,
+        mask: &Tensor<B>,
+        positions: &Tensor<B>,
+        cache: &mut KvCache<B>,
+    ) -> redco_core::Result<Tensor<B>> {
+        self.0.next_logits(ids, mask, positions, cache)
+    }
+}
 
 /// The bench model: hidden 512, 8 heads (8 key/value heads), intermediate 1408, vocab 8000.
 fn model_config(layers: usize, context: usize) -> serde_json::Value {
@@ -75,7 +98,11 @@ fn moe_config(layers: usize, context: usize) -> serde_json::Value {
 }
 
 /// Seconds for one `generate` of exactly `new` tokens.
-pub(super) fn redco_once<B: Backend>(model: &Llama<B>, ids: &Tensor<B>, new: usize) -> Result<f64, String> {
+pub(super) fn redco_once<B: Backend, M: CausalLm<B> + Sync>(
+    model: &M,
+    ids: &Tensor<B>,
+    new: usize,
+) -> Result<f64, String> {
     let cfg = GenerationConfig { max_new_tokens: new, ..GenerationConfig::default() };
     let t = Instant::now();
     let g = generate(model, ids, None, &cfg).map_err(|e| e.to_string())?;
@@ -135,7 +162,7 @@ impl Timings {
 
 /// Runs the benchmark.
 pub fn run(argv: &[String]) -> Result<(), String> {
-    let args = Args::parse(argv, &["moe"])?;
+    let args = Args::parse(argv, &["moe", "grown-cache"])?;
     args.only(&[
         "threads",
         "reps",
@@ -150,6 +177,7 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         "quantize",
         "peer-llama-cpp",
         "prefill",
+        "grown-cache",
     ])?;
     if let Some(bin) = args.get("peer-llama-cpp") {
         if !args.get("model").is_some_and(|m| m.ends_with(".gguf")) {
@@ -292,11 +320,16 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     if let Some(d) = &dense {
         redco_once(d, &ids, new)?;
     }
+    let grown = args.has("grown-cache").then_some(Grown(&model));
+    if let Some(g) = &grown {
+        redco_once(g, &ids, new)?;
+    }
     if let Some(p) = torch.as_mut() {
         torch_once(p, &cfg_json, &prompt_ids, new, "f32")?;
         torch_once(p, &cfg_json, &prompt_ids, 1, "f32")?;
     }
     let (mut ours, mut theirs, mut same_active) = (Timings::default(), Timings::default(), Timings::default());
+    let mut grown_t = Timings::default();
     // Interleave: every repetition runs redco then torch, the full generate then the 1-token one.
     for rep in 0..reps {
         ours.full.push(redco_once(&model, &ids, new)?);
@@ -304,6 +337,10 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         if let Some(d) = &dense {
             same_active.full.push(redco_once(d, &ids, new)?);
             same_active.first.push(redco_once(d, &ids, 1)?);
+        }
+        if let Some(g) = &grown {
+            grown_t.full.push(redco_once(g, &ids, new)?);
+            grown_t.first.push(redco_once(g, &ids, 1)?);
         }
         if let Some(p) = torch.as_mut() {
             theirs.full.push(torch_once(p, &cfg_json, &prompt_ids, new, "f32")?);
@@ -328,6 +365,11 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     // the dense row last: the ratio against torch stays the first two rows'
     if dense.is_some() {
         results.push((other.as_str(), same_active.summary(new)));
+        loads.push(None);
+        rss.push(f64::NAN);
+    }
+    if grown.is_some() {
+        results.push(("grown kv", grown_t.summary(new)));
         loads.push(None);
         rss.push(f64::NAN);
     }
@@ -397,6 +439,14 @@ pub fn run(argv: &[String]) -> Result<(), String> {
         println!(
             "redco/torch: {tok:.2}x tok/s (prefill included){}",
             step.map_or(String::new(), |s| format!(", {s:.2}x per decode step"))
+        );
+    }
+    if let Some((_, g)) = results.iter().find(|r| r.0 == "grown kv") {
+        let ours = results[0].1;
+        println!(
+            "cache written in place / grown by concatenation: {:.2}x tok/s{}",
+            ours.0 / g.0,
+            ours.3.zip(g.3).map_or(String::new(), |(a, b)| format!(", {:.2}x per decode step", b / a))
         );
     }
     let vs_llama = llama.as_ref().map(|l| {
