@@ -331,6 +331,9 @@ impl Backend for Cpu {
         let ids = ids_of(ids, "index_select (ids)")?;
         st(index::index_select(&x.0, shape, dim, &ids)?)
     }
+    fn writes_rows_in_place(&self) -> bool {
+        true
+    }
     fn write_rows(
         &self,
         dst: &mut CpuStorage,

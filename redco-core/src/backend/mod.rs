@@ -365,6 +365,12 @@ pub trait Backend: Clone + Send + Sync + Debug + 'static {
         idx_shape: &Shape,
         src: &Self::Storage,
     ) -> Result<Self::Storage>;
+    /// Whether [`Backend::write_rows`] writes in place (a few rows cost a few rows, not the
+    /// whole table): `false` (the default) where it rebuilds the table; `generate` writes its
+    /// cache row by row only where this is true.
+    fn writes_rows_in_place(&self) -> bool {
+        false
+    }
     /// Writes the `k` rows of `src` (`[k, row_len]`) over rows `rows` (`k` distinct `I64`
     /// ids in `0..n`, checked by the caller) of `dst` (`[n, row_len]`, `src`'s dtype): a KV
     /// cache written a few tokens at a time. A backend that can writes in place (the CPU

@@ -1,7 +1,8 @@
 //! Text generation for decoder-only models: a KV cache, batched prompts with left padding
 //! (positions from the attention mask, as transformers computes them; a model with
-//! [`CausalLm::runs_ragged`] runs each row's real tokens as a ragged batch over a cache
-//! written in place, with the same tokens), greedy or sampled
+//! [`CausalLm::runs_ragged`], on a backend that writes rows in place, runs each row's real
+//! tokens as a ragged batch over a cache written in place: for left padding the same tokens
+//! as the padded batch, [`Padded`]), greedy or sampled
 //! decoding, stop tokens, a maximum of new tokens and a per-token streaming callback. Under
 //! tensor parallelism every rank runs the same loop on its shard of the model (the cache
 //! holds its heads) and draws the same tokens from the gathered logits.
@@ -20,6 +21,7 @@ mod sampling;
 pub use beam::{beam_search, BeamConfig};
 pub use cache::KvCache;
 pub use fixed_cache::{FixedKvCache, LayerKv};
+pub use ragged::heads_together;
 pub use sampling::{argmax, Sampling};
 
 use crate::hf::config::HfConfig;
@@ -81,6 +83,35 @@ pub trait CausalLm<B: Backend> {
                 self.config().model_type
             ),
         ))
+    }
+}
+
+/// A model run by [`generate`] as a padded batch over a [`KvCache`] grown by concatenation
+/// ([`CausalLm::next_logits`]), never as a ragged batch: the reference the ragged path is
+/// tested against, and what a benchmark compares it with.
+pub struct Padded<'a, M: ?Sized>(pub &'a M);
+
+impl<B: Backend, M: CausalLm<B> + ?Sized> CausalLm<B> for Padded<'_, M> {
+    fn config(&self) -> &HfConfig {
+        self.0.config()
+    }
+    fn max_positions(&self) -> Option<usize> {
+        self.0.max_positions()
+    }
+    fn generation_config(&self) -> GenerationConfig {
+        self.0.generation_config()
+    }
+    fn new_cache(&self) -> KvCache<B> {
+        self.0.new_cache()
+    }
+    fn next_logits(
+        &self,
+        ids: &Tensor<B>,
+        mask: &Tensor<B>,
+        positions: &Tensor<B>,
+        cache: &mut KvCache<B>,
+    ) -> Result<Tensor<B>> {
+        self.0.next_logits(ids, mask, positions, cache)
     }
 }
 
@@ -312,7 +343,7 @@ pub fn generate_with<B: Backend, M: CausalLm<B> + Sync + ?Sized>(
         .zip(mask_host.chunks(t))
         .map(|(r, m)| r.iter().zip(m).filter(|(_, m)| **m != 0).map(|(t, _)| *t).collect())
         .collect();
-    if model.runs_ragged() && budget > 0 && real.iter().all(|r| !r.is_empty()) {
+    if model.runs_ragged() && b.writes_rows_in_place() && budget > 0 && real.iter().all(|r| !r.is_empty()) {
         return ragged::generate_ragged(model, &b, (rows, real), (budget, hit_context), cfg, &mut on_token);
     }
     let mut len = t;

@@ -66,7 +66,7 @@ impl<B: Backend> RowsKv<B> {
 
     /// Writes the batch's keys and values `k`, `v` (`[1, kv_heads, T, head_dim]`, a rank's
     /// local heads) of layer `layer` to pool rows `written`, then attends the queries `q`
-    /// over each segment's rows.
+    /// over each segment's rows (a step of whole prompts over their own new keys).
     fn attend(
         &mut self,
         layer: usize,
@@ -87,6 +87,21 @@ impl<B: Backend> RowsKv<B> {
         let (kp, vp) = slot.as_mut().expect("made above");
         kp.write_rows(written, &k.transpose(1, 2)?.reshape([t, h, d])?)?;
         vp.write_rows(written, &v.transpose(1, 2)?.reshape([t, h, d])?)?;
+        if segments.iter().all(|s| s.q_len == s.slots.len()) {
+            // prompts whole (the first step): each one's causal attention over its own keys,
+            // the fused attention's products instead of a dot a query and key
+            if let [_] = segments {
+                return q.attention(k, v, None, true, scale);
+            }
+            let outs = segments
+                .iter()
+                .map(|s| {
+                    let own = |x: &Tensor<B>| x.narrow(2, s.q_start, s.q_len);
+                    own(q)?.attention(&own(k)?, &own(v)?, None, true, scale)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            return Tensor::cat(&outs.iter().collect::<Vec<_>>(), 2);
+        }
         q.paged_attention(kp, vp, segments, scale)
     }
 }
@@ -94,6 +109,23 @@ impl<B: Backend> RowsKv<B> {
 /// A rank's local part of `x` as a tensor of its own (under tensor parallelism, its heads).
 fn local<B: Backend>(x: &Tensor<B>) -> Tensor<B> {
     Tensor::from_storage(x.backend(), x.storage().clone(), x.local_shape().clone(), x.dtype())
+}
+
+/// `q`, `k`, `v` as attention may read each rank's part of them: as they are when the
+/// queries and the keys are split over `mp` alike, all whole otherwise (key/value heads that
+/// `mp` does not divide stay whole while the query heads split: a rank's query heads would
+/// then meet the wrong key heads; the whole attention runs on every rank, as
+/// [`Tensor::attention`] does in that case).
+pub fn heads_together<B: Backend>(
+    q: Tensor<B>,
+    k: Tensor<B>,
+    v: Tensor<B>,
+) -> Result<(Tensor<B>, Tensor<B>, Tensor<B>)> {
+    let mp = |x: &Tensor<B>| x.placements().get(MeshAxis::Mp);
+    if mp(&q) == mp(&k) && mp(&k) == mp(&v) {
+        return Ok((q, k, v));
+    }
+    Ok((q.replicate()?, k.replicate()?, v.replicate()?))
 }
 
 /// Generates from `real` (each row's tokens without padding, none empty) as
@@ -142,6 +174,7 @@ pub(super) fn generate_ragged<B: Backend, M: CausalLm<B> + Sync + ?Sized>(
                 if [&q, &k, &v].iter().any(|x| x.placements().get(MeshAxis::Dp) != Placement::Replicate) {
                     return Err(Error::unsupported("generate", "attention split over dp"));
                 }
+                let (q, k, v) = heads_together(q, k, v)?;
                 let out = kv.attend(layer, (&local(&q), &local(&k), &local(&v)), &written, &segments, scale)?;
                 if !q.is_sharded() {
                     return Ok(out);
@@ -185,30 +218,12 @@ pub(super) fn generate_ragged<B: Backend, M: CausalLm<B> + Sync + ?Sized>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{generate, generate_with, GenerationConfig, KvCache, Sampling};
+    use super::super::{generate, generate_with, GenerationConfig, Padded, Sampling};
     use super::*;
     use crate::hf::config::HfConfig;
     use crate::llama::Llama;
     use redco_core::DType;
     use redco_cpu::Cpu;
-
-    /// The model run as a padded batch over a growing cache ([`CausalLm::next_logits`]).
-    struct Padded<'a>(&'a Llama<Cpu>);
-
-    impl CausalLm<Cpu> for Padded<'_> {
-        fn config(&self) -> &HfConfig {
-            self.0.config()
-        }
-        fn next_logits(
-            &self,
-            ids: &Tensor<Cpu>,
-            mask: &Tensor<Cpu>,
-            positions: &Tensor<Cpu>,
-            cache: &mut KvCache<Cpu>,
-        ) -> Result<Tensor<Cpu>> {
-            self.0.next_logits(ids, mask, positions, cache)
-        }
-    }
 
     /// A left-padded batch of three prompts gives the padded run's tokens, greedy and
     /// sampled, through 40 new tokens (the pools grow past their first 32 new rows), with a

@@ -420,6 +420,9 @@ impl<B: Backend, M: CausalLm<B> + Sync> Engine<B, M> {
         let local =
             |x: &Tensor<B>| Tensor::from_storage(x.backend(), x.storage().clone(), x.local_shape().clone(), x.dtype());
         let mut attend = |layer: usize, q: Tensor<B>, k: Tensor<B>, v: Tensor<B>| -> Result<Tensor<B>> {
+            // key/value heads that mp does not divide stay whole (so does the cache's
+            // geometry, `KvGeometry::split`): the queries then join them whole
+            let (q, k, v) = redco_models::generate::heads_together(q, k, v)?;
             kv.write_rows(layer, &written, &local(&k), &local(&v))?;
             let out = kv.attend_batch(layer, &local(&q), &paged, scale)?;
             if !q.is_sharded() {

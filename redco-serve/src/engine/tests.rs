@@ -3,7 +3,7 @@
 
 use super::*;
 use redco_cpu::Cpu;
-use redco_models::generate::{generate, GenerationConfig};
+use redco_models::generate::{generate, GenerationConfig, Padded};
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;
 use std::collections::BTreeMap;
@@ -21,11 +21,12 @@ fn prompts() -> Vec<Vec<i64>> {
     vec![vec![1, 2, 3], (0..11).map(|i| (i * 7 % 50) as i64).collect(), vec![4; 6], (5..23).collect(), vec![9]]
 }
 
-/// Greedy tokens of `prompt` from `generate` (batch of one).
+/// Greedy tokens of `prompt` from `generate` (batch of one), run as a padded batch over the
+/// concatenating cache: a reference that shares neither the paged cache nor its kernel.
 fn generated(b: &Cpu, m: &Llama<Cpu>, prompt: &[i64], n: usize) -> Vec<i64> {
     let ids = Tensor::from_vec(b, prompt.to_vec(), [1, prompt.len()]).unwrap();
     let cfg = GenerationConfig { max_new_tokens: n, stop_tokens: vec![], ..GenerationConfig::for_model(m.config()) };
-    let g = generate(m, &ids, None, &cfg).unwrap();
+    let g = generate(&Padded(m), &ids, None, &cfg).unwrap();
     g.rows[0][prompt.len()..].to_vec()
 }
 

@@ -92,6 +92,13 @@ fn llama_matches_transformers_at_1x1_1x2_2x2() {
     }
 }
 
+/// The plan by parameter names (`redco generate --mesh`'s), which splits every projection.
+fn named_plan(mesh: Mesh) -> redco_core::planning::ShardPlan {
+    let m = Llama::from_pretrained(&Cpu::new(1), &dir(), DType::F32).unwrap();
+    let shapes: Vec<_> = m.named_parameters().into_iter().map(|(n, p)| (n, p.shape().clone())).collect();
+    redco_core::planning::heuristics::plan_by_names(&shapes, mesh)
+}
+
 /// Greedy generation (8 new tokens, KV cache, left-padded second row) on rank `b`'s shard.
 fn greedy(b: &Cpu, split: Option<&redco_core::planning::ShardPlan>) -> Result<Vec<i64>> {
     let mut m = Llama::from_pretrained(b, &dir(), DType::F32)?;
@@ -116,14 +123,17 @@ fn greedy(b: &Cpu, split: Option<&redco_core::planning::ShardPlan>) -> Result<Ve
     Ok(g.rows.concat())
 }
 
+/// At 1x4 (the plan by names) the four query heads split and the two key/value heads
+/// cannot: every rank then attends with all the heads.
 #[test]
-fn greedy_generation_matches_transformers_at_1x1_1x2_2x2() {
+fn greedy_generation_matches_transformers_at_1x1_1x2_2x2_1x4() {
     let r = read_all(&dir().join("reference.safetensors")).unwrap();
     let want = r["generated_ids"].data.to_f64_vec().into_iter().map(|x| x as i64).collect::<Vec<_>>();
     assert_eq!(greedy(&Cpu::new(2), None).unwrap(), want, "1x1");
-    for mesh in ["1x2", "2x2"] {
+    for mesh in ["1x2", "2x2", "1x4"] {
         let mesh: Mesh = mesh.parse().unwrap();
-        let plan = traced_plan(mesh);
+        // the traced rules refuse a key/value split 4 ways; the CLI's plan by names makes it
+        let plan = if mesh.mp == 4 { named_plan(mesh) } else { traced_plan(mesh) };
         let outs = spmd_cpu(mesh, &SpmdOptions::default(), |rk| greedy(&rk.backend, Some(&plan))).unwrap();
         for o in outs {
             assert_eq!(o, want, "{mesh}");

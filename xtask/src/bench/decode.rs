@@ -41,29 +41,10 @@ use crate::args::Args;
 use crate::machine;
 use redco_core::{Backend, DType, Tensor};
 use redco_cpu::Cpu;
-use redco_models::generate::{generate, CausalLm, GenerationConfig, KvCache};
+use redco_models::generate::{generate, CausalLm, GenerationConfig, Padded};
 use redco_models::hf::config::HfConfig;
 use redco_models::llama::Llama;
 use std::time::Instant;
-
-/// A model run over the cache grown by concatenation ([`CausalLm::next_logits`], beam
-/// search's path), for `--grown-cache`: `generate` otherwise writes its cache in place.
-struct Grown<'a, B: Backend>(&'a Llama<B>);
-
-impl<B: Backend> CausalLm<B> for Grown<'_, B> {
-    fn config(&self) -> &HfConfig {
-        self.0.config()
-    }
-    fn next_logits(
-        &self,
-        ids: &Tensor<B>,
-        mask: &Tensor<B>,
-        positions: &Tensor<B>,
-        cache: &mut KvCache<B>,
-    ) -> redco_core::Result<Tensor<B>> {
-        self.0.next_logits(ids, mask, positions, cache)
-    }
-}
 
 /// The bench model: hidden 512, 8 heads (8 key/value heads), intermediate 1408, vocab 8000.
 fn model_config(layers: usize, context: usize) -> serde_json::Value {
@@ -320,9 +301,10 @@ pub fn run(argv: &[String]) -> Result<(), String> {
     if let Some(d) = &dense {
         redco_once(d, &ids, new)?;
     }
-    let grown = args.has("grown-cache").then_some(Grown(&model));
+    let grown = args.has("grown-cache").then_some(Padded(&model));
     if let Some(g) = &grown {
         redco_once(g, &ids, new)?;
+        redco_once(g, &ids, 1)?;
     }
     if let Some(p) = torch.as_mut() {
         torch_once(p, &cfg_json, &prompt_ids, new, "f32")?;
